@@ -1,0 +1,22 @@
+//! One KV-cache block's bookkeeping (spec §7.1).
+
+use crate::block_hash::BlockHash;
+
+/// Index of a block in the pool; also its position in the KV-cache tensors.
+pub type BlockId = u32;
+
+/// Block 0 is reserved: taken out of the free queue when the pool is built,
+/// never handed to a request, never hashed, never freed.
+pub const NULL_BLOCK: BlockId = 0;
+
+/// A block's state. Whether it sits in the free queue is the queue's
+/// business ([`crate::free_queue::FreeBlockQueue`]); a block is there exactly
+/// when `ref_cnt == 0` (and it is not the null block).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Block {
+    /// Number of request block tables holding this block.
+    pub ref_cnt: u32,
+    /// Set while the block holds a full block that is in the prefix-cache
+    /// map; kept after the block is freed (lazy eviction) until it is reused.
+    pub hash: Option<BlockHash>,
+}

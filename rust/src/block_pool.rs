@@ -1,0 +1,285 @@
+//! The block pool (spec §7.1–7.3, 7.8, 7.9): every block in one `Vec`, the
+//! free queue threaded through them, and the prefix-cache map.
+//!
+//! Invariants (spec §10): a non-null block is in the free queue exactly when
+//! its `ref_cnt` is 0; a block has a hash exactly when the map holds it
+//! under that hash; the null block is never queued, hashed or handed out.
+
+use crate::block::{Block, BlockId, NULL_BLOCK};
+use crate::block_hash::BlockHash;
+use crate::error::KvError;
+use crate::free_queue::FreeBlockQueue;
+use crate::prefix_cache_map::PrefixCacheMap;
+
+/// All KV-cache blocks and their free queue.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    blocks: Vec<Block>,
+    free_queue: FreeBlockQueue,
+    cached: PrefixCacheMap,
+    // Reused by `release` so freeing allocates nothing.
+    scratch_head: Vec<BlockId>,
+    scratch_tail: Vec<BlockId>,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` blocks, block 0 reserved as the null block.
+    pub fn new(num_blocks: usize) -> Result<Self, KvError> {
+        if num_blocks < 2 {
+            return Err(KvError::invalid(format!(
+                "num_blocks must be at least 2 (block 0 is reserved), got {num_blocks}"
+            )));
+        }
+        if num_blocks > (u32::MAX / 2) as usize {
+            return Err(KvError::invalid(format!(
+                "num_blocks must be at most {}, got {num_blocks}",
+                u32::MAX / 2
+            )));
+        }
+        let mut free_queue = FreeBlockQueue::new(num_blocks);
+        let null = free_queue.popleft();
+        debug_assert_eq!(null, Some(NULL_BLOCK));
+        Ok(BlockPool {
+            blocks: vec![Block::default(); num_blocks],
+            free_queue,
+            cached: PrefixCacheMap::default(),
+            scratch_head: Vec::new(),
+            scratch_tail: Vec::new(),
+        })
+    }
+
+    /// Blocks in the pool, the null block included.
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Blocks with `ref_cnt == 0` (cached or not), the null block excluded.
+    pub fn num_free_blocks(&self) -> usize {
+        self.free_queue.len()
+    }
+
+    /// Fraction of usable blocks held by requests.
+    pub fn usage(&self) -> f64 {
+        1.0 - self.num_free_blocks() as f64 / (self.num_blocks() - 1) as f64
+    }
+
+    /// A block's state, or `None` for an id outside the pool.
+    pub fn block(&self, id: BlockId) -> Option<&Block> {
+        self.blocks.get(id as usize)
+    }
+
+    /// The free queue, head (next to reuse) first.
+    pub fn free_block_ids(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.free_queue.iter()
+    }
+
+    /// The prefix-cache map's (hash, blocks) pairs.
+    pub fn cached_blocks(&self) -> impl Iterator<Item = (BlockHash, &[BlockId])> {
+        self.cached.iter()
+    }
+
+    /// The earliest cached block under `hash`, if any (evictable ones too).
+    pub fn get_cached_block(&self, hash: BlockHash) -> Option<BlockId> {
+        self.cached.get(hash)
+    }
+
+    /// Take `k` blocks from the head of the free queue, evicting their cached
+    /// hashes, with `ref_cnt` 1; appends them to `out`.
+    pub fn get_new_blocks(&mut self, k: usize, out: &mut Vec<BlockId>) -> Result<(), KvError> {
+        if k > self.num_free_blocks() {
+            return Err(KvError::invalid(format!(
+                "cannot get {k} blocks: only {} are free",
+                self.num_free_blocks()
+            )));
+        }
+        let start = out.len();
+        self.free_queue.popleft_n(k, out);
+        for &id in &out[start..] {
+            let block = &mut self.blocks[id as usize];
+            if let Some(hash) = block.hash.take() {
+                // Lazy eviction: a freed cached block stayed findable until now.
+                self.cached.remove(hash, id);
+            }
+            debug_assert_eq!(block.ref_cnt, 0);
+            block.ref_cnt = 1;
+        }
+        Ok(())
+    }
+
+    /// Add a reference to each block, taking free ones out of the queue
+    /// (prefix-cache hits).
+    pub fn touch(&mut self, ids: &[BlockId]) -> Result<(), KvError> {
+        self.check_ids("touch", ids)?;
+        for &id in ids {
+            let block = &mut self.blocks[id as usize];
+            if block.ref_cnt == 0 {
+                self.free_queue.remove(id);
+            }
+            block.ref_cnt += 1;
+        }
+        Ok(())
+    }
+
+    /// Drop one reference per listed block, in the order given. Blocks that
+    /// reach 0 go back to the queue: unhashed ones to the head (reused
+    /// first), cached ones to the tail (evicted last), each group in list
+    /// order. Callers pass a table last block first (spec §7.9).
+    pub fn free_blocks(&mut self, ids: &[BlockId]) -> Result<(), KvError> {
+        self.check_ids("free_blocks", ids)?;
+        self.check_held(ids)?;
+        self.release(ids.iter().copied());
+        Ok(())
+    }
+
+    /// [`Self::free_blocks`] for ids known to be held (a request's own
+    /// table), so no checks.
+    pub(crate) fn release(&mut self, ids: impl Iterator<Item = BlockId>) {
+        let mut to_head = std::mem::take(&mut self.scratch_head);
+        let mut to_tail = std::mem::take(&mut self.scratch_tail);
+        for id in ids {
+            let block = &mut self.blocks[id as usize];
+            block.ref_cnt -= 1;
+            if block.ref_cnt == 0 {
+                if block.hash.is_some() {
+                    to_tail.push(id);
+                } else {
+                    to_head.push(id);
+                }
+            }
+        }
+        self.free_queue.prepend_n(&to_head);
+        self.free_queue.append_n(&to_tail);
+        to_head.clear();
+        to_tail.clear();
+        self.scratch_head = to_head;
+        self.scratch_tail = to_tail;
+    }
+
+    /// Mark a held, unhashed block as the full block `hash` and add it to the
+    /// prefix-cache map.
+    pub(crate) fn cache_block(&mut self, id: BlockId, hash: BlockHash) {
+        let block = &mut self.blocks[id as usize];
+        debug_assert!(block.ref_cnt > 0 && block.hash.is_none() && id != NULL_BLOCK);
+        block.hash = Some(hash);
+        self.cached.insert(hash, id);
+    }
+
+    /// Forget every cached hash. Refused (returns false, changes nothing)
+    /// while any block is held.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_free_blocks() != self.num_blocks() - 1 {
+            return false;
+        }
+        self.cached.clear();
+        for block in &mut self.blocks {
+            block.hash = None;
+        }
+        true
+    }
+
+    fn check_ids(&self, what: &str, ids: &[BlockId]) -> Result<(), KvError> {
+        for (i, &id) in ids.iter().enumerate() {
+            if id == NULL_BLOCK || id as usize >= self.blocks.len() {
+                return Err(KvError::invalid(format!(
+                    "{what}: block_ids[{i}] = {id} is not a usable block id (1..{})",
+                    self.blocks.len() - 1
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every listed block must hold at least as many references as it is
+    /// listed, so a free cannot underflow a count.
+    fn check_held(&self, ids: &[BlockId]) -> Result<(), KvError> {
+        if let [id] = ids {
+            if self.blocks[*id as usize].ref_cnt == 0 {
+                return Err(KvError::invalid(format!(
+                    "free_blocks: block_ids[0] = {id} is not held (ref_cnt 0)"
+                )));
+            }
+            return Ok(());
+        }
+        let mut seen: rustc_hash::FxHashMap<BlockId, u32> = Default::default();
+        for (i, &id) in ids.iter().enumerate() {
+            let n = seen.entry(id).or_insert(0);
+            *n += 1;
+            if *n > self.blocks[id as usize].ref_cnt {
+                return Err(KvError::invalid(format!(
+                    "free_blocks: block_ids[{i}] = {id} is not held (ref_cnt {})",
+                    self.blocks[id as usize].ref_cnt
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(p: &BlockPool) -> Vec<u32> {
+        p.free_block_ids().collect()
+    }
+
+    #[test]
+    fn null_block_is_reserved() {
+        let mut p = BlockPool::new(4).unwrap();
+        assert_eq!(queue(&p), vec![1, 2, 3]);
+        let mut out = vec![];
+        p.get_new_blocks(3, &mut out).unwrap();
+        assert_eq!(out, vec![1, 2, 3]);
+        assert!(p.get_new_blocks(1, &mut out).is_err());
+        assert!(p.free_blocks(&[0]).is_err());
+        assert!(p.touch(&[0]).is_err());
+        assert!(p.touch(&[4]).is_err());
+        assert!(BlockPool::new(1).is_err());
+    }
+
+    #[test]
+    fn free_places_unhashed_at_head_and_cached_at_tail() {
+        let mut p = BlockPool::new(6).unwrap();
+        let mut t = vec![];
+        p.get_new_blocks(3, &mut t).unwrap();
+        p.cache_block(1, BlockHash(10));
+        p.cache_block(2, BlockHash(11));
+        // released last block first: 3 (unhashed), 2, 1 (cached)
+        p.free_blocks(&[3, 2, 1]).unwrap();
+        assert_eq!(queue(&p), vec![3, 4, 5, 2, 1]);
+        assert_eq!(p.get_cached_block(BlockHash(11)), Some(2));
+        // Reusing 3, 4, 5 then 2 evicts 2's hash only when 2 is handed out.
+        let mut out = vec![];
+        p.get_new_blocks(3, &mut out).unwrap();
+        assert_eq!(p.get_cached_block(BlockHash(11)), Some(2));
+        p.get_new_blocks(1, &mut out).unwrap();
+        assert_eq!(p.get_cached_block(BlockHash(11)), None);
+        assert_eq!(p.block(2).unwrap().hash, None);
+    }
+
+    #[test]
+    fn rejected_free_changes_nothing() {
+        let mut p = BlockPool::new(4).unwrap();
+        let mut t = vec![];
+        p.get_new_blocks(1, &mut t).unwrap();
+        let before = queue(&p);
+        assert!(p.free_blocks(&[1, 1]).is_err());
+        assert!(p.free_blocks(&[2]).is_err());
+        assert_eq!(queue(&p), before);
+        assert_eq!(p.block(1).unwrap().ref_cnt, 1);
+    }
+
+    #[test]
+    fn reset_refused_while_held() {
+        let mut p = BlockPool::new(4).unwrap();
+        let mut t = vec![];
+        p.get_new_blocks(1, &mut t).unwrap();
+        p.cache_block(1, BlockHash(1));
+        assert!(!p.reset_prefix_cache());
+        assert_eq!(p.get_cached_block(BlockHash(1)), Some(1));
+        p.free_blocks(&[1]).unwrap();
+        assert!(p.reset_prefix_cache());
+        assert_eq!(p.get_cached_block(BlockHash(1)), None);
+        assert_eq!(p.block(1).unwrap().hash, None);
+    }
+}

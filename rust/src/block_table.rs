@@ -1,0 +1,33 @@
+//! A request's block table (spec §7.1): block `k` holds its tokens
+//! `[k·bs, (k+1)·bs)`; the first `num_cached` blocks are hash-cached.
+
+use crate::block::BlockId;
+
+/// The blocks one request holds, in token order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlockTable {
+    pub(crate) blocks: Vec<BlockId>,
+    pub(crate) num_cached: usize,
+}
+
+impl BlockTable {
+    /// The block ids, in token order.
+    pub fn block_ids(&self) -> &[BlockId] {
+        &self.blocks
+    }
+
+    /// How many leading blocks are in the prefix-cache map.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.num_cached
+    }
+
+    /// Number of blocks held.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether the table holds no block.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+}

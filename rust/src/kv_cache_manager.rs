@@ -1,0 +1,299 @@
+//! The KV-cache manager (spec §7.5–7.10): prefix lookups, slot allocation
+//! with the admission gate, hash caching at allocation time, and freeing.
+//!
+//! It owns the block pool; requests own their [`BlockTable`] and
+//! [`Sequence`] and lend them to each call. Every argument is checked before
+//! anything changes, so an `Err` (bad input) or `Ok(None)` (not enough free
+//! blocks) leaves the pool, the map and the table exactly as they were.
+
+use crate::block::{BlockId, NULL_BLOCK};
+use crate::block_hash::BlockHasher;
+use crate::block_pool::BlockPool;
+use crate::block_table::BlockTable;
+use crate::cdiv;
+use crate::error::KvError;
+use crate::prefix_cache_stats::PrefixCacheStats;
+use crate::sequence::Sequence;
+
+/// The KV-cache settings the manager needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvCacheConfig {
+    /// Blocks in the pool, the reserved null block included.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Longest sequence; allocation never covers positions past it.
+    pub max_model_len: usize,
+    /// Prefix-cache lookups and hash caching.
+    pub enable_prefix_caching: bool,
+}
+
+impl KvCacheConfig {
+    /// Check every field, naming the first bad one.
+    pub fn validate(&self) -> Result<(), KvError> {
+        if self.block_size < 1 {
+            return Err(KvError::invalid(format!(
+                "block_size must be at least 1, got {}",
+                self.block_size
+            )));
+        }
+        if self.max_model_len < 1 {
+            return Err(KvError::invalid(format!(
+                "max_model_len must be at least 1, got {}",
+                self.max_model_len
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The paged KV cache's bookkeeping.
+#[derive(Clone, Debug)]
+pub struct KvCacheManager {
+    pool: BlockPool,
+    block_size: usize,
+    max_model_len: usize,
+    enable_caching: bool,
+    hasher: BlockHasher,
+    stats: PrefixCacheStats,
+}
+
+impl KvCacheManager {
+    /// A manager over a fresh pool, hashing under a random secret key.
+    pub fn new(config: &KvCacheConfig) -> Result<Self, KvError> {
+        Self::with_hasher(config, BlockHasher::new_random()?)
+    }
+
+    /// A manager hashing with `hasher` (fixed keys make tests reproducible).
+    pub fn with_hasher(config: &KvCacheConfig, hasher: BlockHasher) -> Result<Self, KvError> {
+        config.validate()?;
+        Ok(KvCacheManager {
+            pool: BlockPool::new(config.num_blocks)?,
+            block_size: config.block_size,
+            max_model_len: config.max_model_len,
+            enable_caching: config.enable_prefix_caching,
+            hasher,
+            stats: PrefixCacheStats::default(),
+        })
+    }
+
+    /// The hasher every request of this cache must use for its chain.
+    pub fn hasher(&self) -> &BlockHasher {
+        &self.hasher
+    }
+
+    /// The block pool, for inspection.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Longest sequence.
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    /// Whether prefix caching is on.
+    pub fn enable_prefix_caching(&self) -> bool {
+        self.enable_caching
+    }
+
+    /// Free blocks (cached-but-unreferenced ones included).
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free_blocks()
+    }
+
+    /// Fraction of usable blocks held by requests.
+    pub fn usage(&self) -> f64 {
+        self.pool.usage()
+    }
+
+    /// The longest cached prefix of `seq` in whole blocks, capped at
+    /// `num_tokens − 1` tokens so the last token is always computed (Q12).
+    /// Appends the hit blocks to `out` and returns the hit token count.
+    /// Changes nothing.
+    pub fn get_computed_blocks(&self, seq: &Sequence, out: &mut Vec<BlockId>) -> usize {
+        if !self.enable_caching {
+            return 0;
+        }
+        let max_hit_blocks = seq.num_tokens().saturating_sub(1) / self.block_size;
+        let start = out.len();
+        for &hash in seq.block_hashes().iter().take(max_hit_blocks) {
+            match self.pool.get_cached_block(hash) {
+                Some(b) => out.push(b),
+                // Chained hashes: once one block misses, every later one does.
+                None => break,
+            }
+        }
+        (out.len() - start) * self.block_size
+    }
+
+    fn blocks_needed(&self, table: &BlockTable, tokens: usize, hits: &[BlockId]) -> usize {
+        let required = cdiv(tokens, self.block_size);
+        let have = table.len() + hits.len();
+        let evictable_hits = hits
+            .iter()
+            .filter(|&&b| self.pool.block(b).is_some_and(|b| b.ref_cnt == 0))
+            .count();
+        required.saturating_sub(have) + evictable_hits
+    }
+
+    /// Make room for `num_new_tokens` more tokens of `seq`, after taking the
+    /// `new_computed_blocks` prefix hits (covering `num_new_computed_tokens`).
+    ///
+    /// Returns `Ok(Some(k))` when the table grew by `k` new blocks (its last
+    /// `k`), `Ok(None)` when too few blocks are free (nothing changed), and
+    /// `Err` for arguments no correct scheduler passes (nothing changed).
+    /// With `full_sequence_must_fit`, the whole known sequence must fit too
+    /// (the admission gate, Q13).
+    pub fn allocate_slots(
+        &mut self,
+        table: &mut BlockTable,
+        seq: &Sequence,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
+        new_computed_blocks: &[BlockId],
+        full_sequence_must_fit: bool,
+    ) -> Result<Option<usize>, KvError> {
+        self.check_allocation(
+            table,
+            seq,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+        )?;
+        let hits = new_computed_blocks;
+        let computed = (seq.num_computed_tokens + num_new_computed_tokens).min(self.max_model_len);
+        let free = self.pool.num_free_blocks();
+        if full_sequence_must_fit {
+            let full = seq.num_tokens().min(self.max_model_len);
+            if self.blocks_needed(table, full, hits) > free {
+                return Ok(None);
+            }
+        }
+        let slots = (computed + num_new_tokens).min(self.max_model_len);
+        if self.blocks_needed(table, slots, hits) > free {
+            return Ok(None);
+        }
+        // From here on the call cannot fail.
+        if !hits.is_empty() {
+            self.pool.touch(hits)?;
+            table.blocks.extend_from_slice(hits);
+            table.num_cached = hits.len();
+        }
+        let k = cdiv(slots, self.block_size).saturating_sub(table.len());
+        self.pool.get_new_blocks(k, &mut table.blocks)?;
+        if self.enable_caching {
+            self.cache_blocks(
+                table,
+                seq,
+                (computed + num_new_tokens).min(seq.num_tokens()),
+            );
+        }
+        Ok(Some(k))
+    }
+
+    fn check_allocation(
+        &self,
+        table: &BlockTable,
+        seq: &Sequence,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
+        hits: &[BlockId],
+    ) -> Result<(), KvError> {
+        if num_new_tokens == 0 && num_new_computed_tokens == 0 {
+            return Err(KvError::invalid(
+                "allocate_slots: num_new_tokens and num_new_computed_tokens are both 0",
+            ));
+        }
+        if num_new_computed_tokens != hits.len() * self.block_size {
+            return Err(KvError::invalid(format!(
+                "allocate_slots: num_new_computed_tokens = {num_new_computed_tokens} must be \
+                 len(new_computed_blocks) * block_size = {}",
+                hits.len() * self.block_size
+            )));
+        }
+        if hits.is_empty() {
+            return Ok(());
+        }
+        if !table.is_empty() || seq.num_computed_tokens != 0 {
+            return Err(KvError::invalid(
+                "allocate_slots: new_computed_blocks are only taken by a request with an empty \
+                 table and no computed tokens",
+            ));
+        }
+        if hits.len() * self.block_size >= seq.num_tokens() {
+            return Err(KvError::invalid(format!(
+                "allocate_slots: {num_new_computed_tokens} hit tokens leave none of the request's \
+                 {} tokens to compute",
+                seq.num_tokens()
+            )));
+        }
+        // A hit must be the cached block of the same position, so it holds
+        // exactly this request's tokens (chained hashes imply the prefix).
+        for (k, (&b, &hash)) in hits.iter().zip(seq.block_hashes()).enumerate() {
+            let held = (b != NULL_BLOCK)
+                .then(|| self.pool.block(b))
+                .flatten()
+                .is_some_and(|block| block.hash == Some(hash));
+            if !held {
+                return Err(KvError::invalid(format!(
+                    "allocate_slots: new_computed_blocks[{k}] = {b} is not a cached copy of the \
+                     request's block {k}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hash-cache the table's full blocks up to token `upto` (spec §7.7).
+    fn cache_blocks(&mut self, table: &mut BlockTable, seq: &Sequence, upto: usize) {
+        let hashes = seq.block_hashes();
+        let full = (upto.min(hashes.len() * self.block_size) / self.block_size).min(table.len());
+        if table.num_cached < full {
+            let start = table.num_cached;
+            for (&block, &hash) in table.blocks[start..full].iter().zip(&hashes[start..full]) {
+                self.pool.cache_block(block, hash);
+            }
+        }
+        table.num_cached = table.num_cached.max(full);
+    }
+
+    /// Release a table, last block first: unhashed blocks go to the head of
+    /// the free queue, cached ones to the tail (spec §7.9, Q2).
+    pub fn free(&mut self, table: &mut BlockTable) {
+        self.pool.release(table.blocks.iter().rev().copied());
+        table.blocks.clear();
+        table.num_cached = 0;
+    }
+
+    /// Count one admission (spec §7.10); only with prefix caching on.
+    pub fn record_prefix_cache_stats(
+        &mut self,
+        num_tokens: usize,
+        num_hit_tokens: usize,
+        preempted: bool,
+    ) {
+        if self.enable_caching {
+            self.stats.record(num_tokens, num_hit_tokens, preempted);
+        }
+    }
+
+    /// Take the counters, leaving zeros.
+    pub fn make_prefix_cache_stats(&mut self) -> PrefixCacheStats {
+        std::mem::take(&mut self.stats)
+    }
+
+    /// Forget every cached hash if no block is held; returns whether it did.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        let done = self.pool.reset_prefix_cache();
+        if done {
+            self.stats.reset = true;
+        }
+        done
+    }
+}

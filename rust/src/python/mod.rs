@@ -1,0 +1,19 @@
+//! PyO3 bindings: the `ironbatch._core` extension module. Every argument is
+//! converted and checked here or in the core before any state changes, and
+//! bad input raises `ValueError`/`TypeError` naming the field and value.
+
+mod args;
+mod block_pool;
+mod kv_cache_manager;
+mod prefix_cache_stats;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<block_pool::PyBlockPool>()?;
+    m.add_class::<kv_cache_manager::PyKvCacheManager>()?;
+    m.add_class::<prefix_cache_stats::PyPrefixCacheStats>()?;
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! A request's tokens as the KV cache sees them: the known tokens, how many
+//! of them have (or this step will have) KV in the cache, and the hash
+//! chain of its full blocks.
+
+use crate::block_hash::{BlockHash, BlockHasher};
+use crate::hash_chain::BlockHashChain;
+
+/// The token state of one request.
+#[derive(Clone, Debug)]
+pub struct Sequence {
+    tokens: Vec<u32>,
+    num_prompt_tokens: usize,
+    /// Tokens whose KV is (or, this step, will be) in the cache.
+    pub num_computed_tokens: usize,
+    hashes: BlockHashChain,
+}
+
+impl Sequence {
+    /// A sequence of `prompt` tokens, with the hashes of its full blocks.
+    pub fn new(
+        prompt: Vec<u32>,
+        cache_salt: Option<&str>,
+        hasher: &BlockHasher,
+        block_size: usize,
+    ) -> Self {
+        let mut hashes = BlockHashChain::new(cache_salt);
+        hashes.extend(hasher, &prompt, block_size);
+        Sequence {
+            num_prompt_tokens: prompt.len(),
+            tokens: prompt,
+            num_computed_tokens: 0,
+            hashes,
+        }
+    }
+
+    /// Append output tokens, hashing every block they complete.
+    pub fn append(&mut self, tokens: &[u32], hasher: &BlockHasher, block_size: usize) {
+        self.tokens.extend_from_slice(tokens);
+        self.hashes.extend(hasher, &self.tokens, block_size);
+    }
+
+    /// Prompt plus output tokens.
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Prompt tokens.
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    /// All known tokens.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// One hash per full block.
+    pub fn block_hashes(&self) -> &[BlockHash] {
+        self.hashes.hashes()
+    }
+}
