@@ -11,6 +11,11 @@ use crate::error::KvError;
 use crate::free_queue::FreeBlockQueue;
 use crate::prefix_cache_map::PrefixCacheMap;
 
+/// The largest pool: 2^24 blocks (2^28 tokens at block size 16) is beyond
+/// any accelerator's memory, and keeps a mistyped size from asking the
+/// allocator for tens of gigabytes (which would abort, not raise).
+pub const MAX_NUM_BLOCKS: usize = 1 << 24;
+
 /// All KV-cache blocks and their free queue.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
@@ -30,10 +35,9 @@ impl BlockPool {
                 "num_blocks must be at least 2 (block 0 is reserved), got {num_blocks}"
             )));
         }
-        if num_blocks > (u32::MAX / 2) as usize {
+        if num_blocks > MAX_NUM_BLOCKS {
             return Err(KvError::invalid(format!(
-                "num_blocks must be at most {}, got {num_blocks}",
-                u32::MAX / 2
+                "num_blocks must be at most {MAX_NUM_BLOCKS}, got {num_blocks}"
             )));
         }
         let mut free_queue = FreeBlockQueue::new(num_blocks);

@@ -15,6 +15,9 @@ from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.free_queue import FreeBlockQueue
 from ironbatch.reference.prefix_cache_map import PrefixCacheMap
 
+#: Beyond any accelerator's memory; a mistyped size fails fast instead.
+MAX_NUM_BLOCKS = 1 << 24
+
 
 class BlockPool:
     """All KV-cache blocks and their free queue (block 0 is the null block)."""
@@ -25,8 +28,8 @@ class BlockPool:
             raise ValueError(
                 f"num_blocks must be at least 2 (block 0 is reserved), got {num_blocks}"
             )
-        if num_blocks > (2**32 - 1) // 2:
-            raise ValueError(f"num_blocks must be at most {(2**32 - 1) // 2}, got {num_blocks}")
+        if num_blocks > MAX_NUM_BLOCKS:
+            raise ValueError(f"num_blocks must be at most {MAX_NUM_BLOCKS}, got {num_blocks}")
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.free_queue.popleft()  # the null block
@@ -76,10 +79,13 @@ class BlockPool:
     def free_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop one reference per listed block, in the order given."""
         blocks = self._blocks_of("free_blocks", block_ids)
-        for block, n in Counter(blocks).items():
-            if n > block.ref_cnt:
+        listed: Counter[Block] = Counter()
+        for i, block in enumerate(blocks):  # a count may not go below 0
+            listed[block] += 1
+            if listed[block] > block.ref_cnt:
                 raise ValueError(
-                    f"free_blocks: block {block.block_id} is not held (ref_cnt {block.ref_cnt})"
+                    f"free_blocks: block_ids[{i}] = {block.block_id} is not held "
+                    f"(ref_cnt {block.ref_cnt})"
                 )
         self.release(blocks)
 

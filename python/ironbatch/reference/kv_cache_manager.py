@@ -198,8 +198,11 @@ class KVCacheManager:
         return [self.pool.blocks[b] for b in hit_ids]
 
     def free(self, request_id: str) -> None:
-        """Release the request's blocks; it stays registered."""
-        self._free_table(self._entry(request_id).table)
+        """Release the request's blocks. It stays registered with no computed
+        tokens, as a preempted request is."""
+        entry = self._entry(request_id)
+        self._free_table(entry.table)
+        entry.seq.num_computed_tokens = 0
 
     def _free_table(self, table: BlockTable) -> None:
         # Last block first: see BlockPool.release for where each block goes.

@@ -177,13 +177,15 @@ impl PyKvCacheManager {
         Ok(grown.map(|k| entry.table.block_ids()[entry.table.len() - k..].to_vec()))
     }
 
-    /// Release the request's blocks (last block first); it stays registered.
+    /// Release the request's blocks (last block first). It stays registered
+    /// with no computed tokens, as a preempted request is.
     fn free(&mut self, request_id: &str) -> PyResult<()> {
         let entry = self
             .requests
             .get_mut(request_id)
             .ok_or_else(|| unknown(request_id))?;
         self.kv.free(&mut entry.table);
+        entry.seq.num_computed_tokens = 0;
         Ok(())
     }
 
