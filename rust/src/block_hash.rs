@@ -46,7 +46,7 @@ impl ExtraKey<'_> {
 /// must share it so that equal prefixes hash equal.
 #[derive(Clone)]
 pub struct BlockHasher {
-    keyed: blake3::Hasher,
+    key: [u8; 32],
 }
 
 impl std::fmt::Debug for BlockHasher {
@@ -54,6 +54,10 @@ impl std::fmt::Debug for BlockHasher {
         f.write_str("BlockHasher { key: <secret> }")
     }
 }
+
+/// Encodings up to this size are built on the stack (a 64-token block with
+/// a short salt fits); longer ones use a heap buffer.
+const STACK_BYTES: usize = 320;
 
 impl BlockHasher {
     /// A hasher with a fresh key from the operating system's RNG.
@@ -66,9 +70,7 @@ impl BlockHasher {
 
     /// A hasher with a fixed key (reproducible hash values, for tests).
     pub fn with_key(key: [u8; 32]) -> Self {
-        BlockHasher {
-            keyed: blake3::Hasher::new_keyed(&key),
-        }
+        BlockHasher { key }
     }
 
     /// The hash of a block given its parent's hash (`None` for block 0).
@@ -78,31 +80,53 @@ impl BlockHasher {
         tokens: &[u32],
         extras: &[ExtraKey<'_>],
     ) -> BlockHash {
-        let mut h = self.keyed.clone();
-        match parent {
-            None => h.update(&[0]),
-            Some(p) => h.update(&[1]).update(&p.0.to_le_bytes()),
+        let extra_len: usize = extras.iter().map(|e| 5 + e.bytes().len()).sum();
+        let len = 17 + 4 + 4 * tokens.len() + 4 + extra_len;
+        // One contiguous buffer and one `keyed_hash` call: for inputs under
+        // 1 KiB that is a single BLAKE3 chunk, with no incremental state.
+        let mut stack = [0u8; STACK_BYTES];
+        let mut heap = Vec::new();
+        let buf: &mut [u8] = if len <= STACK_BYTES {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap
         };
-        // Tokens go through one stack buffer: BLAKE3 is fastest fed in
-        // 64-byte pieces, and a block of 16 tokens is exactly that.
-        h.update(&(tokens.len() as u32).to_le_bytes());
-        let mut buf = [0u8; 64];
-        for chunk in tokens.chunks(16) {
-            for (dst, t) in buf.chunks_exact_mut(4).zip(chunk) {
-                dst.copy_from_slice(&t.to_le_bytes());
+        let mut w = Writer { buf, at: 0 };
+        match parent {
+            None => w.put(&[0]),
+            Some(p) => {
+                w.put(&[1]);
+                w.put(&p.0.to_le_bytes());
             }
-            h.update(&buf[..4 * chunk.len()]);
         }
-        h.update(&(extras.len() as u32).to_le_bytes());
+        w.put(&(tokens.len() as u32).to_le_bytes());
+        for t in tokens {
+            w.put(&t.to_le_bytes());
+        }
+        w.put(&(extras.len() as u32).to_le_bytes());
         for e in extras {
-            let bytes = e.bytes();
-            h.update(&[e.tag()]);
-            h.update(&(bytes.len() as u32).to_le_bytes());
-            h.update(bytes);
+            w.put(&[e.tag()]);
+            w.put(&(e.bytes().len() as u32).to_le_bytes());
+            w.put(e.bytes());
         }
+        let at = w.at;
+        let digest = blake3::keyed_hash(&self.key, &w.buf[..at]);
         let mut out = [0u8; 16];
-        h.finalize_xof().fill(&mut out);
+        out.copy_from_slice(&digest.as_bytes()[..16]);
         BlockHash(u128::from_le_bytes(out))
+    }
+}
+
+struct Writer<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
+        self.at += bytes.len();
     }
 }
 

@@ -41,13 +41,13 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
     ) -> None:
         num_blocks = count("num_blocks", num_blocks)
-        self.block_size = count("block_size", block_size)
-        self.max_model_len = count("max_model_len", max_model_len)
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be at least 1, got {self.block_size}")
-        if self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}")
-        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self._block_size = count("block_size", block_size)
+        self._max_model_len = count("max_model_len", max_model_len)
+        if self._block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {self._block_size}")
+        if self._max_model_len < 1:
+            raise ValueError(f"max_model_len must be at least 1, got {self._max_model_len}")
+        self._enable_prefix_caching = bool(enable_prefix_caching)
         self.pool = BlockPool(num_blocks)
         self.hasher = BlockHasher()
         self.stats = PrefixCacheStats()
@@ -274,6 +274,18 @@ class KVCacheManager:
 
     def cached_blocks(self) -> dict[int, list[int]]:
         return {h: [b.block_id for b in blocks] for h, blocks in self.pool.cached.items()}
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self._enable_prefix_caching
 
     @property
     def num_blocks(self) -> int:

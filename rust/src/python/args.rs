@@ -47,6 +47,21 @@ pub fn u32_list(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if let Ok(v) = obj.extract::<Vec<u32>>() {
         return Ok(v);
     }
+    Err(u32_list_error(field, obj))
+}
+
+/// Walk the items to name the first bad one.
+fn u32_list_error(field: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+    match first_bad_item(field, obj) {
+        Err(e) => e,
+        Ok(()) => PyTypeError::new_err(format!(
+            "{field} must be a sequence of ints, got {}",
+            type_name(obj)
+        )),
+    }
+}
+
+fn first_bad_item(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     let items = obj.try_iter().map_err(|_| {
         PyTypeError::new_err(format!(
             "{field} must be a sequence of ints, got {}",
@@ -73,8 +88,5 @@ pub fn u32_list(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
             )));
         }
     }
-    Err(PyTypeError::new_err(format!(
-        "{field} must be a sequence of ints, got {}",
-        type_name(obj)
-    )))
+    Ok(())
 }

@@ -1,0 +1,130 @@
+"""Type stubs for ironbatch's Rust extension module (rust/src/python/)."""
+
+from collections.abc import Sequence
+from typing import SupportsIndex
+
+__version__: str
+
+class PrefixCacheStats:
+    """Prefix-cache counters since they were last taken (spec §7.10)."""
+
+    @property
+    def reset(self) -> bool: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def queries(self) -> int: ...
+    @property
+    def hits(self) -> int: ...
+    @property
+    def preempted_requests(self) -> int: ...
+    @property
+    def preempted_queries(self) -> int: ...
+    @property
+    def preempted_hits(self) -> int: ...
+
+class BlockPool:
+    """All KV-cache blocks and their free queue; block 0 is the reserved
+    null block. Freed blocks go to the head of the queue (reused first)."""
+
+    def __init__(self, num_blocks: SupportsIndex) -> None: ...
+    def get_new_blocks(self, num_blocks: SupportsIndex) -> list[int]:
+        """Take blocks from the head of the free queue (ValueError if too few)."""
+    def free_blocks(self, block_ids: Sequence[SupportsIndex]) -> None:
+        """Drop one reference per listed block, in the order given."""
+    def touch(self, block_ids: Sequence[SupportsIndex]) -> None:
+        """Add one reference per listed block, taking free ones off the queue."""
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached hashes; refused (False) while any block is held."""
+    def free_block_ids(self) -> list[int]:
+        """The free queue, head (next to reuse) first."""
+    def block_ref_cnts(self) -> list[int]:
+        """Every block's reference count, indexed by block id."""
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def usage(self) -> float: ...
+
+class KVCacheManager:
+    """The paged KV cache's bookkeeping for the requests registered with
+    ``add_request``: prefix lookups, slot allocation (with the full-prompt
+    admission gate), hash caching at allocation time and freeing, making
+    vLLM 0.33's decisions. Bad input raises ValueError/TypeError and changes
+    nothing."""
+
+    def __init__(
+        self,
+        num_blocks: SupportsIndex,
+        block_size: SupportsIndex,
+        max_model_len: SupportsIndex,
+        enable_prefix_caching: bool = True,
+    ) -> None: ...
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[SupportsIndex],
+        cache_salt: str | None = None,
+    ) -> None:
+        """Register a request's prompt and hash its full blocks."""
+    def append_token_ids(self, request_id: str, token_ids: Sequence[SupportsIndex]) -> None:
+        """Append output tokens, hashing each block they complete."""
+    def remove_request(self, request_id: str) -> None:
+        """Free the request's blocks and forget it."""
+    def get_computed_blocks(self, request_id: str) -> tuple[list[int], int]:
+        """The longest cached prefix: (hit block ids, hit tokens); whole
+        blocks, at most ``num_tokens - 1`` tokens. Changes nothing."""
+    def allocate_slots(
+        self,
+        request_id: str,
+        num_new_tokens: SupportsIndex,
+        num_new_computed_tokens: SupportsIndex | None = None,
+        new_computed_blocks: Sequence[SupportsIndex] | None = None,
+        full_sequence_must_fit: bool = False,
+    ) -> list[int] | None:
+        """Make room for ``num_new_tokens`` more tokens after taking the
+        prefix hits; the new block ids, or None (nothing changed) when too
+        few blocks are free."""
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks, last block first; it stays
+        registered with no computed tokens (as after a preemption)."""
+    def get_block_ids(self, request_id: str) -> list[int]: ...
+    def num_cached_blocks(self, request_id: str) -> int: ...
+    def num_tokens(self, request_id: str) -> int: ...
+    def num_computed_tokens(self, request_id: str) -> int: ...
+    def set_num_computed_tokens(
+        self, request_id: str, num_computed_tokens: SupportsIndex
+    ) -> None:
+        """Set what the scheduler computed: at most the request's known
+        tokens and the tokens its table has slots for."""
+    def block_hashes(self, request_id: str) -> list[int]:
+        """One 128-bit hash per full block of the request."""
+    def record_prefix_cache_stats(
+        self, request_id: str, num_hit_tokens: SupportsIndex, preempted: bool = False
+    ) -> None:
+        """Count one admission (only with prefix caching on)."""
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Take the counters, leaving zeros."""
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any block is held."""
+    def free_block_ids(self) -> list[int]:
+        """The free queue, head (next to reuse or evict) first."""
+    def block_ref_cnts(self) -> list[int]: ...
+    def block_hash(self, block_id: SupportsIndex) -> int | None: ...
+    def cached_blocks(self) -> dict[int, list[int]]:
+        """The prefix-cache map: hash -> block ids in insertion order."""
+    def __contains__(self, request_id: str) -> bool: ...
+    def __len__(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def enable_prefix_caching(self) -> bool: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def usage(self) -> float: ...

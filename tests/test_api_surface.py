@@ -1,0 +1,64 @@
+"""The Rust classes, their type stub and the twin's classes offer the same
+public surface, and the twin stays independent of the core."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import ironbatch
+import ironbatch._core as core
+import ironbatch.reference as twin
+
+PKG = Path(ironbatch.__file__).parent
+CLASSES = ["BlockPool", "KVCacheManager", "PrefixCacheStats"]
+
+
+def public(names: object) -> set[str]:
+    return {n for n in dir(names) if not n.startswith("_")}
+
+
+def stub_members() -> dict[str, set[str]]:
+    tree = ast.parse((PKG / "_core.pyi").read_text())
+    return {
+        node.name: {
+            item.name
+            for item in node.body
+            if isinstance(item, ast.FunctionDef) and not item.name.startswith("_")
+        }
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_stub_matches_the_extension(name: str) -> None:
+    assert stub_members()[name] == public(getattr(core, name))
+
+
+@pytest.mark.parametrize("name", ["BlockPool", "KVCacheManager"])
+def test_twin_offers_the_core_api(name: str) -> None:
+    missing = public(getattr(core, name)) - public(getattr(twin, name))
+    assert not missing, f"the twin's {name} lacks {sorted(missing)}"
+
+
+def test_stats_fields_match() -> None:
+    assert public(core.PrefixCacheStats) == public(twin.PrefixCacheStats) - {"record"}
+
+
+def test_twin_never_imports_the_core() -> None:
+    for path in (PKG / "reference").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                assert not module.startswith("ironbatch") or module.startswith(
+                    "ironbatch.reference"
+                ), (path.name, module)
+            elif isinstance(node, ast.Import):
+                assert all(not a.name.startswith("ironbatch") for a in node.names), path.name
+
+
+def test_the_extension_is_abi3() -> None:
+    assert Path(core.__file__).name.endswith(".abi3.so")
