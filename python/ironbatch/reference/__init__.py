@@ -7,11 +7,14 @@ benchmarks. It never imports the Rust core.
 
 Reading order: ``block`` → ``free_queue`` → ``block_hash`` / ``hash_chain`` →
 ``prefix_cache_map`` → ``block_pool`` → ``block_table`` / ``sequence`` →
-``kv_cache_manager``.
+``kv_cache_manager`` → ``request`` / ``request_queue`` / ``stop_check`` →
+``scheduler``.
 """
 
 from ironbatch.reference.block_pool import BlockPool
 from ironbatch.reference.kv_cache_manager import KVCacheManager
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
+from ironbatch.reference.request import RequestStatus
+from ironbatch.reference.scheduler import Scheduler
 
-__all__ = ["BlockPool", "KVCacheManager", "PrefixCacheStats"]
+__all__ = ["BlockPool", "KVCacheManager", "PrefixCacheStats", "RequestStatus", "Scheduler"]

@@ -79,7 +79,7 @@ class KVCacheManager:
     def remove_request(self, request_id: str) -> None:
         entry = self._entry(request_id)
         del self._requests[request_id]
-        self._free_table(entry.table)
+        self.release(entry.table)
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._requests
@@ -93,7 +93,11 @@ class KVCacheManager:
         """The longest cached prefix, in whole blocks, of at most
         ``num_tokens - 1`` tokens (the last token is always computed).
         Changes nothing."""
-        seq = self._entry(request_id).seq
+        hits, num_hit_tokens = self.lookup(self._entry(request_id).seq)
+        return [b.block_id for b in hits], num_hit_tokens
+
+    def lookup(self, seq: Sequence) -> tuple[list[Block], int]:
+        """``get_computed_blocks`` for a request's token state."""
         if not self.enable_prefix_caching:
             return [], 0
         max_hit_blocks = (seq.num_tokens - 1) // self.block_size
@@ -102,7 +106,7 @@ class KVCacheManager:
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break  # chained hashes: every later block misses too
-            hits.append(block.block_id)
+            hits.append(block)
         return hits, len(hits) * self.block_size
 
     def allocate_slots(
@@ -124,9 +128,23 @@ class KVCacheManager:
             "new_computed_blocks", new_computed_blocks
         )
         entry = self._entry(request_id)
-        seq, table = entry.seq, entry.table
-        hits = self._check_hits(seq, table, n_new, n_hit, hit_ids)
+        hits = self._check_hits(entry.seq, entry.table, n_new, n_hit, hit_ids)
+        new_blocks = self.allocate(
+            entry.table, entry.seq, n_new, n_hit, hits, bool(full_sequence_must_fit)
+        )
+        return None if new_blocks is None else [b.block_id for b in new_blocks]
 
+    def allocate(
+        self,
+        table: BlockTable,
+        seq: Sequence,
+        n_new: int,
+        n_hit: int,
+        hits: list[Block],
+        full_sequence_must_fit: bool,
+    ) -> list[Block] | None:
+        """``allocate_slots`` for a request's table and token state, with
+        arguments already checked: the new blocks, or None (nothing changed)."""
         computed = min(seq.num_computed_tokens + n_hit, self.max_model_len)
         free = self.pool.num_free_blocks
         if full_sequence_must_fit:
@@ -145,7 +163,7 @@ class KVCacheManager:
         table.blocks.extend(new_blocks)
         if self.enable_prefix_caching:
             self._cache_blocks(seq, table, min(computed + n_new, seq.num_tokens))
-        return [b.block_id for b in new_blocks]
+        return new_blocks
 
     def _blocks_needed(self, table: BlockTable, num_tokens: int, hits: list[Block]) -> int:
         """New blocks to cover ``num_tokens``, plus the hits that sit in the
@@ -201,10 +219,11 @@ class KVCacheManager:
         """Release the request's blocks. It stays registered with no computed
         tokens, as a preempted request is."""
         entry = self._entry(request_id)
-        self._free_table(entry.table)
+        self.release(entry.table)
         entry.seq.num_computed_tokens = 0
 
-    def _free_table(self, table: BlockTable) -> None:
+    def release(self, table: BlockTable) -> None:
+        """Free a request's table (``free`` for its table)."""
         # Last block first: see BlockPool.release for where each block goes.
         self.pool.release(list(reversed(table.blocks)))
         table.blocks = []
@@ -219,8 +238,14 @@ class KVCacheManager:
         num_tokens = self._entry(request_id).seq.num_tokens
         if hits > num_tokens:
             raise ValueError(f"num_hit_tokens = {hits} exceeds the request's {num_tokens} tokens")
+        self.record_prefix_cache_stats_for(num_tokens, hits, bool(preempted))
+
+    def record_prefix_cache_stats_for(
+        self, num_tokens: int, num_hit_tokens: int, preempted: bool
+    ) -> None:
+        """Count one admission (spec §7.10); only with prefix caching on."""
         if self.enable_prefix_caching:
-            self.stats.record(num_tokens, hits, bool(preempted))
+            self.stats.record(num_tokens, num_hit_tokens, preempted)
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
         stats, self.stats = self.stats, PrefixCacheStats()

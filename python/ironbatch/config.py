@@ -1,0 +1,83 @@
+"""Scheduler and KV-cache settings (spec §2), validated the way vLLM's are:
+a ValueError naming the field and the value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("fcfs", "priority")
+
+
+def _int(field: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{field} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{field} must be >= {minimum}, got {value}")
+
+
+def _bool(field: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{field} must be a bool, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_model_len: int
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0 = off
+    policy: str = "fcfs"
+    # The full-prompt admission gate (spec §7.6).
+    scheduler_reserve_full_isl: bool = True
+
+    def __post_init__(self) -> None:
+        _int("max_model_len", self.max_model_len, 2)
+        _int("max_num_seqs", self.max_num_seqs, 1)
+        _int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        _bool("enable_chunked_prefill", self.enable_chunked_prefill)
+        _bool("scheduler_reserve_full_isl", self.scheduler_reserve_full_isl)
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len}) when chunked prefill is off"
+            )
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise ValueError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must be "
+                f"<= max_model_len ({self.max_model_len})"
+            )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    num_blocks: int | None = None  # including the reserved null block 0
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _int("block_size", self.block_size, 1)
+        if self.num_blocks is not None:
+            _int("num_blocks", self.num_blocks, 2)
+        _bool("enable_prefix_caching", self.enable_prefix_caching)
+
+
+def check_fits(scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    """vLLM's start-up refusal: the cache must hold one max_model_len sequence."""
+    if cache_config.num_blocks is None:
+        raise ValueError("num_blocks must be set to build a scheduler, got None")
+    needed = -(-scheduler_config.max_model_len // cache_config.block_size)
+    if needed > cache_config.num_blocks - 1:
+        raise ValueError(
+            f"num_blocks ({cache_config.num_blocks}) holds {cache_config.num_blocks - 1} usable "
+            f"blocks, fewer than the {needed} one sequence of max_model_len "
+            f"({scheduler_config.max_model_len}) needs"
+        )

@@ -1,0 +1,61 @@
+"""Request: what a client submits to the scheduler."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from ironbatch.sampling_params import SamplingParams
+from ironbatch.tokens import token_list
+
+
+class Request:
+    """A prompt, how to sample it and when to stop. ``arrival_time`` defaults
+    to the wall clock; pass it explicitly for reproducible priority order."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        eos_token_id: int | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        self.request_id = request_id
+        self.prompt_token_ids = token_list("prompt_token_ids", prompt_token_ids)
+        if not self.prompt_token_ids:
+            raise ValueError(f"prompt_token_ids of request {request_id!r} must not be empty")
+        self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(self.sampling_params, SamplingParams):
+            raise TypeError(
+                f"sampling_params must be a SamplingParams, got "
+                f"{type(self.sampling_params).__name__}"
+            )
+        if eos_token_id is not None:
+            eos_token_id = token_list("eos_token_id", [eos_token_id])[0]
+        self.eos_token_id = eos_token_id
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        if not -(2**63) <= priority < 2**63:
+            raise ValueError(f"priority = {priority} is outside the 64-bit range")
+        self.priority = priority
+        if arrival_time is None:
+            arrival_time = time.time()
+        if isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)):
+            raise TypeError(f"arrival_time must be a float, got {type(arrival_time).__name__}")
+        if arrival_time != arrival_time:
+            raise ValueError("arrival_time must not be NaN")
+        self.arrival_time = float(arrival_time)
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a str, got {type(cache_salt).__name__}")
+        self.cache_salt = cache_salt
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, prompt_tokens={len(self.prompt_token_ids)}, "
+            f"priority={self.priority}, arrival_time={self.arrival_time})"
+        )

@@ -1,0 +1,149 @@
+"""Scheduler: vLLM 0.33's V1 decisions behind a vLLM-shaped API, on the Rust
+core (``backend="rust"``) or on the plain-Python twin (``backend="python"``).
+
+Both backends are driven the same way and must decide the same; the façade
+validates input once, so both reject it alike and neither changes state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ironbatch.config import CacheConfig, SchedulerConfig, check_fits
+from ironbatch.request import Request
+from ironbatch.scheduler_backends import PythonBackend, RustBackend
+from ironbatch.scheduler_output import RequestUpdate, SchedulerOutput
+from ironbatch.scheduler_stats import SchedulerStats
+from ironbatch.tokens import token_list
+
+BACKENDS = {"rust": RustBackend, "python": PythonBackend}
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        backend: str = "rust",
+    ) -> None:
+        if not isinstance(scheduler_config, SchedulerConfig):
+            raise TypeError(
+                f"scheduler_config must be a SchedulerConfig, got "
+                f"{type(scheduler_config).__name__}"
+            )
+        if not isinstance(cache_config, CacheConfig):
+            raise TypeError(
+                f"cache_config must be a CacheConfig, got {type(cache_config).__name__}"
+            )
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
+        check_fits(scheduler_config, cache_config)
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.backend = backend
+        self._core = BACKENDS[backend](scheduler_config, cache_config)
+        self.requests: dict[str, Request] = {}  # unfinished requests, by id
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request. Rejected (ValueError, nothing changed): a live
+        duplicate id, or a prompt that leaves no room for one output token
+        within max_model_len."""
+        if not isinstance(request, Request):
+            raise TypeError(f"request must be an ironbatch.Request, got {type(request).__name__}")
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
+        max_len = self.scheduler_config.max_model_len
+        if len(request.prompt_token_ids) >= max_len:
+            raise ValueError(
+                f"prompt_token_ids of request {request.request_id!r} has "
+                f"{len(request.prompt_token_ids)} tokens; it must be shorter than "
+                f"max_model_len ({max_len})"
+            )
+        self._core.add_request(request)
+        self.requests[request.request_id] = request
+
+    def schedule(self) -> SchedulerOutput:
+        return self._core.schedule(self.requests.__getitem__)
+
+    def update_from_output(
+        self,
+        scheduler_output: SchedulerOutput,
+        sampled: Mapping[str, Sequence[int]] | np.ndarray | Sequence[int],
+    ) -> list[RequestUpdate]:
+        """Apply a step's sampled tokens: ``{request_id: [token, ...]}``, or
+        one token per scheduled request in scheduling order (-1 = none)."""
+        if not isinstance(scheduler_output, SchedulerOutput):
+            raise TypeError(
+                f"scheduler_output must be a SchedulerOutput, got "
+                f"{type(scheduler_output).__name__}"
+            )
+        updates = self._core.update_from_output(scheduler_output, _sampled(scheduler_output, sampled))
+        for u in updates:
+            if u.finish_reason is not None:
+                self.requests.pop(u.request_id, None)
+        return updates
+
+    def finish_requests(self, request_ids: str | Iterable[str]) -> None:
+        """Abort requests, freeing them in the order given; unknown and
+        finished ids are ignored."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        for rid in ids:
+            if not isinstance(rid, str):
+                raise TypeError(f"request_ids must hold str, got {type(rid).__name__}")
+        self._core.finish_requests(ids)
+        for rid in ids:
+            self.requests.pop(rid, None)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self._core.reset_prefix_cache(reset_running_requests)
+
+    def make_stats(self) -> SchedulerStats:
+        return self._core.make_stats()
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free KV-cache blocks (cached-but-unreferenced ones included)."""
+        return self._core.num_free_blocks()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def debug_state(self) -> dict[str, Any]:
+        """Everything the two backends must agree on, for differential tests."""
+        return self._core.debug_state()
+
+
+def _sampled(
+    out: SchedulerOutput, sampled: Mapping[str, Sequence[int]] | np.ndarray | Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sampled tokens as (flat tokens, offsets per scheduled row), checked."""
+    n = len(out.req_ids)
+    if isinstance(sampled, Mapping):
+        row = {rid: i for i, rid in enumerate(out.req_ids)}
+        per_row: list[list[int]] = [[] for _ in range(n)]
+        for rid, tokens in sampled.items():
+            if rid not in row:
+                raise ValueError(f"sampled: request {rid!r} was not scheduled in this step")
+            per_row[row[rid]] = token_list(f"sampled[{rid!r}]", tokens)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(t) for t in per_row], out=offsets[1:])
+        flat = np.fromiter((t for ts in per_row for t in ts), dtype=np.int64, count=int(offsets[-1]))
+        return flat, offsets
+    arr = np.asarray(sampled)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise TypeError(f"sampled must be a mapping or a 1-D int array, got {arr.dtype}[{arr.ndim}-D]")
+    if len(arr) != n:
+        raise ValueError(f"sampled has {len(arr)} entries; the step scheduled {n} requests")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and (arr.min() < -1 or arr.max() > 2**32 - 1):
+        bad = int(np.flatnonzero((arr < -1) | (arr > 2**32 - 1))[0])
+        raise ValueError(f"sampled[{bad}] = {arr[bad]} is neither -1 nor a token id")
+    has = arr >= 0
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(has, out=offsets[1:])
+    return arr[has], offsets

@@ -1,0 +1,168 @@
+"""The two engines behind ``Scheduler``: the Rust core and the Python twin,
+adapted to one interface (add_request, schedule, update_from_output,
+finish_requests, reset_prefix_cache, make_stats, debug_state)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ironbatch import reference
+from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.request import Request
+from ironbatch.scheduler_output import (
+    KIND_NAMES,
+    RequestUpdate,
+    SchedulerOutput,
+    model_runner_columns,
+)
+from ironbatch.scheduler_stats import SchedulerStats
+
+Sampled = tuple[np.ndarray, np.ndarray]  # flat tokens, offsets per scheduled row
+
+
+class PythonBackend:
+    """The plain-Python twin; columns are built from its per-request records."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        self.twin = reference.Scheduler(scheduler_config, cache_config)
+        self.block_size = cache_config.block_size
+
+    def add_request(self, request: Request) -> None:
+        self.twin.add_request(request)
+
+    def schedule(self, lookup_request: Callable[[str], Any]) -> SchedulerOutput:
+        step = self.twin.schedule()
+        rows = step.scheduled
+        computed = [s.num_computed_tokens for s in rows]
+        scheduled = [s.num_tokens for s in rows]
+        block_offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+        np.cumsum([len(s.block_ids) for s in rows], out=block_offsets[1:])
+        columns = {
+            "req_slots": np.array([s.request.slot for s in rows], dtype=np.int32),
+            "num_scheduled": np.array(scheduled, dtype=np.int32),
+            "num_computed_tokens": np.array(computed, dtype=np.int32),
+            "kinds": np.array([KIND_NAMES.index(s.kind) for s in rows], dtype=np.uint8),
+            "samples": np.array([s.samples for s in rows], dtype=np.bool_),
+            "new_block_ids": np.array([b for s in rows for b in s.block_ids], dtype=np.int32),
+            "new_block_offsets": block_offsets,
+            **model_runner_columns(computed, scheduled, [s.table for s in rows], self.block_size),
+        }
+        return SchedulerOutput(
+            req_ids=[s.request_id for s in rows],
+            columns=columns,
+            preempted_req_ids=set(step.preempted_req_ids),
+            finished_req_ids=set(step.finished_req_ids),
+            handle=step,
+            lookup_request=lookup_request,
+        )
+
+    def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> list[RequestUpdate]:
+        flat, offsets = sampled
+        tokens = {
+            rid: flat[offsets[i] : offsets[i + 1]].tolist()
+            for i, rid in enumerate(out.req_ids)
+            if offsets[i + 1] > offsets[i]
+        }
+        return [
+            RequestUpdate(u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason)
+            for u in self.twin.update_from_output(out._handle, tokens)
+        ]
+
+    def finish_requests(self, request_ids: list[str]) -> None:
+        self.twin.finish_requests(request_ids)
+
+    def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
+        return self.twin.reset_prefix_cache(reset_running_requests)
+
+    def make_stats(self) -> SchedulerStats:
+        s = self.twin.make_stats()
+        return SchedulerStats(
+            s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
+            s.prefix_cache_stats, s.num_preempted_reqs,
+        )
+
+    def num_free_blocks(self) -> int:
+        return self.twin.kv.num_free_blocks
+
+    def debug_state(self) -> dict[str, Any]:
+        return self.twin.debug_state()
+
+
+class RustBackend:
+    """The Rust core (``ironbatch._core.Scheduler``)."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        from ironbatch import _core
+
+        c = scheduler_config
+        self.core = _core.Scheduler(
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            max_model_len=c.max_model_len,
+            enable_chunked_prefill=c.enable_chunked_prefill,
+            long_prefill_token_threshold=c.long_prefill_token_threshold,
+            policy=c.policy,
+            scheduler_reserve_full_isl=c.scheduler_reserve_full_isl,
+            num_blocks=cache_config.num_blocks,
+            block_size=cache_config.block_size,
+            enable_prefix_caching=cache_config.enable_prefix_caching,
+        )
+
+    def add_request(self, request: Request) -> None:
+        p = request.sampling_params
+        self.core.add_request(
+            request.request_id,
+            request.prompt_token_ids,
+            p.max_tokens,
+            p.min_tokens,
+            None if p.ignore_eos else request.eos_token_id,
+            p.stop_token_ids,
+            request.priority,
+            request.arrival_time,
+            request.cache_salt,
+        )
+
+    def schedule(self, lookup_request: Callable[[str], Any]) -> SchedulerOutput:
+        step = self.core.schedule()
+        return SchedulerOutput(
+            req_ids=step.req_ids,
+            columns=step.columns(),
+            preempted_req_ids=set(step.preempted_req_ids),
+            finished_req_ids=set(step.finished_req_ids),
+            handle=step,
+            lookup_request=lookup_request,
+        )
+
+    def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> list[RequestUpdate]:
+        flat, offsets = sampled
+        ids, tokens, token_offsets, reasons, stop_reasons = self.core.update_from_output(
+            out._handle, flat, offsets
+        )
+        return [
+            RequestUpdate(
+                rid,
+                tokens[token_offsets[i] : token_offsets[i + 1]].tolist(),
+                reasons[i],
+                stop_reasons[i],
+            )
+            for i, rid in enumerate(ids)
+        ]
+
+    def finish_requests(self, request_ids: list[str]) -> None:
+        self.core.finish_requests(request_ids)
+
+    def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
+        return self.core.reset_prefix_cache(reset_running_requests)
+
+    def make_stats(self) -> SchedulerStats:
+        running, waiting, usage, prefix, preempted = self.core.make_stats()
+        return SchedulerStats(running, waiting, usage, prefix, preempted)
+
+    def num_free_blocks(self) -> int:
+        return self.core.num_free_blocks
+
+    def debug_state(self) -> dict[str, Any]:
+        return self.core.debug_state()

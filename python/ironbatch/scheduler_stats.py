@@ -1,0 +1,15 @@
+"""SchedulerStats: what make_stats() reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class SchedulerStats:
+    num_running_reqs: int
+    num_waiting_reqs: int
+    kv_cache_usage: float
+    prefix_cache_stats: Any  # PrefixCacheStats, taken and reset
+    num_preempted_reqs: int  # preemptions since the stats were last taken

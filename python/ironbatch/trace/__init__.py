@@ -1,0 +1,6 @@
+"""ironbatch-trace/1: recorded scheduling decisions, replayed for parity
+(``shared/spec/trace-format.md``)."""
+
+from ironbatch.trace.replay import ReplayResult, replay
+
+__all__ = ["ReplayResult", "replay"]
