@@ -16,7 +16,13 @@ pub mod hash_chain;
 pub mod kv_cache_manager;
 pub mod prefix_cache_map;
 pub mod prefix_cache_stats;
+pub mod request;
+pub mod request_queue;
+pub mod scheduler;
+pub mod scheduler_config;
 pub mod sequence;
+pub mod step;
+pub mod stop_check;
 
 #[cfg(feature = "python")]
 pub mod python;
@@ -28,7 +34,11 @@ pub use block_table::BlockTable;
 pub use error::KvError;
 pub use kv_cache_manager::{KvCacheConfig, KvCacheManager};
 pub use prefix_cache_stats::PrefixCacheStats;
+pub use request::{NewRequest, Request, RequestStatus, StopRules};
+pub use scheduler::{Scheduler, SchedulerStats};
+pub use scheduler_config::{Policy, SchedulerConfig};
 pub use sequence::Sequence;
+pub use step::{Kind, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
 
 /// Ceiling division.
 #[inline]

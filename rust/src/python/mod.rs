@@ -6,6 +6,7 @@ mod args;
 mod block_pool;
 mod kv_cache_manager;
 mod prefix_cache_stats;
+mod scheduler;
 
 use pyo3::prelude::*;
 
@@ -15,5 +16,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<block_pool::PyBlockPool>()?;
     m.add_class::<kv_cache_manager::PyKvCacheManager>()?;
     m.add_class::<prefix_cache_stats::PyPrefixCacheStats>()?;
+    m.add_class::<scheduler::PyScheduler>()?;
+    m.add_class::<scheduler::PyStep>()?;
     Ok(())
 }

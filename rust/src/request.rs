@@ -1,0 +1,111 @@
+//! A request as the scheduler tracks it (spec §3): its tokens and KV state,
+//! its stopping rules, and where it is in its life.
+
+use crate::block_table::BlockTable;
+use crate::sequence::Sequence;
+
+/// vLLM's statuses, in vLLM's order; every one after `Preempted` is finished.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RequestStatus {
+    Waiting,
+    Running,
+    Preempted,
+    FinishedStopped,
+    FinishedLengthCapped,
+    FinishedAborted,
+    FinishedIgnored,
+    FinishedError,
+}
+
+impl RequestStatus {
+    /// Whether the request has ended.
+    pub fn is_finished(self) -> bool {
+        self > RequestStatus::Preempted
+    }
+
+    /// The finish reason vLLM reports for a finished status.
+    pub fn finish_reason(self) -> Option<&'static str> {
+        match self {
+            RequestStatus::FinishedStopped => Some("stop"),
+            RequestStatus::FinishedLengthCapped | RequestStatus::FinishedIgnored => Some("length"),
+            RequestStatus::FinishedAborted => Some("abort"),
+            RequestStatus::FinishedError => Some("error"),
+            _ => None,
+        }
+    }
+
+    /// The status's name, as vLLM spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RequestStatus::Waiting => "WAITING",
+            RequestStatus::Running => "RUNNING",
+            RequestStatus::Preempted => "PREEMPTED",
+            RequestStatus::FinishedStopped => "FINISHED_STOPPED",
+            RequestStatus::FinishedLengthCapped => "FINISHED_LENGTH_CAPPED",
+            RequestStatus::FinishedAborted => "FINISHED_ABORTED",
+            RequestStatus::FinishedIgnored => "FINISHED_IGNORED",
+            RequestStatus::FinishedError => "FINISHED_ERROR",
+        }
+    }
+}
+
+/// When a request stops (spec §5.2).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StopRules {
+    /// Most output tokens (≥ 1).
+    pub max_tokens: usize,
+    /// Kept for the sampler; the scheduler's checks ignore it (Q3).
+    pub min_tokens: usize,
+    /// `None` when there is none or `ignore_eos` is set.
+    pub eos_token_id: Option<u32>,
+    /// Tokens that stop the request (honoured even with `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+}
+
+/// What a client submits, as the core stores it.
+#[derive(Clone, Debug)]
+pub struct NewRequest {
+    pub request_id: String,
+    pub prompt_token_ids: Vec<u32>,
+    pub stop: StopRules,
+    /// Lower runs first.
+    pub priority: i64,
+    /// Seconds; ties in priority go to the earlier arrival.
+    pub arrival_time: f64,
+    pub cache_salt: Option<String>,
+}
+
+/// The scheduler's state for one live request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub request_id: String,
+    pub stop: StopRules,
+    pub priority: i64,
+    pub arrival_time: f64,
+    /// Tokens, `num_computed_tokens` and block hashes.
+    pub seq: Sequence,
+    /// The blocks it holds.
+    pub table: BlockTable,
+    pub status: RequestStatus,
+    /// The stop token that ended it.
+    pub stop_reason: Option<u32>,
+    pub num_preemptions: u32,
+    /// Tokens scheduled whose output has not arrived (spec §5.4) ...
+    pub in_flight_tokens: usize,
+    /// ... after a preemption, how many of those are stale ...
+    pub stale_tokens: usize,
+    /// ... or, after a reset that preempted it, dropped without a record.
+    pub dropped_tokens: usize,
+}
+
+impl Request {
+    /// Prompt plus output tokens.
+    pub fn num_tokens(&self) -> usize {
+        self.seq.num_tokens()
+    }
+
+    /// Output tokens so far.
+    pub fn num_output_tokens(&self) -> usize {
+        self.seq.num_tokens() - self.seq.num_prompt_tokens()
+    }
+}

@@ -1,0 +1,87 @@
+//! Scheduler settings (spec §2), validated like vLLM's.
+
+use crate::cdiv;
+use crate::error::KvError;
+use crate::kv_cache_manager::KvCacheConfig;
+
+/// Which waiting request goes first, and who is preempted.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// First come, first served; the last running request is the victim.
+    Fcfs,
+    /// Smallest (priority, arrival_time, id) first; the largest
+    /// (priority, arrival_time) running request is the victim.
+    Priority,
+}
+
+/// Everything `Scheduler::new` needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedulerConfig {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: usize,
+    pub enable_chunked_prefill: bool,
+    /// Per-request per-step token cap; 0 = off.
+    pub long_prefill_token_threshold: usize,
+    pub policy: Policy,
+    /// The full-prompt admission gate (spec §7.6).
+    pub scheduler_reserve_full_isl: bool,
+    pub cache: KvCacheConfig,
+}
+
+fn invalid(msg: String) -> Result<(), KvError> {
+    Err(KvError::Invalid(msg))
+}
+
+impl SchedulerConfig {
+    /// Check every rule of spec §2, naming the first field that breaks one.
+    pub fn validate(&self) -> Result<(), KvError> {
+        self.cache.validate()?;
+        let c = self;
+        if c.max_num_seqs < 1 {
+            return invalid(format!("max_num_seqs must be >= 1, got {}", c.max_num_seqs));
+        }
+        if c.max_model_len < 2 {
+            return invalid(format!(
+                "max_model_len must be >= 2, got {}",
+                c.max_model_len
+            ));
+        }
+        if c.max_num_batched_tokens < c.max_num_seqs {
+            return invalid(format!(
+                "max_num_batched_tokens ({}) must be >= max_num_seqs ({})",
+                c.max_num_batched_tokens, c.max_num_seqs
+            ));
+        }
+        if !c.enable_chunked_prefill && c.max_num_batched_tokens < c.max_model_len {
+            return invalid(format!(
+                "max_num_batched_tokens ({}) must be >= max_model_len ({}) when chunked \
+                 prefill is off",
+                c.max_num_batched_tokens, c.max_model_len
+            ));
+        }
+        if c.long_prefill_token_threshold > c.max_model_len {
+            return invalid(format!(
+                "long_prefill_token_threshold ({}) must be <= max_model_len ({})",
+                c.long_prefill_token_threshold, c.max_model_len
+            ));
+        }
+        if c.cache.num_blocks < 2 {
+            return invalid(format!(
+                "num_blocks must be at least 2 (block 0 is reserved), got {}",
+                c.cache.num_blocks
+            ));
+        }
+        let needed = cdiv(c.max_model_len, c.cache.block_size);
+        if needed > c.cache.num_blocks - 1 {
+            return invalid(format!(
+                "num_blocks ({}) holds {} usable blocks, fewer than the {needed} one sequence \
+                 of max_model_len ({}) needs",
+                c.cache.num_blocks,
+                c.cache.num_blocks - 1,
+                c.max_model_len
+            ));
+        }
+        Ok(())
+    }
+}
