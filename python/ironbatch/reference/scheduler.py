@@ -42,6 +42,7 @@ class ScheduledStep:
     scheduled: list[ScheduledRequest]
     preempted_req_ids: set[str]
     finished_req_ids: set[str]
+    owner: object = field(default=None, repr=False)
     applied: bool = field(default=False, repr=False)
 
     @property
@@ -183,6 +184,7 @@ class Scheduler:
             scheduled=list(scheduled.values()),
             preempted_req_ids=self.preempted_req_ids,
             finished_req_ids=self.finished_req_ids,
+            owner=self,
         )
         assert step.total_num_scheduled_tokens <= self.max_num_batched_tokens
         assert len(self.running) <= self.max_num_seqs
@@ -325,6 +327,8 @@ class Scheduler:
         return updates
 
     def _check_sampled(self, step: ScheduledStep, sampled: Mapping[str, Sequence[int]]) -> None:
+        if step.owner is not self:
+            raise ValueError("this step was scheduled by another scheduler")
         if step.applied:
             raise ValueError("this step's output was already applied")
         by_id = {s.request_id: s for s in step.scheduled}

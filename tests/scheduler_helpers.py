@@ -1,0 +1,48 @@
+"""Helpers for driving a Scheduler through steps in tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ironbatch import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
+
+BACKENDS = ["rust", "python"]
+
+
+def make(backend: str, num_blocks: int = 10000, block_size: int = 16,
+         caching: bool = True, **sched: Any) -> Scheduler:
+    sched.setdefault("max_model_len", 2048)
+    return Scheduler(
+        SchedulerConfig(**sched),
+        CacheConfig(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching),
+        backend=backend,
+    )
+
+
+def req(rid: str, tokens: Sequence[int], *, max_tokens: int = 16, min_tokens: int = 0,
+        ignore_eos: bool = False, stop: Sequence[int] = (), priority: int = 0,
+        arrival: float = 0.0, eos: int | None = 2) -> Request:
+    return Request(rid, list(tokens),
+                   SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens,
+                                  ignore_eos=ignore_eos, stop_token_ids=list(stop)),
+                   eos_token_id=eos, priority=priority, arrival_time=arrival)
+
+
+def rows(out: Any) -> list[list[Any]]:
+    """The step as the spec and the traces write it."""
+    return [list(e) for e in out.entries()]
+
+
+def step(s: Scheduler, tokens: int | Mapping[str, int] = 100) -> tuple[Any, list[list[Any]]]:
+    """schedule() then update_from_output(), every request whose step reached
+    its last known token sampling ``tokens`` (one id for all, or per id)."""
+    out = s.schedule()
+    sampled = {}
+    for i, rid in enumerate(out.req_ids):
+        if out.samples[i]:
+            t = tokens if isinstance(tokens, int) else tokens.get(rid)
+            if t is not None:
+                sampled[rid] = [t]
+    updates = s.update_from_output(out, sampled)
+    return out, [[u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason] for u in updates]

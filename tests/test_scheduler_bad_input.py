@@ -1,0 +1,141 @@
+"""Bad input to the scheduler API: a clear ValueError/TypeError naming the
+field, and the scheduler's state provably unchanged afterwards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from scheduler_helpers import BACKENDS, make, req
+
+from ironbatch import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
+
+
+@pytest.fixture(params=BACKENDS)
+def busy(request: pytest.FixtureRequest) -> Any:
+    """A scheduler mid-run: one request decoding, one prefilling, one waiting."""
+    s = make(request.param, num_blocks=12, max_model_len=64, max_num_batched_tokens=40,
+             max_num_seqs=2)
+    s.add_request(req("a", range(20)))
+    s.add_request(req("b", range(100, 160)))
+    s.add_request(req("c", range(200, 210)))
+    out = s.schedule()
+    s.update_from_output(out, {"a": [7]})
+    return s
+
+
+def unchanged(s: Scheduler, call: Any, exc: type, match: str) -> None:
+    before = s.debug_state()
+    with pytest.raises(exc, match=match):
+        call()
+    assert s.debug_state() == before
+
+
+@pytest.mark.parametrize(
+    ("make_request", "exc", "match"),
+    [
+        (lambda: req("a", [1, 2]), ValueError, "already"),
+        (lambda: req("x", range(64)), ValueError, "max_model_len"),
+        (lambda: req("x", range(1000)), ValueError, "max_model_len"),
+    ],
+)
+def test_add_request_rejections(busy: Scheduler, make_request: Any, exc: type, match: str) -> None:
+    unchanged(busy, lambda: busy.add_request(make_request()), exc, match)
+
+
+@pytest.mark.parametrize(
+    ("build", "exc", "match"),
+    [
+        (lambda: Request("x", []), ValueError, "prompt_token_ids"),
+        (lambda: Request(7, [1]), TypeError, "request_id"),
+        (lambda: Request("x", "hello"), TypeError, "prompt_token_ids"),
+        (lambda: Request("x", [1, -1]), ValueError, r"prompt_token_ids\[1\] = -1"),
+        (lambda: Request("x", [1, 2**32]), ValueError, r"prompt_token_ids\[1\]"),
+        (lambda: Request("x", [1, 2.0]), TypeError, r"prompt_token_ids\[1\]"),
+        (lambda: Request("x", np.array([[1]])), TypeError, "prompt_token_ids"),
+        (lambda: Request("x", [1], priority=1.5), TypeError, "priority"),
+        (lambda: Request("x", [1], arrival_time=float("nan")), ValueError, "arrival_time"),
+        (lambda: Request("x", [1], sampling_params={"max_tokens": 3}), TypeError, "sampling"),
+        (lambda: Request("x", [1], eos_token_id=-2), ValueError, "eos_token_id"),
+        (lambda: SamplingParams(max_tokens=0), ValueError, "max_tokens"),
+        (lambda: SamplingParams(max_tokens=4, min_tokens=5), ValueError, "min_tokens"),
+        (lambda: SamplingParams(min_tokens=-1), ValueError, "min_tokens"),
+        (lambda: SamplingParams(max_tokens="8"), TypeError, "max_tokens"),
+        (lambda: SamplingParams(stop_token_ids=[3, -3]), ValueError, "stop_token_ids"),
+    ],
+)
+def test_bad_requests_are_refused_before_the_scheduler(build: Any, exc: type, match: str) -> None:
+    with pytest.raises(exc, match=match):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"max_model_len": 1}, ValueError, "max_model_len"),
+        ({"max_num_seqs": 0}, ValueError, "max_num_seqs"),
+        ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, ValueError, "max_num_batched_tokens"),
+        ({"enable_chunked_prefill": False, "max_num_batched_tokens": 32}, ValueError,
+         "chunked prefill"),
+        ({"long_prefill_token_threshold": 65}, ValueError, "long_prefill_token_threshold"),
+        ({"long_prefill_token_threshold": -1}, ValueError, "long_prefill_token_threshold"),
+        ({"policy": "lifo"}, ValueError, "policy"),
+        ({"max_num_seqs": 2.5}, TypeError, "max_num_seqs"),
+    ],
+)
+def test_bad_scheduler_config(kwargs: dict, exc: type, match: str) -> None:
+    args = {"max_model_len": 64, "max_num_seqs": 4, "max_num_batched_tokens": 64, **kwargs}
+    with pytest.raises(exc, match=match):
+        SchedulerConfig(**args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cache_that_cannot_hold_one_sequence_is_refused(backend: str) -> None:
+    # 4 blocks of 16 hold 64 tokens, not max_model_len = 65: a request could
+    # be admitted and never finish (livelock), so vLLM refuses to start.
+    with pytest.raises(ValueError, match="num_blocks"):
+        Scheduler(SchedulerConfig(max_model_len=65, max_num_batched_tokens=128),
+                  CacheConfig(num_blocks=5, block_size=16), backend=backend)
+    with pytest.raises(ValueError, match="num_blocks"):
+        Scheduler(SchedulerConfig(max_model_len=64), CacheConfig(), backend=backend)
+    with pytest.raises(ValueError, match="backend"):
+        Scheduler(SchedulerConfig(max_model_len=64), CacheConfig(num_blocks=8), backend="cuda")
+
+
+def test_bad_update_from_output(busy: Scheduler) -> None:
+    out = busy.schedule()
+    assert out.req_ids == ["a", "b"]  # a decodes; b is mid-prefill (no token due)
+    unchanged(busy, lambda: busy.update_from_output(out, {"zz": [1]}), ValueError, "zz")
+    unchanged(busy, lambda: busy.update_from_output(out, {"b": [1]}), ValueError, "last known")
+    unchanged(busy, lambda: busy.update_from_output(out, {"a": [-5]}), ValueError, "sampled")
+    unchanged(busy, lambda: busy.update_from_output(out, {"a": ["x"]}), TypeError, "sampled")
+    unchanged(busy, lambda: busy.update_from_output(out, [5]), ValueError, "2 requests")
+    unchanged(busy, lambda: busy.update_from_output(out, [5, 5]), ValueError, "last known")
+    unchanged(busy, lambda: busy.update_from_output(out, [5, -2]), ValueError, "sampled")
+    unchanged(busy, lambda: busy.update_from_output(out, np.array([5.0, -1.0])), TypeError,
+              "sampled")
+    unchanged(busy, lambda: busy.update_from_output(None, {}), TypeError, "scheduler_output")
+    updates = busy.update_from_output(out, np.array([5, -1]))
+    assert [u.request_id for u in updates] == ["a"]
+    unchanged(busy, lambda: busy.update_from_output(out, {}), ValueError, "already applied")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_output_belongs_to_its_scheduler(backend: str) -> None:
+    s1, s2 = make(backend, max_model_len=64), make(backend, max_model_len=64)
+    s1.add_request(req("a", [1, 2, 3]))
+    s2.add_request(req("a", [1, 2, 3]))
+    out1 = s1.schedule()
+    s2.schedule()
+    unchanged(s2, lambda: s2.update_from_output(out1, {"a": [5]}), ValueError, "another")
+
+
+def test_finish_requests_input(busy: Scheduler) -> None:
+    unchanged(busy, lambda: busy.finish_requests([1]), TypeError, "request_ids")
+    before = busy.debug_state()
+    busy.finish_requests(["nope"])  # unknown ids are ignored, as vLLM does
+    assert busy.debug_state() == before
+    busy.finish_requests("c")
+    assert "c" not in busy.debug_state()["requests"]
+    busy.add_request(req("c", [9, 9]))  # a finished id may be used again

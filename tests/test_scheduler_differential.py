@@ -1,0 +1,147 @@
+"""The Rust scheduler and the Python twin, side by side, over random
+workloads: arrivals with shared prefixes, aborts, sampled tokens with EOS
+and stop tokens, tight and ample KV caches, both policies, chunked prefill
+on and off, and outputs applied late (a second schedule() in flight).
+Seeded runs go deep; the hypothesis state machine explores and shrinks."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from scheduler_pair import SchedulerPair
+
+VOCAB = 40
+EOS = 2
+
+
+def random_config(rng: random.Random) -> dict:
+    bs = rng.choice([1, 2, 4, 8, 16])
+    max_model_len = rng.choice([16, 32, 64, 128])
+    chunked = rng.random() < 0.7
+    seqs = rng.choice([1, 2, 4, 8, 32])
+    batched = max(rng.choice([8, 16, 32, 64, 256]), seqs)
+    if not chunked:
+        batched = max(batched, max_model_len)
+    need = -(-max_model_len // bs)
+    tight = rng.random() < 0.6
+    blocks = rng.randint(need + 1, 2 * need + 2) if tight else rng.randint(4 * need, 8 * need)
+    return dict(
+        block_size=bs, num_blocks=blocks, max_model_len=max_model_len,
+        max_num_seqs=seqs, max_num_batched_tokens=batched, enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=rng.choice([0, 0, 4, 16]) if max_model_len >= 16 else 0,
+        policy=rng.choice(["fcfs", "priority"]), caching=rng.random() < 0.8,
+    )
+
+
+def run_seed(seed: int, steps: int = 120) -> Counter:
+    rng = random.Random(seed)
+    config = random_config(rng)
+    pair = SchedulerPair(**config)
+    max_len = config["max_model_len"]
+    prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
+    live: list[str] = []
+    next_id = 0
+
+    def choose(rid: str) -> int:
+        x = rng.random()
+        return EOS if x < 0.05 else 7 if x < 0.08 else rng.randrange(3, VOCAB)
+
+    for _ in range(steps):
+        for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
+            plen = rng.randint(1, max_len - 1)
+            shared = rng.randint(0, plen)
+            tokens = rng.choice(prefixes)[:shared] + [rng.randrange(3, VOCAB)
+                                                      for _ in range(plen - shared)]
+            rid = f"q{next_id}"
+            next_id += 1
+            if pair.add(rid, tokens, max_tokens=rng.randint(1, 12),
+                        ignore_eos=rng.random() < 0.3, stop=[7] if rng.random() < 0.3 else [],
+                        priority=rng.randint(0, 3), arrival=float(next_id // 3)):
+                live.append(rid)
+        if live and rng.random() < 0.05:
+            pair.abort([rng.choice(live)])
+        pair.schedule()
+        # Usually synchronous; sometimes more schedule() calls run before the
+        # first output arrives (spec §5.4).
+        if len(pair.in_flight) > 2 or rng.random() < 0.7:
+            pair.apply_oldest(choose)
+    while pair.in_flight:
+        pair.apply_oldest(choose)
+    # 10. Progress: with arrivals over, everything finishes.
+    for _ in range(40 * max_len):
+        if not pair.rust.has_unfinished_requests():
+            break
+        pair.schedule()
+        pair.apply_oldest(choose)
+    assert not pair.rust.has_unfinished_requests(), "no progress"
+    assert pair.rust.num_free_blocks == config["num_blocks"] - 1
+    return pair.events
+
+
+def test_seeded_workloads_agree() -> None:
+    events: Counter = Counter()
+    for seed in range(60):
+        events += run_seed(seed)
+    for what in ("preempted", "hit", "resumed", "finished", "abort"):
+        assert events[what] >= 20, (what, events)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(seed=st.integers(0, 2**32 - 1))
+    def build(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.config = random_config(self.rng)
+        self.pair = SchedulerPair(**self.config)
+        self.live: list[str] = []
+        self.next_id = 0
+
+    @rule(plen=st.integers(1, 200), shared=st.integers(0, 200), max_tokens=st.integers(1, 10),
+          priority=st.integers(0, 2), ignore_eos=st.booleans())
+    def add(self, plen: int, shared: int, max_tokens: int, priority: int,
+            ignore_eos: bool) -> None:
+        plen = min(plen, self.config["max_model_len"])  # == max_model_len is refused alike
+        base = [(5 * i) % 31 + 3 for i in range(plen)]
+        tokens = base[: min(shared, plen)] + [self.rng.randrange(3, VOCAB)
+                                              for _ in range(plen - min(shared, plen))]
+        rid = f"h{self.next_id}"
+        self.next_id += 1
+        if self.pair.add(rid, tokens, max_tokens=max_tokens, priority=priority,
+                         ignore_eos=ignore_eos, arrival=float(self.next_id // 2)):
+            self.live.append(rid)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        self.pair.abort([data.draw(st.sampled_from(self.live))])
+
+    @rule(eos=st.floats(0, 0.3))
+    def step(self, eos: float) -> None:
+        self.pair.schedule()
+        self.pair.apply_oldest(lambda rid: EOS if self.rng.random() < eos else 9)
+
+    @rule()
+    def schedule_ahead(self) -> None:
+        """A second schedule() before the previous output arrives."""
+        if len(self.pair.in_flight) < 2:
+            self.pair.schedule()
+
+    @precondition(lambda self: self.pair.in_flight)
+    @rule()
+    def apply(self) -> None:
+        self.pair.apply_oldest(lambda rid: 9)
+
+    @invariant()
+    def same(self) -> None:
+        if hasattr(self, "pair"):
+            self.pair.check()
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=120, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_scheduler_machine = SchedulerMachine.TestCase

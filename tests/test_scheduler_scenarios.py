@@ -1,0 +1,174 @@
+"""The scheduler acceptance scenarios of spec §9.2 (S1–S7), whose expected
+values are vLLM 0.33.0's own results, on both backends."""
+
+from __future__ import annotations
+
+import pytest
+from scheduler_helpers import BACKENDS, make, req, rows, step
+
+
+def r(a: int, b: int) -> list[int]:
+    return list(range(a, b + 1))
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_s1_threshold_chunking(backend: str, caching: bool) -> None:
+    s = make(backend, caching=caching, max_num_batched_tokens=1024,
+             long_prefill_token_threshold=400, max_model_len=2048, max_num_seqs=16)
+    for i in range(3):
+        s.add_request(req(f"r{i}", [10 + i] * 800))
+    out, _ = step(s)
+    assert rows(out) == [["r0", 400, "new", 0, r(1, 25)], ["r1", 400, "new", 0, r(26, 50)],
+                         ["r2", 224, "new", 0, r(51, 64)]]
+    out, updates = step(s)
+    assert [(e[0], e[1], e[2], e[3]) for e in rows(out)] == [
+        ("r0", 400, "running", 400), ("r1", 400, "running", 400), ("r2", 224, "running", 224)]
+    assert [u[0] for u in updates] == ["r0", "r1"]  # r2 is still prefilling
+    out, _ = step(s)
+    assert rows(out) == [["r0", 1, "running", 800, [129]], ["r1", 1, "running", 800, [130]],
+                         ["r2", 352, "running", 448, r(131, 152)]]
+    out, _ = step(s)
+    assert [(e[0], e[1]) for e in rows(out)] == [("r0", 1), ("r1", 1), ("r2", 1)]
+    assert rows(out)[2][4] == [153]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_s2_chunked_prefill_off_blocks_the_queue(backend: str, chunked: bool) -> None:
+    s = make(backend, max_num_batched_tokens=1024, max_model_len=1024,
+             enable_chunked_prefill=chunked)
+    for i, n in enumerate([800, 800, 10, 10]):
+        s.add_request(req(f"r{i}", [10 + i] * n))
+    out1, _ = step(s)
+    out2, _ = step(s)
+    if not chunked:  # r1 does not fit the 224 tokens left, and r2, r3 wait behind it
+        assert rows(out1) == [["r0", 800, "new", 0, r(1, 50)]]
+        assert rows(out2) == [["r0", 1, "running", 800, [51]], ["r1", 800, "new", 0, r(52, 101)],
+                              ["r2", 10, "new", 0, [102]], ["r3", 10, "new", 0, [103]]]
+    else:
+        assert rows(out1) == [["r0", 800, "new", 0, r(1, 50)], ["r1", 224, "new", 0, r(51, 64)]]
+        assert rows(out2) == [["r0", 1, "running", 800, [65]],
+                              ["r1", 576, "running", 224, r(66, 101)],
+                              ["r2", 10, "new", 0, [102]], ["r3", 10, "new", 0, [103]]]
+
+
+def test_s3_same_step_prefix_sharing(backend: str) -> None:
+    s = make(backend)
+    prompt = r(3, 102)
+    s.add_request(req("a", prompt))
+    s.add_request(req("b", prompt))
+    out, _ = step(s)
+    # Blocks are hash-cached at allocation, so b hits a's blocks at once (Q8).
+    assert rows(out) == [["a", 100, "new", 0, r(1, 7)], ["b", 4, "new", 96, [1, 2, 3, 4, 5, 6, 8]]]
+    out, _ = step(s)
+    assert rows(out) == [["a", 1, "running", 100, []], ["b", 1, "running", 100, []]]
+    s.add_request(req("c", prompt))
+    out, _ = step(s)
+    assert rows(out) == [["a", 1, "running", 101, []], ["b", 1, "running", 101, []],
+                         ["c", 4, "new", 96, [1, 2, 3, 4, 5, 6, 9]]]
+
+
+def test_s4_fcfs_preemption(backend: str) -> None:
+    s = make(backend, num_blocks=11, max_model_len=160, max_num_batched_tokens=512)
+    s.add_request(req("a", r(3, 82), max_tokens=40))
+    s.add_request(req("b", r(103, 182), max_tokens=40))
+    out, _ = step(s)
+    assert rows(out) == [["a", 80, "new", 0, r(1, 5)], ["b", 80, "new", 0, r(6, 10)]]
+    assert s.num_free_blocks == 0
+    out, _ = step(s)
+    # b's cached blocks went to the tail last block first: 10 is evicted at once.
+    assert rows(out) == [["a", 1, "running", 80, [10]]]
+    assert out.preempted_req_ids == {"b"}
+    assert s.num_free_blocks == 4
+    for _ in range(2):  # b would need 2 new + 4 evictable hit blocks > 4 free
+        out, _ = step(s)
+        assert [e[0] for e in rows(out)] == ["a"]
+    assert s.debug_state()["waiting"] == ["b"]
+
+
+def test_s4b_tokens_for_a_request_preempted_in_flight(backend: str) -> None:
+    s = make(backend, num_blocks=11, max_model_len=160, max_num_batched_tokens=80,
+             max_num_seqs=16)
+    s.add_request(req("r0", r(3, 82), max_tokens=40))
+    s.add_request(req("r1", r(103, 182), max_tokens=40))
+    out1 = s.schedule()
+    assert rows(out1) == [["r0", 80, "new", 0, r(1, 5)]]
+    out2 = s.schedule()  # before out1's tokens arrive: r0 has nothing to compute
+    assert rows(out2) == [["r1", 80, "new", 0, r(6, 10)]]
+    u1 = s.update_from_output(out1, {"r0": [42]})
+    assert [tuple(u) for u in u1] == [("r0", [42], None, None)]
+    out3 = s.schedule()
+    assert rows(out3) == [["r0", 1, "running", 80, [10]]]
+    assert out3.preempted_req_ids == {"r1"}
+    u2 = s.update_from_output(out2, {"r1": [43]})  # stale, still applied
+    assert [tuple(u) for u in u2] == [("r1", [43], None, None)]
+    state = s.debug_state()["requests"]["r1"]
+    assert (state[0], state[2], state[3]) == ("PREEMPTED", 81, 0)
+    assert s.num_free_blocks == 4
+    u3 = s.update_from_output(out3, {"r0": [44]})
+    assert [tuple(u) for u in u3] == [("r0", [44], None, None)]
+
+
+PRIO = dict(num_blocks=5, max_model_len=64, max_num_batched_tokens=256, max_num_seqs=4)
+
+
+def test_s5_priority_undoes_a_scheduled_victim(backend: str) -> None:
+    s = make(backend, policy="priority", **PRIO)
+    s.add_request(req("A", r(3, 32), priority=1, arrival=1.0))
+    out, _ = step(s)
+    assert rows(out) == [["A", 30, "new", 0, [1, 2]]]
+    s.add_request(req("B", r(103, 134), priority=0, arrival=2.0))
+    out, _ = step(s)
+    assert rows(out) == [["A", 1, "running", 30, []], ["B", 32, "new", 0, [3, 4]]]
+    assert s.num_free_blocks == 0
+    out, _ = step(s)
+    assert rows(out) == [["B", 1, "running", 32, [2]]]
+    assert out.preempted_req_ids == {"A"} and s.num_free_blocks == 1
+    out, _ = step(s)
+    assert rows(out) == [["B", 1, "running", 33, []]]
+    assert s.debug_state()["waiting"] == ["A"]
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_s6_self_preemption(backend: str, policy: str) -> None:
+    s = make(backend, policy=policy, **PRIO)
+    s.add_request(req("C", r(3, 32), priority=3, arrival=1.0))
+    out, _ = step(s)
+    assert rows(out) == [["C", 30, "new", 0, [1, 2]]]
+    s.add_request(req("D", r(103, 133), priority=0, arrival=2.0))
+    out, _ = step(s)
+    assert rows(out) == [["C", 1, "running", 30, []], ["D", 31, "new", 0, [3, 4]]]
+    out, _ = step(s)
+    assert rows(out) == [["C", 1, "running", 31, []], ["D", 1, "running", 31, []]]
+    out, _ = step(s)
+    if policy == "priority":  # C is its own victim, and the pass goes on (Q10)
+        assert rows(out) == [["D", 1, "running", 32, [2]]]
+        assert out.preempted_req_ids == {"C"}
+    else:  # FCFS: the last running request, D, is the victim
+        assert rows(out) == [["C", 1, "running", 32, [4]]]
+        assert out.preempted_req_ids == {"D"}
+
+
+def test_s7_stop_order(backend: str) -> None:
+    s = make(backend, max_model_len=64)
+    s.add_request(req("e", [5] * 10, max_tokens=3, min_tokens=3))
+    s.add_request(req("f", [6] * 10, max_tokens=5, min_tokens=4, stop=[7]))
+    s.add_request(req("g", [7] * 10, max_tokens=5, ignore_eos=True))
+    s.add_request(req("h", [8] * 60, max_tokens=50))
+    plan = [dict(e=50, f=51, g=2, h=52), dict(e=50, f=7, g=2, h=52), dict(e=2, g=2, h=52),
+            dict(g=2, h=52), dict(g=2)]
+    finished = []
+    for sampled in plan:
+        _, updates = step(s, sampled)
+        finished.append([u for u in updates if u[2] is not None])
+    assert finished[0] == []
+    assert finished[1] == [["f", [7], "stop", 7]]  # min_tokens 4 does not delay it (Q3)
+    assert finished[2] == [["e", [2], "stop", None]]  # EOS as the last allowed token (Q4)
+    assert finished[3] == [["h", [52], "length", None]]  # 64 tokens = max_model_len
+    assert finished[4] == [["g", [2], "length", None]]  # EOS ignored; 5th output
+    assert not s.has_unfinished_requests()
+    assert s.num_free_blocks == 9999
