@@ -13,7 +13,7 @@ import ironbatch._core as core
 import ironbatch.reference as twin
 
 PKG = Path(ironbatch.__file__).parent
-CLASSES = ["BlockPool", "KVCacheManager", "PrefixCacheStats"]
+CLASSES = ["BlockPool", "KVCacheManager", "PrefixCacheStats", "Scheduler", "Step"]
 
 
 def public(names: object) -> set[str]:
@@ -42,6 +42,14 @@ def test_stub_matches_the_extension(name: str) -> None:
 def test_twin_offers_the_core_api(name: str) -> None:
     missing = public(getattr(core, name)) - public(getattr(twin, name))
     assert not missing, f"the twin's {name} lacks {sorted(missing)}"
+
+
+def test_twin_scheduler_offers_what_the_facade_drives() -> None:
+    for name in ("add_request", "schedule", "update_from_output", "finish_requests",
+                 "reset_prefix_cache", "make_stats", "debug_state",
+                 "get_num_unfinished_requests"):
+        assert callable(getattr(twin.Scheduler, name)), name
+        assert callable(getattr(core.Scheduler, name)), name
 
 
 def test_stats_fields_match() -> None:

@@ -11,15 +11,21 @@ from scheduler_helpers import BACKENDS
 
 from ironbatch.trace import replay
 
-TRACES = sorted((Path(__file__).parent / "data" / "traces").glob("*.jsonl"))
+DATA = Path(__file__).parent / "data"
+# traces/: the 40 shared traces recorded from vLLM 0.33.0; recorded/: 32 more
+# recorded from vLLM 0.33.0 with benches/record_vllm.py (seeds 100-129, and
+# two large workloads with many preemptions, seeds 201 and 203 with --big).
+TRACES = sorted((DATA / "traces").glob("*.jsonl"))
+RECORDED = sorted((DATA / "recorded").glob("*.jsonl"))
 
 
 def test_the_traces_are_there() -> None:
     assert len(TRACES) == 40
+    assert len(RECORDED) == 32
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
+@pytest.mark.parametrize("path", TRACES + RECORDED, ids=[p.stem for p in TRACES + RECORDED])
 def test_trace_replays_identical(path: Path, backend: str) -> None:
     result = replay(path, backend=backend, level="blocks")
     assert result.identical, str(result)

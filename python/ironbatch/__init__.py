@@ -6,7 +6,7 @@ from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
-from ironbatch.scheduler_output import RequestUpdate, SchedulerOutput
+from ironbatch.scheduler_output import RequestUpdate, SchedulerOutput, UpdateOutputs
 from ironbatch.scheduler_stats import SchedulerStats
 
 __all__ = [
@@ -21,5 +21,6 @@ __all__ = [
     "SchedulerConfig",
     "SchedulerOutput",
     "SchedulerStats",
+    "UpdateOutputs",
     "__version__",
 ]

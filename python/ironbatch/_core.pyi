@@ -1,7 +1,10 @@
 """Type stubs for ironbatch's Rust extension module (rust/src/python/)."""
 
 from collections.abc import Sequence
-from typing import SupportsIndex
+from typing import Any, SupportsIndex
+
+import numpy as np
+from numpy.typing import NDArray
 
 __version__: str
 
@@ -128,3 +131,69 @@ class KVCacheManager:
     def num_free_blocks(self) -> int: ...
     @property
     def usage(self) -> float: ...
+
+class Step:
+    """One schedule() decision: NumPy columns plus what update_from_output
+    needs (use it through ``ironbatch.SchedulerOutput``)."""
+
+    @property
+    def req_ids(self) -> list[str]: ...
+    @property
+    def preempted_req_ids(self) -> list[str]: ...
+    @property
+    def finished_req_ids(self) -> list[str]: ...
+    def columns(self) -> dict[str, NDArray[Any]]:
+        """req_slots, num_scheduled, num_computed_tokens, kinds, samples,
+        new_block_ids, new_block_offsets, positions, slot_mapping,
+        query_start_loc, seq_lens."""
+    def __len__(self) -> int: ...
+
+class Scheduler:
+    """vLLM 0.33's V1 scheduler in Rust (use it through ``ironbatch.Scheduler``)."""
+
+    def __init__(
+        self,
+        *,
+        max_num_seqs: SupportsIndex,
+        max_num_batched_tokens: SupportsIndex,
+        max_model_len: SupportsIndex,
+        enable_chunked_prefill: bool,
+        long_prefill_token_threshold: SupportsIndex,
+        policy: str,
+        scheduler_reserve_full_isl: bool,
+        num_blocks: SupportsIndex,
+        block_size: SupportsIndex,
+        enable_prefix_caching: bool,
+    ) -> None: ...
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[SupportsIndex],
+        max_tokens: SupportsIndex,
+        min_tokens: SupportsIndex,
+        eos_token_id: int | None,
+        stop_token_ids: Sequence[SupportsIndex],
+        priority: int,
+        arrival_time: float,
+        cache_salt: str | None = None,
+    ) -> int:
+        """Queue a request; returns its slot (its stable row while it lives)."""
+    def schedule(self) -> Step: ...
+    def update_from_output(
+        self,
+        step: Step,
+        token_ids: NDArray[np.int64],
+        offsets: NDArray[np.int64] | None = None,
+    ) -> tuple[list[str], NDArray[np.uint32], NDArray[np.int64], list[tuple[int, str, int | None]]]:
+        """Apply a step's tokens (with ``offsets``: ragged; without: one per
+        entry, -1 for none). Returns (request ids, tokens, token offsets,
+        finished rows as (row, finish reason, stop reason))."""
+    def finish_requests(self, request_ids: Sequence[str], status: str = "FINISHED_ABORTED") -> None: ...
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool: ...
+    def make_stats(self) -> tuple[int, int, float, PrefixCacheStats, int]:
+        """(num_running_reqs, num_waiting_reqs, kv_cache_usage,
+        prefix-cache stats, preemptions); takes the counters."""
+    def get_num_unfinished_requests(self) -> int: ...
+    def debug_state(self) -> dict[str, Any]: ...
+    @property
+    def num_free_blocks(self) -> int: ...

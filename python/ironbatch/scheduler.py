@@ -13,8 +13,8 @@ import numpy as np
 
 from ironbatch.config import CacheConfig, SchedulerConfig, check_fits
 from ironbatch.request import Request
-from ironbatch.scheduler_backends import PythonBackend, RustBackend
-from ironbatch.scheduler_output import RequestUpdate, SchedulerOutput
+from ironbatch.scheduler_backends import PythonBackend, RustBackend, Sampled
+from ironbatch.scheduler_output import SchedulerOutput, UpdateOutputs
 from ironbatch.scheduler_stats import SchedulerStats
 from ironbatch.tokens import token_list
 
@@ -71,18 +71,18 @@ class Scheduler:
         self,
         scheduler_output: SchedulerOutput,
         sampled: Mapping[str, Sequence[int]] | np.ndarray | Sequence[int],
-    ) -> list[RequestUpdate]:
+    ) -> UpdateOutputs:
         """Apply a step's sampled tokens: ``{request_id: [token, ...]}``, or
-        one token per scheduled request in scheduling order (-1 = none)."""
+        one token per scheduled request in scheduling order (-1 = none).
+        Returns one record per request that got tokens, in scheduling order."""
         if not isinstance(scheduler_output, SchedulerOutput):
             raise TypeError(
                 f"scheduler_output must be a SchedulerOutput, got "
                 f"{type(scheduler_output).__name__}"
             )
         updates = self._core.update_from_output(scheduler_output, _sampled(scheduler_output, sampled))
-        for u in updates:
-            if u.finish_reason is not None:
-                self.requests.pop(u.request_id, None)
+        for rid in updates.finished_req_ids:
+            self.requests.pop(rid, None)
         return updates
 
     def finish_requests(self, request_ids: str | Iterable[str]) -> None:
@@ -120,8 +120,9 @@ class Scheduler:
 
 def _sampled(
     out: SchedulerOutput, sampled: Mapping[str, Sequence[int]] | np.ndarray | Sequence[int]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Sampled tokens as (flat tokens, offsets per scheduled row), checked."""
+) -> Sampled:
+    """Sampled tokens, checked: a mapping becomes (flat tokens, offsets per
+    scheduled row); an aligned sequence becomes an int64 array (-1 = none)."""
     n = len(out.req_ids)
     if isinstance(sampled, Mapping):
         row = {rid: i for i, rid in enumerate(out.req_ids)}
@@ -136,14 +137,9 @@ def _sampled(
         return flat, offsets
     arr = np.asarray(sampled)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise TypeError(f"sampled must be a mapping or a 1-D int array, got {arr.dtype}[{arr.ndim}-D]")
+        raise TypeError(
+            f"sampled must be a mapping or a 1-D int array, got {arr.dtype}[{arr.ndim}-D]"
+        )
     if len(arr) != n:
         raise ValueError(f"sampled has {len(arr)} entries; the step scheduled {n} requests")
-    arr = arr.astype(np.int64, copy=False)
-    if arr.size and (arr.min() < -1 or arr.max() > 2**32 - 1):
-        bad = int(np.flatnonzero((arr < -1) | (arr > 2**32 - 1))[0])
-        raise ValueError(f"sampled[{bad}] = {arr[bad]} is neither -1 nor a token id")
-    has = arr >= 0
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(has, out=offsets[1:])
-    return arr[has], offsets
+    return arr.astype(np.int64, copy=False), None

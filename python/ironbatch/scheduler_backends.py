@@ -14,13 +14,15 @@ from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.request import Request
 from ironbatch.scheduler_output import (
     KIND_NAMES,
-    RequestUpdate,
     SchedulerOutput,
+    UpdateOutputs,
     model_runner_columns,
 )
 from ironbatch.scheduler_stats import SchedulerStats
 
-Sampled = tuple[np.ndarray, np.ndarray]  # flat tokens, offsets per scheduled row
+# (flat tokens, offsets per scheduled row), or (one token per row, None)
+# with -1 for none.
+Sampled = tuple[np.ndarray, "np.ndarray | None"]
 
 
 class PythonBackend:
@@ -59,17 +61,29 @@ class PythonBackend:
             lookup_request=lookup_request,
         )
 
-    def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> list[RequestUpdate]:
+    def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> UpdateOutputs:
         flat, offsets = sampled
-        tokens = {
-            rid: flat[offsets[i] : offsets[i + 1]].tolist()
-            for i, rid in enumerate(out.req_ids)
-            if offsets[i + 1] > offsets[i]
-        }
-        return [
-            RequestUpdate(u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason)
-            for u in self.twin.update_from_output(out._handle, tokens)
-        ]
+        if offsets is None:  # one token per row, -1 for none
+            if flat.size and (flat.min() < -1 or flat.max() > 2**32 - 1):
+                bad = int(np.flatnonzero((flat < -1) | (flat > 2**32 - 1))[0])
+                raise ValueError(f"sampled[{bad}] = {flat[bad]} is neither -1 nor a token id")
+            tokens = {rid: [int(t)] for rid, t in zip(out.req_ids, flat) if t != -1}
+        else:
+            tokens = {
+                rid: flat[offsets[i] : offsets[i + 1]].tolist()
+                for i, rid in enumerate(out.req_ids)
+                if offsets[i + 1] > offsets[i]
+            }
+        updates = self.twin.update_from_output(out._handle, tokens)
+        token_offsets = np.zeros(len(updates) + 1, dtype=np.int64)
+        np.cumsum([len(u.new_token_ids) for u in updates], out=token_offsets[1:])
+        return UpdateOutputs(
+            [u.request_id for u in updates],
+            np.array([t for u in updates for t in u.new_token_ids], dtype=np.uint32),
+            token_offsets,
+            [(i, u.finish_reason, u.stop_reason) for i, u in enumerate(updates)
+             if u.finish_reason is not None],
+        )
 
     def finish_requests(self, request_ids: list[str]) -> None:
         self.twin.finish_requests(request_ids)
@@ -136,20 +150,9 @@ class RustBackend:
             lookup_request=lookup_request,
         )
 
-    def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> list[RequestUpdate]:
+    def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> UpdateOutputs:
         flat, offsets = sampled
-        ids, tokens, token_offsets, reasons, stop_reasons = self.core.update_from_output(
-            out._handle, flat, offsets
-        )
-        return [
-            RequestUpdate(
-                rid,
-                tokens[token_offsets[i] : token_offsets[i + 1]].tolist(),
-                reasons[i],
-                stop_reasons[i],
-            )
-            for i, rid in enumerate(ids)
-        ]
+        return UpdateOutputs(*self.core.update_from_output(out._handle, flat, offsets))
 
     def finish_requests(self, request_ids: list[str]) -> None:
         self.core.finish_requests(request_ids)

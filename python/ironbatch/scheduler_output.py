@@ -7,6 +7,7 @@ vLLM-style per-request views are built only when someone reads them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -183,3 +184,38 @@ class RequestUpdate(NamedTuple):
     new_token_ids: list[int]
     finish_reason: str | None  # "stop", "length", or None while it runs
     stop_reason: int | None  # the stop token that ended it
+
+
+class UpdateOutputs(SequenceABC[RequestUpdate]):
+    """update_from_output's records, in scheduling order, as columns; a
+    ``RequestUpdate`` is built only for the rows someone reads."""
+
+    def __init__(
+        self,
+        req_ids: list[str],
+        tokens: np.ndarray,
+        token_offsets: np.ndarray,
+        finished: list[tuple[int, str, int | None]],
+    ) -> None:
+        self.req_ids = req_ids
+        self.tokens = tokens  # flat; row i owns tokens[token_offsets[i]:token_offsets[i+1]]
+        self.token_offsets = token_offsets
+        self.finished = {row: (reason, stop) for row, reason, stop in finished}
+
+    @property
+    def finished_req_ids(self) -> list[str]:
+        return [self.req_ids[row] for row in self.finished]
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    def __getitem__(self, i: int) -> RequestUpdate:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        lo, hi = self.token_offsets[i], self.token_offsets[i + 1]
+        reason, stop = self.finished.get(i, (None, None))
+        return RequestUpdate(self.req_ids[i], self.tokens[lo:hi].tolist(), reason, stop)
+
+    def __repr__(self) -> str:
+        return f"UpdateOutputs({list(self)!r})"

@@ -167,6 +167,19 @@ impl KvCacheManager {
             new_computed_blocks,
         )?;
         let hits = new_computed_blocks;
+        if hits.is_empty() && !full_sequence_must_fit {
+            // Fast path (most decode steps): the table already covers the
+            // new tokens, so nothing can be refused or allocated.
+            let computed = seq.num_computed_tokens.min(self.max_model_len);
+            let slots = (computed + num_new_tokens).min(self.max_model_len);
+            if cdiv(slots, self.block_size) <= table.len() {
+                if self.enable_caching {
+                    let upto = (computed + num_new_tokens).min(seq.num_tokens());
+                    self.cache_blocks(table, seq, upto);
+                }
+                return Ok(Some(0));
+            }
+        }
         let computed = (seq.num_computed_tokens + num_new_computed_tokens).min(self.max_model_len);
         let free = self.pool.num_free_blocks();
         if full_sequence_must_fit {

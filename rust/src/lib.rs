@@ -38,7 +38,7 @@ pub use request::{NewRequest, Request, RequestStatus, StopRules};
 pub use scheduler::{Scheduler, SchedulerStats};
 pub use scheduler_config::{Policy, SchedulerConfig};
 pub use sequence::Sequence;
-pub use step::{Kind, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
+pub use step::{Finished, Kind, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
 
 /// Ceiling division.
 #[inline]

@@ -18,7 +18,7 @@ use crate::request::{NewRequest, Request, RequestStatus};
 use crate::request_queue::{Slot, WaitingQueue};
 use crate::scheduler_config::{Policy, SchedulerConfig};
 use crate::sequence::Sequence;
-use crate::step::{Kind, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
+use crate::step::{Finished, Kind, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
 use crate::stop_check::check_stop;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
@@ -540,12 +540,15 @@ impl Scheduler {
             }
             out.records.push(UpdateRecord {
                 slot: e.slot,
-                request_id: r.request_id.clone(),
-                tokens: start..out.tokens.len(),
-                finished: finished.then_some(r.status),
-                stop_reason: r.stop_reason,
+                tokens_end: out.tokens.len(),
             });
             if finished {
+                out.finished.push(Finished {
+                    record: out.records.len() - 1,
+                    request_id: r.request_id.clone(),
+                    status: r.status,
+                    stop_reason: r.stop_reason,
+                });
                 stopped.push((e.slot, status_before));
                 // Freed in scheduling order: this shapes the free queue (Q18).
                 let r = self.slab[e.slot as usize].as_ref().expect("a live slot");

@@ -69,18 +69,29 @@ impl StepOutput {
 /// One request's result from `update_from_output`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpdateRecord {
+    /// The request's slot (already free again if it finished).
     pub slot: Slot,
+    /// This record's tokens end at `UpdateOutput::tokens[..tokens_end]`
+    /// (they start where the previous record's end).
+    pub tokens_end: usize,
+}
+
+/// A request that finished in `update_from_output` (it is freed already).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finished {
+    /// Its row in [`UpdateOutput::records`].
+    pub record: usize,
     pub request_id: String,
-    /// This record's tokens in [`UpdateOutput::tokens`].
-    pub tokens: std::ops::Range<usize>,
-    /// Set when the request finished (it is freed already).
-    pub finished: Option<RequestStatus>,
+    pub status: RequestStatus,
+    /// The stop token that ended it.
     pub stop_reason: Option<u32>,
 }
 
-/// What `update_from_output` reported, in scheduling order.
+/// What `update_from_output` reported, in scheduling order: one record per
+/// request that got tokens.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UpdateOutput {
     pub records: Vec<UpdateRecord>,
     pub tokens: Vec<u32>,
+    pub finished: Vec<Finished>,
 }

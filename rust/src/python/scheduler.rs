@@ -67,6 +67,12 @@ fn status_code(code: &str) -> PyResult<RequestStatus> {
     }
 }
 
+fn token(i: usize, t: i64) -> PyResult<u32> {
+    u32::try_from(t).map_err(|_| {
+        PyValueError::new_err(format!("sampled[{i}] = {t} is neither -1 nor a token id"))
+    })
+}
+
 impl PyScheduler {
     fn forget(&mut self, slot: Slot) {
         self.py_ids[slot as usize] = None;
@@ -167,13 +173,17 @@ impl PyScheduler {
     /// One scheduling decision.
     fn schedule(&mut self, py: Python<'_>) -> PyResult<PyStep> {
         let mut step = self.core.schedule().map_err(value_error)?;
-        let ids = PyList::empty(py);
-        for e in &step.entries {
-            let id = self.py_ids[e.slot as usize]
-                .as_ref()
-                .expect("a scheduled request is live");
-            ids.append(id.bind(py))?;
-        }
+        let py_ids = &self.py_ids;
+        let ids = PyList::new(
+            py,
+            step.entries.iter().map(|e| {
+                py_ids[e.slot as usize]
+                    .as_ref()
+                    .expect("a scheduled request is live")
+                    .bind(py)
+                    .clone()
+            }),
+        )?;
         let n = step.entries.len();
         let mut slots = Vec::with_capacity(n);
         let mut num_scheduled = Vec::with_capacity(n);
@@ -220,72 +230,90 @@ impl PyScheduler {
         })
     }
 
-    /// Apply a step's tokens: entry `i` gets `token_ids[offsets[i]:offsets[i+1]]`.
-    /// Returns (request ids, tokens, token offsets, finish reasons, stop
-    /// reasons) for the requests that got tokens, in scheduling order.
+    /// Apply a step's tokens. With `offsets`, entry `i` gets
+    /// `token_ids[offsets[i]:offsets[i+1]]`; without, `token_ids` holds one
+    /// token per entry in scheduling order, -1 for none. Returns (request
+    /// ids, tokens, token offsets, finished) for the requests that got
+    /// tokens, in scheduling order; `finished` lists (row, finish reason,
+    /// stop reason) for those that ended.
+    #[pyo3(signature = (step, token_ids, offsets = None))]
     #[allow(clippy::type_complexity)]
     fn update_from_output<'py>(
         &mut self,
         py: Python<'py>,
         step: &Bound<'py, PyStep>,
         token_ids: PyReadonlyArray1<'py, i64>,
-        offsets: PyReadonlyArray1<'py, i64>,
+        offsets: Option<PyReadonlyArray1<'py, i64>>,
     ) -> PyResult<(
         Bound<'py, PyList>,
         Bound<'py, PyAny>,
         Bound<'py, PyAny>,
-        Vec<Option<&'static str>>,
-        Vec<Option<u32>>,
+        Vec<(usize, &'static str, Option<u32>)>,
     )> {
-        let tokens: Vec<u32> = token_ids
-            .as_array()
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                u32::try_from(t).map_err(|_| {
-                    PyValueError::new_err(format!(
-                        "token_ids[{i}] = {t} is outside [0, {}]",
-                        u32::MAX
-                    ))
-                })
-            })
-            .collect::<PyResult<_>>()?;
-        let offsets: Vec<usize> = offsets
-            .as_array()
-            .iter()
-            .map(|&o| {
-                usize::try_from(o).map_err(|_| PyValueError::new_err(format!("offset {o} < 0")))
-            })
-            .collect::<PyResult<_>>()?;
         let step = step.get();
+        let raw = token_ids.as_array();
+        let (tokens, offsets) = match offsets {
+            Some(offsets) => {
+                let tokens = raw
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| token(i, t))
+                    .collect::<PyResult<Vec<u32>>>()?;
+                let offsets = offsets
+                    .as_array()
+                    .iter()
+                    .map(|&o| {
+                        usize::try_from(o)
+                            .map_err(|_| PyValueError::new_err(format!("offsets: {o} < 0")))
+                    })
+                    .collect::<PyResult<Vec<usize>>>()?;
+                (tokens, offsets)
+            }
+            None => {
+                let n = step.step.entries.len();
+                if raw.len() != n {
+                    return Err(PyValueError::new_err(format!(
+                        "sampled has {} entries; the step scheduled {n} requests",
+                        raw.len()
+                    )));
+                }
+                let mut tokens = Vec::with_capacity(n);
+                let mut offsets = Vec::with_capacity(n + 1);
+                offsets.push(0);
+                for (i, &t) in raw.iter().enumerate() {
+                    if t != -1 {
+                        tokens.push(token(i, t)?);
+                    }
+                    offsets.push(tokens.len());
+                }
+                (tokens, offsets)
+            }
+        };
         let out = self
             .core
             .update_from_output(&step.step, &tokens, &offsets)
             .map_err(value_error)?;
-        let ids = PyList::empty(py);
+        let py_ids = &self.py_ids;
+        let ids = PyList::new(
+            py,
+            out.records.iter().map(|rec| {
+                py_ids[rec.slot as usize]
+                    .as_ref()
+                    .expect("forgotten only below")
+                    .bind(py)
+                    .clone()
+            }),
+        )?;
         let mut token_offsets = Vec::with_capacity(out.records.len() + 1);
         token_offsets.push(0i64);
-        let mut reasons = Vec::with_capacity(out.records.len());
-        let mut stop_reasons = Vec::with_capacity(out.records.len());
-        for rec in &out.records {
-            match &self.py_ids[rec.slot as usize] {
-                Some(id) => ids.append(id.bind(py))?,
-                None => ids.append(&rec.request_id)?,
-            }
-            token_offsets.push(rec.tokens.end as i64);
-            reasons.push(rec.finished.and_then(|s| s.finish_reason()));
-            stop_reasons.push(rec.stop_reason);
-            if rec.finished.is_some() {
-                self.forget(rec.slot);
-            }
+        token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
+        let mut finished = Vec::with_capacity(out.finished.len());
+        for f in &out.finished {
+            let reason = f.status.finish_reason().unwrap_or("error");
+            finished.push((f.record, reason, f.stop_reason));
+            self.forget(out.records[f.record].slot);
         }
-        Ok((
-            ids,
-            arr(py, out.tokens),
-            arr(py, token_offsets),
-            reasons,
-            stop_reasons,
-        ))
+        Ok((ids, arr(py, out.tokens), arr(py, token_offsets), finished))
     }
 
     /// Abort requests, freeing them in the order given (unknown ids ignored).

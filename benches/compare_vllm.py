@@ -1,0 +1,42 @@
+"""Scheduler CPU time per step: ironbatch's Rust core, its Python twin and
+vLLM's own V1 Scheduler, on the same workloads, taking turns in one run.
+
+Run it in an environment that has both vLLM and ironbatch installed (the
+README shows how):
+
+    python benches/compare_vllm.py [--steps 100] [--turn 1] [--workloads decode-256,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+
+from vllm_scheduler import VERSION, VllmDriver
+
+from ironbatch.bench import WORKLOADS, IronbatchDriver, format_table, run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="decode-64,decode-256,decode-1024,mixed")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--turn", type=int, default=1)
+    ap.add_argument("--no-twin", action="store_true", help="skip the (slow) Python twin")
+    a = ap.parse_args()
+    drivers = [lambda w: IronbatchDriver(w, "rust")]
+    if not a.no_twin:
+        drivers.append(lambda w: IronbatchDriver(w, "python"))
+    drivers.append(VllmDriver)
+    rows = run(drivers, [WORKLOADS[w] for w in a.workloads.split(",")], steps=a.steps,
+               turn=a.turn, log=lambda s: print(s, file=sys.stderr))
+    print(f"{platform.machine()}, Python {platform.python_version()}, vLLM {VERSION}; "
+          f"{a.steps} timed steps per workload, turns of {a.turn} step(s); median CPU time "
+          f"of schedule() + update_from_output() per step, Python boundary included")
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Record ironbatch-trace/1 traces from an installed vLLM's own Scheduler, so
+anyone can check ironbatch's parity on new workloads (replay them with
+``ironbatch replay``). Each seed draws a configuration (block size, cache
+size from tight to ample, budget, chunked prefill, threshold, prefix caching,
+policy) and a workload (shared prefixes, duplicate prompts, stop tokens, EOS,
+aborts); the "sampled" tokens are a deterministic function of the seed.
+
+    python benches/record_vllm.py OUTDIR --seeds 100-119 [--big]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import vllm_scheduler as vs
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import RequestStatus
+
+VOCAB, EOS = 256, 2
+
+
+def draw_config(rng: random.Random) -> dict[str, Any]:
+    bs = rng.choice([4, 8, 16])
+    max_model_len = rng.choice([64, 128, 256])
+    chunked = rng.random() < 0.75
+    batched = rng.choice([32, 64, 128, 256, 512])
+    if not chunked:
+        batched = max(batched, max_model_len)
+    per_seq = -(-max_model_len // bs)
+    tight = rng.random() < 0.6
+    seqs = rng.choice([2, 4, 8, 16, 32])
+    return {
+        "block_size": bs,
+        "num_blocks": rng.randint(per_seq + 1, 3 * per_seq) if tight
+        else rng.randint(8 * per_seq, 20 * per_seq),
+        "max_num_seqs": seqs,
+        "max_num_batched_tokens": max(batched, seqs),
+        "max_model_len": max_model_len,
+        "enable_chunked_prefill": chunked,
+        "long_prefill_token_threshold": rng.choice([0, 0, 0, 8, 24, 40]),
+        "enable_prefix_caching": rng.random() < 0.7,
+        "policy": rng.choice(["fcfs", "fcfs", "priority"]),
+    }
+
+
+def draw_requests(rng: random.Random, cfg: dict[str, Any], big: bool) -> list[dict[str, Any]]:
+    top = cfg["max_model_len"] - 2
+    prefixes = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(4, top // 2))]
+                for _ in range(3)]
+    out: list[dict[str, Any]] = []
+    at_step = 0
+    for i in range(rng.randint(120, 300) if big else rng.randint(6, 40)):
+        at_step += rng.choice([0, 0, 0, 1, 1, 2, 5])
+        n = rng.randint(1, top)
+        if out and rng.random() < 0.15:
+            prompt = list(rng.choice(out)["prompt_token_ids"])
+        elif rng.random() < 0.5:
+            head = rng.choice(prefixes)[:n]
+            prompt = head + [rng.randrange(3, VOCAB) for _ in range(n - len(head))]
+        else:
+            prompt = [rng.randrange(3, VOCAB) for _ in range(n)]
+        max_tokens = rng.randint(1, 48)
+        out.append({
+            "request_id": f"r{i}", "prompt_token_ids": prompt, "max_tokens": max_tokens,
+            "min_tokens": min(rng.choice([0, 0, 0, 2, 5]), max_tokens),
+            "ignore_eos": rng.random() < 0.3,
+            "stop_token_ids": rng.choice([[], [], [7], [11, 13]]),
+            "eos_token_id": EOS,
+            "priority": rng.randint(0, 3) if cfg["policy"] == "priority" else 0,
+            "arrival_time": round(at_step + i * 1e-3, 6),
+            "_step": at_step, "_p_eos": rng.choice([0.0, 0.02, 0.08]),
+        })
+    return out
+
+
+def sampled_token(seed: int, r: dict[str, Any], index: int) -> int:
+    rng = random.Random(f"{seed}:{r['request_id']}:{index}")
+    if rng.random() < r["_p_eos"]:
+        return EOS
+    if r["stop_token_ids"] and rng.random() < 0.03:
+        return r["stop_token_ids"][0]
+    return rng.randrange(3, VOCAB)
+
+
+def record(seed: int, big: bool = False, max_steps: int = 3000) -> list[dict[str, Any]]:
+    rng = random.Random(f"ironbatch-record-{seed}")
+    cfg = draw_config(rng)
+    reqs = draw_requests(rng, cfg, big)
+    by_id = {r["request_id"]: r for r in reqs}
+    sched = vs.build(cfg)
+    pending = sorted(reqs, key=lambda r: r["_step"])
+    lines: list[dict[str, Any]] = [{"format": "ironbatch-trace/1",
+                                    "recorded_with": f"vllm {vs.VERSION}", "seed": seed,
+                                    "config": cfg}]
+    for step in range(max_steps):
+        if not pending and not sched.has_unfinished_requests():
+            break
+        line: dict[str, Any] = {"step": step, "add": [], "abort": []}
+        while pending and pending[0]["_step"] <= step:
+            r = pending.pop(0)
+            line["add"].append({k: v for k, v in r.items() if not k.startswith("_")})
+            sched.add_request(vs.request(r, cfg["block_size"]))
+        live = sorted(rid for rid in sched.requests)
+        if live and rng.random() < 0.04:
+            victim = rng.choice(live)
+            sched.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
+            line["abort"].append(victim)
+        so = sched.schedule()
+        new = {n.req_id: n for n in so.scheduled_new_reqs}
+        cached = so.scheduled_cached_reqs
+        row_of = {rid: i for i, rid in enumerate(cached.req_ids)}
+        scheduled = []
+        for rid, n in so.num_scheduled_tokens.items():
+            if rid in new:
+                kind = "resumed" if sched.requests[rid].num_preemptions else "new"
+                scheduled.append([rid, n, kind, new[rid].num_computed_tokens,
+                                  list(new[rid].block_ids[0])])
+            else:
+                i = row_of[rid]
+                kind = "resumed" if rid in cached.resumed_req_ids else "running"
+                blocks = cached.new_block_ids[i]
+                scheduled.append([rid, n, kind, cached.num_computed_tokens[i],
+                                  list(blocks[0]) if blocks else []])
+        line["schedule"] = {"scheduled": scheduled,
+                            "preempted": sorted(so.preempted_req_ids or []),
+                            "finished": sorted(so.finished_req_ids)}
+        ids = list(so.num_scheduled_tokens)
+        tokens = []
+        for rid in ids:
+            r = sched.requests[rid]
+            done = r.num_computed_tokens >= r.num_tokens
+            tokens.append([sampled_token(seed, by_id[rid], r.num_output_tokens)] if done else [])
+        line["sampled"] = [[rid, t] for rid, t in zip(ids, tokens)]
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=tokens)
+        line["outputs"] = [
+            [o.request_id, list(o.new_token_ids),
+             None if o.finish_reason is None else str(o.finish_reason), o.stop_reason]
+            for eco in sched.update_from_output(so, mro).values() for o in eco.outputs
+        ]
+        line["num_free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        lines.append(line)
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outdir", type=Path)
+    ap.add_argument("--seeds", default="0-9", help="an inclusive range, e.g. 100-119")
+    ap.add_argument("--big", action="store_true", help="120-300 requests per trace")
+    ap.add_argument("--prefix", default="recorded")
+    a = ap.parse_args()
+    lo, hi = (int(x) for x in a.seeds.split("-"))
+    a.outdir.mkdir(parents=True, exist_ok=True)
+    for seed in range(lo, hi + 1):
+        lines = record(seed, a.big)
+        path = a.outdir / f"{a.prefix}-{seed:04d}.jsonl"
+        path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
+        pre = sum(len(x["schedule"]["preempted"]) for x in lines[1:])
+        print(f"{path}: {len(lines) - 1} steps, {pre} preemptions", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Time schedule() + update_from_output() per step, for any scheduler that a
+driver wraps, on steady-state workloads:
+
+- ``decode-N``: N requests all decoding (one token each per step);
+- ``mixed``: 224 requests decoding while new 512-token prompts arrive and
+  are prefilled in chunks under a 2,048-token budget.
+
+Drivers take turns, ``turn`` steps each (1: strict alternation, so each
+step starts with caches the other drivers just used, as an engine's
+scheduler does after a model step; larger: mostly warm steps), and every
+step is timed. The report is the median per step and ratios to the first
+driver.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.request import Request
+from ironbatch.sampling_params import SamplingParams
+from ironbatch.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    initial_requests: int  # added before the first step
+    prompt_len: int
+    arrivals_per_step: int = 0
+    max_tokens: int = 100_000  # decode requests run for the whole benchmark
+    max_model_len: int = 8192
+    block_size: int = 16
+
+    @property
+    def num_blocks(self) -> int:
+        per_request = -(-self.max_model_len // self.block_size)
+        return self.max_num_seqs * per_request + 1
+
+    def request(self, i: int) -> Request:
+        # Distinct prompts (no prefix sharing): the cost of the scheduling
+        # itself, not of cache hits.
+        prompt = [(i * 7919 + k) % 30000 + 3 for k in range(self.prompt_len)]
+        return Request(f"req-{i}", prompt,
+                       SamplingParams(max_tokens=self.max_tokens, ignore_eos=True),
+                       eos_token_id=2, arrival_time=float(i))
+
+
+WORKLOADS = {
+    w.name: w
+    for w in [
+        Workload("decode-64", 64, 2048, 64, 32),
+        Workload("decode-256", 256, 2048, 256, 32),
+        Workload("decode-1024", 1024, 8192, 1024, 32),
+        Workload("mixed", 256, 2048, 224, 512, arrivals_per_step=2, max_tokens=64,
+                 max_model_len=2048),
+    ]
+}
+
+TOKEN = 5
+
+
+class Driver(Protocol):
+    name: str
+
+    def add(self, request: Request) -> None: ...
+
+    def step(self) -> float:
+        """Run one step; return the seconds spent in the scheduler."""
+        ...
+
+    def is_steady(self) -> bool:
+        """Whether every initial request is past its prefill."""
+        ...
+
+
+class IronbatchDriver:
+    """``ironbatch.Scheduler`` on one backend, fed aligned token arrays as a
+    model runner would."""
+
+    def __init__(self, workload: Workload, backend: str) -> None:
+        self.name = f"ironbatch-{backend}"
+        self.sched = Scheduler(
+            SchedulerConfig(
+                max_model_len=workload.max_model_len,
+                max_num_seqs=workload.max_num_seqs,
+                max_num_batched_tokens=workload.max_num_batched_tokens,
+            ),
+            CacheConfig(num_blocks=workload.num_blocks, block_size=workload.block_size),
+            backend=backend,
+        )
+        self.last_prefill_rows = -1
+
+    def add(self, request: Request) -> None:
+        self.sched.add_request(request)
+
+    def step(self) -> float:
+        t0 = time.perf_counter()
+        out = self.sched.schedule()
+        t1 = time.perf_counter()
+        sampled = np.where(out.samples, TOKEN, -1)  # the model runner's part
+        self.last_prefill_rows = int(np.count_nonzero(out.num_scheduled > 1))
+        t2 = time.perf_counter()
+        self.sched.update_from_output(out, sampled)
+        t3 = time.perf_counter()
+        return (t1 - t0) + (t3 - t2)
+
+    def is_steady(self) -> bool:
+        return self.last_prefill_rows == 0
+
+
+def run(
+    drivers: Sequence[Callable[[Workload], Driver]],
+    workloads: Sequence[Workload],
+    steps: int = 100,
+    turn: int = 1,
+    log: Callable[[str], None] = lambda s: None,
+) -> list[dict[str, Any]]:
+    """For each workload: build every driver, bring it to steady state, then
+    time ``steps`` steps per driver, the drivers taking turns of ``turn``
+    consecutive steps."""
+    rows = []
+    for w in workloads:
+        built = [make(w) for make in drivers]
+        next_id = 0
+        for d in built:
+            for i in range(w.initial_requests):
+                d.add(w.request(i))
+        next_id = w.initial_requests
+        for _ in range(10_000):  # warm up: every initial request prefilled
+            for d in built:
+                d.step()
+            if all(d.is_steady() for d in built) or w.arrivals_per_step:
+                break
+        for _ in range(20 if w.arrivals_per_step else 0):  # reach a steady mix
+            for i in range(w.arrivals_per_step):
+                for d in built:
+                    d.add(w.request(next_id + i))
+            next_id += w.arrivals_per_step
+            for d in built:
+                d.step()
+        times: dict[str, list[float]] = {d.name: [] for d in built}
+        for _ in range(-(-steps // turn)):
+            for d in built:
+                ids = next_id
+                for _ in range(turn):
+                    for i in range(w.arrivals_per_step):
+                        d.add(w.request(ids + i))
+                    ids += w.arrivals_per_step
+                    times[d.name].append(d.step())
+            next_id = ids
+        medians = {name: statistics.median(ts) for name, ts in times.items()}
+        rows.append({"workload": w.name, "medians": medians})
+        log(f"{w.name}: " + ", ".join(f"{n} {m * 1e6:,.1f} µs" for n, m in medians.items()))
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table: median µs per step, and each driver's time as a
+    multiple of the first driver's."""
+    names = list(rows[0]["medians"])
+    base = names[0]
+    head = "| workload | " + " | ".join(f"{n} (µs/step)" for n in names)
+    head += " | " + " | ".join(f"{n} / {base}" for n in names[1:]) + " |"
+    lines = [head, "|---" * (1 + 2 * len(names) - 1) + "|"]
+    for r in rows:
+        m = r["medians"]
+        cells = [f"{m[n] * 1e6:,.1f}" for n in names]
+        cells += [f"{m[n] / m[base]:,.1f}×" for n in names[1:]]
+        lines.append(f"| {r['workload']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

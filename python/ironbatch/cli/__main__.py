@@ -1,0 +1,5 @@
+import sys
+
+from ironbatch.cli import main
+
+sys.exit(main())

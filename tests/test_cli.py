@@ -1,0 +1,46 @@
+"""The ``ironbatch`` command: replay's report and exit status, bench's table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ironbatch.cli import main
+
+TRACES = sorted((Path(__file__).parent / "data" / "traces").glob("*.jsonl"))
+
+
+def test_replay_identical_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(TRACES[0]), str(TRACES[1])]) == 0
+    out = capsys.readouterr().out
+    assert out.count("identical (") == 2 and "2 of 2 identical at blocks level (rust)" in out
+
+
+def test_replay_difference_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = TRACES[0].read_text().splitlines()
+    step = json.loads(lines[4])
+    step["num_free_blocks"] += 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines[:4] + [json.dumps(step)] + lines[5:]) + "\n")
+    assert main(["replay", "--backend", "python", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "num_free_blocks differs" in out and "0 of 1 identical" in out
+    assert main(["replay", "--level", "decisions", str(bad)]) == 0
+    assert main(["replay", str(tmp_path / "missing.jsonl")]) == 1
+
+
+def test_bench_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--workloads", "decode-64", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "| decode-64 |" in out and "ironbatch-python / ironbatch-rust" in out
+    assert main(["bench", "--workloads", "nope"]) == 2
+
+
+def test_console_script_is_installed() -> None:
+    done = subprocess.run([sys.executable, "-m", "ironbatch.cli", "replay", str(TRACES[2])],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "identical" in done.stdout
