@@ -10,12 +10,18 @@ README shows how):
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 
-from vllm_scheduler import VERSION, VllmDriver
+# One thread per math library: on a small machine, torch's and OpenBLAS's
+# idle worker threads spin and steal the cores the schedulers are timed on.
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
 
-from ironbatch.bench import WORKLOADS, IronbatchDriver, format_table, run
+from vllm_scheduler import VERSION, VllmDriver  # noqa: E402
+
+from ironbatch.bench import WORKLOADS, IronbatchDriver, format_table, run  # noqa: E402
 
 
 def main() -> int:

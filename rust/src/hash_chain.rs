@@ -27,6 +27,9 @@ impl BlockHashChain {
     /// Hash every full block of `tokens` not hashed yet. `tokens` is the
     /// whole known sequence; a partly filled last block gets no hash.
     pub fn extend(&mut self, hasher: &BlockHasher, tokens: &[u32], block_size: usize) {
+        if tokens.len() < (self.hashes.len() + 1) * block_size {
+            return; // no new full block: the common case, without a division
+        }
         let full = tokens.len() / block_size;
         for k in self.hashes.len()..full {
             let parent = k.checked_sub(1).map(|p| self.hashes[p]);

@@ -92,6 +92,19 @@ impl KvCacheManager {
         self.block_size
     }
 
+    /// The KV-cache slot of position `pos` in a request's `table`:
+    /// `table[pos / bs] * bs + pos % bs` (shifts when `bs` is a power of 2).
+    #[inline]
+    pub fn slot_of(&self, table: &[BlockId], pos: usize) -> i64 {
+        let bs = self.block_size;
+        let (block, offset) = if bs.is_power_of_two() {
+            (pos >> bs.trailing_zeros(), pos & (bs - 1))
+        } else {
+            (pos / bs, pos % bs)
+        };
+        table[block] as i64 * bs as i64 + offset as i64
+    }
+
     /// Longest sequence.
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
@@ -172,7 +185,7 @@ impl KvCacheManager {
             // new tokens, so nothing can be refused or allocated.
             let computed = seq.num_computed_tokens.min(self.max_model_len);
             let slots = (computed + num_new_tokens).min(self.max_model_len);
-            if cdiv(slots, self.block_size) <= table.len() {
+            if slots <= table.len() * self.block_size {
                 if self.enable_caching {
                     let upto = (computed + num_new_tokens).min(seq.num_tokens());
                     self.cache_blocks(table, seq, upto);
@@ -265,6 +278,9 @@ impl KvCacheManager {
 
     /// Hash-cache the table's full blocks up to token `upto` (spec §7.7).
     fn cache_blocks(&mut self, table: &mut BlockTable, seq: &Sequence, upto: usize) {
+        if upto < (table.num_cached + 1) * self.block_size {
+            return; // no new full block: the common case, without a division
+        }
         let hashes = seq.block_hashes();
         let full = (upto.min(hashes.len() * self.block_size) / self.block_size).min(table.len());
         if table.num_cached < full {

@@ -443,11 +443,16 @@ impl Scheduler {
     /// Write the model runner's columns and advance every scheduled request
     /// (optimistically, before the step runs).
     fn finish_step(&mut self, entries: Vec<StepEntry>) -> StepOutput {
-        let bs = self.kv.block_size();
         let total: usize = entries.iter().map(|e| e.num_tokens).sum();
         debug_assert!(total <= self.config.max_num_batched_tokens);
         debug_assert!(self.running.len() <= self.config.max_num_seqs);
+        let n = entries.len();
         let mut out = StepOutput {
+            req_slots: Vec::with_capacity(n),
+            num_scheduled: Vec::with_capacity(n),
+            num_computed_tokens: Vec::with_capacity(n),
+            kinds: Vec::with_capacity(n),
+            samples: Vec::with_capacity(n),
             positions: Vec::with_capacity(total),
             slot_mapping: Vec::with_capacity(total),
             query_start_loc: Vec::with_capacity(entries.len() + 1),
@@ -458,6 +463,11 @@ impl Scheduler {
         out.query_start_loc.push(0);
         out.new_block_offsets.push(0);
         for e in &entries {
+            out.req_slots.push(e.slot as i32);
+            out.num_scheduled.push(e.num_tokens as i32);
+            out.num_computed_tokens.push(e.num_computed_tokens as i32);
+            out.kinds.push(e.kind as u8);
+            out.samples.push(e.samples);
             let r = self.slab[e.slot as usize].as_mut().expect("a live slot");
             let table = r.table.block_ids();
             out.new_block_ids
@@ -466,8 +476,7 @@ impl Scheduler {
             let (start, end) = (e.num_computed_tokens, e.num_computed_tokens + e.num_tokens);
             for p in start..end {
                 out.positions.push(p as i64);
-                out.slot_mapping
-                    .push(table[p / bs] as i64 * bs as i64 + (p % bs) as i64);
+                out.slot_mapping.push(self.kv.slot_of(table, p));
             }
             out.query_start_loc.push(out.positions.len() as i32);
             out.seq_lens.push(end as i32);

@@ -37,6 +37,12 @@ pub struct StepEntry {
 #[derive(Clone, Debug, Default)]
 pub struct StepOutput {
     pub entries: Vec<StepEntry>,
+    /// The entries' fields as columns, for the model runner.
+    pub req_slots: Vec<i32>,
+    pub num_scheduled: Vec<i32>,
+    pub num_computed_tokens: Vec<i32>,
+    pub kinds: Vec<u8>,
+    pub samples: Vec<bool>,
     /// Whole tables for new/resumed entries, new blocks for running ones,
     /// flattened; entry `i` owns `new_block_ids[offsets[i]..offsets[i+1]]`.
     pub new_block_ids: Vec<i32>,

@@ -184,25 +184,15 @@ impl PyScheduler {
                     .clone()
             }),
         )?;
-        let n = step.entries.len();
-        let mut slots = Vec::with_capacity(n);
-        let mut num_scheduled = Vec::with_capacity(n);
-        let mut computed = Vec::with_capacity(n);
-        let mut kinds = Vec::with_capacity(n);
-        let mut samples = Vec::with_capacity(n);
-        for e in &step.entries {
-            slots.push(e.slot as i32);
-            num_scheduled.push(e.num_tokens as i32);
-            computed.push(e.num_computed_tokens as i32);
-            kinds.push(e.kind as u8);
-            samples.push(e.samples);
-        }
         let columns = PyDict::new(py);
-        columns.set_item("req_slots", arr(py, slots))?;
-        columns.set_item("num_scheduled", arr(py, num_scheduled))?;
-        columns.set_item("num_computed_tokens", arr(py, computed))?;
-        columns.set_item("kinds", arr(py, kinds))?;
-        columns.set_item("samples", arr(py, samples))?;
+        columns.set_item("req_slots", arr(py, std::mem::take(&mut step.req_slots)))?;
+        columns.set_item("num_scheduled", arr(py, std::mem::take(&mut step.num_scheduled)))?;
+        columns.set_item(
+            "num_computed_tokens",
+            arr(py, std::mem::take(&mut step.num_computed_tokens)),
+        )?;
+        columns.set_item("kinds", arr(py, std::mem::take(&mut step.kinds)))?;
+        columns.set_item("samples", arr(py, std::mem::take(&mut step.samples)))?;
         columns.set_item(
             "new_block_ids",
             arr(py, std::mem::take(&mut step.new_block_ids)),
