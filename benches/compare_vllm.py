@@ -19,9 +19,9 @@ import sys
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
-from vllm_scheduler import VERSION, VllmDriver  # noqa: E402
-
 from ironbatch.bench import WORKLOADS, IronbatchDriver, format_table, run  # noqa: E402
+
+from vllm_scheduler import VERSION, VllmDriver  # noqa: E402
 
 
 def main() -> int:
@@ -35,11 +35,18 @@ def main() -> int:
     if not a.no_twin:
         drivers.append(lambda w: IronbatchDriver(w, "python"))
     drivers.append(VllmDriver)
-    rows = run(drivers, [WORKLOADS[w] for w in a.workloads.split(",")], steps=a.steps,
-               turn=a.turn, log=lambda s: print(s, file=sys.stderr))
-    print(f"{platform.machine()}, Python {platform.python_version()}, vLLM {VERSION}; "
-          f"{a.steps} timed steps per workload, turns of {a.turn} step(s); median CPU time "
-          f"of schedule() + update_from_output() per step, Python boundary included")
+    rows = run(
+        drivers,
+        [WORKLOADS[w] for w in a.workloads.split(",")],
+        steps=a.steps,
+        turn=a.turn,
+        log=lambda s: print(s, file=sys.stderr),
+    )
+    print(
+        f"{platform.machine()}, Python {platform.python_version()}, vLLM {VERSION}; "
+        f"{a.steps} timed steps per workload, turns of {a.turn} step(s); median CPU time "
+        f"of schedule() + update_from_output() per step, Python boundary included"
+    )
     print(format_table(rows))
     return 0
 

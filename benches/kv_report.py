@@ -28,8 +28,17 @@ def main() -> int:
     parser.add_argument("--json", help="also keep pytest-benchmark's JSON here")
     args, extra = parser.parse_known_args()
     out = Path(args.json) if args.json else Path(tempfile.mkdtemp()) / "kv.json"
-    cmd = [sys.executable, "-m", "pytest", str(HERE / "test_bench_kv.py"), "-q",
-           "-p", "no:cacheprovider", f"--benchmark-json={out}", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(HERE / "test_bench_kv.py"),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--benchmark-json={out}",
+        *extra,
+    ]
     if subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
         print("benchmarks failed:", " ".join(cmd), file=sys.stderr)
         return 1
@@ -39,15 +48,18 @@ def main() -> int:
         backend = "rust" if "[rust" in b["name"] else "python"
         medians[b["group"]][backend] = b["stats"]["median"]
     info = data["machine_info"]
-    print(f"machine: {info.get('cpu', {}).get('brand_raw', platform.processor())}, "
-          f"Python {info['python_version']}, {platform.system()} {platform.machine()}")
+    print(
+        f"machine: {info.get('cpu', {}).get('brand_raw', platform.processor())}, "
+        f"Python {info['python_version']}, {platform.system()} {platform.machine()}"
+    )
     print()
     print("| row | Rust core | Python twin | twin / core |")
     print("|---|---:|---:|---:|")
     for group in sorted(medians, key=lambda g: (g.split("[")[0], len(g), g)):
         m = medians[group]
-        print(f"| {group} | {fmt(m['rust'])} | {fmt(m['python'])} | "
-              f"{m['python'] / m['rust']:.1f}× |")
+        print(
+            f"| {group} | {fmt(m['rust'])} | {fmt(m['python'])} | {m['python'] / m['rust']:.1f}× |"
+        )
     return 0
 
 

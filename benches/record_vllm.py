@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import vllm_scheduler as vs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
+
+import vllm_scheduler as vs
 
 VOCAB, EOS = 256, 2
 
@@ -36,7 +37,8 @@ def draw_config(rng: random.Random) -> dict[str, Any]:
     seqs = rng.choice([2, 4, 8, 16, 32])
     return {
         "block_size": bs,
-        "num_blocks": rng.randint(per_seq + 1, 3 * per_seq) if tight
+        "num_blocks": rng.randint(per_seq + 1, 3 * per_seq)
+        if tight
         else rng.randint(8 * per_seq, 20 * per_seq),
         "max_num_seqs": seqs,
         "max_num_batched_tokens": max(batched, seqs),
@@ -50,8 +52,9 @@ def draw_config(rng: random.Random) -> dict[str, Any]:
 
 def draw_requests(rng: random.Random, cfg: dict[str, Any], big: bool) -> list[dict[str, Any]]:
     top = cfg["max_model_len"] - 2
-    prefixes = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(4, top // 2))]
-                for _ in range(3)]
+    prefixes = [
+        [rng.randrange(3, VOCAB) for _ in range(rng.randint(4, top // 2))] for _ in range(3)
+    ]
     out: list[dict[str, Any]] = []
     at_step = 0
     for i in range(rng.randint(120, 300) if big else rng.randint(6, 40)):
@@ -65,16 +68,21 @@ def draw_requests(rng: random.Random, cfg: dict[str, Any], big: bool) -> list[di
         else:
             prompt = [rng.randrange(3, VOCAB) for _ in range(n)]
         max_tokens = rng.randint(1, 48)
-        out.append({
-            "request_id": f"r{i}", "prompt_token_ids": prompt, "max_tokens": max_tokens,
-            "min_tokens": min(rng.choice([0, 0, 0, 2, 5]), max_tokens),
-            "ignore_eos": rng.random() < 0.3,
-            "stop_token_ids": rng.choice([[], [], [7], [11, 13]]),
-            "eos_token_id": EOS,
-            "priority": rng.randint(0, 3) if cfg["policy"] == "priority" else 0,
-            "arrival_time": round(at_step + i * 1e-3, 6),
-            "_step": at_step, "_p_eos": rng.choice([0.0, 0.02, 0.08]),
-        })
+        out.append(
+            {
+                "request_id": f"r{i}",
+                "prompt_token_ids": prompt,
+                "max_tokens": max_tokens,
+                "min_tokens": min(rng.choice([0, 0, 0, 2, 5]), max_tokens),
+                "ignore_eos": rng.random() < 0.3,
+                "stop_token_ids": rng.choice([[], [], [7], [11, 13]]),
+                "eos_token_id": EOS,
+                "priority": rng.randint(0, 3) if cfg["policy"] == "priority" else 0,
+                "arrival_time": round(at_step + i * 1e-3, 6),
+                "_step": at_step,
+                "_p_eos": rng.choice([0.0, 0.02, 0.08]),
+            }
+        )
     return out
 
 
@@ -94,9 +102,14 @@ def record(seed: int, big: bool = False, max_steps: int = 3000) -> list[dict[str
     by_id = {r["request_id"]: r for r in reqs}
     sched = vs.build(cfg)
     pending = sorted(reqs, key=lambda r: r["_step"])
-    lines: list[dict[str, Any]] = [{"format": "ironbatch-trace/1",
-                                    "recorded_with": f"vllm {vs.VERSION}", "seed": seed,
-                                    "config": cfg}]
+    lines: list[dict[str, Any]] = [
+        {
+            "format": "ironbatch-trace/1",
+            "recorded_with": f"vllm {vs.VERSION}",
+            "seed": seed,
+            "config": cfg,
+        }
+    ]
     for step in range(max_steps):
         if not pending and not sched.has_unfinished_requests():
             break
@@ -118,30 +131,40 @@ def record(seed: int, big: bool = False, max_steps: int = 3000) -> list[dict[str
         for rid, n in so.num_scheduled_tokens.items():
             if rid in new:
                 kind = "resumed" if sched.requests[rid].num_preemptions else "new"
-                scheduled.append([rid, n, kind, new[rid].num_computed_tokens,
-                                  list(new[rid].block_ids[0])])
+                scheduled.append(
+                    [rid, n, kind, new[rid].num_computed_tokens, list(new[rid].block_ids[0])]
+                )
             else:
                 i = row_of[rid]
                 kind = "resumed" if rid in cached.resumed_req_ids else "running"
                 blocks = cached.new_block_ids[i]
-                scheduled.append([rid, n, kind, cached.num_computed_tokens[i],
-                                  list(blocks[0]) if blocks else []])
-        line["schedule"] = {"scheduled": scheduled,
-                            "preempted": sorted(so.preempted_req_ids or []),
-                            "finished": sorted(so.finished_req_ids)}
+                scheduled.append(
+                    [rid, n, kind, cached.num_computed_tokens[i], list(blocks[0]) if blocks else []]
+                )
+        line["schedule"] = {
+            "scheduled": scheduled,
+            "preempted": sorted(so.preempted_req_ids or []),
+            "finished": sorted(so.finished_req_ids),
+        }
         ids = list(so.num_scheduled_tokens)
         tokens = []
         for rid in ids:
             r = sched.requests[rid]
             done = r.num_computed_tokens >= r.num_tokens
             tokens.append([sampled_token(seed, by_id[rid], r.num_output_tokens)] if done else [])
-        line["sampled"] = [[rid, t] for rid, t in zip(ids, tokens)]
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=tokens)
+        line["sampled"] = [[rid, t] for rid, t in zip(ids, tokens, strict=True)]
+        mro = ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=tokens
+        )
         line["outputs"] = [
-            [o.request_id, list(o.new_token_ids),
-             None if o.finish_reason is None else str(o.finish_reason), o.stop_reason]
-            for eco in sched.update_from_output(so, mro).values() for o in eco.outputs
+            [
+                o.request_id,
+                list(o.new_token_ids),
+                None if o.finish_reason is None else str(o.finish_reason),
+                o.stop_reason,
+            ]
+            for eco in sched.update_from_output(so, mro).values()
+            for o in eco.outputs
         ]
         line["num_free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
         lines.append(line)

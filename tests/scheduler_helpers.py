@@ -10,8 +10,9 @@ from ironbatch import CacheConfig, Request, SamplingParams, Scheduler, Scheduler
 BACKENDS = ["rust", "python"]
 
 
-def make(backend: str, num_blocks: int = 10000, block_size: int = 16,
-         caching: bool = True, **sched: Any) -> Scheduler:
+def make(
+    backend: str, num_blocks: int = 10000, block_size: int = 16, caching: bool = True, **sched: Any
+) -> Scheduler:
     sched.setdefault("max_model_len", 2048)
     return Scheduler(
         SchedulerConfig(**sched),
@@ -20,13 +21,31 @@ def make(backend: str, num_blocks: int = 10000, block_size: int = 16,
     )
 
 
-def req(rid: str, tokens: Sequence[int], *, max_tokens: int = 16, min_tokens: int = 0,
-        ignore_eos: bool = False, stop: Sequence[int] = (), priority: int = 0,
-        arrival: float = 0.0, eos: int | None = 2) -> Request:
-    return Request(rid, list(tokens),
-                   SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens,
-                                  ignore_eos=ignore_eos, stop_token_ids=list(stop)),
-                   eos_token_id=eos, priority=priority, arrival_time=arrival)
+def req(
+    rid: str,
+    tokens: Sequence[int],
+    *,
+    max_tokens: int = 16,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
+    stop: Sequence[int] = (),
+    priority: int = 0,
+    arrival: float = 0.0,
+    eos: int | None = 2,
+) -> Request:
+    return Request(
+        rid,
+        list(tokens),
+        SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            ignore_eos=ignore_eos,
+            stop_token_ids=list(stop),
+        ),
+        eos_token_id=eos,
+        priority=priority,
+        arrival_time=arrival,
+    )
 
 
 def rows(out: Any) -> list[list[Any]]:

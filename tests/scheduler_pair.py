@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from scheduler_helpers import make, req
-
 from ironbatch import Scheduler
+
+from scheduler_helpers import make, req
 
 
 def cdiv(a: int, b: int) -> int:
@@ -48,9 +48,19 @@ class SchedulerPair:
         assert list(r.entries()) == list(p.entries())
         assert r.preempted_req_ids == p.preempted_req_ids
         assert r.finished_req_ids == p.finished_req_ids
-        for col in ("req_slots", "num_scheduled", "num_computed_tokens", "kinds", "samples",
-                    "new_block_ids", "new_block_offsets", "positions", "slot_mapping",
-                    "query_start_loc", "seq_lens"):
+        for col in (
+            "req_slots",
+            "num_scheduled",
+            "num_computed_tokens",
+            "kinds",
+            "samples",
+            "new_block_ids",
+            "new_block_offsets",
+            "positions",
+            "slot_mapping",
+            "query_start_loc",
+            "seq_lens",
+        ):
             a, b = getattr(r, col), getattr(p, col)
             assert a.dtype == b.dtype and a.tolist() == b.tolist(), col
         # Budget (5) and concurrency (6).
@@ -58,7 +68,9 @@ class SchedulerPair:
         assert all(n >= 1 for n in r.num_scheduled.tolist())
         assert len(self.rust.debug_state()["running"]) <= self.rust.scheduler_config.max_num_seqs
         self.events["preempted"] += len(r.preempted_req_ids)
-        self.events["hit"] += sum(1 for e in r.entries() if e.kind != "running" and e.num_computed_tokens)
+        self.events["hit"] += sum(
+            1 for e in r.entries() if e.kind != "running" and e.num_computed_tokens
+        )
         self.events["resumed"] += sum(1 for e in r.entries() if e.kind == "resumed")
         self.in_flight.append((r, p))
         self.check()

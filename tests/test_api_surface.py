@@ -45,9 +45,16 @@ def test_twin_offers_the_core_api(name: str) -> None:
 
 
 def test_twin_scheduler_offers_what_the_facade_drives() -> None:
-    for name in ("add_request", "schedule", "update_from_output", "finish_requests",
-                 "reset_prefix_cache", "make_stats", "debug_state",
-                 "get_num_unfinished_requests"):
+    for name in (
+        "add_request",
+        "schedule",
+        "update_from_output",
+        "finish_requests",
+        "reset_prefix_cache",
+        "make_stats",
+        "debug_state",
+        "get_num_unfinished_requests",
+    ):
         assert callable(getattr(twin.Scheduler, name)), name
         assert callable(getattr(core.Scheduler, name)), name
 

@@ -41,6 +41,9 @@ def test_bench_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_console_script_is_installed() -> None:
-    done = subprocess.run([sys.executable, "-m", "ironbatch.cli", "replay", str(TRACES[2])],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "ironbatch.cli", "replay", str(TRACES[2])],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0 and "identical" in done.stdout

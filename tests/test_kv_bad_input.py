@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from kv_invariants import check_kv_invariants
 
 
@@ -19,8 +20,13 @@ def snapshot(kv: Any, request_ids: list[str]) -> tuple:
         kv.num_free_blocks,
         len(kv),
         [
-            (kv.get_block_ids(r), kv.num_cached_blocks(r), kv.num_tokens(r),
-             kv.num_computed_tokens(r), kv.block_hashes(r))
+            (
+                kv.get_block_ids(r),
+                kv.num_cached_blocks(r),
+                kv.num_tokens(r),
+                kv.num_computed_tokens(r),
+                kv.block_hashes(r),
+            )
             for r in request_ids
         ],
     )

@@ -18,10 +18,11 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from kv_invariants import check_kv_invariants
 
 import ironbatch
 import ironbatch.reference
+
+from kv_invariants import check_kv_invariants
 
 # A few prompts that share prefixes of different lengths, so lookups hit.
 _BASE = [(7 * i) % 50 for i in range(200)]
@@ -157,8 +158,15 @@ class KvDifferential(RuleBasedStateMachine):
     def stats(self) -> None:
         r = self.rust.make_prefix_cache_stats()
         p = self.twin.make_prefix_cache_stats()
-        fields = ["reset", "requests", "queries", "hits", "preempted_requests",
-                  "preempted_queries", "preempted_hits"]
+        fields = [
+            "reset",
+            "requests",
+            "queries",
+            "hits",
+            "preempted_requests",
+            "preempted_queries",
+            "preempted_hits",
+        ]
         assert [getattr(r, f) for f in fields] == [getattr(p, f) for f in fields]
 
     @precondition(lambda self: self.live)

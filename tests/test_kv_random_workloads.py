@@ -11,10 +11,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from kv_invariants import check_kv_invariants
 
 import ironbatch
 import ironbatch.reference
+
+from kv_invariants import check_kv_invariants
 
 SEEDS = range(40)
 STEPS = 300
@@ -45,15 +46,18 @@ def run_workload(seed: int) -> Counter:
         return r
 
     for step in range(STEPS):
-        op = rng.choices(["add", "admit", "more", "decode", "free", "remove", "reset"],
-                         weights=[4, 6, 6, 4, 2, 2, 0.3])[0]
+        op = rng.choices(
+            ["add", "admit", "more", "decode", "free", "remove", "reset"],
+            weights=[4, 6, 6, 4, 2, 2, 0.3],
+        )[0]
         waiting = [r for r in live if not twin.get_block_ids(r)]
         running = [r for r in live if twin.get_block_ids(r)]
         if op == "add" or not live:
             rid = f"s{seed}-{step}"
             shared = rng.randint(0, max_model_len // 2)
-            tokens = rng.choice(prefixes)[:shared] + [rng.randrange(50)
-                                                      for _ in range(rng.randint(1, 24))]
+            tokens = rng.choice(prefixes)[:shared] + [
+                rng.randrange(50) for _ in range(rng.randint(1, 24))
+            ]
             if both("add_request", rid, tokens, rng.choice([None] * 6 + ["A"]))[0] == "ok":
                 live.append(rid)
         elif op == "admit" and waiting:

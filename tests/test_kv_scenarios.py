@@ -113,7 +113,12 @@ def test_k4_the_last_block_is_recomputed(backend: ModuleType) -> None:
 def test_k5_cache_salt_isolates(backend: ModuleType) -> None:
     kv = backend.KVCacheManager(num_blocks=11, block_size=16, max_model_len=4096)
     tokens = list(range(40))
-    expected = [("A", 0, [1, 2, 3]), ("B", 0, [3, 4, 5]), ("A", 32, [1, 2, 5]), (None, 0, [5, 6, 7])]
+    expected = [
+        ("A", 0, [1, 2, 3]),
+        ("B", 0, [3, 4, 5]),
+        ("A", 32, [1, 2, 5]),
+        (None, 0, [5, 6, 7]),
+    ]
     for salt, want_hit, want_table in expected:
         rid, _, hit, _ = admit(kv, tokens, salt=salt)
         assert (hit, kv.get_block_ids(rid)) == (want_hit, want_table), salt

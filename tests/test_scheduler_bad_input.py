@@ -7,16 +7,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from scheduler_helpers import BACKENDS, make, req
 
 from ironbatch import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
+
+from scheduler_helpers import BACKENDS, make, req
 
 
 @pytest.fixture(params=BACKENDS)
 def busy(request: pytest.FixtureRequest) -> Any:
     """A scheduler mid-run: one request decoding, one prefilling, one waiting."""
-    s = make(request.param, num_blocks=12, max_model_len=64, max_num_batched_tokens=40,
-             max_num_seqs=2)
+    s = make(
+        request.param, num_blocks=12, max_model_len=64, max_num_batched_tokens=40, max_num_seqs=2
+    )
     s.add_request(req("a", range(20)))
     s.add_request(req("b", range(100, 160)))
     s.add_request(req("c", range(200, 210)))
@@ -76,8 +78,11 @@ def test_bad_requests_are_refused_before_the_scheduler(build: Any, exc: type, ma
         ({"max_model_len": 1}, ValueError, "max_model_len"),
         ({"max_num_seqs": 0}, ValueError, "max_num_seqs"),
         ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, ValueError, "max_num_batched_tokens"),
-        ({"enable_chunked_prefill": False, "max_num_batched_tokens": 32}, ValueError,
-         "chunked prefill"),
+        (
+            {"enable_chunked_prefill": False, "max_num_batched_tokens": 32},
+            ValueError,
+            "chunked prefill",
+        ),
         ({"long_prefill_token_threshold": 65}, ValueError, "long_prefill_token_threshold"),
         ({"long_prefill_token_threshold": -1}, ValueError, "long_prefill_token_threshold"),
         ({"policy": "lifo"}, ValueError, "policy"),
@@ -95,8 +100,11 @@ def test_a_cache_that_cannot_hold_one_sequence_is_refused(backend: str) -> None:
     # 4 blocks of 16 hold 64 tokens, not max_model_len = 65: a request could
     # be admitted and never finish (livelock), so vLLM refuses to start.
     with pytest.raises(ValueError, match="num_blocks"):
-        Scheduler(SchedulerConfig(max_model_len=65, max_num_batched_tokens=128),
-                  CacheConfig(num_blocks=5, block_size=16), backend=backend)
+        Scheduler(
+            SchedulerConfig(max_model_len=65, max_num_batched_tokens=128),
+            CacheConfig(num_blocks=5, block_size=16),
+            backend=backend,
+        )
     with pytest.raises(ValueError, match="num_blocks"):
         Scheduler(SchedulerConfig(max_model_len=64), CacheConfig(), backend=backend)
     with pytest.raises(ValueError, match="backend"):
@@ -113,8 +121,9 @@ def test_bad_update_from_output(busy: Scheduler) -> None:
     unchanged(busy, lambda: busy.update_from_output(out, [5]), ValueError, "2 requests")
     unchanged(busy, lambda: busy.update_from_output(out, [5, 5]), ValueError, "last known")
     unchanged(busy, lambda: busy.update_from_output(out, [5, -2]), ValueError, "sampled")
-    unchanged(busy, lambda: busy.update_from_output(out, np.array([5.0, -1.0])), TypeError,
-              "sampled")
+    unchanged(
+        busy, lambda: busy.update_from_output(out, np.array([5.0, -1.0])), TypeError, "sampled"
+    )
     unchanged(busy, lambda: busy.update_from_output(None, {}), TypeError, "scheduler_output")
     updates = busy.update_from_output(out, np.array([5, -1]))
     assert [u.request_id for u in updates] == ["a"]

@@ -12,6 +12,7 @@ from collections import Counter
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
 from scheduler_pair import SchedulerPair
 
 VOCAB = 40
@@ -30,10 +31,15 @@ def random_config(rng: random.Random) -> dict:
     tight = rng.random() < 0.6
     blocks = rng.randint(need + 1, 2 * need + 2) if tight else rng.randint(4 * need, 8 * need)
     return dict(
-        block_size=bs, num_blocks=blocks, max_model_len=max_model_len,
-        max_num_seqs=seqs, max_num_batched_tokens=batched, enable_chunked_prefill=chunked,
+        block_size=bs,
+        num_blocks=blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        enable_chunked_prefill=chunked,
         long_prefill_token_threshold=rng.choice([0, 0, 4, 16]) if max_model_len >= 16 else 0,
-        policy=rng.choice(["fcfs", "priority"]), caching=rng.random() < 0.8,
+        policy=rng.choice(["fcfs", "priority"]),
+        caching=rng.random() < 0.8,
     )
 
 
@@ -54,13 +60,20 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
             plen = rng.randint(1, max_len - 1)
             shared = rng.randint(0, plen)
-            tokens = rng.choice(prefixes)[:shared] + [rng.randrange(3, VOCAB)
-                                                      for _ in range(plen - shared)]
+            tokens = rng.choice(prefixes)[:shared] + [
+                rng.randrange(3, VOCAB) for _ in range(plen - shared)
+            ]
             rid = f"q{next_id}"
             next_id += 1
-            if pair.add(rid, tokens, max_tokens=rng.randint(1, 12),
-                        ignore_eos=rng.random() < 0.3, stop=[7] if rng.random() < 0.3 else [],
-                        priority=rng.randint(0, 3), arrival=float(next_id // 3)):
+            if pair.add(
+                rid,
+                tokens,
+                max_tokens=rng.randint(1, 12),
+                ignore_eos=rng.random() < 0.3,
+                stop=[7] if rng.random() < 0.3 else [],
+                priority=rng.randint(0, 3),
+                arrival=float(next_id // 3),
+            ):
                 live.append(rid)
         if live and rng.random() < 0.05:
             pair.abort([rng.choice(live)])
@@ -99,18 +112,29 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.live: list[str] = []
         self.next_id = 0
 
-    @rule(plen=st.integers(1, 200), shared=st.integers(0, 200), max_tokens=st.integers(1, 10),
-          priority=st.integers(0, 2), ignore_eos=st.booleans())
-    def add(self, plen: int, shared: int, max_tokens: int, priority: int,
-            ignore_eos: bool) -> None:
+    @rule(
+        plen=st.integers(1, 200),
+        shared=st.integers(0, 200),
+        max_tokens=st.integers(1, 10),
+        priority=st.integers(0, 2),
+        ignore_eos=st.booleans(),
+    )
+    def add(self, plen: int, shared: int, max_tokens: int, priority: int, ignore_eos: bool) -> None:
         plen = min(plen, self.config["max_model_len"])  # == max_model_len is refused alike
         base = [(5 * i) % 31 + 3 for i in range(plen)]
-        tokens = base[: min(shared, plen)] + [self.rng.randrange(3, VOCAB)
-                                              for _ in range(plen - min(shared, plen))]
+        tokens = base[: min(shared, plen)] + [
+            self.rng.randrange(3, VOCAB) for _ in range(plen - min(shared, plen))
+        ]
         rid = f"h{self.next_id}"
         self.next_id += 1
-        if self.pair.add(rid, tokens, max_tokens=max_tokens, priority=priority,
-                         ignore_eos=ignore_eos, arrival=float(self.next_id // 2)):
+        if self.pair.add(
+            rid,
+            tokens,
+            max_tokens=max_tokens,
+            priority=priority,
+            ignore_eos=ignore_eos,
+            arrival=float(self.next_id // 2),
+        ):
             self.live.append(rid)
 
     @precondition(lambda self: self.live)
@@ -141,7 +165,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=120, stateful_step_count=40, deadline=None,
+    max_examples=120,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_scheduler_machine = SchedulerMachine.TestCase

@@ -4,6 +4,7 @@ values are vLLM 0.33.0's own results, on both backends."""
 from __future__ import annotations
 
 import pytest
+
 from scheduler_helpers import BACKENDS, make, req, rows, step
 
 
@@ -18,20 +19,35 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.mark.parametrize("caching", [True, False])
 def test_s1_threshold_chunking(backend: str, caching: bool) -> None:
-    s = make(backend, caching=caching, max_num_batched_tokens=1024,
-             long_prefill_token_threshold=400, max_model_len=2048, max_num_seqs=16)
+    s = make(
+        backend,
+        caching=caching,
+        max_num_batched_tokens=1024,
+        long_prefill_token_threshold=400,
+        max_model_len=2048,
+        max_num_seqs=16,
+    )
     for i in range(3):
         s.add_request(req(f"r{i}", [10 + i] * 800))
     out, _ = step(s)
-    assert rows(out) == [["r0", 400, "new", 0, r(1, 25)], ["r1", 400, "new", 0, r(26, 50)],
-                         ["r2", 224, "new", 0, r(51, 64)]]
+    assert rows(out) == [
+        ["r0", 400, "new", 0, r(1, 25)],
+        ["r1", 400, "new", 0, r(26, 50)],
+        ["r2", 224, "new", 0, r(51, 64)],
+    ]
     out, updates = step(s)
     assert [(e[0], e[1], e[2], e[3]) for e in rows(out)] == [
-        ("r0", 400, "running", 400), ("r1", 400, "running", 400), ("r2", 224, "running", 224)]
+        ("r0", 400, "running", 400),
+        ("r1", 400, "running", 400),
+        ("r2", 224, "running", 224),
+    ]
     assert [u[0] for u in updates] == ["r0", "r1"]  # r2 is still prefilling
     out, _ = step(s)
-    assert rows(out) == [["r0", 1, "running", 800, [129]], ["r1", 1, "running", 800, [130]],
-                         ["r2", 352, "running", 448, r(131, 152)]]
+    assert rows(out) == [
+        ["r0", 1, "running", 800, [129]],
+        ["r1", 1, "running", 800, [130]],
+        ["r2", 352, "running", 448, r(131, 152)],
+    ]
     out, _ = step(s)
     assert [(e[0], e[1]) for e in rows(out)] == [("r0", 1), ("r1", 1), ("r2", 1)]
     assert rows(out)[2][4] == [153]
@@ -39,21 +55,29 @@ def test_s1_threshold_chunking(backend: str, caching: bool) -> None:
 
 @pytest.mark.parametrize("chunked", [False, True])
 def test_s2_chunked_prefill_off_blocks_the_queue(backend: str, chunked: bool) -> None:
-    s = make(backend, max_num_batched_tokens=1024, max_model_len=1024,
-             enable_chunked_prefill=chunked)
+    s = make(
+        backend, max_num_batched_tokens=1024, max_model_len=1024, enable_chunked_prefill=chunked
+    )
     for i, n in enumerate([800, 800, 10, 10]):
         s.add_request(req(f"r{i}", [10 + i] * n))
     out1, _ = step(s)
     out2, _ = step(s)
     if not chunked:  # r1 does not fit the 224 tokens left, and r2, r3 wait behind it
         assert rows(out1) == [["r0", 800, "new", 0, r(1, 50)]]
-        assert rows(out2) == [["r0", 1, "running", 800, [51]], ["r1", 800, "new", 0, r(52, 101)],
-                              ["r2", 10, "new", 0, [102]], ["r3", 10, "new", 0, [103]]]
+        assert rows(out2) == [
+            ["r0", 1, "running", 800, [51]],
+            ["r1", 800, "new", 0, r(52, 101)],
+            ["r2", 10, "new", 0, [102]],
+            ["r3", 10, "new", 0, [103]],
+        ]
     else:
         assert rows(out1) == [["r0", 800, "new", 0, r(1, 50)], ["r1", 224, "new", 0, r(51, 64)]]
-        assert rows(out2) == [["r0", 1, "running", 800, [65]],
-                              ["r1", 576, "running", 224, r(66, 101)],
-                              ["r2", 10, "new", 0, [102]], ["r3", 10, "new", 0, [103]]]
+        assert rows(out2) == [
+            ["r0", 1, "running", 800, [65]],
+            ["r1", 576, "running", 224, r(66, 101)],
+            ["r2", 10, "new", 0, [102]],
+            ["r3", 10, "new", 0, [103]],
+        ]
 
 
 def test_s3_same_step_prefix_sharing(backend: str) -> None:
@@ -68,8 +92,11 @@ def test_s3_same_step_prefix_sharing(backend: str) -> None:
     assert rows(out) == [["a", 1, "running", 100, []], ["b", 1, "running", 100, []]]
     s.add_request(req("c", prompt))
     out, _ = step(s)
-    assert rows(out) == [["a", 1, "running", 101, []], ["b", 1, "running", 101, []],
-                         ["c", 4, "new", 96, [1, 2, 3, 4, 5, 6, 9]]]
+    assert rows(out) == [
+        ["a", 1, "running", 101, []],
+        ["b", 1, "running", 101, []],
+        ["c", 4, "new", 96, [1, 2, 3, 4, 5, 6, 9]],
+    ]
 
 
 def test_s4_fcfs_preemption(backend: str) -> None:
@@ -91,8 +118,7 @@ def test_s4_fcfs_preemption(backend: str) -> None:
 
 
 def test_s4b_tokens_for_a_request_preempted_in_flight(backend: str) -> None:
-    s = make(backend, num_blocks=11, max_model_len=160, max_num_batched_tokens=80,
-             max_num_seqs=16)
+    s = make(backend, num_blocks=11, max_model_len=160, max_num_batched_tokens=80, max_num_seqs=16)
     s.add_request(req("r0", r(3, 82), max_tokens=40))
     s.add_request(req("r1", r(103, 182), max_tokens=40))
     out1 = s.schedule()
@@ -159,8 +185,13 @@ def test_s7_stop_order(backend: str) -> None:
     s.add_request(req("f", [6] * 10, max_tokens=5, min_tokens=4, stop=[7]))
     s.add_request(req("g", [7] * 10, max_tokens=5, ignore_eos=True))
     s.add_request(req("h", [8] * 60, max_tokens=50))
-    plan = [dict(e=50, f=51, g=2, h=52), dict(e=50, f=7, g=2, h=52), dict(e=2, g=2, h=52),
-            dict(g=2, h=52), dict(g=2)]
+    plan = [
+        dict(e=50, f=51, g=2, h=52),
+        dict(e=50, f=7, g=2, h=52),
+        dict(e=2, g=2, h=52),
+        dict(g=2, h=52),
+        dict(g=2),
+    ]
     finished = []
     for sampled in plan:
         _, updates = step(s, sampled)

@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from scheduler_helpers import BACKENDS
 
 from ironbatch.trace import replay
+
+from scheduler_helpers import BACKENDS
 
 DATA = Path(__file__).parent / "data"
 # traces/: the 40 shared traces recorded from vLLM 0.33.0; recorded/: 32 more

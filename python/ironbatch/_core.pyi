@@ -96,9 +96,7 @@ class KVCacheManager:
     def num_cached_blocks(self, request_id: str) -> int: ...
     def num_tokens(self, request_id: str) -> int: ...
     def num_computed_tokens(self, request_id: str) -> int: ...
-    def set_num_computed_tokens(
-        self, request_id: str, num_computed_tokens: SupportsIndex
-    ) -> None:
+    def set_num_computed_tokens(self, request_id: str, num_computed_tokens: SupportsIndex) -> None:
         """Set what the scheduler computed: at most the request's known
         tokens and the tokens its table has slots for."""
     def block_hashes(self, request_id: str) -> list[int]:
@@ -188,7 +186,9 @@ class Scheduler:
         """Apply a step's tokens (with ``offsets``: ragged; without: one per
         entry, -1 for none). Returns (request ids, tokens, token offsets,
         finished rows as (row, finish reason, stop reason))."""
-    def finish_requests(self, request_ids: Sequence[str], status: str = "FINISHED_ABORTED") -> None: ...
+    def finish_requests(
+        self, request_ids: Sequence[str], status: str = "FINISHED_ABORTED"
+    ) -> None: ...
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool: ...
     def make_stats(self) -> tuple[int, int, float, PrefixCacheStats, int]:
         """(num_running_reqs, num_waiting_reqs, kv_cache_usage,

@@ -30,8 +30,7 @@ class Scheduler:
     ) -> None:
         if not isinstance(scheduler_config, SchedulerConfig):
             raise TypeError(
-                f"scheduler_config must be a SchedulerConfig, got "
-                f"{type(scheduler_config).__name__}"
+                f"scheduler_config must be a SchedulerConfig, got {type(scheduler_config).__name__}"
             )
         if not isinstance(cache_config, CacheConfig):
             raise TypeError(
@@ -77,10 +76,11 @@ class Scheduler:
         Returns one record per request that got tokens, in scheduling order."""
         if not isinstance(scheduler_output, SchedulerOutput):
             raise TypeError(
-                f"scheduler_output must be a SchedulerOutput, got "
-                f"{type(scheduler_output).__name__}"
+                f"scheduler_output must be a SchedulerOutput, got {type(scheduler_output).__name__}"
             )
-        updates = self._core.update_from_output(scheduler_output, _sampled(scheduler_output, sampled))
+        updates = self._core.update_from_output(
+            scheduler_output, _sampled(scheduler_output, sampled)
+        )
         for rid in updates.finished_req_ids:
             self.requests.pop(rid, None)
         return updates
@@ -133,7 +133,9 @@ def _sampled(
             per_row[row[rid]] = token_list(f"sampled[{rid!r}]", tokens)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum([len(t) for t in per_row], out=offsets[1:])
-        flat = np.fromiter((t for ts in per_row for t in ts), dtype=np.int64, count=int(offsets[-1]))
+        flat = np.fromiter(
+            (t for ts in per_row for t in ts), dtype=np.int64, count=int(offsets[-1])
+        )
         return flat, offsets
     arr = np.asarray(sampled)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):

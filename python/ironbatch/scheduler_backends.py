@@ -25,6 +25,20 @@ from ironbatch.scheduler_stats import SchedulerStats
 Sampled = tuple[np.ndarray, "np.ndarray | None"]
 
 
+def _output(
+    req_ids: list[str], columns: dict[str, np.ndarray], step: Any, lookup_request: Any
+) -> SchedulerOutput:
+    """A SchedulerOutput around a backend's step (kept as the update's handle)."""
+    return SchedulerOutput(
+        req_ids=req_ids,
+        columns=columns,
+        preempted_req_ids=set(step.preempted_req_ids),
+        finished_req_ids=set(step.finished_req_ids),
+        handle=step,
+        lookup_request=lookup_request,
+    )
+
+
 class PythonBackend:
     """The plain-Python twin; columns are built from its per-request records."""
 
@@ -52,14 +66,7 @@ class PythonBackend:
             "new_block_offsets": block_offsets,
             **model_runner_columns(computed, scheduled, [s.table for s in rows], self.block_size),
         }
-        return SchedulerOutput(
-            req_ids=[s.request_id for s in rows],
-            columns=columns,
-            preempted_req_ids=set(step.preempted_req_ids),
-            finished_req_ids=set(step.finished_req_ids),
-            handle=step,
-            lookup_request=lookup_request,
-        )
+        return _output([s.request_id for s in rows], columns, step, lookup_request)
 
     def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> UpdateOutputs:
         flat, offsets = sampled
@@ -67,7 +74,7 @@ class PythonBackend:
             if flat.size and (flat.min() < -1 or flat.max() > 2**32 - 1):
                 bad = int(np.flatnonzero((flat < -1) | (flat > 2**32 - 1))[0])
                 raise ValueError(f"sampled[{bad}] = {flat[bad]} is neither -1 nor a token id")
-            tokens = {rid: [int(t)] for rid, t in zip(out.req_ids, flat) if t != -1}
+            tokens = {rid: [int(t)] for rid, t in zip(out.req_ids, flat, strict=True) if t != -1}
         else:
             tokens = {
                 rid: flat[offsets[i] : offsets[i + 1]].tolist()
@@ -81,8 +88,11 @@ class PythonBackend:
             [u.request_id for u in updates],
             np.array([t for u in updates for t in u.new_token_ids], dtype=np.uint32),
             token_offsets,
-            [(i, u.finish_reason, u.stop_reason) for i, u in enumerate(updates)
-             if u.finish_reason is not None],
+            [
+                (i, u.finish_reason, u.stop_reason)
+                for i, u in enumerate(updates)
+                if u.finish_reason is not None
+            ],
         )
 
     def finish_requests(self, request_ids: list[str]) -> None:
@@ -94,8 +104,11 @@ class PythonBackend:
     def make_stats(self) -> SchedulerStats:
         s = self.twin.make_stats()
         return SchedulerStats(
-            s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage,
-            s.prefix_cache_stats, s.num_preempted_reqs,
+            s.num_running_reqs,
+            s.num_waiting_reqs,
+            s.kv_cache_usage,
+            s.prefix_cache_stats,
+            s.num_preempted_reqs,
         )
 
     def num_free_blocks(self) -> int:
@@ -141,14 +154,7 @@ class RustBackend:
 
     def schedule(self, lookup_request: Callable[[str], Any]) -> SchedulerOutput:
         step = self.core.schedule()
-        return SchedulerOutput(
-            req_ids=step.req_ids,
-            columns=step.columns(),
-            preempted_req_ids=set(step.preempted_req_ids),
-            finished_req_ids=set(step.finished_req_ids),
-            handle=step,
-            lookup_request=lookup_request,
-        )
+        return _output(step.req_ids, step.columns(), step, lookup_request)
 
     def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> UpdateOutputs:
         flat, offsets = sampled

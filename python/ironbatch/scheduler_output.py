@@ -96,7 +96,7 @@ class SchedulerOutput:
     @cached_property
     def num_scheduled_tokens(self) -> dict[str, int]:
         """Request id -> tokens this step, in scheduling order."""
-        return dict(zip(self.req_ids, self.num_scheduled.tolist()))
+        return dict(zip(self.req_ids, self.num_scheduled.tolist(), strict=True))
 
     def block_ids_of(self, i: int) -> list[int]:
         lo, hi = self.new_block_offsets[i], self.new_block_offsets[i + 1]
@@ -161,7 +161,7 @@ def model_runner_columns(
     request by request (the twin's way; the core writes them in Rust)."""
     positions: list[int] = []
     slot_mapping: list[int] = []
-    for c, n, table in zip(num_computed_tokens, num_scheduled, tables):
+    for c, n, table in zip(num_computed_tokens, num_scheduled, tables, strict=True):
         for p in range(c, c + n):
             positions.append(p)
             slot_mapping.append(table[p // block_size] * block_size + p % block_size)

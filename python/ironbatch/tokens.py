@@ -14,7 +14,9 @@ def token_list(field: str, values: object) -> list[int]:
     """A list of token ids from a list, tuple or integer NumPy array."""
     if isinstance(values, np.ndarray):
         if values.ndim != 1 or values.dtype.kind not in "iu":
-            raise TypeError(f"{field} must be a 1-D integer array, got {values.dtype}[{values.ndim}-D]")
+            raise TypeError(
+                f"{field} must be a 1-D integer array, got {values.dtype}[{values.ndim}-D]"
+            )
         if values.size and (values.min() < 0 or values.max() > U32_MAX):
             bad = int(np.flatnonzero((values < 0) | (values > U32_MAX))[0])
             raise ValueError(f"{field}[{bad}] = {values[bad]} is outside [0, {U32_MAX}]")

@@ -49,9 +49,13 @@ class Workload:
         # Distinct prompts (no prefix sharing): the cost of the scheduling
         # itself, not of cache hits.
         prompt = [(i * 7919 + k) % 30000 + 3 for k in range(self.prompt_len)]
-        return Request(f"req-{i}", prompt,
-                       SamplingParams(max_tokens=self.max_tokens, ignore_eos=True),
-                       eos_token_id=2, arrival_time=float(i))
+        return Request(
+            f"req-{i}",
+            prompt,
+            SamplingParams(max_tokens=self.max_tokens, ignore_eos=True),
+            eos_token_id=2,
+            arrival_time=float(i),
+        )
 
 
 WORKLOADS = {
@@ -60,8 +64,9 @@ WORKLOADS = {
         Workload("decode-64", 64, 2048, 64, 32),
         Workload("decode-256", 256, 2048, 256, 32),
         Workload("decode-1024", 1024, 8192, 1024, 32),
-        Workload("mixed", 256, 2048, 224, 512, arrivals_per_step=2, max_tokens=64,
-                 max_model_len=2048),
+        Workload(
+            "mixed", 256, 2048, 224, 512, arrivals_per_step=2, max_tokens=64, max_model_len=2048
+        ),
     ]
 }
 

@@ -17,12 +17,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--level", choices=["decisions", "blocks"], default="blocks")
 
     b = sub.add_parser("bench", help="time schedule() + update_from_output() per step")
-    b.add_argument("--workloads", default="decode-64,decode-256,decode-1024,mixed",
-                   help="comma-separated names (default: all)")
+    b.add_argument(
+        "--workloads",
+        default="decode-64,decode-256,decode-1024,mixed",
+        help="comma-separated names (default: all)",
+    )
     b.add_argument("--steps", type=int, default=100, help="timed steps per workload")
     b.add_argument("--backends", default="rust,python", help="comma-separated backends")
-    b.add_argument("--turn", type=int, default=1,
-                   help="consecutive steps per scheduler before the next takes its turn")
+    b.add_argument(
+        "--turn",
+        type=int,
+        default=1,
+        help="consecutive steps per scheduler before the next takes its turn",
+    )
 
     args = parser.parse_args(argv)
     if args.command == "replay":

@@ -14,9 +14,16 @@ def bench_main(workloads: list[str], steps: int, backends: list[str], turn: int 
         print(f"unknown workloads {unknown}; choose from {sorted(WORKLOADS)}", file=sys.stderr)
         return 2
     drivers = [lambda w, b=b: IronbatchDriver(w, b) for b in backends]
-    rows = run(drivers, [WORKLOADS[w] for w in workloads], steps=steps, turn=turn,
-               log=lambda s: print(s, file=sys.stderr))
-    print(f"{platform.machine()}, Python {platform.python_version()}, {steps} timed steps per "
-          f"workload, turns of {turn} step(s); median per step, Python boundary included")
+    rows = run(
+        drivers,
+        [WORKLOADS[w] for w in workloads],
+        steps=steps,
+        turn=turn,
+        log=lambda s: print(s, file=sys.stderr),
+    )
+    print(
+        f"{platform.machine()}, Python {platform.python_version()}, {steps} timed steps per "
+        f"workload, turns of {turn} step(s); median per step, Python boundary included"
+    )
     print(format_table(rows))
     return 0

@@ -121,11 +121,15 @@ class KVCacheManager:
         prefix hits ``new_computed_blocks``. Returns the new block ids, or
         None (changing nothing) when too few blocks are free."""
         n_new = count("num_new_tokens", num_new_tokens)
-        n_hit = 0 if num_new_computed_tokens is None else count(
-            "num_new_computed_tokens", num_new_computed_tokens
+        n_hit = (
+            0
+            if num_new_computed_tokens is None
+            else count("num_new_computed_tokens", num_new_computed_tokens)
         )
-        hit_ids = [] if new_computed_blocks is None else u32_list(
-            "new_computed_blocks", new_computed_blocks
+        hit_ids = (
+            []
+            if new_computed_blocks is None
+            else u32_list("new_computed_blocks", new_computed_blocks)
         )
         entry = self._entry(request_id)
         hits = self._check_hits(entry.seq, entry.table, n_new, n_hit, hit_ids)
@@ -175,8 +179,9 @@ class KVCacheManager:
 
     def _cache_blocks(self, seq: Sequence, table: BlockTable, upto: int) -> None:
         """Hash-cache the table's full blocks up to token ``upto`` (spec §7.7)."""
-        full = min(min(upto, len(seq.block_hashes) * self.block_size) // self.block_size,
-                   len(table.blocks))
+        full = min(
+            min(upto, len(seq.block_hashes) * self.block_size) // self.block_size, len(table.blocks)
+        )
         for k in range(table.num_cached, full):
             self.pool.cache_block(table.blocks[k], seq.block_hashes[k])
         table.num_cached = max(table.num_cached, full)
@@ -185,7 +190,9 @@ class KVCacheManager:
         self, seq: Sequence, table: BlockTable, n_new: int, n_hit: int, hit_ids: list[int]
     ) -> list[Block]:
         if n_new == 0 and n_hit == 0:
-            raise ValueError("allocate_slots: num_new_tokens and num_new_computed_tokens are both 0")
+            raise ValueError(
+                "allocate_slots: num_new_tokens and num_new_computed_tokens are both 0"
+            )
         if n_hit != len(hit_ids) * self.block_size:
             raise ValueError(
                 f"allocate_slots: num_new_computed_tokens = {n_hit} must be "

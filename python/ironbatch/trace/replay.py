@@ -94,7 +94,9 @@ def replay(path: str | Path, backend: str = "rust", level: str = "blocks") -> Re
     for n, rec in enumerate(steps, 1):
         step = rec["step"]
 
-        def differs(field: str, expected: Any, actual: Any) -> ReplayResult:
+        def differs(
+            field: str, expected: Any, actual: Any, n: int = n, step: int = step
+        ) -> ReplayResult:
             return ReplayResult(str(path), n, step, field, expected, actual)
 
         for d in rec["add"]:
@@ -115,8 +117,9 @@ def replay(path: str | Path, backend: str = "rust", level: str = "blocks") -> Re
         if sorted(out.finished_req_ids) != want["finished"]:
             return differs("finished", want["finished"], sorted(out.finished_req_ids))
         updates = sched.update_from_output(out, {rid: toks for rid, toks in rec["sampled"]})
-        got_outputs = [[u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason]
-                       for u in updates]
+        got_outputs = [
+            [u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason] for u in updates
+        ]
         if got_outputs != rec["outputs"]:
             return differs("outputs", rec["outputs"], got_outputs)
         if blocks and sched.num_free_blocks != rec["num_free_blocks"]:
