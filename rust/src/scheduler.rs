@@ -649,3 +649,161 @@ impl Scheduler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Core-level checks of a few spec §9.2 scenarios (the full set runs on
+    //! both backends in tests/test_scheduler_scenarios.py).
+    use super::*;
+    use crate::kv_cache_manager::KvCacheConfig;
+    use crate::request::StopRules;
+
+    fn scheduler(
+        num_blocks: usize,
+        max_model_len: usize,
+        budget: usize,
+        policy: Policy,
+    ) -> Scheduler {
+        Scheduler::new(SchedulerConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: budget,
+            max_model_len,
+            enable_chunked_prefill: true,
+            long_prefill_token_threshold: 0,
+            policy,
+            scheduler_reserve_full_isl: true,
+            cache: KvCacheConfig {
+                num_blocks,
+                block_size: 16,
+                max_model_len,
+                enable_prefix_caching: true,
+            },
+        })
+        .unwrap()
+    }
+
+    fn add(s: &mut Scheduler, id: &str, tokens: std::ops::Range<u32>, priority: i64, arrival: f64) {
+        s.add_request(NewRequest {
+            request_id: id.into(),
+            prompt_token_ids: tokens.collect(),
+            stop: StopRules {
+                max_tokens: 40,
+                min_tokens: 0,
+                eos_token_id: Some(2),
+                stop_token_ids: vec![],
+            },
+            priority,
+            arrival_time: arrival,
+            cache_salt: None,
+        })
+        .unwrap();
+    }
+
+    /// (id, tokens, computed before, this step's block ids).
+    type Row = (String, usize, usize, Vec<i32>);
+
+    /// One step; every request that reached its last token samples 100.
+    /// Returns (id, tokens, computed before, this step's block ids) and the
+    /// preempted ids.
+    fn step(s: &mut Scheduler) -> (Vec<Row>, Vec<String>) {
+        let out = s.schedule().unwrap();
+        let rows = out
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let blocks = &out.new_block_ids
+                    [out.new_block_offsets[i] as usize..out.new_block_offsets[i + 1] as usize];
+                let id = s.request(e.slot).unwrap().request_id.clone();
+                (id, e.num_tokens, e.num_computed_tokens, blocks.to_vec())
+            })
+            .collect();
+        let mut tokens = vec![];
+        let mut offsets = vec![0];
+        for e in &out.entries {
+            if e.samples {
+                tokens.push(100);
+            }
+            offsets.push(tokens.len());
+        }
+        s.update_from_output(&out, &tokens, &offsets).unwrap();
+        assert!(
+            s.update_from_output(&out, &tokens, &offsets).is_err(),
+            "applied twice"
+        );
+        (rows, out.preempted_req_ids)
+    }
+
+    fn row(
+        id: &str,
+        n: usize,
+        computed: usize,
+        blocks: &[i32],
+    ) -> (String, usize, usize, Vec<i32>) {
+        (id.into(), n, computed, blocks.to_vec())
+    }
+
+    #[test]
+    fn s4_fcfs_preempts_the_last_running_request() {
+        let mut s = scheduler(11, 160, 512, Policy::Fcfs);
+        add(&mut s, "a", 3..83, 0, 0.0);
+        add(&mut s, "b", 103..183, 0, 0.0);
+        let (rows, _) = step(&mut s);
+        assert_eq!(
+            rows,
+            vec![
+                row("a", 80, 0, &[1, 2, 3, 4, 5]),
+                row("b", 80, 0, &[6, 7, 8, 9, 10])
+            ]
+        );
+        let (rows, preempted) = step(&mut s);
+        assert_eq!(rows, vec![row("a", 1, 80, &[10])]);
+        assert_eq!(preempted, vec!["b".to_string()]);
+        assert_eq!(s.kv().num_free_blocks(), 4);
+    }
+
+    #[test]
+    fn s6_priority_self_preemption_continues_the_pass() {
+        let mut s = scheduler(5, 64, 256, Policy::Priority);
+        add(&mut s, "C", 3..33, 3, 1.0);
+        step(&mut s);
+        add(&mut s, "D", 103..134, 0, 2.0);
+        step(&mut s);
+        step(&mut s);
+        let (rows, preempted) = step(&mut s);
+        assert_eq!(rows, vec![row("D", 1, 32, &[2])]);
+        assert_eq!(preempted, vec!["C".to_string()]);
+    }
+
+    #[test]
+    fn rejected_requests_change_nothing() {
+        let mut s = scheduler(11, 64, 256, Policy::Fcfs);
+        add(&mut s, "a", 3..10, 0, 0.0);
+        let mut dup = NewRequest {
+            request_id: "a".into(),
+            prompt_token_ids: vec![1],
+            stop: StopRules {
+                max_tokens: 1,
+                min_tokens: 0,
+                eos_token_id: None,
+                stop_token_ids: vec![],
+            },
+            priority: 0,
+            arrival_time: 0.0,
+            cache_salt: None,
+        };
+        assert!(s.add_request(dup.clone()).is_err());
+        dup.request_id = "b".into();
+        dup.prompt_token_ids = (0..64).collect();
+        assert!(s.add_request(dup.clone()).is_err());
+        dup.prompt_token_ids = vec![];
+        assert!(s.add_request(dup).is_err());
+        assert_eq!(s.num_unfinished_requests(), 1);
+        assert_eq!(
+            s.finish_requests(&["a", "a", "zz"], RequestStatus::FinishedAborted)
+                .len(),
+            1
+        );
+        assert_eq!(s.num_unfinished_requests(), 0);
+    }
+}

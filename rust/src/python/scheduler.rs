@@ -186,7 +186,10 @@ impl PyScheduler {
         )?;
         let columns = PyDict::new(py);
         columns.set_item("req_slots", arr(py, std::mem::take(&mut step.req_slots)))?;
-        columns.set_item("num_scheduled", arr(py, std::mem::take(&mut step.num_scheduled)))?;
+        columns.set_item(
+            "num_scheduled",
+            arr(py, std::mem::take(&mut step.num_scheduled)),
+        )?;
         columns.set_item(
             "num_computed_tokens",
             arr(py, std::mem::take(&mut step.num_computed_tokens)),
