@@ -3,12 +3,18 @@ plain-Python twin alike."""
 
 from __future__ import annotations
 
-import types
+import os
 
-import pytest
+# Triton reads this when a kernel is decorated, so before anything imports
+# ironbatch.kernels: the kernel tests run on the CPU interpreter.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import ironbatch
-import ironbatch.reference
+import types  # noqa: E402
+
+import pytest  # noqa: E402
+
+import ironbatch  # noqa: E402
+import ironbatch.reference  # noqa: E402
 
 BACKENDS = {"rust": ironbatch, "python": ironbatch.reference}
 

@@ -1,0 +1,241 @@
+"""``unified_attention``: paged attention for a batch mixing chunked
+prefills, prefix-hit continuations and decodes, in one kernel (spec §2.2).
+
+A program owns one KV head and ``BLOCK_Q`` query tokens times the ``G`` query
+heads that share that KV head (GQA packing), so each K/V tile is read once
+for all of them: a decode step reads the cache once per KV head. Causality
+is bottom-right: query ``i`` of a sequence sits at ``context_len + i``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ironbatch.kernels._common import check, check_cache, interpreting
+
+
+@triton.jit
+def _find_seq(cu_seqlens_q_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
+    """The sequence whose q-block range (starting at cu_q[s] // BLOCK_Q + s)
+    holds ``q_block``: binary search, no host sync."""
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
+        if start <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _unified_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    cu_seqlens_q_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    scale,
+    num_seqs: tl.int32,
+    stride_q_t: tl.int64,
+    stride_q_h: tl.int64,
+    stride_o_t: tl.int64,
+    stride_o_h: tl.int64,
+    stride_c_block: tl.int64,
+    stride_c_slot: tl.int64,
+    stride_c_head: tl.int64,
+    stride_bt: tl.int64,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,  # cast loads to fp32 (the interpreter's bf16 is broken)
+    IEEE: tl.constexpr,  # exact fp32 dots (fp32 inputs; TF32 otherwise)
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    s = _find_seq(cu_seqlens_q_ptr, num_seqs, q_block, BLOCK_Q)
+    q_start = tl.load(cu_seqlens_q_ptr + s)
+    q_len = tl.load(cu_seqlens_q_ptr + s + 1) - q_start
+    qb = q_block - (q_start // BLOCK_Q + s)
+    if qb * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + s)
+    context_len = seq_len - q_len
+
+    # Row m: query token qb*BLOCK_Q + m // G, query head kv_head*G + m % G.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    tok = qb * BLOCK_Q + offs_m // G
+    head = kv_head * G + offs_m % G
+    row_ok = (offs_m < BLOCK_Q * G) & (tok < q_len)
+    d_ok = offs_d < HEAD_DIM
+    q_row = (q_start + tok).to(tl.int64)
+    q = tl.load(
+        q_ptr
+        + q_row[:, None] * stride_q_t
+        + head[:, None].to(tl.int64) * stride_q_h
+        + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+    q_pos = context_len + tok  # each row's absolute position
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    # The farthest key any row of this program may see.
+    kv_end = tl.minimum(seq_len, context_len + qb * BLOCK_Q + (BLOCK_M - 1) // G + 1)
+    offs_t = tl.arange(0, TILE)
+    table_row = block_table_ptr + s.to(tl.int64) * stride_bt
+    for t0 in range(0, kv_end, TILE):
+        pos = t0 + offs_t
+        pos_ok = pos < kv_end
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        slot = block * stride_c_block + (pos % BLOCK_SIZE).to(tl.int64) * stride_c_slot
+        base = slot + kv_head.to(tl.int64) * stride_c_head
+        k = tl.load(
+            k_cache_ptr + base[None, :] + offs_d[:, None],
+            mask=pos_ok[None, :] & d_ok[:, None],
+            other=0.0,
+        )
+        v = tl.load(
+            v_cache_ptr + base[:, None] + offs_d[None, :],
+            mask=pos_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE:
+            scores = tl.dot(q, k, input_precision="ieee") * scale
+        else:
+            scores = tl.dot(q, k) * scale
+        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :] & row_ok[:, None]
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no exp(-inf - -inf)
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(scores - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr
+        + q_row[:, None] * stride_o_t
+        + head[:, None].to(tl.int64) * stride_o_h
+        + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & d_ok[None, :],
+    )
+
+
+def unified_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    max_seqlen_q: int,
+    tile: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> None:
+    """Attention of ``q`` (``[T, Hq, D]``) over the paged caches into ``out``.
+
+    ``cu_seqlens_q`` (int32, S+1): query rows per sequence; ``seq_lens``
+    (int32, S): each sequence's length after this step's tokens, whose K/V
+    must already be in the cache; ``block_table`` (int32, ``[S, max_blocks]``).
+    Rows past ``cu_seqlens_q[S]`` are padding: neither read nor written.
+    ``max_seqlen_q`` only selects a variant (1 = decode-only)."""
+    check_cache(k_cache, v_cache)
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    check(
+        q.dim() == 3 and q.shape[2] == head_dim,
+        f"q must be [T, Hq, {head_dim}], got {tuple(q.shape)}",
+    )
+    check(q.stride(2) == 1, "q's last dimension must be contiguous")
+    num_q_heads = q.shape[1]
+    check(
+        num_q_heads % num_kv_heads == 0,
+        f"query heads ({num_q_heads}) must be a multiple of KV heads ({num_kv_heads})",
+    )
+    check(
+        out.shape == q.shape and out.stride(2) == 1,
+        f"out must be like q {tuple(q.shape)}, got {tuple(out.shape)}",
+    )
+    check(q.dtype == k_cache.dtype, f"q dtype {q.dtype} != cache dtype {k_cache.dtype}")
+    num_seqs = seq_lens.shape[0]
+    check(
+        cu_seqlens_q.shape[0] == num_seqs + 1,
+        f"cu_seqlens_q must have {num_seqs + 1} entries, got {cu_seqlens_q.shape[0]}",
+    )
+    check(
+        block_table.dim() == 2 and block_table.shape[0] == num_seqs,
+        f"block_table must be [{num_seqs}, max_blocks], got {tuple(block_table.shape)}",
+    )
+    for name, x in (
+        ("cu_seqlens_q", cu_seqlens_q),
+        ("seq_lens", seq_lens),
+        ("block_table", block_table),
+    ):
+        check(x.dtype == torch.int32, f"{name} must be int32, got {x.dtype}")
+    check(block_table.stride(1) == 1, "block_table rows must be contiguous")
+    del max_seqlen_q  # one variant so far; split-KV decode may use it
+    if num_seqs == 0 or q.shape[0] == 0:
+        return
+    g = num_q_heads // num_kv_heads
+    block_m = 16 if g <= 16 else triton.next_power_of_2(g)
+    block_q = block_m // g
+    interp = interpreting()
+    tile = tile or (64 if interp else 32)
+    grid = (q.shape[0] // block_q + num_seqs, num_kv_heads)
+    _unified_attention_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        cu_seqlens_q,
+        seq_lens,
+        block_table,
+        scale,
+        num_seqs,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_table.stride(0),
+        HEAD_DIM=head_dim,
+        D_PAD=max(16, triton.next_power_of_2(head_dim)),
+        G=g,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE=tile,
+        BLOCK_SIZE=block_size,
+        UPCAST=interp and q.dtype != torch.float32,
+        IEEE=q.dtype == torch.float32,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
