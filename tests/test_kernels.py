@@ -81,7 +81,7 @@ def make_batch(
     )
 
 
-def run_and_check(b, dim):
+def run_and_check(b, dim, split_kv=None):
     reshape_and_cache(b["key"], b["value"], b["k_cache"], b["v_cache"], b["slot_mapping"])
     out = torch.full_like(b["q"], float("nan"))  # poisoned: an unwritten element fails
     scale = 1 / math.sqrt(dim)
@@ -107,8 +107,36 @@ def run_and_check(b, dim):
 
 @pytest.mark.parametrize("length", [1, 15, 16, 17, 64, 100, 513])
 def test_decode_lengths(length: int) -> None:
+    # Small decode batches take the split-KV path (spec §2.3) by default.
     b = make_batch([1, 1], [length, max(1, length // 3)], seed=length)
     run_and_check(b, 64)
+
+
+@pytest.mark.parametrize("split_kv", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_split_and_2d_both_match(split_kv: bool, dtype: torch.dtype) -> None:
+    # Lengths from 1 (15 of 16 segments empty) to past 16 tiles; padding rows.
+    b = make_batch(
+        [1, 1, 1, 1], [1, 40, 700, 1100], group=5, dim=96, dtype=dtype, pad_rows=2, seed=11
+    )
+    run_and_check(b, 96, split_kv=split_kv)
+
+
+def test_split_kv_refuses_chunks() -> None:
+    b = make_batch([3], [10])
+    with pytest.raises(ValueError, match="decode-only"):
+        unified_attention(
+            b["q"],
+            b["k_cache"],
+            b["v_cache"],
+            torch.empty_like(b["q"]),
+            b["cu"],
+            b["seq_lens"],
+            b["table"],
+            1.0,
+            3,
+            split_kv=True,
+        )
 
 
 @pytest.mark.parametrize(

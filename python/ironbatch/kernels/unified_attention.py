@@ -15,6 +15,12 @@ import triton.language as tl
 
 from ironbatch.kernels._common import check, check_cache, interpreting
 
+#: Key segments per sequence on the split-KV decode path.
+NUM_SEGMENTS = 16
+#: Split when a decode batch has fewer (sequence, KV head) programs than this,
+#: about the H200's 132 SMs: with fewer, the 2D grid leaves SMs idle.
+SPLIT_KV_BELOW_PROGRAMS = 128
+
 
 @triton.jit
 def _find_seq(cu_seqlens_q_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
@@ -30,6 +36,115 @@ def _find_seq(cu_seqlens_q_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
         else:
             hi = mid
     return lo - 1
+
+
+@triton.jit
+def _load_query_rows(
+    q_ptr,
+    q_start,
+    q_len,
+    qb,
+    context_len,
+    kv_head,
+    stride_q_t,
+    stride_q_h,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """The program's BLOCK_M query rows (GQA packing): row m is query token
+    qb*BLOCK_Q + m // G of the sequence, query head kv_head*G + m % G."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    tok = qb * BLOCK_Q + offs_m // G
+    head = kv_head * G + offs_m % G
+    row_ok = (offs_m < BLOCK_Q * G) & (tok < q_len)
+    d_ok = offs_d < HEAD_DIM
+    q_row = (q_start + tok).to(tl.int64)
+    q = tl.load(
+        q_ptr
+        + q_row[:, None] * stride_q_t
+        + head[:, None].to(tl.int64) * stride_q_h
+        + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+    q_pos = context_len + tok  # each row's absolute position
+    return q, q_pos, row_ok, q_row, head, offs_d, d_ok
+
+
+@triton.jit
+def _attend_tiles(
+    q,
+    q_pos,
+    row_ok,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row,
+    kv_head,
+    t_begin,
+    t_end,
+    scale,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
+    offs_d,
+    d_ok,
+    BLOCK_M: tl.constexpr,
+    D_PAD: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Online softmax of the rows of ``q`` over keys ``[t_begin, t_end)``:
+    returns the running max, sum and unnormalised accumulator (fp32)."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    offs_t = tl.arange(0, TILE)
+    for t0 in range(t_begin, t_end, TILE):
+        pos = t0 + offs_t
+        pos_ok = pos < t_end
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        slot = block * stride_c_block + (pos % BLOCK_SIZE).to(tl.int64) * stride_c_slot
+        base = slot + kv_head.to(tl.int64) * stride_c_head
+        k = tl.load(
+            k_cache_ptr + base[None, :] + offs_d[:, None],
+            mask=pos_ok[None, :] & d_ok[:, None],
+            other=0.0,
+        )
+        v = tl.load(
+            v_cache_ptr + base[:, None] + offs_d[None, :],
+            mask=pos_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE:
+            scores = tl.dot(q, k, input_precision="ieee") * scale
+        else:
+            scores = tl.dot(q, k) * scale
+        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :] & row_ok[:, None]
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no exp(-inf - -inf)
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(scores - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -72,69 +187,48 @@ def _unified_attention_kernel(
     seq_len = tl.load(seq_lens_ptr + s)
     context_len = seq_len - q_len
 
-    # Row m: query token qb*BLOCK_Q + m // G, query head kv_head*G + m % G.
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    tok = qb * BLOCK_Q + offs_m // G
-    head = kv_head * G + offs_m % G
-    row_ok = (offs_m < BLOCK_Q * G) & (tok < q_len)
-    d_ok = offs_d < HEAD_DIM
-    q_row = (q_start + tok).to(tl.int64)
-    q = tl.load(
-        q_ptr
-        + q_row[:, None] * stride_q_t
-        + head[:, None].to(tl.int64) * stride_q_h
-        + offs_d[None, :],
-        mask=row_ok[:, None] & d_ok[None, :],
-        other=0.0,
+    q, q_pos, row_ok, q_row, head, offs_d, d_ok = _load_query_rows(
+        q_ptr,
+        q_start,
+        q_len,
+        qb,
+        context_len,
+        kv_head,
+        stride_q_t,
+        stride_q_h,
+        HEAD_DIM,
+        D_PAD,
+        G,
+        BLOCK_M,
+        BLOCK_Q,
+        UPCAST,
     )
-    if UPCAST:
-        q = q.to(tl.float32)
-    q_pos = context_len + tok  # each row's absolute position
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     # The farthest key any row of this program may see.
     kv_end = tl.minimum(seq_len, context_len + qb * BLOCK_Q + (BLOCK_M - 1) // G + 1)
-    offs_t = tl.arange(0, TILE)
-    table_row = block_table_ptr + s.to(tl.int64) * stride_bt
-    for t0 in range(0, kv_end, TILE):
-        pos = t0 + offs_t
-        pos_ok = pos < kv_end
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-        slot = block * stride_c_block + (pos % BLOCK_SIZE).to(tl.int64) * stride_c_slot
-        base = slot + kv_head.to(tl.int64) * stride_c_head
-        k = tl.load(
-            k_cache_ptr + base[None, :] + offs_d[:, None],
-            mask=pos_ok[None, :] & d_ok[:, None],
-            other=0.0,
-        )
-        v = tl.load(
-            v_cache_ptr + base[:, None] + offs_d[None, :],
-            mask=pos_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        if IEEE:
-            scores = tl.dot(q, k, input_precision="ieee") * scale
-        else:
-            scores = tl.dot(q, k) * scale
-        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :] & row_ok[:, None]
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no exp(-inf - -inf)
-        alpha = tl.exp(m_i - m_use)
-        p = tl.exp(scores - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    m_i, l_i, acc = _attend_tiles(
+        q,
+        q_pos,
+        row_ok,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_table_ptr + s.to(tl.int64) * stride_bt,
+        kv_head,
+        0,
+        kv_end,
+        scale,
+        stride_c_block,
+        stride_c_slot,
+        stride_c_head,
+        offs_d,
+        d_ok,
+        BLOCK_M,
+        D_PAD,
+        TILE,
+        BLOCK_SIZE,
+        UPCAST,
+        IEEE,
+    )
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
         out_ptr
@@ -143,6 +237,135 @@ def _unified_attention_kernel(
         + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & d_ok[None, :],
+    )
+
+
+@triton.jit
+def _split_kv_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    acc_ptr,  # fp32 [T, Hq, NUM_SEGMENTS, D_PAD]
+    ml_ptr,  # fp32 [2, T, Hq, NUM_SEGMENTS]: running max, then running sum
+    cu_seqlens_q_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    scale,
+    num_rows: tl.int64,  # T * Hq * NUM_SEGMENTS: where the sums start in ml_ptr
+    stride_q_t: tl.int64,
+    stride_q_h: tl.int64,
+    stride_c_block: tl.int64,
+    stride_c_slot: tl.int64,
+    stride_c_head: tl.int64,
+    stride_bt: tl.int64,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Decode-only batches: segment g of sequence s's keys, for one KV head;
+    stores the segment's unnormalised accumulator, max and sum."""
+    s = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    g = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + s)
+    q_len = tl.load(cu_seqlens_q_ptr + s + 1) - q_start
+    if q_len == 0:
+        return
+    seq_len = tl.load(seq_lens_ptr + s)
+    context_len = seq_len - q_len
+    q, q_pos, row_ok, q_row, head, offs_d, d_ok = _load_query_rows(
+        q_ptr,
+        q_start,
+        q_len,
+        0,
+        context_len,
+        kv_head,
+        stride_q_t,
+        stride_q_h,
+        HEAD_DIM,
+        D_PAD,
+        G,
+        BLOCK_M,
+        BLOCK_Q,
+        UPCAST,
+    )
+    kv_end = tl.minimum(seq_len, context_len + (BLOCK_M - 1) // G + 1)
+    tiles_per_segment = tl.cdiv(tl.cdiv(kv_end, TILE), NUM_SEGMENTS)
+    t_begin = g * tiles_per_segment * TILE
+    t_end = tl.minimum(t_begin + tiles_per_segment * TILE, kv_end)
+    m_i, l_i, acc = _attend_tiles(
+        q,
+        q_pos,
+        row_ok,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_table_ptr + s.to(tl.int64) * stride_bt,
+        kv_head,
+        t_begin,
+        t_end,
+        scale,
+        stride_c_block,
+        stride_c_slot,
+        stride_c_head,
+        offs_d,
+        d_ok,
+        BLOCK_M,
+        D_PAD,
+        TILE,
+        BLOCK_SIZE,
+        UPCAST,
+        IEEE,
+    )
+    # An empty segment stores m = -inf, l = 0: it weighs nothing in the reduce.
+    row = (q_row * NUM_Q_HEADS + head) * NUM_SEGMENTS + g
+    tl.store(acc_ptr + row[:, None] * D_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
+    tl.store(ml_ptr + row, m_i, mask=row_ok)
+    tl.store(ml_ptr + num_rows + row, l_i, mask=row_ok)
+
+
+@triton.jit
+def _split_kv_reduce_kernel(
+    acc_ptr,
+    ml_ptr,
+    out_ptr,
+    cu_seqlens_q_ptr,
+    num_seqs: tl.int32,
+    num_rows: tl.int64,
+    stride_o_t: tl.int64,
+    stride_o_h: tl.int64,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+):
+    """out = sum_g w_g acc_g / sum_g w_g l_g with w_g = exp(m_g - max m)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    if t >= tl.load(cu_seqlens_q_ptr + num_seqs):
+        return  # a padding row
+    offs_g = tl.arange(0, NUM_SEGMENTS)
+    offs_d = tl.arange(0, D_PAD)
+    row = (t * NUM_Q_HEADS + h) * NUM_SEGMENTS + offs_g
+    m = tl.load(ml_ptr + row)
+    sums = tl.load(ml_ptr + num_rows + row)
+    m_max = tl.max(m, 0)
+    w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
+    den = tl.sum(w * sums, 0)
+    acc = tl.load(acc_ptr + row[:, None] * D_PAD + offs_d[None, :])
+    num = tl.sum(w[:, None] * acc, 0)
+    out = num / tl.where(den == 0.0, 1.0, den)
+    tl.store(
+        out_ptr + t * stride_o_t + h.to(tl.int64) * stride_o_h + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
     )
 
 
@@ -159,6 +382,7 @@ def unified_attention(
     tile: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    split_kv: bool | None = None,
 ) -> None:
     """Attention of ``q`` (``[T, Hq, D]``) over the paged caches into ``out``.
 
@@ -166,7 +390,10 @@ def unified_attention(
     (int32, S): each sequence's length after this step's tokens, whose K/V
     must already be in the cache; ``block_table`` (int32, ``[S, max_blocks]``).
     Rows past ``cu_seqlens_q[S]`` are padding: neither read nor written.
-    ``max_seqlen_q`` only selects a variant (1 = decode-only)."""
+    ``max_seqlen_q`` only selects a variant: decode-only batches (1) with
+    fewer than ``SPLIT_KV_BELOW_PROGRAMS`` (sequence, KV head) pairs split
+    each sequence's keys into ``NUM_SEGMENTS`` programs and reduce (spec
+    §2.3); ``split_kv`` forces either path."""
     check_cache(k_cache, v_cache)
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     check(
@@ -200,7 +427,6 @@ def unified_attention(
     ):
         check(x.dtype == torch.int32, f"{name} must be int32, got {x.dtype}")
     check(block_table.stride(1) == 1, "block_table rows must be contiguous")
-    del max_seqlen_q  # one variant so far; split-KV decode may use it
     if num_seqs == 0 or q.shape[0] == 0:
         return
     g = num_q_heads // num_kv_heads
@@ -208,6 +434,67 @@ def unified_attention(
     block_q = block_m // g
     interp = interpreting()
     tile = tile or (64 if interp else 32)
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    upcast = interp and q.dtype != torch.float32
+    ieee = q.dtype == torch.float32
+    if split_kv is None:
+        # From the batch shape alone (results stay batch-invariant): decode
+        # batches too small to fill the GPU with one program per KV head.
+        split_kv = max_seqlen_q == 1 and num_seqs * num_kv_heads < SPLIT_KV_BELOW_PROGRAMS
+    if split_kv:
+        check(
+            max_seqlen_q == 1,
+            f"split-KV serves decode-only batches, got max_seqlen_q = {max_seqlen_q}",
+        )
+        rows = q.shape[0] * num_q_heads * NUM_SEGMENTS
+        acc = torch.empty(rows * d_pad, dtype=torch.float32, device=q.device)
+        ml = torch.empty(2 * rows, dtype=torch.float32, device=q.device)
+        _split_kv_kernel[(num_seqs, num_kv_heads, NUM_SEGMENTS)](
+            q,
+            k_cache,
+            v_cache,
+            acc,
+            ml,
+            cu_seqlens_q,
+            seq_lens,
+            block_table,
+            scale,
+            rows,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            block_table.stride(0),
+            NUM_Q_HEADS=num_q_heads,
+            HEAD_DIM=head_dim,
+            D_PAD=d_pad,
+            G=g,
+            BLOCK_M=block_m,
+            BLOCK_Q=block_q,
+            TILE=tile,
+            BLOCK_SIZE=block_size,
+            NUM_SEGMENTS=NUM_SEGMENTS,
+            UPCAST=upcast,
+            IEEE=ieee,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )
+        _split_kv_reduce_kernel[(q.shape[0], num_q_heads)](
+            acc,
+            ml,
+            out,
+            cu_seqlens_q,
+            num_seqs,
+            rows,
+            out.stride(0),
+            out.stride(1),
+            NUM_Q_HEADS=num_q_heads,
+            HEAD_DIM=head_dim,
+            D_PAD=d_pad,
+            NUM_SEGMENTS=NUM_SEGMENTS,
+        )
+        return
     grid = (q.shape[0] // block_q + num_seqs, num_kv_heads)
     _unified_attention_kernel[grid](
         q,
@@ -228,14 +515,14 @@ def unified_attention(
         k_cache.stride(2),
         block_table.stride(0),
         HEAD_DIM=head_dim,
-        D_PAD=max(16, triton.next_power_of_2(head_dim)),
+        D_PAD=d_pad,
         G=g,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         TILE=tile,
         BLOCK_SIZE=block_size,
-        UPCAST=interp and q.dtype != torch.float32,
-        IEEE=q.dtype == torch.float32,
+        UPCAST=upcast,
+        IEEE=ieee,
         num_warps=num_warps,
         num_stages=num_stages,
     )
