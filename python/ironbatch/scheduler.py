@@ -19,6 +19,13 @@ from ironbatch.scheduler_stats import SchedulerStats
 from ironbatch.tokens import token_list
 
 BACKENDS = {"rust": RustBackend, "python": PythonBackend}
+FINISH_STATUSES = (
+    "FINISHED_ABORTED",
+    "FINISHED_STOPPED",
+    "FINISHED_LENGTH_CAPPED",
+    "FINISHED_IGNORED",
+    "FINISHED_ERROR",
+)
 
 
 class Scheduler:
@@ -85,14 +92,19 @@ class Scheduler:
             self.requests.pop(rid, None)
         return updates
 
-    def finish_requests(self, request_ids: str | Iterable[str]) -> None:
-        """Abort requests, freeing them in the order given; unknown and
-        finished ids are ignored."""
+    def finish_requests(
+        self, request_ids: str | Iterable[str], status: str = "FINISHED_ABORTED"
+    ) -> None:
+        """End requests from outside (an abort, or ``FINISHED_STOPPED`` for a
+        stop string), freeing them in the order given; unknown and finished
+        ids are ignored."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         for rid in ids:
             if not isinstance(rid, str):
                 raise TypeError(f"request_ids must hold str, got {type(rid).__name__}")
-        self._core.finish_requests(ids)
+        if status not in FINISH_STATUSES:
+            raise ValueError(f"status must be one of {FINISH_STATUSES}, got {status!r}")
+        self._core.finish_requests(ids, status)
         for rid in ids:
             self.requests.pop(rid, None)
 

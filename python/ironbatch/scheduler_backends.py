@@ -95,8 +95,8 @@ class PythonBackend:
             ],
         )
 
-    def finish_requests(self, request_ids: list[str]) -> None:
-        self.twin.finish_requests(request_ids)
+    def finish_requests(self, request_ids: list[str], status: str) -> None:
+        self.twin.finish_requests(request_ids, reference.RequestStatus[status])
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.twin.reset_prefix_cache(reset_running_requests)
@@ -160,8 +160,8 @@ class RustBackend:
         flat, offsets = sampled
         return UpdateOutputs(*self.core.update_from_output(out._handle, flat, offsets))
 
-    def finish_requests(self, request_ids: list[str]) -> None:
-        self.core.finish_requests(request_ids)
+    def finish_requests(self, request_ids: list[str], status: str) -> None:
+        self.core.finish_requests(request_ids, status)
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.core.reset_prefix_cache(reset_running_requests)

@@ -1,0 +1,138 @@
+"""The attention interface the model calls, and its two backends.
+
+Per step the runner hands the backend the step's metadata once
+(``begin_step``); each layer then calls ``forward(layer, q, k, v)``, which
+writes the new K/V into that layer's paged cache through ``slot_mapping`` and
+attends over the cache. ``torch`` is the exact, simple reference (the CPU
+default); ``triton`` runs ``ironbatch.kernels``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # int64 [T]
+    query_start_loc: torch.Tensor  # int32 [S + 1]
+    seq_lens: torch.Tensor  # int32 [S]
+    block_table: torch.Tensor  # int32 [S, max_blocks]
+    max_seqlen_q: int
+    query_lens: list[int]  # host copies, for the torch backend's grouping
+    seq_lens_host: list[int]
+
+
+class PagedAttention:
+    """KV caches (per layer, ``[num_blocks, block_size, num_kv_heads,
+    head_dim]``) and a backend to attend over them."""
+
+    def __init__(
+        self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], scale: float
+    ) -> None:
+        self.k_caches, self.v_caches, self.scale = k_caches, v_caches, scale
+        self.meta: AttentionMetadata | None = None
+
+    def begin_step(self, meta: AttentionMetadata) -> None:
+        self.meta = meta
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TorchPagedAttention(PagedAttention):
+    """Gather each sequence's keys from the cache and run SDPA with an
+    explicit bottom-right causal mask; decodes are batched together."""
+
+    def begin_step(self, meta: AttentionMetadata) -> None:
+        super().begin_step(meta)
+        bs = self.k_caches[0].shape[1]
+        dev = meta.slot_mapping.device
+        self.written = meta.slot_mapping >= 0
+        decode = [s for s, n in enumerate(meta.query_lens) if n == 1]
+        self.decode_rows = meta.query_start_loc[:-1][decode].long() if decode else None
+        if decode:
+            lens = meta.seq_lens[decode].long()
+            longest = max(meta.seq_lens_host[s] for s in decode)
+            pos = torch.arange(longest, device=dev)
+            blocks = meta.block_table[decode][:, pos // bs].long()
+            self.decode_slots = blocks * bs + pos % bs  # [nd, L]
+            self.decode_mask = (pos[None, :] < lens[:, None])[:, None, None, :]
+        self.chunks = []  # (first row, rows, key slots) of every non-decode sequence
+        starts = meta.query_start_loc.tolist()
+        for s, n in enumerate(meta.query_lens):
+            if n > 1:
+                length = meta.seq_lens_host[s]
+                pos = torch.arange(length, device=dev)
+                slots = meta.block_table[s, pos // bs].long() * bs + pos % bs
+                self.chunks.append((starts[s], n, slots))
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        meta = self.meta
+        assert meta is not None
+        kc, vc = self.k_caches[layer], self.v_caches[layer]
+        heads_kv, dim = kc.shape[2], kc.shape[3]
+        k_flat, v_flat = kc.view(-1, heads_kv, dim), vc.view(-1, heads_kv, dim)
+        k_flat[meta.slot_mapping[self.written]] = k[self.written]
+        v_flat[meta.slot_mapping[self.written]] = v[self.written]
+        group = q.shape[1] // heads_kv
+        out = torch.zeros_like(q)
+        if self.decode_rows is not None:
+            qd = q[self.decode_rows][:, :, None, :]  # [nd, Hq, 1, D]
+            kd = k_flat[self.decode_slots].transpose(1, 2).repeat_interleave(group, 1)
+            vd = v_flat[self.decode_slots].transpose(1, 2).repeat_interleave(group, 1)
+            od = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=self.decode_mask, scale=self.scale
+            )
+            out[self.decode_rows] = od[:, :, 0, :]
+        for first, n, slots in self.chunks:
+            length = slots.shape[0]
+            qs = q[first : first + n].transpose(0, 1)[None]  # [1, Hq, n, D]
+            ks = k_flat[slots].transpose(0, 1).repeat_interleave(group, 0)[None]
+            vs = v_flat[slots].transpose(0, 1).repeat_interleave(group, 0)[None]
+            i = torch.arange(n, device=q.device)[:, None]
+            j = torch.arange(length, device=q.device)[None, :]
+            mask = j <= (length - n) + i  # bottom-right causal
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.scale)
+            out[first : first + n] = o[0].transpose(0, 1)
+        return out
+
+
+class TritonPagedAttention(PagedAttention):
+    """``ironbatch.kernels``: reshape_and_cache then unified_attention."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        from ironbatch import kernels
+
+        self.kernels = kernels
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        meta = self.meta
+        assert meta is not None
+        kc, vc = self.k_caches[layer], self.v_caches[layer]
+        self.kernels.reshape_and_cache(k.contiguous(), v.contiguous(), kc, vc, meta.slot_mapping)
+        out = torch.empty_like(q)
+        self.kernels.unified_attention(
+            q.contiguous(),
+            kc,
+            vc,
+            out,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_table,
+            self.scale,
+            meta.max_seqlen_q,
+        )
+        return out
+
+
+BACKENDS = {"torch": TorchPagedAttention, "triton": TritonPagedAttention}

@@ -1,0 +1,44 @@
+"""Rotary position embeddings (rotate-half form), with llama3-style scaling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ironbatch.model.config import RopeConfig
+
+
+def inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    s = rope.scaling
+    if s is None:
+        return inv.float()
+    # llama3: keep high frequencies, divide low ones by `factor`, blend between.
+    factor = s["factor"]
+    low, high = s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    smooth = (old_len / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+    mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+    return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).float()
+
+
+class RotaryEmbedding(torch.nn.Module):
+    def __init__(self, head_dim: int, rope: RopeConfig) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_frequencies(head_dim, rope), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """Rotate ``q`` [T, Hq, D] and ``k`` [T, Hkv, D] to ``positions`` [T]."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)

@@ -1,0 +1,164 @@
+"""The model runner: from a step's scheduler columns to one sampled token per
+sampling row.
+
+Per-request state lives in arrays indexed by the scheduler's request slot
+(its stable row while it lives): the known tokens, the block table and the
+prompt length. A step's inputs are gathered from them with NumPy indexing
+(input ids at ``[slot, position]``, block-table rows), and sampled tokens are
+written back the same way, so nothing loops over requests on the way in;
+only new requests and rows whose table grew are touched one by one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ironbatch.attention.backend import BACKENDS, AttentionMetadata
+from ironbatch.model import kv_cache
+from ironbatch.model.config import ModelConfig
+from ironbatch.model.llama import LlamaForCausalLM
+from ironbatch.model.sampler import RowParams, sample_rows
+from ironbatch.sampling_params import SamplingParams
+from ironbatch.scheduler_output import NEW, RESUMED, SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        config: ModelConfig,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        attention_backend: str,
+        seed: int = 0,
+    ) -> None:
+        if attention_backend not in BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {sorted(BACKENDS)}, got {attention_backend!r}"
+            )
+        self.model, self.config, self.device = model, config, device
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.max_blocks = -(-max_model_len // block_size)
+        k, v = kv_cache.allocate(config, num_blocks, block_size, dtype, device)
+        self.attn = BACKENDS[attention_backend](k, v, 1.0 / math.sqrt(config.head_dim))
+        self.tokens = np.zeros((0, max_model_len + 1), dtype=np.int64)
+        self.tables = np.zeros((0, self.max_blocks), dtype=np.int32)
+        self.table_lens = np.zeros(0, dtype=np.int32)
+        self.prompt_lens = np.zeros(0, dtype=np.int32)
+        # Rows that sample by plain argmax (greedy, no penalties) once they
+        # have min_tokens outputs: the common case, decided without Python
+        # work per request.
+        self.plain = np.zeros(0, dtype=np.bool_)
+        self.min_tokens = np.zeros(0, dtype=np.int32)
+        self.params: dict[int, tuple[SamplingParams, torch.Generator | None]] = {}
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def _grow(self, slot: int) -> None:
+        if slot < len(self.table_lens):
+            return
+        n = max(slot + 1, 2 * len(self.table_lens), 16)
+        for name in ("tokens", "tables", "table_lens", "prompt_lens", "plain", "min_tokens"):
+            old = getattr(self, name)
+            new = np.zeros((n, *old.shape[1:]), dtype=old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def begin_request(self, slot: int, prompt: list[int], params: SamplingParams) -> None:
+        """A request scheduled for the first time in ``slot``."""
+        self._grow(slot)
+        self.tokens[slot, : len(prompt)] = prompt
+        self.prompt_lens[slot] = len(prompt)
+        self.plain[slot] = (
+            params.greedy
+            and params.repetition_penalty == 1.0
+            and not params.presence_penalty
+            and not params.frequency_penalty
+            and params.logprobs is None
+        )
+        self.min_tokens[slot] = params.min_tokens
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.params[slot] = (params, gen)
+
+    def _update_tables(self, out: SchedulerOutput) -> None:
+        offsets = out.new_block_offsets
+        grew = np.flatnonzero(offsets[1:] > offsets[:-1]).tolist()
+        for i in grew:
+            slot = int(out.req_slots[i])
+            ids = out.new_block_ids[offsets[i] : offsets[i + 1]]
+            start = 0 if out.kinds[i] in (NEW, RESUMED) else int(self.table_lens[slot])
+            self.tables[slot, start : start + len(ids)] = ids
+            self.table_lens[slot] = start + len(ids)
+        for i in np.flatnonzero(out.kinds != 2).tolist():  # new/resumed with a hit-only table
+            if offsets[i + 1] == offsets[i]:
+                self.table_lens[int(out.req_slots[i])] = 0
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> np.ndarray:
+        """Run the step; return one token per scheduled row (-1 where the
+        step does not reach the request's last known token)."""
+        n = len(out.req_ids)
+        sampled = np.full(n, -1, dtype=np.int64)
+        if n == 0:
+            return sampled
+        self._update_tables(out)
+        slots = out.req_slots.astype(np.int64)
+        rows = np.repeat(slots, out.num_scheduled)
+        input_ids = torch.from_numpy(self.tokens[rows, out.positions]).to(self.device)
+        positions = torch.from_numpy(out.positions).to(self.device)
+        q_lens = out.num_scheduled.tolist()
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(out.slot_mapping).to(self.device),
+            query_start_loc=torch.from_numpy(out.query_start_loc).to(self.device),
+            seq_lens=torch.from_numpy(out.seq_lens).to(self.device),
+            block_table=torch.from_numpy(self.tables[slots]).to(self.device),
+            max_seqlen_q=max(q_lens),
+            query_lens=q_lens,
+            seq_lens_host=out.seq_lens.tolist(),
+        )
+        self.attn.begin_step(meta)
+        hidden = self.model(input_ids, positions, self.attn)
+        which = np.flatnonzero(out.samples)
+        if len(which) == 0:
+            return sampled
+        last_rows = torch.from_numpy(out.query_start_loc[1:][which] - 1).to(self.device).long()
+        logits = self.model.logits(hidden[last_rows])
+        rows_slots = slots[which]
+        seq_lens = out.seq_lens[which]
+        plain = (
+            self.plain[rows_slots].all()
+            and (seq_lens - self.prompt_lens[rows_slots] >= self.min_tokens[rows_slots]).all()
+        )
+        self.last_logprobs = None
+        if plain:
+            tokens = logits.argmax(-1)
+        else:
+            row_params = [
+                self._row(int(sl), int(n), eos_token_ids)
+                for sl, n in zip(rows_slots, seq_lens, strict=True)
+            ]
+            tokens, logprobs = sample_rows(logits, row_params, self.generator)
+            self.last_logprobs = (which, logprobs)
+        tokens_np = tokens.cpu().numpy()
+        sampled[which] = tokens_np
+        self.tokens[rows_slots, seq_lens] = tokens_np  # where the next token goes
+        return sampled
+
+    def _row(self, slot: int, seq_len: int, eos: tuple[int, ...]) -> RowParams:
+        params, gen = self.params[slot]
+        prompt_len = int(self.prompt_lens[slot])
+        toks = self.tokens[slot]
+        return RowParams(
+            params=params,
+            prompt=torch.from_numpy(toks[:prompt_len]).to(self.device),
+            output=torch.from_numpy(toks[prompt_len:seq_len]).to(self.device),
+            eos_token_ids=eos,
+            generator=gen,
+        )
