@@ -1,4 +1,4 @@
-"""The ``ironbatch`` command: ``replay`` and ``bench``."""
+"""The ``ironbatch`` command: ``demo``, ``generate``, ``replay`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,26 @@ from collections.abc import Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ironbatch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="continuous batching on a small random-weight Llama")
+    d.add_argument("--model", help="a local Hugging Face model directory (default: random)")
+    d.add_argument("--requests", type=int, default=300)
+    d.add_argument("--max-num-seqs", type=int, default=64)
+    d.add_argument("--num-blocks", type=int, help="KV-cache blocks (default: a tight 200)")
+    d.add_argument("--seed", type=int, default=0)
+
+    g = sub.add_parser("generate", help="complete prompts with a local model")
+    g.add_argument("--model", required=True)
+    g.add_argument(
+        "--prompt",
+        action="append",
+        required=True,
+        help="text, or ids:1,2,3 for token ids (repeatable)",
+    )
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--attention-backend", choices=["torch", "triton"])
 
     p = sub.add_parser("replay", help="replay ironbatch-trace/1 files and report parity")
     p.add_argument("traces", nargs="+", help="trace files (.jsonl)")
@@ -32,6 +52,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, TypeError) as e:
+        print(f"ironbatch {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        from ironbatch.cli.demo import format_summary, run_demo
+
+        summary = run_demo(args.model, args.requests, args.max_num_seqs, args.num_blocks, args.seed)
+        print(format_summary(summary))
+        return 0
+    if args.command == "generate":
+        from ironbatch.cli.generate import generate_main
+
+        return generate_main(
+            args.model,
+            args.prompt,
+            args.max_tokens,
+            args.temperature,
+            args.seed,
+            args.attention_backend,
+        )
     if args.command == "replay":
         from ironbatch.cli.replay import replay_main
 

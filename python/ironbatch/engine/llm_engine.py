@@ -117,6 +117,8 @@ class LLMEngine:
         self.states: dict[str, _State] = {}
         self._ids = itertools.count()
         self.num_preemptions = 0
+        # Seconds per phase of step(), summed (the runner keeps its own).
+        self.timings = {"schedule": 0.0, "update": 0.0, "outputs": 0.0, "step": 0.0}
 
     def _kv_budget(self, device: Any) -> int:
         import torch
@@ -211,6 +213,7 @@ class LLMEngine:
     # -- one step --------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.num_preemptions += len(out.preempted_req_ids)
         for rid in out.preempted_req_ids:
@@ -219,20 +222,29 @@ class LLMEngine:
         for i in np.flatnonzero(out.kinds == NEW).tolist():
             st = self.states[out.req_ids[i]]
             self.runner.begin_request(int(out.req_slots[i]), st.request.prompt_token_ids, st.params)
+        t1 = time.perf_counter()
         sampled = self.runner.execute(out, self.model_config.eos_token_ids)
+        t2 = time.perf_counter()
         updates = self.scheduler.update_from_output(out, sampled)
-        if not len(updates):
-            return []
-        now = time.time()
-        logprobs = self._step_logprobs(out, sampled)
+        t3 = time.perf_counter()
         results = []
-        for u in updates:
-            st = self.states.get(u.request_id)
-            if st is None:
-                continue
-            results.append(
-                self._advance(st, u.new_token_ids, u.finish_reason, u.stop_reason, now, logprobs)
-            )
+        if len(updates):
+            now = time.time()
+            logprobs = self._step_logprobs(out, sampled)
+            for u in updates:
+                st = self.states.get(u.request_id)
+                if st is not None:
+                    results.append(
+                        self._advance(
+                            st, u.new_token_ids, u.finish_reason, u.stop_reason, now, logprobs
+                        )
+                    )
+        t4 = time.perf_counter()
+        tm = self.timings
+        tm["schedule"] += t1 - t0
+        tm["update"] += t3 - t2
+        tm["outputs"] += t4 - t3
+        tm["step"] += t4 - t0
         return results
 
     def _step_logprobs(self, out: Any, sampled: np.ndarray) -> dict[str, tuple] | None:

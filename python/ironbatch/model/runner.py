@@ -11,6 +11,7 @@ only new requests and rows whose table grew are touched one by one."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
@@ -58,6 +59,8 @@ class ModelRunner:
         self.min_tokens = np.zeros(0, dtype=np.int32)
         self.params: dict[int, tuple[SamplingParams, torch.Generator | None]] = {}
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        # Seconds spent per phase, summed over steps (see benches/engine_overhead.py).
+        self.timings = {"prepare": 0.0, "forward": 0.0, "sample": 0.0}
 
     def _grow(self, slot: int) -> None:
         if slot < len(self.table_lens):
@@ -108,6 +111,7 @@ class ModelRunner:
         sampled = np.full(n, -1, dtype=np.int64)
         if n == 0:
             return sampled
+        t0 = time.perf_counter()
         self._update_tables(out)
         slots = out.req_slots.astype(np.int64)
         rows = np.repeat(slots, out.num_scheduled)
@@ -123,13 +127,18 @@ class ModelRunner:
             query_lens=q_lens,
             seq_lens_host=out.seq_lens.tolist(),
         )
+        t1 = time.perf_counter()
         self.attn.begin_step(meta)
         hidden = self.model(input_ids, positions, self.attn)
         which = np.flatnonzero(out.samples)
         if len(which) == 0:
+            self._clock(t0, t1, time.perf_counter(), None)
             return sampled
         last_rows = torch.from_numpy(out.query_start_loc[1:][which] - 1).to(self.device).long()
         logits = self.model.logits(hidden[last_rows])
+        if logits.is_cuda:
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
         rows_slots = slots[which]
         seq_lens = out.seq_lens[which]
         plain = (
@@ -149,7 +158,14 @@ class ModelRunner:
         tokens_np = tokens.cpu().numpy()
         sampled[which] = tokens_np
         self.tokens[rows_slots, seq_lens] = tokens_np  # where the next token goes
+        self._clock(t0, t1, t2, time.perf_counter())
         return sampled
+
+    def _clock(self, t0: float, t1: float, t2: float, t3: float | None) -> None:
+        self.timings["prepare"] += t1 - t0
+        self.timings["forward"] += t2 - t1
+        if t3 is not None:
+            self.timings["sample"] += t3 - t2
 
     def _row(self, slot: int, seq_len: int, eos: tuple[int, ...]) -> RowParams:
         params, gen = self.params[slot]
