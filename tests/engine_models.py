@@ -10,11 +10,11 @@ import torch
 VOCAB = 160
 
 
-def build(kind: str, directory: Path, seed: int = 0) -> torch.nn.Module:
+def build(kind: str, directory: Path, seed: int = 0, vocab: int = VOCAB) -> torch.nn.Module:
     import transformers as tf
 
     common = dict(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -48,3 +48,22 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
+
+
+def write_tokenizer(directory: Path) -> object:
+    """A byte-level BPE tokenizer trained on a toy corpus (259 tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(
+        ["hello world, the quick brown fox jumps over the lazy dog"] * 20, trainer
+    )
+    tok.save(str(directory / "tokenizer.json"))
+    return tok

@@ -29,7 +29,12 @@ DEMO_CONFIG = {
 }
 
 
-def write_random_llama(directory: str | Path, seed: int = 0, config: dict | None = None) -> Path:
+def write_random_llama(
+    directory: str | Path,
+    seed: int = 0,
+    config: dict | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
     from safetensors.torch import save_file
 
     from ironbatch.model.config import load_model_config
@@ -39,12 +44,19 @@ def write_random_llama(directory: str | Path, seed: int = 0, config: dict | None
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config or DEMO_CONFIG, indent=2))
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(load_model_config(path))
+    with torch.device("meta"):  # shapes only; the weights are drawn below
+        model = LlamaForCausalLM(load_model_config(path))
     state = {}
     for name, p in model.state_dict().items():
+        if (
+            name == "lm_head.weight"
+            and "model.embed_tokens.weight" in state
+            and ((config or DEMO_CONFIG).get("tie_word_embeddings"))
+        ):
+            continue  # tied: the checkpoint holds the embedding only
         if name.endswith("norm.weight"):
-            state[name] = torch.ones_like(p)
+            state[name] = torch.ones(p.shape, dtype=dtype)
         else:
-            state[name] = torch.randn_like(p) * 0.05
+            state[name] = (torch.randn(p.shape) * 0.05).to(dtype)
     save_file(state, str(path / "model.safetensors"))
     return path
