@@ -77,3 +77,21 @@ def test_twin_never_imports_the_core() -> None:
 
 def test_the_extension_is_abi3() -> None:
     assert Path(core.__file__).name.endswith(".abi3.so")
+
+
+def test_import_needs_only_numpy() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, ironbatch, ironbatch.reference, ironbatch.trace, ironbatch.bench; "
+            "heavy = {'torch', 'triton', 'transformers', 'vllm', 'safetensors', 'tokenizers'}; "
+            "print(sorted(heavy & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_kernels_ship_inside_the_package() -> None:
+    kernels = PKG / "kernels"
+    assert (kernels / "unified_attention.py").is_file()
+    assert (kernels / "reshape_and_cache.py").is_file()
