@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ironbatch.model.config import ModelConfig
-from ironbatch.model.rope import RotaryEmbedding
+from ironbatch.model.rope import RotaryEmbedding, apply_rotary
 
 
 class RMSNorm(nn.Module):
@@ -22,9 +23,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # Normalised in fp32, scaled in the model dtype (as HF's Llama does).
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -40,16 +41,17 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.qk_norm = c.qk_norm
-        self.rotary = RotaryEmbedding(c.head_dim, c.rope)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: Any) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: Any
+    ) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rope)
         out = attn.forward(self.layer, q, k, v)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
@@ -73,8 +75,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: Any) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, attn)
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: Any
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -84,6 +88,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(c.head_dim, c.rope)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -98,8 +103,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Any) -> torch.Tensor:
         """Hidden states [T, hidden] for a step's flattened tokens."""
         x = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary_emb(positions)  # once per step, for every layer
         for layer in self.model.layers:
-            x = layer(x, positions, attn)
+            x = layer(x, rope, attn)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

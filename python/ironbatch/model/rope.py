@@ -26,16 +26,24 @@ def inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(torch.nn.Module):
+    """cos and sin per position, computed once per step and shared by every
+    layer (``apply_rotary`` rotates q and k with them)."""
+
     def __init__(self, head_dim: int, rope: RopeConfig) -> None:
         super().__init__()
         self.register_buffer("inv_freq", inv_frequencies(head_dim, rope), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """Rotate ``q`` [T, Hq, D] and ``k`` [T, Hkv, D] to ``positions`` [T]."""
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return emb.cos()[:, None, :], emb.sin()[:, None, :]
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q`` [T, Hq, D] and ``k`` [T, Hkv, D] (rotate-half form)."""
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
