@@ -8,6 +8,10 @@ use crate::block::BlockId;
 pub struct BlockTable {
     pub(crate) blocks: Vec<BlockId>,
     pub(crate) num_cached: usize,
+    /// A copy of the last block id (0 when empty): a decode step's slot
+    /// is in the last block, and reading it here spares a cache miss on the
+    /// table's heap array for every request in every step.
+    pub(crate) last: BlockId,
 }
 
 impl BlockTable {
@@ -19,6 +23,15 @@ impl BlockTable {
     /// How many leading blocks are in the prefix-cache map.
     pub fn num_cached_blocks(&self) -> usize {
         self.num_cached
+    }
+
+    /// The last block id, or 0 for an empty table.
+    pub fn last_block(&self) -> BlockId {
+        self.last
+    }
+
+    pub(crate) fn sync_last(&mut self) {
+        self.last = self.blocks.last().copied().unwrap_or(0);
     }
 
     /// Number of blocks held.

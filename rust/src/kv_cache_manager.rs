@@ -95,14 +95,19 @@ impl KvCacheManager {
     /// The KV-cache slot of position `pos` in a request's `table`:
     /// `table[pos / bs] * bs + pos % bs` (shifts when `bs` is a power of 2).
     #[inline]
-    pub fn slot_of(&self, table: &[BlockId], pos: usize) -> i64 {
+    pub fn slot_of(&self, table: &BlockTable, pos: usize) -> i64 {
         let bs = self.block_size;
         let (block, offset) = if bs.is_power_of_two() {
             (pos >> bs.trailing_zeros(), pos & (bs - 1))
         } else {
             (pos / bs, pos % bs)
         };
-        table[block] as i64 * bs as i64 + offset as i64
+        let id = if block + 1 == table.len() {
+            table.last
+        } else {
+            table.blocks[block]
+        };
+        id as i64 * bs as i64 + offset as i64
     }
 
     /// Longest sequence.
@@ -213,6 +218,7 @@ impl KvCacheManager {
         }
         let k = cdiv(slots, self.block_size).saturating_sub(table.len());
         self.pool.get_new_blocks(k, &mut table.blocks)?;
+        table.sync_last();
         if self.enable_caching {
             self.cache_blocks(
                 table,
@@ -297,6 +303,7 @@ impl KvCacheManager {
     pub fn free(&mut self, table: &mut BlockTable) {
         self.pool.release(table.blocks.iter().rev().copied());
         table.blocks.clear();
+        table.sync_last();
         table.num_cached = 0;
     }
 

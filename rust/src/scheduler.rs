@@ -469,9 +469,11 @@ impl Scheduler {
             out.kinds.push(e.kind as u8);
             out.samples.push(e.samples);
             let r = self.slab[e.slot as usize].as_mut().expect("a live slot");
-            let table = r.table.block_ids();
-            out.new_block_ids
-                .extend(table[e.block_start..].iter().map(|&b| b as i32));
+            let table = &r.table;
+            if e.block_start < table.len() {
+                out.new_block_ids
+                    .extend(table.block_ids()[e.block_start..].iter().map(|&b| b as i32));
+            }
             out.new_block_offsets.push(out.new_block_ids.len() as i32);
             let (start, end) = (e.num_computed_tokens, e.num_computed_tokens + e.num_tokens);
             for p in start..end {
