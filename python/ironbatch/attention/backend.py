@@ -119,7 +119,7 @@ class TritonPagedAttention(PagedAttention):
         meta = self.meta
         assert meta is not None
         kc, vc = self.k_caches[layer], self.v_caches[layer]
-        self.kernels.reshape_and_cache(k.contiguous(), v.contiguous(), kc, vc, meta.slot_mapping)
+        self.kernels.reshape_and_cache(k, v, kc, vc, meta.slot_mapping)
         out = torch.empty_like(q)
         self.kernels.unified_attention(
             q.contiguous(),

@@ -2,7 +2,11 @@
 (Qwen3: per-head RMSNorm on q and k; Qwen2: qkv bias), RMSNorm, SwiGLU,
 tied or untied embeddings. Parameter names follow the Hugging Face
 checkpoints, so a state dict loads as it is. Forward runs on the flattened
-tokens of a step; attention goes through a paged backend."""
+tokens of a step; attention goes through a paged backend.
+
+Checkpoint names are HF's; the loader fuses q/k/v into ``qkv_proj`` and
+gate/up into ``gate_up_proj`` (fewer, larger matmuls: fewer kernel launches
+per layer on a GPU)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ironbatch.model.config import ModelConfig
-from ironbatch.model.rope import RotaryEmbedding, apply_rotary
+from ironbatch.model.rope import RotaryEmbedding, rotate
 
 
 class RMSNorm(nn.Module):
@@ -29,13 +33,16 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    """GQA attention with one fused q/k/v projection. q and k are normalised
+    (Qwen3) and rotated together as one [T, Hq + Hkv, D] view; k and v reach
+    the KV-cache write as strided views, without copies."""
+
     def __init__(self, c: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        self.qkv_proj = nn.Linear(c.hidden_size, qkv, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
@@ -45,26 +52,31 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: Any
     ) -> torch.Tensor:
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
-        out = attn.forward(self.layer, q, k, v)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        t, hq, hkv = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(t, hq + 2 * hkv, self.head_dim)
+        qk = qkv[:, : hq + hkv]
+        if self.qk_norm:  # per-head RMSNorm, q's and k's weights side by side
+            normed = F.rms_norm(qk.float(), (self.head_dim,), eps=self.q_norm.eps).to(x.dtype)
+            weight = torch.cat(
+                [self.q_norm.weight.expand(hq, -1), self.k_norm.weight.expand(hkv, -1)]
+            )
+            qk = weight * normed
+        qk = rotate(qk, *rope)
+        out = attn.forward(self.layer, qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :])
+        return self.o_proj(out.reshape(t, hq * self.head_dim))
 
 
 class MLP(nn.Module):
+    """SwiGLU with one fused gate/up projection."""
+
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -103,7 +115,8 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Any) -> torch.Tensor:
         """Hidden states [T, hidden] for a step's flattened tokens."""
         x = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary_emb(positions)  # once per step, for every layer
+        cos, sin = self.model.rotary_emb(positions)  # once per step, for every layer
+        rope = (cos.to(x.dtype), sin.to(x.dtype))  # applied in the model dtype, as HF does
         for layer in self.model.layers:
             x = layer(x, rope, attn)
         return self.model.norm(x)

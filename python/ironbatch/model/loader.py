@@ -58,6 +58,7 @@ def load_model(
             raise ValueError(f"cannot read weights {str(f)!r}: {e}") from None
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+    state = fuse_projections(state, config)
     expected = set(model.state_dict())
     if config.tie_word_embeddings:
         expected.discard("lm_head.weight")
@@ -76,6 +77,26 @@ def load_model(
 
             mod.inv_freq = inv_frequencies(config.head_dim, config.rope)
     return model.to(device).eval(), config
+
+
+def fuse_projections(
+    state: dict[str, torch.Tensor], config: ModelConfig
+) -> dict[str, torch.Tensor]:
+    """HF's separate q/k/v and gate/up tensors, concatenated into the fused
+    ``qkv_proj`` and ``gate_up_proj`` (missing pieces are left for the
+    missing-weights check to report)."""
+    for i in range(config.num_layers):
+        for fused, parts in (
+            ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+            ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
+        ):
+            for kind in ("weight", "bias"):
+                names = [f"model.layers.{i}.{p}.{kind}" for p in parts]
+                if all(n in state for n in names):
+                    state[f"model.layers.{i}.{fused}.{kind}"] = torch.cat(
+                        [state.pop(n) for n in names]
+                    )
+    return state
 
 
 def load_tokenizer(model_dir: str | Path) -> Any | None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from ironbatch.model.config import ModelConfig
+
 DEMO_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -38,25 +40,52 @@ def write_random_llama(
     from safetensors.torch import save_file
 
     from ironbatch.model.config import load_model_config
-    from ironbatch.model.llama import LlamaForCausalLM
 
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config or DEMO_CONFIG, indent=2))
     torch.manual_seed(seed)
-    with torch.device("meta"):  # shapes only; the weights are drawn below
-        model = LlamaForCausalLM(load_model_config(path))
-    state = {}
-    for name, p in model.state_dict().items():
-        if (
-            name == "lm_head.weight"
-            and "model.embed_tokens.weight" in state
-            and ((config or DEMO_CONFIG).get("tie_word_embeddings"))
-        ):
-            continue  # tied: the checkpoint holds the embedding only
-        if name.endswith("norm.weight"):
-            state[name] = torch.ones(p.shape, dtype=dtype)
-        else:
-            state[name] = (torch.randn(p.shape) * 0.05).to(dtype)
+    state = {
+        name: torch.ones(shape, dtype=dtype)
+        if name.endswith("norm.weight")
+        else (torch.randn(shape) * 0.05).to(dtype)
+        for name, shape in hf_tensor_shapes(load_model_config(path)).items()
+    }
     save_file(state, str(path / "model.safetensors"))
     return path
+
+
+def hf_tensor_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors of a Hugging Face Llama-family checkpoint, by name."""
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
+        "model.norm.weight": (c.hidden_size,),
+    }
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, c.hidden_size),
+            p + "self_attn.k_proj.weight": (kv, c.hidden_size),
+            p + "self_attn.v_proj.weight": (kv, c.hidden_size),
+            p + "self_attn.o_proj.weight": (c.hidden_size, q),
+            p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+            p + "input_layernorm.weight": (c.hidden_size,),
+            p + "post_attention_layernorm.weight": (c.hidden_size,),
+        }
+        if c.qkv_bias:
+            shapes |= {
+                p + "self_attn.q_proj.bias": (q,),
+                p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.bias": (kv,),
+            }
+        if c.qk_norm:
+            shapes |= {
+                p + "self_attn.q_norm.weight": (c.head_dim,),
+                p + "self_attn.k_norm.weight": (c.head_dim,),
+            }
+    return shapes

@@ -27,7 +27,7 @@ def inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
 
 class RotaryEmbedding(torch.nn.Module):
     """cos and sin per position, computed once per step and shared by every
-    layer (``apply_rotary`` rotates q and k with them)."""
+    layer (``rotate`` applies them)."""
 
     def __init__(self, head_dim: int, rope: RopeConfig) -> None:
         super().__init__()
@@ -39,14 +39,8 @@ class RotaryEmbedding(torch.nn.Module):
         return emb.cos()[:, None, :], emb.sin()[:, None, :]
 
 
-def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate ``q`` [T, Hq, D] and ``k`` [T, Hkv, D] (rotate-half form)."""
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [T, H, D] to its positions (rotate-half form), in x's dtype."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    return x * cos + rotated * sin
