@@ -83,9 +83,11 @@ def test_import_needs_only_numpy() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, ironbatch, ironbatch.reference, ironbatch.trace, ironbatch.bench; "
-            "heavy = {'torch', 'triton', 'transformers', 'vllm', 'safetensors', 'tokenizers'}; "
-            "print(sorted(heavy & set(sys.modules)))")
+    code = (
+        "import sys, ironbatch, ironbatch.reference, ironbatch.trace, ironbatch.bench; "
+        "heavy = {'torch', 'triton', 'transformers', 'vllm', 'safetensors', 'tokenizers'}; "
+        "print(sorted(heavy & set(sys.modules)))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
