@@ -182,10 +182,13 @@ class Scheduler:
         step: Step,
         token_ids: NDArray[np.int64],
         offsets: NDArray[np.int64] | None = None,
-    ) -> tuple[list[str], NDArray[np.uint32], NDArray[np.int64], list[tuple[int, str, int | None]]]:
+    ) -> tuple[
+        NDArray[np.int32], NDArray[np.uint32], NDArray[np.int64], list[tuple[int, str, int | None]]
+    ]:
         """Apply a step's tokens (with ``offsets``: ragged; without: one per
-        entry, -1 for none). Returns (request ids, tokens, token offsets,
-        finished rows as (row, finish reason, stop reason))."""
+        entry, -1 for none). Returns (each record's row in the step, tokens,
+        token offsets, finished records as (record, finish reason, stop
+        reason))."""
     def finish_requests(
         self, request_ids: Sequence[str], status: str = "FINISHED_ABORTED"
     ) -> None: ...

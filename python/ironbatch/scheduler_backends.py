@@ -84,8 +84,10 @@ class PythonBackend:
         updates = self.twin.update_from_output(out._handle, tokens)
         token_offsets = np.zeros(len(updates) + 1, dtype=np.int64)
         np.cumsum([len(u.new_token_ids) for u in updates], out=token_offsets[1:])
+        row = {rid: i for i, rid in enumerate(out.req_ids)}
         return UpdateOutputs(
-            [u.request_id for u in updates],
+            out.req_ids,
+            np.array([row[u.request_id] for u in updates], dtype=np.int32),
             np.array([t for u in updates for t in u.new_token_ids], dtype=np.uint32),
             token_offsets,
             [
@@ -158,7 +160,7 @@ class RustBackend:
 
     def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> UpdateOutputs:
         flat, offsets = sampled
-        return UpdateOutputs(*self.core.update_from_output(out._handle, flat, offsets))
+        return UpdateOutputs(out.req_ids, *self.core.update_from_output(out._handle, flat, offsets))
 
     def finish_requests(self, request_ids: list[str], status: str) -> None:
         self.core.finish_requests(request_ids, status)

@@ -192,22 +192,30 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
 
     def __init__(
         self,
-        req_ids: list[str],
+        step_req_ids: list[str],
+        rows: np.ndarray,
         tokens: np.ndarray,
         token_offsets: np.ndarray,
         finished: list[tuple[int, str, int | None]],
     ) -> None:
-        self.req_ids = req_ids
-        self.tokens = tokens  # flat; row i owns tokens[token_offsets[i]:token_offsets[i+1]]
+        self._step_req_ids = step_req_ids
+        self.rows = rows  # each record's row in the step
+        self.tokens = tokens  # flat; record i owns tokens[token_offsets[i]:token_offsets[i+1]]
         self.token_offsets = token_offsets
-        self.finished = {row: (reason, stop) for row, reason, stop in finished}
+        self.finished = {rec: (reason, stop) for rec, reason, stop in finished}
+
+    @cached_property
+    def req_ids(self) -> list[str]:
+        if len(self.rows) == len(self._step_req_ids):  # every row got tokens
+            return self._step_req_ids
+        return [self._step_req_ids[r] for r in self.rows.tolist()]
 
     @property
     def finished_req_ids(self) -> list[str]:
-        return [self.req_ids[row] for row in self.finished]
+        return [self._step_req_ids[int(self.rows[rec])] for rec in self.finished]
 
     def __len__(self) -> int:
-        return len(self.req_ids)
+        return len(self.rows)
 
     def __iter__(self) -> Iterator[RequestUpdate]:
         # One conversion for all rows: per-row NumPy slicing costs ~1 µs each.

@@ -1,30 +1,39 @@
-//! Block hashes (spec §7.4): a 128-bit keyed BLAKE3 over an unambiguous byte
-//! encoding of (parent hash, the block's tokens, extra keys).
+//! Block hashes (spec §7.4) as a keyed chain: each full block's 256-bit
+//! chain key is BLAKE3 keyed by its parent's chain key, over the block's
+//! tokens; the first key is derived from a secret per-cache key and the
+//! request's extra keys (such as `cache_salt`). The prefix-cache map uses
+//! the first 128 bits.
 //!
-//! Why keyed: the prefix cache trusts a hash match to mean "same tokens".
-//! With a secret per-cache key the hash is a pseudo-random function, so a
-//! crafted prompt cannot aim for a collision with another request's block
-//! (it would need ~2^64 tries blind), and no token check is needed on a hit.
-//!
-//! Encoding (all integers little-endian):
 //! ```text
-//! parent:  0x00                       (the root: first block)
-//!        | 0x01 hash:u128
-//! tokens:  count:u32 token:u32 * count
-//! extras:  count:u32 (tag:u8 len:u32 bytes * len) * count
+//! key[-1] = BLAKE3_keyed(secret, "ironbatch-root" ‖ count:u32 ‖ (tag:u8 ‖ len:u32 ‖ bytes)*)
+//! key[k]  = BLAKE3_keyed(key[k−1], tokens of block k as u32 little-endian)
+//! hash[k] = the first 16 bytes of key[k]
 //! ```
+//!
+//! Why this shape: keyed BLAKE3 is a pseudo-random function, so with a
+//! secret root a crafted prompt cannot aim a collision at another request's
+//! blocks (it would need ~2^64 blind tries against 128 bits), and a hit
+//! needs no token check. Chaining through the key rather than hashing the
+//! parent into the message keeps a 16-token block to 64 bytes: one BLAKE3
+//! compression per block instead of two. Every message is a whole block of
+//! the cache's fixed block size, so lengths cannot alias; the extra keys are
+//! tagged and length-prefixed in the root.
 
 use crate::error::KvError;
 
-/// The chained hash of one full block and everything before it.
+/// The 128-bit hash of one full block and everything before it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockHash(pub u128);
 
-/// Extra inputs to a block's hash besides its tokens. Later features add
+/// A chain key: the full 256-bit state from which the next block's hash is
+/// derived.
+pub type ChainKey = [u8; 32];
+
+/// Extra inputs to a request's hashes besides its tokens. Later features add
 /// LoRA adapters and multimodal items; each variant has its own tag.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum ExtraKey<'a> {
-    /// Isolates a request's prefix-cache entries (block 0 only).
+    /// Isolates a request's prefix-cache entries.
     CacheSalt(&'a str),
 }
 
@@ -42,92 +51,68 @@ impl ExtraKey<'_> {
     }
 }
 
-/// Computes block hashes under one secret key; all requests of one cache
-/// must share it so that equal prefixes hash equal.
+const ROOT_TAG: &[u8] = b"ironbatch-root";
+
+/// Holds a cache's secret key; all requests of one cache must share it so
+/// that equal prefixes hash equal.
 #[derive(Clone)]
 pub struct BlockHasher {
-    key: [u8; 32],
+    secret: [u8; 32],
 }
 
 impl std::fmt::Debug for BlockHasher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BlockHasher { key: <secret> }")
+        f.write_str("BlockHasher { secret: <hidden> }")
     }
 }
-
-/// Encodings up to this size are built on the stack (a 64-token block with
-/// a short salt fits); longer ones use a heap buffer.
-const STACK_BYTES: usize = 320;
 
 impl BlockHasher {
-    /// A hasher with a fresh key from the operating system's RNG.
+    /// A hasher with a fresh secret from the operating system's RNG.
     pub fn new_random() -> Result<Self, KvError> {
-        let mut key = [0u8; 32];
-        getrandom::fill(&mut key)
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret)
             .map_err(|e| KvError::invalid(format!("no OS randomness for the hash key: {e}")))?;
-        Ok(Self::with_key(key))
+        Ok(Self::with_key(secret))
     }
 
-    /// A hasher with a fixed key (reproducible hash values, for tests).
-    pub fn with_key(key: [u8; 32]) -> Self {
-        BlockHasher { key }
+    /// A hasher with a fixed secret (reproducible hash values, for tests).
+    pub fn with_key(secret: [u8; 32]) -> Self {
+        BlockHasher { secret }
     }
 
-    /// The hash of a block given its parent's hash (`None` for block 0).
-    pub fn hash_block(
-        &self,
-        parent: Option<BlockHash>,
-        tokens: &[u32],
-        extras: &[ExtraKey<'_>],
-    ) -> BlockHash {
-        let extra_len: usize = extras.iter().map(|e| 5 + e.bytes().len()).sum();
-        let len = 17 + 4 + 4 * tokens.len() + 4 + extra_len;
-        // One contiguous buffer and one `keyed_hash` call: for inputs under
-        // 1 KiB that is a single BLAKE3 chunk, with no incremental state.
-        let mut stack = [0u8; STACK_BYTES];
-        let mut heap = Vec::new();
-        let buf: &mut [u8] = if len <= STACK_BYTES {
-            &mut stack[..len]
-        } else {
-            heap.resize(len, 0);
-            &mut heap
-        };
-        let mut w = Writer { buf, at: 0 };
-        match parent {
-            None => w.put(&[0]),
-            Some(p) => {
-                w.put(&[1]);
-                w.put(&p.0.to_le_bytes());
-            }
-        }
-        w.put(&(tokens.len() as u32).to_le_bytes());
-        for t in tokens {
-            w.put(&t.to_le_bytes());
-        }
-        w.put(&(extras.len() as u32).to_le_bytes());
+    /// The chain key a request's first block is hashed under.
+    pub fn root(&self, extras: &[ExtraKey<'_>]) -> ChainKey {
+        let mut h = blake3::Hasher::new_keyed(&self.secret);
+        h.update(ROOT_TAG);
+        h.update(&(extras.len() as u32).to_le_bytes());
         for e in extras {
-            w.put(&[e.tag()]);
-            w.put(&(e.bytes().len() as u32).to_le_bytes());
-            w.put(e.bytes());
+            h.update(&[e.tag()]);
+            h.update(&(e.bytes().len() as u32).to_le_bytes());
+            h.update(e.bytes());
         }
-        let at = w.at;
-        let digest = blake3::keyed_hash(&self.key, &w.buf[..at]);
-        let mut out = [0u8; 16];
-        out.copy_from_slice(&digest.as_bytes()[..16]);
-        BlockHash(u128::from_le_bytes(out))
+        *h.finalize().as_bytes()
+    }
+
+    /// The chain key of a full block given its parent's chain key.
+    pub fn next(&self, parent: &ChainKey, tokens: &[u32]) -> ChainKey {
+        let mut stack = [0u8; 256];
+        let len = 4 * tokens.len();
+        if len <= stack.len() {
+            for (dst, t) in stack.chunks_exact_mut(4).zip(tokens) {
+                dst.copy_from_slice(&t.to_le_bytes());
+            }
+            return *blake3::keyed_hash(parent, &stack[..len]).as_bytes();
+        }
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        *blake3::keyed_hash(parent, &bytes).as_bytes()
     }
 }
 
-struct Writer<'a> {
-    buf: &'a mut [u8],
-    at: usize,
-}
-
-impl Writer<'_> {
-    fn put(&mut self, bytes: &[u8]) {
-        self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
-        self.at += bytes.len();
-    }
+/// The map's 128-bit hash of a chain key.
+pub fn block_hash(key: &ChainKey) -> BlockHash {
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&key[..16]);
+    BlockHash(u128::from_le_bytes(first))
 }
 
 #[cfg(test)]
@@ -141,28 +126,25 @@ mod tests {
     #[test]
     fn equal_inputs_hash_equal() {
         let h = hasher();
-        let a = h.hash_block(None, &[1, 2, 3], &[]);
-        assert_eq!(a, h.hash_block(None, &[1, 2, 3], &[]));
-        assert_eq!(
-            h.hash_block(Some(a), &[4], &[]),
-            h.hash_block(Some(a), &[4], &[])
-        );
+        let root = h.root(&[]);
+        assert_eq!(root, h.root(&[]));
+        assert_eq!(h.next(&root, &[1, 2, 3]), h.next(&root, &[1, 2, 3]));
     }
 
     #[test]
     fn every_input_matters() {
         let h = hasher();
-        let root = h.hash_block(None, &[1, 2, 3], &[]);
+        let root = h.root(&[]);
+        let first = h.next(&root, &[1, 2, 3]);
         let distinct = [
+            first,
+            h.next(&root, &[1, 2, 4]),
+            h.next(&root, &[1, 2]),
+            h.next(&root, &[1, 2, 3, 0]),
+            h.next(&first, &[1, 2, 3]),
+            h.next(&h.root(&[ExtraKey::CacheSalt("")]), &[1, 2, 3]),
+            h.next(&h.root(&[ExtraKey::CacheSalt("a")]), &[1, 2, 3]),
             root,
-            h.hash_block(None, &[1, 2, 4], &[]),
-            h.hash_block(None, &[1, 2], &[]),
-            h.hash_block(Some(root), &[1, 2, 3], &[]),
-            h.hash_block(Some(BlockHash(0)), &[1, 2, 3], &[]),
-            h.hash_block(None, &[1, 2, 3], &[ExtraKey::CacheSalt("")]),
-            h.hash_block(None, &[1, 2, 3], &[ExtraKey::CacheSalt("a")]),
-            // 0x00 root tag vs a zero token must not alias.
-            h.hash_block(None, &[0, 1, 2, 3], &[]),
         ];
         for i in 0..distinct.len() {
             for j in 0..i {
@@ -172,26 +154,22 @@ mod tests {
     }
 
     #[test]
-    fn keys_separate_caches() {
+    fn secrets_separate_caches() {
         let other = BlockHasher::with_key([8; 32]);
-        assert_ne!(
-            hasher().hash_block(None, &[1], &[]),
-            other.hash_block(None, &[1], &[])
-        );
+        assert_ne!(hasher().root(&[]), other.root(&[]));
         let r1 = BlockHasher::new_random().unwrap();
         let r2 = BlockHasher::new_random().unwrap();
-        assert_ne!(
-            r1.hash_block(None, &[1], &[]),
-            r2.hash_block(None, &[1], &[])
-        );
+        assert_ne!(r1.next(&r1.root(&[]), &[1]), r2.next(&r2.root(&[]), &[1]));
     }
 
     #[test]
-    fn long_blocks_use_all_tokens() {
+    fn long_blocks_use_every_token() {
         let h = hasher();
-        let a: Vec<u32> = (0..40).collect();
+        let root = h.root(&[]);
+        let a: Vec<u32> = (0..100).collect(); // past the stack buffer
         let mut b = a.clone();
-        b[39] = 1000;
-        assert_ne!(h.hash_block(None, &a, &[]), h.hash_block(None, &b, &[]));
+        b[99] = 1000;
+        assert_ne!(h.next(&root, &a), h.next(&root, &b));
+        assert_eq!(h.next(&root, &a), h.next(&root, &a.clone()));
     }
 }

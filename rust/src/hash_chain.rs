@@ -1,21 +1,26 @@
 //! A request's chain of block hashes (spec §7.4): one hash per **full**
 //! block of its known tokens, extended as tokens arrive.
 
-use crate::block_hash::{BlockHash, BlockHasher, ExtraKey};
+use crate::block_hash::{block_hash, BlockHash, BlockHasher, ChainKey, ExtraKey};
 
-/// The hashes of a token sequence's full blocks, in block order.
+/// The hashes of a token sequence's full blocks, in block order, and the
+/// chain key the next full block will be hashed under.
 #[derive(Clone, Debug, Default)]
 pub struct BlockHashChain {
     hashes: Vec<BlockHash>,
-    cache_salt: Option<Box<str>>,
+    next_key: ChainKey,
 }
 
 impl BlockHashChain {
-    /// An empty chain; `cache_salt` enters block 0's hash.
-    pub fn new(cache_salt: Option<&str>) -> Self {
+    /// An empty chain rooted in the hasher's secret and `cache_salt`.
+    pub fn new(hasher: &BlockHasher, cache_salt: Option<&str>) -> Self {
+        let next_key = match cache_salt {
+            Some(salt) => hasher.root(&[ExtraKey::CacheSalt(salt)]),
+            None => hasher.root(&[]),
+        };
         BlockHashChain {
             hashes: Vec::new(),
-            cache_salt: cache_salt.map(Into::into),
+            next_key,
         }
     }
 
@@ -32,13 +37,9 @@ impl BlockHashChain {
         }
         let full = tokens.len() / block_size;
         for k in self.hashes.len()..full {
-            let parent = k.checked_sub(1).map(|p| self.hashes[p]);
             let block = &tokens[k * block_size..(k + 1) * block_size];
-            let hash = match (&self.cache_salt, k) {
-                (Some(salt), 0) => hasher.hash_block(parent, block, &[ExtraKey::CacheSalt(salt)]),
-                _ => hasher.hash_block(parent, block, &[]),
-            };
-            self.hashes.push(hash);
+            self.next_key = hasher.next(&self.next_key, block);
+            self.hashes.push(block_hash(&self.next_key));
         }
     }
 }
@@ -51,10 +52,10 @@ mod tests {
     fn incremental_equals_at_once() {
         let h = BlockHasher::with_key([1; 32]);
         let tokens: Vec<u32> = (0..70).collect();
-        let mut all = BlockHashChain::new(None);
+        let mut all = BlockHashChain::new(&h, None);
         all.extend(&h, &tokens, 16);
         assert_eq!(all.hashes().len(), 4);
-        let mut step = BlockHashChain::new(None);
+        let mut step = BlockHashChain::new(&h, None);
         for n in 0..=tokens.len() {
             step.extend(&h, &tokens[..n], 16);
             assert_eq!(step.hashes().len(), n / 16);
@@ -66,8 +67,8 @@ mod tests {
     fn salt_changes_every_block() {
         let h = BlockHasher::with_key([1; 32]);
         let tokens: Vec<u32> = (0..32).collect();
-        let mut plain = BlockHashChain::new(None);
-        let mut salted = BlockHashChain::new(Some("A"));
+        let mut plain = BlockHashChain::new(&h, None);
+        let mut salted = BlockHashChain::new(&h, Some("A"));
         plain.extend(&h, &tokens, 16);
         salted.extend(&h, &tokens, 16);
         assert_ne!(plain.hashes()[0], salted.hashes()[0]);

@@ -28,7 +28,7 @@ pub mod stop_check;
 pub mod python;
 
 pub use block::{Block, BlockId, NULL_BLOCK};
-pub use block_hash::{BlockHash, BlockHasher, ExtraKey};
+pub use block_hash::{block_hash, BlockHash, BlockHasher, ChainKey, ExtraKey};
 pub use block_pool::BlockPool;
 pub use block_table::BlockTable;
 pub use error::KvError;

@@ -551,6 +551,7 @@ impl Scheduler {
                     (sampled.len() - emitted).min(r.seq.num_computed_tokens);
             }
             out.records.push(UpdateRecord {
+                entry: i as u32,
                 slot: e.slot,
                 tokens_end: out.tokens.len(),
             });

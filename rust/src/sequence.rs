@@ -23,7 +23,7 @@ impl Sequence {
         hasher: &BlockHasher,
         block_size: usize,
     ) -> Self {
-        let mut hashes = BlockHashChain::new(cache_salt);
+        let mut hashes = BlockHashChain::new(hasher, cache_salt);
         hashes.extend(hasher, &prompt, block_size);
         Sequence {
             num_prompt_tokens: prompt.len(),

@@ -75,6 +75,8 @@ impl StepOutput {
 /// One request's result from `update_from_output`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpdateRecord {
+    /// The request's row in the step's entries.
+    pub entry: u32,
     /// The request's slot (already free again if it finished).
     pub slot: Slot,
     /// This record's tokens end at `UpdateOutput::tokens[..tokens_end]`

@@ -5,7 +5,7 @@ full blocks."""
 from __future__ import annotations
 
 from ironbatch.reference.block_hash import BlockHasher
-from ironbatch.reference.hash_chain import extend_block_hashes
+from ironbatch.reference.hash_chain import BlockHashChain
 
 
 class Sequence:
@@ -15,14 +15,17 @@ class Sequence:
         self.tokens = list(prompt)
         self.num_prompt_tokens = len(prompt)
         self.num_computed_tokens = 0
-        self.cache_salt = cache_salt
-        self.block_hashes: list[int] = []
-        extend_block_hashes(self.block_hashes, self.tokens, block_size, hasher, cache_salt)
+        self.chain = BlockHashChain(hasher, cache_salt)
+        self.chain.extend(self.tokens, block_size, hasher)
 
     @property
     def num_tokens(self) -> int:
         return len(self.tokens)
 
+    @property
+    def block_hashes(self) -> list[int]:
+        return self.chain.hashes
+
     def append(self, tokens: list[int], hasher: BlockHasher, block_size: int) -> None:
         self.tokens.extend(tokens)
-        extend_block_hashes(self.block_hashes, self.tokens, block_size, hasher, self.cache_salt)
+        self.chain.extend(self.tokens, block_size, hasher)

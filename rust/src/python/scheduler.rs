@@ -225,10 +225,11 @@ impl PyScheduler {
 
     /// Apply a step's tokens. With `offsets`, entry `i` gets
     /// `token_ids[offsets[i]:offsets[i+1]]`; without, `token_ids` holds one
-    /// token per entry in scheduling order, -1 for none. Returns (request
-    /// ids, tokens, token offsets, finished) for the requests that got
-    /// tokens, in scheduling order; `finished` lists (row, finish reason,
-    /// stop reason) for those that ended.
+    /// token per entry in scheduling order, -1 for none. Returns (rows,
+    /// tokens, token offsets, finished) for the requests that got tokens, in
+    /// scheduling order: `rows` index the step's entries (so the ids need not
+    /// cross again); `finished` lists (record, finish reason, stop reason)
+    /// for those that ended.
     #[pyo3(signature = (step, token_ids, offsets = None))]
     #[allow(clippy::type_complexity)]
     fn update_from_output<'py>(
@@ -238,7 +239,7 @@ impl PyScheduler {
         token_ids: PyReadonlyArray1<'py, i64>,
         offsets: Option<PyReadonlyArray1<'py, i64>>,
     ) -> PyResult<(
-        Bound<'py, PyList>,
+        Bound<'py, PyAny>,
         Bound<'py, PyAny>,
         Bound<'py, PyAny>,
         Vec<(usize, &'static str, Option<u32>)>,
@@ -286,17 +287,7 @@ impl PyScheduler {
             .core
             .update_from_output(&step.step, &tokens, &offsets)
             .map_err(value_error)?;
-        let py_ids = &self.py_ids;
-        let ids = PyList::new(
-            py,
-            out.records.iter().map(|rec| {
-                py_ids[rec.slot as usize]
-                    .as_ref()
-                    .expect("forgotten only below")
-                    .bind(py)
-                    .clone()
-            }),
-        )?;
+        let rows: Vec<i32> = out.records.iter().map(|rec| rec.entry as i32).collect();
         let mut token_offsets = Vec::with_capacity(out.records.len() + 1);
         token_offsets.push(0i64);
         token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
@@ -306,7 +297,12 @@ impl PyScheduler {
             finished.push((f.record, reason, f.stop_reason));
             self.forget(out.records[f.record].slot);
         }
-        Ok((ids, arr(py, out.tokens), arr(py, token_offsets), finished))
+        Ok((
+            arr(py, rows),
+            arr(py, out.tokens),
+            arr(py, token_offsets),
+            finished,
+        ))
     }
 
     /// Abort requests, freeing them in the order given (unknown ids ignored).
