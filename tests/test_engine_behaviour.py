@@ -98,3 +98,27 @@ def test_eos_and_generation_config_eos_stop(model, tmp_path: Path) -> None:
     ignore = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     c = llm.generate([{"prompt_token_ids": prompt}], ignore, use_tqdm=False)[0].outputs[0]
     assert c.token_ids == ref and c.finish_reason == "length"
+
+
+def test_cache_salt_isolates_prefix_hits(model) -> None:
+    path, hf = model
+    e = engine(path, num_blocks=64, block_size=4, max_model_len=128)
+    prompt = list(range(3, 23))
+    for rid, salt in (("a", "tenant-1"), ("b", "tenant-2"), ("c", "tenant-1")):
+        e.add_request(rid, {"prompt_token_ids": prompt, "cache_salt": salt}, GREEDY)
+        while e.has_unfinished_requests():
+            outs = e.step()
+        assert outs[-1].outputs[0].token_ids == hf_greedy(hf, prompt, 8)
+    stats = e.scheduler.make_stats().prefix_cache_stats
+    # b (another tenant) misses; only c, a's own tenant again, hits.
+    assert stats.requests == 3 and stats.hits == 16
+
+
+def test_malformed_prompts(model) -> None:
+    path, _ = model
+    e = engine(path, num_blocks=40)
+    with pytest.raises(TypeError, match=r"prompt_token_ids\[1\]"):
+        e.add_request("x", {"prompt_token_ids": [5, "six"]}, GREEDY)
+    with pytest.raises(ValueError, match="needs 'prompt_token_ids'"):
+        e.add_request("y", {"text": "hi"}, GREEDY)
+    assert not e.has_unfinished_requests()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from scheduler_helpers import BACKENDS, make, req, rows, step
 
 
@@ -41,9 +42,11 @@ def test_reset_with_running_requests_preempts_and_drops_in_flight_output(backend
     assert list(s.update_from_output(out, {rid: [7] for rid in out.req_ids})) == []
     assert all(r[2] == 21 for r in s.debug_state()["requests"].values())
     out = s.schedule()  # all three come back, recomputing their 21 tokens
-    assert [(e[0], e[1], e[2]) for e in rows(out)] == [("r0", 21, "resumed"),
-                                                       ("r1", 21, "resumed"),
-                                                       ("r2", 21, "resumed")]
+    assert [(e[0], e[1], e[2]) for e in rows(out)] == [
+        ("r0", 21, "resumed"),
+        ("r1", 21, "resumed"),
+        ("r2", 21, "resumed"),
+    ]
 
 
 def test_make_stats_counts_and_takes(backend: str) -> None:

@@ -22,6 +22,7 @@ from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
 from ironbatch.scheduler_output import NEW
+from ironbatch.tokens import token_list
 
 DEFAULT_CPU_KV_BYTES = 512 << 20
 
@@ -142,7 +143,8 @@ class LLMEngine:
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> str:
-        """Queue a prompt (text, token ids, or ``{"prompt_token_ids": [...]}``);
+        """Queue a prompt (text, token ids, or a vLLM-style mapping with
+        ``prompt_token_ids`` or ``prompt`` and optionally ``cache_salt``);
         returns the request id."""
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -151,6 +153,8 @@ class LLMEngine:
             )
         request_id = str(next(self._ids)) if request_id is None else request_id
         text, ids = self._tokenize(prompt)
+        ids = token_list("prompt_token_ids", ids)
+        salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
         vocab = self.model_config.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -172,6 +176,7 @@ class LLMEngine:
             eos_token_id=eos[0] if eos else None,
             priority=priority,
             arrival_time=arrival_time,
+            cache_salt=salt,
         )
         self.scheduler.add_request(request)
         self.states[request_id] = _State(
@@ -192,10 +197,12 @@ class LLMEngine:
                     "{'prompt_token_ids': [...]} instead of text"
                 )
             return prompt, self.tokenizer.encode(prompt).ids
-        if isinstance(prompt, Mapping):
-            if "prompt_token_ids" not in prompt:
-                raise ValueError("a prompt mapping needs 'prompt_token_ids'")
-            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if isinstance(prompt, Mapping):  # vLLM's prompt dicts, with an optional cache_salt
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return self._tokenize(prompt["prompt"])
+            raise ValueError("a prompt mapping needs 'prompt_token_ids' or 'prompt'")
         return None, list(prompt)
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
