@@ -122,3 +122,15 @@ def test_malformed_prompts(model) -> None:
     with pytest.raises(ValueError, match="needs 'prompt_token_ids'"):
         e.add_request("y", {"text": "hi"}, GREEDY)
     assert not e.has_unfinished_requests()
+
+
+def test_kv_cache_sized_from_a_memory_budget(model) -> None:
+    path, _ = model
+    # 2 layers x 2 KV heads x head_dim 16 x 16 tokens x K and V x 4 bytes = 8 KiB a block.
+    e = engine(path, kv_cache_memory_bytes=300 * 8192 + 100, block_size=16, max_model_len=256)
+    assert e.num_blocks == 300
+    assert e.scheduler.num_free_blocks == 299
+    k = e.runner.attn.k_caches[0]
+    assert tuple(k.shape) == (300, 16, 2, 16) and len(e.runner.attn.k_caches) == 2
+    with pytest.raises(ValueError, match="num_blocks"):  # too small for one max_model_len sequence
+        engine(path, kv_cache_memory_bytes=10 * 8192, max_model_len=256)
