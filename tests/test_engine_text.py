@@ -81,3 +81,18 @@ def test_streaming_with_the_engine(setup) -> None:
             ids += out.new_token_ids
     assert "".join(deltas) == tok.decode(ids) and len(ids) == 16
     assert out.finished and out.metrics.first_token_time <= out.metrics.finished_time
+
+
+def test_detokenizer_holds_back_partial_characters_until_the_end() -> None:
+    from ironbatch.engine.detokenizer import IncrementalDetokenizer
+
+    class Bytes:  # decodes token ids as raw UTF-8 bytes
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    d = IncrementalDetokenizer(Bytes(), True)
+    euro = list("€".encode())  # three bytes
+    assert d.add([104]) == "h"
+    assert d.add([104, euro[0]]) == ""  # an incomplete character is held back
+    assert d.add([104, *euro]) == "€"
+    assert d.add([104, *euro, euro[0]], final=True) == "\ufffd"  # at the end, shown as is

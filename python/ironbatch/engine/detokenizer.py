@@ -15,12 +15,13 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.text = ""
 
-    def add(self, output_token_ids: list[int]) -> str:
-        """Return the new text after the output grew to ``output_token_ids``."""
+    def add(self, output_token_ids: list[int], final: bool = False) -> str:
+        """Return the new text after the output grew to ``output_token_ids``
+        (``final``: the request ended, so nothing is held back)."""
         if self.tokenizer is None:
             return ""
         full = self.tokenizer.decode(output_token_ids, skip_special_tokens=self.skip_special_tokens)
-        if full.endswith("\ufffd"):
+        if full.endswith("\ufffd") and not final:
             return ""
         delta = full[len(self.text) :] if full.startswith(self.text) else full
         self.text = full

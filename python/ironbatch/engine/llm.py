@@ -50,7 +50,7 @@ class LLM:
             bar = tqdm(total=len(prompts), desc="Processed prompts", dynamic_ncols=True)
         try:
             while engine.has_unfinished_requests():
-                for out in engine.step():
+                for out in engine.step(final_only=True):
                     if out.finished and out.request_id in order:
                         done[order[out.request_id]] = out
                         if bar is not None:

@@ -219,7 +219,11 @@ class LLMEngine:
 
     # -- one step --------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, final_only: bool = False) -> list[RequestOutput]:
+        """One scheduling step; outputs for the requests that got tokens
+        (streaming), or with ``final_only`` just for those that finished
+        (offline generation: no per-step output objects, and text decoded
+        once at the end unless stop strings need it earlier)."""
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.num_preemptions += len(out.preempted_req_ids)
@@ -240,12 +244,13 @@ class LLMEngine:
             logprobs = self._step_logprobs(out, sampled)
             for u in updates:
                 st = self.states.get(u.request_id)
-                if st is not None:
-                    results.append(
-                        self._advance(
-                            st, u.new_token_ids, u.finish_reason, u.stop_reason, now, logprobs
-                        )
-                    )
+                if st is None:
+                    continue
+                output = self._advance(
+                    st, u.new_token_ids, u.finish_reason, u.stop_reason, now, logprobs, final_only
+                )
+                if output is not None:
+                    results.append(output)
         t4 = time.perf_counter()
         tm = self.timings
         tm["schedule"] += t1 - t0
@@ -280,7 +285,8 @@ class LLMEngine:
         stop_reason: int | str | None,
         now: float,
         logprobs: dict[str, tuple] | None,
-    ) -> RequestOutput:
+        final_only: bool = False,
+    ) -> RequestOutput | None:
         rid = st.request.request_id
         st.output_ids.extend(new_ids)
         if st.metrics.first_token_time is None:
@@ -289,8 +295,10 @@ class LLMEngine:
             chosen, entry = logprobs[rid]
             st.cumulative_logprob += chosen
             st.logprobs.append(entry)
+        if final_only and finish_reason is None and not st.params.stop:
+            return None  # nothing to report, and no stop string to look for yet
         before = len(st.detok.text)
-        delta = st.detok.add(st.output_ids)
+        delta = st.detok.add(st.output_ids, final=finish_reason is not None)
         if st.params.stop and delta:
             found = find_stop(st.detok.text, len(delta), st.params.stop)
             if found is not None:
@@ -305,6 +313,8 @@ class LLMEngine:
         if finished:
             st.metrics.finished_time = now
             del self.states[rid]
+        elif final_only:
+            return None
         completion = CompletionOutput(
             index=0,
             text=st.detok.text,
