@@ -105,3 +105,10 @@ def test_triton_backend_in_the_interpreter(model) -> None:
         attention_backend="triton",
     )
     assert got == [refs[tuple(p)] for p in prompts]
+
+
+def test_triton_backend_on_the_cpu_needs_the_interpreter(model, monkeypatch) -> None:
+    path, _ = model
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        LLM(str(path), dtype="float32", num_blocks=64, attention_backend="triton")

@@ -109,6 +109,8 @@ class TritonPagedAttention(PagedAttention):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        if self.k_caches[0].device.type == "cpu":
+            _use_triton_interpreter()
         from ironbatch import kernels
 
         self.kernels = kernels
@@ -133,6 +135,19 @@ class TritonPagedAttention(PagedAttention):
             meta.max_seqlen_q,
         )
         return out
+
+
+def _use_triton_interpreter() -> None:
+    """On the CPU the Triton kernels run only in Triton's interpreter (for
+    tests, not speed), which must be switched on before anything imports
+    triton; say so rather than fail inside a launch."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "attention_backend='triton' on the CPU runs Triton's interpreter: set "
+            "TRITON_INTERPRET=1 before starting Python, or use attention_backend='torch'"
+        )
 
 
 BACKENDS = {"torch": TorchPagedAttention, "triton": TritonPagedAttention}
