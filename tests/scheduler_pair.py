@@ -54,6 +54,7 @@ class SchedulerPair:
             "num_computed_tokens",
             "kinds",
             "samples",
+            "num_output_tokens",
             "new_block_ids",
             "new_block_offsets",
             "positions",
@@ -72,6 +73,9 @@ class SchedulerPair:
             1 for e in r.entries() if e.kind != "running" and e.num_computed_tokens
         )
         self.events["resumed"] += sum(1 for e in r.entries() if e.kind == "resumed")
+        flights = [f for *_, f in self.rust.debug_state()["requests"].values()]
+        self.events["placeholders"] += sum(1 for f in flights if f[0] > 0)
+        self.events["skipped"] += sum(1 for f in flights if f[3])
         self.in_flight.append((r, p))
         self.check()
 
@@ -85,9 +89,10 @@ class SchedulerPair:
                 t = choose(rid)
                 if t is not None:
                     sampled[rid] = [t]
-        ur = [tuple(u) for u in self.rust.update_from_output(r, sampled)]
-        up = [tuple(u) for u in self.twin.update_from_output(p, sampled)]
+        ru, pu = self.rust.update_from_output(r, sampled), self.twin.update_from_output(p, sampled)
+        ur, up = [tuple(u) for u in ru], [tuple(u) for u in pu]
         assert ur == up
+        assert ru.cached_tokens.tolist() == pu.cached_tokens.tolist()
         self.events["finished"] += sum(1 for u in ur if u[2] is not None)
         self.check()
 
@@ -115,13 +120,17 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
     assert sorted(free) == [b for b in range(1, n) if ref[b] == 0]
     assert s.num_free_blocks == len(free)
     # 7. Table size; waiting requests hold nothing.
-    for rid, (status, _slot, num_tokens, computed, table, cached, _p) in requests.items():
-        assert computed <= num_tokens
+    for rid, (status, _slot, num_tokens, computed, table, cached, _p, flight) in requests.items():
+        placeholders, in_flight, stale, deferred = flight
+        assert computed <= num_tokens + placeholders
         assert cached <= len(table)
+        # A placeholder stands for a token sampled by a step still in flight.
+        assert placeholders <= in_flight and stale <= in_flight
         if status == "RUNNING":
             assert len(table) >= cdiv(computed, bs)
+            assert not deferred and stale == 0
         else:
-            assert table == [] and computed == 0, rid
+            assert table == [] and computed == 0 and placeholders == 0, rid
     # 9. Return of blocks.
     if not requests:
         assert len(free) == n - 1

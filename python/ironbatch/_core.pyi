@@ -142,7 +142,7 @@ class Step:
     def finished_req_ids(self) -> list[str]: ...
     def columns(self) -> dict[str, NDArray[Any]]:
         """req_slots, num_scheduled, num_computed_tokens, kinds, samples,
-        new_block_ids, new_block_offsets, positions, slot_mapping,
+        num_output_tokens, new_block_ids, new_block_offsets, positions, slot_mapping,
         query_start_loc, seq_lens."""
     def __len__(self) -> int: ...
 
@@ -162,6 +162,7 @@ class Scheduler:
         num_blocks: SupportsIndex,
         block_size: SupportsIndex,
         enable_prefix_caching: bool,
+        async_scheduling: bool = False,
     ) -> None: ...
     def add_request(
         self,
@@ -183,19 +184,24 @@ class Scheduler:
         token_ids: NDArray[np.int64],
         offsets: NDArray[np.int64] | None = None,
     ) -> tuple[
-        NDArray[np.int32], NDArray[np.uint32], NDArray[np.int64], list[tuple[int, str, int | None]]
+        NDArray[np.int32],
+        NDArray[np.uint32],
+        NDArray[np.int64],
+        NDArray[np.int64],
+        list[tuple[int, str, int | None]],
     ]:
         """Apply a step's tokens (with ``offsets``: ragged; without: one per
         entry, -1 for none). Returns (each record's row in the step, tokens,
-        token offsets, finished records as (record, finish reason, stop
-        reason))."""
+        token offsets, each record's tokens in hash-cached blocks, finished
+        records as (record, finish reason, stop reason))."""
     def finish_requests(
         self, request_ids: Sequence[str], status: str = "FINISHED_ABORTED"
     ) -> None: ...
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool: ...
-    def make_stats(self) -> tuple[int, int, float, PrefixCacheStats, int]:
-        """(num_running_reqs, num_waiting_reqs, kv_cache_usage,
-        prefix-cache stats, preemptions); takes the counters."""
+    def make_stats(self) -> tuple[int, int, int, float, PrefixCacheStats, int]:
+        """(num_running_reqs, num_waiting_reqs, num_skipped_waiting_reqs,
+        kv_cache_usage, prefix-cache stats, preemptions); takes the
+        counters."""
     def get_num_unfinished_requests(self) -> int: ...
     def debug_state(self) -> dict[str, Any]: ...
     @property

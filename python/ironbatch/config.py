@@ -30,6 +30,9 @@ class SchedulerConfig:
     policy: str = "fcfs"
     # The full-prompt admission gate (spec §7.6).
     scheduler_reserve_full_isl: bool = True
+    # vLLM's async scheduling: the next step is scheduled before this one's
+    # output arrives, with an output placeholder per token in flight.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         _int("max_model_len", self.max_model_len, 2)
@@ -38,6 +41,7 @@ class SchedulerConfig:
         _int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         _bool("enable_chunked_prefill", self.enable_chunked_prefill)
         _bool("scheduler_reserve_full_isl", self.scheduler_reserve_full_isl)
+        _bool("async_scheduling", self.async_scheduling)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -62,6 +62,7 @@ class PythonBackend:
             "num_computed_tokens": np.array(computed, dtype=np.int32),
             "kinds": np.array([KIND_NAMES.index(s.kind) for s in rows], dtype=np.uint8),
             "samples": np.array([s.samples for s in rows], dtype=np.bool_),
+            "num_output_tokens": np.array([s.num_output_tokens for s in rows], dtype=np.int32),
             "new_block_ids": np.array([b for s in rows for b in s.block_ids], dtype=np.int32),
             "new_block_offsets": block_offsets,
             **model_runner_columns(computed, scheduled, [s.table for s in rows], self.block_size),
@@ -90,6 +91,7 @@ class PythonBackend:
             np.array([row[u.request_id] for u in updates], dtype=np.int32),
             np.array([t for u in updates for t in u.new_token_ids], dtype=np.uint32),
             token_offsets,
+            np.array([u.cached_tokens for u in updates], dtype=np.int64),
             [
                 (i, u.finish_reason, u.stop_reason)
                 for i, u in enumerate(updates)
@@ -108,6 +110,7 @@ class PythonBackend:
         return SchedulerStats(
             s.num_running_reqs,
             s.num_waiting_reqs,
+            s.num_skipped_waiting_reqs,
             s.kv_cache_usage,
             s.prefix_cache_stats,
             s.num_preempted_reqs,
@@ -138,6 +141,7 @@ class RustBackend:
             num_blocks=cache_config.num_blocks,
             block_size=cache_config.block_size,
             enable_prefix_caching=cache_config.enable_prefix_caching,
+            async_scheduling=c.async_scheduling,
         )
 
     def add_request(self, request: Request) -> None:
@@ -169,8 +173,7 @@ class RustBackend:
         return self.core.reset_prefix_cache(reset_running_requests)
 
     def make_stats(self) -> SchedulerStats:
-        running, waiting, usage, prefix, preempted = self.core.make_stats()
-        return SchedulerStats(running, waiting, usage, prefix, preempted)
+        return SchedulerStats(*self.core.make_stats())
 
     def num_free_blocks(self) -> int:
         return self.core.num_free_blocks

@@ -52,7 +52,8 @@ class SchedulerOutput:
     ``req_slots`` (a request's stable row while it lives), ``num_scheduled``,
     ``num_computed_tokens`` (before the step), ``kinds`` (0 new, 1 resumed,
     2 running), ``samples`` (the step reaches the request's last known
-    token, so it yields a token), ``new_block_ids`` flattened with
+    token, so it yields a token), ``num_output_tokens`` (before the step,
+    output placeholders included), ``new_block_ids`` flattened with
     ``new_block_offsets`` (n + 1), and for the model runner the flattened
     per-token ``positions`` and ``slot_mapping``, ``query_start_loc`` (n + 1)
     and ``seq_lens``.
@@ -74,6 +75,7 @@ class SchedulerOutput:
         self.num_computed_tokens: np.ndarray = columns["num_computed_tokens"]
         self.kinds: np.ndarray = columns["kinds"]
         self.samples: np.ndarray = columns["samples"]
+        self.num_output_tokens: np.ndarray = columns["num_output_tokens"]
         self.new_block_ids: np.ndarray = columns["new_block_ids"]
         self.new_block_offsets: np.ndarray = columns["new_block_offsets"]
         self.positions: np.ndarray = columns["positions"]
@@ -196,12 +198,15 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
         rows: np.ndarray,
         tokens: np.ndarray,
         token_offsets: np.ndarray,
+        cached_tokens: np.ndarray,
         finished: list[tuple[int, str, int | None]],
     ) -> None:
         self._step_req_ids = step_req_ids
         self.rows = rows  # each record's row in the step
         self.tokens = tokens  # flat; record i owns tokens[token_offsets[i]:token_offsets[i+1]]
         self.token_offsets = token_offsets
+        # Per record: the request's tokens in hash-cached blocks after it.
+        self.cached_tokens = cached_tokens
         self.finished = {rec: (reason, stop) for rec, reason, stop in finished}
 
     @cached_property

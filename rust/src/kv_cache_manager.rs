@@ -282,6 +282,23 @@ impl KvCacheManager {
         Ok(())
     }
 
+    /// Hash-cache the table's full blocks up to token `upto`, when prefix
+    /// caching is on; the async update caches the blocks its tokens filled.
+    pub fn cache_full_blocks(&mut self, table: &mut BlockTable, seq: &Sequence, upto: usize) {
+        if self.enable_caching {
+            self.cache_blocks(table, seq, upto);
+        }
+    }
+
+    /// Tokens held in the table's hash-cached blocks.
+    pub fn num_cached_tokens(&self, table: &BlockTable) -> usize {
+        if self.enable_caching {
+            table.num_cached * self.block_size
+        } else {
+            0
+        }
+    }
+
     /// Hash-cache the table's full blocks up to token `upto` (spec §7.7).
     fn cache_blocks(&mut self, table: &mut BlockTable, seq: &Sequence, upto: usize) {
         if upto < (table.num_cached + 1) * self.block_size {

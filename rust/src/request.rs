@@ -96,6 +96,12 @@ pub struct Request {
     pub stale_tokens: usize,
     /// ... or, after a reset that preempted it, dropped without a record.
     pub dropped_tokens: usize,
+    /// Async scheduling: tokens sampled in flight that positions were
+    /// already scheduled for (vLLM's `num_output_placeholders`).
+    pub num_output_placeholders: usize,
+    /// Skipped by a waiting pass and not admitted since (vLLM's
+    /// `deferred_waiting`; only counted in the stats).
+    pub deferred: bool,
 }
 
 impl Request {
@@ -107,5 +113,11 @@ impl Request {
     /// Output tokens so far.
     pub fn num_output_tokens(&self) -> usize {
         self.seq.num_tokens() - self.seq.num_prompt_tokens()
+    }
+
+    /// Whether the last step left prompt (or resumed) tokens to compute:
+    /// such a step samples nothing, so gets no placeholder.
+    pub fn is_prefill_chunk(&self) -> bool {
+        self.seq.num_computed_tokens < self.num_tokens() + self.num_output_placeholders
     }
 }

@@ -30,7 +30,11 @@ static NEXT_SCHEDULER_ID: AtomicU64 = AtomicU64::new(1);
 #[derive(Clone, Debug, PartialEq)]
 pub struct SchedulerStats {
     pub num_running_reqs: usize,
+    /// Waiting and not skipped by a waiting pass since.
     pub num_waiting_reqs: usize,
+    /// Waiting, skipped by a waiting pass (output in flight) and not
+    /// admitted since.
+    pub num_skipped_waiting_reqs: usize,
     pub kv_cache_usage: f64,
     pub prefix_cache_stats: PrefixCacheStats,
     /// Preemptions since the stats were last taken.
@@ -51,6 +55,7 @@ pub struct Scheduler {
     finished_ids: Vec<String>,
     preempted_ids: Vec<String>,
     num_preempted: u64,
+    num_deferred: usize,
     id: u64,
     next_step: u64,
     pending_steps: VecDeque<u64>,
@@ -82,6 +87,7 @@ impl Scheduler {
             finished_ids: Vec::new(),
             preempted_ids: Vec::new(),
             num_preempted: 0,
+            num_deferred: 0,
             id: NEXT_SCHEDULER_ID.fetch_add(1, Ordering::Relaxed),
             next_step: 0,
             pending_steps: VecDeque::new(),
@@ -190,6 +196,8 @@ impl Scheduler {
             in_flight_tokens: 0,
             stale_tokens: 0,
             dropped_tokens: 0,
+            num_output_placeholders: 0,
+            deferred: false,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => s,
@@ -239,6 +247,7 @@ impl Scheduler {
 
     fn free_request(&mut self, slot: Slot) {
         let mut r = self.slab[slot as usize].take().expect("a live slot");
+        self.num_deferred -= r.deferred as usize;
         self.kv.free(&mut r.table);
         self.ids.remove(&r.request_id);
         self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
@@ -266,7 +275,16 @@ impl Scheduler {
             let slot = self.running[i];
             let r = self.req(slot);
             let computed = r.seq.num_computed_tokens;
-            let mut n = r.num_tokens() - computed;
+            let placeholders = r.num_output_placeholders;
+            // Async: the token in flight is its last one (max_tokens), so
+            // another step could only compute a position nobody samples.
+            if placeholders > 0
+                && computed + 2 >= placeholders + r.seq.num_prompt_tokens() + r.stop.max_tokens
+            {
+                i += 1;
+                continue;
+            }
+            let mut n = r.num_tokens() + placeholders - computed;
             if threshold > 0 && threshold < n {
                 n = threshold;
             }
@@ -340,6 +358,10 @@ impl Scheduler {
             let r = self.slab[slot as usize].as_mut().expect("a live slot");
             if r.stale_tokens > 0 {
                 // Its output is still in flight (spec §5.4): skip it.
+                if !r.deferred {
+                    r.deferred = true;
+                    self.num_deferred += 1;
+                }
                 self.waiting.pop();
                 skipped.push(slot);
                 continue;
@@ -369,6 +391,10 @@ impl Scheduler {
             };
             r.status = RequestStatus::Running;
             r.seq.num_computed_tokens = hit_tokens;
+            if r.deferred {
+                r.deferred = false;
+                self.num_deferred -= 1;
+            }
             let samples = hit_tokens + n >= r.num_tokens();
             self.waiting.pop();
             self.running.push(slot);
@@ -433,6 +459,7 @@ impl Scheduler {
         r.seq.num_computed_tokens = 0;
         r.num_preemptions += 1;
         r.stale_tokens = r.in_flight_tokens;
+        r.num_output_placeholders = 0;
         self.waiting.prepend(slot, r);
         if !self.preempted_ids.contains(&r.request_id) {
             self.preempted_ids.push(r.request_id.clone());
@@ -453,6 +480,7 @@ impl Scheduler {
             num_computed_tokens: Vec::with_capacity(n),
             kinds: Vec::with_capacity(n),
             samples: Vec::with_capacity(n),
+            num_output_tokens: Vec::with_capacity(n),
             positions: Vec::with_capacity(total),
             slot_mapping: Vec::with_capacity(total),
             query_start_loc: Vec::with_capacity(entries.len() + 1),
@@ -469,6 +497,8 @@ impl Scheduler {
             out.kinds.push(e.kind as u8);
             out.samples.push(e.samples);
             let r = self.slab[e.slot as usize].as_mut().expect("a live slot");
+            out.num_output_tokens
+                .push((r.num_output_tokens() + r.num_output_placeholders) as i32);
             let table = &r.table;
             if e.block_start < table.len() {
                 out.new_block_ids
@@ -484,6 +514,9 @@ impl Scheduler {
             out.seq_lens.push(end as i32);
             r.seq.num_computed_tokens += e.num_tokens;
             r.in_flight_tokens += e.num_tokens;
+            if self.config.async_scheduling && !r.is_prefill_chunk() {
+                r.num_output_placeholders += 1; // the token this step samples
+            }
         }
         out.entries = entries;
         self.preempted_ids.sort_unstable();
@@ -535,6 +568,7 @@ impl Scheduler {
                 continue; // a partial prefill: no output
             }
             let status_before = r.status;
+            let placeholders = r.num_output_placeholders;
             let start = out.tokens.len();
             let mut finished = false;
             for &t in sampled {
@@ -550,10 +584,20 @@ impl Scheduler {
                 r.seq.num_computed_tokens -=
                     (sampled.len() - emitted).min(r.seq.num_computed_tokens);
             }
+            if !stale && placeholders > 0 {
+                // Every returned token resolves a placeholder, trimmed or not.
+                r.num_output_placeholders = placeholders.saturating_sub(sampled.len());
+                if status_before == RequestStatus::Running {
+                    // The blocks the arrived tokens filled can be cached now.
+                    let upto = r.seq.num_computed_tokens.saturating_sub(r.in_flight_tokens);
+                    self.kv.cache_full_blocks(&mut r.table, &r.seq, upto);
+                }
+            }
             out.records.push(UpdateRecord {
                 entry: i as u32,
                 slot: e.slot,
                 tokens_end: out.tokens.len(),
+                cached_tokens: self.kv.num_cached_tokens(&r.table),
             });
             if finished {
                 out.finished.push(Finished {
@@ -659,7 +703,8 @@ impl Scheduler {
     pub fn make_stats(&mut self) -> SchedulerStats {
         SchedulerStats {
             num_running_reqs: self.running.len(),
-            num_waiting_reqs: self.waiting.len(),
+            num_waiting_reqs: self.waiting.len() - self.num_deferred,
+            num_skipped_waiting_reqs: self.num_deferred,
             kv_cache_usage: self.kv.usage(),
             prefix_cache_stats: self.kv.make_prefix_cache_stats(),
             num_preempted_reqs: std::mem::take(&mut self.num_preempted),
@@ -689,6 +734,7 @@ mod tests {
             long_prefill_token_threshold: 0,
             policy,
             scheduler_reserve_full_isl: true,
+            async_scheduling: false,
             cache: KvCacheConfig {
                 num_blocks,
                 block_size: 16,
@@ -790,6 +836,50 @@ mod tests {
         let (rows, preempted) = step(&mut s);
         assert_eq!(rows, vec![row("D", 1, 32, &[2])]);
         assert_eq!(preempted, vec!["C".to_string()]);
+    }
+
+    #[test]
+    fn async_placeholders_stop_at_max_tokens() {
+        // Prompt of 20, max_tokens 2, the next step scheduled while the
+        // previous one is in flight (as vLLM's engine runs async mode).
+        let mut config = scheduler(11, 64, 256, Policy::Fcfs).config().clone();
+        config.async_scheduling = true;
+        let mut s = Scheduler::new(config).unwrap();
+        s.add_request(NewRequest {
+            request_id: "a".into(),
+            prompt_token_ids: (3..23).collect(),
+            stop: StopRules {
+                max_tokens: 2,
+                min_tokens: 0,
+                eos_token_id: Some(2),
+                stop_token_ids: vec![],
+            },
+            priority: 0,
+            arrival_time: 0.0,
+            cache_salt: None,
+        })
+        .unwrap();
+        let mut s_a = s.schedule().unwrap();
+        assert_eq!(s_a.entries[0].num_tokens, 20);
+        // Position 20 holds the token step A samples: computed ahead of it.
+        let s_b = s.schedule().unwrap();
+        assert_eq!(
+            (
+                s_b.entries[0].num_tokens,
+                s_b.entries[0].num_computed_tokens
+            ),
+            (1, 20)
+        );
+        assert_eq!(s_b.num_output_tokens, vec![1]); // one placeholder
+        let up = s.update_from_output(&s_a, &[5], &[0, 1]).unwrap();
+        assert!(up.finished.is_empty());
+        // Step B samples the second and last token: nothing left to schedule.
+        let s_c = s.schedule().unwrap();
+        assert!(s_c.entries.is_empty());
+        let up = s.update_from_output(&s_b, &[6], &[0, 1]).unwrap();
+        assert_eq!(up.finished[0].status, RequestStatus::FinishedLengthCapped);
+        s_a.step_id = u64::MAX; // a forged step is refused, not applied
+        assert!(s.update_from_output(&s_a, &[5], &[0, 1]).is_err());
     }
 
     #[test]

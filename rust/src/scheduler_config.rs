@@ -26,6 +26,10 @@ pub struct SchedulerConfig {
     pub policy: Policy,
     /// The full-prompt admission gate (spec §7.6).
     pub scheduler_reserve_full_isl: bool,
+    /// vLLM's async scheduling: the next step is scheduled before this
+    /// step's output arrives, each sampling request holding an output
+    /// placeholder for the token in flight (spec §5.5).
+    pub async_scheduling: bool,
     pub cache: KvCacheConfig,
 }
 

@@ -43,6 +43,9 @@ pub struct StepOutput {
     pub num_computed_tokens: Vec<i32>,
     pub kinds: Vec<u8>,
     pub samples: Vec<bool>,
+    /// Output tokens, placeholders included, before this step (what vLLM's
+    /// model runner is told as `num_output_tokens`).
+    pub num_output_tokens: Vec<i32>,
     /// Whole tables for new/resumed entries, new blocks for running ones,
     /// flattened; entry `i` owns `new_block_ids[offsets[i]..offsets[i+1]]`.
     pub new_block_ids: Vec<i32>,
@@ -82,6 +85,9 @@ pub struct UpdateRecord {
     /// This record's tokens end at `UpdateOutput::tokens[..tokens_end]`
     /// (they start where the previous record's end).
     pub tokens_end: usize,
+    /// Tokens of the request held in hash-cached blocks after this output
+    /// (vLLM's `estimate_cached_tokens`, for its prefill stats).
+    pub cached_tokens: usize,
 }
 
 /// A request that finished in `update_from_output` (it is freed already).

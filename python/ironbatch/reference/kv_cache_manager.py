@@ -177,6 +177,16 @@ class KVCacheManager:
         evictable_hits = sum(1 for b in hits if b.ref_cnt == 0)
         return max(required - have, 0) + evictable_hits
 
+    def cache_full_blocks(self, seq: Sequence, table: BlockTable, upto: int) -> None:
+        """Hash-cache the table's full blocks up to token ``upto`` when prefix
+        caching is on; the async update caches the blocks its tokens filled."""
+        if self.enable_prefix_caching:
+            self._cache_blocks(seq, table, upto)
+
+    def num_cached_tokens(self, table: BlockTable) -> int:
+        """Tokens held in the table's hash-cached blocks."""
+        return table.num_cached * self.block_size if self.enable_prefix_caching else 0
+
     def _cache_blocks(self, seq: Sequence, table: BlockTable, upto: int) -> None:
         """Hash-cache the table's full blocks up to token ``upto`` (spec §7.7)."""
         full = min(

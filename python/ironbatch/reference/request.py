@@ -67,6 +67,11 @@ class Request:
         self.stale_tokens = 0
         # ... or, after a reset that preempted it, dropped without a record.
         self.dropped_tokens = 0
+        # Async scheduling: tokens sampled in flight whose positions were
+        # already scheduled (vLLM's num_output_placeholders).
+        self.num_output_placeholders = 0
+        # Skipped by a waiting pass and not admitted since (stats only).
+        self.deferred = False
 
     @property
     def num_tokens(self) -> int:
@@ -87,6 +92,12 @@ class Request:
     @num_computed_tokens.setter
     def num_computed_tokens(self, n: int) -> None:
         self.seq.num_computed_tokens = n
+
+    @property
+    def is_prefill_chunk(self) -> bool:
+        """The last step left prompt (or resumed) tokens to compute: it
+        samples nothing, so it gets no placeholder."""
+        return self.num_computed_tokens < self.num_tokens + self.num_output_placeholders
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -31,6 +31,7 @@ class ScheduledRequest:
     block_ids: list[int]  # the whole table for new/resumed; new blocks for running
     table: list[int]  # the whole table at scheduling time
     samples: bool  # this step reaches the request's last known token
+    num_output_tokens: int  # before this step, output placeholders included
 
     @property
     def request_id(self) -> str:
@@ -58,12 +59,14 @@ class RequestUpdate:
     new_token_ids: list[int]
     finish_reason: str | None
     stop_reason: int | None
+    cached_tokens: int  # the request's tokens in hash-cached blocks after the output
 
 
 @dataclass
 class SchedulerStats:
     num_running_reqs: int
-    num_waiting_reqs: int
+    num_waiting_reqs: int  # not counting the skipped ones
+    num_skipped_waiting_reqs: int  # skipped by a waiting pass, not admitted since
     kv_cache_usage: float
     prefix_cache_stats: PrefixCacheStats
     num_preempted_reqs: int  # preemptions since the stats were last taken
@@ -79,6 +82,7 @@ class Scheduler:
         self.long_prefill_token_threshold: int = c.long_prefill_token_threshold
         self.policy: str = c.policy
         self.reserve_full_isl: bool = c.scheduler_reserve_full_isl
+        self.async_scheduling: bool = c.async_scheduling
         self.block_size: int = cache_config.block_size
         self.kv = KVCacheManager(
             cache_config.num_blocks,
@@ -133,6 +137,7 @@ class Scheduler:
 
     def _free(self, r: Request) -> None:
         self.finished_req_ids.add(r.request_id)
+        r.deferred = False
         self.kv.release(r.table)
         del self.requests[r.request_id]
         self._free_slots.append(r.slot)
@@ -151,7 +156,16 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
-            n = r.num_tokens - r.num_computed_tokens
+            placeholders = r.num_output_placeholders
+            # Async: the token in flight is its last one (max_tokens), so
+            # another step could only compute a position nobody samples.
+            if (
+                placeholders > 0
+                and r.num_computed_tokens + 2 - placeholders >= r.num_prompt_tokens + r.max_tokens
+            ):
+                i += 1
+                continue
+            n = r.num_tokens + placeholders - r.num_computed_tokens
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget, self.max_model_len - 1 - r.num_computed_tokens)
@@ -189,8 +203,11 @@ class Scheduler:
         assert step.total_num_scheduled_tokens <= self.max_num_batched_tokens
         assert len(self.running) <= self.max_num_seqs
         for s in step.scheduled:  # optimistic advance, before the step runs
-            s.request.num_computed_tokens += s.num_tokens
-            s.request.in_flight_tokens += s.num_tokens
+            r = s.request
+            r.num_computed_tokens += s.num_tokens
+            r.in_flight_tokens += s.num_tokens
+            if self.async_scheduling and not r.is_prefill_chunk:
+                r.num_output_placeholders += 1  # the token this step samples
         self.finished_req_ids = set()
         self.preempted_req_ids = set()
         return step
@@ -204,6 +221,7 @@ class Scheduler:
                 break
             r = self.waiting.peek()
             if r.stale_tokens > 0:  # its output is still in flight (spec §5.4)
+                r.deferred = True
                 skipped.append(self.waiting.pop())
                 continue
             hits, hit_tokens = self.kv.lookup(r.seq)
@@ -224,6 +242,7 @@ class Scheduler:
             kind = "new" if r.status == RequestStatus.WAITING else "resumed"
             r.status = RequestStatus.RUNNING
             r.num_computed_tokens = hit_tokens
+            r.deferred = False
             scheduled[r.request_id] = self._entry(r, n, kind, r.table.blocks)
             budget -= n
         self.waiting.prepend_all(skipped)
@@ -237,6 +256,7 @@ class Scheduler:
             block_ids=[b.block_id for b in blocks],
             table=r.table.block_ids(),
             samples=r.num_computed_tokens + n >= r.num_tokens,
+            num_output_tokens=r.num_output_tokens + r.num_output_placeholders,
         )
 
     def _pick_victim(
@@ -267,6 +287,7 @@ class Scheduler:
         r.num_computed_tokens = 0
         r.num_preemptions += 1
         r.stale_tokens = r.in_flight_tokens
+        r.num_output_placeholders = 0
         self.waiting.prepend(r)
         self.preempted_req_ids.add(r.request_id)
         self.num_preempted += 1
@@ -297,6 +318,7 @@ class Scheduler:
             if not tokens:
                 continue  # a partial prefill: no output
             status_before = r.status
+            placeholders = r.num_output_placeholders
             emitted: list[int] = []
             stopped = False
             for t in tokens:
@@ -305,9 +327,17 @@ class Scheduler:
                 if check_stop(r, self.max_model_len):
                     stopped = True
                     break
+            if stopped and not stale:
+                r.num_computed_tokens -= len(tokens) - len(emitted)
+            if not stale and placeholders > 0:
+                # Every returned token resolves a placeholder, trimmed or not.
+                r.num_output_placeholders = max(placeholders - len(tokens), 0)
+                if status_before == RequestStatus.RUNNING:
+                    # The blocks the arrived tokens filled can be cached now.
+                    upto = max(r.num_computed_tokens - r.in_flight_tokens, 0)
+                    self.kv.cache_full_blocks(r.seq, r.table, upto)
+            cached_tokens = self.kv.num_cached_tokens(r.table)
             if stopped:
-                if not stale:
-                    r.num_computed_tokens -= len(tokens) - len(emitted)
                 self._free(r)  # in scheduling order: this shapes the free queue (Q18)
                 running = status_before == RequestStatus.RUNNING
                 (stopped_running if running else stopped_waiting).append(r)
@@ -317,6 +347,7 @@ class Scheduler:
                     emitted,
                     r.status.finish_reason if stopped else None,
                     r.stop_reason,
+                    cached_tokens,
                 )
             )
         if stopped_running:
@@ -361,13 +392,17 @@ class Scheduler:
     def make_stats(self) -> SchedulerStats:
         stats = SchedulerStats(
             num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting),
+            num_waiting_reqs=len(self.waiting) - self._num_deferred(),
+            num_skipped_waiting_reqs=self._num_deferred(),
             kv_cache_usage=self.kv.usage,
             prefix_cache_stats=self.kv.make_prefix_cache_stats(),
             num_preempted_reqs=self.num_preempted,
         )
         self.num_preempted = 0
         return stats
+
+    def _num_deferred(self) -> int:
+        return sum(r.deferred for r in self.waiting)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.running) + len(self.waiting)
@@ -389,6 +424,7 @@ class Scheduler:
                     r.table.block_ids(),
                     r.table.num_cached,
                     r.num_preemptions,
+                    (r.num_output_placeholders, r.in_flight_tokens, r.stale_tokens, r.deferred),
                 )
                 for rid, r in self.requests.items()
             },

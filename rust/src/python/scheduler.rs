@@ -85,7 +85,7 @@ impl PyScheduler {
     #[pyo3(signature = (*, max_num_seqs, max_num_batched_tokens, max_model_len,
                         enable_chunked_prefill, long_prefill_token_threshold, policy,
                         scheduler_reserve_full_isl, num_blocks, block_size,
-                        enable_prefix_caching))]
+                        enable_prefix_caching, async_scheduling = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_num_seqs: &Bound<'_, PyAny>,
@@ -98,6 +98,7 @@ impl PyScheduler {
         num_blocks: &Bound<'_, PyAny>,
         block_size: &Bound<'_, PyAny>,
         enable_prefix_caching: bool,
+        async_scheduling: bool,
     ) -> PyResult<Self> {
         let policy = match policy {
             "fcfs" => Policy::Fcfs,
@@ -120,6 +121,7 @@ impl PyScheduler {
             )?,
             policy,
             scheduler_reserve_full_isl,
+            async_scheduling,
             cache: KvCacheConfig {
                 num_blocks: count("num_blocks", num_blocks)?,
                 block_size: count("block_size", block_size)?,
@@ -197,6 +199,10 @@ impl PyScheduler {
         columns.set_item("kinds", arr(py, std::mem::take(&mut step.kinds)))?;
         columns.set_item("samples", arr(py, std::mem::take(&mut step.samples)))?;
         columns.set_item(
+            "num_output_tokens",
+            arr(py, std::mem::take(&mut step.num_output_tokens)),
+        )?;
+        columns.set_item(
             "new_block_ids",
             arr(py, std::mem::take(&mut step.new_block_ids)),
         )?;
@@ -226,10 +232,11 @@ impl PyScheduler {
     /// Apply a step's tokens. With `offsets`, entry `i` gets
     /// `token_ids[offsets[i]:offsets[i+1]]`; without, `token_ids` holds one
     /// token per entry in scheduling order, -1 for none. Returns (rows,
-    /// tokens, token offsets, finished) for the requests that got tokens, in
-    /// scheduling order: `rows` index the step's entries (so the ids need not
-    /// cross again); `finished` lists (record, finish reason, stop reason)
-    /// for those that ended.
+    /// tokens, token offsets, cached tokens, finished) for the requests that
+    /// got tokens, in scheduling order: `rows` index the step's entries (so
+    /// the ids need not cross again); `cached tokens` are those held in
+    /// hash-cached blocks after the output; `finished` lists (record, finish
+    /// reason, stop reason) for those that ended.
     #[pyo3(signature = (step, token_ids, offsets = None))]
     #[allow(clippy::type_complexity)]
     fn update_from_output<'py>(
@@ -239,6 +246,7 @@ impl PyScheduler {
         token_ids: PyReadonlyArray1<'py, i64>,
         offsets: Option<PyReadonlyArray1<'py, i64>>,
     ) -> PyResult<(
+        Bound<'py, PyAny>,
         Bound<'py, PyAny>,
         Bound<'py, PyAny>,
         Bound<'py, PyAny>,
@@ -288,6 +296,11 @@ impl PyScheduler {
             .update_from_output(&step.step, &tokens, &offsets)
             .map_err(value_error)?;
         let rows: Vec<i32> = out.records.iter().map(|rec| rec.entry as i32).collect();
+        let cached: Vec<i64> = out
+            .records
+            .iter()
+            .map(|rec| rec.cached_tokens as i64)
+            .collect();
         let mut token_offsets = Vec::with_capacity(out.records.len() + 1);
         token_offsets.push(0i64);
         token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
@@ -301,6 +314,7 @@ impl PyScheduler {
             arr(py, rows),
             arr(py, out.tokens),
             arr(py, token_offsets),
+            arr(py, cached),
             finished,
         ))
     }
@@ -329,13 +343,15 @@ impl PyScheduler {
             .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
     }
 
-    /// (num_running_reqs, num_waiting_reqs, kv_cache_usage,
-    /// PrefixCacheStats, num_preempted_reqs); takes the counters.
-    fn make_stats(&mut self) -> (usize, usize, f64, PyPrefixCacheStats, u64) {
+    /// (num_running_reqs, num_waiting_reqs, num_skipped_waiting_reqs,
+    /// kv_cache_usage, PrefixCacheStats, num_preempted_reqs); takes the
+    /// counters.
+    fn make_stats(&mut self) -> (usize, usize, usize, f64, PyPrefixCacheStats, u64) {
         let s = self.core.make_stats();
         (
             s.num_running_reqs,
             s.num_waiting_reqs,
+            s.num_skipped_waiting_reqs,
             s.kv_cache_usage,
             s.prefix_cache_stats.into(),
             s.num_preempted_reqs,
@@ -374,6 +390,12 @@ impl PyScheduler {
                     r.table.block_ids().to_vec(),
                     r.table.num_cached_blocks(),
                     r.num_preemptions,
+                    (
+                        r.num_output_placeholders,
+                        r.in_flight_tokens,
+                        r.stale_tokens,
+                        r.deferred,
+                    ),
                 ),
             )?;
         }
