@@ -43,6 +43,13 @@ class SchedulerPair:
         self.events["abort"] += 1
         self.check()
 
+    def reset_prefix_cache(self, reset_running_requests: bool) -> None:
+        a = self.rust.reset_prefix_cache(reset_running_requests)
+        b = self.twin.reset_prefix_cache(reset_running_requests)
+        assert a == b
+        self.events["reset"] += 1
+        self.check()
+
     def schedule(self) -> None:
         r, p = self.rust.schedule(), self.twin.schedule()
         assert list(r.entries()) == list(p.entries())
@@ -75,7 +82,7 @@ class SchedulerPair:
         self.events["resumed"] += sum(1 for e in r.entries() if e.kind == "resumed")
         flights = [f for *_, f in self.rust.debug_state()["requests"].values()]
         self.events["placeholders"] += sum(1 for f in flights if f[0] > 0)
-        self.events["skipped"] += sum(1 for f in flights if f[3])
+        self.events["skipped"] += sum(1 for f in flights if f[4])
         self.in_flight.append((r, p))
         self.check()
 
@@ -121,14 +128,15 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
     assert s.num_free_blocks == len(free)
     # 7. Table size; waiting requests hold nothing.
     for rid, (status, _slot, num_tokens, computed, table, cached, _p, flight) in requests.items():
-        placeholders, in_flight, stale, deferred = flight
+        placeholders, in_flight, stale, drop_stale, deferred = flight
         assert computed <= num_tokens + placeholders
         assert cached <= len(table)
         # A placeholder stands for a token sampled by a step still in flight.
         assert placeholders <= in_flight and stale <= in_flight
         if status == "RUNNING":
             assert len(table) >= cdiv(computed, bs)
-            assert not deferred and stale == 0
+            # Only a share that will be dropped lets a request resume early.
+            assert not deferred and (stale == 0 or drop_stale)
         else:
             assert table == [] and computed == 0 and placeholders == 0, rid
     # 9. Return of blocks.

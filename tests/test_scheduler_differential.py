@@ -79,6 +79,8 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
                 live.append(rid)
         if live and rng.random() < 0.05:
             pair.abort([rng.choice(live)])
+        if rng.random() < 0.02:
+            pair.reset_prefix_cache(reset_running_requests=rng.random() < 0.5)
         pair.schedule()
         # Sync: usually one step in flight, sometimes more schedule() calls
         # before the first output arrives (spec §5.4). Async: usually two,

@@ -146,6 +146,16 @@ class Step:
         query_start_loc, seq_lens."""
     def __len__(self) -> int: ...
 
+# (each record's row in the step, tokens, token offsets, tokens in cached
+# blocks per record, finished records as (record, finish reason, stop reason))
+UpdateColumns = tuple[
+    NDArray[np.int32],
+    NDArray[np.uint32],
+    NDArray[np.int64],
+    NDArray[np.int64],
+    list[tuple[int, str, int | None]],
+]
+
 class Scheduler:
     """vLLM 0.33's V1 scheduler in Rust (use it through ``ironbatch.Scheduler``)."""
 
@@ -183,20 +193,32 @@ class Scheduler:
         step: Step,
         token_ids: NDArray[np.int64],
         offsets: NDArray[np.int64] | None = None,
-    ) -> tuple[
-        NDArray[np.int32],
-        NDArray[np.uint32],
-        NDArray[np.int64],
-        NDArray[np.int64],
-        list[tuple[int, str, int | None]],
-    ]:
+    ) -> UpdateColumns:
         """Apply a step's tokens (with ``offsets``: ragged; without: one per
         entry, -1 for none). Returns (each record's row in the step, tokens,
         token offsets, each record's tokens in hash-cached blocks, finished
         records as (record, finish reason, stop reason))."""
+    def update_from_runner_output(
+        self,
+        step: Step,
+        req_id_to_index: dict[str, int],
+        sampled_token_ids: list[list[int]],
+    ) -> UpdateColumns:
+        """Apply a vLLM ModelRunnerOutput's tokens (entry ``i`` gets
+        ``sampled_token_ids[req_id_to_index[req_ids[i]]]``); returns what
+        ``update_from_output`` does."""
     def finish_requests(
         self, request_ids: Sequence[str], status: str = "FINISHED_ABORTED"
     ) -> None: ...
+    @property
+    def pause_state(self) -> int:
+        """vLLM's pause state: 0 unpaused, 1 no admissions, 2 nothing scheduled."""
+    @pause_state.setter
+    def pause_state(self, state: int) -> None: ...
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting) request counts."""
+    @property
+    def kv_cache_usage(self) -> float: ...
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool: ...
     def make_stats(self) -> tuple[int, int, int, float, PrefixCacheStats, int]:
         """(num_running_reqs, num_waiting_reqs, num_skipped_waiting_reqs,

@@ -35,7 +35,7 @@ pub use error::KvError;
 pub use kv_cache_manager::{KvCacheConfig, KvCacheManager};
 pub use prefix_cache_stats::PrefixCacheStats;
 pub use request::{NewRequest, Request, RequestStatus, StopRules};
-pub use scheduler::{Scheduler, SchedulerStats};
+pub use scheduler::{Pause, Scheduler, SchedulerStats};
 pub use scheduler_config::{Policy, SchedulerConfig};
 pub use sequence::Sequence;
 pub use step::{Finished, Kind, StepEntry, StepOutput, UpdateOutput, UpdateRecord};

@@ -92,10 +92,13 @@ pub struct Request {
     pub num_preemptions: u32,
     /// Tokens scheduled whose output has not arrived (spec §5.4) ...
     pub in_flight_tokens: usize,
-    /// ... after a preemption, how many of those are stale ...
+    /// ... after a preemption, how many of those are stale (their tokens
+    /// still arrive) ...
     pub stale_tokens: usize,
-    /// ... or, after a reset that preempted it, dropped without a record.
-    pub dropped_tokens: usize,
+    /// ... and whether the stale share is dropped instead (a reset
+    /// preempted it and may resample those positions); kept through a
+    /// later preemption until that share has drained.
+    pub drop_stale: bool,
     /// Async scheduling: tokens sampled in flight that positions were
     /// already scheduled for (vLLM's `num_output_placeholders`).
     pub num_output_placeholders: usize,

@@ -41,6 +41,18 @@ pub struct SchedulerStats {
     pub num_preempted_reqs: u64,
 }
 
+/// vLLM's pause states (`PauseState`): what a paused scheduler still does.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Pause {
+    /// Schedules as usual.
+    #[default]
+    Unpaused,
+    /// Admits nobody; running requests go on.
+    New,
+    /// Schedules nothing (steps still report finished and preempted ids).
+    All,
+}
+
 /// vLLM 0.33's V1 scheduler.
 #[derive(Debug)]
 pub struct Scheduler {
@@ -56,6 +68,7 @@ pub struct Scheduler {
     preempted_ids: Vec<String>,
     num_preempted: u64,
     num_deferred: usize,
+    pause: Pause,
     id: u64,
     next_step: u64,
     pending_steps: VecDeque<u64>,
@@ -88,6 +101,7 @@ impl Scheduler {
             preempted_ids: Vec::new(),
             num_preempted: 0,
             num_deferred: 0,
+            pause: Pause::Unpaused,
             id: NEXT_SCHEDULER_ID.fetch_add(1, Ordering::Relaxed),
             next_step: 0,
             pending_steps: VecDeque::new(),
@@ -110,6 +124,13 @@ impl Scheduler {
         self.slab.get(slot as usize)?.as_ref()
     }
 
+    /// Whether the request a step entry scheduled is still live (not
+    /// finished, its slot not reused).
+    pub fn is_live(&self, entry: &StepEntry) -> bool {
+        self.generations.get(entry.slot as usize) == Some(&entry.generation)
+            && self.request(entry.slot).is_some()
+    }
+
     /// The slot of the live request `request_id`.
     pub fn slot_of(&self, request_id: &str) -> Option<Slot> {
         self.ids.get(request_id).copied()
@@ -123,6 +144,21 @@ impl Scheduler {
     /// Waiting requests, in admission order.
     pub fn waiting(&self) -> impl Iterator<Item = Slot> + '_ {
         self.waiting.iter()
+    }
+
+    /// Pause or resume scheduling (vLLM's `set_pause_state`).
+    pub fn set_pause(&mut self, pause: Pause) {
+        self.pause = pause;
+    }
+
+    /// The pause state.
+    pub fn pause(&self) -> Pause {
+        self.pause
+    }
+
+    /// (running, waiting) request counts.
+    pub fn request_counts(&self) -> (usize, usize) {
+        (self.running.len(), self.waiting.len())
     }
 
     /// Unfinished requests.
@@ -195,7 +231,7 @@ impl Scheduler {
             num_preemptions: 0,
             in_flight_tokens: 0,
             stale_tokens: 0,
-            dropped_tokens: 0,
+            drop_stale: false,
             num_output_placeholders: 0,
             deferred: false,
         };
@@ -259,7 +295,10 @@ impl Scheduler {
     pub fn schedule(&mut self) -> Result<StepOutput, KvError> {
         let c = &self.config;
         let (max_len, policy) = (c.max_model_len, c.policy);
-        let mut budget = c.max_num_batched_tokens;
+        let mut budget = match self.pause {
+            Pause::All => 0,
+            _ => c.max_num_batched_tokens,
+        };
         // Q1: with a single request in the system the threshold is off.
         let threshold = if self.running.len() + self.waiting.len() > 1 {
             c.long_prefill_token_threshold
@@ -304,7 +343,7 @@ impl Scheduler {
                 let (victim, cursor, refund) = self.take_victim(slot, i, &mut entries);
                 i = cursor;
                 budget += refund;
-                self.preempt(victim);
+                self.preempt(victim, false);
                 preempted_any = true;
                 if victim == slot {
                     break None;
@@ -331,7 +370,7 @@ impl Scheduler {
         }
 
         // WAITING pass: only if nobody was preempted (Q5).
-        if !preempted_any {
+        if !preempted_any && self.pause == Pause::Unpaused {
             self.admit_waiting(budget, threshold, &mut entries)?;
         }
         Ok(self.finish_step(entries))
@@ -356,7 +395,7 @@ impl Scheduler {
             }
             let slot = self.waiting.peek().expect("not empty");
             let r = self.slab[slot as usize].as_mut().expect("a live slot");
-            if r.stale_tokens > 0 {
+            if r.stale_tokens > 0 && !r.drop_stale {
                 // Its output is still in flight (spec §5.4): skip it.
                 if !r.deferred {
                     r.deferred = true;
@@ -452,12 +491,13 @@ impl Scheduler {
     }
 
     /// Recompute-style preemption (spec §4.4); `slot` already left running.
-    fn preempt(&mut self, slot: Slot) {
+    fn preempt(&mut self, slot: Slot, drop_stale: bool) {
         let r = self.slab[slot as usize].as_mut().expect("a live slot");
         self.kv.free(&mut r.table);
         r.status = RequestStatus::Preempted;
         r.seq.num_computed_tokens = 0;
         r.num_preemptions += 1;
+        r.drop_stale = drop_stale || (r.drop_stale && r.stale_tokens > 0);
         r.stale_tokens = r.in_flight_tokens;
         r.num_output_placeholders = 0;
         self.waiting.prepend(slot, r);
@@ -554,14 +594,12 @@ impl Scheduler {
                 continue;
             };
             r.in_flight_tokens = r.in_flight_tokens.saturating_sub(e.num_tokens);
-            if r.dropped_tokens > 0 {
-                // Preempted by a reset: its output is discarded (spec §5.4).
-                r.dropped_tokens = r.dropped_tokens.saturating_sub(e.num_tokens);
-                continue;
-            }
             let stale = r.stale_tokens > 0;
             if stale {
                 r.stale_tokens = r.stale_tokens.saturating_sub(e.num_tokens);
+                if r.drop_stale {
+                    continue; // preempted by a reset: discarded (spec §5.4)
+                }
             }
             let sampled = &tokens[offsets[i]..offsets[i + 1]];
             if sampled.is_empty() {
@@ -683,10 +721,7 @@ impl Scheduler {
     pub fn reset_prefix_cache(&mut self, reset_running_requests: bool) -> Result<bool, KvError> {
         if reset_running_requests {
             while let Some(slot) = self.running.pop() {
-                self.preempt(slot);
-                let r = self.req_mut(slot);
-                r.dropped_tokens = r.in_flight_tokens;
-                r.stale_tokens = 0;
+                self.preempt(slot, true);
             }
         }
         let done = self.kv.reset_prefix_cache();

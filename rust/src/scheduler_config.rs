@@ -39,6 +39,8 @@ fn invalid(msg: String) -> Result<(), KvError> {
 
 impl SchedulerConfig {
     /// Check every rule of spec §2, naming the first field that breaks one.
+    /// Whether the cache holds one `max_model_len` sequence is vLLM's
+    /// start-up check, not the scheduler's: see [`SchedulerConfig::check_fits`].
     pub fn validate(&self) -> Result<(), KvError> {
         self.cache.validate()?;
         let c = self;
@@ -76,6 +78,14 @@ impl SchedulerConfig {
                 c.cache.num_blocks
             ));
         }
+        Ok(())
+    }
+
+    /// vLLM's start-up refusal: the cache must hold one `max_model_len`
+    /// sequence. vLLM's scheduler itself runs with less (a request that
+    /// cannot fit waits), and so does this one, for the vLLM drop-in.
+    pub fn check_fits(&self) -> Result<(), KvError> {
+        let c = self;
         let needed = cdiv(c.max_model_len, c.cache.block_size);
         if needed > c.cache.num_blocks - 1 {
             return invalid(format!(

@@ -65,8 +65,9 @@ class Request:
         self.in_flight_tokens = 0
         # ... and, after a preemption, how many of those are stale ...
         self.stale_tokens = 0
-        # ... or, after a reset that preempted it, dropped without a record.
-        self.dropped_tokens = 0
+        # ... and whether that stale share is dropped instead (a reset preempted
+        # it); kept through a later preemption until the share has drained.
+        self.drop_stale = False
         # Async scheduling: tokens sampled in flight whose positions were
         # already scheduled (vLLM's num_output_placeholders).
         self.num_output_placeholders = 0

@@ -220,7 +220,7 @@ class Scheduler:
             if len(self.running) >= self.max_num_seqs:
                 break
             r = self.waiting.peek()
-            if r.stale_tokens > 0:  # its output is still in flight (spec §5.4)
+            if r.stale_tokens > 0 and not r.drop_stale:  # output still in flight (spec §5.4)
                 r.deferred = True
                 skipped.append(self.waiting.pop())
                 continue
@@ -280,12 +280,13 @@ class Scheduler:
         undone = scheduled.pop(victim.request_id, None)
         return victim, i, undone.num_tokens if undone is not None else 0
 
-    def _preempt(self, r: Request) -> None:
+    def _preempt(self, r: Request, drop_stale: bool = False) -> None:
         """Recompute-style preemption (spec §4.4); ``r`` already left running."""
         self.kv.release(r.table)
         r.status = RequestStatus.PREEMPTED
         r.num_computed_tokens = 0
         r.num_preemptions += 1
+        r.drop_stale = drop_stale or (r.drop_stale and r.stale_tokens > 0)
         r.stale_tokens = r.in_flight_tokens
         r.num_output_placeholders = 0
         self.waiting.prepend(r)
@@ -308,12 +309,11 @@ class Scheduler:
             if r.status.is_finished:
                 continue  # aborted meanwhile: no output
             r.in_flight_tokens -= s.num_tokens
-            if r.dropped_tokens > 0:  # preempted by a reset: discarded (spec §5.4)
-                r.dropped_tokens -= s.num_tokens
-                continue
             stale = r.stale_tokens > 0
             if stale:
                 r.stale_tokens -= s.num_tokens
+                if r.drop_stale:
+                    continue  # preempted by a reset: discarded (spec §5.4)
             tokens = list(sampled.get(s.request_id, ()))
             if not tokens:
                 continue  # a partial prefill: no output
@@ -382,8 +382,7 @@ class Scheduler:
         if reset_running_requests:
             while self.running:
                 r = self.running.pop()
-                self._preempt(r)
-                r.dropped_tokens, r.stale_tokens = r.in_flight_tokens, 0
+                self._preempt(r, drop_stale=True)
         done = self.kv.reset_prefix_cache()
         if reset_running_requests and not done:
             raise RuntimeError("reset_prefix_cache failed with every request preempted")
@@ -424,7 +423,13 @@ class Scheduler:
                     r.table.block_ids(),
                     r.table.num_cached,
                     r.num_preemptions,
-                    (r.num_output_placeholders, r.in_flight_tokens, r.stale_tokens, r.deferred),
+                    (
+                        r.num_output_placeholders,
+                        r.in_flight_tokens,
+                        r.stale_tokens,
+                        r.drop_stale,
+                        r.deferred,
+                    ),
                 )
                 for rid, r in self.requests.items()
             },

@@ -9,7 +9,7 @@ use super::prefix_cache_stats::PyPrefixCacheStats;
 use crate::kv_cache_manager::KvCacheConfig;
 use crate::request::{NewRequest, RequestStatus, StopRules};
 use crate::request_queue::Slot;
-use crate::scheduler::Scheduler;
+use crate::scheduler::{Pause, Scheduler};
 use crate::scheduler_config::{Policy, SchedulerConfig};
 use crate::step::StepOutput;
 use numpy::{PyArray1, PyReadonlyArray1};
@@ -50,6 +50,16 @@ impl PyStep {
     }
 }
 
+/// What an update returns: (each record's row in the step, tokens, token
+/// offsets, cached tokens per record, finished (record, reason, stop reason)).
+type UpdateColumns<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Vec<(usize, &'static str, Option<u32>)>,
+);
+
 fn arr<'py, T: numpy::Element>(py: Python<'py>, v: Vec<T>) -> Bound<'py, PyAny> {
     PyArray1::from_vec(py, v).into_any()
 }
@@ -76,6 +86,43 @@ fn token(i: usize, t: i64) -> PyResult<u32> {
 impl PyScheduler {
     fn forget(&mut self, slot: Slot) {
         self.py_ids[slot as usize] = None;
+    }
+
+    /// Apply checked tokens to the core and return the update's columns.
+    fn apply<'py>(
+        &mut self,
+        py: Python<'py>,
+        step: &StepOutput,
+        tokens: &[u32],
+        offsets: &[usize],
+    ) -> PyResult<UpdateColumns<'py>> {
+        let out = self
+            .core
+            .update_from_output(step, tokens, offsets)
+            .map_err(value_error)?;
+        let rows: Vec<i32> = out.records.iter().map(|rec| rec.entry as i32).collect();
+
+        let cached: Vec<i64> = out
+            .records
+            .iter()
+            .map(|rec| rec.cached_tokens as i64)
+            .collect();
+        let mut token_offsets = Vec::with_capacity(out.records.len() + 1);
+        token_offsets.push(0i64);
+        token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
+        let mut finished = Vec::with_capacity(out.finished.len());
+        for f in &out.finished {
+            let reason = f.status.finish_reason().unwrap_or("error");
+            finished.push((f.record, reason, f.stop_reason));
+            self.forget(out.records[f.record].slot);
+        }
+        Ok((
+            arr(py, rows),
+            arr(py, out.tokens),
+            arr(py, token_offsets),
+            arr(py, cached),
+            finished,
+        ))
     }
 }
 
@@ -238,20 +285,13 @@ impl PyScheduler {
     /// hash-cached blocks after the output; `finished` lists (record, finish
     /// reason, stop reason) for those that ended.
     #[pyo3(signature = (step, token_ids, offsets = None))]
-    #[allow(clippy::type_complexity)]
     fn update_from_output<'py>(
         &mut self,
         py: Python<'py>,
         step: &Bound<'py, PyStep>,
         token_ids: PyReadonlyArray1<'py, i64>,
         offsets: Option<PyReadonlyArray1<'py, i64>>,
-    ) -> PyResult<(
-        Bound<'py, PyAny>,
-        Bound<'py, PyAny>,
-        Bound<'py, PyAny>,
-        Bound<'py, PyAny>,
-        Vec<(usize, &'static str, Option<u32>)>,
-    )> {
+    ) -> PyResult<UpdateColumns<'py>> {
         let step = step.get();
         let raw = token_ids.as_array();
         let (tokens, offsets) = match offsets {
@@ -291,32 +331,56 @@ impl PyScheduler {
                 (tokens, offsets)
             }
         };
-        let out = self
-            .core
-            .update_from_output(&step.step, &tokens, &offsets)
-            .map_err(value_error)?;
-        let rows: Vec<i32> = out.records.iter().map(|rec| rec.entry as i32).collect();
-        let cached: Vec<i64> = out
-            .records
-            .iter()
-            .map(|rec| rec.cached_tokens as i64)
-            .collect();
-        let mut token_offsets = Vec::with_capacity(out.records.len() + 1);
-        token_offsets.push(0i64);
-        token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
-        let mut finished = Vec::with_capacity(out.finished.len());
-        for f in &out.finished {
-            let reason = f.status.finish_reason().unwrap_or("error");
-            finished.push((f.record, reason, f.stop_reason));
-            self.forget(out.records[f.record].slot);
+        self.apply(py, &step.step, &tokens, &offsets)
+    }
+
+    /// Apply a vLLM `ModelRunnerOutput`'s tokens: entry `i` gets
+    /// `sampled_token_ids[req_id_to_index[req_ids[i]]]` (none when the
+    /// list is empty). A live scheduled request missing from
+    /// `req_id_to_index` is refused. Returns what `update_from_output` does.
+    fn update_from_runner_output<'py>(
+        &mut self,
+        py: Python<'py>,
+        step: &Bound<'py, PyStep>,
+        req_id_to_index: &Bound<'py, PyDict>,
+        sampled_token_ids: &Bound<'py, PyList>,
+    ) -> PyResult<UpdateColumns<'py>> {
+        let step = step.get();
+        let ids = step.req_ids.bind(py);
+        let n = step.step.entries.len();
+        let mut tokens: Vec<u32> = Vec::with_capacity(n);
+        let mut offsets: Vec<usize> = Vec::with_capacity(n + 1);
+        offsets.push(0);
+        let any_sampled = !sampled_token_ids.is_empty();
+        for (i, entry) in step.step.entries.iter().enumerate() {
+            if any_sampled {
+                let rid = ids.get_item(i)?;
+                match req_id_to_index.get_item(&rid)? {
+                    Some(index) => {
+                        let index: usize = index.extract()?;
+                        let row = sampled_token_ids.get_item(index).map_err(|_| {
+                            PyValueError::new_err(format!(
+                                "req_id_to_index[{rid}] = {index} is outside sampled_token_ids \
+                                 ({} rows)",
+                                sampled_token_ids.len()
+                            ))
+                        })?;
+                        for t in row.try_iter()? {
+                            let t: i64 = t?.extract()?;
+                            tokens.push(token(tokens.len(), t)?);
+                        }
+                    }
+                    None if self.core.is_live(entry) => {
+                        return Err(PyValueError::new_err(format!(
+                            "req_id_to_index has no row for scheduled request {rid}"
+                        )));
+                    }
+                    None => {}
+                }
+            }
+            offsets.push(tokens.len());
         }
-        Ok((
-            arr(py, rows),
-            arr(py, out.tokens),
-            arr(py, token_offsets),
-            arr(py, cached),
-            finished,
-        ))
+        self.apply(py, &step.step, &tokens, &offsets)
     }
 
     /// Abort requests, freeing them in the order given (unknown ids ignored).
@@ -363,6 +427,39 @@ impl PyScheduler {
         self.core.kv().num_free_blocks()
     }
 
+    /// vLLM's pause state: 0 unpaused, 1 no admissions, 2 nothing scheduled.
+    #[getter]
+    fn get_pause_state(&self) -> u8 {
+        self.core.pause() as u8
+    }
+
+    #[setter]
+    fn set_pause_state(&mut self, state: u8) -> PyResult<()> {
+        let pause = match state {
+            0 => Pause::Unpaused,
+            1 => Pause::New,
+            2 => Pause::All,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "pause_state must be 0, 1 or 2, got {other}"
+                )))
+            }
+        };
+        self.core.set_pause(pause);
+        Ok(())
+    }
+
+    /// (running, waiting) request counts.
+    fn get_request_counts(&self) -> (usize, usize) {
+        self.core.request_counts()
+    }
+
+    /// The fraction of usable KV-cache blocks in use.
+    #[getter]
+    fn kv_cache_usage(&self) -> f64 {
+        self.core.kv().usage()
+    }
+
     fn get_num_unfinished_requests(&self) -> usize {
         self.core.num_unfinished_requests()
     }
@@ -394,6 +491,7 @@ impl PyScheduler {
                         r.num_output_placeholders,
                         r.in_flight_tokens,
                         r.stale_tokens,
+                        r.drop_stale,
                         r.deferred,
                     ),
                 ),
