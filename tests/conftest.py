@@ -9,6 +9,7 @@ import os
 # ironbatch.kernels: the kernel tests run on the CPU interpreter.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import importlib.util  # noqa: E402
 import types  # noqa: E402
 
 import pytest  # noqa: E402
@@ -17,6 +18,11 @@ import ironbatch  # noqa: E402
 import ironbatch.reference  # noqa: E402
 
 BACKENDS = {"rust": ironbatch, "python": ironbatch.reference}
+
+# The vLLM drop-in's tests need vLLM, which lives in a venv of its own and
+# runs them there (scripts/test_vllm.sh, part of the README's test command).
+if importlib.util.find_spec("vllm") is None:
+    collect_ignore = ["vllm_dropin"]
 
 
 @pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))

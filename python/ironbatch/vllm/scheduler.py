@@ -1,0 +1,499 @@
+"""``ironbatch.vllm.Scheduler``: vLLM 0.33's scheduler interface on the Rust
+core, for ``--scheduler-cls ironbatch.vllm.Scheduler``.
+
+vLLM's EngineCore constructs it like its own scheduler and hands it vLLM
+``Request`` objects; it returns vLLM's own ``SchedulerOutput`` and
+``EngineCoreOutputs``. The decisions (tokens per request, preemption
+victims, prefix hits, block ids) come from the core, which makes vLLM's.
+A configuration the core does not cover yet is handed, whole and at
+construction, to vLLM's own scheduler (see ``support.py``).
+
+What lives where: the core owns the scheduling state (queues, block tables,
+``num_computed_tokens``, output placeholders); this class keeps vLLM's
+``Request`` objects current in what vLLM reads back (status, output tokens,
+stop reason, ``num_computed_tokens``, preemption count, events, prefill
+stats). It does not maintain ``Request.block_hashes``: the core hashes
+blocks itself."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.outputs import RequestError
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerStats
+from vllm.v1.request import Request, RequestStatus
+
+from ironbatch import _core
+from ironbatch.vllm.support import unsupported_config, unsupported_request
+
+logger = logging.getLogger("ironbatch.vllm")
+
+NEW, RESUMED, RUNNING = 0, 1, 2
+FINISHED = {
+    "stop": (RequestStatus.FINISHED_STOPPED, FinishReason.STOP),
+    "length": (RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH),
+    "abort": (RequestStatus.FINISHED_ABORTED, FinishReason.ABORT),
+    "error": (RequestStatus.FINISHED_ERROR, FinishReason.ERROR),
+}
+CORE_STATUSES = {
+    "FINISHED_ABORTED",
+    "FINISHED_STOPPED",
+    "FINISHED_LENGTH_CAPPED",
+    "FINISHED_IGNORED",
+    "FINISHED_ERROR",
+}
+
+
+class Scheduler(SchedulerInterface):
+    """vLLM's V1 scheduler, decided by ironbatch's Rust core."""
+
+    def __new__(
+        cls,
+        vllm_config: Any,
+        kv_cache_config: Any,
+        structured_output_manager: Any,
+        block_size: int,
+        hash_block_size: int | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        why = unsupported_config(vllm_config, kv_cache_config, block_size, hash_block_size)
+        if why is None:
+            return super().__new__(cls)
+        fallback = (
+            AsyncScheduler if vllm_config.scheduler_config.async_scheduling else VllmScheduler
+        )
+        logger.warning(
+            "ironbatch.vllm.Scheduler does not support %s yet; this engine uses vLLM's %s",
+            why,
+            fallback.__name__,
+        )
+        # vLLM's schedulers take the same arguments in the same order. The
+        # result is not an instance of cls, so Python skips __init__ on it.
+        return fallback(
+            vllm_config,
+            kv_cache_config,
+            structured_output_manager,
+            block_size,
+            hash_block_size,
+            *args,
+            **kwargs,
+        )
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        kv_cache_config: Any,
+        structured_output_manager: Any,
+        block_size: int,
+        hash_block_size: int | None = None,
+        mm_registry: Any = MULTIMODAL_REGISTRY,
+        include_finished_set: bool = False,
+        log_stats: bool = False,
+    ) -> None:
+        sc = vllm_config.scheduler_config
+        self.vllm_config = vllm_config
+        self.scheduler_config = sc
+        self.cache_config = vllm_config.cache_config
+        self.kv_cache_config = kv_cache_config
+        self.structured_output_manager = structured_output_manager
+        self.block_size = block_size
+        self.log_stats = log_stats
+        self.max_model_len: int = vllm_config.model_config.max_model_len
+        self.use_v2_model_runner: bool = vllm_config.use_v2_model_runner
+        # EngineCore reads these; the drop-in never has connectors.
+        self.connector = None
+        self.ec_connector = None
+        self._core = _core.Scheduler(
+            max_num_seqs=sc.max_num_seqs,
+            max_num_batched_tokens=sc.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_chunked_prefill=sc.enable_chunked_prefill,
+            long_prefill_token_threshold=sc.long_prefill_token_threshold,
+            policy=sc.policy,
+            scheduler_reserve_full_isl=sc.scheduler_reserve_full_isl,
+            num_blocks=kv_cache_config.num_blocks,
+            block_size=block_size,
+            enable_prefix_caching=self.cache_config.enable_prefix_caching,
+            async_scheduling=bool(sc.async_scheduling),
+        )
+        self.requests: dict[str, Request] = {}  # unfinished, in arrival order
+        self._by_slot: list[Request | None] = []  # the core's slot -> request
+        # Steps scheduled and not yet updated: id(output) -> (output, core step, requests).
+        self._in_flight: dict[int, tuple[SchedulerOutput, Any, list[Request]]] = {}
+        self._prev_step_req_ids: set[str] = set()  # model runner V1's all_token_ids rule
+        self._reset_preempted: set[str] = set()  # status already mirrored by a reset
+        self._has_finished = False  # finished ids wait for the next schedule()
+        self._rejected: list[tuple[Request, RequestError]] = []
+        self.finished_req_ids_dict: dict[int, set[str]] | None = (
+            defaultdict(set) if include_finished_set else None
+        )
+
+    # -- requests in and out ------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"request_id {rid!r} is already in the scheduler")
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.QUEUED)
+        why = unsupported_request(request)
+        if why is not None:
+            request.status = RequestStatus.FINISHED_ERROR
+            message = f"ironbatch.vllm.Scheduler does not support {why} yet"
+            self._rejected.append((request, RequestError("validation_error", message)))
+            return
+        sp = request.sampling_params
+        slot = self._core.add_request(
+            rid,
+            request.prompt_token_ids,
+            request.max_tokens,
+            sp.min_tokens,
+            sp.eos_token_id,
+            sp.stop_token_ids or (),
+            request.priority,
+            request.arrival_time,
+            request.cache_salt,
+        )
+        if slot >= len(self._by_slot):
+            self._by_slot.extend([None] * (slot + 1 - len(self._by_slot)))
+        self._by_slot[slot] = request
+        self.requests[rid] = request
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.requests
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
+    ) -> list[Request]:
+        """End requests from outside (aborts, stop strings); unknown and
+        finished ids are ignored. Frees in vLLM's order (a set's, for an
+        iterable), which shapes the free queue."""
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"finished_status must be a finished status, got {finished_status}")
+        if isinstance(request_ids, str):
+            ids: Iterable[str] = (request_ids,)
+        elif request_ids is None:
+            ids = list(self.requests)
+        else:
+            ids = set(request_ids)
+        valid = [r for rid in ids if (r := self.requests.get(rid)) is not None]
+        if not valid:
+            return []
+        name = finished_status.name if finished_status.name in CORE_STATUSES else "FINISHED_ERROR"
+        self._core.finish_requests([r.request_id for r in valid], name)
+        for r in valid:
+            r.status = finished_status
+            self._forget(r)
+        return valid
+
+    def _forget(self, request: Request) -> None:
+        del self.requests[request.request_id]
+        self._has_finished = True
+        if self.finished_req_ids_dict is not None:
+            self.finished_req_ids_dict[request.client_index].add(request.request_id)
+
+    # -- schedule() -----------------------------------------------------------
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """One step, as vLLM's SchedulerOutput. ``throttle_prefills`` comes
+        from data-parallel engines only, which use vLLM's own scheduler."""
+        step = self._core.schedule()
+        self._has_finished = False
+        cols = step.columns()
+        by_slot = self._by_slot
+        reqs = [by_slot[s] for s in cols["req_slots"].tolist()]
+        req_ids: list[str] = step.req_ids
+        num_scheduled: list[int] = cols["num_scheduled"].tolist()
+        computed: list[int] = cols["num_computed_tokens"].tolist()
+        kinds = cols["kinds"]
+        num_running = len(reqs) - int((kinds != RUNNING).sum())  # running rows come first
+        now = time.monotonic()
+        self._mirror_preemptions(step.preempted_req_ids, now)
+        admitted = range(num_running, len(reqs))
+        for i in admitted:
+            self._mirror_admission(reqs[i], computed[i], now)
+
+        offsets = cols["new_block_offsets"].tolist()
+        flat_ids = cols["new_block_ids"]
+
+        def block_ids(i: int) -> tuple[list[int], ...]:
+            return (flat_ids[offsets[i] : offsets[i + 1]].tolist(),)
+
+        new_rows = [i for i in admitted if kinds[i] == NEW]
+        resumed_rows = [i for i in admitted if kinds[i] == RESUMED]
+        if self.use_v2_model_runner:
+            new_rows += resumed_rows  # resumed requests are reinstalled whole
+            resumed_rows = []
+        new_reqs = [
+            NewRequestData.from_request(
+                reqs[i],
+                block_ids(i),
+                reqs[i]._all_token_ids if self.use_v2_model_runner else None,
+            )
+            for i in new_rows
+        ]
+        cached_rows = list(itertools.chain(range(num_running), resumed_rows))
+        new_block_ids: list[tuple[list[int], ...] | None] = [None] * num_running
+        for i in [i for i in range(num_running) if offsets[i + 1] > offsets[i]]:
+            new_block_ids[i] = block_ids(i)
+        new_block_ids += [block_ids(i) for i in resumed_rows]
+        num_output_tokens: list[int] = cols["num_output_tokens"].tolist()
+        all_token_ids: dict[str, list[int]] = {}
+        if not self.use_v2_model_runner:
+            prev = self._prev_step_req_ids
+            all_token_ids = {
+                req_ids[i]: reqs[i].all_token_ids.copy()
+                for i in cached_rows
+                if req_ids[i] not in prev
+            }
+            self._prev_step_req_ids = set(req_ids)
+        cached = CachedRequestData(
+            req_ids=[req_ids[i] for i in cached_rows],
+            resumed_req_ids={req_ids[i] for i in resumed_rows},
+            new_token_ids=[],
+            all_token_ids=all_token_ids,
+            new_block_ids=new_block_ids,
+            num_computed_tokens=[computed[i] for i in cached_rows],
+            num_output_tokens=[num_output_tokens[i] for i in cached_rows],
+        )
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=dict(zip(req_ids, num_scheduled, strict=True)),
+            total_num_scheduled_tokens=sum(num_scheduled),
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            preempted_req_ids=set(step.preempted_req_ids),
+            finished_req_ids=set(step.finished_req_ids),
+            free_encoder_mm_hashes=[],
+        )
+        for r, c, n in zip(reqs, computed, num_scheduled, strict=True):
+            r.num_computed_tokens = c + n  # advanced before the step runs, as vLLM does
+        self._in_flight[id(output)] = (output, step, reqs)
+        return output
+
+    def _mirror_preemptions(self, preempted_req_ids: list[str], now: float) -> None:
+        for rid in preempted_req_ids:
+            r = self.requests.get(rid)
+            if r is None or rid in self._reset_preempted:
+                continue
+            self._mirror_preemption(r, now)
+        self._reset_preempted.clear()
+
+    def _mirror_preemption(self, r: Request, now: float) -> None:
+        r.status = RequestStatus.PREEMPTED
+        r.num_computed_tokens = 0
+        r.num_preemptions += 1
+        if self.log_stats:
+            r.record_event(EngineCoreEventType.PREEMPTED, now)
+
+    def _mirror_admission(self, r: Request, hit_tokens: int, now: float) -> None:
+        if self.log_stats:
+            r.record_event(EngineCoreEventType.SCHEDULED, now)
+        if r.prefill_stats is not None and r.num_preemptions <= 0:
+            r.prefill_stats.set(
+                num_prompt_tokens=r.num_prompt_tokens,
+                num_local_cached_tokens=hit_tokens,
+                num_external_cached_tokens=0,
+            )
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = hit_tokens  # what NewRequestData reports
+
+    # -- update_from_output() -------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> dict[int, EngineCoreOutputs]:
+        """Apply a step's sampled tokens; vLLM's EngineCoreOutputs per client."""
+        key = id(scheduler_output)
+        entry = self._in_flight.get(key)
+        if entry is None or entry[0] is not scheduler_output:
+            raise ValueError(
+                "scheduler_output was not made by this scheduler's schedule(), "
+                "or its output was already applied"
+            )
+        _, step, reqs = entry
+        mro = model_runner_output
+        # Checked in full before anything changes: a refused output can be retried.
+        rows, tokens, offsets, cached, finished = self._core.update_from_runner_output(
+            step, mro.req_id_to_index, mro.sampled_token_ids
+        )
+        del self._in_flight[key]
+        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+        if mro.num_nans_in_logits:
+            for rid, n in mro.num_nans_in_logits.items():
+                if (r := self.requests.get(rid)) is not None:
+                    r.num_nans_in_logits = n
+        tokens_l, offsets_l, cached_l = tokens.tolist(), offsets.tolist(), cached.tolist()
+        ends = {rec: (reason, stop) for rec, reason, stop in finished}
+        extras = bool(mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict)
+        for k, row in enumerate(rows.tolist()):
+            r = reqs[row]
+            new = tokens_l[offsets_l[k] : offsets_l[k + 1]]
+            r._output_token_ids.extend(new)
+            r._all_token_ids.extend(new)
+            # Defaults are left alone (most outputs are one token, nothing else).
+            out = EngineCoreOutput(r.request_id, new)
+            if k in ends:
+                reason, r.stop_reason = ends[k]
+                r.status, out.finish_reason = FINISHED[reason]
+                out.stop_reason = r.stop_reason
+                self._forget(r)
+            if r.prefill_stats is not None:
+                out.prefill_stats, r.prefill_stats = r.prefill_stats, None
+                out.prefill_stats.finalize(cached_l[k])
+            if r.events:
+                out.events = r.take_events()
+            if r.trace_headers is not None:
+                out.trace_headers = r.trace_headers
+            if r.num_nans_in_logits:
+                out.num_nans_in_logits = r.num_nans_in_logits
+            if extras:
+                self._attach_logprobs(out, r, mro, len(new))
+            outputs[r.client_index].append(out)
+        self._report_rejected(outputs)
+        return self._engine_core_outputs(outputs, mro.cudagraph_stats)
+
+    @staticmethod
+    def _attach_logprobs(out: EngineCoreOutput, r: Request, mro: Any, n: int) -> None:
+        """Pass the model runner's logprobs through, as vLLM does."""
+        rid = r.request_id
+        if r.sampling_params.num_logprobs is not None and mro.logprobs:
+            out.new_logprobs = mro.logprobs.slice_request(mro.req_id_to_index[rid], n)
+        out.new_prompt_logprobs_tensors = mro.prompt_logprobs_dict.get(rid)
+        out.prompt_token_id_logprobs = mro.prompt_token_id_logprobs_dict.get(rid)
+
+    def _report_rejected(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
+        for r, error in self._rejected:
+            outputs[r.client_index].append(
+                EngineCoreOutput(
+                    request_id=r.request_id,
+                    new_token_ids=[],
+                    finish_reason=FinishReason.ERROR,
+                    events=r.take_events(),
+                    trace_headers=r.trace_headers,
+                    error=error,
+                )
+            )
+        self._rejected.clear()
+
+    def _engine_core_outputs(
+        self, outputs: dict[int, list[EngineCoreOutput]], cudagraph_stats: Any
+    ) -> dict[int, EngineCoreOutputs]:
+        result = {client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()}
+        finished = self.finished_req_ids_dict
+        if finished:
+            for client, ids in finished.items():
+                if (eco := result.get(client)) is not None:
+                    eco.finished_requests = ids
+                else:
+                    result[client] = EngineCoreOutputs(finished_requests=ids)
+            finished.clear()
+        stats = self.make_stats(cudagraph_stats=cudagraph_stats)
+        if stats is not None:
+            # Stats go to one front-end only, even in a step without outputs.
+            if (eco := next(iter(result.values()), None)) is None:
+                result[0] = eco = EngineCoreOutputs()
+            eco.scheduler_stats = stats
+        return result
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        return None  # no request here uses structured outputs
+
+    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        raise RuntimeError("ironbatch.vllm.Scheduler does not schedule draft tokens")
+
+    def update_draft_token_ids_in_output(
+        self, draft_token_ids: Any, scheduler_output: SchedulerOutput
+    ) -> None:
+        raise RuntimeError("ironbatch.vllm.Scheduler does not schedule draft tokens")
+
+    # -- state ----------------------------------------------------------------
+
+    def get_num_unfinished_requests(self) -> int:
+        state = self.pause_state
+        if state == PauseState.PAUSED_ALL:
+            return 0
+        running, waiting = self._core.get_request_counts()
+        # Paused for new requests: waiting ones holding no KV stay queued.
+        return running if state == PauseState.PAUSED_NEW else running + waiting
+
+    def has_finished_requests(self) -> bool:
+        return self._has_finished or bool(self._rejected)
+
+    @property
+    def pause_state(self) -> PauseState:
+        return PauseState(self._core.pause_state)
+
+    def set_pause_state(self, pause_state: PauseState) -> None:
+        self._core.pause_state = int(PauseState(pause_state))
+
+    def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
+        running = [r for r in self.requests.values() if r.status == RequestStatus.RUNNING]
+        done = self._core.reset_prefix_cache(reset_running_requests)
+        if reset_running_requests:
+            now = time.monotonic()
+            for r in reversed(running):
+                self._mirror_preemption(r, now)
+                self._reset_preempted.add(r.request_id)
+            # Preempted and resumed in one step: the runner must reinstall them.
+            self._prev_step_req_ids.clear()
+        return done  # no connector to reset
+
+    def reset_encoder_cache(self) -> None:
+        pass  # no encoder inputs here
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return self._core.get_request_counts()
+
+    def get_kv_cache_usage(self) -> float:
+        return self._core.kv_cache_usage
+
+    def make_stats(
+        self,
+        spec_decoding_stats: Any = None,
+        kv_connector_stats: Any = None,
+        cudagraph_stats: Any = None,
+        perf_stats: Any = None,
+        ec_connector_stats: Any = None,
+    ) -> SchedulerStats | None:
+        if not self.log_stats:
+            return None
+        running, waiting, skipped, usage, prefix, _ = self._core.make_stats()
+        return SchedulerStats(
+            num_running_reqs=running,
+            num_waiting_reqs=waiting,
+            num_skipped_waiting_reqs=skipped,
+            num_kv_fetch_reqs_by_stage=dict.fromkeys(KV_FETCH_STAGES, 0),
+            kv_cache_usage=usage,
+            prefix_cache_stats=PrefixCacheStats(
+                reset=prefix.reset,
+                requests=prefix.requests,
+                queries=prefix.queries,
+                hits=prefix.hits,
+                preempted_requests=prefix.preempted_requests,
+                preempted_queries=prefix.preempted_queries,
+                preempted_hits=prefix.preempted_hits,
+            ),
+            spec_decoding_stats=spec_decoding_stats,
+            kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
+            cudagraph_stats=cudagraph_stats,
+            perf_stats=perf_stats,
+        )
+
+    def shutdown(self) -> None:
+        self._in_flight.clear()

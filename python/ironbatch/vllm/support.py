@@ -1,0 +1,89 @@
+"""What the Rust core cannot schedule yet, as one reason string (or None).
+
+The configuration check runs once, when vLLM constructs the scheduler: any
+reason there makes the whole engine use vLLM's own scheduler. The request
+check runs per request under the drop-in, for the few features a request
+can ask for without a configuration that announces them; such a request is
+finished with an error instead of being scheduled wrongly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def unsupported_config(
+    vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int | None
+) -> str | None:
+    """Why this engine configuration needs vLLM's own scheduler, if it does."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    c = vllm_config
+    sc, mc, pc = c.scheduler_config, c.model_config, c.parallel_config
+    so = c.structured_outputs_config
+    groups = kv_cache_config.kv_cache_groups
+    checks: list[tuple[bool, str]] = [
+        (c.lora_config is not None, "LoRA"),
+        (c.speculative_config is not None, "speculative decoding"),
+        (c.kv_transfer_config is not None, "a KV connector"),
+        (c.ec_transfer_config is not None, "an encoder-cache connector"),
+        (pc.pipeline_parallel_size > 1, "pipeline parallelism"),
+        (pc.data_parallel_size > 1, "data parallelism (prefill balancing)"),
+        (
+            pc.decode_context_parallel_size > 1 or pc.prefill_context_parallel_size > 1,
+            "context parallelism",
+        ),
+        (mc.is_multimodal_model or mc.supports_multimodal_inputs, "multimodal inputs"),
+        (mc.is_encoder_decoder, "an encoder-decoder model"),
+        (mc.runner_type != "generate" or mc.is_diffusion, f"the {mc.runner_type!r} runner"),
+        (bool(mc.enable_prompt_embeds), "prompt embeddings"),
+        (bool(mc.return_sampling_mask), "sampling masks"),
+        (so.backend != "auto" or bool(so.reasoning_parser), "structured outputs"),
+        (
+            len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec,
+            "a KV cache other than one full-attention group",
+        ),
+        (hash_block_size not in (None, block_size), "a hash block size unlike the block size"),
+        (
+            c.num_lookahead_tokens or c.num_prefill_lookahead_tokens or c.num_hash_lookahead_tokens,
+            "lookahead tokens",
+        ),
+        (
+            c.kv_events_config is not None and c.kv_events_config.enable_kv_cache_events,
+            "KV cache events",
+        ),
+        (c.aux_output_config.enabled, "auxiliary outputs"),
+        (c.observability_config.kv_cache_metrics, "KV-cache metrics"),
+        (c.observability_config.enable_mfu_metrics, "MFU metrics"),
+        (c.observability_config.enable_logging_iteration_details, "iteration details"),
+        (
+            c.observability_config.per_request_spec_decode_metrics != "none",
+            "per-request speculative-decoding metrics",
+        ),
+        (sc.max_num_active_seqs not in (None, sc.max_num_seqs), "max_num_active_seqs"),
+        (
+            sc.max_num_scheduled_tokens not in (None, sc.max_num_batched_tokens),
+            "max_num_scheduled_tokens",
+        ),
+        (sc.watermark != 0, "a KV-cache watermark"),
+        (sc.prefill_schedule_interval != 1, "prefill_schedule_interval"),
+        (sc.long_prefill_token_threshold_adaptive, "an adaptive long-prefill threshold"),
+        (sc.policy not in ("fcfs", "priority"), f"the {sc.policy!r} policy"),
+    ]
+    return next((why for bad, why in checks if bad), None)
+
+
+def unsupported_request(request: Any) -> str | None:
+    """Why this request cannot be scheduled by the drop-in, if it cannot."""
+    sp = request.sampling_params
+    checks: list[tuple[bool, str]] = [
+        (sp is None or request.pooling_params is not None, "pooling"),
+        (request.use_structured_output, "structured outputs"),
+        (bool(request.mm_features), "multimodal inputs"),
+        (request.lora_request is not None, "LoRA"),
+        (request.prompt_embeds is not None, "prompt embeddings"),
+        (request.resumable, "streaming input"),
+        (sp is not None and sp.repetition_detection is not None, "repetition detection"),
+        (request.skip_reading_prefix_cache, "skip_reading_prefix_cache"),
+        (request.kv_transfer_params is not None, "KV transfer parameters"),
+    ]
+    return next((why for bad, why in checks if bad), None)

@@ -1,0 +1,139 @@
+"""Differential: vLLM 0.33's own scheduler and ``ironbatch.vllm.Scheduler``
+over random workloads (sync and async scheduling, FCFS and priority, tight
+and ample KV caches, prefix caching on and off, chunked prefill on and off,
+shared prefixes and cache salts, EOS and stop tokens, aborts, prefix-cache
+resets, pauses) must produce equal SchedulerOutputs and EngineCoreOutputs at every
+step. Runs where vLLM is importable (``scripts/test_vllm.sh``)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.v1.core.sched.interface import PauseState  # noqa: E402
+
+import vllm_setup  # noqa: E402
+from vllm_pair import VllmPair  # noqa: E402
+
+VOCAB = 60
+EOS = vllm_setup.EOS
+STOP = 7
+WORKLOADS = 520  # the issue asks for at least 500 per CI run
+CHUNKS = 13
+
+
+def random_settings(rng: random.Random) -> dict:
+    bs = rng.choice([4, 8, 16])
+    max_model_len = rng.choice([64, 128, 256])
+    chunked = rng.random() < 0.8
+    seqs = rng.choice([2, 4, 8, 16])
+    batched = max(rng.choice([16, 32, 64, 256]), seqs)
+    if not chunked:
+        batched = max(batched, max_model_len)
+    need = -(-max_model_len // bs)
+    tight = rng.random() < 0.6
+    blocks = rng.randint(need // 2 + 2, need + 2) if tight else rng.randint(3 * need, 6 * need)
+    return dict(
+        block_size=bs,
+        num_blocks=blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=rng.choice([0, 0, 0, 8, 32]),
+        policy=rng.choice(["fcfs", "priority"]),
+        enable_prefix_caching=rng.random() < 0.8,
+        async_scheduling=rng.random() < 0.5,
+        log_stats=rng.random() < 0.8,
+    )
+
+
+def run_workload(seed: int, steps: int = 60) -> Counter:
+    rng = random.Random(seed)
+    settings = random_settings(rng)
+    pair = VllmPair(rng, **settings)
+    max_len = settings["max_model_len"]
+    # Every request must fit the cache alone, or vLLM itself never finishes it.
+    capacity = min(max_len, (settings["num_blocks"] - 1) * settings["block_size"])
+    prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
+    live: list[str] = []
+    next_id = 0
+
+    def choose() -> int:
+        x = rng.random()
+        return EOS if x < 0.04 else STOP if x < 0.06 else rng.randrange(3, VOCAB)
+
+    def step() -> None:
+        pair.schedule()
+        n = len(pair.in_flight)
+        if settings["async_scheduling"]:
+            # The engine's batch queue holds two; deeper queues (as pipeline
+            # parallelism has) make preempted requests wait for stale output.
+            update = n >= 3 or (n == 2 and rng.random() < 0.8) or (n == 1 and rng.random() < 0.2)
+        else:
+            update = True
+        if update:
+            pair.update_oldest(choose)
+
+    for _ in range(steps):
+        for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
+            plen = rng.randint(1, capacity // 2)
+            shared = rng.randint(0, plen)
+            prompt = rng.choice(prefixes)[:shared] + [
+                rng.randrange(3, VOCAB) for _ in range(plen - shared)
+            ]
+            rid = f"r{next_id}"
+            next_id += 1
+            pair.add(
+                rid,
+                prompt,
+                max_tokens=rng.randint(1, capacity - plen),
+                ignore_eos=rng.random() < 0.3,
+                stop_token_ids=[STOP] if rng.random() < 0.3 else [],
+                priority=rng.randint(0, 3),
+                arrival_time=float(next_id // 3),
+                cache_salt=rng.choice([None, None, None, "tenant"]),
+                client_index=rng.choice([0, 0, 0, 1]),
+            )
+            live.append(rid)
+        if live and rng.random() < 0.08:
+            pair.abort(rng.sample(live, min(len(live), rng.randint(1, 3))))
+        if rng.random() < 0.02:
+            pair.reset_prefix_cache(reset_running_requests=rng.random() < 0.5)
+        if rng.random() < 0.03:
+            pair.set_pause_state(rng.choice(list(PauseState)))
+        step()
+    # Drain: with arrivals over, everything finishes.
+    pair.set_pause_state(PauseState.UNPAUSED)
+    for _ in range(30 * max_len):
+        if not pair.vllm.has_requests() and not pair.in_flight:
+            break
+        if pair.vllm.has_requests():
+            step()
+        else:
+            pair.update_oldest(choose)
+    assert not pair.vllm.has_requests() and not pair.in_flight, "no progress"
+    return pair.events
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_random_workloads_agree_with_vllm(chunk: int) -> None:
+    events: Counter = Counter()
+    per_chunk = WORKLOADS // CHUNKS
+    for seed in range(chunk * per_chunk, (chunk + 1) * per_chunk):
+        events += run_workload(seed)
+    # The workloads must really exercise what they claim to.
+    for what in (
+        "preempted",
+        "prefix_hits",
+        "finished",
+        "aborted",
+        "placeholders",
+        "skipped",
+        "paused",
+    ):
+        assert events[what] >= 10, (what, events)

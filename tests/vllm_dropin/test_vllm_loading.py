@@ -1,0 +1,115 @@
+"""Loading the drop-in the way vLLM does, and the fallback to vLLM's own
+scheduler for what the Rust core does not cover yet."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.config import LoRAConfig, StructuredOutputsConfig  # noqa: E402
+from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.interface import PauseState, SchedulerInterface  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler  # noqa: E402
+from vllm.v1.engine import FinishReason  # noqa: E402
+
+import ironbatch.vllm  # noqa: E402
+
+import vllm_setup  # noqa: E402
+
+CLS = "ironbatch.vllm.Scheduler"
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_scheduler_cls_resolves_and_constructs_like_engine_core(async_scheduling: bool) -> None:
+    vc, kvc = vllm_setup.vllm_config(CLS, async_scheduling=async_scheduling)
+    cls = vc.scheduler_config.get_scheduler_cls()  # what EngineCore calls
+    assert cls is ironbatch.vllm.Scheduler
+    s = vllm_setup.construct(cls, vc, kvc)
+    assert type(s) is ironbatch.vllm.Scheduler and isinstance(s, SchedulerInterface)
+    # EngineCore reads these right after construction.
+    assert s.connector is None and s.ec_connector is None and s.get_kv_connector() is None
+    assert s.get_kv_event_publisher_config() is None
+    assert not s.has_requests() and s.get_request_counts() == (0, 0)
+    assert s.pause_state == PauseState.UNPAUSED
+
+
+def test_scheduler_cls_as_a_class_object() -> None:
+    vc, kvc = vllm_setup.vllm_config(ironbatch.vllm.Scheduler)
+    assert vc.scheduler_config.get_scheduler_cls() is ironbatch.vllm.Scheduler
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        ({"lora_config": LoRAConfig(max_loras=2, max_lora_rank=8)}, "LoRA"),
+        (
+            {"structured_outputs_config": StructuredOutputsConfig(backend="xgrammar")},
+            "structured outputs",
+        ),
+    ],
+    ids=["lora", "structured-outputs"],
+)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_unsupported_config_falls_back_to_vllm_and_says_why(
+    overrides: dict, why: str, async_scheduling: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    vc, kvc = vllm_setup.vllm_config(CLS, async_scheduling=async_scheduling, **overrides)
+    with caplog.at_level(logging.WARNING, logger="ironbatch.vllm"):
+        s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
+    expected = AsyncScheduler if async_scheduling else VllmScheduler
+    assert type(s) is expected
+    lines = [r.getMessage() for r in caplog.records if r.name == "ironbatch.vllm"]
+    assert len(lines) == 1 and why in lines[0] and expected.__name__ in lines[0], lines
+    # The fallback is a working scheduler.
+    s.add_request(vllm_setup.make_request("a", range(3, 20), 2))
+    assert s.schedule().num_scheduled_tokens == {"a": 17}
+
+
+def test_unsupported_request_is_finished_with_an_error() -> None:
+    """A structured-output request under a configuration that did not announce
+    structured outputs: refused with a request-level error, never scheduled."""
+    s = vllm_setup.make_scheduler("ironbatch")
+    schema = StructuredOutputsParams(json='{"type": "object"}')
+    bad = vllm_setup.make_request("bad", range(3, 20), 4, structured_outputs=schema)
+    s.add_request(bad)
+    s.add_request(vllm_setup.make_request("good", range(3, 20), 4))
+    assert s.has_requests() and not s.has_request("bad")
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"good": 17}
+    outs = s.update_from_output(so, vllm_setup.runner_output(so, {"good": [5]}))
+    by_id = {o.request_id: o for o in outs[0].outputs}
+    assert by_id["bad"].finish_reason == FinishReason.ERROR
+    assert "structured outputs" in by_id["bad"].error.message
+    assert by_id["good"].new_token_ids == [5]
+
+
+def test_bad_input_gets_a_clear_error_and_changes_nothing() -> None:
+    s = vllm_setup.make_scheduler("ironbatch")
+    s.add_request(vllm_setup.make_request("a", range(3, 20), 4))
+    with pytest.raises(ValueError, match="already in the scheduler"):
+        s.add_request(vllm_setup.make_request("a", range(3, 20), 4))
+    so = s.schedule()
+    with pytest.raises(ValueError, match="req_id_to_index has no row"):
+        s.update_from_output(
+            so,
+            vllm_setup.runner_output(so, {}).__class__(
+                req_ids=[], req_id_to_index={}, sampled_token_ids=[[5]]
+            ),
+        )
+    with pytest.raises(ValueError, match="neither -1 nor a token id"):
+        s.update_from_output(so, vllm_setup.runner_output(so, {"a": [-5]}))
+    s.update_from_output(so, vllm_setup.runner_output(so, {"a": [5]}))  # still applies
+    with pytest.raises(ValueError, match="already applied"):
+        s.update_from_output(so, vllm_setup.runner_output(so, {"a": [5]}))
+    assert s.schedule().num_scheduled_tokens == {"a": 1}
+
+
+def test_importing_ironbatch_does_not_import_vllm() -> None:
+    code = "import sys, ironbatch; assert 'vllm' not in sys.modules, 'vllm imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

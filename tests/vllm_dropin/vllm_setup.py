@@ -1,0 +1,45 @@
+"""Build vLLM schedulers the way vLLM's EngineCore does (``ironbatch.vllm.
+harness``), plus the model runner's part for the tests. Importing this needs
+vLLM: the tests in this folder run in the vLLM venv of
+``scripts/test_vllm.sh``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.outputs import ModelRunnerOutput
+
+from ironbatch.vllm.harness import (
+    DEFAULTS,
+    EOS,
+    construct,
+    make_request,
+    make_scheduler,
+    tiny_model_dir,
+    vllm_config,
+)
+
+__all__ = [
+    "DEFAULTS",
+    "EOS",
+    "construct",
+    "make_request",
+    "make_scheduler",
+    "runner_output",
+    "tiny_model_dir",
+    "vllm_config",
+]
+
+
+def runner_output(
+    scheduler_output: Any, sampled: dict[str, list[int]] | None = None
+) -> ModelRunnerOutput:
+    """What the model runner returns for a step: ``sampled[req_id]`` tokens
+    for each scheduled request (none for those not listed)."""
+    ids = list(scheduler_output.num_scheduled_tokens)
+    sampled = sampled or {}
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[list(sampled.get(r, [])) for r in ids],
+    )
