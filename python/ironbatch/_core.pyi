@@ -203,10 +203,13 @@ class Scheduler:
         step: Step,
         req_id_to_index: dict[str, int],
         sampled_token_ids: list[list[int]],
-    ) -> UpdateColumns:
+    ) -> tuple[UpdateColumns, list[tuple[list[int], int]]]:
         """Apply a vLLM ModelRunnerOutput's tokens (entry ``i`` gets
         ``sampled_token_ids[req_id_to_index[req_ids[i]]]``); returns what
-        ``update_from_output`` does."""
+        ``update_from_output`` does and each finished request's (tokens,
+        num_computed_tokens)."""
+    def request_state(self, slot: int) -> tuple[list[int], int]:
+        """A live request's (tokens, num_computed_tokens), prompt first."""
     def finish_requests(
         self, request_ids: Sequence[str], status: str = "FINISHED_ABORTED"
     ) -> None: ...

@@ -643,6 +643,8 @@ impl Scheduler {
                     request_id: r.request_id.clone(),
                     status: r.status,
                     stop_reason: r.stop_reason,
+                    token_ids: r.seq.tokens().to_vec(),
+                    num_computed_tokens: r.seq.num_computed_tokens,
                 });
                 stopped.push((e.slot, status_before));
                 // Freed in scheduling order: this shapes the free queue (Q18).

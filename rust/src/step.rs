@@ -99,6 +99,10 @@ pub struct Finished {
     pub status: RequestStatus,
     /// The stop token that ended it.
     pub stop_reason: Option<u32>,
+    /// All its tokens, prompt first, and its `num_computed_tokens`: what
+    /// it ended with.
+    pub token_ids: Vec<u32>,
+    pub num_computed_tokens: usize,
 }
 
 /// What `update_from_output` reported, in scheduling order: one record per

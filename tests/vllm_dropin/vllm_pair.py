@@ -17,8 +17,10 @@ from vllm.v1.request import Request, RequestStatus
 
 import vllm_setup
 
-# Request fields the drop-in keeps current (the rest live in the core).
-MIRRORED = ("status", "num_computed_tokens", "num_preemptions", "stop_reason", "num_prompt_tokens")
+# Request fields the drop-in keeps current at every step; tokens and
+# num_computed_tokens it brings up to date at admission, resumption, finish
+# and abort (the core holds them meanwhile).
+CURRENT = ("status", "num_preemptions", "stop_reason", "num_prompt_tokens")
 
 
 def _new_request_data(d: Any) -> dict[str, Any]:
@@ -59,11 +61,19 @@ def engine_outputs_view(outs: dict[int, Any]) -> dict[int, Any]:
     return view
 
 
-def request_view(r: Request) -> dict[str, Any]:
-    v = {k: getattr(r, k) for k in MIRRORED}
-    v["all_token_ids"] = list(r.all_token_ids)
-    v["output_token_ids"] = list(r.output_token_ids)
+def request_view(r: Request, tokens: list[int] | None = None, computed: int | None = None) -> dict:
+    """A request's state; ``tokens`` and ``computed`` stand in for its own."""
+    v = {k: getattr(r, k) for k in CURRENT}
+    v["all_token_ids"] = list(r.all_token_ids) if tokens is None else tokens
+    v["num_computed_tokens"] = r.num_computed_tokens if computed is None else computed
     return v
+
+
+def core_view(ours: Any, r: Request) -> dict:
+    """The drop-in's view of a live request, read from its core (without
+    bringing the Request object up to date, which would hide a missing sync)."""
+    tokens, computed = ours._core.request_state(ours._slot_of[r.request_id])
+    return request_view(r, tokens, computed)
 
 
 class VllmPair:
@@ -78,19 +88,24 @@ class VllmPair:
         assert type(self.ours).__module__ == "ironbatch.vllm.scheduler", type(self.ours)
         # Steps scheduled, not yet updated: (vLLM's output, ours, rows that sample).
         self.in_flight: deque[tuple[SchedulerOutput, SchedulerOutput, list[str]]] = deque()
+        self.made: dict[str, tuple[Request, Request]] = {}  # each request, as each side got it
         self.events: Counter = Counter()
 
     # -- inputs -----------------------------------------------------------------
 
     def add(self, rid: str, prompt: list[int], **kw: Any) -> None:
-        for s in (self.vllm, self.ours):
-            s.add_request(vllm_setup.make_request(rid, prompt, block_size=self.bs, **kw))
+        pair = tuple(vllm_setup.make_request(rid, prompt, block_size=self.bs, **kw) for _ in "ab")
+        self.made[rid] = pair
+        self.vllm.add_request(pair[0])
+        self.ours.add_request(pair[1])
         self.check_requests()
 
     def abort(self, rids: list[str]) -> None:
         a = self.vllm.finish_requests(rids, RequestStatus.FINISHED_ABORTED)
         b = self.ours.finish_requests(rids, RequestStatus.FINISHED_ABORTED)
         assert [r.request_id for r in a] == [r.request_id for r in b]
+        for ra, rb in zip(a, b, strict=True):  # finished requests are brought up to date
+            assert request_view(ra) == request_view(rb)
         self.events["aborted"] += len(a)
         self.check_requests()
 
@@ -144,7 +159,10 @@ class VllmPair:
         assert va == vb
         for eco in oa.values():
             for o in eco.outputs:
-                self.events["finished"] += o.finish_reason is not None
+                if o.finish_reason is not None:
+                    self.events["finished"] += 1
+                    ra, rb = self.made[o.request_id]
+                    assert request_view(ra) == request_view(rb), o.request_id
                 r = self.vllm.requests.get(o.request_id)
                 # Output of a step that ran before the request was preempted.
                 self.events["stale"] += r is not None and r.status == RequestStatus.PREEMPTED
@@ -156,7 +174,7 @@ class VllmPair:
         a, b = self.vllm, self.ours
         assert list(a.requests) == list(b.requests)
         for rid, r in a.requests.items():
-            assert request_view(r) == request_view(b.requests[rid]), rid
+            assert request_view(r) == core_view(b, b.requests[rid]), rid
         assert a.get_request_counts() == b.get_request_counts()
         assert a.get_num_unfinished_requests() == b.get_num_unfinished_requests()
         assert a.has_finished_requests() == b.has_finished_requests()

@@ -8,12 +8,16 @@ victims, prefix hits, block ids) come from the core, which makes vLLM's.
 A configuration the core does not cover yet is handed, whole and at
 construction, to vLLM's own scheduler (see ``support.py``).
 
-What lives where: the core owns the scheduling state (queues, block tables,
-``num_computed_tokens``, output placeholders); this class keeps vLLM's
-``Request`` objects current in what vLLM reads back (status, output tokens,
-stop reason, ``num_computed_tokens``, preemption count, events, prefill
-stats). It does not maintain ``Request.block_hashes``: the core hashes
-blocks itself."""
+What lives where: the core owns the scheduling state (queues, tokens, block
+tables, ``num_computed_tokens``, output placeholders). A step touches a
+vLLM ``Request`` only when something happens to it (admission, preemption,
+its first output, finishing): a steady decode step reads nothing but the
+core's columns, which is what keeps it cheap. So ``status``,
+``num_preemptions``, ``stop_reason``, events and prefill stats are always
+current; ``output_token_ids``, ``all_token_ids`` and ``num_computed_tokens``
+are brought up to date when the request is admitted, resumed, finished or
+aborted, or on ``sync_requests()``. ``Request.block_hashes`` is not
+maintained: the core hashes blocks itself."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.outputs import RequestError
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -129,9 +134,15 @@ class Scheduler(SchedulerInterface):
             async_scheduling=bool(sc.async_scheduling),
         )
         self.requests: dict[str, Request] = {}  # unfinished, in arrival order
-        self._by_slot: list[Request | None] = []  # the core's slot -> request
-        # Steps scheduled and not yet updated: id(output) -> (output, core step, requests).
-        self._in_flight: dict[int, tuple[SchedulerOutput, Any, list[Request]]] = {}
+        # By the core's slot (a live request's stable row): the request, its client.
+        self._by_slot: list[Request | None] = []
+        self._client_of_slot: list[int] = []
+        self._slot_of: dict[str, int] = {}
+        # Slots whose next output needs more than tokens: pending events or
+        # prefill stats, trace headers, NaN counts.
+        self._special: set[int] = set()
+        # Steps scheduled and not yet updated: id(output) -> (output, core step, slots).
+        self._in_flight: dict[int, tuple[SchedulerOutput, Any, list[int]]] = {}
         self._prev_step_req_ids: set[str] = set()  # model runner V1's all_token_ids rule
         self._reset_preempted: set[str] = set()  # status already mirrored by a reset
         self._has_finished = False  # finished ids wait for the next schedule()
@@ -167,8 +178,13 @@ class Scheduler(SchedulerInterface):
             request.cache_salt,
         )
         if slot >= len(self._by_slot):
-            self._by_slot.extend([None] * (slot + 1 - len(self._by_slot)))
+            grow = slot + 1 - len(self._by_slot)
+            self._by_slot.extend([None] * grow)
+            self._client_of_slot.extend([0] * grow)
         self._by_slot[slot] = request
+        self._client_of_slot[slot] = request.client_index
+        self._slot_of[rid] = slot
+        self._special.add(slot)  # its first output carries prefill stats
         self.requests[rid] = request
 
     def has_request(self, request_id: str) -> bool:
@@ -191,6 +207,8 @@ class Scheduler(SchedulerInterface):
         valid = [r for rid in ids if (r := self.requests.get(rid)) is not None]
         if not valid:
             return []
+        for r in valid:
+            self._sync(r)
         name = finished_status.name if finished_status.name in CORE_STATUSES else "FINISHED_ERROR"
         self._core.finish_requests([r.request_id for r in valid], name)
         for r in valid:
@@ -199,10 +217,33 @@ class Scheduler(SchedulerInterface):
         return valid
 
     def _forget(self, request: Request) -> None:
-        del self.requests[request.request_id]
+        rid = request.request_id
+        del self.requests[rid]
+        slot = self._slot_of.pop(rid)
+        self._by_slot[slot] = None
+        self._special.discard(slot)
         self._has_finished = True
         if self.finished_req_ids_dict is not None:
-            self.finished_req_ids_dict[request.client_index].add(request.request_id)
+            self.finished_req_ids_dict[request.client_index].add(rid)
+
+    def _sync(self, r: Request, computed_too: bool = True) -> None:
+        """Bring a live request's tokens (and num_computed_tokens) up to date."""
+        tokens, computed = self._core.request_state(self._slot_of[r.request_id])
+        self._set_tokens(r, tokens)
+        if computed_too:
+            r.num_computed_tokens = computed
+
+    @staticmethod
+    def _set_tokens(r: Request, tokens: list[int]) -> None:
+        # In place: Request.all_token_ids and output_token_ids view these lists.
+        r._all_token_ids[:] = tokens
+        r._output_token_ids[:] = tokens[r.num_prompt_tokens :]
+
+    def sync_requests(self) -> None:
+        """Bring every live request's ``output_token_ids``, ``all_token_ids``
+        and ``num_computed_tokens`` up to date (steps leave them behind)."""
+        for r in self.requests.values():
+            self._sync(r)
 
     # -- schedule() -----------------------------------------------------------
 
@@ -212,20 +253,21 @@ class Scheduler(SchedulerInterface):
         step = self._core.schedule()
         self._has_finished = False
         cols = step.columns()
-        by_slot = self._by_slot
-        reqs = [by_slot[s] for s in cols["req_slots"].tolist()]
         req_ids: list[str] = step.req_ids
+        slots: list[int] = cols["req_slots"].tolist()
         num_scheduled: list[int] = cols["num_scheduled"].tolist()
         computed: list[int] = cols["num_computed_tokens"].tolist()
         kinds = cols["kinds"]
-        num_running = len(reqs) - int((kinds != RUNNING).sum())  # running rows come first
+        n = len(slots)
+        num_running = n - int(np.count_nonzero(kinds != RUNNING))  # running rows come first
         now = time.monotonic()
         self._mirror_preemptions(step.preempted_req_ids, now)
-        admitted = range(num_running, len(reqs))
+        by_slot = self._by_slot
+        admitted = range(num_running, n)
         for i in admitted:
-            self._mirror_admission(reqs[i], computed[i], now)
+            self._mirror_admission(by_slot[slots[i]], slots[i], computed[i], now)
 
-        offsets = cols["new_block_offsets"].tolist()
+        offsets: list[int] = cols["new_block_offsets"].tolist()
         flat_ids = cols["new_block_ids"]
 
         def block_ids(i: int) -> tuple[list[int], ...]:
@@ -233,40 +275,41 @@ class Scheduler(SchedulerInterface):
 
         new_rows = [i for i in admitted if kinds[i] == NEW]
         resumed_rows = [i for i in admitted if kinds[i] == RESUMED]
-        if self.use_v2_model_runner:
-            new_rows += resumed_rows  # resumed requests are reinstalled whole
+        v2 = self.use_v2_model_runner
+        for i in resumed_rows:
+            self._sync(by_slot[slots[i]], computed_too=False)  # the runner reinstalls them
+        if v2:
+            new_rows += resumed_rows
             resumed_rows = []
         new_reqs = [
-            NewRequestData.from_request(
-                reqs[i],
-                block_ids(i),
-                reqs[i]._all_token_ids if self.use_v2_model_runner else None,
-            )
+            NewRequestData.from_request(r, block_ids(i), r._all_token_ids if v2 else None)
             for i in new_rows
+            if (r := by_slot[slots[i]]) is not None
         ]
-        cached_rows = list(itertools.chain(range(num_running), resumed_rows))
         new_block_ids: list[tuple[list[int], ...] | None] = [None] * num_running
-        for i in [i for i in range(num_running) if offsets[i + 1] > offsets[i]]:
+        grown = np.flatnonzero(np.diff(cols["new_block_offsets"][: num_running + 1]))
+        for i in grown.tolist():
             new_block_ids[i] = block_ids(i)
         new_block_ids += [block_ids(i) for i in resumed_rows]
         num_output_tokens: list[int] = cols["num_output_tokens"].tolist()
         all_token_ids: dict[str, list[int]] = {}
-        if not self.use_v2_model_runner:
+        if not v2:
             prev = self._prev_step_req_ids
-            all_token_ids = {
-                req_ids[i]: reqs[i].all_token_ids.copy()
-                for i in cached_rows
-                if req_ids[i] not in prev
-            }
+            for i in itertools.chain(range(num_running), resumed_rows):
+                if req_ids[i] not in prev:
+                    r = by_slot[slots[i]]
+                    self._sync(r, computed_too=False)
+                    all_token_ids[req_ids[i]] = r.all_token_ids.copy()
             self._prev_step_req_ids = set(req_ids)
         cached = CachedRequestData(
-            req_ids=[req_ids[i] for i in cached_rows],
+            req_ids=req_ids[:num_running] + [req_ids[i] for i in resumed_rows],
             resumed_req_ids={req_ids[i] for i in resumed_rows},
             new_token_ids=[],
             all_token_ids=all_token_ids,
             new_block_ids=new_block_ids,
-            num_computed_tokens=[computed[i] for i in cached_rows],
-            num_output_tokens=[num_output_tokens[i] for i in cached_rows],
+            num_computed_tokens=computed[:num_running] + [computed[i] for i in resumed_rows],
+            num_output_tokens=num_output_tokens[:num_running]
+            + [num_output_tokens[i] for i in resumed_rows],
         )
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
@@ -279,9 +322,7 @@ class Scheduler(SchedulerInterface):
             finished_req_ids=set(step.finished_req_ids),
             free_encoder_mm_hashes=[],
         )
-        for r, c, n in zip(reqs, computed, num_scheduled, strict=True):
-            r.num_computed_tokens = c + n  # advanced before the step runs, as vLLM does
-        self._in_flight[id(output)] = (output, step, reqs)
+        self._in_flight[id(output)] = (output, step, slots)
         return output
 
     def _mirror_preemptions(self, preempted_req_ids: list[str], now: float) -> None:
@@ -298,10 +339,12 @@ class Scheduler(SchedulerInterface):
         r.num_preemptions += 1
         if self.log_stats:
             r.record_event(EngineCoreEventType.PREEMPTED, now)
+            self._special.add(self._slot_of[r.request_id])
 
-    def _mirror_admission(self, r: Request, hit_tokens: int, now: float) -> None:
+    def _mirror_admission(self, r: Request, slot: int, hit_tokens: int, now: float) -> None:
         if self.log_stats:
             r.record_event(EngineCoreEventType.SCHEDULED, now)
+            self._special.add(slot)
         if r.prefill_stats is not None and r.num_preemptions <= 0:
             r.prefill_stats.set(
                 num_prompt_tokens=r.num_prompt_tokens,
@@ -324,47 +367,63 @@ class Scheduler(SchedulerInterface):
                 "scheduler_output was not made by this scheduler's schedule(), "
                 "or its output was already applied"
             )
-        _, step, reqs = entry
+        _, step, slots = entry
         mro = model_runner_output
         # Checked in full before anything changes: a refused output can be retried.
-        rows, tokens, offsets, cached, finished = self._core.update_from_runner_output(
-            step, mro.req_id_to_index, mro.sampled_token_ids
+        (rows, tokens, offsets, cached, finished), finished_tokens = (
+            self._core.update_from_runner_output(step, mro.req_id_to_index, mro.sampled_token_ids)
         )
         del self._in_flight[key]
-        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         if mro.num_nans_in_logits:
             for rid, n in mro.num_nans_in_logits.items():
                 if (r := self.requests.get(rid)) is not None:
                     r.num_nans_in_logits = n
-        tokens_l, offsets_l, cached_l = tokens.tolist(), offsets.tolist(), cached.tolist()
-        ends = {rec: (reason, stop) for rec, reason, stop in finished}
+                    self._special.add(self._slot_of[rid])
+        req_ids: list[str] = step.req_ids
+        tokens_l, offsets_l = tokens.tolist(), offsets.tolist()
+        ends = {
+            rec: (reason, stop, toks)
+            for (rec, reason, stop), toks in zip(finished, finished_tokens, strict=True)
+        }
+        slow = self._special.union(slots[rows[rec]] for rec in ends) if ends else self._special
         extras = bool(mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict)
+        clients = self._client_of_slot
+        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         for k, row in enumerate(rows.tolist()):
-            r = reqs[row]
-            new = tokens_l[offsets_l[k] : offsets_l[k + 1]]
-            r._output_token_ids.extend(new)
-            r._all_token_ids.extend(new)
-            # Defaults are left alone (most outputs are one token, nothing else).
-            out = EngineCoreOutput(r.request_id, new)
-            if k in ends:
-                reason, r.stop_reason = ends[k]
-                r.status, out.finish_reason = FINISHED[reason]
-                out.stop_reason = r.stop_reason
-                self._forget(r)
-            if r.prefill_stats is not None:
-                out.prefill_stats, r.prefill_stats = r.prefill_stats, None
-                out.prefill_stats.finalize(cached_l[k])
-            if r.events:
-                out.events = r.take_events()
-            if r.trace_headers is not None:
-                out.trace_headers = r.trace_headers
-            if r.num_nans_in_logits:
-                out.num_nans_in_logits = r.num_nans_in_logits
-            if extras:
-                self._attach_logprobs(out, r, mro, len(new))
-            outputs[r.client_index].append(out)
+            slot = slots[row]
+            # Most outputs are one token and nothing else: defaults stay.
+            out = EngineCoreOutput(req_ids[row], tokens_l[offsets_l[k] : offsets_l[k + 1]])
+            if slot in slow or extras:
+                self._complete(out, slot, ends.get(k), int(cached[k]), mro)
+            outputs[clients[slot]].append(out)
         self._report_rejected(outputs)
         return self._engine_core_outputs(outputs, mro.cudagraph_stats)
+
+    def _complete(
+        self, out: EngineCoreOutput, slot: int, end: tuple | None, cached_tokens: int, mro: Any
+    ) -> None:
+        """The rest of an output: finish, events, prefill stats, logprobs."""
+        r = self._by_slot[slot]
+        assert r is not None
+        if end is not None:
+            reason, r.stop_reason, (all_tokens, r.num_computed_tokens) = end
+            self._set_tokens(r, all_tokens)
+            r.status, out.finish_reason = FINISHED[reason]
+            out.stop_reason = r.stop_reason
+            self._forget(r)
+        if r.prefill_stats is not None:
+            out.prefill_stats, r.prefill_stats = r.prefill_stats, None
+            out.prefill_stats.finalize(cached_tokens)
+        if r.events:
+            out.events = r.take_events()
+        if r.trace_headers is not None:
+            out.trace_headers = r.trace_headers
+        if r.num_nans_in_logits:
+            out.num_nans_in_logits = r.num_nans_in_logits
+        if end is None and r.trace_headers is None and not r.num_nans_in_logits:
+            self._special.discard(slot)
+        if mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict:
+            self._attach_logprobs(out, r, mro, len(out.new_token_ids))
 
     @staticmethod
     def _attach_logprobs(out: EngineCoreOutput, r: Request, mro: Any, n: int) -> None:

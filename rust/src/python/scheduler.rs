@@ -60,6 +60,9 @@ type UpdateColumns<'py> = (
     Vec<(usize, &'static str, Option<u32>)>,
 );
 
+/// A finished request's tokens (prompt first) and `num_computed_tokens`.
+type FinalState = (Vec<u32>, usize);
+
 fn arr<'py, T: numpy::Element>(py: Python<'py>, v: Vec<T>) -> Bound<'py, PyAny> {
     PyArray1::from_vec(py, v).into_any()
 }
@@ -95,7 +98,7 @@ impl PyScheduler {
         step: &StepOutput,
         tokens: &[u32],
         offsets: &[usize],
-    ) -> PyResult<UpdateColumns<'py>> {
+    ) -> PyResult<(UpdateColumns<'py>, Vec<FinalState>)> {
         let out = self
             .core
             .update_from_output(step, tokens, offsets)
@@ -111,18 +114,21 @@ impl PyScheduler {
         token_offsets.push(0i64);
         token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
         let mut finished = Vec::with_capacity(out.finished.len());
-        for f in &out.finished {
+        let mut finished_tokens = Vec::with_capacity(out.finished.len());
+        for f in out.finished {
             let reason = f.status.finish_reason().unwrap_or("error");
             finished.push((f.record, reason, f.stop_reason));
+            finished_tokens.push((f.token_ids, f.num_computed_tokens));
             self.forget(out.records[f.record].slot);
         }
-        Ok((
+        let columns = (
             arr(py, rows),
             arr(py, out.tokens),
             arr(py, token_offsets),
             arr(py, cached),
             finished,
-        ))
+        );
+        Ok((columns, finished_tokens))
     }
 }
 
@@ -331,20 +337,22 @@ impl PyScheduler {
                 (tokens, offsets)
             }
         };
-        self.apply(py, &step.step, &tokens, &offsets)
+        Ok(self.apply(py, &step.step, &tokens, &offsets)?.0)
     }
 
     /// Apply a vLLM `ModelRunnerOutput`'s tokens: entry `i` gets
     /// `sampled_token_ids[req_id_to_index[req_ids[i]]]` (none when the
     /// list is empty). A live scheduled request missing from
-    /// `req_id_to_index` is refused. Returns what `update_from_output` does.
+    /// `req_id_to_index` is refused. Returns what `update_from_output` does,
+    /// and each finished request's (tokens, num_computed_tokens), aligned
+    /// with `finished`.
     fn update_from_runner_output<'py>(
         &mut self,
         py: Python<'py>,
         step: &Bound<'py, PyStep>,
         req_id_to_index: &Bound<'py, PyDict>,
         sampled_token_ids: &Bound<'py, PyList>,
-    ) -> PyResult<UpdateColumns<'py>> {
+    ) -> PyResult<(UpdateColumns<'py>, Vec<FinalState>)> {
         let step = step.get();
         let ids = step.req_ids.bind(py);
         let n = step.step.entries.len();
@@ -447,6 +455,15 @@ impl PyScheduler {
         };
         self.core.set_pause(pause);
         Ok(())
+    }
+
+    /// A live request's (tokens, num_computed_tokens), prompt first.
+    fn request_state(&self, slot: Slot) -> PyResult<(Vec<u32>, usize)> {
+        let r = self
+            .core
+            .request(slot)
+            .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
+        Ok((r.seq.tokens().to_vec(), r.seq.num_computed_tokens))
     }
 
     /// (running, waiting) request counts.
