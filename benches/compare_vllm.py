@@ -8,7 +8,8 @@ time minus the core's is the cost of building those objects.
 Run it in an environment that has both vLLM and ironbatch installed (the
 README shows how):
 
-    python benches/compare_vllm.py [--steps 100] [--turn 1] [--workloads decode-256,...]
+    python benches/compare_vllm.py [--steps 100] [--turn 1] [--async-scheduling]
+                                   [--workloads decode-256,...] [--no-twin]
 """
 
 from __future__ import annotations
@@ -34,11 +35,20 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--turn", type=int, default=1)
     ap.add_argument("--no-twin", action="store_true", help="skip the (slow) Python twin")
+    ap.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="vLLM's default: each step is scheduled before the previous output arrives",
+    )
     a = ap.parse_args()
-    drivers = [lambda w: IronbatchDriver(w, "rust"), lambda w: VllmDriver(w, "ironbatch")]
+    asy = a.async_scheduling
+    drivers = [
+        lambda w: IronbatchDriver(w, "rust", asy),
+        lambda w: VllmDriver(w, "ironbatch", asy),
+    ]
     if not a.no_twin:
-        drivers.append(lambda w: IronbatchDriver(w, "python"))
-    drivers.append(VllmDriver)
+        drivers.append(lambda w: IronbatchDriver(w, "python", asy))
+    drivers.append(lambda w: VllmDriver(w, "vllm", asy))
     rows = run(
         drivers,
         [WORKLOADS[w] for w in a.workloads.split(",")],
@@ -48,8 +58,9 @@ def main() -> int:
     )
     print(
         f"{platform.machine()}, Python {platform.python_version()}, vLLM {VERSION}; "
-        f"{a.steps} timed steps per workload, turns of {a.turn} step(s); median CPU time "
-        f"of schedule() + update_from_output() per step, Python boundary included"
+        f"{'async' if asy else 'sync'} scheduling; {a.steps} timed steps per workload, turns "
+        f"of {a.turn} step(s); median CPU time of schedule() + update_from_output() per "
+        f"step, Python boundary included"
     )
     print(format_table(rows))
     print()

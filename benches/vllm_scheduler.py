@@ -97,8 +97,10 @@ class VllmDriver:
     own (``kind="vllm"``) or the drop-in (``"ironbatch"``), both fed vLLM
     Requests and ModelRunnerOutputs and both returning vLLM's objects."""
 
-    def __init__(self, workload: Any, kind: str = "vllm") -> None:
+    def __init__(self, workload: Any, kind: str = "vllm", async_scheduling: bool = False) -> None:
         self.name = f"vllm-{VERSION}" if kind == "vllm" else "drop-in"
+        self.async_scheduling = async_scheduling
+        self.pending: tuple[Any, ModelRunnerOutput] | None = None  # async: the step in flight
         self.bs = workload.block_size
         self.sched = build(
             {
@@ -113,6 +115,7 @@ class VllmDriver:
                 "enable_prefix_caching": True,
             },
             kind,
+            async_scheduling,
         )
         self.runner = RunnerEmulator(5)
         self.last_prefill_rows = -1
@@ -143,8 +146,11 @@ class VllmDriver:
         self.last_prefill_rows = int(
             np.count_nonzero(np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64) > 1)
         )
+        if self.async_scheduling:  # as vLLM's engine does: this step's output arrives next time
+            (so, mro), self.pending = self.pending or (None, None), (so, mro)
         t2 = time.perf_counter()
-        self.sched.update_from_output(so, mro)
+        if so is not None:
+            self.sched.update_from_output(so, mro)
         t3 = time.perf_counter()
         return (t1 - t0) + (t3 - t2)
 

@@ -920,6 +920,26 @@ mod tests {
     }
 
     #[test]
+    fn pause_states_hold_admissions_then_everything() {
+        let mut s = scheduler(11, 64, 256, Policy::Fcfs);
+        add(&mut s, "a", 3..13, 0, 0.0);
+        step(&mut s); // a runs
+        add(&mut s, "b", 20..30, 0, 1.0);
+        s.set_pause(Pause::New); // running requests go on, nobody is admitted
+        let (rows, _) = step(&mut s);
+        assert_eq!(rows, vec![row("a", 1, 10, &[])]);
+        s.set_pause(Pause::All); // nothing is scheduled, but aborts still flush
+        s.finish_requests(&["a"], RequestStatus::FinishedAborted);
+        let out = s.schedule().unwrap();
+        assert!(out.entries.is_empty());
+        assert_eq!(out.finished_req_ids, vec!["a".to_string()]);
+        s.set_pause(Pause::Unpaused);
+        let (rows, _) = step(&mut s);
+        // a's partial (unhashed) block went back to the head of the free queue.
+        assert_eq!(rows, vec![row("b", 10, 0, &[1])]);
+    }
+
+    #[test]
     fn rejected_requests_change_nothing() {
         let mut s = scheduler(11, 64, 256, Policy::Fcfs);
         add(&mut s, "a", 3..10, 0, 0.0);

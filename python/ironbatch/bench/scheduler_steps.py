@@ -91,13 +91,16 @@ class IronbatchDriver:
     """``ironbatch.Scheduler`` on one backend, fed aligned token arrays as a
     model runner would."""
 
-    def __init__(self, workload: Workload, backend: str) -> None:
+    def __init__(self, workload: Workload, backend: str, async_scheduling: bool = False) -> None:
         self.name = f"ironbatch-{backend}"
+        self.async_scheduling = async_scheduling
+        self.pending: tuple[Any, np.ndarray] | None = None  # async: the step in flight
         self.sched = Scheduler(
             SchedulerConfig(
                 max_model_len=workload.max_model_len,
                 max_num_seqs=workload.max_num_seqs,
                 max_num_batched_tokens=workload.max_num_batched_tokens,
+                async_scheduling=async_scheduling,
             ),
             CacheConfig(num_blocks=workload.num_blocks, block_size=workload.block_size),
             backend=backend,
@@ -113,8 +116,11 @@ class IronbatchDriver:
         t1 = time.perf_counter()
         sampled = np.where(out.samples, TOKEN, -1)  # the model runner's part
         self.last_prefill_rows = int(np.count_nonzero(out.num_scheduled > 1))
+        if self.async_scheduling:  # this step's output arrives after the next schedule()
+            (out, sampled), self.pending = self.pending or (None, None), (out, sampled)
         t2 = time.perf_counter()
-        self.sched.update_from_output(out, sampled)
+        if out is not None:
+            self.sched.update_from_output(out, sampled)
         t3 = time.perf_counter()
         return (t1 - t0) + (t3 - t2)
 
