@@ -28,7 +28,8 @@ pub struct SchedulerConfig {
     pub scheduler_reserve_full_isl: bool,
     /// vLLM's async scheduling: the next step is scheduled before this
     /// step's output arrives, each sampling request holding an output
-    /// placeholder for the token in flight (spec §5.5).
+    /// placeholder for the token in flight (vLLM's `AsyncScheduler`; the spec
+    /// plans it for later, docs/architecture.md describes it).
     pub async_scheduling: bool,
     pub cache: KvCacheConfig,
 }
