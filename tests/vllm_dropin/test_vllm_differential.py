@@ -2,8 +2,9 @@
 over random workloads (sync and async scheduling, FCFS and priority, tight
 and ample KV caches, prefix caching on and off, chunked prefill on and off,
 shared prefixes and cache salts, EOS and stop tokens, aborts, prefix-cache
-resets, pauses) must produce equal SchedulerOutputs and EngineCoreOutputs at every
-step. Runs where vLLM is importable (``scripts/test_vllm.sh``)."""
+resets, pauses, model runner V1 and V2 output shapes) must produce equal
+SchedulerOutputs and EngineCoreOutputs at every step. Runs where vLLM is
+importable (``scripts/test_vllm.sh``)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def random_settings(rng: random.Random) -> dict:
 def run_workload(seed: int, steps: int = 60) -> Counter:
     rng = random.Random(seed)
     settings = random_settings(rng)
-    pair = VllmPair(rng, **settings)
+    pair = VllmPair(rng, model_runner_v1=rng.random() < 0.3, **settings)
     max_len = settings["max_model_len"]
     # Every request must fit the cache alone, or vLLM itself never finishes it.
     capacity = min(max_len, (settings["num_blocks"] - 1) * settings["block_size"])

@@ -71,6 +71,19 @@ def test_unsupported_config_falls_back_to_vllm_and_says_why(
     assert s.schedule().num_scheduled_tokens == {"a": 17}
 
 
+def test_another_vllm_version_falls_back(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    vc, kvc = vllm_setup.vllm_config(CLS)
+    with caplog.at_level(logging.WARNING, logger="ironbatch.vllm"):
+        s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
+    assert type(s) is VllmScheduler
+    assert "vLLM 0.34.0" in caplog.text
+
+
 def test_unsupported_request_is_finished_with_an_error() -> None:
     """A structured-output request under a configuration that did not announce
     structured outputs: refused with a request-level error, never scheduled."""

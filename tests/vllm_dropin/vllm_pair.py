@@ -5,9 +5,12 @@ must be equal (timestamps aside)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import random
 from collections import Counter, deque
+from collections.abc import Iterator
 from typing import Any
 
 from vllm.v1.core.sched.interface import PauseState
@@ -76,15 +79,33 @@ def core_view(ours: Any, r: Request) -> dict:
     return request_view(r, tokens, computed)
 
 
+@contextlib.contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    old = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 class VllmPair:
     """The two schedulers; ``events`` counts what a workload exercised."""
 
-    def __init__(self, rng: random.Random, **settings: Any) -> None:
+    def __init__(self, rng: random.Random, model_runner_v1: bool = False, **settings: Any) -> None:
         self.rng = rng
         self.settings = settings
         self.bs = settings.get("block_size", vllm_setup.DEFAULTS["block_size"])
-        self.vllm = vllm_setup.make_scheduler("vllm", **settings)
-        self.ours = vllm_setup.make_scheduler("ironbatch", **settings)
+        # Both schedulers read the runner version once, when built; V2 is the
+        # default, V1 gets resumptions as cached data with all_token_ids.
+        with _env("VLLM_USE_V2_MODEL_RUNNER", "0" if model_runner_v1 else None):
+            self.vllm = vllm_setup.make_scheduler("vllm", **settings)
+            self.ours = vllm_setup.make_scheduler("ironbatch", **settings)
+        assert self.vllm.use_v2_model_runner == self.ours.use_v2_model_runner != model_runner_v1
         assert type(self.ours).__module__ == "ironbatch.vllm.scheduler", type(self.ours)
         # Steps scheduled, not yet updated: (vLLM's output, ours, rows that sample).
         self.in_flight: deque[tuple[SchedulerOutput, SchedulerOutput, list[str]]] = deque()

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
+VLLM_VERSION = "0.33.0"  # the scheduler whose decisions the core makes
+
 
 def unsupported_config(
     vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int | None
 ) -> str | None:
     """Why this engine configuration needs vLLM's own scheduler, if it does."""
+    import vllm
     from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    if vllm.__version__ != VLLM_VERSION:
+        # Another version may decide differently, or name its settings otherwise.
+        return f"vLLM {vllm.__version__} (it makes vLLM {VLLM_VERSION}'s decisions)"
 
     c = vllm_config
     sc, mc, pc = c.scheduler_config, c.model_config, c.parallel_config
