@@ -40,6 +40,7 @@ from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerSt
 from vllm.v1.request import Request, RequestStatus
 
 from ironbatch import _core
+from ironbatch.vllm.kv_cache_view import KVCacheManagerView
 from ironbatch.vllm.support import unsupported_config, unsupported_request
 
 logger = logging.getLogger("ironbatch.vllm")
@@ -133,6 +134,8 @@ class Scheduler(SchedulerInterface):
             enable_prefix_caching=self.cache_config.enable_prefix_caching,
             async_scheduling=bool(sc.async_scheduling),
         )
+        # What EngineCore reads of vLLM's KV-cache manager (group block sizes).
+        self.kv_cache_manager = KVCacheManagerView(kv_cache_config, block_size, self._core)
         self.requests: dict[str, Request] = {}  # unfinished, in arrival order
         # By the core's slot (a live request's stable row): the request, its client.
         self._by_slot: list[Request | None] = []

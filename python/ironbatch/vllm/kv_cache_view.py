@@ -1,0 +1,38 @@
+"""What vLLM's EngineCore reads of a scheduler's ``kv_cache_manager``: each
+KV-cache group's block size and spec (for the engine's
+``effective_attention_block_size`` and ``get_kv_cache_group_metadata``). The
+blocks themselves live in the Rust core; this view only describes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """One KV-cache group, as vLLM's per-group managers describe it."""
+
+    block_size: int
+    kv_cache_spec: Any
+
+
+@dataclass(frozen=True)
+class CoordinatorView:
+    single_type_managers: tuple[GroupView, ...]
+
+
+class KVCacheManagerView:
+    """A read-only stand-in for vLLM's ``KVCacheManager`` where EngineCore
+    looks; ``usage`` is the core's."""
+
+    def __init__(self, kv_cache_config: Any, block_size: int, core: Any) -> None:
+        groups = kv_cache_config.kv_cache_groups
+        self.coordinator = CoordinatorView(
+            tuple(GroupView(block_size, g.kv_cache_spec) for g in groups)
+        )
+        self._core = core
+
+    @property
+    def usage(self) -> float:
+        return self._core.kv_cache_usage
