@@ -284,11 +284,11 @@ class Scheduler(SchedulerInterface):
         if v2:
             new_rows += resumed_rows
             resumed_rows = []
-        new_reqs = [
-            NewRequestData.from_request(r, block_ids(i), r._all_token_ids if v2 else None)
-            for i in new_rows
-            if (r := by_slot[slots[i]]) is not None
-        ]
+        new_reqs: list[NewRequestData] = []
+        for i in new_rows:
+            r = by_slot[slots[i]]
+            tokens = r._all_token_ids if v2 else None  # V2 reinstalls a resumed request whole
+            new_reqs.append(NewRequestData.from_request(r, block_ids(i), tokens))
         new_block_ids: list[tuple[list[int], ...] | None] = [None] * num_running
         grown = np.flatnonzero(np.diff(cols["new_block_offsets"][: num_running + 1]))
         for i in grown.tolist():
@@ -397,13 +397,19 @@ class Scheduler(SchedulerInterface):
             # Most outputs are one token and nothing else: defaults stay.
             out = EngineCoreOutput(req_ids[row], tokens_l[offsets_l[k] : offsets_l[k + 1]])
             if slot in slow or extras:
-                self._complete(out, slot, ends.get(k), int(cached[k]), mro)
+                self._complete(out, slot, ends.get(k), int(cached[k]), mro, extras)
             outputs[clients[slot]].append(out)
         self._report_rejected(outputs)
         return self._engine_core_outputs(outputs, mro.cudagraph_stats)
 
     def _complete(
-        self, out: EngineCoreOutput, slot: int, end: tuple | None, cached_tokens: int, mro: Any
+        self,
+        out: EngineCoreOutput,
+        slot: int,
+        end: tuple | None,
+        cached_tokens: int,
+        mro: Any,
+        extras: bool,
     ) -> None:
         """The rest of an output: finish, events, prefill stats, logprobs."""
         r = self._by_slot[slot]
@@ -425,7 +431,7 @@ class Scheduler(SchedulerInterface):
             out.num_nans_in_logits = r.num_nans_in_logits
         if end is None and r.trace_headers is None and not r.num_nans_in_logits:
             self._special.discard(slot)
-        if mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict:
+        if extras:
             self._attach_logprobs(out, r, mro, len(out.new_token_ids))
 
     @staticmethod
