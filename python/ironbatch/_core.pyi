@@ -7,6 +7,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 __version__: str
+#: The largest size each field accepts (rust/src/limits.rs).
+LIMITS: dict[str, int]
 
 class PrefixCacheStats:
     """Prefix-cache counters since they were last taken (spec §7.10)."""

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ironbatch.reference.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_BLOCKS,
+    MAX_NUM_SEQS,
+    check_range,
+)
+
 POLICIES = ("fcfs", "priority")
 
 
-def _int(field: str, value: object, minimum: int) -> None:
+def _int(field: str, value: object, minimum: int, maximum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{field} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{field} must be >= {minimum}, got {value}")
+    check_range(field, value, minimum, maximum)
 
 
 def _bool(field: str, value: object) -> None:
@@ -35,10 +43,10 @@ class SchedulerConfig:
     async_scheduling: bool = False
 
     def __post_init__(self) -> None:
-        _int("max_model_len", self.max_model_len, 2)
-        _int("max_num_seqs", self.max_num_seqs, 1)
-        _int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        _int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        _int("max_model_len", self.max_model_len, 2, MAX_MODEL_LEN)
+        _int("max_num_seqs", self.max_num_seqs, 1, MAX_NUM_SEQS)
+        _int("max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS)
+        _int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, MAX_MODEL_LEN)
         _bool("enable_chunked_prefill", self.enable_chunked_prefill)
         _bool("scheduler_reserve_full_isl", self.scheduler_reserve_full_isl)
         _bool("async_scheduling", self.async_scheduling)
@@ -68,9 +76,9 @@ class CacheConfig:
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        _int("block_size", self.block_size, 1)
+        _int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         if self.num_blocks is not None:
-            _int("num_blocks", self.num_blocks, 2)
+            _int("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)
         _bool("enable_prefix_caching", self.enable_prefix_caching)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from ironbatch.reference.limits import utf8_str
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.tokens import token_list
 
@@ -23,9 +24,7 @@ class Request:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
     ) -> None:
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
-        self.request_id = request_id
+        self.request_id = utf8_str("request_id", request_id)
         self.prompt_token_ids = token_list("prompt_token_ids", prompt_token_ids)
         if not self.prompt_token_ids:
             raise ValueError(f"prompt_token_ids of request {request_id!r} must not be empty")
@@ -50,9 +49,7 @@ class Request:
         if arrival_time != arrival_time:
             raise ValueError("arrival_time must not be NaN")
         self.arrival_time = float(arrival_time)
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a str, got {type(cache_salt).__name__}")
-        self.cache_salt = cache_salt
+        self.cache_salt = None if cache_salt is None else utf8_str("cache_salt", cache_salt)
 
     def __repr__(self) -> str:
         return (

@@ -9,12 +9,8 @@ use crate::block::{Block, BlockId, NULL_BLOCK};
 use crate::block_hash::BlockHash;
 use crate::error::KvError;
 use crate::free_queue::FreeBlockQueue;
+use crate::limits::{check_range, MAX_NUM_BLOCKS};
 use crate::prefix_cache_map::PrefixCacheMap;
-
-/// The largest pool: 2^24 blocks (2^28 tokens at block size 16) is beyond
-/// any accelerator's memory, and keeps a mistyped size from asking the
-/// allocator for tens of gigabytes (which would abort, not raise).
-pub const MAX_NUM_BLOCKS: usize = 1 << 24;
 
 /// All KV-cache blocks and their free queue.
 #[derive(Clone, Debug)]
@@ -30,16 +26,7 @@ pub struct BlockPool {
 impl BlockPool {
     /// A pool of `num_blocks` blocks, block 0 reserved as the null block.
     pub fn new(num_blocks: usize) -> Result<Self, KvError> {
-        if num_blocks < 2 {
-            return Err(KvError::invalid(format!(
-                "num_blocks must be at least 2 (block 0 is reserved), got {num_blocks}"
-            )));
-        }
-        if num_blocks > MAX_NUM_BLOCKS {
-            return Err(KvError::invalid(format!(
-                "num_blocks must be at most {MAX_NUM_BLOCKS}, got {num_blocks}"
-            )));
-        }
+        check_range("num_blocks", num_blocks, 2, MAX_NUM_BLOCKS)?;
         let mut free_queue = FreeBlockQueue::new(num_blocks);
         let null = free_queue.popleft();
         debug_assert_eq!(null, Some(NULL_BLOCK));

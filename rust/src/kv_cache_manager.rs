@@ -12,6 +12,7 @@ use crate::block_pool::BlockPool;
 use crate::block_table::BlockTable;
 use crate::cdiv;
 use crate::error::KvError;
+use crate::limits::{check_range, MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_BLOCKS};
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::sequence::Sequence;
 
@@ -31,19 +32,9 @@ pub struct KvCacheConfig {
 impl KvCacheConfig {
     /// Check every field, naming the first bad one.
     pub fn validate(&self) -> Result<(), KvError> {
-        if self.block_size < 1 {
-            return Err(KvError::invalid(format!(
-                "block_size must be at least 1, got {}",
-                self.block_size
-            )));
-        }
-        if self.max_model_len < 1 {
-            return Err(KvError::invalid(format!(
-                "max_model_len must be at least 1, got {}",
-                self.max_model_len
-            )));
-        }
-        Ok(())
+        check_range("block_size", self.block_size, 1, MAX_BLOCK_SIZE)?;
+        check_range("max_model_len", self.max_model_len, 1, MAX_MODEL_LEN)?;
+        check_range("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)
     }
 }
 
@@ -189,16 +180,23 @@ impl KvCacheManager {
             // Fast path (most decode steps): the table already covers the
             // new tokens, so nothing can be refused or allocated.
             let computed = seq.num_computed_tokens.min(self.max_model_len);
-            let slots = (computed + num_new_tokens).min(self.max_model_len);
+            let slots = computed
+                .saturating_add(num_new_tokens)
+                .min(self.max_model_len);
             if slots <= table.len() * self.block_size {
                 if self.enable_caching {
-                    let upto = (computed + num_new_tokens).min(seq.num_tokens());
+                    let upto = computed
+                        .saturating_add(num_new_tokens)
+                        .min(seq.num_tokens());
                     self.cache_blocks(table, seq, upto);
                 }
                 return Ok(Some(0));
             }
         }
-        let computed = (seq.num_computed_tokens + num_new_computed_tokens).min(self.max_model_len);
+        let computed = seq
+            .num_computed_tokens
+            .saturating_add(num_new_computed_tokens)
+            .min(self.max_model_len);
         let free = self.pool.num_free_blocks();
         if full_sequence_must_fit {
             let full = seq.num_tokens().min(self.max_model_len);
@@ -206,7 +204,10 @@ impl KvCacheManager {
                 return Ok(None);
             }
         }
-        let slots = (computed + num_new_tokens).min(self.max_model_len);
+        // Saturating: a caller's count may be anything up to usize::MAX.
+        let slots = computed
+            .saturating_add(num_new_tokens)
+            .min(self.max_model_len);
         if self.blocks_needed(table, slots, hits) > free {
             return Ok(None);
         }
@@ -223,7 +224,9 @@ impl KvCacheManager {
             self.cache_blocks(
                 table,
                 seq,
-                (computed + num_new_tokens).min(seq.num_tokens()),
+                computed
+                    .saturating_add(num_new_tokens)
+                    .min(seq.num_tokens()),
             );
         }
         Ok(Some(k))
@@ -266,12 +269,14 @@ impl KvCacheManager {
             )));
         }
         // A hit must be the cached block of the same position, so it holds
-        // exactly this request's tokens (chained hashes imply the prefix).
-        for (k, (&b, &hash)) in hits.iter().zip(seq.block_hashes()).enumerate() {
+        // exactly this request's tokens (chained hashes imply the prefix). A
+        // hit past the request's last full block has no hash to match.
+        for (k, &b) in hits.iter().enumerate() {
+            let hash = seq.block_hashes().get(k);
             let held = (b != NULL_BLOCK)
                 .then(|| self.pool.block(b))
                 .flatten()
-                .is_some_and(|block| block.hash == Some(hash));
+                .is_some_and(|block| hash.is_some() && block.hash.as_ref() == hash);
             if !held {
                 return Err(KvError::invalid(format!(
                     "allocate_slots: new_computed_blocks[{k}] = {b} is not a cached copy of the \

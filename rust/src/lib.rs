@@ -14,6 +14,7 @@ pub mod error;
 pub mod free_queue;
 pub mod hash_chain;
 pub mod kv_cache_manager;
+pub mod limits;
 pub mod prefix_cache_map;
 pub mod prefix_cache_stats;
 pub mod request;

@@ -13,6 +13,7 @@
 use crate::block::BlockId;
 use crate::error::KvError;
 use crate::kv_cache_manager::KvCacheManager;
+use crate::limits::{check_range, MAX_TOKENS};
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::request::{NewRequest, Request, RequestStatus};
 use crate::request_queue::{Slot, WaitingQueue};
@@ -198,12 +199,7 @@ impl Scheduler {
                 new.prompt_token_ids.len()
             )));
         }
-        if new.stop.max_tokens < 1 {
-            return Err(err(format!(
-                "max_tokens must be at least 1, got {}",
-                new.stop.max_tokens
-            )));
-        }
+        check_range("max_tokens", new.stop.max_tokens, 1, MAX_TOKENS)?;
         if new.stop.min_tokens > new.stop.max_tokens {
             return Err(err(format!(
                 "min_tokens must be in [0, max_tokens={}], got {}",

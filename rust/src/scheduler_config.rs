@@ -3,6 +3,7 @@
 use crate::cdiv;
 use crate::error::KvError;
 use crate::kv_cache_manager::KvCacheConfig;
+use crate::limits::{check_range, MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS};
 
 /// Which waiting request goes first, and who is preempted.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -45,15 +46,14 @@ impl SchedulerConfig {
     pub fn validate(&self) -> Result<(), KvError> {
         self.cache.validate()?;
         let c = self;
-        if c.max_num_seqs < 1 {
-            return invalid(format!("max_num_seqs must be >= 1, got {}", c.max_num_seqs));
-        }
-        if c.max_model_len < 2 {
-            return invalid(format!(
-                "max_model_len must be >= 2, got {}",
-                c.max_model_len
-            ));
-        }
+        check_range("max_num_seqs", c.max_num_seqs, 1, MAX_NUM_SEQS)?;
+        check_range("max_model_len", c.max_model_len, 2, MAX_MODEL_LEN)?;
+        check_range(
+            "max_num_batched_tokens",
+            c.max_num_batched_tokens,
+            1,
+            MAX_NUM_BATCHED_TOKENS,
+        )?;
         if c.max_num_batched_tokens < c.max_num_seqs {
             return invalid(format!(
                 "max_num_batched_tokens ({}) must be >= max_num_seqs ({})",
@@ -71,12 +71,6 @@ impl SchedulerConfig {
             return invalid(format!(
                 "long_prefill_token_threshold ({}) must be <= max_model_len ({})",
                 c.long_prefill_token_threshold, c.max_model_len
-            ));
-        }
-        if c.cache.num_blocks < 2 {
-            return invalid(format!(
-                "num_blocks must be at least 2 (block 0 is reserved), got {}",
-                c.cache.num_blocks
             ));
         }
         Ok(())

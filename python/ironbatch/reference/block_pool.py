@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from ironbatch.reference._args import count, u32_list
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.free_queue import FreeBlockQueue
+from ironbatch.reference.limits import MAX_NUM_BLOCKS, check_range
 from ironbatch.reference.prefix_cache_map import PrefixCacheMap
 
 #: Beyond any accelerator's memory; a mistyped size fails fast instead.
-MAX_NUM_BLOCKS = 1 << 24
 
 
 class BlockPool:
@@ -24,12 +24,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int) -> None:
         num_blocks = count("num_blocks", num_blocks)
-        if num_blocks < 2:
-            raise ValueError(
-                f"num_blocks must be at least 2 (block 0 is reserved), got {num_blocks}"
-            )
-        if num_blocks > MAX_NUM_BLOCKS:
-            raise ValueError(f"num_blocks must be at most {MAX_NUM_BLOCKS}, got {num_blocks}")
+        check_range("num_blocks", num_blocks, 2, MAX_NUM_BLOCKS)
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.free_queue.popleft()  # the null block

@@ -15,6 +15,7 @@ from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.block_hash import BlockHasher
 from ironbatch.reference.block_pool import BlockPool
 from ironbatch.reference.block_table import BlockTable
+from ironbatch.reference.limits import MAX_BLOCK_SIZE, MAX_MODEL_LEN, check_range, utf8_str
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
 from ironbatch.reference.sequence import Sequence
 
@@ -43,10 +44,8 @@ class KVCacheManager:
         num_blocks = count("num_blocks", num_blocks)
         self._block_size = count("block_size", block_size)
         self._max_model_len = count("max_model_len", max_model_len)
-        if self._block_size < 1:
-            raise ValueError(f"block_size must be at least 1, got {self._block_size}")
-        if self._max_model_len < 1:
-            raise ValueError(f"max_model_len must be at least 1, got {self._max_model_len}")
+        check_range("block_size", self._block_size, 1, MAX_BLOCK_SIZE)
+        check_range("max_model_len", self._max_model_len, 1, MAX_MODEL_LEN)
         self._enable_prefix_caching = bool(enable_prefix_caching)
         self.pool = BlockPool(num_blocks)
         self.hasher = BlockHasher()
@@ -58,9 +57,9 @@ class KVCacheManager:
     def add_request(
         self, request_id: str, prompt_token_ids: Iterable[int], cache_salt: str | None = None
     ) -> None:
-        _check_str("request_id", request_id)
+        utf8_str("request_id", request_id)
         if cache_salt is not None:
-            _check_str("cache_salt", cache_salt)
+            utf8_str("cache_salt", cache_salt)
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already registered")
         prompt = u32_list("prompt_token_ids", prompt_token_ids)
@@ -221,9 +220,12 @@ class KVCacheManager:
                 f"{seq.num_tokens} tokens to compute"
             )
         # A hit must be a cached copy of the same block of this request.
+        # A hit past the request's last full block has no hash to match.
         for k, block_id in enumerate(hit_ids):
-            ok = NULL_BLOCK < block_id < self.pool.num_blocks and (
-                self.pool.blocks[block_id].hash == seq.block_hashes[k]
+            ok = (
+                k < len(seq.block_hashes)
+                and NULL_BLOCK < block_id < self.pool.num_blocks
+                and self.pool.blocks[block_id].hash == seq.block_hashes[k]
             )
             if not ok:
                 raise ValueError(
@@ -342,7 +344,7 @@ class KVCacheManager:
         return self.pool.usage
 
     def _entry(self, request_id: str) -> _Entry:
-        _check_str("request_id", request_id)
+        utf8_str("request_id", request_id)
         entry = self._requests.get(request_id)
         if entry is None:
             raise ValueError(f"request_id {request_id!r} is not a known request")
@@ -361,8 +363,3 @@ class KVCacheManager:
             f"enable_prefix_caching={self.enable_prefix_caching}, "
             f"num_free_blocks={self.num_free_blocks}, requests={len(self)})"
         )
-
-
-def _check_str(field: str, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{field} must be a str, got {type(value).__name__}")

@@ -13,6 +13,12 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // One set of size limits for the core, the Python API and the twin.
+    let limits = pyo3::types::PyDict::new(m.py());
+    for (field, max) in crate::limits::ALL {
+        limits.set_item(field, max)?;
+    }
+    m.add("LIMITS", limits)?;
     m.add_class::<block_pool::PyBlockPool>()?;
     m.add_class::<kv_cache_manager::PyKvCacheManager>()?;
     m.add_class::<prefix_cache_stats::PyPrefixCacheStats>()?;
