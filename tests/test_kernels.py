@@ -12,11 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the kernel tests need torch (pip install '.[test]')")
 
+import ironbatch.kernels.unified_attention as attention  # noqa: E402
 from ironbatch.attention.paged_reference import (  # noqa: E402
     reference_attention,
     reference_reshape_and_cache,
 )
-from ironbatch.kernels import reshape_and_cache, unified_attention  # noqa: E402
+from ironbatch.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
+from ironbatch.kernels.unified_attention import unified_attention  # noqa: E402
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.5e-2, 1e-2)}
 
@@ -81,6 +83,26 @@ def make_batch(
     )
 
 
+class LaunchSpy:
+    """Stands in for a Triton kernel and records each launch by name."""
+
+    def __init__(self, kernel, name: str, log: list[str]) -> None:
+        self.kernel, self.name, self.log = kernel, name, log
+
+    def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+        self.log.append(self.name)
+        return self.kernel[grid]
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The attention kernels launched during the test, in order."""
+    log: list[str] = []
+    for name in ("_unified_attention_kernel", "_split_kv_kernel"):
+        monkeypatch.setattr(attention, name, LaunchSpy(getattr(attention, name), name, log))
+    return log
+
+
 def run_and_check(b, dim, split_kv=None):
     reshape_and_cache(b["key"], b["value"], b["k_cache"], b["v_cache"], b["slot_mapping"])
     out = torch.full_like(b["q"], float("nan"))  # poisoned: an unwritten element fails
@@ -95,6 +117,7 @@ def run_and_check(b, dim, split_kv=None):
         b["table"],
         scale,
         max_seqlen_q=int((b["cu"][1:] - b["cu"][:-1]).max()),
+        split_kv=split_kv,
     )
     want = reference_attention(
         b["q"], b["k_cache"], b["v_cache"], b["cu"], b["seq_lens"], b["table"], scale
@@ -106,20 +129,34 @@ def run_and_check(b, dim, split_kv=None):
 
 
 @pytest.mark.parametrize("length", [1, 15, 16, 17, 64, 100, 513])
-def test_decode_lengths(length: int) -> None:
-    # Small decode batches take the split-KV path (spec §2.3) by default.
+def test_decode_lengths(length: int, launches: list[str]) -> None:
+    # Small decode batches take the split-KV path by default.
     b = make_batch([1, 1], [length, max(1, length // 3)], seed=length)
     run_and_check(b, 64)
+    assert launches == ["_split_kv_kernel"]
 
 
 @pytest.mark.parametrize("split_kv", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_split_and_2d_both_match(split_kv: bool, dtype: torch.dtype) -> None:
+def test_decode_split_and_2d_both_match(
+    split_kv: bool, dtype: torch.dtype, launches: list[str]
+) -> None:
     # Lengths from 1 (15 of 16 segments empty) to past 16 tiles; padding rows.
     b = make_batch(
         [1, 1, 1, 1], [1, 40, 700, 1100], group=5, dim=96, dtype=dtype, pad_rows=2, seed=11
     )
     run_and_check(b, 96, split_kv=split_kv)
+    assert launches == ["_split_kv_kernel" if split_kv else "_unified_attention_kernel"]
+
+
+def test_decode_batches_that_fill_the_gpu_take_the_2d_kernel(launches: list[str]) -> None:
+    # 16 decoding sequences x 8 KV heads = 128 programs: the production
+    # decode path once a batch is that large.
+    lengths = [1, 2, 15, 16, 17, 31, 33, 40, 47, 64, 65, 70, 80, 90, 99, 129]
+    b = make_batch([1] * 16, lengths, heads_kv=8, group=2, dim=64, pad_rows=1, seed=13)
+    assert len(lengths) * 8 >= attention.SPLIT_KV_BELOW_PROGRAMS
+    run_and_check(b, 64)
+    assert launches == ["_unified_attention_kernel"]
 
 
 def test_split_kv_refuses_chunks() -> None:

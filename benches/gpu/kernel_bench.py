@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from ironbatch.attention.paged_reference import reference_attention
-from ironbatch.kernels import reshape_and_cache, unified_attention
+from ironbatch.kernels.reshape_and_cache import reshape_and_cache
+from ironbatch.kernels.unified_attention import unified_attention
 
 ROWS: list[dict[str, Any]] = []
 

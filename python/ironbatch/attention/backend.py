@@ -111,9 +111,11 @@ class TritonPagedAttention(PagedAttention):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         if self.k_caches[0].device.type == "cpu":
             _use_triton_interpreter()
-        from ironbatch import kernels
+        from ironbatch.kernels.reshape_and_cache import reshape_and_cache
+        from ironbatch.kernels.unified_attention import unified_attention
 
-        self.kernels = kernels
+        self.reshape_and_cache = reshape_and_cache
+        self.unified_attention = unified_attention
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -121,9 +123,9 @@ class TritonPagedAttention(PagedAttention):
         meta = self.meta
         assert meta is not None
         kc, vc = self.k_caches[layer], self.v_caches[layer]
-        self.kernels.reshape_and_cache(k, v, kc, vc, meta.slot_mapping)
+        self.reshape_and_cache(k, v, kc, vc, meta.slot_mapping)
         out = torch.empty_like(q)
-        self.kernels.unified_attention(
+        self.unified_attention(
             q.contiguous(),
             kc,
             vc,
