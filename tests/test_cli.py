@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,10 +42,27 @@ def test_bench_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--workloads", "nope"]) == 2
 
 
-def test_console_script_is_installed() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "ironbatch.cli", "replay", str(TRACES[2])],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0 and "identical" in done.stdout
+def console_script() -> str:
+    """The ``ironbatch`` entry point pip installed beside this interpreter."""
+    script = Path(sys.executable).parent / "ironbatch"
+    found = str(script) if script.is_file() else shutil.which("ironbatch")
+    assert found, "the ironbatch console script is not installed"
+    return found
+
+
+def test_console_script_is_installed(tmp_path: Path) -> None:
+    script = console_script()
+    done = subprocess.run([script, "replay", str(TRACES[2])], capture_output=True, text=True)
+    assert done.returncode == 0 and "identical" in done.stdout, done.stderr
+    # The same trace gzipped, and from standard input.
+    gz = tmp_path / "trace.jsonl.gz"
+    gz.write_bytes(gzip.compress(TRACES[2].read_bytes()))
+    for stdin_bytes, arg in (
+        (None, str(gz)),
+        (TRACES[2].read_bytes(), "-"),
+        (gz.read_bytes(), "-"),
+    ):
+        done = subprocess.run([script, "replay", arg], input=stdin_bytes, capture_output=True)
+        assert done.returncode == 0 and b"1 of 1 identical" in done.stdout, done.stderr
+    done = subprocess.run([script, "nonsense"], capture_output=True, text=True)
+    assert done.returncode == 2 and "invalid choice" in done.stderr

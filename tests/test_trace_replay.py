@@ -3,6 +3,7 @@ block level on both backends, and a replay reports a real difference."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -72,3 +73,20 @@ def test_replay_rejects_other_formats(tmp_path: Path) -> None:
         replay(bad)
     with pytest.raises(ValueError, match="level"):
         replay(TRACES[0], level="tokens")
+
+
+def test_replay_streams_the_trace(tmp_path: Path) -> None:
+    """Records are read as they are replayed: a difference at the first step
+    is reported before any later line is parsed (a whole-file loader would
+    fail on the broken tail), and a gzipped trace replays the same."""
+    lines = TRACES[0].read_text().splitlines()
+    first = json.loads(lines[1])
+    first["num_free_blocks"] += 1
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join([lines[0], json.dumps(first), "{not json"]) + "\n")
+    result = replay(broken)
+    assert (result.steps, result.field) == (1, "num_free_blocks")
+    zipped = tmp_path / "trace.jsonl.gz"
+    zipped.write_bytes(gzip.compress(TRACES[0].read_bytes()))
+    assert replay(zipped).identical
+    assert replay(zipped).steps == len(lines) - 1

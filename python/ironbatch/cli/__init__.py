@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--attention-backend", choices=["torch", "triton"])
 
     p = sub.add_parser("replay", help="replay ironbatch-trace/1 files and report parity")
-    p.add_argument("traces", nargs="+", help="trace files (.jsonl)")
+    p.add_argument("traces", nargs="+", help="trace files (.jsonl, .jsonl.gz, or - for stdin)")
     p.add_argument("--backend", choices=["rust", "python"], default="rust")
     p.add_argument("--level", choices=["decisions", "blocks"], default="blocks")
 

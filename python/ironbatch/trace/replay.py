@@ -3,10 +3,15 @@ difference from the recorded decisions, or that there is none."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.request import Request
@@ -39,12 +44,40 @@ class ReplayResult:
         )
 
 
-def load(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    lines = Path(path).read_text().splitlines()
-    header = json.loads(lines[0])
-    if header.get("format") != FORMAT:
-        raise ValueError(f"{path}: not an {FORMAT} trace (format = {header.get('format')!r})")
-    return header, [json.loads(line) for line in lines[1:] if line.strip()]
+@contextmanager
+def open_trace(path: str | Path) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
+    """A trace's header and its step records, read one line at a time, so
+    memory does not grow with the number of steps. ``path`` is a ``.jsonl``
+    file, a gzip-compressed ``.jsonl.gz`` one, or ``-`` for standard input."""
+    with _open_text(path) as f:
+        first = f.readline()
+        if not first.strip():
+            raise ValueError(f"{path}: empty file, not an {FORMAT} trace")
+        header = json.loads(first)
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            found = header.get("format") if isinstance(header, dict) else None
+            raise ValueError(f"{path}: not an {FORMAT} trace (format = {found!r})")
+        yield header, (json.loads(line) for line in f if line.strip())
+
+
+@contextmanager
+def _open_text(path: str | Path) -> Iterator[IO[str]]:
+    """Text lines from a file or standard input, gunzipped when the bytes
+    start with gzip's magic (whatever the name says)."""
+    with ExitStack() as stack:
+        if str(path) == "-":
+            raw: IO[bytes] = sys.stdin.buffer
+        else:
+            raw = stack.enter_context(open(path, "rb"))
+        buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
+        if buffered.peek(2)[:2] == b"\x1f\x8b":
+            yield stack.enter_context(gzip.open(buffered, "rt", encoding="utf-8"))
+        else:
+            text = io.TextIOWrapper(buffered, encoding="utf-8")
+            try:
+                yield text
+            finally:
+                text.detach()  # the file (or stdin) stays its owner's to close
 
 
 def build_scheduler(config: dict[str, Any], backend: str) -> Scheduler:
@@ -88,16 +121,22 @@ def replay(path: str | Path, backend: str = "rust", level: str = "blocks") -> Re
     counts, "decisions" only what was scheduled, preempted and output."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    header, steps = load(path)
+    with open_trace(path) as (header, steps):
+        return _replay_steps(str(path), header, steps, backend, level == "blocks")
+
+
+def _replay_steps(
+    path: str, header: dict[str, Any], steps: Iterator[dict[str, Any]], backend: str, blocks: bool
+) -> ReplayResult:
     sched = build_scheduler(header["config"], backend)
-    blocks = level == "blocks"
+    n = 0
     for n, rec in enumerate(steps, 1):
         step = rec["step"]
 
         def differs(
             field: str, expected: Any, actual: Any, n: int = n, step: int = step
         ) -> ReplayResult:
-            return ReplayResult(str(path), n, step, field, expected, actual)
+            return ReplayResult(path, n, step, field, expected, actual)
 
         for d in rec["add"]:
             sched.add_request(trace_request(d))
@@ -124,4 +163,4 @@ def replay(path: str | Path, backend: str = "rust", level: str = "blocks") -> Re
             return differs("outputs", rec["outputs"], got_outputs)
         if blocks and sched.num_free_blocks != rec["num_free_blocks"]:
             return differs("num_free_blocks", rec["num_free_blocks"], sched.num_free_blocks)
-    return ReplayResult(str(path), len(steps))
+    return ReplayResult(path, n)
