@@ -97,3 +97,51 @@ def test_the_kernels_ship_inside_the_package() -> None:
     kernels = PKG / "kernels"
     assert (kernels / "unified_attention.py").is_file()
     assert (kernels / "reshape_and_cache.py").is_file()
+
+
+def test_vllm_style_names_load_lazily() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ironbatch; "
+        "assert 'ironbatch.engine' not in sys.modules; "
+        "from ironbatch import LLM, LLMEngine, EngineArgs, SamplingParams; "
+        "import ironbatch.engine as e; "
+        "assert (LLM, LLMEngine, EngineArgs) == (e.LLM, e.LLMEngine, e.EngineArgs); "
+        "print(sorted({'torch', 'triton'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        ironbatch.Nope  # noqa: B018
+
+
+def test_one_set_of_limits() -> None:
+    from ironbatch.reference import limits
+
+    assert core.LIMITS == limits.ALL
+
+
+def test_the_root_kernels_folder_is_no_package_named_kernels() -> None:
+    """From the repository root, ``kernels`` must not resolve to our folder as
+    a package: Hugging Face's ``kernels`` has that name, and transformers
+    imports whatever ``kernels`` resolves to when it probes for it."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import importlib.util, sys; "
+        "spec = importlib.util.find_spec('kernels'); "
+        "ours = spec is not None and spec.origin is not None and "
+        f"spec.origin.startswith({str(root)!r}); "
+        "import transformers; transformers.LlamaConfig(); "
+        "from transformers.utils import import_utils; import_utils.is_kernels_available(); "
+        "print(ours, 'ironbatch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["False", "False"]

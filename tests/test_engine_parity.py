@@ -112,3 +112,34 @@ def test_triton_backend_on_the_cpu_needs_the_interpreter(model, monkeypatch) -> 
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         LLM(str(path), dtype="float32", num_blocks=64, attention_backend="triton")
+
+
+def test_min_tokens_masks_eos_even_with_ignore_eos(tmp_path: Path) -> None:
+    """vLLM 0.33 masks the model's EOS during min_tokens whatever ignore_eos
+    says; so does transformers' min_new_tokens. Make EOS the greedy first
+    token, so the mask decides the output."""
+    import json
+
+    import torch
+
+    hf = build("qwen3", tmp_path)
+    prompt = PROMPTS[2]
+    eos = hf_greedy(hf, prompt, 1)[0]
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((tmp_path / name).read_text())
+        config["eos_token_id"] = eos
+        (tmp_path / name).write_text(json.dumps(config))
+    with torch.no_grad():
+        want = hf.generate(
+            torch.tensor([prompt]),
+            min_new_tokens=4,
+            max_new_tokens=4,
+            eos_token_id=eos,
+            do_sample=False,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+    assert eos not in want
+    params = SamplingParams(max_tokens=4, min_tokens=4, ignore_eos=True, temperature=0.0)
+    llm = LLM(str(tmp_path), dtype="float32", num_blocks=64)
+    got = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == want

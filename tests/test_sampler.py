@@ -13,6 +13,8 @@ from ironbatch.model.sampler import (  # noqa: E402
     apply_penalties,
     filter_top_k_top_p_min_p,
     mask_min_tokens,
+    sample_row,
+    sample_rows,
 )
 
 LOGITS = torch.tensor([2.0, -1.0, 0.5, 3.0, 0.0, 1.5, -2.0, 1.0])
@@ -69,8 +71,40 @@ def test_min_tokens_masks_eos_and_stop_tokens_until_reached() -> None:
     masked = mask_min_tokens(LOGITS.clone(), row(p, [1], [4, 4]))
     assert kept(masked) == [0, 1, 3, 4, 6, 7]  # 2 (EOS) and 5 (stop) gone
     assert kept(mask_min_tokens(LOGITS.clone(), row(p, [1], [4, 4, 4]))) == list(range(8))
-    ignore = SamplingParams(min_tokens=3, ignore_eos=True)
-    assert 2 in kept(mask_min_tokens(LOGITS.clone(), row(ignore, [1], [])))
+    # vLLM 0.33 masks the model's EOS during min_tokens whatever ignore_eos
+    # says: its all_stop_token_ids always hold it.
+    ignore = SamplingParams(min_tokens=3, ignore_eos=True, stop_token_ids=[5])
+    assert kept(mask_min_tokens(LOGITS.clone(), row(ignore, [1], []))) == [0, 1, 3, 4, 6, 7]
+    assert kept(mask_min_tokens(LOGITS.clone(), row(ignore, [1], [4, 4, 4]))) == list(range(8))
+
+
+def test_no_row_draws_from_non_finite_logits() -> None:
+    gen = torch.Generator().manual_seed(0)
+    hot = SamplingParams(temperature=0.01)
+    # +inf logits share the probability; NaN never wins.
+    logits = torch.tensor([[0.0, float("inf"), float("nan"), float("inf")]])
+    for _ in range(20):
+        assert sample_row(logits[0].clone(), row(hot, [0], []), gen) in (1, 3)
+    assert sample_row(logits[0].clone(), row(SamplingParams(temperature=0.0), [0], []), gen) in (
+        1,
+        3,
+    )
+    # A repetition penalty near zero sends seen positive logits to +inf.
+    tiny = SamplingParams(temperature=1.0, repetition_penalty=1e-45)
+    assert sample_row(LOGITS.clone(), row(tiny, [3], []), gen) == 3
+    # Nothing finite left: that row fails alone, the others are drawn.
+    masked = SamplingParams(temperature=1.0, min_tokens=1, stop_token_ids=[0])
+    two = torch.tensor([[0.0, float("nan")], [0.0, 1.0]])
+    drawn = sample_rows(
+        two,
+        [
+            RowParams(masked, torch.tensor([0]), torch.tensor([], dtype=torch.long), (1,)),
+            row(SamplingParams(temperature=0.0), [0], []),
+        ],
+        gen,
+    )
+    assert drawn.tokens.tolist() == [-1, 1]
+    assert list(drawn.errors) == [0] and "finite" in drawn.errors[0]
 
 
 def test_seeded_requests_reproduce_regardless_of_batch(tmp_path) -> None:

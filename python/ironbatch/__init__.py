@@ -1,20 +1,47 @@
 """ironbatch: a vLLM-exact continuous-batching scheduler and paged KV-cache
-core in Rust, with a plain-Python twin in :mod:`ironbatch.reference`."""
+core in Rust, with a plain-Python twin in :mod:`ironbatch.reference`.
+
+``from ironbatch import LLM, SamplingParams`` reads as vLLM's does. The
+engine's names (``LLM``, ``LLMEngine``, ``EngineArgs``) load on first use, so
+``import ironbatch`` alone imports neither torch nor triton."""
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ironbatch._core import BlockPool, KVCacheManager, PrefixCacheStats, __version__
 from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.outputs import CompletionOutput, RequestOutput
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
 from ironbatch.scheduler_output import RequestUpdate, SchedulerOutput, UpdateOutputs
 from ironbatch.scheduler_stats import SchedulerStats
 
+if TYPE_CHECKING:
+    from ironbatch.engine import LLM, EngineArgs, LLMEngine
+
+_ENGINE_NAMES = ("LLM", "LLMEngine", "EngineArgs")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENGINE_NAMES:
+        value = getattr(importlib.import_module("ironbatch.engine"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'ironbatch' has no attribute {name!r}")
+
+
 __all__ = [
+    "LLM",
     "BlockPool",
     "CacheConfig",
+    "CompletionOutput",
+    "EngineArgs",
     "KVCacheManager",
+    "LLMEngine",
     "PrefixCacheStats",
     "Request",
+    "RequestOutput",
     "RequestUpdate",
     "SamplingParams",
     "Scheduler",

@@ -12,7 +12,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: list[dict[int, float]] | None = None
-    finish_reason: str | None = None  # "stop", "length", "abort"
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: int | str | None = None  # the stop token or stop string
 
 
@@ -35,3 +35,5 @@ class RequestOutput:
     # This step's additions (for streaming): new token ids and text delta.
     new_token_ids: list[int] = field(default_factory=list, repr=False)
     text_delta: str = field(default="", repr=False)
+    # Why the request ended with finish reason "error" (None otherwise).
+    error: str | None = None

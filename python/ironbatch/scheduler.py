@@ -2,12 +2,19 @@
 core (``backend="rust"``) or on the plain-Python twin (``backend="python"``).
 
 Both backends are driven the same way and must decide the same; the façade
-validates input once, so both reject it alike and neither changes state."""
+validates input once, so both reject it alike and neither changes state.
+
+A Scheduler is single-threaded, like vLLM's: one caller at a time (an
+engine serializes its threads' calls; ``LLMEngine`` does). A call made while
+another thread is inside raises ``RuntimeError`` and changes nothing, on
+either backend."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+import functools
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +33,29 @@ FINISH_STATUSES = (
     "FINISHED_IGNORED",
     "FINISHED_ERROR",
 )
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _exclusive(method: F) -> F:
+    """Refuse a call while another thread is inside this scheduler: the core
+    and the façade's request map change together or not at all."""
+
+    @functools.wraps(method)
+    def call(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
+        if not self._in_use.acquire(blocking=False):
+            raise RuntimeError(
+                f"Scheduler.{method.__name__}() was called while another thread is inside "
+                "this Scheduler; a Scheduler is single-threaded (serialize its calls, "
+                "as LLMEngine does). Nothing was changed."
+            )
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._in_use.release()
+
+    return call  # type: ignore[return-value]
 
 
 class Scheduler:
@@ -51,7 +81,9 @@ class Scheduler:
         self.backend = backend
         self._core = BACKENDS[backend](scheduler_config, cache_config)
         self.requests: dict[str, Request] = {}  # unfinished requests, by id
+        self._in_use = threading.Lock()
 
+    @_exclusive
     def add_request(self, request: Request) -> None:
         """Queue a request. Rejected (ValueError, nothing changed): a live
         duplicate id, or a prompt that leaves no room for one output token
@@ -70,9 +102,11 @@ class Scheduler:
         self._core.add_request(request)
         self.requests[request.request_id] = request
 
+    @_exclusive
     def schedule(self) -> SchedulerOutput:
         return self._core.schedule(self.requests.__getitem__)
 
+    @_exclusive
     def update_from_output(
         self,
         scheduler_output: SchedulerOutput,
@@ -92,6 +126,7 @@ class Scheduler:
             self.requests.pop(rid, None)
         return updates
 
+    @_exclusive
     def finish_requests(
         self, request_ids: str | Iterable[str], status: str = "FINISHED_ABORTED"
     ) -> None:
@@ -108,13 +143,16 @@ class Scheduler:
         for rid in ids:
             self.requests.pop(rid, None)
 
+    @_exclusive
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self._core.reset_prefix_cache(reset_running_requests)
 
+    @_exclusive
     def make_stats(self) -> SchedulerStats:
         return self._core.make_stats()
 
     @property
+    @_exclusive
     def num_free_blocks(self) -> int:
         """Free KV-cache blocks (cached-but-unreferenced ones included)."""
         return self._core.num_free_blocks()
@@ -125,6 +163,7 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    @_exclusive
     def debug_state(self) -> dict[str, Any]:
         """Everything the two backends must agree on, for differential tests."""
         return self._core.debug_state()

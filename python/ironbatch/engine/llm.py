@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ironbatch.engine.llm_engine import EngineArgs, LLMEngine, Prompt
@@ -26,8 +26,14 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come in the prompts' order."""
-        if isinstance(prompts, (str, dict)) or (
+        """Run every prompt to completion; outputs come in the prompts' order.
+
+        All or nothing at the start: every prompt and parameter is checked
+        before the first request is queued, so a bad one raises and leaves
+        the engine as it was. A request that fails while running comes back
+        with finish reason ``"error"``; if ``generate`` itself is
+        interrupted, its unfinished requests are aborted."""
+        if isinstance(prompts, (str, Mapping)) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]  # type: ignore[list-item]
@@ -39,9 +45,14 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling_params for {len(prompts)} prompts")
         engine = self.llm_engine
-        order = {}
+        batch = []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            order[engine.add_request(None, prompt, p)] = i
+            try:
+                batch.append(engine.prepare_request(None, prompt, p))
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"prompt {i}: {e}") from e
+        engine.add_prepared(batch)
+        order = {prepared.request.request_id: i for i, prepared in enumerate(batch)}
         done: list[RequestOutput | None] = [None] * len(prompts)
         bar = None
         if use_tqdm:
@@ -58,4 +69,7 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
+            unfinished = [rid for rid, i in order.items() if done[i] is None]
+            if unfinished:
+                engine.abort_request(unfinished)
         return [d for d in done if d is not None]

@@ -8,6 +8,7 @@ strings and reports per-request outputs for streaming."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,11 +18,12 @@ import numpy as np
 
 from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.engine.detokenizer import IncrementalDetokenizer, find_stop
+from ironbatch.engine.runner_output import RunnerOutput
 from ironbatch.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
-from ironbatch.scheduler_output import NEW
+from ironbatch.scheduler_output import NEW, SchedulerOutput, UpdateOutputs
 from ironbatch.tokens import token_list
 
 DEFAULT_CPU_KV_BYTES = 512 << 20
@@ -50,6 +52,17 @@ class EngineArgs:
     attention_backend: str | None = None  # default: triton on CUDA, torch on CPU
     scheduler_backend: str = "rust"
     seed: int = 0
+    # The most logprobs a request may ask for per token (-1: the vocabulary).
+    max_logprobs: int = 20
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request that passed every check, not yet queued."""
+
+    request: Request
+    prompt: str | None
+    params: SamplingParams
 
 
 @dataclass
@@ -117,6 +130,11 @@ class LLMEngine:
         self.num_blocks, self.max_model_len, self.device = num_blocks, max_len, device
         self.states: dict[str, _State] = {}
         self._ids = itertools.count()
+        # Guards the scheduler and the request states: add_request and
+        # abort_request (any thread) take it briefly; step() holds it around
+        # schedule() and update_from_output(), not around the forward.
+        self._lock = threading.Lock()
+        self._stepping = threading.Lock()  # one step at a time
         self.num_preemptions = 0
         # Seconds per phase of step(), summed (the runner keeps its own).
         self.timings = {"schedule": 0.0, "update": 0.0, "outputs": 0.0, "step": 0.0}
@@ -145,20 +163,43 @@ class LLMEngine:
     ) -> str:
         """Queue a prompt (text, token ids, or a vLLM-style mapping with
         ``prompt_token_ids`` or ``prompt`` and optionally ``cache_salt``);
-        returns the request id."""
+        returns the request id. Safe to call from any thread while another
+        thread steps. A refused request (ValueError/TypeError naming the
+        field) changes nothing."""
+        prepared = self.prepare_request(request_id, prompt, sampling_params, arrival_time, priority)
+        with self._lock:
+            self._admit(prepared)
+        return prepared.request.request_id
+
+    def prepare_request(
+        self,
+        request_id: str | None,
+        prompt: Prompt,
+        sampling_params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> PreparedRequest:
+        """Every check ``add_request`` makes that needs no engine state
+        (tokens, vocabulary, lengths, sampling parameters), with nothing
+        queued: ``LLM.generate`` checks a whole batch before adding any."""
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(
                 f"sampling_params must be a SamplingParams, got {type(params).__name__}"
             )
-        request_id = str(next(self._ids)) if request_id is None else request_id
+        vocab = self.model_config.vocab_size
+        params.verify(vocab, self.args.max_logprobs)
         text, ids = self._tokenize(prompt)
         ids = token_list("prompt_token_ids", ids)
         salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
-        vocab = self.model_config.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; it must be shorter than "
+                f"max_model_len ({self.max_model_len})"
+            )
         eos = self.model_config.eos_token_ids
         stop_ids = list(params.stop_token_ids)
         if not params.ignore_eos:  # extra EOS ids of the generation config stop too
@@ -169,6 +210,8 @@ class LLMEngine:
             ignore_eos=params.ignore_eos,
             stop_token_ids=stop_ids,
         )
+        if request_id is None:
+            request_id = str(next(self._ids))
         request = Request(
             request_id,
             ids,
@@ -178,16 +221,33 @@ class LLMEngine:
             arrival_time=arrival_time,
             cache_salt=salt,
         )
+        return PreparedRequest(request, text, params)
+
+    def _admit(self, prepared: PreparedRequest) -> None:
+        """Queue a prepared request (under the lock)."""
+        request, params = prepared.request, prepared.params
         self.scheduler.add_request(request)
-        self.states[request_id] = _State(
+        self.states[request.request_id] = _State(
             request=request,
-            prompt=text,
+            prompt=prepared.prompt,
             params=params,
             detok=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
             metrics=RequestMetrics(arrival_time=request.arrival_time),
             logprobs=[] if params.logprobs is not None else None,
         )
-        return request_id
+
+    def add_prepared(self, batch: Sequence[PreparedRequest]) -> None:
+        """Queue prepared requests all or none: if one is refused (a live
+        duplicate id), those already queued are taken back."""
+        with self._lock:
+            added: list[str] = []
+            try:
+                for prepared in batch:
+                    self._admit(prepared)
+                    added.append(prepared.request.request_id)
+            except BaseException:
+                self._abort(added)
+                raise
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -199,23 +259,35 @@ class LLMEngine:
             return prompt, self.tokenizer.encode(prompt).ids
         if isinstance(prompt, Mapping):  # vLLM's prompt dicts, with an optional cache_salt
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                return prompt.get("prompt"), prompt["prompt_token_ids"]
             if "prompt" in prompt:
                 return self._tokenize(prompt["prompt"])
             raise ValueError("a prompt mapping needs 'prompt_token_ids' or 'prompt'")
+        if isinstance(prompt, (bytes, int)) or not isinstance(prompt, Sequence):
+            raise TypeError(
+                f"a prompt must be text, token ids or a mapping, got {type(prompt).__name__}"
+            )
         return None, list(prompt)
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        """End requests now (unknown and finished ids are ignored); safe to
+        call from any thread while another thread steps."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        with self._lock:
+            self._abort(ids)
+
+    def _abort(self, ids: list[str]) -> None:
         self.scheduler.finish_requests(ids)
         for rid in ids:
             self.states.pop(rid, None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        with self._lock:
+            return self.scheduler.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
-        return self.scheduler.get_num_unfinished_requests()
+        with self._lock:
+            return self.scheduler.get_num_unfinished_requests()
 
     # -- one step --------------------------------------------------------------
 
@@ -223,59 +295,143 @@ class LLMEngine:
         """One scheduling step; outputs for the requests that got tokens
         (streaming), or with ``final_only`` just for those that finished
         (offline generation: no per-step output objects, and text decoded
-        once at the end unless stop strings need it earlier)."""
-        t0 = time.perf_counter()
-        out = self.scheduler.schedule()
-        self.num_preemptions += len(out.preempted_req_ids)
-        for rid in out.preempted_req_ids:
-            if rid in self.states:
-                self.states[rid].metrics.num_preemptions += 1
-        for i in np.flatnonzero(out.kinds == NEW).tolist():
-            st = self.states[out.req_ids[i]]
-            self.runner.begin_request(int(out.req_slots[i]), st.request.prompt_token_ids, st.params)
-        t1 = time.perf_counter()
-        sampled = self.runner.execute(out, self.model_config.eos_token_ids)
-        t2 = time.perf_counter()
-        updates = self.scheduler.update_from_output(out, sampled)
-        t3 = time.perf_counter()
-        results = []
-        if len(updates):
-            now = time.time()
-            logprobs = self._step_logprobs(out, sampled)
-            for u in updates:
-                st = self.states.get(u.request_id)
-                if st is None:
-                    continue
-                output = self._advance(
-                    st, u.new_token_ids, u.finish_reason, u.stop_reason, now, logprobs, final_only
+        once at the end unless stop strings need it earlier).
+
+        Nothing that fails inside a step strands a request. A request whose
+        own part fails (its sampler row, its output) finishes alone, with
+        finish reason ``"error"`` and the reason in ``RequestOutput.error``.
+        If the whole step fails (the forward), every request of the step
+        finishes that way and the prefix cache is reset, since the blocks
+        the step was writing may hold garbage; the engine keeps serving.
+        Only one thread may step at a time."""
+        with self._stepping:
+            t0 = time.perf_counter()
+            with self._lock:
+                out = self.scheduler.schedule()
+                step_states = [self.states.get(rid) for rid in out.req_ids]
+                failed = self._begin_step(out, step_states)
+            t1 = time.perf_counter()
+            try:
+                result = self.runner.execute(out, self.model_config.eos_token_ids)
+            except BaseException as e:
+                with self._lock:
+                    outputs = self._fail_step(step_states, _reason("the step failed", e))
+                if not isinstance(e, Exception):
+                    raise  # KeyboardInterrupt and the like end the caller's loop too
+                return outputs
+            t2 = time.perf_counter()
+            with self._lock:
+                failed.update({i: result.errors[i] for i in result.errors})
+                outputs = self._end_requests(
+                    [(step_states[i], reason) for i, reason in sorted(failed.items())]
                 )
-                if output is not None:
-                    results.append(output)
-        t4 = time.perf_counter()
+                updates = self.scheduler.update_from_output(out, result.sampled)
+                t3 = time.perf_counter()
+                if len(updates):
+                    outputs += self._outputs(out, result, updates, step_states, final_only)
+            t4 = time.perf_counter()
         tm = self.timings
         tm["schedule"] += t1 - t0
         tm["update"] += t3 - t2
         tm["outputs"] += t4 - t3
         tm["step"] += t4 - t0
-        return results
+        return outputs
 
-    def _step_logprobs(self, out: Any, sampled: np.ndarray) -> dict[str, tuple] | None:
-        if self.runner.last_logprobs is None:
-            return None
-        which, logprobs = self.runner.last_logprobs
-        result = {}
-        for j, i in enumerate(which.tolist()):
-            st = self.states.get(out.req_ids[i])
-            if st is None or st.params.logprobs is None:
+    def _begin_step(self, out: SchedulerOutput, step_states: list[_State | None]) -> dict[int, str]:
+        """Count preemptions and hand new requests to the runner; returns
+        the rows whose request could not begin, with the reason."""
+        self.num_preemptions += len(out.preempted_req_ids)
+        for rid in out.preempted_req_ids:
+            if rid in self.states:
+                self.states[rid].metrics.num_preemptions += 1
+        failed = {}
+        for i in np.flatnonzero(out.kinds == NEW).tolist():
+            st = step_states[i]
+            if st is None:
                 continue
-            row = logprobs[j]
-            top = row.topk(st.params.logprobs) if st.params.logprobs else None
-            chosen = int(sampled[i])
-            entry = {chosen: float(row[chosen])}
-            if top is not None:
-                entry.update(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-            result[out.req_ids[i]] = (float(row[chosen]), entry)
-        return result
+            try:
+                self.runner.begin_request(
+                    int(out.req_slots[i]), st.request.prompt_token_ids, st.params
+                )
+            except Exception as e:  # noqa: BLE001 - this request alone ends
+                failed[i] = _reason("the request could not start", e)
+        return failed
+
+    def _fail_step(self, step_states: list[_State | None], reason: str) -> list[RequestOutput]:
+        """The whole step failed: end its requests, and forget every cached
+        block, since blocks the step was writing may hold garbage (running
+        requests outside the step are preempted to recompute if need be)."""
+        outputs = self._end_requests([(st, reason) for st in step_states])
+        if not self.scheduler.reset_prefix_cache():
+            self.scheduler.reset_prefix_cache(reset_running_requests=True)
+        return outputs
+
+    def _end_requests(self, failures: list[tuple[_State | None, str]]) -> list[RequestOutput]:
+        """Finish each request with finish reason "error". A state that is no
+        longer the live one for its id (aborted meanwhile, and the id reused)
+        is skipped."""
+        live = [
+            (st, reason)
+            for st, reason in failures
+            if st is not None and self.states.get(st.request.request_id) is st
+        ]
+        if not live:
+            return []
+        self.scheduler.finish_requests([st.request.request_id for st, _ in live], "FINISHED_ERROR")
+        now = time.time()
+        return [self._error_output(st, reason, now) for st, reason in live]
+
+    def _error_output(self, st: _State, reason: str, now: float) -> RequestOutput:
+        self.states.pop(st.request.request_id, None)
+        st.metrics.finished_time = now
+        return self._request_output(st, "error", None, finished=True, delta="", error=reason)
+
+    def _outputs(
+        self,
+        out: SchedulerOutput,
+        result: RunnerOutput,
+        updates: UpdateOutputs,
+        step_states: list[_State | None],
+        final_only: bool,
+    ) -> list[RequestOutput]:
+        now = time.time()
+        logprob_rows = (
+            {}
+            if result.logprobs is None
+            else {row: j for j, row in enumerate(result.logprobs[0].tolist())}
+        )
+        outputs = []
+        for row, u in zip(updates.rows.tolist(), updates, strict=True):
+            st = step_states[row]
+            if st is None or self.states.get(u.request_id) is not st:
+                continue
+            try:
+                logprob = None
+                if st.logprobs is not None and row in logprob_rows:
+                    assert result.logprobs is not None
+                    logprob = self._logprob_entry(
+                        result.logprobs[1][logprob_rows[row]], int(result.sampled[row]), st
+                    )
+                output = self._advance(
+                    st, u.new_token_ids, u.finish_reason, u.stop_reason, now, logprob, final_only
+                )
+            except Exception as e:  # noqa: BLE001 - this request alone ends
+                if self.states.get(u.request_id) is st:
+                    outputs += self._end_requests([(st, _reason("its output failed", e))])
+                continue
+            if output is not None:
+                outputs.append(output)
+        return outputs
+
+    def _logprob_entry(self, row: Any, chosen: int, st: _State) -> tuple[float, dict[int, float]]:
+        """The chosen token's logprob, and the top ``logprobs`` with it."""
+        k = st.params.logprobs
+        entry = {chosen: float(row[chosen])}
+        if k:
+            k = row.shape[-1] if k == -1 else min(k, row.shape[-1])
+            top = row.topk(k)
+            entry.update(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+        return float(row[chosen]), entry
 
     def _advance(
         self,
@@ -284,15 +440,15 @@ class LLMEngine:
         finish_reason: str | None,
         stop_reason: int | str | None,
         now: float,
-        logprobs: dict[str, tuple] | None,
+        logprob: tuple[float, dict[int, float]] | None,
         final_only: bool = False,
     ) -> RequestOutput | None:
         rid = st.request.request_id
         st.output_ids.extend(new_ids)
         if st.metrics.first_token_time is None:
             st.metrics.first_token_time = now
-        if logprobs is not None and rid in logprobs and st.logprobs is not None:
-            chosen, entry = logprobs[rid]
+        if logprob is not None and st.logprobs is not None:
+            chosen, entry = logprob
             st.cumulative_logprob += chosen
             st.logprobs.append(entry)
         if final_only and finish_reason is None and not st.params.stop:
@@ -315,6 +471,21 @@ class LLMEngine:
             del self.states[rid]
         elif final_only:
             return None
+        return self._request_output(
+            st, finish_reason, stop_reason, finished=finished, delta=delta, new_ids=new_ids
+        )
+
+    def _request_output(
+        self,
+        st: _State,
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+        *,
+        finished: bool,
+        delta: str,
+        new_ids: list[int] | None = None,
+        error: str | None = None,
+    ) -> RequestOutput:
         completion = CompletionOutput(
             index=0,
             text=st.detok.text,
@@ -325,12 +496,17 @@ class LLMEngine:
             stop_reason=stop_reason,
         )
         return RequestOutput(
-            rid,
+            st.request.request_id,
             st.prompt,
             st.request.prompt_token_ids,
             [completion],
             finished,
             st.metrics,
-            new_token_ids=list(new_ids),
+            new_token_ids=list(new_ids or []),
             text_delta=delta,
+            error=error,
         )
+
+
+def _reason(what: str, e: BaseException) -> str:
+    return f"{what}: {type(e).__name__}: {e}"

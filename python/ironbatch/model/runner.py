@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ironbatch.attention.backend import BACKENDS, AttentionMetadata
+from ironbatch.engine.runner_output import RunnerOutput
 from ironbatch.model import kv_cache
 from ironbatch.model.config import ModelConfig
 from ironbatch.model.llama import LlamaForCausalLM
@@ -73,10 +74,13 @@ class ModelRunner:
             setattr(self, name, new)
 
     def begin_request(self, slot: int, prompt: list[int], params: SamplingParams) -> None:
-        """A request scheduled for the first time in ``slot``."""
+        """A request scheduled for the first time in ``slot``. Its tokens and
+        parameters are in place before its generator is made, so if that
+        fails, this step still computes the request's own KV."""
         self._grow(slot)
         self.tokens[slot, : len(prompt)] = prompt
         self.prompt_lens[slot] = len(prompt)
+        self.min_tokens[slot] = params.min_tokens
         self.plain[slot] = (
             params.greedy
             and params.repetition_penalty == 1.0
@@ -84,11 +88,10 @@ class ModelRunner:
             and not params.frequency_penalty
             and params.logprobs is None
         )
-        self.min_tokens[slot] = params.min_tokens
-        gen = None
+        self.params[slot] = (params, None)
         if params.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(params.seed)
-        self.params[slot] = (params, gen)
+            self.params[slot] = (params, gen)
 
     def _update_tables(self, out: SchedulerOutput) -> None:
         offsets = out.new_block_offsets
@@ -104,13 +107,14 @@ class ModelRunner:
                 self.table_lens[int(out.req_slots[i])] = 0
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> np.ndarray:
-        """Run the step; return one token per scheduled row (-1 where the
-        step does not reach the request's last known token)."""
+    def execute(self, out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> RunnerOutput:
+        """Run the step: one token per scheduled row (-1 where the step does
+        not reach the request's last known token, or its sampling failed).
+        A failure of the whole step (the forward) raises."""
         n = len(out.req_ids)
-        sampled = np.full(n, -1, dtype=np.int64)
+        result = RunnerOutput(np.full(n, -1, dtype=np.int64))
         if n == 0:
-            return sampled
+            return result
         t0 = time.perf_counter()
         self._update_tables(out)
         slots = out.req_slots.astype(np.int64)
@@ -133,7 +137,7 @@ class ModelRunner:
         which = np.flatnonzero(out.samples)
         if len(which) == 0:
             self._clock(t0, t1, time.perf_counter(), None)
-            return sampled
+            return result
         last_rows = torch.from_numpy(out.query_start_loc[1:][which] - 1).to(self.device).long()
         logits = self.model.logits(hidden[last_rows])
         if logits.is_cuda:
@@ -145,21 +149,22 @@ class ModelRunner:
             self.plain[rows_slots].all()
             and (seq_lens - self.prompt_lens[rows_slots] >= self.min_tokens[rows_slots]).all()
         )
-        self.last_logprobs = None
         if plain:
-            tokens = logits.argmax(-1)
+            tokens_np = logits.argmax(-1).cpu().numpy()
         else:
             row_params = [
                 self._row(int(sl), int(n), eos_token_ids)
                 for sl, n in zip(rows_slots, seq_lens, strict=True)
             ]
-            tokens, logprobs = sample_rows(logits, row_params, self.generator)
-            self.last_logprobs = (which, logprobs)
-        tokens_np = tokens.cpu().numpy()
-        sampled[which] = tokens_np
-        self.tokens[rows_slots, seq_lens] = tokens_np  # where the next token goes
+            drawn = sample_rows(logits, row_params, self.generator)
+            tokens_np = drawn.tokens.cpu().numpy()
+            result.logprobs = (which, drawn.logprobs)
+            result.errors = {int(which[j]): reason for j, reason in drawn.errors.items()}
+        result.sampled[which] = tokens_np
+        ok = tokens_np >= 0
+        self.tokens[rows_slots[ok], seq_lens[ok]] = tokens_np[ok]  # where the next token goes
         self._clock(t0, t1, t2, time.perf_counter())
-        return sampled
+        return result
 
     def _clock(self, t0: float, t1: float, t2: float, t3: float | None) -> None:
         self.timings["prepare"] += t1 - t0

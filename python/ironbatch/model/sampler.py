@@ -2,9 +2,15 @@
 
 Per row, in order: penalties (repetition on prompt + output, presence and
 frequency on output), ``min_tokens`` (EOS and stop tokens masked until
-enough tokens exist, as vLLM's sampler does), then greedy, or temperature,
-top-k, top-p and min-p followed by a draw. A seeded request draws from its
-own generator, so its samples do not depend on who else is in the batch."""
+enough tokens exist, whatever ``ignore_eos`` says, as vLLM 0.33's sampler
+does), then greedy, or temperature, top-k, top-p and min-p followed by a
+draw. A seeded request draws from its own generator, so its samples do not
+depend on who else is in the batch.
+
+Rows fail alone: logits that leave no finite choice (NaN everywhere, every
+token masked) end that row with an error, never the batch; NaN never wins
+and +inf logits share the probability, so nothing non-finite reaches the
+draw."""
 
 from __future__ import annotations
 
@@ -41,12 +47,31 @@ def apply_penalties(logits: torch.Tensor, row: RowParams) -> torch.Tensor:
 
 
 def mask_min_tokens(logits: torch.Tensor, row: RowParams) -> torch.Tensor:
+    """Until ``min_tokens`` outputs exist, no stop token and no EOS may be
+    drawn; ``ignore_eos`` does not lift the EOS mask (vLLM's
+    ``all_stop_token_ids`` always hold the model's EOS)."""
     if row.output.numel() < row.params.min_tokens:
-        banned = list(row.params.stop_token_ids)
-        if not row.params.ignore_eos:
-            banned += list(row.eos_token_ids)
+        vocab = logits.shape[0]
+        banned = [t for t in (*row.params.stop_token_ids, *row.eos_token_ids) if t < vocab]
         if banned:
             logits[torch.tensor(banned, dtype=torch.long)] = float("-inf")
+    return logits
+
+
+class SamplingError(ValueError):
+    """A row whose logits leave nothing to choose."""
+
+
+def finite_choices(logits: torch.Tensor) -> torch.Tensor:
+    """Logits every choice of which is well defined: NaN never wins, the
+    +inf entries (if any) share all the probability, and at least one entry
+    is left; else ``SamplingError``."""
+    logits = logits.masked_fill(torch.isnan(logits), float("-inf"))
+    top = torch.isposinf(logits)
+    if top.any():
+        logits = torch.zeros_like(logits).masked_fill(~top, float("-inf"))
+    if torch.isneginf(logits).all():
+        raise SamplingError("no token has a finite logit (all masked, NaN or -inf)")
     return logits
 
 
@@ -72,19 +97,36 @@ def filter_top_k_top_p_min_p(
     return logits
 
 
-def sample_rows(
-    logits: torch.Tensor, rows: list[RowParams], generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens [R] and the log-softmax of the raw logits [R, V] (for logprobs)."""
+@dataclass
+class Sampled:
+    """One step's draws: a token per row (-1 where the row failed), the
+    log-softmax of the raw logits (for logprobs), and each failed row's
+    reason."""
+
+    tokens: torch.Tensor  # int64 [R]
+    logprobs: torch.Tensor  # [R, V]
+    errors: dict[int, str]
+
+
+def sample_row(logits: torch.Tensor, row: RowParams, generator: torch.Generator) -> int:
+    """One row's token (``logits`` is that row's, and is changed)."""
+    x = finite_choices(mask_min_tokens(apply_penalties(logits, row), row))
+    p = row.params
+    if p.greedy:
+        return int(x.argmax())
+    x = finite_choices(filter_top_k_top_p_min_p(x / p.temperature, p.top_k, p.top_p, p.min_p))
+    probs = x.softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=row.generator or generator)[0])
+
+
+def sample_rows(logits: torch.Tensor, rows: list[RowParams], generator: torch.Generator) -> Sampled:
+    """Draw every row; a row that fails is reported, the others are drawn."""
     logprobs = logits.log_softmax(-1)
-    tokens = torch.empty(len(rows), dtype=torch.long)
+    tokens = torch.full((len(rows),), -1, dtype=torch.long)
+    errors: dict[int, str] = {}
     for i, row in enumerate(rows):
-        x = mask_min_tokens(apply_penalties(logits[i].clone(), row), row)
-        p = row.params
-        if p.greedy:
-            tokens[i] = x.argmax()
-            continue
-        x = filter_top_k_top_p_min_p(x / p.temperature, p.top_k, p.top_p, p.min_p)
-        probs = x.softmax(-1)
-        tokens[i] = torch.multinomial(probs, 1, generator=row.generator or generator)[0]
-    return tokens, logprobs
+        try:
+            tokens[i] = sample_row(logits[i].clone(), row, generator)
+        except Exception as e:  # noqa: BLE001 - any failure ends this row only
+            errors[i] = f"sampling failed: {type(e).__name__}: {e}"
+    return Sampled(tokens, logprobs, errors)
