@@ -1,4 +1,4 @@
-"""Scheduler CPU time per step: ironbatch's Rust core, the vLLM drop-in
+"""Scheduler wall-clock time per step: ironbatch's Rust core, the vLLM drop-in
 (``ironbatch.vllm.Scheduler``, the core behind vLLM's interface), the Python
 twin and vLLM's own V1 Scheduler, on the same workloads, taking turns in one
 run. The drop-in and vLLM take the same vLLM Requests and ModelRunnerOutputs
@@ -59,7 +59,7 @@ def main() -> int:
     print(
         f"{platform.machine()}, Python {platform.python_version()}, vLLM {VERSION}; "
         f"{'async' if asy else 'sync'} scheduling; {a.steps} timed steps per workload, turns "
-        f"of {a.turn} step(s); median CPU time of schedule() + update_from_output() per "
+        f"of {a.turn} step(s); median wall-clock time of schedule() + update_from_output() per "
         f"step, Python boundary included"
     )
     print(format_table(rows))

@@ -1,9 +1,13 @@
-"""Time schedule() + update_from_output() per step, for any scheduler that a
-driver wraps, on steady-state workloads:
+"""Time schedule() + update_from_output() per step (wall-clock,
+``time.perf_counter``), for any scheduler that a driver wraps:
 
-- ``decode-N``: N requests all decoding (one token each per step);
-- ``mixed``: 224 requests decoding while new 512-token prompts arrive and
-  are prefilled in chunks under a 2,048-token budget.
+- ``decode-N``: N requests all decoding (one token each per step), timed in
+  steady state;
+- ``mixed``: 224 requests with 512-token prompts queued at once and two more
+  arriving per step (64 output tokens each, a 2,048-token budget). Its timed
+  steps follow 21 warm-up steps and are the ramp: running requests grow from
+  ~90 to ~235 while the queue drains, each step a full budget of prefill
+  chunks beside the decodes.
 
 Drivers take turns, ``turn`` steps each (1: strict alternation, so each
 step starts with caches the other drivers just used, as an engine's
