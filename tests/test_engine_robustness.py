@@ -279,3 +279,25 @@ def test_generate_is_all_or_nothing(model_dir: Path, expected_good: list[int]) -
     with pytest.raises(TypeError, match="prompt 1"):
         llm.generate([GOOD_PROMPT, 3.5], GOOD, use_tqdm=False)  # type: ignore[list-item]
     assert_serves(llm, expected_good)
+
+
+def test_a_failing_update_ends_the_step_and_the_engine_goes_on(
+    model_dir: Path, expected_good: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm = make_llm(model_dir)
+    scheduler = llm.llm_engine.scheduler
+    real = scheduler.update_from_output
+    calls = [0]
+
+    def update(*args: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("injected update failure")
+        return real(*args)
+
+    monkeypatch.setattr(scheduler, "update_from_output", update)
+    outs = serve(llm, [GOOD_PROMPT, BAD_PROMPT], [GOOD, GOOD])
+    assert [o.outputs[0].finish_reason for o in outs] == ["error", "error"]
+    assert "applying the step failed" in (outs[0].error or "")
+    monkeypatch.undo()
+    assert_serves(llm, expected_good)

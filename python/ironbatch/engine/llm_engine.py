@@ -315,17 +315,17 @@ class LLMEngine:
                 result = self.runner.execute(out, self.model_config.eos_token_ids)
             except BaseException as e:
                 with self._lock:
-                    outputs = self._fail_step(step_states, _reason("the step failed", e))
-                if not isinstance(e, Exception):
-                    raise  # KeyboardInterrupt and the like end the caller's loop too
-                return outputs
+                    return self._abandon_step(step_states, "the step failed", e)
             t2 = time.perf_counter()
             with self._lock:
                 failed.update({i: result.errors[i] for i in result.errors})
                 outputs = self._end_requests(
                     [(step_states[i], reason) for i, reason in sorted(failed.items())]
                 )
-                updates = self.scheduler.update_from_output(out, result.sampled)
+                try:
+                    updates = self.scheduler.update_from_output(out, result.sampled)
+                except BaseException as e:
+                    return outputs + self._abandon_step(step_states, "applying the step failed", e)
                 t3 = time.perf_counter()
                 if len(updates):
                     outputs += self._outputs(out, result, updates, step_states, final_only)
@@ -356,6 +356,16 @@ class LLMEngine:
             except Exception as e:  # noqa: BLE001 - this request alone ends
                 failed[i] = _reason("the request could not start", e)
         return failed
+
+    def _abandon_step(
+        self, step_states: list[_State | None], what: str, e: BaseException
+    ) -> list[RequestOutput]:
+        """Fail the step, then re-raise ``e`` if it is no ``Exception`` (an
+        interrupt ends the caller's loop too, the engine sound)."""
+        outputs = self._fail_step(step_states, _reason(what, e))
+        if not isinstance(e, Exception):
+            raise e
+        return outputs
 
     def _fail_step(self, step_states: list[_State | None], reason: str) -> list[RequestOutput]:
         """The whole step failed: end its requests, and forget every cached
