@@ -25,8 +25,7 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
 from ironbatch.bench import WORKLOADS, IronbatchDriver, format_table, run  # noqa: E402
-
-from vllm_scheduler import VERSION, VllmDriver  # noqa: E402
+from ironbatch.bench.vllm_driver import VERSION, VllmDriver  # noqa: E402
 
 
 def main() -> int:

@@ -20,7 +20,7 @@ from typing import Any
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
-import vllm_scheduler as vs
+import ironbatch.bench.vllm_driver as vs
 
 VOCAB, EOS = 256, 2
 

@@ -1,4 +1,4 @@
-"""The KV-cache invariants of spec §10, checked from the outside through the
+"""The KV-cache invariants of docs/scheduling.md §10, checked from the outside through the
 public inspection methods, so they hold any implementation to the same rules."""
 
 from __future__ import annotations
@@ -7,9 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from ironbatch.reference.block import cdiv
 
 
 def check_kv_invariants(kv: Any, request_ids: Iterable[str]) -> None:

@@ -49,7 +49,7 @@ def req(
 
 
 def rows(out: Any) -> list[list[Any]]:
-    """The step as the spec and the traces write it."""
+    """The step as docs/scheduling.md and the traces write it."""
     return [list(e) for e in out.entries()]
 
 

@@ -1,6 +1,6 @@
 """Drive the Rust and the Python scheduler side by side with identical
 input; every decision, every output and the whole visible state must match,
-and the invariants of spec §10 must hold after every call."""
+and the invariants of docs/scheduling.md §10 must hold after every call."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ from collections import Counter
 from typing import Any
 
 from ironbatch import Scheduler
+from ironbatch.reference.block import cdiv
+from ironbatch.scheduler_output import STEP_COLUMNS
 
 from scheduler_helpers import make, req
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class SchedulerPair:
@@ -55,20 +53,7 @@ class SchedulerPair:
         assert list(r.entries()) == list(p.entries())
         assert r.preempted_req_ids == p.preempted_req_ids
         assert r.finished_req_ids == p.finished_req_ids
-        for col in (
-            "req_slots",
-            "num_scheduled",
-            "num_computed_tokens",
-            "kinds",
-            "samples",
-            "num_output_tokens",
-            "new_block_ids",
-            "new_block_offsets",
-            "positions",
-            "slot_mapping",
-            "query_start_loc",
-            "seq_lens",
-        ):
+        for col in STEP_COLUMNS:
             a, b = getattr(r, col), getattr(p, col)
             assert a.dtype == b.dtype and a.tolist() == b.tolist(), col
         # Budget (5) and concurrency (6).
@@ -80,9 +65,9 @@ class SchedulerPair:
             1 for e in r.entries() if e.kind != "running" and e.num_computed_tokens
         )
         self.events["resumed"] += sum(1 for e in r.entries() if e.kind == "resumed")
-        flights = [f for *_, f in self.rust.debug_state()["requests"].values()]
-        self.events["placeholders"] += sum(1 for f in flights if f[0] > 0)
-        self.events["skipped"] += sum(1 for f in flights if f[4])
+        rows = self.rust.debug_state()["requests"].values()
+        self.events["placeholders"] += sum(1 for r in rows if r["num_output_placeholders"] > 0)
+        self.events["skipped"] += sum(1 for r in rows if r["deferred"])
         self.in_flight.append((r, p))
         self.check()
 
@@ -118,17 +103,20 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
     n = len(ref)
     # 8. Queues: every unfinished request in exactly one queue, with a matching status.
     assert sorted(running + waiting) == sorted(requests)
-    assert all(requests[r][0] == "RUNNING" for r in running)
-    assert all(requests[r][0] in ("WAITING", "PREEMPTED") for r in waiting)
+    assert all(requests[r]["status"] == "RUNNING" for r in running)
+    assert all(requests[r]["status"] in ("WAITING", "PREEMPTED") for r in waiting)
     # 1, 2. Conservation and reference counts.
-    held = Counter(b for r in requests.values() for b in r[4])
+    held = Counter(b for r in requests.values() for b in r["block_ids"])
     assert [held.get(b, 0) for b in range(n)] == ref
     free = state["free_block_ids"]
     assert sorted(free) == [b for b in range(1, n) if ref[b] == 0]
     assert s.num_free_blocks == len(free)
     # 7. Table size; waiting requests hold nothing.
-    for rid, (status, _slot, num_tokens, computed, table, cached, _p, flight) in requests.items():
-        placeholders, in_flight, stale, drop_stale, deferred = flight
+    for rid, r in requests.items():
+        status, num_tokens, computed = r["status"], r["num_tokens"], r["num_computed_tokens"]
+        table, cached = r["block_ids"], r["num_cached_blocks"]
+        placeholders, in_flight = r["num_output_placeholders"], r["in_flight_tokens"]
+        stale, drop_stale, deferred = r["stale_tokens"], r["drop_stale"], r["deferred"]
         assert computed <= num_tokens + placeholders
         assert cached <= len(table)
         # A placeholder stands for a token sampled by a step still in flight.

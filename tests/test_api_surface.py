@@ -13,7 +13,16 @@ import ironbatch._core as core
 import ironbatch.reference as twin
 
 PKG = Path(ironbatch.__file__).parent
-CLASSES = ["BlockPool", "KVCacheManager", "PrefixCacheStats", "Scheduler", "Step"]
+CLASSES = [
+    "BlockPool",
+    "KVCacheManager",
+    "PrefixCacheStats",
+    "Scheduler",
+    "Step",
+    "StepUpdate",
+    "FinishedRequest",
+    "SchedulerStats",
+]
 
 
 def public(names: object) -> set[str]:
@@ -53,10 +62,45 @@ def test_twin_scheduler_offers_what_the_facade_drives() -> None:
         "reset_prefix_cache",
         "make_stats",
         "debug_state",
-        "get_num_unfinished_requests",
     ):
         assert callable(getattr(twin.Scheduler, name)), name
         assert callable(getattr(core.Scheduler, name)), name
+
+
+def test_the_step_columns_are_named_once() -> None:
+    """The core names the columns (rust/src/step.rs); the API's typed view
+    and the twin's columns must list exactly those, in that order."""
+    from dataclasses import fields
+
+    from ironbatch.reference.step import StepColumns as TwinColumns
+    from ironbatch.scheduler_output import StepColumns
+
+    names = list(core.STEP_COLUMNS)
+    assert list(StepColumns.__annotations__) == names
+    assert [f.name for f in fields(TwinColumns)] == names
+    assert set(core.STEP_COLUMNS.values()) <= {"int32", "int64", "uint8", "bool"}
+
+
+def test_the_core_and_the_twin_agree_on_kind_codes() -> None:
+    from ironbatch import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
+    from ironbatch.reference.step import Kind
+
+    for backend in ("rust", "python"):
+        s = Scheduler(
+            SchedulerConfig(max_model_len=160, max_num_seqs=4, max_num_batched_tokens=512),
+            CacheConfig(num_blocks=11, block_size=16),
+            backend=backend,
+        )
+        two, three = (SamplingParams(max_tokens=n, ignore_eos=True) for n in (2, 3))
+        s.add_request(Request("a", list(range(3, 83)), two, arrival_time=0.0))
+        s.add_request(Request("b", list(range(103, 183)), three, arrival_time=1.0))
+        kinds = []
+        for _ in range(4):  # a's second token needs b's blocks: b resumes after a ends
+            out = s.schedule()
+            kinds.append(out.kinds.tolist())
+            sampling = [rid for rid, k in zip(out.req_ids, out.samples, strict=True) if k]
+            s.update_from_output(out, {rid: [9] for rid in sampling})
+        assert kinds == [[Kind.NEW, Kind.NEW], [Kind.RUNNING], [Kind.RESUMED], [Kind.RUNNING]]
 
 
 def test_stats_fields_match() -> None:

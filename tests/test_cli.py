@@ -66,3 +66,17 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
         assert done.returncode == 0 and b"1 of 1 identical" in done.stdout, done.stderr
     done = subprocess.run([script, "nonsense"], capture_output=True, text=True)
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+def test_replay_reports_broken_traces_and_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    truncated = tmp_path / "truncated.jsonl.gz"
+    truncated.write_bytes(gzip.compress(TRACES[0].read_bytes())[:200])
+    header = json.loads(TRACES[0].read_text().splitlines()[0])
+    header["config"]["block_size"] = True
+    mistyped = tmp_path / "mistyped.jsonl"
+    mistyped.write_text(json.dumps(header) + "\n")
+    assert main(["replay", str(truncated), str(mistyped), str(TRACES[1])]) == 1
+    out = capsys.readouterr().out
+    assert out.count("cannot replay") == 2 and "1 of 3 identical" in out

@@ -3,7 +3,7 @@ with prefix hits, chunked allocation, decode tokens, frees, removals, resets,
 statistics, rejected calls) drive the Rust core and the Python twin side by
 side. Every answer must be identical, as must the whole visible state (block
 ids, free-queue order, reference counts, cached blocks), and both must keep
-the KV-cache invariants of spec §10 after every call."""
+the KV-cache invariants of docs/scheduling.md §10 after every call."""
 
 from __future__ import annotations
 

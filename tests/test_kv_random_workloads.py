@@ -2,7 +2,7 @@
 the twin side by side (the hypothesis state machine explores edge cases and
 shrinks; these runs go deep: hundreds of steps with many prefix hits, tight
 pools, evictions and preemptions). Every answer and the whole visible state
-must match, and the spec §10 invariants must hold, after every operation."""
+must match, and the docs/scheduling.md §10 invariants must hold, after every operation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The KV-cache acceptance scenarios of spec §9.1 (K1–K6), whose expected
+"""The KV-cache acceptance scenarios of docs/scheduling.md §9.1 (K1–K6), whose expected
 values are vLLM 0.33.0's own results, for the Rust core and the twin alike."""
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             pair.reset_prefix_cache(reset_running_requests=rng.random() < 0.5)
         pair.schedule()
         # Sync: usually one step in flight, sometimes more schedule() calls
-        # before the first output arrives (spec §5.4). Async: usually two,
+        # before the first output arrives (docs/scheduling.md §5.4). Async: usually two,
         # as vLLM's engine runs it.
         n = len(pair.in_flight)
         if config["async_scheduling"]:

@@ -36,11 +36,14 @@ def test_reset_with_running_requests_preempts_and_drops_in_flight_output(backend
     # Popped from the back of running, each pushed at the front of waiting:
     # waiting keeps their running order.
     assert state["running"] == [] and state["waiting"] == ["r0", "r1", "r2"]
-    assert all(r[0] == "PREEMPTED" and r[3] == 0 for r in state["requests"].values())
+    assert all(
+        r["status"] == "PREEMPTED" and r["num_computed_tokens"] == 0
+        for r in state["requests"].values()
+    )
     assert state["cached_blocks"] == [] and s.num_free_blocks == 9999
     # The in-flight output is dropped: no records, no tokens appended.
     assert list(s.update_from_output(out, {rid: [7] for rid in out.req_ids})) == []
-    assert all(r[2] == 21 for r in s.debug_state()["requests"].values())
+    assert all(r["num_tokens"] == 21 for r in s.debug_state()["requests"].values())
     out = s.schedule()  # all three come back, recomputing their 21 tokens
     assert [(e[0], e[1], e[2]) for e in rows(out)] == [
         ("r0", 21, "resumed"),

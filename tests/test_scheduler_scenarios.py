@@ -1,4 +1,4 @@
-"""The scheduler acceptance scenarios of spec §9.2 (S1–S7), whose expected
+"""The scheduler acceptance scenarios of docs/scheduling.md §9.2 (S1–S7), whose expected
 values are vLLM 0.33.0's own results, on both backends."""
 
 from __future__ import annotations
@@ -133,7 +133,11 @@ def test_s4b_tokens_for_a_request_preempted_in_flight(backend: str) -> None:
     u2 = s.update_from_output(out2, {"r1": [43]})  # stale, still applied
     assert [tuple(u) for u in u2] == [("r1", [43], None, None)]
     state = s.debug_state()["requests"]["r1"]
-    assert (state[0], state[2], state[3]) == ("PREEMPTED", 81, 0)
+    assert (state["status"], state["num_tokens"], state["num_computed_tokens"]) == (
+        "PREEMPTED",
+        81,
+        0,
+    )
     assert s.num_free_blocks == 4
     u3 = s.update_from_output(out3, {"r0": [44]})
     assert [tuple(u) for u in u3] == [("r0", [44], None, None)]

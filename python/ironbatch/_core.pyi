@@ -9,9 +9,11 @@ from numpy.typing import NDArray
 __version__: str
 #: The largest size each field accepts (rust/src/limits.rs).
 LIMITS: dict[str, int]
+#: The step's column names and NumPy dtypes, in order (rust/src/step.rs).
+STEP_COLUMNS: dict[str, str]
 
 class PrefixCacheStats:
-    """Prefix-cache counters since they were last taken (spec §7.10)."""
+    """Prefix-cache counters since they were last taken (docs/scheduling.md §7.10)."""
 
     @property
     def reset(self) -> bool: ...
@@ -133,8 +135,7 @@ class KVCacheManager:
     def usage(self) -> float: ...
 
 class Step:
-    """One schedule() decision: NumPy columns plus what update_from_output
-    needs (use it through ``ironbatch.SchedulerOutput``)."""
+    """One step's decisions (``ironbatch.core_scheduler`` wraps it)."""
 
     @property
     def req_ids(self) -> list[str]: ...
@@ -143,23 +144,62 @@ class Step:
     @property
     def finished_req_ids(self) -> list[str]: ...
     def columns(self) -> dict[str, NDArray[Any]]:
-        """req_slots, num_scheduled, num_computed_tokens, kinds, samples,
-        num_output_tokens, new_block_ids, new_block_offsets, positions, slot_mapping,
-        query_start_loc, seq_lens."""
+        """The step's NumPy columns, named and typed by ``STEP_COLUMNS``."""
     def __len__(self) -> int: ...
 
-# (each record's row in the step, tokens, token offsets, tokens in cached
-# blocks per record, finished records as (record, finish reason, stop reason))
-UpdateColumns = tuple[
-    NDArray[np.int32],
-    NDArray[np.uint32],
-    NDArray[np.int64],
-    NDArray[np.int64],
-    list[tuple[int, str, int | None]],
-]
+class FinishedRequest:
+    """A request that finished in an update (already freed)."""
+
+    @property
+    def record(self) -> int: ...
+    @property
+    def finish_reason(self) -> str:
+        """ "stop", "length", "abort" or "error"."""
+    @property
+    def stop_reason(self) -> int | None: ...
+    @property
+    def token_ids(self) -> list[int]:
+        """All its tokens, prompt first, as it ended."""
+    @property
+    def num_computed_tokens(self) -> int: ...
+
+class StepUpdate:
+    """What one update_from_output reported: one record per request that
+    got tokens, in scheduling order."""
+
+    @property
+    def rows(self) -> NDArray[np.int32]:
+        """Each record's row in the step."""
+    @property
+    def tokens(self) -> NDArray[np.uint32]: ...
+    @property
+    def token_offsets(self) -> NDArray[np.int64]:
+        """Record ``i`` owns ``tokens[token_offsets[i]:token_offsets[i+1]]``."""
+    @property
+    def cached_tokens(self) -> NDArray[np.int64]:
+        """Each record's tokens in hash-cached blocks after the output."""
+    @property
+    def finished(self) -> list[FinishedRequest]: ...
+
+class SchedulerStats:
+    """Counts and usage; taking them zeroes the counters."""
+
+    @property
+    def num_running_reqs(self) -> int: ...
+    @property
+    def num_waiting_reqs(self) -> int: ...
+    @property
+    def num_skipped_waiting_reqs(self) -> int: ...
+    @property
+    def kv_cache_usage(self) -> float: ...
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats: ...
+    @property
+    def num_preempted_reqs(self) -> int: ...
 
 class Scheduler:
-    """vLLM 0.33's V1 scheduler in Rust (use it through ``ironbatch.Scheduler``)."""
+    """vLLM 0.33's V1 scheduler in Rust (use it through
+    ``ironbatch.core_scheduler.CoreScheduler``). Keyword arguments only."""
 
     def __init__(
         self,
@@ -174,10 +214,11 @@ class Scheduler:
         num_blocks: SupportsIndex,
         block_size: SupportsIndex,
         enable_prefix_caching: bool,
-        async_scheduling: bool = False,
+        async_scheduling: bool,
     ) -> None: ...
     def add_request(
         self,
+        *,
         request_id: str,
         prompt_token_ids: Sequence[SupportsIndex],
         max_tokens: SupportsIndex,
@@ -186,35 +227,20 @@ class Scheduler:
         stop_token_ids: Sequence[SupportsIndex],
         priority: int,
         arrival_time: float,
-        cache_salt: str | None = None,
+        cache_salt: str | None,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it lives)."""
     def schedule(self) -> Step: ...
     def update_from_output(
         self,
+        *,
         step: Step,
         token_ids: NDArray[np.int64],
-        offsets: NDArray[np.int64] | None = None,
-    ) -> UpdateColumns:
+        offsets: NDArray[np.int64] | None,
+    ) -> StepUpdate:
         """Apply a step's tokens (with ``offsets``: ragged; without: one per
-        entry, -1 for none). Returns (each record's row in the step, tokens,
-        token offsets, each record's tokens in hash-cached blocks, finished
-        records as (record, finish reason, stop reason))."""
-    def update_from_runner_output(
-        self,
-        step: Step,
-        req_id_to_index: dict[str, int],
-        sampled_token_ids: list[list[int]],
-    ) -> tuple[UpdateColumns, list[tuple[list[int], int]]]:
-        """Apply a vLLM ModelRunnerOutput's tokens (entry ``i`` gets
-        ``sampled_token_ids[req_id_to_index[req_ids[i]]]``); returns what
-        ``update_from_output`` does and each finished request's (tokens,
-        num_computed_tokens)."""
-    def request_state(self, slot: int) -> tuple[list[int], int]:
-        """A live request's (tokens, num_computed_tokens), prompt first."""
-    def finish_requests(
-        self, request_ids: Sequence[str], status: str = "FINISHED_ABORTED"
-    ) -> None: ...
+        entry, -1 for none)."""
+    def finish_requests(self, *, request_ids: Sequence[str], status: str) -> None: ...
     @property
     def pause_state(self) -> int:
         """vLLM's pause state: 0 unpaused, 1 no admissions, 2 nothing scheduled."""
@@ -224,12 +250,23 @@ class Scheduler:
         """(running, waiting) request counts."""
     @property
     def kv_cache_usage(self) -> float: ...
-    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool: ...
-    def make_stats(self) -> tuple[int, int, int, float, PrefixCacheStats, int]:
-        """(num_running_reqs, num_waiting_reqs, num_skipped_waiting_reqs,
-        kv_cache_usage, prefix-cache stats, preemptions); takes the
-        counters."""
+    def reset_prefix_cache(self, *, reset_running_requests: bool) -> bool: ...
+    def make_stats(self) -> SchedulerStats: ...
     def get_num_unfinished_requests(self) -> int: ...
     def debug_state(self) -> dict[str, Any]: ...
     @property
     def num_free_blocks(self) -> int: ...
+
+def vllm_update_from_runner_output(
+    scheduler: Scheduler,
+    *,
+    step: Step,
+    req_id_to_index: dict[str, int],
+    sampled_token_ids: list[list[int]],
+) -> StepUpdate:
+    """The vLLM drop-in's update: entry ``i`` gets
+    ``sampled_token_ids[req_id_to_index[req_ids[i]]]``."""
+
+def vllm_request_state(scheduler: Scheduler, slot: int) -> tuple[list[int], int]:
+    """A live request's (tokens, num_computed_tokens), prompt first (for the
+    vLLM drop-in)."""

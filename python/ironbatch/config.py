@@ -1,10 +1,11 @@
-"""Scheduler and KV-cache settings (spec §2), validated the way vLLM's are:
+"""Scheduler and KV-cache settings (docs/scheduling.md §2), validated the way vLLM's are:
 a ValueError naming the field and the value."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ironbatch.reference.block import cdiv
 from ironbatch.reference.limits import (
     MAX_BLOCK_SIZE,
     MAX_MODEL_LEN,
@@ -13,6 +14,7 @@ from ironbatch.reference.limits import (
     MAX_NUM_SEQS,
     check_range,
 )
+from ironbatch.reference.scheduler_config import check_scheduler
 
 POLICIES = ("fcfs", "priority")
 
@@ -36,7 +38,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0 = off
     policy: str = "fcfs"
-    # The full-prompt admission gate (spec §7.6).
+    # The full-prompt admission gate (docs/scheduling.md §7.6).
     scheduler_reserve_full_isl: bool = True
     # vLLM's async scheduling: the next step is scheduled before this one's
     # output arrives, with an output placeholder per token in flight.
@@ -52,21 +54,7 @@ class SchedulerConfig:
         _bool("async_scheduling", self.async_scheduling)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"max_num_seqs ({self.max_num_seqs})"
-            )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"max_model_len ({self.max_model_len}) when chunked prefill is off"
-            )
-        if self.long_prefill_token_threshold > self.max_model_len:
-            raise ValueError(
-                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must be "
-                f"<= max_model_len ({self.max_model_len})"
-            )
+        check_scheduler(self)  # the rules between fields, as the core checks them
 
 
 @dataclass(frozen=True)
@@ -86,7 +74,7 @@ def check_fits(scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> 
     """vLLM's start-up refusal: the cache must hold one max_model_len sequence."""
     if cache_config.num_blocks is None:
         raise ValueError("num_blocks must be set to build a scheduler, got None")
-    needed = -(-scheduler_config.max_model_len // cache_config.block_size)
+    needed = cdiv(scheduler_config.max_model_len, cache_config.block_size)
     if needed > cache_config.num_blocks - 1:
         raise ValueError(
             f"num_blocks ({cache_config.num_blocks}) holds {cache_config.num_blocks - 1} usable "

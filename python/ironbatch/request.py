@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from ironbatch.reference.args import u32_list
 from ironbatch.reference.limits import utf8_str
 from ironbatch.sampling_params import SamplingParams
-from ironbatch.tokens import token_list
 
 
 class Request:
@@ -25,7 +25,7 @@ class Request:
         cache_salt: str | None = None,
     ) -> None:
         self.request_id = utf8_str("request_id", request_id)
-        self.prompt_token_ids = token_list("prompt_token_ids", prompt_token_ids)
+        self.prompt_token_ids = u32_list("prompt_token_ids", prompt_token_ids)
         if not self.prompt_token_ids:
             raise ValueError(f"prompt_token_ids of request {request_id!r} must not be empty")
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
@@ -35,7 +35,7 @@ class Request:
                 f"{type(self.sampling_params).__name__}"
             )
         if eos_token_id is not None:
-            eos_token_id = token_list("eos_token_id", [eos_token_id])[0]
+            eos_token_id = u32_list("eos_token_id", [eos_token_id])[0]
         self.eos_token_id = eos_token_id
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {type(priority).__name__}")

@@ -15,8 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ironbatch.reference.args import u32_list
 from ironbatch.reference.limits import MAX_TOKENS, check_range
-from ironbatch.tokens import token_list
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
         # Repeats say nothing more; vLLM drops them, keeping the first.
-        self.stop_token_ids = list(dict.fromkeys(token_list("stop_token_ids", self.stop_token_ids)))
+        self.stop_token_ids = list(dict.fromkeys(u32_list("stop_token_ids", self.stop_token_ids)))
         self._check_temperature()
         self.top_p = _number("top_p", self.top_p)
         if not 0 < self.top_p <= 1:

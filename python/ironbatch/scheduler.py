@@ -19,20 +19,14 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ironbatch.config import CacheConfig, SchedulerConfig, check_fits
+from ironbatch.reference.args import u32_list
+from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.request import Request
 from ironbatch.scheduler_backends import PythonBackend, RustBackend, Sampled
 from ironbatch.scheduler_output import SchedulerOutput, UpdateOutputs
 from ironbatch.scheduler_stats import SchedulerStats
-from ironbatch.tokens import token_list
 
 BACKENDS = {"rust": RustBackend, "python": PythonBackend}
-FINISH_STATUSES = (
-    "FINISHED_ABORTED",
-    "FINISHED_STOPPED",
-    "FINISHED_LENGTH_CAPPED",
-    "FINISHED_IGNORED",
-    "FINISHED_ERROR",
-)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -85,20 +79,12 @@ class Scheduler:
 
     @_exclusive
     def add_request(self, request: Request) -> None:
-        """Queue a request. Rejected (ValueError, nothing changed): a live
-        duplicate id, or a prompt that leaves no room for one output token
-        within max_model_len."""
+        """Queue a request. ``Request`` checked its own fields; the backend
+        refuses (ValueError, nothing changed) a live duplicate id, or a
+        prompt that leaves no room for one output token within
+        max_model_len."""
         if not isinstance(request, Request):
             raise TypeError(f"request must be an ironbatch.Request, got {type(request).__name__}")
-        if request.request_id in self.requests:
-            raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
-        max_len = self.scheduler_config.max_model_len
-        if len(request.prompt_token_ids) >= max_len:
-            raise ValueError(
-                f"prompt_token_ids of request {request.request_id!r} has "
-                f"{len(request.prompt_token_ids)} tokens; it must be shorter than "
-                f"max_model_len ({max_len})"
-            )
         self._core.add_request(request)
         self.requests[request.request_id] = request
 
@@ -137,8 +123,8 @@ class Scheduler:
         for rid in ids:
             if not isinstance(rid, str):
                 raise TypeError(f"request_ids must hold str, got {type(rid).__name__}")
-        if status not in FINISH_STATUSES:
-            raise ValueError(f"status must be one of {FINISH_STATUSES}, got {status!r}")
+        if status not in FINISHED_STATUS_NAMES:
+            raise ValueError(f"status must be one of {FINISHED_STATUS_NAMES}, got {status!r}")
         self._core.finish_requests(ids, status)
         for rid in ids:
             self.requests.pop(rid, None)
@@ -181,7 +167,7 @@ def _sampled(
         for rid, tokens in sampled.items():
             if rid not in row:
                 raise ValueError(f"sampled: request {rid!r} was not scheduled in this step")
-            per_row[row[rid]] = token_list(f"sampled[{rid!r}]", tokens)
+            per_row[row[rid]] = u32_list(f"sampled[{rid!r}]", tokens)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum([len(t) for t in per_row], out=offsets[1:])
         flat = np.fromiter(

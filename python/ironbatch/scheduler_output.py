@@ -6,16 +6,29 @@ vLLM-style per-request views are built only when someone reads them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-KIND_NAMES = ("new", "resumed", "running")
-NEW, RESUMED, RUNNING = 0, 1, 2
+from ironbatch._core import STEP_COLUMNS
+from ironbatch.reference.step import Kind
+
+__all__ = [
+    "STEP_COLUMNS",
+    "Kind",
+    "ScheduledCachedRequests",
+    "ScheduledEntry",
+    "ScheduledNewRequest",
+    "SchedulerOutput",
+    "StepColumns",
+    "RequestUpdate",
+    "StepUpdate",
+    "UpdateOutputs",
+]
 
 
 class ScheduledEntry(NamedTuple):
@@ -23,13 +36,16 @@ class ScheduledEntry(NamedTuple):
 
     request_id: str
     num_tokens: int
-    kind: str
+    kind: str  # "new", "resumed" or "running"
     num_computed_tokens: int  # before this step; the prefix hit for new/resumed
     block_ids: list[int]  # the whole table for new/resumed; new blocks for running
 
 
 @dataclass
-class NewRequestData:
+class ScheduledNewRequest:
+    """A request this step admits for the first time (the shape of vLLM's
+    ``NewRequestData``)."""
+
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: Any
@@ -38,26 +54,45 @@ class NewRequestData:
 
 
 @dataclass
-class CachedRequestData:
+class ScheduledCachedRequests:
+    """The running and resumed requests of a step (the shape of vLLM's
+    ``CachedRequestData``)."""
+
     req_ids: list[str]  # running requests, then resumed ones
     resumed_req_ids: set[str]
     new_block_ids: list[list[int] | None]  # None: no new block for a running request
     num_computed_tokens: list[int]
 
 
-class SchedulerOutput:
-    """One step's decisions.
+class StepColumns:
+    """A step's columns as NumPy arrays, one row per scheduled request in
+    scheduling order unless noted. Their names and dtypes are defined once,
+    in the core (``rust/src/step.rs``; ``STEP_COLUMNS`` here), and both
+    backends produce exactly those; the annotations below only type them (a
+    test holds the two lists equal)."""
 
-    Columns (NumPy, one row per scheduled request unless noted):
-    ``req_slots`` (a request's stable row while it lives), ``num_scheduled``,
-    ``num_computed_tokens`` (before the step), ``kinds`` (0 new, 1 resumed,
-    2 running), ``samples`` (the step reaches the request's last known
-    token, so it yields a token), ``num_output_tokens`` (before the step,
-    output placeholders included), ``new_block_ids`` flattened with
-    ``new_block_offsets`` (n + 1), and for the model runner the flattened
-    per-token ``positions`` and ``slot_mapping``, ``query_start_loc`` (n + 1)
-    and ``seq_lens``.
-    """
+    req_slots: np.ndarray  # a request's stable row while it lives
+    num_scheduled: np.ndarray
+    num_computed_tokens: np.ndarray  # before the step; the prefix hit for new/resumed
+    kinds: np.ndarray  # Kind: 0 new, 1 resumed, 2 running
+    samples: np.ndarray  # the step reaches the request's last known token
+    num_output_tokens: np.ndarray  # before the step, output placeholders included
+    new_block_ids: np.ndarray  # flattened; row i owns [new_block_offsets[i], [i + 1])
+    new_block_offsets: np.ndarray  # rows + 1
+    positions: np.ndarray  # per scheduled token
+    slot_mapping: np.ndarray  # per scheduled token: block_id * block_size + offset
+    query_start_loc: np.ndarray  # rows + 1
+    seq_lens: np.ndarray
+
+    def __init__(self, columns: Mapping[str, np.ndarray]) -> None:
+        for name in STEP_COLUMNS:
+            setattr(self, name, columns[name])
+
+
+class SchedulerOutput(StepColumns):
+    """One step's decisions: the columns, the scheduled request ids, the
+    preempted and finished ids, and vLLM-style per-request views built only
+    when read."""
 
     def __init__(
         self,
@@ -69,23 +104,12 @@ class SchedulerOutput:
         handle: Any,
         lookup_request: Callable[[str], Any],
     ) -> None:
+        super().__init__(columns)
         self.req_ids = req_ids
-        self.req_slots: np.ndarray = columns["req_slots"]
-        self.num_scheduled: np.ndarray = columns["num_scheduled"]
-        self.num_computed_tokens: np.ndarray = columns["num_computed_tokens"]
-        self.kinds: np.ndarray = columns["kinds"]
-        self.samples: np.ndarray = columns["samples"]
-        self.num_output_tokens: np.ndarray = columns["num_output_tokens"]
-        self.new_block_ids: np.ndarray = columns["new_block_ids"]
-        self.new_block_offsets: np.ndarray = columns["new_block_offsets"]
-        self.positions: np.ndarray = columns["positions"]
-        self.slot_mapping: np.ndarray = columns["slot_mapping"]
-        self.query_start_loc: np.ndarray = columns["query_start_loc"]
-        self.seq_lens: np.ndarray = columns["seq_lens"]
         self.preempted_req_ids = preempted_req_ids
         self.finished_req_ids = finished_req_ids
         self.num_common_prefix_blocks = [0]  # vLLM 0.33 removed cascade attention
-        self._handle = handle
+        self._handle = handle  # the backend's step, for update_from_output
         self._lookup_request = lookup_request
 
     @property
@@ -109,18 +133,18 @@ class SchedulerOutput:
             yield ScheduledEntry(
                 rid,
                 int(self.num_scheduled[i]),
-                KIND_NAMES[self.kinds[i]],
+                Kind(self.kinds[i]).name.lower(),
                 int(self.num_computed_tokens[i]),
                 self.block_ids_of(i),
             )
 
     @cached_property
-    def scheduled_new_reqs(self) -> list[NewRequestData]:
+    def scheduled_new_reqs(self) -> list[ScheduledNewRequest]:
         out = []
-        for i in np.flatnonzero(self.kinds == NEW).tolist():
+        for i in np.flatnonzero(self.kinds == Kind.NEW).tolist():
             request = self._lookup_request(self.req_ids[i])
             out.append(
-                NewRequestData(
+                ScheduledNewRequest(
                     self.req_ids[i],
                     request.prompt_token_ids,
                     request.sampling_params,
@@ -131,15 +155,17 @@ class SchedulerOutput:
         return out
 
     @cached_property
-    def scheduled_cached_reqs(self) -> CachedRequestData:
-        running = np.flatnonzero(self.kinds == RUNNING).tolist()
-        resumed = np.flatnonzero(self.kinds == RESUMED).tolist()
+    def scheduled_cached_reqs(self) -> ScheduledCachedRequests:
+        running = np.flatnonzero(self.kinds == Kind.RUNNING).tolist()
+        resumed = np.flatnonzero(self.kinds == Kind.RESUMED).tolist()
         rows = running + resumed
-        return CachedRequestData(
+        return ScheduledCachedRequests(
             req_ids=[self.req_ids[i] for i in rows],
             resumed_req_ids={self.req_ids[i] for i in resumed},
             new_block_ids=[
-                (self.block_ids_of(i) or None) if self.kinds[i] == RUNNING else self.block_ids_of(i)
+                (self.block_ids_of(i) or None)
+                if self.kinds[i] == Kind.RUNNING
+                else self.block_ids_of(i)
                 for i in rows
             ],
             num_computed_tokens=[int(self.num_computed_tokens[i]) for i in rows],
@@ -153,34 +179,9 @@ class SchedulerOutput:
         )
 
 
-def model_runner_columns(
-    num_computed_tokens: list[int],
-    num_scheduled: list[int],
-    tables: list[list[int]],
-    block_size: int,
-) -> dict[str, np.ndarray]:
-    """positions, slot_mapping, query_start_loc and seq_lens, written out
-    request by request (the twin's way; the core writes them in Rust)."""
-    positions: list[int] = []
-    slot_mapping: list[int] = []
-    for c, n, table in zip(num_computed_tokens, num_scheduled, tables, strict=True):
-        for p in range(c, c + n):
-            positions.append(p)
-            slot_mapping.append(table[p // block_size] * block_size + p % block_size)
-    query_start_loc = np.zeros(len(num_scheduled) + 1, dtype=np.int32)
-    np.cumsum(num_scheduled, out=query_start_loc[1:])
-    return {
-        "positions": np.array(positions, dtype=np.int64),
-        "slot_mapping": np.array(slot_mapping, dtype=np.int64),
-        "query_start_loc": query_start_loc,
-        "seq_lens": np.add(num_computed_tokens, num_scheduled, dtype=np.int32)
-        if num_scheduled
-        else np.zeros(0, dtype=np.int32),
-    }
-
-
 class RequestUpdate(NamedTuple):
-    """What update_from_output reports for one request (spec §5.3)."""
+    """What update_from_output reports for one request (docs/scheduling.md
+    §5.3)."""
 
     request_id: str
     new_token_ids: list[int]
@@ -188,26 +189,34 @@ class RequestUpdate(NamedTuple):
     stop_reason: int | None  # the stop token that ended it
 
 
+class StepUpdate(Protocol):
+    """What a backend's update reports, by name (the core's
+    ``_core.StepUpdate``; the twin's output is brought to the same shape)."""
+
+    rows: np.ndarray  # each record's row in the step
+    tokens: np.ndarray  # flattened; record i owns tokens[token_offsets[i]:[i + 1]]
+    token_offsets: np.ndarray
+    cached_tokens: np.ndarray  # per record: its tokens in hash-cached blocks after it
+    finished: Sequence[FinishedRecord]
+
+
+class FinishedRecord(Protocol):
+    record: int
+    finish_reason: str
+    stop_reason: int | None
+
+
 class UpdateOutputs(SequenceABC[RequestUpdate]):
     """update_from_output's records, in scheduling order, as columns; a
     ``RequestUpdate`` is built only for the rows someone reads."""
 
-    def __init__(
-        self,
-        step_req_ids: list[str],
-        rows: np.ndarray,
-        tokens: np.ndarray,
-        token_offsets: np.ndarray,
-        cached_tokens: np.ndarray,
-        finished: list[tuple[int, str, int | None]],
-    ) -> None:
+    def __init__(self, step_req_ids: list[str], update: StepUpdate) -> None:
         self._step_req_ids = step_req_ids
-        self.rows = rows  # each record's row in the step
-        self.tokens = tokens  # flat; record i owns tokens[token_offsets[i]:token_offsets[i+1]]
-        self.token_offsets = token_offsets
-        # Per record: the request's tokens in hash-cached blocks after it.
-        self.cached_tokens = cached_tokens
-        self.finished = {rec: (reason, stop) for rec, reason, stop in finished}
+        self.rows = update.rows
+        self.tokens = update.tokens
+        self.token_offsets = update.token_offsets
+        self.cached_tokens = update.cached_tokens
+        self.finished = {f.record: (f.finish_reason, f.stop_reason) for f in update.finished}
 
     @cached_property
     def req_ids(self) -> list[str]:

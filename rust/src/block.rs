@@ -1,4 +1,4 @@
-//! One KV-cache block's bookkeeping (spec §7.1).
+//! One KV-cache block's bookkeeping (docs/scheduling.md §7.1).
 
 use crate::block_hash::BlockHash;
 
@@ -19,4 +19,10 @@ pub struct Block {
     /// Set while the block holds a full block that is in the prefix-cache
     /// map; kept after the block is freed (lazy eviction) until it is reused.
     pub hash: Option<BlockHash>,
+}
+
+/// Ceiling division: how many blocks of `b` tokens hold `a` tokens.
+#[inline]
+pub fn cdiv(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
 }

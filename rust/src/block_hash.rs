@@ -1,4 +1,4 @@
-//! Block hashes (spec §7.4) as a keyed chain: each full block's 256-bit
+//! Block hashes (docs/scheduling.md §7.4) as a keyed chain: each full block's 256-bit
 //! chain key is BLAKE3 keyed by its parent's chain key, over the block's
 //! tokens; the first key is derived from a secret per-cache key and the
 //! request's extra keys (such as `cache_salt`). The prefix-cache map uses
@@ -19,7 +19,7 @@
 //! the cache's fixed block size, so lengths cannot alias; the extra keys are
 //! tagged and length-prefixed in the root.
 
-use crate::error::KvError;
+use crate::error::Error;
 
 /// The 128-bit hash of one full block and everything before it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -68,10 +68,9 @@ impl std::fmt::Debug for BlockHasher {
 
 impl BlockHasher {
     /// A hasher with a fresh secret from the operating system's RNG.
-    pub fn new_random() -> Result<Self, KvError> {
+    pub fn new_random() -> Result<Self, Error> {
         let mut secret = [0u8; 32];
-        getrandom::fill(&mut secret)
-            .map_err(|e| KvError::invalid(format!("no OS randomness for the hash key: {e}")))?;
+        getrandom::fill(&mut secret).map_err(|e| Error::NoRandomness(e.to_string()))?;
         Ok(Self::with_key(secret))
     }
 

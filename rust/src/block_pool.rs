@@ -1,13 +1,13 @@
-//! The block pool (spec §7.1–7.3, 7.8, 7.9): every block in one `Vec`, the
+//! The block pool (docs/scheduling.md §7.1–7.3, 7.8, 7.9): every block in one `Vec`, the
 //! free queue threaded through them, and the prefix-cache map.
 //!
-//! Invariants (spec §10): a non-null block is in the free queue exactly when
+//! Invariants (docs/scheduling.md §10): a non-null block is in the free queue exactly when
 //! its `ref_cnt` is 0; a block has a hash exactly when the map holds it
 //! under that hash; the null block is never queued, hashed or handed out.
 
 use crate::block::{Block, BlockId, NULL_BLOCK};
 use crate::block_hash::BlockHash;
-use crate::error::KvError;
+use crate::error::Error;
 use crate::free_queue::FreeBlockQueue;
 use crate::limits::{check_range, MAX_NUM_BLOCKS};
 use crate::prefix_cache_map::PrefixCacheMap;
@@ -25,7 +25,7 @@ pub struct BlockPool {
 
 impl BlockPool {
     /// A pool of `num_blocks` blocks, block 0 reserved as the null block.
-    pub fn new(num_blocks: usize) -> Result<Self, KvError> {
+    pub fn new(num_blocks: usize) -> Result<Self, Error> {
         check_range("num_blocks", num_blocks, 2, MAX_NUM_BLOCKS)?;
         let mut free_queue = FreeBlockQueue::new(num_blocks);
         let null = free_queue.popleft();
@@ -76,13 +76,21 @@ impl BlockPool {
 
     /// Take `k` blocks from the head of the free queue, evicting their cached
     /// hashes, with `ref_cnt` 1; appends them to `out`.
-    pub fn get_new_blocks(&mut self, k: usize, out: &mut Vec<BlockId>) -> Result<(), KvError> {
+    pub fn get_new_blocks(&mut self, k: usize, out: &mut Vec<BlockId>) -> Result<(), Error> {
         if k > self.num_free_blocks() {
-            return Err(KvError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "cannot get {k} blocks: only {} are free",
                 self.num_free_blocks()
             )));
         }
+        self.take_free_blocks(k, out);
+        Ok(())
+    }
+
+    /// [`Self::get_new_blocks`] for a `k` the caller checked against the
+    /// free count.
+    pub(crate) fn take_free_blocks(&mut self, k: usize, out: &mut Vec<BlockId>) {
+        debug_assert!(k <= self.num_free_blocks());
         let start = out.len();
         self.free_queue.popleft_n(k, out);
         for &id in &out[start..] {
@@ -94,13 +102,18 @@ impl BlockPool {
             debug_assert_eq!(block.ref_cnt, 0);
             block.ref_cnt = 1;
         }
-        Ok(())
     }
 
     /// Add a reference to each block, taking free ones out of the queue
     /// (prefix-cache hits).
-    pub fn touch(&mut self, ids: &[BlockId]) -> Result<(), KvError> {
+    pub fn touch(&mut self, ids: &[BlockId]) -> Result<(), Error> {
         self.check_ids("touch", ids)?;
+        self.add_refs(ids);
+        Ok(())
+    }
+
+    /// [`Self::touch`] for ids known to be usable blocks (checked hits).
+    pub(crate) fn add_refs(&mut self, ids: &[BlockId]) {
         for &id in ids {
             let block = &mut self.blocks[id as usize];
             if block.ref_cnt == 0 {
@@ -108,14 +121,13 @@ impl BlockPool {
             }
             block.ref_cnt += 1;
         }
-        Ok(())
     }
 
     /// Drop one reference per listed block, in the order given. Blocks that
     /// reach 0 go back to the queue: unhashed ones to the head (reused
     /// first), cached ones to the tail (evicted last), each group in list
-    /// order. Callers pass a table last block first (spec §7.9).
-    pub fn free_blocks(&mut self, ids: &[BlockId]) -> Result<(), KvError> {
+    /// order. Callers pass a table last block first (docs/scheduling.md §7.9).
+    pub fn free_blocks(&mut self, ids: &[BlockId]) -> Result<(), Error> {
         self.check_ids("free_blocks", ids)?;
         self.check_held(ids)?;
         self.release(ids.iter().copied());
@@ -168,10 +180,10 @@ impl BlockPool {
         true
     }
 
-    fn check_ids(&self, what: &str, ids: &[BlockId]) -> Result<(), KvError> {
+    fn check_ids(&self, what: &str, ids: &[BlockId]) -> Result<(), Error> {
         for (i, &id) in ids.iter().enumerate() {
             if id == NULL_BLOCK || id as usize >= self.blocks.len() {
-                return Err(KvError::invalid(format!(
+                return Err(Error::invalid(format!(
                     "{what}: block_ids[{i}] = {id} is not a usable block id (1..{})",
                     self.blocks.len() - 1
                 )));
@@ -182,10 +194,10 @@ impl BlockPool {
 
     /// Every listed block must hold at least as many references as it is
     /// listed, so a free cannot underflow a count.
-    fn check_held(&self, ids: &[BlockId]) -> Result<(), KvError> {
+    fn check_held(&self, ids: &[BlockId]) -> Result<(), Error> {
         if let [id] = ids {
             if self.blocks[*id as usize].ref_cnt == 0 {
-                return Err(KvError::invalid(format!(
+                return Err(Error::invalid(format!(
                     "free_blocks: block_ids[0] = {id} is not held (ref_cnt 0)"
                 )));
             }
@@ -196,7 +208,7 @@ impl BlockPool {
             let n = seen.entry(id).or_insert(0);
             *n += 1;
             if *n > self.blocks[id as usize].ref_cnt {
-                return Err(KvError::invalid(format!(
+                return Err(Error::invalid(format!(
                     "free_blocks: block_ids[{i}] = {id} is not held (ref_cnt {})",
                     self.blocks[id as usize].ref_cnt
                 )));

@@ -1,4 +1,4 @@
-//! A request's block table (spec §7.1): block `k` holds its tokens
+//! A request's block table (docs/scheduling.md §7.1): block `k` holds its tokens
 //! `[k·bs, (k+1)·bs)`; the first `num_cached` blocks are hash-cached.
 
 use crate::block::BlockId;
@@ -23,11 +23,6 @@ impl BlockTable {
     /// How many leading blocks are in the prefix-cache map.
     pub fn num_cached_blocks(&self) -> usize {
         self.num_cached
-    }
-
-    /// The last block id, or 0 for an empty table.
-    pub fn last_block(&self) -> BlockId {
-        self.last
     }
 
     pub(crate) fn sync_last(&mut self) {

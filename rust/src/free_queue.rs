@@ -1,4 +1,4 @@
-//! The free-block queue (spec §7.2): an intrusive doubly-linked list threaded
+//! The free-block queue (docs/scheduling.md §7.2): an intrusive doubly-linked list threaded
 //! through block indices, so every operation is O(1) per block and nothing
 //! is allocated after construction.
 //!

@@ -1,4 +1,4 @@
-//! A request's chain of block hashes (spec §7.4): one hash per **full**
+//! A request's chain of block hashes (docs/scheduling.md §7.4): one hash per **full**
 //! block of its known tokens, extended as tokens arrive.
 
 use crate::block_hash::{block_hash, BlockHash, BlockHasher, ChainKey, ExtraKey};

@@ -1,4 +1,4 @@
-//! The KV-cache manager (spec §7.5–7.10): prefix lookups, slot allocation
+//! The KV-cache manager (docs/scheduling.md §7.5–7.10): prefix lookups, slot allocation
 //! with the admission gate, hash caching at allocation time, and freeing.
 //!
 //! It owns the block pool; requests own their [`BlockTable`] and
@@ -11,7 +11,7 @@ use crate::block_hash::BlockHasher;
 use crate::block_pool::BlockPool;
 use crate::block_table::BlockTable;
 use crate::cdiv;
-use crate::error::KvError;
+use crate::error::Error;
 use crate::limits::{check_range, MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_BLOCKS};
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::sequence::Sequence;
@@ -31,7 +31,7 @@ pub struct KvCacheConfig {
 
 impl KvCacheConfig {
     /// Check every field, naming the first bad one.
-    pub fn validate(&self) -> Result<(), KvError> {
+    pub fn validate(&self) -> Result<(), Error> {
         check_range("block_size", self.block_size, 1, MAX_BLOCK_SIZE)?;
         check_range("max_model_len", self.max_model_len, 1, MAX_MODEL_LEN)?;
         check_range("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)
@@ -51,12 +51,12 @@ pub struct KvCacheManager {
 
 impl KvCacheManager {
     /// A manager over a fresh pool, hashing under a random secret key.
-    pub fn new(config: &KvCacheConfig) -> Result<Self, KvError> {
+    pub fn new(config: &KvCacheConfig) -> Result<Self, Error> {
         Self::with_hasher(config, BlockHasher::new_random()?)
     }
 
     /// A manager hashing with `hasher` (fixed keys make tests reproducible).
-    pub fn with_hasher(config: &KvCacheConfig, hasher: BlockHasher) -> Result<Self, KvError> {
+    pub fn with_hasher(config: &KvCacheConfig, hasher: BlockHasher) -> Result<Self, Error> {
         config.validate()?;
         Ok(KvCacheManager {
             pool: BlockPool::new(config.num_blocks)?,
@@ -167,7 +167,7 @@ impl KvCacheManager {
         num_new_computed_tokens: usize,
         new_computed_blocks: &[BlockId],
         full_sequence_must_fit: bool,
-    ) -> Result<Option<usize>, KvError> {
+    ) -> Result<Option<usize>, Error> {
         self.check_allocation(
             table,
             seq,
@@ -175,7 +175,27 @@ impl KvCacheManager {
             num_new_computed_tokens,
             new_computed_blocks,
         )?;
-        let hits = new_computed_blocks;
+        Ok(self.allocate(
+            table,
+            seq,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            full_sequence_must_fit,
+        ))
+    }
+
+    /// [`Self::allocate_slots`] with arguments the caller guarantees (the
+    /// scheduler's own): `Some(k)` new blocks, or `None` with nothing changed.
+    pub(crate) fn allocate(
+        &mut self,
+        table: &mut BlockTable,
+        seq: &Sequence,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
+        hits: &[BlockId],
+        full_sequence_must_fit: bool,
+    ) -> Option<usize> {
         if hits.is_empty() && !full_sequence_must_fit {
             // Fast path (most decode steps): the table already covers the
             // new tokens, so nothing can be refused or allocated.
@@ -190,7 +210,7 @@ impl KvCacheManager {
                         .min(seq.num_tokens());
                     self.cache_blocks(table, seq, upto);
                 }
-                return Ok(Some(0));
+                return Some(0);
             }
         }
         let computed = seq
@@ -201,7 +221,7 @@ impl KvCacheManager {
         if full_sequence_must_fit {
             let full = seq.num_tokens().min(self.max_model_len);
             if self.blocks_needed(table, full, hits) > free {
-                return Ok(None);
+                return None;
             }
         }
         // Saturating: a caller's count may be anything up to usize::MAX.
@@ -209,16 +229,16 @@ impl KvCacheManager {
             .saturating_add(num_new_tokens)
             .min(self.max_model_len);
         if self.blocks_needed(table, slots, hits) > free {
-            return Ok(None);
+            return None;
         }
-        // From here on the call cannot fail.
+        // Enough is free: from here on nothing can fail.
         if !hits.is_empty() {
-            self.pool.touch(hits)?;
+            self.pool.add_refs(hits);
             table.blocks.extend_from_slice(hits);
             table.num_cached = hits.len();
         }
         let k = cdiv(slots, self.block_size).saturating_sub(table.len());
-        self.pool.get_new_blocks(k, &mut table.blocks)?;
+        self.pool.take_free_blocks(k, &mut table.blocks);
         table.sync_last();
         if self.enable_caching {
             self.cache_blocks(
@@ -229,7 +249,7 @@ impl KvCacheManager {
                     .min(seq.num_tokens()),
             );
         }
-        Ok(Some(k))
+        Some(k)
     }
 
     fn check_allocation(
@@ -239,14 +259,14 @@ impl KvCacheManager {
         num_new_tokens: usize,
         num_new_computed_tokens: usize,
         hits: &[BlockId],
-    ) -> Result<(), KvError> {
+    ) -> Result<(), Error> {
         if num_new_tokens == 0 && num_new_computed_tokens == 0 {
-            return Err(KvError::invalid(
+            return Err(Error::invalid(
                 "allocate_slots: num_new_tokens and num_new_computed_tokens are both 0",
             ));
         }
         if num_new_computed_tokens != hits.len() * self.block_size {
-            return Err(KvError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "allocate_slots: num_new_computed_tokens = {num_new_computed_tokens} must be \
                  len(new_computed_blocks) * block_size = {}",
                 hits.len() * self.block_size
@@ -256,13 +276,13 @@ impl KvCacheManager {
             return Ok(());
         }
         if !table.is_empty() || seq.num_computed_tokens != 0 {
-            return Err(KvError::invalid(
+            return Err(Error::invalid(
                 "allocate_slots: new_computed_blocks are only taken by a request with an empty \
                  table and no computed tokens",
             ));
         }
         if hits.len() * self.block_size >= seq.num_tokens() {
-            return Err(KvError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "allocate_slots: {num_new_computed_tokens} hit tokens leave none of the request's \
                  {} tokens to compute",
                 seq.num_tokens()
@@ -278,7 +298,7 @@ impl KvCacheManager {
                 .flatten()
                 .is_some_and(|block| hash.is_some() && block.hash.as_ref() == hash);
             if !held {
-                return Err(KvError::invalid(format!(
+                return Err(Error::invalid(format!(
                     "allocate_slots: new_computed_blocks[{k}] = {b} is not a cached copy of the \
                      request's block {k}"
                 )));
@@ -304,7 +324,7 @@ impl KvCacheManager {
         }
     }
 
-    /// Hash-cache the table's full blocks up to token `upto` (spec §7.7).
+    /// Hash-cache the table's full blocks up to token `upto` (docs/scheduling.md §7.7).
     fn cache_blocks(&mut self, table: &mut BlockTable, seq: &Sequence, upto: usize) {
         if upto < (table.num_cached + 1) * self.block_size {
             return; // no new full block: the common case, without a division
@@ -321,7 +341,7 @@ impl KvCacheManager {
     }
 
     /// Release a table, last block first: unhashed blocks go to the head of
-    /// the free queue, cached ones to the tail (spec §7.9, Q2).
+    /// the free queue, cached ones to the tail (docs/scheduling.md §7.9, Q2).
     pub fn free(&mut self, table: &mut BlockTable) {
         self.pool.release(table.blocks.iter().rev().copied());
         table.blocks.clear();
@@ -329,7 +349,7 @@ impl KvCacheManager {
         table.num_cached = 0;
     }
 
-    /// Count one admission (spec §7.10); only with prefix caching on.
+    /// Count one admission (docs/scheduling.md §7.10); only with prefix caching on.
     pub fn record_prefix_cache_stats(
         &mut self,
         num_tokens: usize,
@@ -353,5 +373,142 @@ impl KvCacheManager {
             self.stats.reset = true;
         }
         done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! KV-cache scenarios of docs/scheduling.md §9.1 (vLLM 0.33.0's own
+    //! values) at the core's level; tests/test_kv_scenarios.py runs them on
+    //! both backends through the Python API.
+    use super::*;
+
+    const BS: usize = 16;
+
+    fn manager(num_blocks: usize) -> KvCacheManager {
+        KvCacheManager::new(&KvCacheConfig {
+            num_blocks,
+            block_size: BS,
+            max_model_len: 4096,
+            enable_prefix_caching: true,
+        })
+        .unwrap()
+    }
+
+    /// A request admitted the way the scheduler admits one: prefix lookup,
+    /// then every remaining token allocated after the hits.
+    struct Admitted {
+        seq: Sequence,
+        table: BlockTable,
+        hits: Vec<BlockId>,
+        hit_tokens: usize,
+    }
+
+    fn admit(kv: &mut KvCacheManager, tokens: Vec<u32>) -> Admitted {
+        let seq = Sequence::new(tokens, None, kv.hasher(), BS);
+        let mut hits = vec![];
+        let hit_tokens = kv.get_computed_blocks(&seq, &mut hits);
+        let mut table = BlockTable::default();
+        let n = seq.num_tokens() - hit_tokens;
+        kv.allocate_slots(&mut table, &seq, n, hit_tokens, &hits, false)
+            .unwrap()
+            .expect("room");
+        Admitted {
+            seq,
+            table,
+            hits,
+            hit_tokens,
+        }
+    }
+
+    fn free_queue(kv: &KvCacheManager) -> Vec<BlockId> {
+        kv.pool().free_block_ids().collect()
+    }
+
+    fn common(extra: &[u32]) -> Vec<u32> {
+        (1000..1048).chain(extra.iter().copied()).collect()
+    }
+
+    #[test]
+    fn k1_prefix_hits_and_the_free_order() {
+        let mut kv = manager(11);
+        let mut r0 = admit(&mut kv, common(&[3; 7]));
+        assert_eq!(r0.table.block_ids(), [1, 2, 3, 4]);
+        assert_eq!(r0.table.num_cached_blocks(), 3); // block 4 is partial
+        let mut r1 = admit(&mut kv, common(&[3; 5]));
+        assert_eq!((r1.hits.as_slice(), r1.hit_tokens), (&[1, 2, 3][..], 48));
+        assert_eq!(r1.table.block_ids(), [1, 2, 3, 5]);
+        kv.free(&mut r0.table);
+        assert_eq!(free_queue(&kv), [4, 6, 7, 8, 9, 10]);
+        // Unhashed blocks to the head, cached ones to the tail, last first (Q2).
+        kv.free(&mut r1.table);
+        assert_eq!(free_queue(&kv), [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]);
+        let r2 = admit(&mut kv, common(&[3; 6]));
+        assert_eq!(
+            (r2.hit_tokens, r2.table.block_ids()),
+            (48, &[1, 2, 3, 5][..])
+        );
+    }
+
+    #[test]
+    fn k4_the_last_token_is_always_computed() {
+        // A hit covers at most num_tokens - 1 tokens (Q12); the recomputed
+        // block's copy joins the map and lookups answer the earliest (Q14).
+        let mut kv = manager(11);
+        let mut x = admit(&mut kv, common(&[]));
+        kv.free(&mut x.table);
+        let y = admit(&mut kv, common(&[]));
+        assert_eq!((y.hit_tokens, y.table.block_ids()), (32, &[1, 2, 4][..]));
+        let last = y.seq.block_hashes()[2];
+        let cached: Vec<_> = kv
+            .pool()
+            .cached_blocks()
+            .filter(|(h, _)| *h == last)
+            .map(|(_, ids)| ids.to_vec())
+            .collect();
+        assert_eq!(cached, vec![vec![3, 4]]);
+    }
+
+    #[test]
+    fn k6_a_refused_allocation_changes_nothing() {
+        let mut kv = manager(6);
+        let mut a = admit(&mut kv, common(&[1]));
+        kv.free(&mut a.table);
+        let _big = admit(&mut kv, (2000..2016).collect());
+        assert_eq!(kv.num_free_blocks(), 4);
+        let seq = Sequence::new(
+            common(&(3000..3040).collect::<Vec<_>>()),
+            None,
+            kv.hasher(),
+            BS,
+        );
+        let mut hits = vec![];
+        assert_eq!(kv.get_computed_blocks(&seq, &mut hits), 48);
+        let before = free_queue(&kv);
+        let mut table = BlockTable::default();
+        // 3 new + 3 evictable hits = 6 > 4 free.
+        for gate in [true, false] {
+            let got = kv.allocate_slots(&mut table, &seq, 40, 48, &hits, gate);
+            assert_eq!(got, Ok(None));
+        }
+        assert_eq!(free_queue(&kv), before);
+        assert!(table.is_empty());
+    }
+
+    #[test]
+    fn hits_must_be_the_requests_own_cached_blocks() {
+        let mut kv = manager(11);
+        let _a = admit(&mut kv, common(&[1]));
+        let seq = Sequence::new((0..40).collect(), None, kv.hasher(), BS);
+        let mut table = BlockTable::default();
+        // Cached blocks, but of another prompt: refused, nothing changes.
+        let got = kv.allocate_slots(&mut table, &seq, 8, 32, &[1, 2], false);
+        assert!(matches!(got, Err(Error::InvalidArgument(_))));
+        // More hits than the request has full blocks.
+        let short = Sequence::new(common(&[]), None, kv.hasher(), BS);
+        let got = kv.allocate_slots(&mut table, &short, 1, 48, &[1, 2, 3], false);
+        assert!(got.is_err());
+        assert!(table.is_empty());
+        assert_eq!(kv.num_free_blocks(), 6);
     }
 }

@@ -1,6 +1,9 @@
-//! ironbatch's core: the paged KV-cache block pool, block hashing, the
-//! prefix cache and the KV-cache manager, making vLLM 0.33's V1 decisions
-//! (see `shared/spec/scheduling.md` §7).
+//! ironbatch's core: vLLM 0.33's V1 continuous-batching scheduler
+//! ([`scheduler`]: chunked prefill, one token budget, recompute preemption,
+//! FCFS and priority, async scheduling) over the paged KV cache (the block
+//! pool with its O(1) free queue, block hashing, the prefix-cache map and
+//! the KV-cache manager), making vLLM's decisions exactly. The semantics are
+//! written down in docs/scheduling.md; docs/architecture.md maps the parts.
 //!
 //! The core is plain Rust: no Python, no clock, no model. The PyO3 bindings
 //! live in [`python`] behind the `python` feature, so `cargo test` runs
@@ -22,27 +25,25 @@ pub mod request_queue;
 pub mod scheduler;
 pub mod scheduler_config;
 pub mod sequence;
+pub mod slab;
 pub mod step;
 pub mod stop_check;
 
 #[cfg(feature = "python")]
 pub mod python;
 
-pub use block::{Block, BlockId, NULL_BLOCK};
+pub use block::{cdiv, Block, BlockId, NULL_BLOCK};
 pub use block_hash::{block_hash, BlockHash, BlockHasher, ChainKey, ExtraKey};
 pub use block_pool::BlockPool;
 pub use block_table::BlockTable;
-pub use error::KvError;
+pub use error::Error;
 pub use kv_cache_manager::{KvCacheConfig, KvCacheManager};
 pub use prefix_cache_stats::PrefixCacheStats;
 pub use request::{NewRequest, Request, RequestStatus, StopRules};
 pub use scheduler::{Pause, Scheduler, SchedulerStats};
 pub use scheduler_config::{Policy, SchedulerConfig};
 pub use sequence::Sequence;
-pub use step::{Finished, Kind, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
-
-/// Ceiling division.
-#[inline]
-pub fn cdiv(a: usize, b: usize) -> usize {
-    a.div_ceil(b)
-}
+pub use slab::{Slab, Slot};
+pub use step::{
+    Column, Finished, Kind, StepColumns, StepEntry, StepOutput, UpdateOutput, UpdateRecord,
+};

@@ -7,7 +7,7 @@
 //! Python API checks against those, so both backends accept and reject the
 //! same values.
 
-use crate::error::KvError;
+use crate::error::Error;
 
 /// Blocks in a pool, the null block included: 2^24 blocks (2^28 tokens at
 /// block size 16) is beyond any accelerator's memory, and keeps a mistyped
@@ -44,11 +44,11 @@ pub const ALL: [(&str, usize); 6] = [
 
 /// `value` must lie in `[min, max]`; the error names the field and the value
 /// (the same text as the twin's `check_range`).
-pub fn check_range(field: &str, value: usize, min: usize, max: usize) -> Result<(), KvError> {
+pub fn check_range(field: &str, value: usize, min: usize, max: usize) -> Result<(), Error> {
     if (min..=max).contains(&value) {
         Ok(())
     } else {
-        Err(KvError::invalid(format!(
+        Err(Error::invalid(format!(
             "{field} must be in [{min}, {max}], got {value}"
         )))
     }

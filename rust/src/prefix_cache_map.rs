@@ -1,4 +1,4 @@
-//! The prefix-cache map (spec §7.3): block hash → the blocks cached under it.
+//! The prefix-cache map (docs/scheduling.md §7.3): block hash → the blocks cached under it.
 //!
 //! Identical blocks are not de-duplicated (block tables never change once
 //! written), so a hash can hold several blocks; a lookup answers with the

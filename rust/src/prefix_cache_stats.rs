@@ -1,4 +1,4 @@
-//! Prefix-cache counters (spec §7.10), recorded once per admission.
+//! Prefix-cache counters (docs/scheduling.md §7.10), recorded once per admission.
 
 /// Counters since the last time they were taken.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

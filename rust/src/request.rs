@@ -1,4 +1,4 @@
-//! A request as the scheduler tracks it (spec §3): its tokens and KV state,
+//! A request as the scheduler tracks it (docs/scheduling.md §3): its tokens and KV state,
 //! its stopping rules, and where it is in its life.
 
 use crate::block_table::BlockTable;
@@ -49,7 +49,7 @@ impl RequestStatus {
     }
 }
 
-/// When a request stops (spec §5.2).
+/// When a request stops (docs/scheduling.md §5.2).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StopRules {
     /// Most output tokens (≥ 1).
@@ -90,7 +90,7 @@ pub struct Request {
     /// The stop token that ended it.
     pub stop_reason: Option<u32>,
     pub num_preemptions: u32,
-    /// Tokens scheduled whose output has not arrived (spec §5.4) ...
+    /// Tokens scheduled whose output has not arrived (docs/scheduling.md §5.4) ...
     pub in_flight_tokens: usize,
     /// ... after a preemption, how many of those are stale (their tokens
     /// still arrive) ...
@@ -108,6 +108,32 @@ pub struct Request {
 }
 
 impl Request {
+    /// A request as `add_request` queues it: waiting, nothing computed.
+    pub fn waiting(
+        request_id: String,
+        stop: StopRules,
+        priority: i64,
+        arrival_time: f64,
+        seq: Sequence,
+    ) -> Self {
+        Request {
+            request_id,
+            stop,
+            priority,
+            arrival_time: arrival_time + 0.0, // -0.0 orders as 0.0, as in Python
+            seq,
+            table: BlockTable::default(),
+            status: RequestStatus::Waiting,
+            stop_reason: None,
+            num_preemptions: 0,
+            in_flight_tokens: 0,
+            stale_tokens: 0,
+            drop_stale: false,
+            num_output_placeholders: 0,
+            deferred: false,
+        }
+    }
+
     /// Prompt plus output tokens.
     pub fn num_tokens(&self) -> usize {
         self.seq.num_tokens()

@@ -1,12 +1,10 @@
-//! The waiting queue (spec §3.3): a deque under FCFS, an ordered set under
+//! The waiting queue (docs/scheduling.md §3.3): a deque under FCFS, an ordered set under
 //! priority. Entries are request slots.
 
 use crate::request::Request;
+use crate::slab::Slot;
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, VecDeque};
-
-/// Slab index of a live request.
-pub type Slot = u32;
 
 /// The priority order: (priority, arrival_time, request_id), smallest first;
 /// ids compare by code point (UTF-8 byte order is code-point order).
@@ -131,5 +129,56 @@ impl WaitingQueue {
             WaitingQueue::Fcfs(q) => Box::new(q.iter().copied()),
             WaitingQueue::Priority(s) => Box::new(s.iter().map(|k| k.slot)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block_hash::BlockHasher;
+    use crate::request::StopRules;
+    use crate::sequence::Sequence;
+
+    fn request(id: &str, priority: i64, arrival_time: f64) -> Request {
+        let stop = StopRules {
+            max_tokens: 1,
+            min_tokens: 0,
+            eos_token_id: None,
+            stop_token_ids: vec![],
+        };
+        let seq = Sequence::new(vec![1], None, &BlockHasher::with_key([0; 32]), 16);
+        Request::waiting(id.into(), stop, priority, arrival_time, seq)
+    }
+
+    #[test]
+    fn fcfs_takes_arrivals_in_order_and_preempted_ones_first() {
+        let mut q = WaitingQueue::Fcfs(VecDeque::new());
+        let r = request("x", 0, 0.0);
+        q.add(0, &r);
+        q.add(1, &r);
+        q.prepend(2, &r); // preempted: ahead of every arrival
+        assert_eq!(q.iter().collect::<Vec<_>>(), [2, 0, 1]);
+        q.remove(0, &r);
+        assert_eq!((q.pop(), q.pop(), q.pop()), (Some(2), Some(1), None));
+    }
+
+    #[test]
+    fn priority_orders_by_priority_arrival_then_id() {
+        let mut q = WaitingQueue::Priority(BTreeSet::new());
+        let rs = [
+            request("b", 1, 0.0),
+            request("a", 1, 0.0), // same key but the id: "a" first
+            request("c", 0, 5.0), // a lower priority value runs first
+            request("d", 1, -0.0),
+        ];
+        for (slot, r) in rs.iter().enumerate() {
+            q.add(slot as Slot, r);
+        }
+        // -0.0 arrived "at" 0.0 (Request::waiting adds 0.0): ordered by id.
+        assert_eq!(q.iter().collect::<Vec<_>>(), [2, 1, 0, 3]);
+        q.remove(1, &rs[1]);
+        q.prepend(1, &rs[1]); // a preempted request just goes back in order
+        assert_eq!(q.peek(), Some(2));
+        assert_eq!(q.iter().collect::<Vec<_>>(), [2, 1, 0, 3]);
     }
 }

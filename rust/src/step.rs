@@ -1,8 +1,9 @@
 //! What one `schedule()` decided and what one `update_from_output()`
-//! reported, as columns (spec §4.7, §5.3).
+//! reported, as columns (docs/scheduling.md §4.7, §5.3).
 
+use crate::block::BlockId;
 use crate::request::RequestStatus;
-use crate::request_queue::Slot;
+use crate::slab::Slot;
 
 /// How a request entered this step.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -33,31 +34,109 @@ pub struct StepEntry {
     pub(crate) block_start: usize,
 }
 
+/// One column of a step, as it crosses to Python (one NumPy dtype each).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Column {
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    U8(Vec<u8>),
+    Bool(Vec<bool>),
+}
+
+macro_rules! dtype_of {
+    (i32) => {
+        "int32"
+    };
+    (i64) => {
+        "int64"
+    };
+    (u8) => {
+        "uint8"
+    };
+    (bool) => {
+        "bool"
+    };
+}
+
+macro_rules! column_of {
+    (i32, $v:expr) => {
+        Column::I32($v)
+    };
+    (i64, $v:expr) => {
+        Column::I64($v)
+    };
+    (u8, $v:expr) => {
+        Column::U8($v)
+    };
+    (bool, $v:expr) => {
+        Column::Bool($v)
+    };
+}
+
+/// Declares the step's columns once: the struct, their names in order, and
+/// their hand-off. Adding a column is one line here (and its value in
+/// `StepOutput`'s push methods); Python reads the names and dtypes from
+/// `_core.STEP_COLUMNS`.
+macro_rules! step_columns {
+    ($($(#[doc = $doc:expr])* $name:ident: $ty:ident,)*) => {
+        /// A step's decisions as columns, for the model runner: one row per
+        /// scheduled request in scheduling order, except where a field says
+        /// otherwise.
+        #[derive(Clone, Debug, Default, PartialEq)]
+        pub struct StepColumns {
+            $($(#[doc = $doc])* pub $name: Vec<$ty>,)*
+        }
+
+        impl StepColumns {
+            /// The columns' names and NumPy dtypes, in declaration order.
+            pub const DTYPES: &'static [(&'static str, &'static str)] =
+                &[$((stringify!($name), dtype_of!($ty))),*];
+
+            /// Every column by name, moved out (no copy).
+            pub fn into_named(self) -> Vec<(&'static str, Column)> {
+                vec![$((stringify!($name), column_of!($ty, self.$name))),*]
+            }
+        }
+    };
+}
+
+step_columns! {
+    /// The request's slot: its stable row while it lives.
+    req_slots: i32,
+    /// Tokens scheduled for it this step.
+    num_scheduled: i32,
+    /// Tokens computed before this step (the prefix hit for new and
+    /// resumed requests).
+    num_computed_tokens: i32,
+    /// How it entered the step: a [`Kind`] as `u8`.
+    kinds: u8,
+    /// The step reaches its last known token, so it samples one.
+    samples: bool,
+    /// Output tokens before this step, placeholders included (what vLLM's
+    /// model runner is told as `num_output_tokens`).
+    num_output_tokens: i32,
+    /// Whole tables for new and resumed requests, new blocks for running
+    /// ones, flattened: row `i` owns `new_block_ids[offsets[i]..offsets[i+1]]`.
+    new_block_ids: i32,
+    /// Row offsets into `new_block_ids` (rows + 1).
+    new_block_offsets: i32,
+    /// Per scheduled token: its position.
+    positions: i64,
+    /// Per scheduled token: its KV-cache slot
+    /// (`block_id * block_size + position % block_size`).
+    slot_mapping: i64,
+    /// Prefix sums of the token counts (rows + 1).
+    query_start_loc: i32,
+    /// `num_computed_tokens + num_scheduled` per row.
+    seq_lens: i32,
+}
+
 /// One step's decisions, in scheduling order, and the model runner's inputs.
 #[derive(Clone, Debug, Default)]
 pub struct StepOutput {
     pub entries: Vec<StepEntry>,
-    /// The entries' fields as columns, for the model runner.
-    pub req_slots: Vec<i32>,
-    pub num_scheduled: Vec<i32>,
-    pub num_computed_tokens: Vec<i32>,
-    pub kinds: Vec<u8>,
-    pub samples: Vec<bool>,
-    /// Output tokens, placeholders included, before this step (what vLLM's
-    /// model runner is told as `num_output_tokens`).
-    pub num_output_tokens: Vec<i32>,
-    /// Whole tables for new/resumed entries, new blocks for running ones,
-    /// flattened; entry `i` owns `new_block_ids[offsets[i]..offsets[i+1]]`.
-    pub new_block_ids: Vec<i32>,
-    pub new_block_offsets: Vec<i32>,
-    /// Per scheduled token: its position and its KV-cache slot
-    /// (`block_id * block_size + position % block_size`).
-    pub positions: Vec<i64>,
-    pub slot_mapping: Vec<i64>,
-    /// Prefix sums of the token counts (n + 1 entries).
-    pub query_start_loc: Vec<i32>,
-    /// `num_computed_tokens + num_tokens` per entry.
-    pub seq_lens: Vec<i32>,
+    /// The entries as columns.
+    pub columns: StepColumns,
     /// Preempted since the previous step's output (sorted).
     pub preempted_req_ids: Vec<String>,
     /// Finished since the previous step's output (sorted).
@@ -69,9 +148,71 @@ pub struct StepOutput {
 }
 
 impl StepOutput {
+    /// An empty step with room for `rows` entries and `tokens` tokens.
+    pub(crate) fn with_capacity(rows: usize, tokens: usize) -> Self {
+        let c = StepColumns {
+            req_slots: Vec::with_capacity(rows),
+            num_scheduled: Vec::with_capacity(rows),
+            num_computed_tokens: Vec::with_capacity(rows),
+            kinds: Vec::with_capacity(rows),
+            samples: Vec::with_capacity(rows),
+            num_output_tokens: Vec::with_capacity(rows),
+            new_block_ids: Vec::new(),
+            new_block_offsets: Vec::with_capacity(rows + 1),
+            positions: Vec::with_capacity(tokens),
+            slot_mapping: Vec::with_capacity(tokens),
+            query_start_loc: Vec::with_capacity(rows + 1),
+            seq_lens: Vec::with_capacity(rows),
+        };
+        let mut out = StepOutput {
+            columns: c,
+            ..Default::default()
+        };
+        out.columns.query_start_loc.push(0);
+        out.columns.new_block_offsets.push(0);
+        out
+    }
+
+    /// Start a row: the entry's fields.
+    pub(crate) fn push_entry(&mut self, e: &StepEntry, num_output_tokens: usize) {
+        let c = &mut self.columns;
+        c.req_slots.push(e.slot as i32);
+        c.num_scheduled.push(e.num_tokens as i32);
+        c.num_computed_tokens.push(e.num_computed_tokens as i32);
+        c.kinds.push(e.kind as u8);
+        c.samples.push(e.samples);
+        c.num_output_tokens.push(num_output_tokens as i32);
+    }
+
+    /// The row's new blocks.
+    pub(crate) fn push_new_blocks(&mut self, ids: &[BlockId]) {
+        let c = &mut self.columns;
+        c.new_block_ids.extend(ids.iter().map(|&b| b as i32));
+    }
+
+    /// One scheduled token of the row.
+    pub(crate) fn push_token(&mut self, position: usize, slot: i64) {
+        self.columns.positions.push(position as i64);
+        self.columns.slot_mapping.push(slot);
+    }
+
+    /// Close the row; `seq_len` is where its tokens end.
+    pub(crate) fn end_entry(&mut self, seq_len: usize) {
+        let c = &mut self.columns;
+        c.new_block_offsets.push(c.new_block_ids.len() as i32);
+        c.query_start_loc.push(c.positions.len() as i32);
+        c.seq_lens.push(seq_len as i32);
+    }
+
     /// Tokens scheduled in all.
     pub fn total_num_scheduled_tokens(&self) -> usize {
         self.entries.iter().map(|e| e.num_tokens).sum()
+    }
+
+    /// Row `i`'s block ids (whole table or new blocks).
+    pub fn block_ids_of(&self, i: usize) -> &[i32] {
+        let c = &self.columns;
+        &c.new_block_ids[c.new_block_offsets[i] as usize..c.new_block_offsets[i + 1] as usize]
     }
 }
 

@@ -18,6 +18,8 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
+from ironbatch import _core
+
 import vllm_setup
 
 # Request fields the drop-in keeps current at every step; tokens and
@@ -75,7 +77,7 @@ def request_view(r: Request, tokens: list[int] | None = None, computed: int | No
 def core_view(ours: Any, r: Request) -> dict:
     """The drop-in's view of a live request, read from its core (without
     bringing the Request object up to date, which would hide a missing sync)."""
-    tokens, computed = ours._core.request_state(ours._slot_of[r.request_id])
+    tokens, computed = _core.vllm_request_state(ours._core.core, ours._slot_of[r.request_id])
     return request_view(r, tokens, computed)
 
 

@@ -91,14 +91,58 @@ class Driver(Protocol):
         ...
 
 
-class IronbatchDriver:
+class TimedDriver:
+    """One timed step, for any scheduler: ``schedule()``, the model runner's
+    part (not timed), then ``update_from_output()`` — under async scheduling
+    for the previous step, whose output arrives after this ``schedule()``,
+    as in vLLM's engine. Subclasses say how to call their scheduler."""
+
+    name: str
+
+    def __init__(self, async_scheduling: bool) -> None:
+        self.async_scheduling = async_scheduling
+        self.pending: tuple[Any, Any] | None = None  # async: the step in flight
+        self.last_prefill_rows = -1
+
+    def step(self) -> float:
+        t0 = time.perf_counter()
+        out = self.schedule()
+        t1 = time.perf_counter()
+        result = self.run_model(out)
+        self.last_prefill_rows = self.prefill_rows(out)
+        if self.async_scheduling:
+            (out, result), self.pending = self.pending or (None, None), (out, result)
+        t2 = time.perf_counter()
+        if out is not None:
+            self.update(out, result)
+        t3 = time.perf_counter()
+        return (t1 - t0) + (t3 - t2)
+
+    def is_steady(self) -> bool:
+        return self.last_prefill_rows == 0
+
+    def schedule(self) -> Any:
+        raise NotImplementedError
+
+    def run_model(self, out: Any) -> Any:
+        """The model runner's part: what it returns for the step."""
+        raise NotImplementedError
+
+    def prefill_rows(self, out: Any) -> int:
+        """Rows of the step still prefilling (more than one token)."""
+        raise NotImplementedError
+
+    def update(self, out: Any, result: Any) -> None:
+        raise NotImplementedError
+
+
+class IronbatchDriver(TimedDriver):
     """``ironbatch.Scheduler`` on one backend, fed aligned token arrays as a
     model runner would."""
 
     def __init__(self, workload: Workload, backend: str, async_scheduling: bool = False) -> None:
+        super().__init__(async_scheduling)
         self.name = f"ironbatch-{backend}"
-        self.async_scheduling = async_scheduling
-        self.pending: tuple[Any, np.ndarray] | None = None  # async: the step in flight
         self.sched = Scheduler(
             SchedulerConfig(
                 max_model_len=workload.max_model_len,
@@ -109,27 +153,21 @@ class IronbatchDriver:
             CacheConfig(num_blocks=workload.num_blocks, block_size=workload.block_size),
             backend=backend,
         )
-        self.last_prefill_rows = -1
 
     def add(self, request: Request) -> None:
         self.sched.add_request(request)
 
-    def step(self) -> float:
-        t0 = time.perf_counter()
-        out = self.sched.schedule()
-        t1 = time.perf_counter()
-        sampled = np.where(out.samples, TOKEN, -1)  # the model runner's part
-        self.last_prefill_rows = int(np.count_nonzero(out.num_scheduled > 1))
-        if self.async_scheduling:  # this step's output arrives after the next schedule()
-            (out, sampled), self.pending = self.pending or (None, None), (out, sampled)
-        t2 = time.perf_counter()
-        if out is not None:
-            self.sched.update_from_output(out, sampled)
-        t3 = time.perf_counter()
-        return (t1 - t0) + (t3 - t2)
+    def schedule(self) -> Any:
+        return self.sched.schedule()
 
-    def is_steady(self) -> bool:
-        return self.last_prefill_rows == 0
+    def run_model(self, out: Any) -> np.ndarray:
+        return np.where(out.samples, TOKEN, -1)
+
+    def prefill_rows(self, out: Any) -> int:
+        return int(np.count_nonzero(out.num_scheduled > 1))
+
+    def update(self, out: Any, result: Any) -> None:
+        self.sched.update_from_output(out, result)
 
 
 def run(

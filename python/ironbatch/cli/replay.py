@@ -10,7 +10,10 @@ def replay_main(paths: list[str], backend: str, level: str) -> int:
     for path in paths:
         try:
             result = replay(path, backend=backend, level=level)
-        except (OSError, ValueError, KeyError) as e:
+        # A bad file is reported and the next one replayed: unreadable or
+        # truncated (OSError, EOFError), not JSON or not a trace (ValueError,
+        # KeyError), a field of the wrong type (TypeError).
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
             print(f"{path}: cannot replay: {e}")
             different += 1
             continue

@@ -20,11 +20,11 @@ from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.engine.detokenizer import IncrementalDetokenizer, find_stop
 from ironbatch.engine.runner_output import RunnerOutput
 from ironbatch.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ironbatch.reference.args import u32_list
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
-from ironbatch.scheduler_output import NEW, SchedulerOutput, UpdateOutputs
-from ironbatch.tokens import token_list
+from ironbatch.scheduler_output import Kind, SchedulerOutput, UpdateOutputs
 
 DEFAULT_CPU_KV_BYTES = 512 << 20
 
@@ -190,7 +190,7 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         params.verify(vocab, self.args.max_logprobs)
         text, ids = self._tokenize(prompt)
-        ids = token_list("prompt_token_ids", ids)
+        ids = u32_list("prompt_token_ids", ids)
         salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -345,7 +345,7 @@ class LLMEngine:
             if rid in self.states:
                 self.states[rid].metrics.num_preemptions += 1
         failed = {}
-        for i in np.flatnonzero(out.kinds == NEW).tolist():
+        for i in np.flatnonzero(out.kinds == Kind.NEW).tolist():
             st = step_states[i]
             if st is None:
                 continue

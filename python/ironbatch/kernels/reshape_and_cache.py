@@ -1,5 +1,5 @@
 """``reshape_and_cache``: write a step's new keys and values into the paged
-KV cache through the slot mapping (spec §2.1)."""
+KV cache through the slot mapping (docs/kernels.md §2.1)."""
 
 from __future__ import annotations
 

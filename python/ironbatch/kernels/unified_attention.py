@@ -1,5 +1,5 @@
 """``unified_attention``: paged attention for a batch mixing chunked
-prefills, prefix-hit continuations and decodes, in one kernel (spec §2.2).
+prefills, prefix-hit continuations and decodes, in one kernel (docs/kernels.md §2.2).
 
 A program owns one KV head and ``BLOCK_Q`` query tokens times the ``G`` query
 heads that share that KV head (GQA packing), so each K/V tile is read once

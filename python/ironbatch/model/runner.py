@@ -23,7 +23,7 @@ from ironbatch.model.config import ModelConfig
 from ironbatch.model.llama import LlamaForCausalLM
 from ironbatch.model.sampler import RowParams, sample_rows
 from ironbatch.sampling_params import SamplingParams
-from ironbatch.scheduler_output import NEW, RESUMED, SchedulerOutput
+from ironbatch.scheduler_output import Kind, SchedulerOutput
 
 
 class ModelRunner:
@@ -99,10 +99,10 @@ class ModelRunner:
         for i in grew:
             slot = int(out.req_slots[i])
             ids = out.new_block_ids[offsets[i] : offsets[i + 1]]
-            start = 0 if out.kinds[i] in (NEW, RESUMED) else int(self.table_lens[slot])
+            start = 0 if out.kinds[i] != Kind.RUNNING else int(self.table_lens[slot])
             self.tables[slot, start : start + len(ids)] = ids
             self.table_lens[slot] = start + len(ids)
-        for i in np.flatnonzero(out.kinds != 2).tolist():  # new/resumed with a hit-only table
+        for i in np.flatnonzero(out.kinds != Kind.RUNNING).tolist():  # new/resumed, hit-only table
             if offsets[i + 1] == offsets[i]:
                 self.table_lens[int(out.req_slots[i])] = 0
 

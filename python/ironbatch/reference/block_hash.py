@@ -1,8 +1,8 @@
-"""Block hashes (spec §7.4) as a keyed chain: each full block's 256-bit chain
-key is a keyed hash, keyed by its parent's chain key, over the block's
-tokens; the first key comes from a secret per-cache key and the request's
-extra keys (such as ``cache_salt``). The prefix-cache map uses the first 128
-bits.
+"""Block hashes (docs/scheduling.md §7.4) as a keyed chain: each full
+block's 256-bit chain key is a keyed hash, keyed by its parent's chain key,
+over the block's tokens; the first key comes from a secret per-cache key and
+the request's extra keys (such as ``cache_salt``). The prefix-cache map uses
+the first 128 bits.
 
     key[-1] = H_secret("ironbatch-root" | count:u32 | (tag:u8 | len:u32 | bytes)*)
     key[k]  = H_key[k-1](tokens of block k as u32 little-endian)
@@ -20,23 +20,49 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-#: Tag of the cache-salt extra key (later: LoRA, multimodal items).
-CACHE_SALT_TAG = 1
 ROOT_TAG = b"ironbatch-root"
 
 
+@dataclass(frozen=True)
+class CacheSalt:
+    """An extra key that isolates a request's prefix-cache entries (the
+    core's ``ExtraKey::CacheSalt``). Later features add LoRA adapters and
+    multimodal items, each with a tag of its own."""
+
+    salt: str
+
+    def tag(self) -> int:
+        return 1
+
+    def bytes(self) -> bytes:
+        return self.salt.encode()
+
+
+#: Extra inputs to a request's hashes besides its tokens.
+ExtraKey = CacheSalt
+
+
 class BlockHasher:
+    """Holds a cache's secret key; all requests of one cache share it so
+    that equal prefixes hash equal."""
+
     def __init__(self, secret: bytes | None = None) -> None:
+        """A fresh secret from the OS, or a fixed one (reproducible hashes)."""
         self._secret = os.urandom(32) if secret is None else secret
 
-    def root(self, cache_salt: str | None = None) -> bytes:
+    def __repr__(self) -> str:
+        return "BlockHasher(secret=<hidden>)"
+
+    def root(self, extras: Sequence[ExtraKey] = ()) -> bytes:
         """The chain key a request's first block is hashed under."""
-        extras = [] if cache_salt is None else [(CACHE_SALT_TAG, cache_salt.encode())]
         h = hashlib.blake2b(key=self._secret, digest_size=32)
         h.update(ROOT_TAG + struct.pack("<I", len(extras)))
-        for tag, data in extras:
-            h.update(struct.pack("<BI", tag, len(data)) + data)
+        for e in extras:
+            data = e.bytes()
+            h.update(struct.pack("<BI", e.tag(), len(data)) + data)
         return h.digest()
 
     def next(self, parent: bytes, tokens: list[int]) -> bytes:

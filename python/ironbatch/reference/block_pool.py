@@ -1,22 +1,26 @@
-"""The block pool (spec §7.1–7.3, 7.8, 7.9): every block, the free queue
-threaded through them, and the prefix-cache map.
+"""The block pool (docs/scheduling.md §7.1–7.3, 7.8, 7.9): every block, the
+free queue threaded through them, and the prefix-cache map.
 
-Invariants (spec §10): a non-null block is in the free queue exactly when its
-``ref_cnt`` is 0; a block has a hash exactly when the map holds it under that
-hash; the null block is never queued, hashed or handed out."""
+Invariants (docs/scheduling.md §10): a non-null block is in the free queue
+exactly when its ``ref_cnt`` is 0; a block has a hash exactly when the map
+holds it under that hash; the null block is never queued, hashed or handed
+out.
+
+The public methods take block ids and check them (they are what
+``ironbatch.BlockPool`` offers); the core's own callers use the unchecked
+twins that take ``Block`` objects (``take_free_blocks``, ``add_refs``,
+``release``)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-from ironbatch.reference._args import count, u32_list
+from ironbatch.reference.args import count, u32_list
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.free_queue import FreeBlockQueue
 from ironbatch.reference.limits import MAX_NUM_BLOCKS, check_range
 from ironbatch.reference.prefix_cache_map import PrefixCacheMap
-
-#: Beyond any accelerator's memory; a mistyped size fails fast instead.
 
 
 class BlockPool:
@@ -25,98 +29,127 @@ class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         num_blocks = count("num_blocks", num_blocks)
         check_range("num_blocks", num_blocks, 2, MAX_NUM_BLOCKS)
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
-        self.free_queue.popleft()  # the null block
-        self.cached = PrefixCacheMap()
+        self._blocks = [Block(i) for i in range(num_blocks)]
+        self._free_queue = FreeBlockQueue(self._blocks)
+        null = self._free_queue.popleft()
+        assert null is not None and null.block_id == NULL_BLOCK
+        self._cached = PrefixCacheMap()
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        """Blocks in the pool, the null block included."""
+        return len(self._blocks)
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        """Blocks with ``ref_cnt == 0`` (cached or not), the null block excluded."""
+        return len(self._free_queue)
 
     @property
     def usage(self) -> float:
+        """Fraction of usable blocks held by requests."""
         return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
 
+    def block(self, block_id: int) -> Block | None:
+        """A block's state, or None for an id outside the pool."""
+        return self._blocks[block_id] if 0 <= block_id < len(self._blocks) else None
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue, head (next to reuse or evict) first."""
+        return [b.block_id for b in self._free_queue]
+
+    def block_ref_cnts(self) -> list[int]:
+        """Every block's reference count, indexed by block id."""
+        return [b.ref_cnt for b in self._blocks]
+
+    def cached_blocks(self) -> Iterator[tuple[int, list[int]]]:
+        """The prefix-cache map's (hash, block ids) pairs."""
+        return ((h, [b.block_id for b in blocks]) for h, blocks in self._cached.iter())
+
     def get_cached_block(self, block_hash: int) -> Block | None:
-        return self.cached.get(block_hash)
+        """The earliest cached block under ``block_hash`` (evictable ones too)."""
+        return self._cached.get(block_hash)
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
-        """Take blocks from the head of the free queue; a cached one loses
-        its hash only now (lazy eviction)."""
-        return [b.block_id for b in self.take_blocks(count("num_blocks", num_blocks))]
+        """Take ``num_blocks`` blocks from the head of the free queue,
+        evicting their cached hashes, with ``ref_cnt`` 1."""
+        k = count("num_blocks", num_blocks)
+        if k > self.num_free_blocks:
+            raise ValueError(f"cannot get {k} blocks: only {self.num_free_blocks} are free")
+        return [b.block_id for b in self.take_free_blocks(k)]
 
-    def take_blocks(self, n: int) -> list[Block]:
-        if n > self.num_free_blocks:
-            raise ValueError(f"cannot get {n} blocks: only {self.num_free_blocks} are free")
-        blocks = self.free_queue.popleft_n(n)
+    def take_free_blocks(self, k: int) -> list[Block]:
+        """``get_new_blocks`` for a ``k`` the caller checked against the free count."""
+        blocks = self._free_queue.popleft_n(k)
         for block in blocks:
             if block.hash is not None:
-                self.cached.remove(block.hash, block)
+                # Lazy eviction: a freed cached block stayed findable until now.
+                self._cached.remove(block.hash, block)
                 block.hash = None
+            assert block.ref_cnt == 0
             block.ref_cnt = 1
         return blocks
 
     def touch(self, block_ids: Iterable[int]) -> None:
-        """Add a reference to each block, taking free ones off the queue."""
-        self.touch_blocks(self._blocks_of("touch", block_ids))
+        """Add a reference to each block, taking free ones out of the queue
+        (prefix-cache hits)."""
+        self.add_refs(self._check_ids("touch", block_ids))
 
-    def touch_blocks(self, blocks: list[Block]) -> None:
+    def add_refs(self, blocks: list[Block]) -> None:
+        """``touch`` for blocks known to be usable (checked hits)."""
         for block in blocks:
             if block.ref_cnt == 0:
-                self.free_queue.remove(block)
+                self._free_queue.remove(block)
             block.ref_cnt += 1
 
     def free_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drop one reference per listed block, in the order given."""
-        blocks = self._blocks_of("free_blocks", block_ids)
-        listed: Counter[Block] = Counter()
-        for i, block in enumerate(blocks):  # a count may not go below 0
-            listed[block] += 1
-            if listed[block] > block.ref_cnt:
+        """Drop one reference per listed block, in the order given (see
+        ``release``). Every listed block must hold at least as many
+        references as it is listed, so no count goes below 0."""
+        blocks = self._check_ids("free_blocks", block_ids)
+        listed: Counter[int] = Counter()
+        for i, block in enumerate(blocks):
+            listed[block.block_id] += 1
+            if listed[block.block_id] > block.ref_cnt:
                 raise ValueError(
                     f"free_blocks: block_ids[{i}] = {block.block_id} is not held "
                     f"(ref_cnt {block.ref_cnt})"
                 )
         self.release(blocks)
 
-    def release(self, blocks: list[Block]) -> None:
-        """Blocks reaching ``ref_cnt`` 0 go back to the queue: unhashed ones
-        to the head (reused first), cached ones to the tail (evicted last),
-        each group in the order given. Callers pass a table last block first,
-        so among cached blocks the deeper prefix blocks are evicted first."""
-        to_head, to_tail = [], []
+    def release(self, blocks: Iterable[Block]) -> None:
+        """``free_blocks`` for blocks known to be held (a request's own
+        table). Blocks reaching ``ref_cnt`` 0 go back to the queue: unhashed
+        ones to the head (reused first), cached ones to the tail (evicted
+        last), each group in the order given. Callers pass a table last
+        block first (docs/scheduling.md §7.9)."""
+        to_head: list[Block] = []
+        to_tail: list[Block] = []
         for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 (to_head if block.hash is None else to_tail).append(block)
-        self.free_queue.prepend_n(to_head)
-        self.free_queue.append_n(to_tail)
+        self._free_queue.prepend_n(to_head)
+        self._free_queue.append_n(to_tail)
 
     def cache_block(self, block: Block, block_hash: int) -> None:
+        """Mark a held, unhashed block as the full block ``block_hash`` and
+        add it to the prefix-cache map."""
+        assert block.ref_cnt > 0 and block.hash is None and block.block_id != NULL_BLOCK
         block.hash = block_hash
-        self.cached.insert(block_hash, block)
+        self._cached.insert(block_hash, block)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash; refused while any block is held."""
+        """Forget every cached hash. Refused (False, nothing changed) while
+        any block is held."""
         if self.num_free_blocks != self.num_blocks - 1:
             return False
-        self.cached.clear()
-        for block in self.blocks:
+        self._cached.clear()
+        for block in self._blocks:
             block.hash = None
         return True
 
-    def free_block_ids(self) -> list[int]:
-        return [b.block_id for b in self.free_queue]
-
-    def block_ref_cnts(self) -> list[int]:
-        return [b.ref_cnt for b in self.blocks]
-
-    def _blocks_of(self, what: str, block_ids: Iterable[int]) -> list[Block]:
+    def _check_ids(self, what: str, block_ids: Iterable[int]) -> list[Block]:
         ids = u32_list("block_ids", block_ids)
         for i, b in enumerate(ids):
             if b == NULL_BLOCK or b >= self.num_blocks:
@@ -124,7 +157,7 @@ class BlockPool:
                     f"{what}: block_ids[{i}] = {b} is not a usable block id "
                     f"(1..{self.num_blocks - 1})"
                 )
-        return [self.blocks[b] for b in ids]
+        return [self._blocks[b] for b in ids]
 
     def __repr__(self) -> str:
         return f"BlockPool(num_blocks={self.num_blocks}, num_free_blocks={self.num_free_blocks})"

@@ -1,5 +1,6 @@
-"""A request's block table (spec §7.1): block ``k`` holds its tokens
-``[k*bs, (k+1)*bs)``; the first ``num_cached`` blocks are hash-cached."""
+"""A request's block table (docs/scheduling.md §7.1): block ``k`` holds its
+tokens ``[k*bs, (k+1)*bs)``; the first ``num_cached`` blocks are
+hash-cached."""
 
 from __future__ import annotations
 
@@ -10,8 +11,24 @@ from ironbatch.reference.block import Block
 
 @dataclass
 class BlockTable:
+    """The blocks one request holds, in token order."""
+
     blocks: list[Block] = field(default_factory=list)
     num_cached: int = 0
 
     def block_ids(self) -> list[int]:
         return [b.block_id for b in self.blocks]
+
+    def num_cached_blocks(self) -> int:
+        """How many leading blocks are in the prefix-cache map."""
+        return self.num_cached
+
+    def last_block(self) -> int:
+        """The last block id, or 0 for an empty table."""
+        return self.blocks[-1].block_id if self.blocks else 0
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def is_empty(self) -> bool:
+        return not self.blocks

@@ -1,21 +1,30 @@
-"""A request's chain of block hashes (spec §7.4): one per full block of its
-known tokens, extended as tokens arrive. A partly filled block has none."""
+"""A request's chain of block hashes (docs/scheduling.md §7.4): one hash per
+**full** block of its known tokens, extended as tokens arrive."""
 
 from __future__ import annotations
 
-from ironbatch.reference.block_hash import BlockHasher, block_hash
+from ironbatch.reference.block_hash import BlockHasher, CacheSalt, block_hash
 
 
 class BlockHashChain:
-    def __init__(self, hasher: BlockHasher, cache_salt: str | None) -> None:
-        self.hashes: list[int] = []
-        self.next_key = hasher.root(cache_salt)  # the next full block's key
+    """The hashes of a token sequence's full blocks, in block order, and the
+    chain key the next full block will be hashed under."""
 
-    def extend(self, tokens: list[int], block_size: int, hasher: BlockHasher) -> None:
-        """Hash every full block of ``tokens`` (the whole known sequence)
-        that has no hash yet."""
-        for k in range(len(self.hashes), len(tokens) // block_size):
-            self.next_key = hasher.next(
-                self.next_key, tokens[k * block_size : (k + 1) * block_size]
-            )
-            self.hashes.append(block_hash(self.next_key))
+    def __init__(self, hasher: BlockHasher, cache_salt: str | None) -> None:
+        """An empty chain rooted in the hasher's secret and ``cache_salt``."""
+        self._hashes: list[int] = []
+        self.next_key = hasher.root([] if cache_salt is None else [CacheSalt(cache_salt)])
+
+    def hashes(self) -> list[int]:
+        """The hashes so far."""
+        return self._hashes
+
+    def extend(self, hasher: BlockHasher, tokens: list[int], block_size: int) -> None:
+        """Hash every full block of ``tokens`` not hashed yet. ``tokens`` is
+        the whole known sequence; a partly filled last block gets no hash."""
+        if len(tokens) < (len(self._hashes) + 1) * block_size:
+            return  # no new full block: the common case
+        for k in range(len(self._hashes), len(tokens) // block_size):
+            block = tokens[k * block_size : (k + 1) * block_size]
+            self.next_key = hasher.next(self.next_key, block)
+            self._hashes.append(block_hash(self.next_key))

@@ -1,18 +1,17 @@
-"""A request as the scheduler tracks it (spec §3): its tokens and KV state,
-its stopping rules, and where it is in its life."""
+"""A request as the scheduler tracks it (docs/scheduling.md §3): its tokens
+and KV state, its stopping rules, and where it is in its life."""
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from dataclasses import dataclass, field
 
-from ironbatch.reference.block_hash import BlockHasher
 from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.sequence import Sequence
 
 
 class RequestStatus(enum.IntEnum):
-    """vLLM's order; every status after PREEMPTED is finished."""
+    """vLLM's statuses, in vLLM's order; every one after PREEMPTED is finished."""
 
     WAITING = 0
     RUNNING = 1
@@ -25,10 +24,12 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def is_finished(self) -> bool:
+        """Whether the request has ended."""
         return self > RequestStatus.PREEMPTED
 
     @property
     def finish_reason(self) -> str | None:
+        """The finish reason vLLM reports for a finished status."""
         return _FINISH_REASONS.get(self)
 
 
@@ -40,72 +41,91 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_ERROR: "error",
 }
 
+#: The finished statuses' names, in enum order: what ``finish_requests``
+#: accepts by name.
+FINISHED_STATUS_NAMES: tuple[str, ...] = tuple(s.name for s in RequestStatus if s.is_finished)
 
+
+@dataclass
+class StopRules:
+    """When a request stops (docs/scheduling.md §5.2)."""
+
+    #: Most output tokens (>= 1).
+    max_tokens: int
+    #: Kept for the sampler; the scheduler's checks ignore it (Q3).
+    min_tokens: int
+    #: None when there is none or ``ignore_eos`` is set.
+    eos_token_id: int | None
+    #: Tokens that stop the request (honoured even with ``ignore_eos``).
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class NewRequest:
+    """What a client submits, as the core stores it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    stop: StopRules
+    #: Lower runs first.
+    priority: int = 0
+    #: Seconds; ties in priority go to the earlier arrival.
+    arrival_time: float = 0.0
+    cache_salt: str | None = None
+
+
+@dataclass(eq=False)
 class Request:
-    """The scheduler's copy of a request. ``seq`` holds its tokens,
-    ``num_computed_tokens`` and block hashes; ``table`` its blocks."""
+    """The scheduler's state for one live request."""
 
-    def __init__(self, source: Any, hasher: BlockHasher, block_size: int) -> None:
-        params = source.sampling_params
-        self.request_id: str = source.request_id
-        self.priority: int = source.priority
-        self.arrival_time: float = source.arrival_time
-        self.max_tokens: int = params.max_tokens
-        self.min_tokens: int = params.min_tokens
-        # ignore_eos turns EOS into an ordinary token; stop tokens still stop.
-        self.eos_token_id: int | None = None if params.ignore_eos else source.eos_token_id
-        self.stop_token_ids: frozenset[int] = frozenset(params.stop_token_ids)
-        self.seq = Sequence(list(source.prompt_token_ids), source.cache_salt, hasher, block_size)
-        self.table = BlockTable()
-        self.slot = -1  # set by the scheduler
-        self.status = RequestStatus.WAITING
-        self.stop_reason: int | None = None
-        self.num_preemptions = 0
-        # Tokens scheduled whose output has not arrived (spec §5.4) ...
-        self.in_flight_tokens = 0
-        # ... and, after a preemption, how many of those are stale ...
-        self.stale_tokens = 0
-        # ... and whether that stale share is dropped instead (a reset preempted
-        # it); kept through a later preemption until the share has drained.
-        self.drop_stale = False
-        # Async scheduling: tokens sampled in flight whose positions were
-        # already scheduled (vLLM's num_output_placeholders).
-        self.num_output_placeholders = 0
-        # Skipped by a waiting pass and not admitted since (stats only).
-        self.deferred = False
+    request_id: str
+    stop: StopRules
+    priority: int
+    arrival_time: float
+    #: Tokens, ``num_computed_tokens`` and block hashes.
+    seq: Sequence
+    #: The blocks it holds.
+    table: BlockTable = field(default_factory=BlockTable)
+    status: RequestStatus = RequestStatus.WAITING
+    #: The stop token that ended it.
+    stop_reason: int | None = None
+    num_preemptions: int = 0
+    #: Tokens scheduled whose output has not arrived (docs/scheduling.md §5.4) ...
+    in_flight_tokens: int = 0
+    #: ... after a preemption, how many of those are stale (their tokens
+    #: still arrive) ...
+    stale_tokens: int = 0
+    #: ... and whether the stale share is dropped instead (a reset preempted
+    #: it and may resample those positions); kept through a later preemption
+    #: until that share has drained.
+    drop_stale: bool = False
+    #: Async scheduling: tokens sampled in flight that positions were
+    #: already scheduled for (vLLM's ``num_output_placeholders``).
+    num_output_placeholders: int = 0
+    #: Skipped by a waiting pass and not admitted since (vLLM's
+    #: ``deferred_waiting``; only counted in the stats).
+    deferred: bool = False
+
+    @classmethod
+    def waiting(
+        cls, request_id: str, stop: StopRules, priority: int, arrival_time: float, seq: Sequence
+    ) -> Request:
+        """A request as ``add_request`` queues it: waiting, nothing computed."""
+        # + 0.0 turns -0.0 into 0.0, as the core does so its order matches.
+        return cls(request_id, stop, priority, arrival_time + 0.0, seq)
 
     @property
     def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
         return self.seq.num_tokens
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return self.seq.num_prompt_tokens
-
-    @property
     def num_output_tokens(self) -> int:
+        """Output tokens so far."""
         return self.seq.num_tokens - self.seq.num_prompt_tokens
 
     @property
-    def num_computed_tokens(self) -> int:
-        return self.seq.num_computed_tokens
-
-    @num_computed_tokens.setter
-    def num_computed_tokens(self, n: int) -> None:
-        self.seq.num_computed_tokens = n
-
-    @property
     def is_prefill_chunk(self) -> bool:
-        """The last step left prompt (or resumed) tokens to compute: it
-        samples nothing, so it gets no placeholder."""
-        return self.num_computed_tokens < self.num_tokens + self.num_output_placeholders
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.seq.tokens[self.seq.num_prompt_tokens :]
-
-    def __repr__(self) -> str:
-        return (
-            f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
-            f"computed={self.num_computed_tokens})"
-        )
+        """Whether the last step left prompt (or resumed) tokens to compute:
+        such a step samples nothing, so gets no placeholder."""
+        return self.seq.num_computed_tokens < self.num_tokens + self.num_output_placeholders

@@ -1,6 +1,6 @@
 """A request's tokens as the KV cache sees them: the known tokens, how many
-of them have (or this step will have) KV in the cache, and the hashes of its
-full blocks."""
+of them have (or this step will have) KV in the cache, and the hash chain of
+its full blocks."""
 
 from __future__ import annotations
 
@@ -9,23 +9,39 @@ from ironbatch.reference.hash_chain import BlockHashChain
 
 
 class Sequence:
+    """The token state of one request."""
+
     def __init__(
         self, prompt: list[int], cache_salt: str | None, hasher: BlockHasher, block_size: int
     ) -> None:
-        self.tokens = list(prompt)
-        self.num_prompt_tokens = len(prompt)
+        """A sequence of ``prompt`` tokens, with the hashes of its full blocks."""
+        self._tokens = list(prompt)
+        self._num_prompt_tokens = len(prompt)
+        #: Tokens whose KV is (or, this step, will be) in the cache.
         self.num_computed_tokens = 0
-        self.chain = BlockHashChain(hasher, cache_salt)
-        self.chain.extend(self.tokens, block_size, hasher)
+        self._hashes = BlockHashChain(hasher, cache_salt)
+        self._hashes.extend(hasher, self._tokens, block_size)
+
+    def append(self, tokens: list[int], hasher: BlockHasher, block_size: int) -> None:
+        """Append output tokens, hashing every block they complete."""
+        self._tokens.extend(tokens)
+        self._hashes.extend(hasher, self._tokens, block_size)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.tokens)
+        """Prompt plus output tokens."""
+        return len(self._tokens)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self._num_prompt_tokens
+
+    @property
+    def tokens(self) -> list[int]:
+        """All known tokens (the sequence's own list: read, don't change)."""
+        return self._tokens
 
     @property
     def block_hashes(self) -> list[int]:
-        return self.chain.hashes
-
-    def append(self, tokens: list[int], hasher: BlockHasher, block_size: int) -> None:
-        self.tokens.extend(tokens)
-        self.chain.extend(self.tokens, block_size, hasher)
+        """One hash per full block."""
+        return self._hashes.hashes()

@@ -1,5 +1,5 @@
 """ironbatch-trace/1: recorded scheduling decisions, replayed for parity
-(``shared/spec/trace-format.md``)."""
+(``docs/trace-format.md``)."""
 
 from ironbatch.trace.replay import ReplayResult, replay
 

@@ -28,7 +28,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.outputs import RequestError
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -40,24 +39,21 @@ from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerSt
 from vllm.v1.request import Request, RequestStatus
 
 from ironbatch import _core
+from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.core_scheduler import CoreScheduler
+from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
+from ironbatch.vllm.step_rows import StepRows
 from ironbatch.vllm.support import unsupported_config, unsupported_request
 
 logger = logging.getLogger("ironbatch.vllm")
 
-NEW, RESUMED, RUNNING = 0, 1, 2
+# The core's finish reason -> vLLM's status and reason.
 FINISHED = {
     "stop": (RequestStatus.FINISHED_STOPPED, FinishReason.STOP),
     "length": (RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH),
     "abort": (RequestStatus.FINISHED_ABORTED, FinishReason.ABORT),
     "error": (RequestStatus.FINISHED_ERROR, FinishReason.ERROR),
-}
-CORE_STATUSES = {
-    "FINISHED_ABORTED",
-    "FINISHED_STOPPED",
-    "FINISHED_LENGTH_CAPPED",
-    "FINISHED_IGNORED",
-    "FINISHED_ERROR",
 }
 
 
@@ -121,18 +117,24 @@ class Scheduler(SchedulerInterface):
         # EngineCore reads these; the drop-in never has connectors.
         self.connector = None
         self.ec_connector = None
-        self._core = _core.Scheduler(
-            max_num_seqs=sc.max_num_seqs,
-            max_num_batched_tokens=sc.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            enable_chunked_prefill=sc.enable_chunked_prefill,
-            long_prefill_token_threshold=sc.long_prefill_token_threshold,
-            policy=sc.policy,
-            scheduler_reserve_full_isl=sc.scheduler_reserve_full_isl,
-            num_blocks=kv_cache_config.num_blocks,
-            block_size=block_size,
-            enable_prefix_caching=self.cache_config.enable_prefix_caching,
-            async_scheduling=bool(sc.async_scheduling),
+        # vLLM's engine checked the cache holds a max_model_len sequence;
+        # its scheduler (and so the core) runs with whatever it was given.
+        self._core = CoreScheduler(
+            SchedulerConfig(
+                max_model_len=self.max_model_len,
+                max_num_seqs=sc.max_num_seqs,
+                max_num_batched_tokens=sc.max_num_batched_tokens,
+                enable_chunked_prefill=sc.enable_chunked_prefill,
+                long_prefill_token_threshold=sc.long_prefill_token_threshold,
+                policy=sc.policy,
+                scheduler_reserve_full_isl=sc.scheduler_reserve_full_isl,
+                async_scheduling=bool(sc.async_scheduling),
+            ),
+            CacheConfig(
+                num_blocks=kv_cache_config.num_blocks,
+                block_size=block_size,
+                enable_prefix_caching=self.cache_config.enable_prefix_caching,
+            ),
         )
         # What EngineCore reads of vLLM's KV-cache manager (group block sizes).
         self.kv_cache_manager = KVCacheManagerView(kv_cache_config, block_size, self._core)
@@ -141,9 +143,9 @@ class Scheduler(SchedulerInterface):
         self._by_slot: list[Request | None] = []
         self._client_of_slot: list[int] = []
         self._slot_of: dict[str, int] = {}
-        # Slots whose next output needs more than tokens: pending events or
-        # prefill stats, trace headers, NaN counts.
-        self._special: set[int] = set()
+        # Slots whose next EngineCoreOutput carries more than tokens: events
+        # or prefill stats to hand over, trace headers, NaN counts.
+        self._full_output_slots: set[int] = set()
         # Steps scheduled and not yet updated: id(output) -> (output, core step, slots).
         self._in_flight: dict[int, tuple[SchedulerOutput, Any, list[int]]] = {}
         self._prev_step_req_ids: set[str] = set()  # model runner V1's all_token_ids rule
@@ -170,15 +172,15 @@ class Scheduler(SchedulerInterface):
             return
         sp = request.sampling_params
         slot = self._core.add_request(
-            rid,
-            request.prompt_token_ids,
-            request.max_tokens,
-            sp.min_tokens,
-            sp.eos_token_id,
-            sp.stop_token_ids or (),
-            request.priority,
-            request.arrival_time,
-            request.cache_salt,
+            request_id=rid,
+            prompt_token_ids=request.prompt_token_ids,
+            max_tokens=request.max_tokens,
+            min_tokens=sp.min_tokens,
+            eos_token_id=sp.eos_token_id,
+            stop_token_ids=sp.stop_token_ids or (),
+            priority=request.priority,
+            arrival_time=request.arrival_time,
+            cache_salt=request.cache_salt,
         )
         if slot >= len(self._by_slot):
             grow = slot + 1 - len(self._by_slot)
@@ -187,7 +189,7 @@ class Scheduler(SchedulerInterface):
         self._by_slot[slot] = request
         self._client_of_slot[slot] = request.client_index
         self._slot_of[rid] = slot
-        self._special.add(slot)  # its first output carries prefill stats
+        self._full_output_slots.add(slot)  # its first output carries prefill stats
         self.requests[rid] = request
 
     def has_request(self, request_id: str) -> bool:
@@ -212,7 +214,11 @@ class Scheduler(SchedulerInterface):
             return []
         for r in valid:
             self._sync(r)
-        name = finished_status.name if finished_status.name in CORE_STATUSES else "FINISHED_ERROR"
+        name = (
+            finished_status.name
+            if finished_status.name in FINISHED_STATUS_NAMES
+            else "FINISHED_ERROR"
+        )
         self._core.finish_requests([r.request_id for r in valid], name)
         for r in valid:
             r.status = finished_status
@@ -224,14 +230,14 @@ class Scheduler(SchedulerInterface):
         del self.requests[rid]
         slot = self._slot_of.pop(rid)
         self._by_slot[slot] = None
-        self._special.discard(slot)
+        self._full_output_slots.discard(slot)
         self._has_finished = True
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(rid)
 
     def _sync(self, r: Request, computed_too: bool = True) -> None:
         """Bring a live request's tokens (and num_computed_tokens) up to date."""
-        tokens, computed = self._core.request_state(self._slot_of[r.request_id])
+        tokens, computed = _core.vllm_request_state(self._core.core, self._slot_of[r.request_id])
         self._set_tokens(r, tokens)
         if computed_too:
             r.num_computed_tokens = computed
@@ -255,78 +261,74 @@ class Scheduler(SchedulerInterface):
         from data-parallel engines only, which use vLLM's own scheduler."""
         step = self._core.schedule()
         self._has_finished = False
-        cols = step.columns()
-        req_ids: list[str] = step.req_ids
-        slots: list[int] = cols["req_slots"].tolist()
-        num_scheduled: list[int] = cols["num_scheduled"].tolist()
-        computed: list[int] = cols["num_computed_tokens"].tolist()
-        kinds = cols["kinds"]
-        n = len(slots)
-        num_running = n - int(np.count_nonzero(kinds != RUNNING))  # running rows come first
-        now = time.monotonic()
-        self._mirror_preemptions(step.preempted_req_ids, now)
-        by_slot = self._by_slot
-        admitted = range(num_running, n)
-        for i in admitted:
-            self._mirror_admission(by_slot[slots[i]], slots[i], computed[i], now)
-
-        offsets: list[int] = cols["new_block_offsets"].tolist()
-        flat_ids = cols["new_block_ids"]
-
-        def block_ids(i: int) -> tuple[list[int], ...]:
-            return (flat_ids[offsets[i] : offsets[i + 1]].tolist(),)
-
-        new_rows = [i for i in admitted if kinds[i] == NEW]
-        resumed_rows = [i for i in admitted if kinds[i] == RESUMED]
-        v2 = self.use_v2_model_runner
-        for i in resumed_rows:
-            self._sync(by_slot[slots[i]], computed_too=False)  # the runner reinstalls them
-        if v2:
-            new_rows += resumed_rows
-            resumed_rows = []
-        new_reqs: list[NewRequestData] = []
-        for i in new_rows:
-            r = by_slot[slots[i]]
-            tokens = r._all_token_ids if v2 else None  # V2 reinstalls a resumed request whole
-            new_reqs.append(NewRequestData.from_request(r, block_ids(i), tokens))
-        new_block_ids: list[tuple[list[int], ...] | None] = [None] * num_running
-        grown = np.flatnonzero(np.diff(cols["new_block_offsets"][: num_running + 1]))
-        for i in grown.tolist():
-            new_block_ids[i] = block_ids(i)
-        new_block_ids += [block_ids(i) for i in resumed_rows]
-        num_output_tokens: list[int] = cols["num_output_tokens"].tolist()
-        all_token_ids: dict[str, list[int]] = {}
-        if not v2:
-            prev = self._prev_step_req_ids
-            for i in itertools.chain(range(num_running), resumed_rows):
-                if req_ids[i] not in prev:
-                    r = by_slot[slots[i]]
-                    self._sync(r, computed_too=False)
-                    all_token_ids[req_ids[i]] = r.all_token_ids.copy()
-            self._prev_step_req_ids = set(req_ids)
-        cached = CachedRequestData(
-            req_ids=req_ids[:num_running] + [req_ids[i] for i in resumed_rows],
-            resumed_req_ids={req_ids[i] for i in resumed_rows},
-            new_token_ids=[],
-            all_token_ids=all_token_ids,
-            new_block_ids=new_block_ids,
-            num_computed_tokens=computed[:num_running] + [computed[i] for i in resumed_rows],
-            num_output_tokens=num_output_tokens[:num_running]
-            + [num_output_tokens[i] for i in resumed_rows],
-        )
+        rows = StepRows.of(step)
+        self._mirror_step(step, rows)
         output = SchedulerOutput(
-            scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=dict(zip(req_ids, num_scheduled, strict=True)),
-            total_num_scheduled_tokens=sum(num_scheduled),
+            scheduled_new_reqs=self._new_request_data(rows),
+            scheduled_cached_reqs=self._cached_request_data(rows),
+            num_scheduled_tokens=dict(zip(rows.req_ids, rows.num_scheduled, strict=True)),
+            total_num_scheduled_tokens=sum(rows.num_scheduled),
             scheduled_spec_decode_tokens={},
             scheduled_encoder_inputs={},
             preempted_req_ids=set(step.preempted_req_ids),
             finished_req_ids=set(step.finished_req_ids),
             free_encoder_mm_hashes=[],
         )
-        self._in_flight[id(output)] = (output, step, slots)
+        self._in_flight[id(output)] = (output, step, rows.slots)
         return output
+
+    def _mirror_step(self, step: Any, rows: StepRows) -> None:
+        """Write what happened to vLLM's Requests: preemptions, admissions,
+        and the tokens of resumed ones (the runner reinstalls them)."""
+        now = time.monotonic()
+        self._mirror_preemptions(step.preempted_req_ids, now)
+        for i in rows.admitted:
+            slot = rows.slots[i]
+            self._mirror_admission(self._by_slot[slot], slot, rows.computed[i], now)
+        for i in rows.resumed:
+            self._sync(self._by_slot[rows.slots[i]], computed_too=False)
+
+    def _new_request_data(self, rows: StepRows) -> list[NewRequestData]:
+        """First admissions; with model runner V2 also resumed requests,
+        reinstalled whole with their tokens."""
+        new_rows = rows.new + rows.resumed if self.use_v2_model_runner else rows.new
+        out = []
+        for i in new_rows:
+            r = self._by_slot[rows.slots[i]]
+            tokens = r._all_token_ids if self.use_v2_model_runner else None
+            out.append(NewRequestData.from_request(r, (rows.block_ids(i),), tokens))
+        return out
+
+    def _cached_request_data(self, rows: StepRows) -> CachedRequestData:
+        """Running requests (new blocks only when their table grew) and, on
+        model runner V1, resumed ones with their whole table; V1 also gets
+        ``all_token_ids`` for requests it did not see in the previous step."""
+        resumed = [] if self.use_v2_model_runner else rows.resumed
+        running = range(rows.num_running)
+        new_block_ids: list[tuple[list[int], ...] | None] = [
+            (rows.block_ids(i),) if rows.grew(i) else None for i in running
+        ]
+        new_block_ids += [(rows.block_ids(i),) for i in resumed]
+        all_token_ids: dict[str, list[int]] = {}
+        if not self.use_v2_model_runner:
+            prev = self._prev_step_req_ids
+            for i in itertools.chain(running, resumed):
+                rid = rows.req_ids[i]
+                if rid not in prev:
+                    r = self._by_slot[rows.slots[i]]
+                    self._sync(r, computed_too=False)
+                    all_token_ids[rid] = r.all_token_ids.copy()
+            self._prev_step_req_ids = set(rows.req_ids)
+        cached_rows = list(itertools.chain(running, resumed))
+        return CachedRequestData(
+            req_ids=[rows.req_ids[i] for i in cached_rows],
+            resumed_req_ids={rows.req_ids[i] for i in resumed},
+            new_token_ids=[],
+            all_token_ids=all_token_ids,
+            new_block_ids=new_block_ids,
+            num_computed_tokens=[rows.computed[i] for i in cached_rows],
+            num_output_tokens=[rows.num_output_tokens[i] for i in cached_rows],
+        )
 
     def _mirror_preemptions(self, preempted_req_ids: list[str], now: float) -> None:
         for rid in preempted_req_ids:
@@ -342,12 +344,12 @@ class Scheduler(SchedulerInterface):
         r.num_preemptions += 1
         if self.log_stats:
             r.record_event(EngineCoreEventType.PREEMPTED, now)
-            self._special.add(self._slot_of[r.request_id])
+            self._full_output_slots.add(self._slot_of[r.request_id])
 
     def _mirror_admission(self, r: Request, slot: int, hit_tokens: int, now: float) -> None:
         if self.log_stats:
             r.record_event(EngineCoreEventType.SCHEDULED, now)
-            self._special.add(slot)
+            self._full_output_slots.add(slot)
         if r.prefill_stats is not None and r.num_preemptions <= 0:
             r.prefill_stats.set(
                 num_prompt_tokens=r.num_prompt_tokens,
@@ -373,51 +375,66 @@ class Scheduler(SchedulerInterface):
         _, step, slots = entry
         mro = model_runner_output
         # Checked in full before anything changes: a refused output can be retried.
-        (rows, tokens, offsets, cached, finished), finished_tokens = (
-            self._core.update_from_runner_output(step, mro.req_id_to_index, mro.sampled_token_ids)
+        update = _core.vllm_update_from_runner_output(
+            self._core.core,
+            step=step,
+            req_id_to_index=mro.req_id_to_index,
+            sampled_token_ids=mro.sampled_token_ids,
         )
         del self._in_flight[key]
-        if mro.num_nans_in_logits:
-            for rid, n in mro.num_nans_in_logits.items():
-                if (r := self.requests.get(rid)) is not None:
-                    r.num_nans_in_logits = n
-                    self._special.add(self._slot_of[rid])
-        req_ids: list[str] = step.req_ids
-        tokens_l, offsets_l = tokens.tolist(), offsets.tolist()
-        ends = {
-            rec: (reason, stop, toks)
-            for (rec, reason, stop), toks in zip(finished, finished_tokens, strict=True)
-        }
-        slow = self._special.union(slots[rows[rec]] for rec in ends) if ends else self._special
-        extras = bool(mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict)
-        clients = self._client_of_slot
-        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
-        for k, row in enumerate(rows.tolist()):
-            slot = slots[row]
-            # Most outputs are one token and nothing else: defaults stay.
-            out = EngineCoreOutput(req_ids[row], tokens_l[offsets_l[k] : offsets_l[k + 1]])
-            if slot in slow or extras:
-                self._complete(out, slot, ends.get(k), int(cached[k]), mro, extras)
-            outputs[clients[slot]].append(out)
+        self._note_nans(mro.num_nans_in_logits)
+        outputs = self._outputs_by_client(step.req_ids, slots, update, mro)
         self._report_rejected(outputs)
         return self._engine_core_outputs(outputs, mro.cudagraph_stats)
+
+    def _note_nans(self, num_nans_in_logits: dict[str, int] | None) -> None:
+        for rid, n in (num_nans_in_logits or {}).items():
+            if (r := self.requests.get(rid)) is not None:
+                r.num_nans_in_logits = n
+                self._full_output_slots.add(self._slot_of[rid])
+
+    def _outputs_by_client(
+        self, req_ids: list[str], slots: list[int], update: Any, mro: Any
+    ) -> dict[int, list[EngineCoreOutput]]:
+        """One EngineCoreOutput per request that got tokens, by client. Most
+        carry only tokens; a finish, events, prefill stats and the like
+        (``_full_output_slots``) or logprobs fill in the rest."""
+        rows = update.rows.tolist()
+        tokens, offsets = update.tokens.tolist(), update.token_offsets.tolist()
+        ends = {f.record: f for f in update.finished}
+        full = self._full_output_slots
+        if ends:
+            full = full.union(slots[rows[record]] for record in ends)
+        logprobs = bool(
+            mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict
+        )
+        clients = self._client_of_slot
+        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+        for k, row in enumerate(rows):
+            slot = slots[row]
+            out = EngineCoreOutput(req_ids[row], tokens[offsets[k] : offsets[k + 1]])
+            if slot in full or logprobs:
+                self._complete(out, slot, ends.get(k), int(update.cached_tokens[k]), mro, logprobs)
+            outputs[clients[slot]].append(out)
+        return outputs
 
     def _complete(
         self,
         out: EngineCoreOutput,
         slot: int,
-        end: tuple | None,
+        end: Any,
         cached_tokens: int,
         mro: Any,
-        extras: bool,
+        logprobs: bool,
     ) -> None:
-        """The rest of an output: finish, events, prefill stats, logprobs."""
+        """The rest of an output: finish, events, prefill stats, logprobs.
+        ``end`` is the core's FinishedRequest when the request finished."""
         r = self._by_slot[slot]
         assert r is not None
         if end is not None:
-            reason, r.stop_reason, (all_tokens, r.num_computed_tokens) = end
-            self._set_tokens(r, all_tokens)
-            r.status, out.finish_reason = FINISHED[reason]
+            r.stop_reason, r.num_computed_tokens = end.stop_reason, end.num_computed_tokens
+            self._set_tokens(r, end.token_ids)
+            r.status, out.finish_reason = FINISHED[end.finish_reason]
             out.stop_reason = r.stop_reason
             self._forget(r)
         if r.prefill_stats is not None:
@@ -430,8 +447,8 @@ class Scheduler(SchedulerInterface):
         if r.num_nans_in_logits:
             out.num_nans_in_logits = r.num_nans_in_logits
         if end is None and r.trace_headers is None and not r.num_nans_in_logits:
-            self._special.discard(slot)
-        if extras:
+            self._full_output_slots.discard(slot)
+        if logprobs:
             self._attach_logprobs(out, r, mro, len(out.new_token_ids))
 
     @staticmethod
@@ -494,7 +511,7 @@ class Scheduler(SchedulerInterface):
         state = self.pause_state
         if state == PauseState.PAUSED_ALL:
             return 0
-        running, waiting = self._core.get_request_counts()
+        running, waiting = self._core.request_counts()
         # Paused for new requests: waiting ones holding no KV stay queued.
         return running if state == PauseState.PAUSED_NEW else running + waiting
 
@@ -526,7 +543,7 @@ class Scheduler(SchedulerInterface):
         pass  # no encoder inputs here
 
     def get_request_counts(self) -> tuple[int, int]:
-        return self._core.get_request_counts()
+        return self._core.request_counts()
 
     def get_kv_cache_usage(self) -> float:
         return self._core.kv_cache_usage
@@ -541,13 +558,14 @@ class Scheduler(SchedulerInterface):
     ) -> SchedulerStats | None:
         if not self.log_stats:
             return None
-        running, waiting, skipped, usage, prefix, _ = self._core.make_stats()
+        core = self._core.make_stats()
+        prefix = core.prefix_cache_stats
         return SchedulerStats(
-            num_running_reqs=running,
-            num_waiting_reqs=waiting,
-            num_skipped_waiting_reqs=skipped,
+            num_running_reqs=core.num_running_reqs,
+            num_waiting_reqs=core.num_waiting_reqs,
+            num_skipped_waiting_reqs=core.num_skipped_waiting_reqs,
             num_kv_fetch_reqs_by_stage=dict.fromkeys(KV_FETCH_STAGES, 0),
-            kv_cache_usage=usage,
+            kv_cache_usage=core.kv_cache_usage,
             prefix_cache_stats=PrefixCacheStats(
                 reset=prefix.reset,
                 requests=prefix.requests,

@@ -1,14 +1,8 @@
 //! Argument conversion with errors that name the field and the value.
 
-use crate::error::KvError;
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyString};
-
-/// A core error as the Python exception it stands for.
-pub fn value_error(e: KvError) -> PyErr {
-    PyValueError::new_err(e.to_string())
-}
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()

@@ -1,6 +1,6 @@
 //! `BlockPool`: the bare pool and free queue, for direct use and benchmarks.
 
-use super::args::{count, u32_list, value_error};
+use super::args::{count, u32_list};
 use crate::block_pool::BlockPool;
 use pyo3::prelude::*;
 
@@ -16,7 +16,7 @@ pub struct PyBlockPool {
 impl PyBlockPool {
     #[new]
     fn new(num_blocks: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let pool = BlockPool::new(count("num_blocks", num_blocks)?).map_err(value_error)?;
+        let pool = BlockPool::new(count("num_blocks", num_blocks)?)?;
         Ok(PyBlockPool {
             pool,
             scratch: Vec::new(),
@@ -27,22 +27,20 @@ impl PyBlockPool {
     fn get_new_blocks(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         let k = count("num_blocks", num_blocks)?;
         self.scratch.clear();
-        self.pool
-            .get_new_blocks(k, &mut self.scratch)
-            .map_err(value_error)?;
+        self.pool.get_new_blocks(k, &mut self.scratch)?;
         Ok(self.scratch.clone())
     }
 
     /// Drop one reference per listed block, in the order given.
     fn free_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = u32_list("block_ids", block_ids)?;
-        self.pool.free_blocks(&ids).map_err(value_error)
+        Ok(self.pool.free_blocks(&ids)?)
     }
 
     /// Add one reference per listed block, taking free ones off the queue.
     fn touch(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = u32_list("block_ids", block_ids)?;
-        self.pool.touch(&ids).map_err(value_error)
+        Ok(self.pool.touch(&ids)?)
     }
 
     /// Forget all cached hashes; refused (False) while any block is held.

@@ -2,10 +2,11 @@
 //! serves, keyed by request id (the core itself keeps no ids: the requests
 //! own their tables and sequences, as the scheduler's requests will).
 
-use super::args::{count, u32_list, value_error};
+use super::args::{count, u32_list};
 use super::prefix_cache_stats::PyPrefixCacheStats;
 use crate::block::BlockId;
 use crate::block_table::BlockTable;
+use crate::error::Error;
 use crate::kv_cache_manager::{KvCacheConfig, KvCacheManager};
 use crate::sequence::Sequence;
 use crate::{cdiv, BlockHash};
@@ -30,7 +31,7 @@ pub struct PyKvCacheManager {
 }
 
 fn unknown(request_id: &str) -> PyErr {
-    PyValueError::new_err(format!("request_id {request_id:?} is not a known request"))
+    Error::UnknownRequest(request_id.to_owned()).into()
 }
 
 impl PyKvCacheManager {
@@ -68,7 +69,7 @@ impl PyKvCacheManager {
             enable_prefix_caching,
         };
         Ok(PyKvCacheManager {
-            kv: KvCacheManager::new(&config).map_err(value_error)?,
+            kv: KvCacheManager::new(&config)?,
             requests: FxHashMap::default(),
             scratch: Vec::new(),
         })
@@ -83,9 +84,7 @@ impl PyKvCacheManager {
         cache_salt: Option<&str>,
     ) -> PyResult<()> {
         if self.requests.contains_key(request_id) {
-            return Err(PyValueError::new_err(format!(
-                "request_id {request_id:?} is already registered"
-            )));
+            return Err(Error::DuplicateRequest(request_id.to_owned()).into());
         }
         let prompt = u32_list("prompt_token_ids", prompt_token_ids)?;
         if prompt.is_empty() {
@@ -163,17 +162,14 @@ impl PyKvCacheManager {
             .requests
             .get_mut(request_id)
             .ok_or_else(|| unknown(request_id))?;
-        let grown = self
-            .kv
-            .allocate_slots(
-                &mut entry.table,
-                &entry.seq,
-                n_new,
-                n_hit,
-                &hits,
-                full_sequence_must_fit,
-            )
-            .map_err(value_error)?;
+        let grown = self.kv.allocate_slots(
+            &mut entry.table,
+            &entry.seq,
+            n_new,
+            n_hit,
+            &hits,
+            full_sequence_must_fit,
+        )?;
         Ok(grown.map(|k| entry.table.block_ids()[entry.table.len() - k..].to_vec()))
     }
 

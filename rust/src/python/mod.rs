@@ -4,9 +4,11 @@
 
 mod args;
 mod block_pool;
+mod errors;
 mod kv_cache_manager;
 mod prefix_cache_stats;
 mod scheduler;
+mod vllm;
 
 use pyo3::prelude::*;
 
@@ -24,5 +26,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix_cache_stats::PyPrefixCacheStats>()?;
     m.add_class::<scheduler::PyScheduler>()?;
     m.add_class::<scheduler::PyStep>()?;
+    m.add_class::<scheduler::PyStepUpdate>()?;
+    m.add_class::<scheduler::PyFinishedRequest>()?;
+    m.add_class::<scheduler::PySchedulerStats>()?;
+    // The step's columns and their NumPy dtypes, named once (step.rs).
+    let columns = pyo3::types::PyDict::new(m.py());
+    for (name, dtype) in crate::step::StepColumns::DTYPES {
+        columns.set_item(name, dtype)?;
+    }
+    m.add("STEP_COLUMNS", columns)?;
+    m.add_function(wrap_pyfunction!(vllm::vllm_update_from_runner_output, m)?)?;
+    m.add_function(wrap_pyfunction!(vllm::vllm_request_state, m)?)?;
     Ok(())
 }

@@ -3,7 +3,7 @@
 use crate::prefix_cache_stats::PrefixCacheStats;
 use pyo3::prelude::*;
 
-/// Prefix-cache counters since they were last taken (spec §7.10).
+/// Prefix-cache counters since they were last taken (docs/scheduling.md §7.10).
 #[pyclass(
     name = "PrefixCacheStats",
     module = "ironbatch._core",

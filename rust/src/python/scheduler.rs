@@ -1,34 +1,37 @@
-//! `Scheduler`: the Rust scheduler for `ironbatch.Scheduler(backend="rust")`.
+//! `Scheduler`: the Rust scheduler behind `ironbatch.core_scheduler` (and
+//! through it `ironbatch.Scheduler(backend="rust")` and the vLLM drop-in).
 //!
-//! A step crosses into Python once, as NumPy arrays; request ids cross as the
-//! Python strings the caller passed in (kept per slot), so a step creates no
-//! Python object per request.
+//! A step crosses into Python once, as NumPy arrays named by
+//! `StepColumns::NAMES`; request ids cross as the Python strings the caller
+//! passed in (kept per slot), so a step creates no Python object per
+//! request. Every call takes keyword arguments and returns named types.
 
-use super::args::{count, u32_list, value_error};
+use super::args::{count, u32_list};
 use super::prefix_cache_stats::PyPrefixCacheStats;
 use crate::kv_cache_manager::KvCacheConfig;
 use crate::request::{NewRequest, RequestStatus, StopRules};
-use crate::request_queue::Slot;
 use crate::scheduler::{Pause, Scheduler};
 use crate::scheduler_config::{Policy, SchedulerConfig};
-use crate::step::StepOutput;
+use crate::slab::Slot;
+use crate::step::{Column, StepOutput};
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
-/// vLLM 0.33's V1 scheduler in Rust (use it through `ironbatch.Scheduler`).
+/// vLLM 0.33's V1 scheduler in Rust.
 #[pyclass(name = "Scheduler", module = "ironbatch._core")]
 pub struct PyScheduler {
-    core: Scheduler,
+    pub(super) core: Scheduler,
     /// The caller's request-id strings, by slot.
     py_ids: Vec<Option<Py<PyString>>>,
 }
 
-/// One step's decisions: columns plus what `update_from_output` needs.
+/// One step's decisions: named columns plus what `update_from_output` needs.
 #[pyclass(name = "Step", module = "ironbatch._core", frozen)]
 pub struct PyStep {
-    step: StepOutput,
+    pub(super) step: StepOutput,
+    /// The scheduled requests' ids, in scheduling order.
     #[pyo3(get)]
     req_ids: Py<PyList>,
     columns: Py<PyDict>,
@@ -38,9 +41,15 @@ pub struct PyStep {
     finished_req_ids: Vec<String>,
 }
 
+impl PyStep {
+    pub(super) fn req_ids_list<'py>(&self, py: Python<'py>) -> &Bound<'py, PyList> {
+        self.req_ids.bind(py)
+    }
+}
+
 #[pymethods]
 impl PyStep {
-    /// The step's NumPy columns by name (see `ironbatch.SchedulerOutput`).
+    /// The step's NumPy columns by name (`STEP_COLUMNS`).
     fn columns<'py>(&self, py: Python<'py>) -> Bound<'py, PyDict> {
         self.columns.bind(py).clone()
     }
@@ -50,25 +59,63 @@ impl PyStep {
     }
 }
 
-/// What an update returns: (each record's row in the step, tokens, token
-/// offsets, cached tokens per record, finished (record, reason, stop reason)).
-type UpdateColumns<'py> = (
-    Bound<'py, PyAny>,
-    Bound<'py, PyAny>,
-    Bound<'py, PyAny>,
-    Bound<'py, PyAny>,
-    Vec<(usize, &'static str, Option<u32>)>,
-);
+/// What one `update_from_output` reported, in scheduling order: one record
+/// per request that got tokens.
+#[pyclass(name = "StepUpdate", module = "ironbatch._core", frozen, get_all)]
+pub struct PyStepUpdate {
+    /// Each record's row in the step.
+    rows: Py<PyAny>,
+    /// All records' tokens, flattened.
+    tokens: Py<PyAny>,
+    /// Record `i` owns `tokens[token_offsets[i]:token_offsets[i+1]]`.
+    token_offsets: Py<PyAny>,
+    /// Each record's tokens held in hash-cached blocks after the output.
+    cached_tokens: Py<PyAny>,
+    /// The records whose request finished.
+    finished: Vec<Py<PyFinishedRequest>>,
+}
 
-/// A finished request's tokens (prompt first) and `num_computed_tokens`.
-type FinalState = (Vec<u32>, usize);
+/// A request that finished in an update (it is freed already).
+#[pyclass(name = "FinishedRequest", module = "ironbatch._core", frozen, get_all)]
+pub struct PyFinishedRequest {
+    /// Its record in the update.
+    record: usize,
+    /// vLLM's finish reason: "stop", "length", "abort" or "error".
+    finish_reason: &'static str,
+    /// The stop token that ended it, if one did.
+    stop_reason: Option<u32>,
+    /// All its tokens, prompt first, and its `num_computed_tokens`, as it
+    /// ended (what the vLLM drop-in writes back to vLLM's `Request`).
+    token_ids: Vec<u32>,
+    num_computed_tokens: usize,
+}
 
-fn arr<'py, T: numpy::Element>(py: Python<'py>, v: Vec<T>) -> Bound<'py, PyAny> {
+/// What `make_stats` reports; taking it zeroes the counters.
+#[pyclass(name = "SchedulerStats", module = "ironbatch._core", frozen, get_all)]
+pub struct PySchedulerStats {
+    num_running_reqs: usize,
+    num_waiting_reqs: usize,
+    num_skipped_waiting_reqs: usize,
+    kv_cache_usage: f64,
+    prefix_cache_stats: PyPrefixCacheStats,
+    num_preempted_reqs: u64,
+}
+
+fn array<'py, T: numpy::Element>(py: Python<'py>, v: Vec<T>) -> Bound<'py, PyAny> {
     PyArray1::from_vec(py, v).into_any()
 }
 
-fn status_code(code: &str) -> PyResult<RequestStatus> {
-    match code {
+fn column<'py>(py: Python<'py>, c: Column) -> Bound<'py, PyAny> {
+    match c {
+        Column::I32(v) => array(py, v),
+        Column::I64(v) => array(py, v),
+        Column::U8(v) => array(py, v),
+        Column::Bool(v) => array(py, v),
+    }
+}
+
+fn status_named(name: &str) -> PyResult<RequestStatus> {
+    match name {
         "FINISHED_ABORTED" => Ok(RequestStatus::FinishedAborted),
         "FINISHED_STOPPED" => Ok(RequestStatus::FinishedStopped),
         "FINISHED_LENGTH_CAPPED" => Ok(RequestStatus::FinishedLengthCapped),
@@ -80,31 +127,35 @@ fn status_code(code: &str) -> PyResult<RequestStatus> {
     }
 }
 
-fn token(i: usize, t: i64) -> PyResult<u32> {
+fn policy_named(name: &str) -> PyResult<Policy> {
+    match name {
+        "fcfs" => Ok(Policy::Fcfs),
+        "priority" => Ok(Policy::Priority),
+        other => Err(PyValueError::new_err(format!(
+            "policy must be 'fcfs' or 'priority', got {other:?}"
+        ))),
+    }
+}
+
+/// A sampled token id; -1 (none) is handled by the caller.
+pub(super) fn token(i: usize, t: i64) -> PyResult<u32> {
     u32::try_from(t).map_err(|_| {
         PyValueError::new_err(format!("sampled[{i}] = {t} is neither -1 nor a token id"))
     })
 }
 
 impl PyScheduler {
-    fn forget(&mut self, slot: Slot) {
-        self.py_ids[slot as usize] = None;
-    }
-
-    /// Apply checked tokens to the core and return the update's columns.
-    fn apply<'py>(
+    /// Apply checked tokens (entry `i` gets `tokens[offsets[i]..offsets[i+1]]`)
+    /// and return the update as a Python object.
+    pub(super) fn apply(
         &mut self,
-        py: Python<'py>,
+        py: Python<'_>,
         step: &StepOutput,
         tokens: &[u32],
         offsets: &[usize],
-    ) -> PyResult<(UpdateColumns<'py>, Vec<FinalState>)> {
-        let out = self
-            .core
-            .update_from_output(step, tokens, offsets)
-            .map_err(value_error)?;
+    ) -> PyResult<PyStepUpdate> {
+        let out = self.core.update_from_output(step, tokens, offsets)?;
         let rows: Vec<i32> = out.records.iter().map(|rec| rec.entry as i32).collect();
-
         let cached: Vec<i64> = out
             .records
             .iter()
@@ -114,21 +165,24 @@ impl PyScheduler {
         token_offsets.push(0i64);
         token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
         let mut finished = Vec::with_capacity(out.finished.len());
-        let mut finished_tokens = Vec::with_capacity(out.finished.len());
         for f in out.finished {
-            let reason = f.status.finish_reason().unwrap_or("error");
-            finished.push((f.record, reason, f.stop_reason));
-            finished_tokens.push((f.token_ids, f.num_computed_tokens));
-            self.forget(out.records[f.record].slot);
+            self.py_ids[out.records[f.record].slot as usize] = None;
+            let record = PyFinishedRequest {
+                record: f.record,
+                finish_reason: f.status.finish_reason().unwrap_or("error"),
+                stop_reason: f.stop_reason,
+                token_ids: f.token_ids,
+                num_computed_tokens: f.num_computed_tokens,
+            };
+            finished.push(Py::new(py, record)?);
         }
-        let columns = (
-            arr(py, rows),
-            arr(py, out.tokens),
-            arr(py, token_offsets),
-            arr(py, cached),
+        Ok(PyStepUpdate {
+            rows: array(py, rows).unbind(),
+            tokens: array(py, out.tokens).unbind(),
+            token_offsets: array(py, token_offsets).unbind(),
+            cached_tokens: array(py, cached).unbind(),
             finished,
-        );
-        Ok((columns, finished_tokens))
+        })
     }
 }
 
@@ -138,7 +192,7 @@ impl PyScheduler {
     #[pyo3(signature = (*, max_num_seqs, max_num_batched_tokens, max_model_len,
                         enable_chunked_prefill, long_prefill_token_threshold, policy,
                         scheduler_reserve_full_isl, num_blocks, block_size,
-                        enable_prefix_caching, async_scheduling = false))]
+                        enable_prefix_caching, async_scheduling))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_num_seqs: &Bound<'_, PyAny>,
@@ -153,15 +207,6 @@ impl PyScheduler {
         enable_prefix_caching: bool,
         async_scheduling: bool,
     ) -> PyResult<Self> {
-        let policy = match policy {
-            "fcfs" => Policy::Fcfs,
-            "priority" => Policy::Priority,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "policy must be 'fcfs' or 'priority', got {other:?}"
-                )))
-            }
-        };
         let max_model_len = count("max_model_len", max_model_len)?;
         let config = SchedulerConfig {
             max_num_seqs: count("max_num_seqs", max_num_seqs)?,
@@ -172,7 +217,7 @@ impl PyScheduler {
                 "long_prefill_token_threshold",
                 long_prefill_token_threshold,
             )?,
-            policy,
+            policy: policy_named(policy)?,
             scheduler_reserve_full_isl,
             async_scheduling,
             cache: KvCacheConfig {
@@ -183,14 +228,15 @@ impl PyScheduler {
             },
         };
         Ok(PyScheduler {
-            core: Scheduler::new(config).map_err(value_error)?,
+            core: Scheduler::new(config)?,
             py_ids: Vec::new(),
         })
     }
 
     /// Queue a request; returns its slot (its stable row while it lives).
-    #[pyo3(signature = (request_id, prompt_token_ids, max_tokens, min_tokens, eos_token_id,
-                        stop_token_ids, priority, arrival_time, cache_salt = None))]
+    /// `eos_token_id` is None when there is none or EOS is ignored.
+    #[pyo3(signature = (*, request_id, prompt_token_ids, max_tokens, min_tokens, eos_token_id,
+                        stop_token_ids, priority, arrival_time, cache_salt))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -217,7 +263,7 @@ impl PyScheduler {
             arrival_time,
             cache_salt,
         };
-        let slot = self.core.add_request(new).map_err(value_error)?;
+        let slot = self.core.add_request(new)?;
         if self.py_ids.len() <= slot as usize {
             self.py_ids.resize_with(slot as usize + 1, || None);
         }
@@ -227,7 +273,7 @@ impl PyScheduler {
 
     /// One scheduling decision.
     fn schedule(&mut self, py: Python<'_>) -> PyResult<PyStep> {
-        let mut step = self.core.schedule().map_err(value_error)?;
+        let mut step = self.core.schedule();
         let py_ids = &self.py_ids;
         let ids = PyList::new(
             py,
@@ -240,39 +286,9 @@ impl PyScheduler {
             }),
         )?;
         let columns = PyDict::new(py);
-        columns.set_item("req_slots", arr(py, std::mem::take(&mut step.req_slots)))?;
-        columns.set_item(
-            "num_scheduled",
-            arr(py, std::mem::take(&mut step.num_scheduled)),
-        )?;
-        columns.set_item(
-            "num_computed_tokens",
-            arr(py, std::mem::take(&mut step.num_computed_tokens)),
-        )?;
-        columns.set_item("kinds", arr(py, std::mem::take(&mut step.kinds)))?;
-        columns.set_item("samples", arr(py, std::mem::take(&mut step.samples)))?;
-        columns.set_item(
-            "num_output_tokens",
-            arr(py, std::mem::take(&mut step.num_output_tokens)),
-        )?;
-        columns.set_item(
-            "new_block_ids",
-            arr(py, std::mem::take(&mut step.new_block_ids)),
-        )?;
-        columns.set_item(
-            "new_block_offsets",
-            arr(py, std::mem::take(&mut step.new_block_offsets)),
-        )?;
-        columns.set_item("positions", arr(py, std::mem::take(&mut step.positions)))?;
-        columns.set_item(
-            "slot_mapping",
-            arr(py, std::mem::take(&mut step.slot_mapping)),
-        )?;
-        columns.set_item(
-            "query_start_loc",
-            arr(py, std::mem::take(&mut step.query_start_loc)),
-        )?;
-        columns.set_item("seq_lens", arr(py, std::mem::take(&mut step.seq_lens)))?;
+        for (name, c) in std::mem::take(&mut step.columns).into_named() {
+            columns.set_item(name, column(py, c))?;
+        }
         Ok(PyStep {
             preempted_req_ids: std::mem::take(&mut step.preempted_req_ids),
             finished_req_ids: std::mem::take(&mut step.finished_req_ids),
@@ -284,20 +300,15 @@ impl PyScheduler {
 
     /// Apply a step's tokens. With `offsets`, entry `i` gets
     /// `token_ids[offsets[i]:offsets[i+1]]`; without, `token_ids` holds one
-    /// token per entry in scheduling order, -1 for none. Returns (rows,
-    /// tokens, token offsets, cached tokens, finished) for the requests that
-    /// got tokens, in scheduling order: `rows` index the step's entries (so
-    /// the ids need not cross again); `cached tokens` are those held in
-    /// hash-cached blocks after the output; `finished` lists (record, finish
-    /// reason, stop reason) for those that ended.
-    #[pyo3(signature = (step, token_ids, offsets = None))]
+    /// token per entry in scheduling order, -1 for none.
+    #[pyo3(signature = (*, step, token_ids, offsets))]
     fn update_from_output<'py>(
         &mut self,
         py: Python<'py>,
         step: &Bound<'py, PyStep>,
         token_ids: PyReadonlyArray1<'py, i64>,
         offsets: Option<PyReadonlyArray1<'py, i64>>,
-    ) -> PyResult<UpdateColumns<'py>> {
+    ) -> PyResult<PyStepUpdate> {
         let step = step.get();
         let raw = token_ids.as_array();
         let (tokens, offsets) = match offsets {
@@ -337,62 +348,12 @@ impl PyScheduler {
                 (tokens, offsets)
             }
         };
-        Ok(self.apply(py, &step.step, &tokens, &offsets)?.0)
-    }
-
-    /// Apply a vLLM `ModelRunnerOutput`'s tokens: entry `i` gets
-    /// `sampled_token_ids[req_id_to_index[req_ids[i]]]` (none when the
-    /// list is empty). A live scheduled request missing from
-    /// `req_id_to_index` is refused. Returns what `update_from_output` does,
-    /// and each finished request's (tokens, num_computed_tokens), aligned
-    /// with `finished`.
-    fn update_from_runner_output<'py>(
-        &mut self,
-        py: Python<'py>,
-        step: &Bound<'py, PyStep>,
-        req_id_to_index: &Bound<'py, PyDict>,
-        sampled_token_ids: &Bound<'py, PyList>,
-    ) -> PyResult<(UpdateColumns<'py>, Vec<FinalState>)> {
-        let step = step.get();
-        let ids = step.req_ids.bind(py);
-        let n = step.step.entries.len();
-        let mut tokens: Vec<u32> = Vec::with_capacity(n);
-        let mut offsets: Vec<usize> = Vec::with_capacity(n + 1);
-        offsets.push(0);
-        let any_sampled = !sampled_token_ids.is_empty();
-        for (i, entry) in step.step.entries.iter().enumerate() {
-            if any_sampled {
-                let rid = ids.get_item(i)?;
-                match req_id_to_index.get_item(&rid)? {
-                    Some(index) => {
-                        let index: usize = index.extract()?;
-                        let row = sampled_token_ids.get_item(index).map_err(|_| {
-                            PyValueError::new_err(format!(
-                                "req_id_to_index[{rid}] = {index} is outside sampled_token_ids \
-                                 ({} rows)",
-                                sampled_token_ids.len()
-                            ))
-                        })?;
-                        for t in row.try_iter()? {
-                            let t: i64 = t?.extract()?;
-                            tokens.push(token(tokens.len(), t)?);
-                        }
-                    }
-                    None if self.core.is_live(entry) => {
-                        return Err(PyValueError::new_err(format!(
-                            "req_id_to_index has no row for scheduled request {rid}"
-                        )));
-                    }
-                    None => {}
-                }
-            }
-            offsets.push(tokens.len());
-        }
         self.apply(py, &step.step, &tokens, &offsets)
     }
 
-    /// Abort requests, freeing them in the order given (unknown ids ignored).
-    #[pyo3(signature = (request_ids, status = "FINISHED_ABORTED"))]
+    /// End requests from outside, freeing them in the order given (unknown
+    /// ids ignored).
+    #[pyo3(signature = (*, request_ids, status))]
     fn finish_requests(&mut self, request_ids: &Bound<'_, PyAny>, status: &str) -> PyResult<()> {
         if request_ids.is_instance_of::<PyString>() {
             return Err(PyTypeError::new_err(
@@ -400,34 +361,31 @@ impl PyScheduler {
             ));
         }
         let ids: Vec<String> = request_ids.extract()?;
-        let status = status_code(status)?;
+        let status = status_named(status)?;
         for slot in self.core.finish_requests(&ids, status) {
-            self.forget(slot);
+            self.py_ids[slot as usize] = None;
         }
         Ok(())
     }
 
-    /// Forget every cached block hash; see `ironbatch.Scheduler`.
-    #[pyo3(signature = (reset_running_requests = false))]
-    fn reset_prefix_cache(&mut self, reset_running_requests: bool) -> PyResult<bool> {
-        self.core
-            .reset_prefix_cache(reset_running_requests)
-            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
+    /// Forget every cached block hash; refused (False) while blocks are
+    /// held, unless `reset_running_requests` preempts the running ones.
+    #[pyo3(signature = (*, reset_running_requests))]
+    fn reset_prefix_cache(&mut self, reset_running_requests: bool) -> bool {
+        self.core.reset_prefix_cache(reset_running_requests)
     }
 
-    /// (num_running_reqs, num_waiting_reqs, num_skipped_waiting_reqs,
-    /// kv_cache_usage, PrefixCacheStats, num_preempted_reqs); takes the
-    /// counters.
-    fn make_stats(&mut self) -> (usize, usize, usize, f64, PyPrefixCacheStats, u64) {
+    /// Counts and usage; takes the counters.
+    fn make_stats(&mut self) -> PySchedulerStats {
         let s = self.core.make_stats();
-        (
-            s.num_running_reqs,
-            s.num_waiting_reqs,
-            s.num_skipped_waiting_reqs,
-            s.kv_cache_usage,
-            s.prefix_cache_stats.into(),
-            s.num_preempted_reqs,
-        )
+        PySchedulerStats {
+            num_running_reqs: s.num_running_reqs,
+            num_waiting_reqs: s.num_waiting_reqs,
+            num_skipped_waiting_reqs: s.num_skipped_waiting_reqs,
+            kv_cache_usage: s.kv_cache_usage,
+            prefix_cache_stats: s.prefix_cache_stats.into(),
+            num_preempted_reqs: s.num_preempted_reqs,
+        }
     }
 
     #[getter]
@@ -457,15 +415,6 @@ impl PyScheduler {
         Ok(())
     }
 
-    /// A live request's (tokens, num_computed_tokens), prompt first.
-    fn request_state(&self, slot: Slot) -> PyResult<(Vec<u32>, usize)> {
-        let r = self
-            .core
-            .request(slot)
-            .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
-        Ok((r.seq.tokens().to_vec(), r.seq.num_computed_tokens))
-    }
-
     /// (running, waiting) request counts.
     fn get_request_counts(&self) -> (usize, usize) {
         self.core.request_counts()
@@ -481,7 +430,8 @@ impl PyScheduler {
         self.core.num_unfinished_requests()
     }
 
-    /// Everything the two backends must agree on, for differential tests.
+    /// Everything the two backends must agree on, for differential tests:
+    /// the queues, each live request's state by name, and the pool.
     fn debug_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = &self.core;
         let name = |slot: Slot| c.request(slot).map(|r| r.request_id.clone());
@@ -494,25 +444,20 @@ impl PyScheduler {
         let requests = PyDict::new(py);
         for slot in c.running().iter().copied().chain(c.waiting()) {
             let r = c.request(slot).expect("a queued request is live");
-            requests.set_item(
-                &r.request_id,
-                (
-                    r.status.name(),
-                    slot,
-                    r.num_tokens(),
-                    r.seq.num_computed_tokens,
-                    r.table.block_ids().to_vec(),
-                    r.table.num_cached_blocks(),
-                    r.num_preemptions,
-                    (
-                        r.num_output_placeholders,
-                        r.in_flight_tokens,
-                        r.stale_tokens,
-                        r.drop_stale,
-                        r.deferred,
-                    ),
-                ),
-            )?;
+            let row = PyDict::new(py);
+            row.set_item("status", r.status.name())?;
+            row.set_item("slot", slot)?;
+            row.set_item("num_tokens", r.num_tokens())?;
+            row.set_item("num_computed_tokens", r.seq.num_computed_tokens)?;
+            row.set_item("block_ids", r.table.block_ids().to_vec())?;
+            row.set_item("num_cached_blocks", r.table.num_cached_blocks())?;
+            row.set_item("num_preemptions", r.num_preemptions)?;
+            row.set_item("num_output_placeholders", r.num_output_placeholders)?;
+            row.set_item("in_flight_tokens", r.in_flight_tokens)?;
+            row.set_item("stale_tokens", r.stale_tokens)?;
+            row.set_item("drop_stale", r.drop_stale)?;
+            row.set_item("deferred", r.deferred)?;
+            requests.set_item(&r.request_id, row)?;
         }
         d.set_item("requests", requests)?;
         let pool = c.kv().pool();

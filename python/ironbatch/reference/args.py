@@ -4,7 +4,8 @@ exception types the Rust bindings raise)."""
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Set
+from collections.abc import Iterable, Mapping, Set
+from typing import Any, cast
 
 U32_MAX = 2**32 - 1
 I64_MAX = 2**63 - 1
@@ -24,7 +25,13 @@ def count(field: str, value: object) -> int:
 
 
 def u32_list(field: str, values: object) -> list[int]:
-    """A sequence of ints in ``[0, 2**32 - 1]`` (token or block ids)."""
+    """A sequence of ints in ``[0, 2**32 - 1]`` (token or block ids): the one
+    Python check of such lists (the API uses it too). A NumPy integer array
+    is checked as a whole (found by its ``dtype``; the twin imports no
+    NumPy)."""
+    dtype = getattr(values, "dtype", None)
+    if dtype is not None and hasattr(values, "tolist"):
+        return _u32_array(field, values, dtype)
     if (
         isinstance(values, (str, bytes, Mapping, Set))
         or not hasattr(values, "__getitem__")
@@ -32,12 +39,22 @@ def u32_list(field: str, values: object) -> list[int]:
     ):
         raise TypeError(f"{field} must be a sequence of ints, got {type(values).__name__}")
     out = []
-    for i, item in enumerate(values):  # type: ignore[arg-type]
+    for i, item in enumerate(cast(Iterable[object], values)):
         try:
-            v = operator.index(item)
+            v = operator.index(item)  # type: ignore[arg-type]
         except TypeError:
             raise TypeError(f"{field}[{i}] must be an int, got {type(item).__name__}") from None
         if not 0 <= v <= U32_MAX:
             raise ValueError(f"{field}[{i}] = {v!r} is outside [0, {U32_MAX}]")
         out.append(v)
     return out
+
+
+def _u32_array(field: str, values: object, dtype: object) -> list[int]:
+    array = cast("Any", values)
+    if array.ndim != 1 or getattr(dtype, "kind", "") not in "iu":
+        raise TypeError(f"{field} must be a 1-D integer array, got {dtype}[{array.ndim}-D]")
+    if array.size and (array.min() < 0 or array.max() > U32_MAX):
+        bad = next(i for i, v in enumerate(array.tolist()) if not 0 <= v <= U32_MAX)
+        raise ValueError(f"{field}[{bad}] = {array[bad]} is outside [0, {U32_MAX}]")
+    return cast(list[int], array.tolist())

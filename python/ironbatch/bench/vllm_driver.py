@@ -1,13 +1,12 @@
 """Build and drive vLLM's own V1 Scheduler, and the drop-in
 ``ironbatch.vllm.Scheduler``, on the CPU from a local model config (no
-weights, no network): the reference for benches/compare_vllm.py and
-benches/record_vllm.py. Needs a Python environment with vLLM installed (see
-the README); ironbatch itself never imports vLLM outside ``ironbatch.vllm``."""
+weights, no network): the vLLM side of benches/compare_vllm.py and the
+recorder of benches/record_vllm.py. Imports vLLM, so ``ironbatch.bench``
+does not import this module; it needs an environment with vLLM installed."""
 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -17,6 +16,7 @@ import vllm  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
+from ironbatch.bench.scheduler_steps import TimedDriver  # noqa: E402
 from ironbatch.vllm import harness  # noqa: E402
 
 VERSION = vllm.__version__
@@ -92,15 +92,14 @@ class RunnerEmulator:
         )
 
 
-class VllmDriver:
+class VllmDriver(TimedDriver):
     """A vLLM-interface scheduler as an ``ironbatch.bench`` driver: vLLM's
     own (``kind="vllm"``) or the drop-in (``"ironbatch"``), both fed vLLM
     Requests and ModelRunnerOutputs and both returning vLLM's objects."""
 
     def __init__(self, workload: Any, kind: str = "vllm", async_scheduling: bool = False) -> None:
+        super().__init__(async_scheduling)
         self.name = f"vllm-{VERSION}" if kind == "vllm" else "drop-in"
-        self.async_scheduling = async_scheduling
-        self.pending: tuple[Any, ModelRunnerOutput] | None = None  # async: the step in flight
         self.bs = workload.block_size
         self.sched = build(
             {
@@ -118,7 +117,6 @@ class VllmDriver:
             async_scheduling,
         )
         self.runner = RunnerEmulator(5)
-        self.last_prefill_rows = -1
 
     def add(self, r: Any) -> None:
         p = r.sampling_params
@@ -138,21 +136,15 @@ class VllmDriver:
             )
         )
 
-    def step(self) -> float:
-        t0 = time.perf_counter()
-        so = self.sched.schedule()
-        t1 = time.perf_counter()
-        mro = self.runner.output(so)  # the model runner's part
-        self.last_prefill_rows = int(
-            np.count_nonzero(np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64) > 1)
-        )
-        if self.async_scheduling:  # as vLLM's engine does: this step's output arrives next time
-            (so, mro), self.pending = self.pending or (None, None), (so, mro)
-        t2 = time.perf_counter()
-        if so is not None:
-            self.sched.update_from_output(so, mro)
-        t3 = time.perf_counter()
-        return (t1 - t0) + (t3 - t2)
+    def schedule(self) -> Any:
+        return self.sched.schedule()
 
-    def is_steady(self) -> bool:
-        return self.last_prefill_rows == 0
+    def run_model(self, so: Any) -> ModelRunnerOutput:
+        return self.runner.output(so)
+
+    def prefill_rows(self, so: Any) -> int:
+        counts = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64)
+        return int(np.count_nonzero(counts > 1))
+
+    def update(self, so: Any, mro: Any) -> None:
+        self.sched.update_from_output(so, mro)

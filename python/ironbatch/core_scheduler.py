@@ -1,0 +1,126 @@
+"""CoreScheduler: the one Python wrapper around the Rust core's scheduler.
+
+Both users of the core go through it: ``ironbatch.Scheduler`` (its ``rust``
+backend) and the vLLM drop-in (``ironbatch.vllm.Scheduler``). It builds the
+core from the API's configurations, calls it with keyword arguments only,
+and hands back the core's named types (``_core.Step``, ``_core.StepUpdate``)
+and the API's ``SchedulerStats``. What only the drop-in calls (applying a
+vLLM ``ModelRunnerOutput``, reading a request back) is in ``_core`` under
+``vllm_*`` names and used from ``ironbatch.vllm``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ironbatch import _core
+from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.scheduler_stats import SchedulerStats
+
+
+class CoreScheduler:
+    """The Rust core's scheduler, built from the API's configurations."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        c = scheduler_config
+        if cache_config.num_blocks is None:
+            raise ValueError("num_blocks must be set to build a scheduler, got None")
+        self.core = _core.Scheduler(
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            max_model_len=c.max_model_len,
+            enable_chunked_prefill=c.enable_chunked_prefill,
+            long_prefill_token_threshold=c.long_prefill_token_threshold,
+            policy=c.policy,
+            scheduler_reserve_full_isl=c.scheduler_reserve_full_isl,
+            async_scheduling=c.async_scheduling,
+            num_blocks=cache_config.num_blocks,
+            block_size=cache_config.block_size,
+            enable_prefix_caching=cache_config.enable_prefix_caching,
+        )
+
+    def add_request(
+        self,
+        *,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        min_tokens: int,
+        eos_token_id: int | None,
+        stop_token_ids: Sequence[int],
+        priority: int,
+        arrival_time: float,
+        cache_salt: str | None,
+    ) -> int:
+        """Queue a request; returns its slot (its stable row while it
+        lives). ``eos_token_id`` is None when there is none or it is
+        ignored."""
+        return self.core.add_request(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            eos_token_id=eos_token_id,
+            stop_token_ids=stop_token_ids,
+            priority=priority,
+            arrival_time=arrival_time,
+            cache_salt=cache_salt,
+        )
+
+    def schedule(self) -> _core.Step:
+        return self.core.schedule()
+
+    def update_from_output(
+        self, step: _core.Step, token_ids: np.ndarray, offsets: np.ndarray | None
+    ) -> _core.StepUpdate:
+        """Apply a step's tokens: ragged with ``offsets`` (row ``i`` gets
+        ``token_ids[offsets[i]:offsets[i+1]]``), else one per row, -1 for
+        none."""
+        return self.core.update_from_output(step=step, token_ids=token_ids, offsets=offsets)
+
+    def finish_requests(self, request_ids: Sequence[str], status: str) -> None:
+        self.core.finish_requests(request_ids=list(request_ids), status=status)
+
+    def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
+        return self.core.reset_prefix_cache(reset_running_requests=reset_running_requests)
+
+    def make_stats(self) -> SchedulerStats:
+        """Counts and usage; takes the prefix-cache and preemption counters."""
+        s = self.core.make_stats()
+        return SchedulerStats(
+            num_running_reqs=s.num_running_reqs,
+            num_waiting_reqs=s.num_waiting_reqs,
+            num_skipped_waiting_reqs=s.num_skipped_waiting_reqs,
+            kv_cache_usage=s.kv_cache_usage,
+            prefix_cache_stats=s.prefix_cache_stats,
+            num_preempted_reqs=s.num_preempted_reqs,
+        )
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.core.num_free_blocks
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.core.kv_cache_usage
+
+    @property
+    def pause_state(self) -> int:
+        """vLLM's pause state: 0 unpaused, 1 no admissions, 2 nothing scheduled."""
+        return self.core.pause_state
+
+    @pause_state.setter
+    def pause_state(self, state: int) -> None:
+        self.core.pause_state = state
+
+    def request_counts(self) -> tuple[int, int]:
+        """(running, waiting) requests."""
+        return self.core.get_request_counts()
+
+    def num_unfinished_requests(self) -> int:
+        return self.core.get_num_unfinished_requests()
+
+    def debug_state(self) -> dict[str, Any]:
+        return self.core.debug_state()

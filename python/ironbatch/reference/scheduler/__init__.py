@@ -1,0 +1,315 @@
+"""The scheduler: vLLM 0.33's V1 continuous batching (docs/scheduling.md
+§4–6).
+
+There is no prefill phase and no decode phase. Every request is behind by
+``num_tokens - num_computed_tokens`` tokens, and each step hands out a token
+budget to close those gaps: first to running requests, in order
+(``running_pass``), then to waiting ones (``waiting_pass``). A running
+request that cannot get a block preempts a victim (``preemption``): its
+blocks are freed and its tokens recomputed later. ``step_columns`` turns a
+step's decisions into the model runner's columns; ``update`` applies the
+tokens that come back.
+
+Requests live in a ``Slab``; a slot's generation changes when it is freed,
+so a step's output applied late never touches a request that reused the
+slot.
+
+The module functions take the ``Scheduler`` as their first argument and
+share its state attributes (``requests``, ``ids``, ``waiting_queue``,
+``running``, ...); callers outside this package use the methods."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ironbatch.reference.error import debug_str, duplicate_request
+from ironbatch.reference.kv_cache_manager import KvCacheManager
+from ironbatch.reference.limits import MAX_TOKENS, check_range
+from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
+from ironbatch.reference.request import NewRequest, Request, RequestStatus
+from ironbatch.reference.request_queue import WaitingQueue
+from ironbatch.reference.scheduler import preemption, running_pass, update, waiting_pass
+from ironbatch.reference.scheduler.step_columns import finish_step
+from ironbatch.reference.scheduler_config import Policy, SchedulerSettings, validate
+from ironbatch.reference.sequence import Sequence
+from ironbatch.reference.slab import Slab
+from ironbatch.reference.step import StepEntry, StepOutput, UpdateOutput
+
+__all__ = ["Pause", "Scheduler", "SchedulerStats", "StepDraft"]
+
+# Tells one scheduler's steps from another's (the core's global counter).
+_NEXT_SCHEDULER_ID = itertools.count(1)
+
+
+@dataclass
+class SchedulerStats:
+    """What ``make_stats`` reports (docs/scheduling.md §7.10)."""
+
+    num_running_reqs: int
+    #: Waiting and not skipped by a waiting pass since.
+    num_waiting_reqs: int
+    #: Waiting, skipped by a waiting pass (output in flight) and not
+    #: admitted since.
+    num_skipped_waiting_reqs: int
+    kv_cache_usage: float
+    prefix_cache_stats: PrefixCacheStats
+    #: Preemptions since the stats were last taken.
+    num_preempted_reqs: int
+
+
+class Pause(enum.IntEnum):
+    """vLLM's pause states (docs/scheduling.md §4.8)."""
+
+    #: Schedules as usual.
+    UNPAUSED = 0
+    #: Admits nobody; running requests go on.
+    NEW = 1
+    #: Schedules nothing (steps still report finished and preempted ids).
+    ALL = 2
+
+
+@dataclass
+class StepDraft:
+    """A step being decided: what is left of the budget and what is
+    scheduled so far, handed from the running pass to the waiting pass."""
+
+    budget: int
+    #: ``long_prefill_token_threshold``, or 0 (off) for this step.
+    threshold: int
+    entries: list[StepEntry] = field(default_factory=list)
+    #: Someone was preempted this step: no admissions (Q5).
+    preempted_any: bool = False
+
+
+class Scheduler:
+    """vLLM 0.33's V1 scheduler, over the API's ``SchedulerConfig`` and
+    ``CacheConfig`` (read by attribute)."""
+
+    def __init__(self, scheduler_config: Any, cache_config: Any) -> None:
+        """A scheduler over a fresh KV cache."""
+        validate(scheduler_config, cache_config)
+        c = scheduler_config
+        self.config: SchedulerSettings = scheduler_config
+        self.policy = Policy(c.policy)
+        self.kv = KvCacheManager(
+            cache_config.num_blocks,
+            cache_config.block_size,
+            c.max_model_len,
+            cache_config.enable_prefix_caching,
+        )
+        self.requests: Slab[Request] = Slab()
+        self.ids: dict[str, int] = {}
+        self.waiting_queue = WaitingQueue(self.policy)
+        #: Running requests' slots, in order.
+        self.running: list[int] = []
+        # Since the last step: reported (sorted) by the next one.
+        self.finished_ids: list[str] = []
+        self.preempted_ids: list[str] = []
+        # Preemptions since the stats were last taken.
+        self.num_preempted = 0
+        # Waiting requests skipped by a waiting pass (their output in flight).
+        self.num_deferred = 0
+        self._pause = Pause.UNPAUSED
+        self.id = next(_NEXT_SCHEDULER_ID)
+        self.next_step = 0
+        # Steps scheduled whose output has not been applied.
+        self.pending_steps: deque[int] = deque()
+
+    # -- inspection -----------------------------------------------------------
+
+    def request(self, slot: int) -> Request | None:
+        """The live request in ``slot``."""
+        return self.requests.get(slot)
+
+    def is_live(self, entry: StepEntry) -> bool:
+        """Whether the request a step entry scheduled is still live (not
+        finished, its slot not reused)."""
+        return self.requests.holds(entry.slot, entry.generation)
+
+    def slot_of(self, request_id: str) -> int | None:
+        """The slot of the live request ``request_id``."""
+        return self.ids.get(request_id)
+
+    def waiting(self) -> Iterator[int]:
+        """Waiting requests' slots, in admission order."""
+        return self.waiting_queue.iter()
+
+    def set_pause(self, pause: Pause) -> None:
+        """Pause or resume scheduling (vLLM's ``set_pause_state``)."""
+        self._pause = Pause(pause)
+
+    @property
+    def pause(self) -> Pause:
+        return self._pause
+
+    def request_counts(self) -> tuple[int, int]:
+        """(running, waiting) request counts."""
+        return len(self.running), len(self.waiting_queue)
+
+    def num_unfinished_requests(self) -> int:
+        return len(self.running) + len(self.waiting_queue)
+
+    #: The binding's (and vLLM's) name.
+    get_num_unfinished_requests = num_unfinished_requests
+
+    # -- requests in and out --------------------------------------------------
+
+    def add_request(self, new: NewRequest) -> int:
+        """Queue a request; returns its slot. Refused (``ValueError``, nothing
+        changed): a live duplicate id, an empty prompt, a prompt of
+        ``max_model_len`` or more tokens, ``max_tokens`` outside
+        ``[1, MAX_TOKENS]``, ``min_tokens > max_tokens``, a NaN arrival time."""
+        self.check_new_request(new)
+        seq = Sequence(new.prompt_token_ids, new.cache_salt, self.kv.hasher, self.kv.block_size)
+        r = Request.waiting(new.request_id, new.stop, new.priority, new.arrival_time, seq)
+        slot = self.requests.insert(r)
+        self.waiting_queue.add(slot, r)
+        self.ids[r.request_id] = slot
+        return slot
+
+    def check_new_request(self, new: NewRequest) -> None:
+        rid = new.request_id
+        if rid in self.ids:
+            raise duplicate_request(rid)
+        n, max_len = len(new.prompt_token_ids), self.config.max_model_len
+        if n == 0:
+            raise ValueError(f"prompt_token_ids of request {debug_str(rid)} must not be empty")
+        if n >= max_len:
+            raise ValueError(
+                f"prompt_token_ids of request {debug_str(rid)} has {n} tokens; it must be "
+                f"shorter than max_model_len ({max_len})"
+            )
+        check_range("max_tokens", new.stop.max_tokens, 1, MAX_TOKENS)
+        if not 0 <= new.stop.min_tokens <= new.stop.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={new.stop.max_tokens}], "
+                f"got {new.stop.min_tokens}"
+            )
+        if math.isnan(new.arrival_time):
+            raise ValueError("arrival_time must not be NaN")
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[int]:
+        """End requests from outside (docs/scheduling.md §6): unknown and
+        repeated ids are ignored; the rest are freed in the order given
+        (vLLM frees in hash-set order; the drop-in passes that order).
+        Returns their slots."""
+        found: list[int] = []
+        for rid in request_ids:
+            slot = self.ids.get(rid)
+            if slot is not None and slot not in found:
+                found.append(slot)
+        for slot in found:
+            self.unqueue(slot)
+        for slot in found:
+            self.requests[slot].status = status
+            self.free_request(slot)
+        return found
+
+    def unqueue(self, slot: int) -> None:
+        """Take a live request out of the running list or the waiting queue."""
+        r = self.requests[slot]
+        if r.status == RequestStatus.RUNNING:
+            if slot in self.running:
+                self.running.remove(slot)
+        else:
+            self.waiting_queue.remove(slot, r)
+
+    def free_request(self, slot: int) -> None:
+        """Free a finished request's blocks and slot; the next step reports it."""
+        r = self.requests.remove(slot)
+        self.num_deferred -= r.deferred
+        self.kv.free(r.table)
+        del self.ids[r.request_id]
+        self.finished_ids.append(r.request_id)
+
+    # -- the step -------------------------------------------------------------
+
+    def schedule(self) -> StepOutput:
+        """One scheduling decision (docs/scheduling.md §4)."""
+        c = self.config
+        draft = StepDraft(
+            budget=0 if self._pause == Pause.ALL else c.max_num_batched_tokens,
+            # Q1: with a single request in the system the threshold is off.
+            threshold=(c.long_prefill_token_threshold if self.num_unfinished_requests() > 1 else 0),
+        )
+        running_pass.schedule_running(self, draft)
+        # Any preemption cancels this step's admissions (Q5).
+        if not draft.preempted_any and self._pause == Pause.UNPAUSED:
+            waiting_pass.schedule_waiting(self, draft)
+        return finish_step(self, draft.entries)
+
+    def update_from_output(
+        self, step: StepOutput, tokens: list[int], offsets: list[int]
+    ) -> UpdateOutput:
+        """Apply a step's sampled tokens: entry ``i`` of ``step`` gets
+        ``tokens[offsets[i]:offsets[i + 1]]`` (docs/scheduling.md §5).
+        Checked first, so a ``ValueError`` changes nothing."""
+        return update.update_from_output(self, step, tokens, offsets)
+
+    def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
+        """Forget every cached block hash (docs/scheduling.md §7.10); refused
+        (False) while a block is held. With ``reset_running_requests``, every
+        running request is preempted first (from the back) and its output in
+        flight dropped, so the reset always succeeds."""
+        if reset_running_requests:
+            while self.running:
+                preemption.preempt(self, self.running.pop(), True)
+        done = self.kv.reset_prefix_cache()
+        assert done or not reset_running_requests, "no request holds a block"
+        return done
+
+    def make_stats(self) -> SchedulerStats:
+        """Counts and usage; takes (and zeroes) the prefix-cache and
+        preemption counters."""
+        stats = SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting_queue) - self.num_deferred,
+            num_skipped_waiting_reqs=self.num_deferred,
+            kv_cache_usage=self.kv.usage,
+            prefix_cache_stats=self.kv.make_prefix_cache_stats(),
+            num_preempted_reqs=self.num_preempted,
+        )
+        self.num_preempted = 0
+        return stats
+
+    def debug_state(self) -> dict[str, Any]:
+        """Everything the two backends must agree on, for differential tests:
+        the queues, each live request's state by name, and the pool (the
+        Rust binding's ``debug_state`` format)."""
+        name = {slot: self.requests[slot].request_id for slot in self.ids.values()}
+        requests: dict[str, dict[str, Any]] = {}
+        for slot in [*self.running, *self.waiting()]:
+            r = self.requests[slot]
+            requests[r.request_id] = {
+                "status": r.status.name,
+                "slot": slot,
+                "num_tokens": r.num_tokens,
+                "num_computed_tokens": r.seq.num_computed_tokens,
+                "block_ids": r.table.block_ids(),
+                "num_cached_blocks": r.table.num_cached_blocks(),
+                "num_preemptions": r.num_preemptions,
+                "num_output_placeholders": r.num_output_placeholders,
+                "in_flight_tokens": r.in_flight_tokens,
+                "stale_tokens": r.stale_tokens,
+                "drop_stale": r.drop_stale,
+                "deferred": r.deferred,
+            }
+        pool = self.kv.pool
+        return {
+            "running": [name[s] for s in self.running],
+            "waiting": [name[s] for s in self.waiting()],
+            "requests": requests,
+            "free_block_ids": pool.free_block_ids(),
+            "block_ref_cnts": pool.block_ref_cnts(),
+            "cached_blocks": sorted(ids for _, ids in pool.cached_blocks()),
+        }
+
+    def __repr__(self) -> str:
+        running, waiting = self.request_counts()
+        return f"Scheduler(running={running}, waiting={waiting}, pause={self._pause.name})"

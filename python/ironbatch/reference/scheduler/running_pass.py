@@ -1,0 +1,97 @@
+"""The RUNNING pass (docs/scheduling.md §4.2): every running request, in
+order, gets the tokens it is behind by, within the budget; when no block is
+free for it, victims are preempted until one is, or until it is the victim
+itself."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ironbatch.reference.scheduler.preemption import preempt, take_victim
+from ironbatch.reference.scheduler_config import Policy
+from ironbatch.reference.step import Kind, StepEntry
+
+if TYPE_CHECKING:
+    from ironbatch.reference.scheduler import Scheduler, StepDraft
+
+
+def schedule_running(s: Scheduler, draft: StepDraft) -> None:
+    """Schedule the running requests into ``draft``."""
+    i = 0
+    while i < len(s.running) and draft.budget > 0:
+        slot = s.running[i]
+        n = num_running_tokens(s, slot, draft)
+        if n == 0:
+            # Nothing to compute this step: skip it, don't end the pass
+            # (Q17); later requests may still need tokens.
+            i += 1
+            continue
+        computed = s.requests[slot].seq.num_computed_tokens
+        grown, i = allocate_or_preempt(s, slot, n, i, draft)
+        if grown is not None:
+            draft.entries.append(entry(s, slot, n, Kind.RUNNING, computed, grown))
+            draft.budget -= n
+            i += 1
+        elif s.policy is Policy.PRIORITY:
+            # It preempted itself: running[i] is now the next request and
+            # the pass goes on (Q10).
+            continue
+        else:
+            break  # FCFS ends the pass
+
+
+def num_running_tokens(s: Scheduler, slot: int, draft: StepDraft) -> int:
+    """Tokens the running request in ``slot`` gets this step; 0 to skip it."""
+    r = s.requests[slot]
+    computed = r.seq.num_computed_tokens
+    placeholders = r.num_output_placeholders
+    # Async: when the token in flight is its last one (max_tokens), another
+    # step could only compute a position nobody samples.
+    if (
+        placeholders > 0
+        and computed + 2 >= placeholders + r.seq.num_prompt_tokens + r.stop.max_tokens
+    ):
+        return 0
+    n = r.num_tokens + placeholders - computed
+    if 0 < draft.threshold < n:
+        n = draft.threshold
+    # The last position of max_model_len is never computed: nothing would
+    # sample after it.
+    room = max(s.config.max_model_len - 1 - computed, 0)
+    return min(n, draft.budget, room)
+
+
+def allocate_or_preempt(
+    s: Scheduler, slot: int, n: int, cursor: int, draft: StepDraft
+) -> tuple[int | None, int]:
+    """Blocks for ``n`` more tokens of the running request in ``slot``
+    (``running[cursor]``). While too few are free, a victim is preempted;
+    the cursor and the budget follow what that removes. Returns how many
+    blocks the table grew by (None once the request preempted itself) and
+    the cursor."""
+    while True:
+        r = s.requests[slot]
+        grown = s.kv.allocate(r.table, r.seq, n, 0, [], False)
+        if grown is not None:
+            return grown, cursor
+        victim, cursor = take_victim(s, slot, cursor, draft)
+        preempt(s, victim, False)
+        draft.preempted_any = True
+        if victim == slot:
+            return None, cursor
+
+
+def entry(s: Scheduler, slot: int, n: int, kind: Kind, computed: int, grown: int) -> StepEntry:
+    """A step entry for the request in ``slot``: ``n`` tokens after
+    ``computed``, its table grown by ``grown`` blocks (new and resumed
+    entries report the whole table)."""
+    r = s.requests[slot]
+    return StepEntry(
+        slot=slot,
+        generation=s.requests.generation(slot),
+        num_tokens=n,
+        kind=kind,
+        num_computed_tokens=computed,
+        samples=computed + n >= r.num_tokens,
+        block_start=len(r.table) - grown if kind is Kind.RUNNING else 0,
+    )

@@ -1,0 +1,42 @@
+"""The end of a step (docs/scheduling.md §4.7): the decisions become the
+model runner's columns, and every scheduled request is advanced as if the
+step had already run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ironbatch.reference.step import StepEntry, StepOutput
+
+if TYPE_CHECKING:
+    from ironbatch.reference.scheduler import Scheduler
+
+
+def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
+    """Write the columns of ``entries`` and advance every scheduled request
+    (optimistically, before the step runs)."""
+    total = sum(e.num_tokens for e in entries)
+    assert total <= s.config.max_num_batched_tokens
+    assert len(s.running) <= s.config.max_num_seqs
+    out = StepOutput.with_capacity(len(entries), total)
+    for e in entries:
+        r = s.requests[e.slot]
+        out.push_entry(e, r.num_output_tokens + r.num_output_placeholders)
+        if e.block_start < len(r.table):
+            out.push_new_blocks(r.table.block_ids()[e.block_start :])
+        end = e.num_computed_tokens + e.num_tokens
+        for p in range(e.num_computed_tokens, end):
+            out.push_token(p, s.kv.slot_of(r.table, p))
+        out.end_entry(end)
+        r.seq.num_computed_tokens += e.num_tokens
+        r.in_flight_tokens += e.num_tokens
+        if s.config.async_scheduling and not r.is_prefill_chunk:
+            r.num_output_placeholders += 1  # the token this step samples
+    out.entries = entries
+    out.preempted_req_ids, s.preempted_ids = sorted(s.preempted_ids), []
+    out.finished_req_ids, s.finished_ids = sorted(s.finished_ids), []
+    out.scheduler_id = s.id
+    out.step_id = s.next_step
+    s.pending_steps.append(s.next_step)
+    s.next_step += 1
+    return out

@@ -1,0 +1,134 @@
+"""``update_from_output`` (docs/scheduling.md §5): the tokens a step sampled
+come back; each is appended and checked for a stop, finished requests are
+freed in scheduling order, and (async) placeholders are resolved."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ironbatch.reference.error import foreign_step, step_already_applied
+from ironbatch.reference.kv_cache_manager import KvCacheManager
+from ironbatch.reference.request import Request, RequestStatus
+from ironbatch.reference.step import Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord
+from ironbatch.reference.stop_check import check_stop
+
+if TYPE_CHECKING:
+    from ironbatch.reference.scheduler import Scheduler
+
+
+def update_from_output(
+    s: Scheduler, step: StepOutput, tokens: list[int], offsets: list[int]
+) -> UpdateOutput:
+    """Apply a step's sampled tokens: entry ``i`` of ``step`` gets
+    ``tokens[offsets[i]:offsets[i + 1]]``. Checked first, so a
+    ``ValueError`` changes nothing."""
+    check_update(s, step, tokens, offsets)
+    s.pending_steps.remove(step.step_id)
+    out = UpdateOutput()
+    stopped_running: list[int] = []
+    for i, e in enumerate(step.entries):
+        if not s.requests.holds(e.slot, e.generation):
+            continue  # finished (and maybe its slot reused) meanwhile
+        status_before = apply_output(s, i, e, tokens[offsets[i] : offsets[i + 1]], out)
+        if status_before is None:
+            continue
+        # Freed now, in scheduling order: this shapes the free queue (Q18).
+        if status_before == RequestStatus.RUNNING:
+            stopped_running.append(e.slot)
+        else:
+            s.waiting_queue.remove(e.slot, s.requests[e.slot])
+        s.free_request(e.slot)
+    if stopped_running:
+        gone = set(stopped_running)
+        s.running[:] = [slot for slot in s.running if slot not in gone]
+    return out
+
+
+def apply_output(
+    s: Scheduler, row: int, e: StepEntry, sampled: list[int], out: UpdateOutput
+) -> RequestStatus | None:
+    """Apply entry ``row``'s tokens to its request and record them in
+    ``out``. Returns the request's status before, if it finished (the
+    caller frees it)."""
+    kv = s.kv
+    r = s.requests[e.slot]
+    r.in_flight_tokens = max(r.in_flight_tokens - e.num_tokens, 0)
+    stale = r.stale_tokens > 0
+    if stale:
+        r.stale_tokens = max(r.stale_tokens - e.num_tokens, 0)
+        if r.drop_stale:
+            return None  # a reset preempted it: discarded (docs/scheduling.md §5.4)
+    if not sampled:
+        return None  # a prefill chunk: no output
+    status_before = r.status
+    start = len(out.tokens)
+    finished = append_until_stop(r, sampled, kv, s.config.max_model_len, out.tokens)
+    if finished and not stale:
+        # Positions scheduled for tokens after the stop were for nothing.
+        unused = len(sampled) - (len(out.tokens) - start)
+        r.seq.num_computed_tokens -= min(unused, r.seq.num_computed_tokens)
+    if not stale and r.num_output_placeholders > 0:
+        resolve_placeholders(kv, r, len(sampled), status_before)
+    out.records.append(UpdateRecord(row, e.slot, len(out.tokens), kv.num_cached_tokens(r.table)))
+    if not finished:
+        return None
+    out.finished.append(
+        Finished(
+            record=len(out.records) - 1,
+            request_id=r.request_id,
+            status=r.status,
+            stop_reason=r.stop_reason,
+            token_ids=list(r.seq.tokens),
+            num_computed_tokens=r.seq.num_computed_tokens,
+        )
+    )
+    return status_before
+
+
+def check_update(s: Scheduler, step: StepOutput, tokens: list[int], offsets: list[int]) -> None:
+    """The whole output must fit the step before anything changes."""
+    if step.scheduler_id != s.id:
+        raise foreign_step()
+    if step.step_id not in s.pending_steps:
+        raise step_already_applied()
+    n = len(step.entries)
+    if len(offsets) != n + 1:
+        raise ValueError(
+            f"sampled: {len(offsets)} offsets for a step of {n} requests (need {n + 1})"
+        )
+    rising = all(offsets[k] <= offsets[k + 1] for k in range(n))
+    if offsets[0] != 0 or not rising or offsets[n] != len(tokens):
+        raise ValueError("sampled: offsets must rise from 0 to the number of tokens")
+    for i, e in enumerate(step.entries):
+        if offsets[i + 1] > offsets[i] and not e.samples:
+            raise ValueError(
+                f"sampled: entry {i} got tokens, but its step ended before the request's "
+                "last known token"
+            )
+
+
+def append_until_stop(
+    r: Request, sampled: list[int], kv: KvCacheManager, max_model_len: int, out: list[int]
+) -> bool:
+    """Append ``sampled`` to ``r`` one token at a time, stopping after the
+    first token that ends it (docs/scheduling.md §5.2); the appended tokens
+    go to ``out`` too. Returns whether it finished."""
+    for t in sampled:
+        r.seq.append([t], kv.hasher, kv.block_size)
+        out.append(t)
+        if check_stop(r, max_model_len):
+            return True
+    return False
+
+
+def resolve_placeholders(
+    kv: KvCacheManager, r: Request, num_sampled: int, status_before: RequestStatus
+) -> None:
+    """Async: every returned token resolves a placeholder, kept or trimmed
+    after a stop; a running request's blocks that the arrived tokens filled
+    are hash-cached now (vLLM caches them when the token arrives, not at
+    allocation)."""
+    r.num_output_placeholders = max(r.num_output_placeholders - num_sampled, 0)
+    if status_before == RequestStatus.RUNNING:
+        upto = max(r.seq.num_computed_tokens - r.in_flight_tokens, 0)
+        kv.cache_full_blocks(r.table, r.seq, upto)

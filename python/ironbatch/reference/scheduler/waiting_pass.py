@@ -1,0 +1,81 @@
+"""The WAITING pass (docs/scheduling.md §4.5): admit waiting requests from
+the head of the queue while the budget, ``max_num_seqs`` and the KV cache
+allow, each with its longest cached prefix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ironbatch.reference.request import RequestStatus
+from ironbatch.reference.scheduler.running_pass import entry
+from ironbatch.reference.step import Kind
+
+if TYPE_CHECKING:
+    from ironbatch.reference.scheduler import Scheduler, StepDraft
+
+
+def schedule_waiting(s: Scheduler, draft: StepDraft) -> None:
+    """Admit waiting requests into ``draft`` (only when nobody was
+    preempted this step and admissions are not paused)."""
+    skipped: list[int] = []
+    while draft.budget > 0 and len(s.running) < s.config.max_num_seqs:
+        slot = s.waiting_queue.peek()
+        if slot is None:
+            break
+        if output_in_flight(s, slot):
+            defer(s, slot)
+            s.waiting_queue.pop()
+            skipped.append(slot)
+            continue
+        if not admit(s, slot, draft):
+            break  # it stays at the head
+    # Skipped requests go back to the head, in their order (Q11).
+    for slot in reversed(skipped):
+        s.waiting_queue.prepend(slot, s.requests[slot])
+
+
+def output_in_flight(s: Scheduler, slot: int) -> bool:
+    """Whether a preempted request's earlier output is still on its way
+    (docs/scheduling.md §5.4): it waits until that drains, unless a reset
+    dropped it."""
+    r = s.requests[slot]
+    return r.stale_tokens > 0 and not r.drop_stale
+
+
+def defer(s: Scheduler, slot: int) -> None:
+    """Count a request as skipped by the waiting pass (vLLM's
+    ``deferred_waiting``, reported in the stats) until it is admitted."""
+    r = s.requests[slot]
+    if not r.deferred:
+        r.deferred = True
+        s.num_deferred += 1
+
+
+def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
+    """Admit the request at the head of the queue, after its prefix hits;
+    False when it cannot be admitted now (the pass ends there)."""
+    c = s.config
+    r = s.requests[slot]
+    hits, hit_tokens = s.kv.get_computed_blocks(r.seq)
+    n = r.num_tokens - hit_tokens
+    if 0 < draft.threshold < n:
+        n = draft.threshold
+    if not c.enable_chunked_prefill and n > draft.budget:
+        return False  # without chunking, the head blocks the queue (Q6)
+    n = min(n, draft.budget)
+    grown = s.kv.allocate(r.table, r.seq, n, hit_tokens, hits, c.scheduler_reserve_full_isl)
+    if grown is None:
+        return False
+    # Counted on admission only (Q15).
+    s.kv.record_prefix_cache_stats(r.num_tokens, hit_tokens, r.num_preemptions > 0)
+    kind = Kind.NEW if r.status == RequestStatus.WAITING else Kind.RESUMED
+    r.status = RequestStatus.RUNNING
+    r.seq.num_computed_tokens = hit_tokens
+    if r.deferred:
+        r.deferred = False
+        s.num_deferred -= 1
+    s.waiting_queue.pop()
+    s.running.append(slot)
+    draft.entries.append(entry(s, slot, n, kind, hit_tokens, grown))
+    draft.budget -= n
+    return True

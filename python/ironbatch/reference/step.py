@@ -1,0 +1,198 @@
+"""What one ``schedule()`` decided and what one ``update_from_output()``
+reported, as columns (docs/scheduling.md §4.7, §5.3): the twin of
+``rust/src/step.rs``."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+from ironbatch.reference.request import RequestStatus
+
+
+class Kind(enum.IntEnum):
+    """How a request entered this step (``.name.lower()``: its trace name)."""
+
+    #: First admission.
+    NEW = 0
+    #: Admitted again after a preemption.
+    RESUMED = 1
+    #: Continuing.
+    RUNNING = 2
+
+
+@dataclass
+class StepEntry:
+    """One request's share of a step."""
+
+    slot: int
+    #: The slot's generation when scheduled: a request freed meanwhile (and
+    #: its slot reused) is recognised and skipped by the update.
+    generation: int
+    num_tokens: int
+    kind: Kind
+    #: Before this step; the prefix hit for new and resumed requests.
+    num_computed_tokens: int
+    #: The step reaches the request's last known token, so it samples.
+    samples: bool
+    #: Where this step's blocks start in the table (0: the whole table).
+    block_start: int
+
+
+@dataclass
+class StepColumns:
+    """A step's decisions as columns, for the model runner: one row per
+    scheduled request in scheduling order, except where a field says
+    otherwise. Field names and order are ``ironbatch._core.STEP_COLUMNS``."""
+
+    #: The request's slot: its stable row while it lives.
+    req_slots: list[int] = field(default_factory=list)
+    #: Tokens scheduled for it this step.
+    num_scheduled: list[int] = field(default_factory=list)
+    #: Tokens computed before this step (the prefix hit for new and resumed).
+    num_computed_tokens: list[int] = field(default_factory=list)
+    #: How it entered the step: a ``Kind`` as an int.
+    kinds: list[int] = field(default_factory=list)
+    #: The step reaches its last known token, so it samples one.
+    samples: list[bool] = field(default_factory=list)
+    #: Output tokens before this step, placeholders included.
+    num_output_tokens: list[int] = field(default_factory=list)
+    #: Whole tables for new and resumed requests, new blocks for running
+    #: ones, flattened: row i owns ``new_block_ids[offsets[i]:offsets[i+1]]``.
+    new_block_ids: list[int] = field(default_factory=list)
+    #: Row offsets into ``new_block_ids`` (rows + 1).
+    new_block_offsets: list[int] = field(default_factory=list)
+    #: Per scheduled token: its position.
+    positions: list[int] = field(default_factory=list)
+    #: Per scheduled token: its KV-cache slot
+    #: (``block_id * block_size + position % block_size``).
+    slot_mapping: list[int] = field(default_factory=list)
+    #: Prefix sums of the token counts (rows + 1).
+    query_start_loc: list[int] = field(default_factory=list)
+    #: ``num_computed_tokens + num_scheduled`` per row.
+    seq_lens: list[int] = field(default_factory=list)
+
+    #: The columns' names and NumPy dtype names, in declaration order.
+    DTYPES: ClassVar[dict[str, str]] = {
+        "req_slots": "int32",
+        "num_scheduled": "int32",
+        "num_computed_tokens": "int32",
+        "kinds": "uint8",
+        "samples": "bool",
+        "num_output_tokens": "int32",
+        "new_block_ids": "int32",
+        "new_block_offsets": "int32",
+        "positions": "int64",
+        "slot_mapping": "int64",
+        "query_start_loc": "int32",
+        "seq_lens": "int32",
+    }
+
+    def into_named(self) -> list[tuple[str, list[int] | list[bool]]]:
+        """Every column by name, in declaration order."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+
+
+@dataclass
+class StepOutput:
+    """One step's decisions, in scheduling order, and the model runner's inputs."""
+
+    entries: list[StepEntry] = field(default_factory=list)
+    #: The entries as columns.
+    columns: StepColumns = field(default_factory=StepColumns)
+    #: Preempted since the previous step's output (sorted).
+    preempted_req_ids: list[str] = field(default_factory=list)
+    #: Finished since the previous step's output (sorted).
+    finished_req_ids: list[str] = field(default_factory=list)
+    #: Identify the scheduler and the step, so an output is applied once,
+    #: to the scheduler that made it.
+    scheduler_id: int = 0
+    step_id: int = 0
+
+    @classmethod
+    def with_capacity(cls, rows: int, tokens: int) -> StepOutput:
+        """An empty step whose offset columns start at 0 (``rows`` and
+        ``tokens`` are the core's capacity hints; Python lists just grow)."""
+        del rows, tokens
+        out = cls()
+        out.columns.query_start_loc.append(0)
+        out.columns.new_block_offsets.append(0)
+        return out
+
+    def push_entry(self, e: StepEntry, num_output_tokens: int) -> None:
+        """Start a row: the entry's fields."""
+        c = self.columns
+        c.req_slots.append(e.slot)
+        c.num_scheduled.append(e.num_tokens)
+        c.num_computed_tokens.append(e.num_computed_tokens)
+        c.kinds.append(int(e.kind))
+        c.samples.append(e.samples)
+        c.num_output_tokens.append(num_output_tokens)
+
+    def push_new_blocks(self, ids: list[int]) -> None:
+        """The row's new blocks."""
+        self.columns.new_block_ids.extend(ids)
+
+    def push_token(self, position: int, slot: int) -> None:
+        """One scheduled token of the row."""
+        self.columns.positions.append(position)
+        self.columns.slot_mapping.append(slot)
+
+    def end_entry(self, seq_len: int) -> None:
+        """Close the row; ``seq_len`` is where its tokens end."""
+        c = self.columns
+        c.new_block_offsets.append(len(c.new_block_ids))
+        c.query_start_loc.append(len(c.positions))
+        c.seq_lens.append(seq_len)
+
+    def total_num_scheduled_tokens(self) -> int:
+        """Tokens scheduled in all."""
+        return sum(e.num_tokens for e in self.entries)
+
+    def block_ids_of(self, i: int) -> list[int]:
+        """Row ``i``'s block ids (whole table or new blocks)."""
+        c = self.columns
+        return c.new_block_ids[c.new_block_offsets[i] : c.new_block_offsets[i + 1]]
+
+
+@dataclass
+class UpdateRecord:
+    """One request's result from ``update_from_output``."""
+
+    #: The request's row in the step's entries.
+    entry: int
+    #: The request's slot (already free again if it finished).
+    slot: int
+    #: This record's tokens end at ``UpdateOutput.tokens[:tokens_end]``
+    #: (they start where the previous record's end).
+    tokens_end: int
+    #: Tokens of the request held in hash-cached blocks after this output
+    #: (vLLM's ``estimate_cached_tokens``, for its prefill stats).
+    cached_tokens: int
+
+
+@dataclass
+class Finished:
+    """A request that finished in ``update_from_output`` (it is freed already)."""
+
+    #: Its row in ``UpdateOutput.records``.
+    record: int
+    request_id: str
+    status: RequestStatus
+    #: The stop token that ended it.
+    stop_reason: int | None
+    #: All its tokens, prompt first, and its ``num_computed_tokens``: what
+    #: it ended with.
+    token_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class UpdateOutput:
+    """What ``update_from_output`` reported, in scheduling order: one record
+    per request that got tokens."""
+
+    records: list[UpdateRecord] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    finished: list[Finished] = field(default_factory=list)

@@ -1,0 +1,57 @@
+"""StepRows: a core step's columns as Python lists, with the row groups the
+drop-in builds vLLM's SchedulerOutput from (running rows come first, then
+admissions: first ones, then resumed ones, in scheduling order)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ironbatch.scheduler_output import Kind
+
+
+@dataclass(frozen=True)
+class StepRows:
+    req_ids: list[str]
+    slots: list[int]
+    num_scheduled: list[int]
+    computed: list[int]  # num_computed_tokens before the step (the hit for admissions)
+    num_output_tokens: list[int]  # placeholders included
+    num_running: int  # rows [0, num_running) continue; the rest are admissions
+    new: list[int]  # rows admitted for the first time
+    resumed: list[int]  # rows admitted again after a preemption
+    block_offsets: list[int]
+    flat_block_ids: np.ndarray
+
+    @classmethod
+    def of(cls, step: Any) -> StepRows:
+        cols = step.columns()
+        kinds = cols["kinds"]
+        num_running = int(np.count_nonzero(kinds == Kind.RUNNING))
+        admitted = kinds[num_running:]
+        return cls(
+            req_ids=step.req_ids,
+            slots=cols["req_slots"].tolist(),
+            num_scheduled=cols["num_scheduled"].tolist(),
+            computed=cols["num_computed_tokens"].tolist(),
+            num_output_tokens=cols["num_output_tokens"].tolist(),
+            num_running=num_running,
+            new=(np.flatnonzero(admitted == Kind.NEW) + num_running).tolist(),
+            resumed=(np.flatnonzero(admitted == Kind.RESUMED) + num_running).tolist(),
+            block_offsets=cols["new_block_offsets"].tolist(),
+            flat_block_ids=cols["new_block_ids"],
+        )
+
+    @property
+    def admitted(self) -> range:
+        return range(self.num_running, len(self.slots))
+
+    def block_ids(self, i: int) -> list[int]:
+        """Row ``i``'s blocks: the whole table for an admission, the new
+        blocks for a running request."""
+        return self.flat_block_ids[self.block_offsets[i] : self.block_offsets[i + 1]].tolist()
+
+    def grew(self, i: int) -> bool:
+        return self.block_offsets[i + 1] > self.block_offsets[i]

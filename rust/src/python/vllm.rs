@@ -1,0 +1,76 @@
+//! What only the vLLM drop-in (`ironbatch.vllm.Scheduler`) calls: applying
+//! a vLLM `ModelRunnerOutput` without building arrays in Python first, and
+//! reading a live request's tokens back into vLLM's `Request`.
+
+use super::scheduler::{token, PyScheduler, PyStep, PyStepUpdate};
+use crate::slab::Slot;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+/// Apply a vLLM `ModelRunnerOutput`'s tokens: entry `i` of `step` gets
+/// `sampled_token_ids[req_id_to_index[req_ids[i]]]` (none when the list is
+/// empty). A live scheduled request missing from `req_id_to_index` is
+/// refused; everything is checked before anything changes.
+#[pyfunction]
+#[pyo3(signature = (scheduler, *, step, req_id_to_index, sampled_token_ids))]
+pub fn vllm_update_from_runner_output<'py>(
+    py: Python<'py>,
+    scheduler: &Bound<'py, PyScheduler>,
+    step: &Bound<'py, PyStep>,
+    req_id_to_index: &Bound<'py, PyDict>,
+    sampled_token_ids: &Bound<'py, PyList>,
+) -> PyResult<PyStepUpdate> {
+    let mut scheduler = scheduler.borrow_mut();
+    let step = step.get();
+    let ids = step.req_ids_list(py);
+    let n = step.step.entries.len();
+    let mut tokens: Vec<u32> = Vec::with_capacity(n);
+    let mut offsets: Vec<usize> = Vec::with_capacity(n + 1);
+    offsets.push(0);
+    let any_sampled = !sampled_token_ids.is_empty();
+    for (i, entry) in step.step.entries.iter().enumerate() {
+        if any_sampled {
+            let rid = ids.get_item(i)?;
+            match req_id_to_index.get_item(&rid)? {
+                Some(index) => {
+                    let index: usize = index.extract()?;
+                    let row = sampled_token_ids.get_item(index).map_err(|_| {
+                        PyValueError::new_err(format!(
+                            "req_id_to_index[{rid}] = {index} is outside sampled_token_ids \
+                             ({} rows)",
+                            sampled_token_ids.len()
+                        ))
+                    })?;
+                    for t in row.try_iter()? {
+                        let t: i64 = t?.extract()?;
+                        tokens.push(token(tokens.len(), t)?);
+                    }
+                }
+                None if scheduler.core.is_live(entry) => {
+                    return Err(PyValueError::new_err(format!(
+                        "req_id_to_index has no row for scheduled request {rid}"
+                    )));
+                }
+                None => {}
+            }
+        }
+        offsets.push(tokens.len());
+    }
+    scheduler.apply(py, &step.step, &tokens, &offsets)
+}
+
+/// A live request's tokens (prompt first) and `num_computed_tokens`, to
+/// bring vLLM's `Request` up to date.
+#[pyfunction]
+pub fn vllm_request_state(
+    scheduler: &Bound<'_, PyScheduler>,
+    slot: Slot,
+) -> PyResult<(Vec<u32>, usize)> {
+    let scheduler = scheduler.borrow();
+    let r = scheduler
+        .core
+        .request(slot)
+        .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
+    Ok((r.seq.tokens().to_vec(), r.seq.num_computed_tokens))
+}

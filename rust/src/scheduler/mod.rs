@@ -1,0 +1,347 @@
+//! The scheduler: vLLM 0.33's V1 continuous batching (docs/scheduling.md
+//! §4–6).
+//!
+//! There is no prefill phase and no decode phase. Every request is behind by
+//! `num_tokens − num_computed_tokens` tokens, and each step hands out a token
+//! budget to close those gaps: first to running requests, in order
+//! (`running_pass`), then to waiting ones (`waiting_pass`). A running request
+//! that cannot get a block preempts a victim (`preemption`): its blocks are
+//! freed and its tokens recomputed later. `step_columns` turns a step's
+//! decisions into the model runner's columns; `update` applies the tokens
+//! that come back.
+//!
+//! Requests live in a [`Slab`]; a slot's generation changes when it is
+//! freed, so a step's output applied late never touches a request that
+//! reused the slot.
+
+mod preemption;
+mod running_pass;
+mod step_columns;
+mod update;
+mod waiting_pass;
+
+#[cfg(test)]
+mod tests;
+
+use crate::block::BlockId;
+use crate::error::Error;
+use crate::kv_cache_manager::KvCacheManager;
+use crate::limits::{check_range, MAX_TOKENS};
+use crate::prefix_cache_stats::PrefixCacheStats;
+use crate::request::{NewRequest, Request, RequestStatus};
+use crate::request_queue::WaitingQueue;
+use crate::scheduler_config::{Policy, SchedulerConfig};
+use crate::sequence::Sequence;
+use crate::slab::{Slab, Slot};
+use crate::step::{StepEntry, StepOutput};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static NEXT_SCHEDULER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What `make_stats` reports (docs/scheduling.md §7.10).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedulerStats {
+    pub num_running_reqs: usize,
+    /// Waiting and not skipped by a waiting pass since.
+    pub num_waiting_reqs: usize,
+    /// Waiting, skipped by a waiting pass (output in flight) and not
+    /// admitted since.
+    pub num_skipped_waiting_reqs: usize,
+    pub kv_cache_usage: f64,
+    pub prefix_cache_stats: PrefixCacheStats,
+    /// Preemptions since the stats were last taken.
+    pub num_preempted_reqs: u64,
+}
+
+/// vLLM's pause states (`PauseState`): what a paused scheduler still does.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Pause {
+    /// Schedules as usual.
+    #[default]
+    Unpaused,
+    /// Admits nobody; running requests go on.
+    New,
+    /// Schedules nothing (steps still report finished and preempted ids).
+    All,
+}
+
+/// A step being decided: what is left of the budget and what is scheduled
+/// so far, handed from the running pass to the waiting pass.
+struct StepDraft {
+    budget: usize,
+    /// `long_prefill_token_threshold`, or 0 (off) for this step.
+    threshold: usize,
+    entries: Vec<StepEntry>,
+    /// Someone was preempted this step: no admissions (Q5).
+    preempted_any: bool,
+}
+
+/// vLLM 0.33's V1 scheduler.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    kv: KvCacheManager,
+    requests: Slab<Request>,
+    ids: FxHashMap<String, Slot>,
+    waiting: WaitingQueue,
+    running: Vec<Slot>,
+    /// Since the last step: reported (sorted) by the next one.
+    finished_ids: Vec<String>,
+    preempted_ids: Vec<String>,
+    /// Preemptions since the stats were last taken.
+    num_preempted: u64,
+    /// Waiting requests skipped by a waiting pass (their output in flight).
+    num_deferred: usize,
+    pause: Pause,
+    /// Tells this scheduler's steps from another's.
+    id: u64,
+    next_step: u64,
+    /// Steps scheduled whose output has not been applied.
+    pending_steps: VecDeque<u64>,
+    /// Scratch for prefix hits, reused across admissions.
+    hits: Vec<BlockId>,
+}
+
+impl Scheduler {
+    /// A scheduler over a fresh KV cache.
+    pub fn new(config: SchedulerConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let kv = KvCacheManager::new(&config.cache)?;
+        let waiting = match config.policy {
+            Policy::Fcfs => WaitingQueue::Fcfs(VecDeque::new()),
+            Policy::Priority => WaitingQueue::Priority(Default::default()),
+        };
+        Ok(Scheduler {
+            config,
+            kv,
+            requests: Slab::default(),
+            ids: FxHashMap::default(),
+            waiting,
+            running: Vec::new(),
+            finished_ids: Vec::new(),
+            preempted_ids: Vec::new(),
+            num_preempted: 0,
+            num_deferred: 0,
+            pause: Pause::Unpaused,
+            id: NEXT_SCHEDULER_ID.fetch_add(1, Ordering::Relaxed),
+            next_step: 0,
+            pending_steps: VecDeque::new(),
+            hits: Vec::new(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// The KV-cache manager, for inspection.
+    pub fn kv(&self) -> &KvCacheManager {
+        &self.kv
+    }
+
+    /// The live request in `slot`.
+    pub fn request(&self, slot: Slot) -> Option<&Request> {
+        self.requests.get(slot)
+    }
+
+    /// Whether the request a step entry scheduled is still live (not
+    /// finished, its slot not reused).
+    pub fn is_live(&self, entry: &StepEntry) -> bool {
+        self.requests.holds(entry.slot, entry.generation)
+    }
+
+    /// The slot of the live request `request_id`.
+    pub fn slot_of(&self, request_id: &str) -> Option<Slot> {
+        self.ids.get(request_id).copied()
+    }
+
+    /// Running requests, in order.
+    pub fn running(&self) -> &[Slot] {
+        &self.running
+    }
+
+    /// Waiting requests, in admission order.
+    pub fn waiting(&self) -> impl Iterator<Item = Slot> + '_ {
+        self.waiting.iter()
+    }
+
+    /// Pause or resume scheduling (vLLM's `set_pause_state`).
+    pub fn set_pause(&mut self, pause: Pause) {
+        self.pause = pause;
+    }
+
+    /// The pause state.
+    pub fn pause(&self) -> Pause {
+        self.pause
+    }
+
+    /// (running, waiting) request counts.
+    pub fn request_counts(&self) -> (usize, usize) {
+        (self.running.len(), self.waiting.len())
+    }
+
+    /// Unfinished requests.
+    pub fn num_unfinished_requests(&self) -> usize {
+        self.running.len() + self.waiting.len()
+    }
+
+    /// Queue a request; returns its slot. Refused with nothing changed: a
+    /// live duplicate id, an empty prompt, a prompt of `max_model_len` or
+    /// more tokens, `max_tokens` outside `[1, MAX_TOKENS]`, `min_tokens >
+    /// max_tokens`, a NaN arrival time.
+    pub fn add_request(&mut self, new: NewRequest) -> Result<Slot, Error> {
+        self.check_new_request(&new)?;
+        let seq = Sequence::new(
+            new.prompt_token_ids,
+            new.cache_salt.as_deref(),
+            self.kv.hasher(),
+            self.kv.block_size(),
+        );
+        let request = Request::waiting(
+            new.request_id,
+            new.stop,
+            new.priority,
+            new.arrival_time,
+            seq,
+        );
+        let id = request.request_id.clone();
+        let slot = self.requests.insert(request);
+        self.waiting.add(slot, &self.requests[slot]);
+        self.ids.insert(id, slot);
+        Ok(slot)
+    }
+
+    fn check_new_request(&self, new: &NewRequest) -> Result<(), Error> {
+        let id = &new.request_id;
+        if self.ids.contains_key(id) {
+            return Err(Error::DuplicateRequest(id.clone()));
+        }
+        let (len, max_len) = (new.prompt_token_ids.len(), self.config.max_model_len);
+        if len == 0 {
+            return Err(Error::invalid(format!(
+                "prompt_token_ids of request {id:?} must not be empty"
+            )));
+        }
+        if len >= max_len {
+            return Err(Error::invalid(format!(
+                "prompt_token_ids of request {id:?} has {len} tokens; it must be shorter than \
+                 max_model_len ({max_len})"
+            )));
+        }
+        check_range("max_tokens", new.stop.max_tokens, 1, MAX_TOKENS)?;
+        if new.stop.min_tokens > new.stop.max_tokens {
+            return Err(Error::invalid(format!(
+                "min_tokens must be in [0, max_tokens={}], got {}",
+                new.stop.max_tokens, new.stop.min_tokens
+            )));
+        }
+        if new.arrival_time.is_nan() {
+            return Err(Error::invalid("arrival_time must not be NaN"));
+        }
+        Ok(())
+    }
+
+    /// End requests from outside (docs/scheduling.md §6): unknown and
+    /// repeated ids are ignored; the rest are freed in the order given
+    /// (vLLM frees in hash-set order; the drop-in passes that order).
+    /// Returns their slots.
+    pub fn finish_requests<S: AsRef<str>>(
+        &mut self,
+        request_ids: &[S],
+        status: RequestStatus,
+    ) -> Vec<Slot> {
+        let mut found: Vec<Slot> = Vec::new();
+        for id in request_ids {
+            if let Some(&slot) = self.ids.get(id.as_ref()) {
+                if !found.contains(&slot) {
+                    found.push(slot);
+                }
+            }
+        }
+        for &slot in &found {
+            self.unqueue(slot);
+        }
+        for &slot in &found {
+            self.requests[slot].status = status;
+            self.free_request(slot);
+        }
+        found
+    }
+
+    /// Take a live request out of the running list or the waiting queue.
+    fn unqueue(&mut self, slot: Slot) {
+        let r = &self.requests[slot];
+        if r.status == RequestStatus::Running {
+            if let Some(i) = self.running.iter().position(|&s| s == slot) {
+                self.running.remove(i);
+            }
+        } else {
+            self.waiting.remove(slot, r);
+        }
+    }
+
+    /// Free a finished request's blocks and slot; the next step reports it.
+    fn free_request(&mut self, slot: Slot) {
+        let mut r = self.requests.remove(slot);
+        self.num_deferred -= r.deferred as usize;
+        self.kv.free(&mut r.table);
+        self.ids.remove(&r.request_id);
+        self.finished_ids.push(r.request_id);
+    }
+
+    /// One scheduling decision (docs/scheduling.md §4).
+    pub fn schedule(&mut self) -> StepOutput {
+        let c = &self.config;
+        let mut draft = StepDraft {
+            budget: match self.pause {
+                Pause::All => 0,
+                _ => c.max_num_batched_tokens,
+            },
+            // Q1: with a single request in the system the threshold is off.
+            threshold: if self.num_unfinished_requests() > 1 {
+                c.long_prefill_token_threshold
+            } else {
+                0
+            },
+            entries: Vec::with_capacity(self.running.len() + 4),
+            preempted_any: false,
+        };
+        self.schedule_running(&mut draft);
+        // Any preemption cancels this step's admissions (Q5).
+        if !draft.preempted_any && self.pause == Pause::Unpaused {
+            self.schedule_waiting(&mut draft);
+        }
+        self.finish_step(draft.entries)
+    }
+
+    /// Forget every cached block hash (docs/scheduling.md §7.10); refused
+    /// (false) while a block is held. With `reset_running_requests`, every
+    /// running request is preempted first (from the back) and its output in
+    /// flight dropped, so the reset always succeeds.
+    pub fn reset_prefix_cache(&mut self, reset_running_requests: bool) -> bool {
+        if reset_running_requests {
+            while let Some(slot) = self.running.pop() {
+                self.preempt(slot, true);
+            }
+        }
+        let done = self.kv.reset_prefix_cache();
+        debug_assert!(done || !reset_running_requests, "no request holds a block");
+        done
+    }
+
+    /// Counts and usage; takes (and zeroes) the prefix-cache and preemption
+    /// counters.
+    pub fn make_stats(&mut self) -> SchedulerStats {
+        SchedulerStats {
+            num_running_reqs: self.running.len(),
+            num_waiting_reqs: self.waiting.len() - self.num_deferred,
+            num_skipped_waiting_reqs: self.num_deferred,
+            kv_cache_usage: self.kv.usage(),
+            prefix_cache_stats: self.kv.make_prefix_cache_stats(),
+            num_preempted_reqs: std::mem::take(&mut self.num_preempted),
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The RUNNING pass (docs/scheduling.md §4.2): every running request, in
+//! order, gets the tokens it is behind by, within the budget; when no block
+//! is free for it, victims are preempted until one is, or until it is the
+//! victim itself.
+
+use super::{Scheduler, StepDraft};
+use crate::scheduler_config::Policy;
+use crate::slab::Slot;
+use crate::step::{Kind, StepEntry};
+
+impl Scheduler {
+    /// Schedule the running requests into `draft`.
+    pub(super) fn schedule_running(&mut self, draft: &mut StepDraft) {
+        let mut i = 0;
+        while i < self.running.len() && draft.budget > 0 {
+            let slot = self.running[i];
+            let n = self.num_running_tokens(slot, draft);
+            if n == 0 {
+                // Nothing to compute this step: skip it, don't end the pass
+                // (Q17); later requests may still need tokens.
+                i += 1;
+                continue;
+            }
+            let computed = self.requests[slot].seq.num_computed_tokens;
+            match self.allocate_or_preempt(slot, n, &mut i, draft) {
+                Some(grown) => {
+                    let entry = self.entry(slot, n, Kind::Running, computed, grown);
+                    draft.entries.push(entry);
+                    draft.budget -= n;
+                    i += 1;
+                }
+                // It preempted itself. Under priority, running[i] is now the
+                // next request and the pass goes on (Q10); FCFS ends it.
+                None if self.config.policy == Policy::Priority => continue,
+                None => break,
+            }
+        }
+    }
+
+    /// Tokens the running request in `slot` gets this step; 0 to skip it.
+    fn num_running_tokens(&self, slot: Slot, draft: &StepDraft) -> usize {
+        let r = &self.requests[slot];
+        let computed = r.seq.num_computed_tokens;
+        let placeholders = r.num_output_placeholders;
+        // Async: when the token in flight is its last one (max_tokens),
+        // another step could only compute a position nobody samples.
+        if placeholders > 0
+            && computed + 2 >= placeholders + r.seq.num_prompt_tokens() + r.stop.max_tokens
+        {
+            return 0;
+        }
+        let mut n = r.num_tokens() + placeholders - computed;
+        if draft.threshold > 0 && draft.threshold < n {
+            n = draft.threshold;
+        }
+        // The last position of max_model_len is never computed: nothing
+        // would sample after it.
+        let room = (self.config.max_model_len - 1).saturating_sub(computed);
+        n.min(draft.budget).min(room)
+    }
+
+    /// Blocks for `n` more tokens of the running request in `slot`
+    /// (`running[*cursor]`). While too few are free, a victim is preempted;
+    /// the cursor and the budget follow what that removes. Returns how many
+    /// blocks the table grew by, or `None` once the request preempted
+    /// itself.
+    fn allocate_or_preempt(
+        &mut self,
+        slot: Slot,
+        n: usize,
+        cursor: &mut usize,
+        draft: &mut StepDraft,
+    ) -> Option<usize> {
+        loop {
+            let r = &mut self.requests[slot];
+            if let Some(grown) = self.kv.allocate(&mut r.table, &r.seq, n, 0, &[], false) {
+                return Some(grown);
+            }
+            let victim = self.take_victim(slot, cursor, draft);
+            self.preempt(victim, false);
+            draft.preempted_any = true;
+            if victim == slot {
+                return None;
+            }
+        }
+    }
+
+    /// A step entry for the request in `slot`: `n` tokens after `computed`,
+    /// its table grown by `grown` blocks (new and resumed entries report the
+    /// whole table).
+    pub(super) fn entry(
+        &self,
+        slot: Slot,
+        n: usize,
+        kind: Kind,
+        computed: usize,
+        grown: usize,
+    ) -> StepEntry {
+        let r = &self.requests[slot];
+        StepEntry {
+            slot,
+            generation: self.requests.generation(slot),
+            num_tokens: n,
+            kind,
+            num_computed_tokens: computed,
+            samples: computed + n >= r.num_tokens(),
+            block_start: match kind {
+                Kind::Running => r.table.len() - grown,
+                Kind::New | Kind::Resumed => 0,
+            },
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! The end of a step (docs/scheduling.md §4.7): the decisions become the
+//! model runner's columns, and every scheduled request is advanced as if
+//! the step had already run.
+
+use super::Scheduler;
+use crate::step::{StepEntry, StepOutput};
+
+impl Scheduler {
+    /// Write the columns of `entries` and advance every scheduled request
+    /// (optimistically, before the step runs).
+    pub(super) fn finish_step(&mut self, entries: Vec<StepEntry>) -> StepOutput {
+        let total: usize = entries.iter().map(|e| e.num_tokens).sum();
+        debug_assert!(total <= self.config.max_num_batched_tokens);
+        debug_assert!(self.running.len() <= self.config.max_num_seqs);
+        let mut out = StepOutput::with_capacity(entries.len(), total);
+        for e in &entries {
+            let r = &mut self.requests[e.slot];
+            out.push_entry(e, r.num_output_tokens() + r.num_output_placeholders);
+            if e.block_start < r.table.len() {
+                out.push_new_blocks(&r.table.block_ids()[e.block_start..]);
+            }
+            let end = e.num_computed_tokens + e.num_tokens;
+            for p in e.num_computed_tokens..end {
+                out.push_token(p, self.kv.slot_of(&r.table, p));
+            }
+            out.end_entry(end);
+            r.seq.num_computed_tokens += e.num_tokens;
+            r.in_flight_tokens += e.num_tokens;
+            if self.config.async_scheduling && !r.is_prefill_chunk() {
+                r.num_output_placeholders += 1; // the token this step samples
+            }
+        }
+        out.entries = entries;
+        self.preempted_ids.sort_unstable();
+        self.finished_ids.sort_unstable();
+        out.preempted_req_ids = std::mem::take(&mut self.preempted_ids);
+        out.finished_req_ids = std::mem::take(&mut self.finished_ids);
+        out.scheduler_id = self.id;
+        out.step_id = self.next_step;
+        self.pending_steps.push_back(self.next_step);
+        self.next_step += 1;
+        out
+    }
+}

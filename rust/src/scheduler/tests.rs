@@ -1,0 +1,411 @@
+//! The scheduler scenarios of docs/scheduling.md §9.2 (vLLM 0.33.0's own
+//! values) at the core's level, so `cargo test` alone catches a broken
+//! rule; tests/test_scheduler_scenarios.py runs the same on both backends
+//! through the Python API.
+
+use super::*;
+use crate::kv_cache_manager::KvCacheConfig;
+use crate::request::StopRules;
+
+struct Setup {
+    num_blocks: usize,
+    max_model_len: usize,
+    budget: usize,
+    max_num_seqs: usize,
+    threshold: usize,
+    policy: Policy,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            num_blocks: 10_000,
+            max_model_len: 2048,
+            budget: 2048,
+            max_num_seqs: 128,
+            threshold: 0,
+            policy: Policy::Fcfs,
+        }
+    }
+}
+
+fn scheduler(s: Setup) -> Scheduler {
+    Scheduler::new(SchedulerConfig {
+        max_num_seqs: s.max_num_seqs,
+        max_num_batched_tokens: s.budget,
+        max_model_len: s.max_model_len,
+        enable_chunked_prefill: true,
+        long_prefill_token_threshold: s.threshold,
+        policy: s.policy,
+        scheduler_reserve_full_isl: true,
+        async_scheduling: false,
+        cache: KvCacheConfig {
+            num_blocks: s.num_blocks,
+            block_size: 16,
+            max_model_len: s.max_model_len,
+            enable_prefix_caching: true,
+        },
+    })
+    .unwrap()
+}
+
+fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
+    NewRequest {
+        request_id: id.into(),
+        prompt_token_ids: prompt,
+        stop: StopRules {
+            max_tokens,
+            min_tokens: 0,
+            eos_token_id: Some(2),
+            stop_token_ids: vec![],
+        },
+        priority: 0,
+        arrival_time: 0.0,
+        cache_salt: None,
+    }
+}
+
+fn add(s: &mut Scheduler, id: &str, tokens: std::ops::RangeInclusive<u32>) {
+    s.add_request(new_request(id, tokens.collect(), 40))
+        .unwrap();
+}
+
+fn add_prioritised(s: &mut Scheduler, id: &str, tokens: std::ops::RangeInclusive<u32>, p: i64) {
+    let mut r = new_request(id, tokens.collect(), 40);
+    r.priority = p;
+    r.arrival_time = s.num_unfinished_requests() as f64 + 1.0;
+    s.add_request(r).unwrap();
+}
+
+/// One scheduled request as the traces write it: id, tokens, computed
+/// before the step, this step's block ids.
+#[derive(Debug, PartialEq)]
+struct Row(String, usize, usize, Vec<i32>);
+
+fn row(id: &str, n: usize, computed: usize, blocks: impl IntoIterator<Item = i32>) -> Row {
+    Row(id.into(), n, computed, blocks.into_iter().collect())
+}
+
+fn rows(s: &Scheduler, out: &StepOutput) -> Vec<Row> {
+    out.entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let id = s.request(e.slot).unwrap().request_id.clone();
+            Row(
+                id,
+                e.num_tokens,
+                e.num_computed_tokens,
+                out.block_ids_of(i).to_vec(),
+            )
+        })
+        .collect()
+}
+
+/// Each sampling entry's tokens: `token(request id)`, none where it gives
+/// `None`.
+fn sampled(
+    s: &Scheduler,
+    out: &StepOutput,
+    token: impl Fn(&str) -> Option<u32>,
+) -> (Vec<u32>, Vec<usize>) {
+    let (mut tokens, mut offsets) = (vec![], vec![0]);
+    for e in &out.entries {
+        if e.samples {
+            if let Some(t) = token(&s.request(e.slot).unwrap().request_id) {
+                tokens.push(t);
+            }
+        }
+        offsets.push(tokens.len());
+    }
+    (tokens, offsets)
+}
+
+/// One step in which every request that reached its last token samples
+/// 100; returns the rows and the preempted ids.
+fn step(s: &mut Scheduler) -> (Vec<Row>, Vec<String>) {
+    let out = s.schedule();
+    let rows = rows(s, &out);
+    let (tokens, offsets) = sampled(s, &out, |_| Some(100));
+    s.update_from_output(&out, &tokens, &offsets).unwrap();
+    assert_eq!(
+        s.update_from_output(&out, &tokens, &offsets),
+        Err(Error::StepAlreadyApplied)
+    );
+    (rows, out.preempted_req_ids)
+}
+
+#[test]
+fn s1_the_threshold_chunks_long_prompts() {
+    let mut s = scheduler(Setup {
+        budget: 1024,
+        threshold: 400,
+        max_num_seqs: 16,
+        ..Default::default()
+    });
+    for (i, t) in (10..13).enumerate() {
+        s.add_request(new_request(&format!("r{i}"), vec![t; 800], 16))
+            .unwrap();
+    }
+    let (r, _) = step(&mut s);
+    assert_eq!(
+        r,
+        vec![
+            row("r0", 400, 0, 1..=25),
+            row("r1", 400, 0, 26..=50),
+            row("r2", 224, 0, 51..=64)
+        ]
+    );
+    step(&mut s);
+    let (r, _) = step(&mut s);
+    assert_eq!(
+        r,
+        vec![
+            row("r0", 1, 800, [129]),
+            row("r1", 1, 800, [130]),
+            row("r2", 352, 448, 131..=152)
+        ]
+    );
+}
+
+#[test]
+fn s3_a_prefix_is_shared_within_one_step() {
+    // Blocks are hash-cached at allocation, so b hits a's blocks at once (Q8).
+    let mut s = scheduler(Setup::default());
+    add(&mut s, "a", 3..=102);
+    add(&mut s, "b", 3..=102);
+    let (r, _) = step(&mut s);
+    assert_eq!(
+        r,
+        vec![
+            row("a", 100, 0, 1..=7),
+            row("b", 4, 96, [1, 2, 3, 4, 5, 6, 8])
+        ]
+    );
+}
+
+#[test]
+fn s4_fcfs_preempts_the_last_running_request() {
+    let mut s = scheduler(Setup {
+        num_blocks: 11,
+        max_model_len: 160,
+        budget: 512,
+        ..Default::default()
+    });
+    add(&mut s, "a", 3..=82);
+    add(&mut s, "b", 103..=182);
+    let (r, _) = step(&mut s);
+    assert_eq!(r, vec![row("a", 80, 0, 1..=5), row("b", 80, 0, 6..=10)]);
+    // b's cached blocks went to the tail last block first: 10 comes back at once.
+    let (r, preempted) = step(&mut s);
+    assert_eq!(r, vec![row("a", 1, 80, [10])]);
+    assert_eq!(preempted, vec!["b".to_string()]);
+    assert_eq!(s.kv().num_free_blocks(), 4);
+}
+
+#[test]
+fn s4b_tokens_of_a_request_preempted_in_flight_stay_stale() {
+    let mut s = scheduler(Setup {
+        num_blocks: 11,
+        max_model_len: 160,
+        budget: 80,
+        max_num_seqs: 16,
+        ..Default::default()
+    });
+    add(&mut s, "r0", 3..=82);
+    add(&mut s, "r1", 103..=182);
+    let out1 = s.schedule();
+    assert_eq!(rows(&s, &out1), vec![row("r0", 80, 0, 1..=5)]);
+    let out2 = s.schedule(); // before out1's token: r0 has nothing to compute (Q17)
+    assert_eq!(rows(&s, &out2), vec![row("r1", 80, 0, 6..=10)]);
+    s.update_from_output(&out1, &[42], &[0, 1]).unwrap();
+    let out3 = s.schedule();
+    assert_eq!(rows(&s, &out3), vec![row("r0", 1, 80, [10])]);
+    assert_eq!(out3.preempted_req_ids, vec!["r1".to_string()]);
+    // r1's token arrives after its preemption: applied, counters untouched.
+    let up = s.update_from_output(&out2, &[43], &[0, 1]).unwrap();
+    assert_eq!(up.tokens, vec![43]);
+    let r1 = s.request(s.slot_of("r1").unwrap()).unwrap();
+    assert_eq!((r1.status, r1.num_tokens()), (RequestStatus::Preempted, 81));
+    assert_eq!(r1.seq.num_computed_tokens, 0);
+    assert_eq!(s.kv().num_free_blocks(), 4);
+}
+
+#[test]
+fn s5_priority_undoes_a_scheduled_victim() {
+    let setup = || Setup {
+        num_blocks: 5,
+        max_model_len: 64,
+        budget: 256,
+        max_num_seqs: 4,
+        policy: Policy::Priority,
+        ..Default::default()
+    };
+    let mut s = scheduler(setup());
+    add_prioritised(&mut s, "A", 3..=32, 1);
+    step(&mut s);
+    add_prioritised(&mut s, "B", 103..=134, 0);
+    let (r, _) = step(&mut s);
+    assert_eq!(r, vec![row("A", 1, 30, []), row("B", 32, 0, [3, 4])]);
+    // A, scheduled first, is the victim B needs: its entry is undone.
+    let (r, preempted) = step(&mut s);
+    assert_eq!(r, vec![row("B", 1, 32, [2])]);
+    assert_eq!(preempted, vec!["A".to_string()]);
+    assert_eq!(s.kv().num_free_blocks(), 1);
+}
+
+#[test]
+fn s6_priority_self_preemption_continues_the_pass() {
+    let mut s = scheduler(Setup {
+        num_blocks: 5,
+        max_model_len: 64,
+        budget: 256,
+        max_num_seqs: 4,
+        policy: Policy::Priority,
+        ..Default::default()
+    });
+    add_prioritised(&mut s, "C", 3..=32, 3);
+    step(&mut s);
+    add_prioritised(&mut s, "D", 103..=133, 0);
+    step(&mut s);
+    step(&mut s);
+    let (r, preempted) = step(&mut s);
+    assert_eq!(r, vec![row("D", 1, 32, [2])]);
+    assert_eq!(preempted, vec!["C".to_string()]);
+}
+
+#[test]
+fn s7_stops_in_vllm_order() {
+    let mut s = scheduler(Setup {
+        max_model_len: 64,
+        ..Default::default()
+    });
+    let mut e = new_request("e", vec![5; 10], 3);
+    e.stop.min_tokens = 3;
+    let mut f = new_request("f", vec![6; 10], 5);
+    f.stop.min_tokens = 4;
+    f.stop.stop_token_ids = vec![7];
+    for r in [e, f, new_request("h", vec![8; 60], 50)] {
+        s.add_request(r).unwrap();
+    }
+    let plan: [&[(&str, u32)]; 4] = [
+        &[("e", 50), ("f", 51), ("h", 52)],
+        &[("e", 50), ("f", 7), ("h", 52)],
+        &[("e", 2), ("h", 52)],
+        &[("h", 52)],
+    ];
+    let mut finished = vec![];
+    for tokens in plan {
+        let out = s.schedule();
+        let (t, o) = sampled(&s, &out, |id| {
+            tokens.iter().find(|(rid, _)| *rid == id).map(|&(_, t)| t)
+        });
+        let up = s.update_from_output(&out, &t, &o).unwrap();
+        finished.push(
+            up.finished
+                .iter()
+                .map(|f| (f.request_id.clone(), f.status, f.stop_reason))
+                .collect::<Vec<_>>(),
+        );
+    }
+    use RequestStatus::{FinishedLengthCapped as Length, FinishedStopped as Stopped};
+    assert!(finished[0].is_empty());
+    // min_tokens does not delay a stop token (Q3) ...
+    assert_eq!(finished[1], vec![("f".to_string(), Stopped, Some(7))]);
+    // ... and EOS as the last allowed token is a stop, not a length (Q4).
+    assert_eq!(finished[2], vec![("e".to_string(), Stopped, None)]);
+    assert_eq!(finished[3], vec![("h".to_string(), Length, None)]); // 64 = max_model_len
+    assert_eq!(s.num_unfinished_requests(), 0);
+    assert_eq!(s.kv().num_free_blocks(), 9_999);
+}
+
+#[test]
+fn async_placeholders_stop_at_max_tokens() {
+    // Prompt of 20, max_tokens 2, the next step scheduled while the
+    // previous one is in flight (as vLLM's engine runs async mode).
+    let mut config = scheduler(Setup::default()).config().clone();
+    config.async_scheduling = true;
+    let mut s = Scheduler::new(config).unwrap();
+    s.add_request(new_request("a", (3..23).collect(), 2))
+        .unwrap();
+    let mut s_a = s.schedule();
+    assert_eq!(s_a.entries[0].num_tokens, 20);
+    // Position 20 holds the token step A samples: computed ahead of it.
+    let s_b = s.schedule();
+    let first = &s_b.entries[0];
+    assert_eq!((first.num_tokens, first.num_computed_tokens), (1, 20));
+    assert_eq!(s_b.columns.num_output_tokens, vec![1]); // one placeholder
+    let up = s.update_from_output(&s_a, &[5], &[0, 1]).unwrap();
+    assert!(up.finished.is_empty());
+    // Step B samples the second and last token: nothing left to schedule.
+    assert!(s.schedule().entries.is_empty());
+    let up = s.update_from_output(&s_b, &[6], &[0, 1]).unwrap();
+    assert_eq!(up.finished[0].status, RequestStatus::FinishedLengthCapped);
+    s_a.step_id = u64::MAX; // a forged step is refused, not applied
+    assert_eq!(
+        s.update_from_output(&s_a, &[5], &[0, 1]),
+        Err(Error::StepAlreadyApplied)
+    );
+}
+
+#[test]
+fn a_step_is_applied_only_by_the_scheduler_that_made_it() {
+    let mut a = scheduler(Setup::default());
+    let mut b = scheduler(Setup::default());
+    add(&mut a, "x", 3..=10);
+    add(&mut b, "x", 3..=10);
+    let out = a.schedule();
+    b.schedule();
+    assert_eq!(
+        b.update_from_output(&out, &[1], &[0, 1]),
+        Err(Error::ForeignStep)
+    );
+    assert!(a.update_from_output(&out, &[1], &[0, 1]).is_ok());
+}
+
+#[test]
+fn pause_states_hold_admissions_then_everything() {
+    let mut s = scheduler(Setup {
+        num_blocks: 11,
+        max_model_len: 64,
+        budget: 256,
+        ..Default::default()
+    });
+    add(&mut s, "a", 3..=12);
+    step(&mut s); // a runs
+    add(&mut s, "b", 20..=29);
+    s.set_pause(Pause::New); // running requests go on, nobody is admitted
+    let (r, _) = step(&mut s);
+    assert_eq!(r, vec![row("a", 1, 10, [])]);
+    s.set_pause(Pause::All); // nothing is scheduled, but aborts still flush
+    s.finish_requests(&["a"], RequestStatus::FinishedAborted);
+    let out = s.schedule();
+    assert!(out.entries.is_empty());
+    assert_eq!(out.finished_req_ids, vec!["a".to_string()]);
+    s.set_pause(Pause::Unpaused);
+    let (r, _) = step(&mut s);
+    // a's partial (unhashed) block went back to the head of the free queue.
+    assert_eq!(r, vec![row("b", 10, 0, [1])]);
+}
+
+#[test]
+fn refused_requests_change_nothing() {
+    let mut s = scheduler(Setup {
+        max_model_len: 64,
+        ..Default::default()
+    });
+    add(&mut s, "a", 3..=9);
+    let dup = new_request("a", vec![1], 1);
+    assert_eq!(s.add_request(dup), Err(Error::DuplicateRequest("a".into())));
+    for bad in [
+        new_request("b", (0..64).collect(), 1), // not shorter than max_model_len
+        new_request("b", vec![], 1),
+        new_request("b", vec![1], 0),
+    ] {
+        assert!(matches!(s.add_request(bad), Err(Error::InvalidArgument(_))));
+    }
+    assert_eq!(s.num_unfinished_requests(), 1);
+    let freed = s.finish_requests(&["a", "a", "zz"], RequestStatus::FinishedAborted);
+    assert_eq!(freed.len(), 1);
+    assert_eq!(s.num_unfinished_requests(), 0);
+}

@@ -1,0 +1,192 @@
+//! `update_from_output` (docs/scheduling.md §5): the tokens a step sampled
+//! come back; each is appended and checked for a stop, finished requests
+//! are freed in scheduling order, and (async) placeholders are resolved.
+
+use super::Scheduler;
+use crate::error::Error;
+use crate::kv_cache_manager::KvCacheManager;
+use crate::request::{Request, RequestStatus};
+use crate::slab::Slot;
+use crate::step::{Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
+use crate::stop_check::check_stop;
+
+impl Scheduler {
+    /// Apply a step's sampled tokens: entry `i` of `step` gets
+    /// `tokens[offsets[i]..offsets[i + 1]]`. Checked first, so an `Err`
+    /// changes nothing.
+    pub fn update_from_output(
+        &mut self,
+        step: &StepOutput,
+        tokens: &[u32],
+        offsets: &[usize],
+    ) -> Result<UpdateOutput, Error> {
+        self.check_update(step, tokens, offsets)?;
+        self.pending_steps.retain(|&s| s != step.step_id);
+        self.touch_ahead(step);
+        let mut out = UpdateOutput::default();
+        let mut stopped_running: Vec<Slot> = Vec::new();
+        for (i, e) in step.entries.iter().enumerate() {
+            if !self.requests.holds(e.slot, e.generation) {
+                continue; // finished (and maybe its slot reused) meanwhile
+            }
+            let sampled = &tokens[offsets[i]..offsets[i + 1]];
+            let Some(status_before) = self.apply_output(i, e, sampled, &mut out) else {
+                continue;
+            };
+            // Freed now, in scheduling order: this shapes the free queue (Q18).
+            if status_before == RequestStatus::Running {
+                stopped_running.push(e.slot);
+            } else {
+                self.waiting.remove(e.slot, &self.requests[e.slot]);
+            }
+            self.free_request(e.slot);
+        }
+        if !stopped_running.is_empty() {
+            self.running.retain(|s| !stopped_running.contains(s));
+        }
+        Ok(out)
+    }
+
+    /// Apply entry `row`'s tokens to its request and record them in `out`.
+    /// Returns the request's status before, if it finished (the caller
+    /// frees it).
+    fn apply_output(
+        &mut self,
+        row: usize,
+        e: &StepEntry,
+        sampled: &[u32],
+        out: &mut UpdateOutput,
+    ) -> Option<RequestStatus> {
+        let max_len = self.config.max_model_len;
+        let kv = &mut self.kv;
+        let r = &mut self.requests[e.slot];
+        r.in_flight_tokens = r.in_flight_tokens.saturating_sub(e.num_tokens);
+        let stale = r.stale_tokens > 0;
+        if stale {
+            r.stale_tokens = r.stale_tokens.saturating_sub(e.num_tokens);
+            if r.drop_stale {
+                return None; // a reset preempted it: discarded (§5.4)
+            }
+        }
+        if sampled.is_empty() {
+            return None; // a prefill chunk: no output
+        }
+        let status_before = r.status;
+        let start = out.tokens.len();
+        let finished = append_until_stop(r, sampled, kv, max_len, &mut out.tokens);
+        if finished && !stale {
+            // Positions scheduled for tokens after the stop were for nothing.
+            let unused = sampled.len() - (out.tokens.len() - start);
+            r.seq.num_computed_tokens -= unused.min(r.seq.num_computed_tokens);
+        }
+        if !stale && r.num_output_placeholders > 0 {
+            resolve_placeholders(kv, r, sampled.len(), status_before);
+        }
+        out.records.push(UpdateRecord {
+            entry: row as u32,
+            slot: e.slot,
+            tokens_end: out.tokens.len(),
+            cached_tokens: kv.num_cached_tokens(&r.table),
+        });
+        if !finished {
+            return None;
+        }
+        out.finished.push(Finished {
+            record: out.records.len() - 1,
+            request_id: r.request_id.clone(),
+            status: r.status,
+            stop_reason: r.stop_reason,
+            token_ids: r.seq.tokens().to_vec(),
+            num_computed_tokens: r.seq.num_computed_tokens,
+        });
+        Some(status_before)
+    }
+
+    /// Read each scheduled request's last token once, in a tight loop with
+    /// no dependencies between requests, so the CPU has many cache misses in
+    /// flight at once; the update loop then finds the lines cached.
+    fn touch_ahead(&self, step: &StepOutput) {
+        let mut sum = 0u32;
+        for e in &step.entries {
+            if let Some(r) = self.requests.get(e.slot) {
+                sum = sum.wrapping_add(r.seq.tokens().last().copied().unwrap_or(0));
+            }
+        }
+        std::hint::black_box(sum);
+    }
+
+    /// The whole output must fit the step before anything changes.
+    fn check_update(
+        &self,
+        step: &StepOutput,
+        tokens: &[u32],
+        offsets: &[usize],
+    ) -> Result<(), Error> {
+        if step.scheduler_id != self.id {
+            return Err(Error::ForeignStep);
+        }
+        if !self.pending_steps.contains(&step.step_id) {
+            return Err(Error::StepAlreadyApplied);
+        }
+        let n = step.entries.len();
+        if offsets.len() != n + 1 {
+            return Err(Error::invalid(format!(
+                "sampled: {} offsets for a step of {n} requests (need {})",
+                offsets.len(),
+                n + 1
+            )));
+        }
+        let rising = offsets.windows(2).all(|w| w[0] <= w[1]);
+        if offsets[0] != 0 || !rising || offsets[n] != tokens.len() {
+            return Err(Error::invalid(
+                "sampled: offsets must rise from 0 to the number of tokens",
+            ));
+        }
+        for (i, e) in step.entries.iter().enumerate() {
+            if offsets[i + 1] > offsets[i] && !e.samples {
+                return Err(Error::invalid(format!(
+                    "sampled: entry {i} got tokens, but its step ended before the request's \
+                     last known token"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Append `sampled` to `r` one token at a time, stopping after the first
+/// token that ends it (docs/scheduling.md §5.2); the appended tokens go to
+/// `out` too. Returns whether it finished.
+fn append_until_stop(
+    r: &mut Request,
+    sampled: &[u32],
+    kv: &KvCacheManager,
+    max_model_len: usize,
+    out: &mut Vec<u32>,
+) -> bool {
+    for &t in sampled {
+        r.seq.append(&[t], kv.hasher(), kv.block_size());
+        out.push(t);
+        if check_stop(r, max_model_len) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Async: every returned token resolves a placeholder, kept or trimmed
+/// after a stop; a running request's blocks that the arrived tokens filled
+/// are hash-cached now (vLLM caches them when the token arrives, not at
+/// allocation).
+fn resolve_placeholders(
+    kv: &mut KvCacheManager,
+    r: &mut Request,
+    num_sampled: usize,
+    status_before: RequestStatus,
+) {
+    r.num_output_placeholders = r.num_output_placeholders.saturating_sub(num_sampled);
+    if status_before == RequestStatus::Running {
+        let upto = r.seq.num_computed_tokens.saturating_sub(r.in_flight_tokens);
+        kv.cache_full_blocks(&mut r.table, &r.seq, upto);
+    }
+}

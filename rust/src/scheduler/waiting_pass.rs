@@ -1,0 +1,95 @@
+//! The WAITING pass (docs/scheduling.md §4.5): admit waiting requests from
+//! the head of the queue while the budget, `max_num_seqs` and the KV cache
+//! allow, each with its longest cached prefix.
+
+use super::{Scheduler, StepDraft};
+use crate::request::RequestStatus;
+use crate::slab::Slot;
+use crate::step::Kind;
+
+impl Scheduler {
+    /// Admit waiting requests into `draft` (only when nobody was preempted
+    /// this step and admissions are not paused).
+    pub(super) fn schedule_waiting(&mut self, draft: &mut StepDraft) {
+        let mut skipped: Vec<Slot> = Vec::new();
+        while draft.budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(slot) = self.waiting.peek() else {
+                break;
+            };
+            if self.output_in_flight(slot) {
+                self.defer(slot);
+                self.waiting.pop();
+                skipped.push(slot);
+                continue;
+            }
+            if !self.admit(slot, draft) {
+                break; // it stays at the head
+            }
+        }
+        // Skipped requests go back to the head, in their order (Q11).
+        for &slot in skipped.iter().rev() {
+            self.waiting.prepend(slot, &self.requests[slot]);
+        }
+    }
+
+    /// Whether a preempted request's earlier output is still on its way
+    /// (docs/scheduling.md §5.4): it waits until that drains, unless a reset
+    /// dropped it.
+    fn output_in_flight(&self, slot: Slot) -> bool {
+        let r = &self.requests[slot];
+        r.stale_tokens > 0 && !r.drop_stale
+    }
+
+    /// Count a request as skipped by the waiting pass (vLLM's
+    /// `deferred_waiting`, reported in the stats) until it is admitted.
+    fn defer(&mut self, slot: Slot) {
+        let r = &mut self.requests[slot];
+        if !r.deferred {
+            r.deferred = true;
+            self.num_deferred += 1;
+        }
+    }
+
+    /// Admit the request at the head of the queue, after its prefix hits;
+    /// false when it cannot be admitted now (the pass ends there).
+    fn admit(&mut self, slot: Slot, draft: &mut StepDraft) -> bool {
+        let c = &self.config;
+        let (chunked, gate) = (c.enable_chunked_prefill, c.scheduler_reserve_full_isl);
+        let r = &mut self.requests[slot];
+        self.hits.clear();
+        let hit_tokens = self.kv.get_computed_blocks(&r.seq, &mut self.hits);
+        let mut n = r.num_tokens() - hit_tokens;
+        if draft.threshold > 0 && draft.threshold < n {
+            n = draft.threshold;
+        }
+        if !chunked && n > draft.budget {
+            return false; // without chunking, the head blocks the queue (Q6)
+        }
+        n = n.min(draft.budget);
+        let Some(grown) = self
+            .kv
+            .allocate(&mut r.table, &r.seq, n, hit_tokens, &self.hits, gate)
+        else {
+            return false;
+        };
+        // Counted on admission only (Q15).
+        self.kv
+            .record_prefix_cache_stats(r.num_tokens(), hit_tokens, r.num_preemptions > 0);
+        let kind = match r.status {
+            RequestStatus::Waiting => Kind::New,
+            _ => Kind::Resumed,
+        };
+        r.status = RequestStatus::Running;
+        r.seq.num_computed_tokens = hit_tokens;
+        if r.deferred {
+            r.deferred = false;
+            self.num_deferred -= 1;
+        }
+        self.waiting.pop();
+        self.running.push(slot);
+        let entry = self.entry(slot, n, kind, hit_tokens, grown);
+        draft.entries.push(entry);
+        draft.budget -= n;
+        true
+    }
+}
