@@ -39,17 +39,21 @@ def _exclusive(method: F) -> F:
     @functools.wraps(method)
     def call(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
         if not self._in_use.acquire(blocking=False):
-            raise RuntimeError(
-                f"Scheduler.{method.__name__}() was called while another thread is inside "
-                "this Scheduler; a Scheduler is single-threaded (serialize its calls, "
-                "as LLMEngine does). Nothing was changed."
-            )
+            raise _concurrent_call(method.__name__)
         try:
             return method(self, *args, **kwargs)
         finally:
             self._in_use.release()
 
     return call  # type: ignore[return-value]
+
+
+def _concurrent_call(name: str) -> RuntimeError:
+    return RuntimeError(
+        f"Scheduler.{name}() was called while another thread is inside this Scheduler; "
+        "a Scheduler is single-threaded (serialize its calls, as LLMEngine does). "
+        "Nothing was changed."
+    )
 
 
 class Scheduler:
@@ -88,11 +92,15 @@ class Scheduler:
         self._core.add_request(request)
         self.requests[request.request_id] = request
 
-    @_exclusive
     def schedule(self) -> SchedulerOutput:
-        return self._core.schedule(self.requests.__getitem__)
+        # The guard inline, not through _exclusive: this is the hot path.
+        if not self._in_use.acquire(blocking=False):
+            raise _concurrent_call("schedule")
+        try:
+            return self._core.schedule(self.requests.__getitem__)
+        finally:
+            self._in_use.release()
 
-    @_exclusive
     def update_from_output(
         self,
         scheduler_output: SchedulerOutput,
@@ -101,16 +109,22 @@ class Scheduler:
         """Apply a step's sampled tokens: ``{request_id: [token, ...]}``, or
         one token per scheduled request in scheduling order (-1 = none).
         Returns one record per request that got tokens, in scheduling order."""
-        if not isinstance(scheduler_output, SchedulerOutput):
-            raise TypeError(
-                f"scheduler_output must be a SchedulerOutput, got {type(scheduler_output).__name__}"
+        if not self._in_use.acquire(blocking=False):  # inline: the hot path
+            raise _concurrent_call("update_from_output")
+        try:
+            if not isinstance(scheduler_output, SchedulerOutput):
+                raise TypeError(
+                    "scheduler_output must be a SchedulerOutput, got "
+                    f"{type(scheduler_output).__name__}"
+                )
+            updates = self._core.update_from_output(
+                scheduler_output, _sampled(scheduler_output, sampled)
             )
-        updates = self._core.update_from_output(
-            scheduler_output, _sampled(scheduler_output, sampled)
-        )
-        for rid in updates.finished_req_ids:
-            self.requests.pop(rid, None)
-        return updates
+            for rid in updates.finished_req_ids:
+                self.requests.pop(rid, None)
+            return updates
+        finally:
+            self._in_use.release()
 
     @_exclusive
     def finish_requests(
