@@ -42,6 +42,14 @@ def random_config(rng: random.Random) -> dict:
         policy=rng.choice(["fcfs", "priority"]),
         caching=rng.random() < 0.8,
         async_scheduling=rng.random() < 0.5,
+        # vLLM's rarer options, each off most of the time.
+        # A token budget below a prompt starves it without chunking (vLLM too).
+        max_num_scheduled_tokens=rng.choice(
+            [None] * 4 + ([max(1, batched // 2)] if chunked else []) + [batched * 2]
+        ),
+        max_num_active_seqs=rng.choice([None] * 4 + [max(1, seqs // 2)]),
+        long_prefill_token_threshold_adaptive=rng.random() < 0.2,
+        watermark=rng.choice([0.0] * 4 + [0.05, 0.2]),
     )
 
 

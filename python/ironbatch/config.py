@@ -43,6 +43,17 @@ class SchedulerConfig:
     # vLLM's async scheduling: the next step is scheduled before this one's
     # output arrives, with an output placeholder per token in flight.
     async_scheduling: bool = False
+    # The token budget of a step, when it must differ from the input budget
+    # max_num_batched_tokens (vLLM's max_num_scheduled_tokens).
+    max_num_scheduled_tokens: int | None = None
+    # Admit requests only while fewer than this many run (vLLM's
+    # max_num_active_seqs, <= max_num_seqs): smaller decode batches.
+    max_num_active_seqs: int | None = None
+    # Floor long_prefill_token_threshold at max_num_batched_tokens divided by
+    # the number of unfinished requests.
+    long_prefill_token_threshold_adaptive: bool = False
+    # Fraction of the KV cache an admission must leave free while others run.
+    watermark: float = 0.0
 
     def __post_init__(self) -> None:
         _int("max_model_len", self.max_model_len, 2, MAX_MODEL_LEN)
@@ -52,6 +63,17 @@ class SchedulerConfig:
         _bool("enable_chunked_prefill", self.enable_chunked_prefill)
         _bool("scheduler_reserve_full_isl", self.scheduler_reserve_full_isl)
         _bool("async_scheduling", self.async_scheduling)
+        _bool("long_prefill_token_threshold_adaptive", self.long_prefill_token_threshold_adaptive)
+        if self.max_num_scheduled_tokens is not None:
+            _int(
+                "max_num_scheduled_tokens", self.max_num_scheduled_tokens, 1, MAX_NUM_BATCHED_TOKENS
+            )
+        if self.max_num_active_seqs is not None:
+            _int("max_num_active_seqs", self.max_num_active_seqs, 1, self.max_num_seqs)
+        if isinstance(self.watermark, bool) or not isinstance(self.watermark, (int, float)):
+            raise TypeError(f"watermark must be a float, got {type(self.watermark).__name__}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         check_scheduler(self)  # the rules between fields, as the core checks them

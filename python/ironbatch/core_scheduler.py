@@ -17,6 +17,7 @@ import numpy as np
 
 from ironbatch import _core
 from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.reference.scheduler_config import settings
 from ironbatch.scheduler_stats import SchedulerStats
 
 
@@ -24,21 +25,25 @@ class CoreScheduler:
     """The Rust core's scheduler, built from the API's configurations."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
-        c = scheduler_config
         if cache_config.num_blocks is None:
             raise ValueError("num_blocks must be set to build a scheduler, got None")
+        c = settings(scheduler_config, cache_config)  # defaults resolved as the twin does
         self.core = _core.Scheduler(
             max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens,
+            max_num_scheduled_tokens=c.max_num_scheduled_tokens,
+            max_num_active_seqs=c.max_num_active_seqs,
             max_model_len=c.max_model_len,
             enable_chunked_prefill=c.enable_chunked_prefill,
             long_prefill_token_threshold=c.long_prefill_token_threshold,
-            policy=c.policy,
+            long_prefill_token_threshold_adaptive=c.long_prefill_token_threshold_adaptive,
+            watermark_blocks=c.watermark_blocks,
+            policy=scheduler_config.policy,
             scheduler_reserve_full_isl=c.scheduler_reserve_full_isl,
             async_scheduling=c.async_scheduling,
-            num_blocks=cache_config.num_blocks,
-            block_size=cache_config.block_size,
-            enable_prefix_caching=cache_config.enable_prefix_caching,
+            num_blocks=c.num_blocks,
+            block_size=c.block_size,
+            enable_prefix_caching=c.enable_prefix_caching,
         )
 
     def add_request(

@@ -182,11 +182,15 @@ impl KvCacheManager {
             num_new_computed_tokens,
             new_computed_blocks,
             full_sequence_must_fit,
+            0,
         ))
     }
 
     /// [`Self::allocate_slots`] with arguments the caller guarantees (the
     /// scheduler's own): `Some(k)` new blocks, or `None` with nothing changed.
+    /// `watermark` blocks must stay free beyond what is taken (vLLM's
+    /// watermark, for admissions while others run).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn allocate(
         &mut self,
         table: &mut BlockTable,
@@ -195,8 +199,9 @@ impl KvCacheManager {
         num_new_computed_tokens: usize,
         hits: &[BlockId],
         full_sequence_must_fit: bool,
+        watermark: usize,
     ) -> Option<usize> {
-        if hits.is_empty() && !full_sequence_must_fit {
+        if hits.is_empty() && !full_sequence_must_fit && watermark == 0 {
             // Fast path (most decode steps): the table already covers the
             // new tokens, so nothing can be refused or allocated.
             let computed = seq.num_computed_tokens.min(self.max_model_len);
@@ -220,7 +225,7 @@ impl KvCacheManager {
         let free = self.pool.num_free_blocks();
         if full_sequence_must_fit {
             let full = seq.num_tokens().min(self.max_model_len);
-            if self.blocks_needed(table, full, hits) > free {
+            if self.blocks_needed(table, full, hits) + watermark > free {
                 return None;
             }
         }
@@ -228,7 +233,7 @@ impl KvCacheManager {
         let slots = computed
             .saturating_add(num_new_tokens)
             .min(self.max_model_len);
-        if self.blocks_needed(table, slots, hits) > free {
+        if self.blocks_needed(table, slots, hits) + watermark > free {
             return None;
         }
         // Enough is free: from here on nothing can fail.

@@ -18,11 +18,26 @@ pub enum Policy {
 #[derive(Clone, Debug, PartialEq)]
 pub struct SchedulerConfig {
     pub max_num_seqs: usize,
+    /// The step's input budget: tokens the model runner takes in one step.
     pub max_num_batched_tokens: usize,
+    /// The step's token budget: tokens the scheduler hands out (vLLM's
+    /// `max_num_scheduled_tokens`; `max_num_batched_tokens` unless set, as
+    /// only speculative decoding needs them to differ).
+    pub max_num_scheduled_tokens: usize,
+    /// Admissions stop once this many requests run (vLLM's
+    /// `max_num_active_seqs`; `max_num_seqs` unless set): smaller decode
+    /// batches without shrinking the runner.
+    pub max_num_active_seqs: usize,
     pub max_model_len: usize,
     pub enable_chunked_prefill: bool,
     /// Per-request per-step token cap; 0 = off.
     pub long_prefill_token_threshold: usize,
+    /// Floor the cap at a fair share of the input budget,
+    /// `max_num_batched_tokens / unfinished requests`.
+    pub long_prefill_token_threshold_adaptive: bool,
+    /// Blocks an admission must leave free while other requests run
+    /// (vLLM's `int(watermark * num_blocks)`).
+    pub watermark_blocks: usize,
     pub policy: Policy,
     /// The full-prompt admission gate (docs/scheduling.md §7.6).
     pub scheduler_reserve_full_isl: bool,
@@ -53,6 +68,24 @@ impl SchedulerConfig {
             c.max_num_batched_tokens,
             1,
             MAX_NUM_BATCHED_TOKENS,
+        )?;
+        check_range(
+            "max_num_scheduled_tokens",
+            c.max_num_scheduled_tokens,
+            1,
+            MAX_NUM_BATCHED_TOKENS,
+        )?;
+        check_range(
+            "max_num_active_seqs",
+            c.max_num_active_seqs,
+            1,
+            c.max_num_seqs,
+        )?;
+        check_range(
+            "watermark_blocks",
+            c.watermark_blocks,
+            0,
+            c.cache.num_blocks.saturating_sub(1),
         )?;
         if c.max_num_batched_tokens < c.max_num_seqs {
             return invalid(format!(

@@ -50,6 +50,14 @@ def random_settings(rng: random.Random) -> dict:
         enable_prefix_caching=rng.random() < 0.8,
         async_scheduling=rng.random() < 0.5,
         log_stats=rng.random() < 0.8,
+        # vLLM's rarer options, each off most of the time.
+        max_num_scheduled_tokens=rng.choice(
+            [None] * 4 + ([max(seqs, batched // 2)] if chunked else []) + [batched * 2]
+        ),
+        max_num_active_seqs=rng.choice([None] * 4 + [max(1, seqs // 2)]),
+        long_prefill_token_threshold_adaptive=rng.random() < 0.15,
+        watermark=rng.choice([0.0] * 5 + [0.05, 0.2]),
+        mla=rng.random() < 0.15,
     )
 
 

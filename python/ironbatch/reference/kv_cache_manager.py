@@ -126,7 +126,7 @@ class KvCacheManager:
             table, seq, num_new_tokens, num_new_computed_tokens, new_computed_blocks
         )
         return self.allocate(
-            table, seq, num_new_tokens, num_new_computed_tokens, hits, full_sequence_must_fit
+            table, seq, num_new_tokens, num_new_computed_tokens, hits, full_sequence_must_fit, 0
         )
 
     def allocate(
@@ -137,12 +137,14 @@ class KvCacheManager:
         num_new_computed_tokens: int,
         hits: list[Block],
         full_sequence_must_fit: bool,
+        watermark: int,
     ) -> int | None:
         """``allocate_slots`` with arguments the caller guarantees (the
         scheduler's own): the number of new blocks, or None with nothing
-        changed."""
+        changed. ``watermark`` blocks must stay free beyond what is taken
+        (vLLM's watermark, for admissions while others run)."""
         bs, max_len = self._block_size, self._max_model_len
-        if not hits and not full_sequence_must_fit:
+        if not hits and not full_sequence_must_fit and watermark == 0:
             # Fast path (most decode steps): the table already covers the new
             # tokens, so nothing can be refused or allocated.
             computed = min(seq.num_computed_tokens, max_len)
@@ -155,10 +157,10 @@ class KvCacheManager:
         free = self._pool.num_free_blocks
         if full_sequence_must_fit:
             full = min(seq.num_tokens, max_len)
-            if self._blocks_needed(table, full, hits) > free:
+            if self._blocks_needed(table, full, hits) + watermark > free:
                 return None
         slots = min(computed + num_new_tokens, max_len)
-        if self._blocks_needed(table, slots, hits) > free:
+        if self._blocks_needed(table, slots, hits) + watermark > free:
             return None
         # Enough is free: from here on nothing can fail.
         if hits:

@@ -1,11 +1,11 @@
-"""Scheduler settings (docs/scheduling.md §2), validated like vLLM's: the
-twin of ``rust/src/scheduler_config.rs``. The settings themselves are the
-API's config dataclasses, read by attribute."""
+"""Scheduler settings (docs/scheduling.md §2), resolved and validated like
+vLLM's: the twin of ``rust/src/scheduler_config.rs``."""
 
 from __future__ import annotations
 
 import enum
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from ironbatch.reference.error import debug_str
 from ironbatch.reference.limits import (
@@ -28,38 +28,85 @@ class Policy(enum.Enum):
     PRIORITY = "priority"
 
 
-class SchedulerSettings(Protocol):
-    """The settings the scheduler reads (the API's ``SchedulerConfig``)."""
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """What the scheduler runs with, every optional setting resolved: the
+    twin of the core's ``SchedulerConfig`` struct, field for field. Both
+    backends get theirs from ``settings`` (the rust one through the
+    binding), so a default is resolved in one place."""
 
-    max_model_len: int
     max_num_seqs: int
+    #: The step's input budget: tokens the model runner takes in one step.
     max_num_batched_tokens: int
+    #: The step's token budget (vLLM's ``max_num_scheduled_tokens``).
+    max_num_scheduled_tokens: int
+    #: Admissions stop once this many requests run (``max_num_active_seqs``).
+    max_num_active_seqs: int
+    max_model_len: int
     enable_chunked_prefill: bool
     #: Per-request per-step token cap; 0 = off.
     long_prefill_token_threshold: int
-    #: "fcfs" or "priority".
-    policy: str
+    #: Floor the cap at ``max_num_batched_tokens / unfinished requests``.
+    long_prefill_token_threshold_adaptive: bool
+    #: Blocks an admission must leave free while others run.
+    watermark_blocks: int
+    policy: Policy
     #: The full-prompt admission gate (docs/scheduling.md §7.6).
     scheduler_reserve_full_isl: bool
-    #: vLLM's async scheduling: the next step is scheduled before this
-    #: step's output arrives (docs/scheduling.md §4.9).
+    #: vLLM's async scheduling (docs/scheduling.md §4.9).
     async_scheduling: bool
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool
 
 
-def validate(scheduler_config: Any, cache_config: Any) -> None:
+def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
+    """Resolve the API's ``SchedulerConfig`` and ``CacheConfig`` (read by
+    attribute) as vLLM resolves them: the token budget and the admission cap
+    default to ``max_num_batched_tokens`` and ``max_num_seqs``; the
+    watermark, a fraction of all blocks, becomes ``int(watermark *
+    num_blocks)`` blocks."""
+    c = scheduler_config
+    scheduled = getattr(c, "max_num_scheduled_tokens", None)
+    active = getattr(c, "max_num_active_seqs", None)
+    num_blocks = cache_config.num_blocks
+    return SchedulerSettings(
+        max_num_seqs=c.max_num_seqs,
+        max_num_batched_tokens=c.max_num_batched_tokens,
+        max_num_scheduled_tokens=c.max_num_batched_tokens if scheduled is None else scheduled,
+        max_num_active_seqs=c.max_num_seqs if active is None else active,
+        max_model_len=c.max_model_len,
+        enable_chunked_prefill=c.enable_chunked_prefill,
+        long_prefill_token_threshold=c.long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive=getattr(
+            c, "long_prefill_token_threshold_adaptive", False
+        ),
+        watermark_blocks=int(getattr(c, "watermark", 0.0) * num_blocks),
+        policy=Policy(c.policy) if c.policy in ("fcfs", "priority") else c.policy,
+        scheduler_reserve_full_isl=c.scheduler_reserve_full_isl,
+        async_scheduling=c.async_scheduling,
+        num_blocks=num_blocks,
+        block_size=cache_config.block_size,
+        enable_prefix_caching=cache_config.enable_prefix_caching,
+    )
+
+
+def validate(c: SchedulerSettings) -> None:
     """Check every rule of docs/scheduling.md §2, naming the first field
     that breaks one (the core's order: the cache's fields first). Whether
     the cache holds one ``max_model_len`` sequence is the engine's start-up
     check (``ironbatch.config.check_fits``), not the scheduler's: vLLM's
     scheduler runs with whatever cache it is given."""
-    c = scheduler_config
     # The binding reads the policy before the core checks the sizes.
-    if c.policy not in ("fcfs", "priority"):
+    if not isinstance(c.policy, Policy):
         raise ValueError(f"policy must be 'fcfs' or 'priority', got {debug_str(str(c.policy))}")
-    check_range("block_size", cache_config.block_size, 1, MAX_BLOCK_SIZE)
+    check_range("block_size", c.block_size, 1, MAX_BLOCK_SIZE)
     check_range("max_model_len", c.max_model_len, 1, MAX_MODEL_LEN)
-    check_range("num_blocks", cache_config.num_blocks, 2, MAX_NUM_BLOCKS)
+    check_range("num_blocks", c.num_blocks, 2, MAX_NUM_BLOCKS)
     check_scheduler(c)
+    check_range("max_num_scheduled_tokens", c.max_num_scheduled_tokens, 1, MAX_NUM_BATCHED_TOKENS)
+    check_range("max_num_active_seqs", c.max_num_active_seqs, 1, c.max_num_seqs)
+    check_range("watermark_blocks", c.watermark_blocks, 0, c.num_blocks - 1)
 
 
 def check_scheduler(c: Any) -> None:

@@ -17,7 +17,12 @@ from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig,
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MLAAttentionSpec,
+)
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -34,6 +39,11 @@ DEFAULTS: dict[str, Any] = {
     "enable_prefix_caching": True,
     "async_scheduling": False,
     "log_stats": True,
+    "max_num_scheduled_tokens": None,
+    "max_num_active_seqs": None,
+    "long_prefill_token_threshold_adaptive": False,
+    "watermark": 0.0,
+    "mla": False,  # the KV cache as MLA models have it (MLAAttentionSpec)
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
 EXTRAS = ("lora_config", "speculative_config", "structured_outputs_config")
@@ -84,6 +94,10 @@ def vllm_config(
         is_encoder_decoder=False,
         async_scheduling=cfg["async_scheduling"],
         scheduler_cls=scheduler_cls,
+        max_num_scheduled_tokens=cfg["max_num_scheduled_tokens"],
+        max_num_active_seqs=cfg["max_num_active_seqs"],
+        long_prefill_token_threshold_adaptive=cfg["long_prefill_token_threshold_adaptive"],
+        watermark=cfg["watermark"],
     )
     mc = ModelConfig(
         model=model_dir,
@@ -108,9 +122,8 @@ def vllm_config(
     )
     # VllmConfig may resolve async scheduling from the platform; pin it.
     vc.scheduler_config.async_scheduling = cfg["async_scheduling"]
-    spec = FullAttentionSpec(
-        block_size=cfg["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32
-    )
+    spec_cls = MLAAttentionSpec if cfg["mla"] else FullAttentionSpec
+    spec = spec_cls(block_size=cfg["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32)
     kvc = KVCacheConfig(
         num_blocks=cfg["num_blocks"],
         kv_cache_tensors=[],

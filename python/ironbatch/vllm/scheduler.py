@@ -129,6 +129,10 @@ class Scheduler(SchedulerInterface):
                 policy=sc.policy,
                 scheduler_reserve_full_isl=sc.scheduler_reserve_full_isl,
                 async_scheduling=bool(sc.async_scheduling),
+                max_num_scheduled_tokens=sc.max_num_scheduled_tokens,
+                max_num_active_seqs=sc.max_num_active_seqs,
+                long_prefill_token_threshold_adaptive=sc.long_prefill_token_threshold_adaptive,
+                watermark=sc.watermark,
             ),
             CacheConfig(
                 num_blocks=kv_cache_config.num_blocks,

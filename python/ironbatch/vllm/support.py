@@ -18,7 +18,7 @@ def unsupported_config(
 ) -> str | None:
     """Why this engine configuration needs vLLM's own scheduler, if it does."""
     import vllm
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
     if vllm.__version__ != VLLM_VERSION:
         # Another version may decide differently, or name its settings otherwise.
@@ -46,8 +46,11 @@ def unsupported_config(
         (bool(mc.return_sampling_mask), "sampling masks"),
         (so.backend != "auto" or bool(so.reasoning_parser), "structured outputs"),
         (
-            len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec,
-            "a KV cache other than one full-attention group",
+            # MLA's blocks are counted, hashed and cached as full attention's
+            # (vLLM gives both the same manager); only the page size differs.
+            len(groups) != 1
+            or type(groups[0].kv_cache_spec) not in (FullAttentionSpec, MLAAttentionSpec),
+            "a KV cache other than one full-attention (or MLA) group",
         ),
         (hash_block_size not in (None, block_size), "a hash block size unlike the block size"),
         (
@@ -66,14 +69,7 @@ def unsupported_config(
             c.observability_config.per_request_spec_decode_metrics != "none",
             "per-request speculative-decoding metrics",
         ),
-        (sc.max_num_active_seqs not in (None, sc.max_num_seqs), "max_num_active_seqs"),
-        (
-            sc.max_num_scheduled_tokens not in (None, sc.max_num_batched_tokens),
-            "max_num_scheduled_tokens",
-        ),
-        (sc.watermark != 0, "a KV-cache watermark"),
         (sc.prefill_schedule_interval != 1, "prefill_schedule_interval"),
-        (sc.long_prefill_token_threshold_adaptive, "an adaptive long-prefill threshold"),
         (sc.policy not in ("fcfs", "priority"), f"the {sc.policy!r} policy"),
     ]
     return next((why for bad, why in checks if bad), None)
@@ -91,6 +87,5 @@ def unsupported_request(request: Any) -> str | None:
         (request.resumable, "streaming input"),
         (sp is not None and sp.repetition_detection is not None, "repetition detection"),
         (request.skip_reading_prefix_cache, "skip_reading_prefix_cache"),
-        (request.kv_transfer_params is not None, "KV transfer parameters"),
     ]
     return next((why for bad, why in checks if bad), None)

@@ -189,17 +189,22 @@ impl PyScheduler {
 #[pymethods]
 impl PyScheduler {
     #[new]
-    #[pyo3(signature = (*, max_num_seqs, max_num_batched_tokens, max_model_len,
-                        enable_chunked_prefill, long_prefill_token_threshold, policy,
-                        scheduler_reserve_full_isl, num_blocks, block_size,
-                        enable_prefix_caching, async_scheduling))]
+    #[pyo3(signature = (*, max_num_seqs, max_num_batched_tokens, max_num_scheduled_tokens,
+                        max_num_active_seqs, max_model_len, enable_chunked_prefill,
+                        long_prefill_token_threshold, long_prefill_token_threshold_adaptive,
+                        watermark_blocks, policy, scheduler_reserve_full_isl, num_blocks,
+                        block_size, enable_prefix_caching, async_scheduling))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_num_seqs: &Bound<'_, PyAny>,
         max_num_batched_tokens: &Bound<'_, PyAny>,
+        max_num_scheduled_tokens: &Bound<'_, PyAny>,
+        max_num_active_seqs: &Bound<'_, PyAny>,
         max_model_len: &Bound<'_, PyAny>,
         enable_chunked_prefill: bool,
         long_prefill_token_threshold: &Bound<'_, PyAny>,
+        long_prefill_token_threshold_adaptive: bool,
+        watermark_blocks: &Bound<'_, PyAny>,
         policy: &str,
         scheduler_reserve_full_isl: bool,
         num_blocks: &Bound<'_, PyAny>,
@@ -211,12 +216,16 @@ impl PyScheduler {
         let config = SchedulerConfig {
             max_num_seqs: count("max_num_seqs", max_num_seqs)?,
             max_num_batched_tokens: count("max_num_batched_tokens", max_num_batched_tokens)?,
+            max_num_scheduled_tokens: count("max_num_scheduled_tokens", max_num_scheduled_tokens)?,
+            max_num_active_seqs: count("max_num_active_seqs", max_num_active_seqs)?,
             max_model_len,
             enable_chunked_prefill,
             long_prefill_token_threshold: count(
                 "long_prefill_token_threshold",
                 long_prefill_token_threshold,
             )?,
+            long_prefill_token_threshold_adaptive,
+            watermark_blocks: count("watermark_blocks", watermark_blocks)?,
             policy: policy_named(policy)?,
             scheduler_reserve_full_isl,
             async_scheduling,

@@ -70,8 +70,12 @@ pub enum Pause {
 /// A step being decided: what is left of the budget and what is scheduled
 /// so far, handed from the running pass to the waiting pass.
 struct StepDraft {
-    budget: usize,
-    /// `long_prefill_token_threshold`, or 0 (off) for this step.
+    /// Tokens the scheduler may still hand out (`max_num_scheduled_tokens`).
+    token_budget: usize,
+    /// Tokens the model runner may still take (`max_num_batched_tokens`);
+    /// both budgets shrink alike until speculative decoding tells them apart.
+    input_budget: usize,
+    /// `long_prefill_token_threshold` as it applies this step; 0 is off.
     threshold: usize,
     entries: Vec<StepEntry>,
     /// Someone was preempted this step: no admissions (Q5).
@@ -296,16 +300,12 @@ impl Scheduler {
     pub fn schedule(&mut self) -> StepOutput {
         let c = &self.config;
         let mut draft = StepDraft {
-            budget: match self.pause {
+            token_budget: match self.pause {
                 Pause::All => 0,
-                _ => c.max_num_batched_tokens,
+                _ => c.max_num_scheduled_tokens,
             },
-            // Q1: with a single request in the system the threshold is off.
-            threshold: if self.num_unfinished_requests() > 1 {
-                c.long_prefill_token_threshold
-            } else {
-                0
-            },
+            input_budget: c.max_num_batched_tokens,
+            threshold: self.long_prefill_threshold(),
             entries: Vec::with_capacity(self.running.len() + 4),
             preempted_any: false,
         };
@@ -315,6 +315,23 @@ impl Scheduler {
             self.schedule_waiting(&mut draft);
         }
         self.finish_step(draft.entries)
+    }
+
+    /// This step's `long_prefill_token_threshold`: off (0) with a single
+    /// request, which has nobody to starve (Q1); with the adaptive option,
+    /// never below a fair share of the input budget.
+    fn long_prefill_threshold(&self) -> usize {
+        let c = &self.config;
+        let eligible = self.num_unfinished_requests();
+        if eligible <= 1 || c.long_prefill_token_threshold == 0 {
+            return 0;
+        }
+        if c.long_prefill_token_threshold_adaptive {
+            return c
+                .long_prefill_token_threshold
+                .max(c.max_num_batched_tokens / eligible);
+        }
+        c.long_prefill_token_threshold
     }
 
     /// Forget every cached block hash (docs/scheduling.md §7.10); refused

@@ -38,7 +38,9 @@ impl Scheduler {
         }
         if victim != current {
             if let Some(e) = draft.entries.iter().position(|e| e.slot == victim) {
-                draft.budget += draft.entries.remove(e).num_tokens;
+                let refund = draft.entries.remove(e).num_tokens;
+                draft.token_budget += refund;
+                draft.input_budget += refund;
             }
         }
         victim

@@ -12,7 +12,7 @@ impl Scheduler {
     /// Schedule the running requests into `draft`.
     pub(super) fn schedule_running(&mut self, draft: &mut StepDraft) {
         let mut i = 0;
-        while i < self.running.len() && draft.budget > 0 {
+        while i < self.running.len() && draft.token_budget > 0 && draft.input_budget > 0 {
             let slot = self.running[i];
             let n = self.num_running_tokens(slot, draft);
             if n == 0 {
@@ -26,7 +26,8 @@ impl Scheduler {
                 Some(grown) => {
                     let entry = self.entry(slot, n, Kind::Running, computed, grown);
                     draft.entries.push(entry);
-                    draft.budget -= n;
+                    draft.token_budget -= n;
+                    draft.input_budget -= n;
                     i += 1;
                 }
                 // It preempted itself. Under priority, running[i] is now the
@@ -56,7 +57,7 @@ impl Scheduler {
         // The last position of max_model_len is never computed: nothing
         // would sample after it.
         let room = (self.config.max_model_len - 1).saturating_sub(computed);
-        n.min(draft.budget).min(room)
+        n.min(draft.token_budget).min(draft.input_budget).min(room)
     }
 
     /// Blocks for `n` more tokens of the running request in `slot`
@@ -73,7 +74,7 @@ impl Scheduler {
     ) -> Option<usize> {
         loop {
             let r = &mut self.requests[slot];
-            if let Some(grown) = self.kv.allocate(&mut r.table, &r.seq, n, 0, &[], false) {
+            if let Some(grown) = self.kv.allocate(&mut r.table, &r.seq, n, 0, &[], false, 0) {
                 return Some(grown);
             }
             let victim = self.take_victim(slot, cursor, draft);

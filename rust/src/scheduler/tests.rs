@@ -33,9 +33,13 @@ fn scheduler(s: Setup) -> Scheduler {
     Scheduler::new(SchedulerConfig {
         max_num_seqs: s.max_num_seqs,
         max_num_batched_tokens: s.budget,
+        max_num_scheduled_tokens: s.budget,
+        max_num_active_seqs: s.max_num_seqs,
         max_model_len: s.max_model_len,
         enable_chunked_prefill: true,
         long_prefill_token_threshold: s.threshold,
+        long_prefill_token_threshold_adaptive: false,
+        watermark_blocks: 0,
         policy: s.policy,
         scheduler_reserve_full_isl: true,
         async_scheduling: false,

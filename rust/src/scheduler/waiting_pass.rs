@@ -12,7 +12,10 @@ impl Scheduler {
     /// this step and admissions are not paused).
     pub(super) fn schedule_waiting(&mut self, draft: &mut StepDraft) {
         let mut skipped: Vec<Slot> = Vec::new();
-        while draft.budget > 0 && self.running.len() < self.config.max_num_seqs {
+        while draft.token_budget > 0
+            && draft.input_budget > 0
+            && self.running.len() < self.config.max_num_active_seqs
+        {
             let Some(slot) = self.waiting.peek() else {
                 break;
             };
@@ -55,6 +58,13 @@ impl Scheduler {
     fn admit(&mut self, slot: Slot, draft: &mut StepDraft) -> bool {
         let c = &self.config;
         let (chunked, gate) = (c.enable_chunked_prefill, c.scheduler_reserve_full_isl);
+        // Headroom kept free for those already running (none when alone).
+        let watermark = if self.running.is_empty() {
+            0
+        } else {
+            c.watermark_blocks
+        };
+        let budget = draft.token_budget.min(draft.input_budget);
         let r = &mut self.requests[slot];
         self.hits.clear();
         let hit_tokens = self.kv.get_computed_blocks(&r.seq, &mut self.hits);
@@ -62,14 +72,19 @@ impl Scheduler {
         if draft.threshold > 0 && draft.threshold < n {
             n = draft.threshold;
         }
-        if !chunked && n > draft.budget {
+        if !chunked && n > budget {
             return false; // without chunking, the head blocks the queue (Q6)
         }
-        n = n.min(draft.budget);
-        let Some(grown) = self
-            .kv
-            .allocate(&mut r.table, &r.seq, n, hit_tokens, &self.hits, gate)
-        else {
+        n = n.min(budget);
+        let Some(grown) = self.kv.allocate(
+            &mut r.table,
+            &r.seq,
+            n,
+            hit_tokens,
+            &self.hits,
+            gate,
+            watermark,
+        ) else {
             return false;
         };
         // Counted on admission only (Q15).
@@ -89,7 +104,8 @@ impl Scheduler {
         self.running.push(slot);
         let entry = self.entry(slot, n, kind, hit_tokens, grown);
         draft.entries.push(entry);
-        draft.budget -= n;
+        draft.token_budget -= n;
+        draft.input_budget -= n;
         true
     }
 }

@@ -36,7 +36,7 @@ from ironbatch.reference.request import NewRequest, Request, RequestStatus
 from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import preemption, running_pass, update, waiting_pass
 from ironbatch.reference.scheduler.step_columns import finish_step
-from ironbatch.reference.scheduler_config import Policy, SchedulerSettings, validate
+from ironbatch.reference.scheduler_config import SchedulerSettings, settings, validate
 from ironbatch.reference.sequence import Sequence
 from ironbatch.reference.slab import Slab
 from ironbatch.reference.step import StepEntry, StepOutput, UpdateOutput
@@ -79,8 +79,12 @@ class StepDraft:
     """A step being decided: what is left of the budget and what is
     scheduled so far, handed from the running pass to the waiting pass."""
 
-    budget: int
-    #: ``long_prefill_token_threshold``, or 0 (off) for this step.
+    #: Tokens the scheduler may still hand out (``max_num_scheduled_tokens``).
+    token_budget: int
+    #: Tokens the model runner may still take (``max_num_batched_tokens``);
+    #: both shrink alike until speculative decoding tells them apart.
+    input_budget: int
+    #: ``long_prefill_token_threshold`` as it applies this step; 0 is off.
     threshold: int
     entries: list[StepEntry] = field(default_factory=list)
     #: Someone was preempted this step: no admissions (Q5).
@@ -93,15 +97,12 @@ class Scheduler:
 
     def __init__(self, scheduler_config: Any, cache_config: Any) -> None:
         """A scheduler over a fresh KV cache."""
-        validate(scheduler_config, cache_config)
-        c = scheduler_config
-        self.config: SchedulerSettings = scheduler_config
-        self.policy = Policy(c.policy)
+        c = settings(scheduler_config, cache_config)
+        validate(c)
+        self.config: SchedulerSettings = c
+        self.policy = c.policy
         self.kv = KvCacheManager(
-            cache_config.num_blocks,
-            cache_config.block_size,
-            c.max_model_len,
-            cache_config.enable_prefix_caching,
+            c.num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching
         )
         self.requests: Slab[Request] = Slab()
         self.ids: dict[str, int] = {}
@@ -234,15 +235,27 @@ class Scheduler:
         """One scheduling decision (docs/scheduling.md §4)."""
         c = self.config
         draft = StepDraft(
-            budget=0 if self._pause == Pause.ALL else c.max_num_batched_tokens,
-            # Q1: with a single request in the system the threshold is off.
-            threshold=(c.long_prefill_token_threshold if self.num_unfinished_requests() > 1 else 0),
+            token_budget=0 if self._pause == Pause.ALL else c.max_num_scheduled_tokens,
+            input_budget=c.max_num_batched_tokens,
+            threshold=self.long_prefill_threshold(),
         )
         running_pass.schedule_running(self, draft)
         # Any preemption cancels this step's admissions (Q5).
         if not draft.preempted_any and self._pause == Pause.UNPAUSED:
             waiting_pass.schedule_waiting(self, draft)
         return finish_step(self, draft.entries)
+
+    def long_prefill_threshold(self) -> int:
+        """This step's ``long_prefill_token_threshold``: off (0) with a single
+        request, which has nobody to starve (Q1); with the adaptive option,
+        never below a fair share of the input budget."""
+        c = self.config
+        eligible = self.num_unfinished_requests()
+        if eligible <= 1 or c.long_prefill_token_threshold == 0:
+            return 0
+        if c.long_prefill_token_threshold_adaptive:
+            return max(c.long_prefill_token_threshold, c.max_num_batched_tokens // eligible)
+        return c.long_prefill_token_threshold
 
     def update_from_output(
         self, step: StepOutput, tokens: list[int], offsets: list[int]

@@ -35,7 +35,9 @@ def take_victim(s: Scheduler, current: int, cursor: int, draft: StepDraft) -> tu
     if victim != current:
         for k, e in enumerate(draft.entries):
             if e.slot == victim:
-                draft.budget += draft.entries.pop(k).num_tokens
+                refund = draft.entries.pop(k).num_tokens
+                draft.token_budget += refund
+                draft.input_budget += refund
                 break
     return victim, cursor
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def schedule_running(s: Scheduler, draft: StepDraft) -> None:
     """Schedule the running requests into ``draft``."""
     i = 0
-    while i < len(s.running) and draft.budget > 0:
+    while i < len(s.running) and draft.token_budget > 0 and draft.input_budget > 0:
         slot = s.running[i]
         n = num_running_tokens(s, slot, draft)
         if n == 0:
@@ -30,7 +30,8 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
         grown, i = allocate_or_preempt(s, slot, n, i, draft)
         if grown is not None:
             draft.entries.append(entry(s, slot, n, Kind.RUNNING, computed, grown))
-            draft.budget -= n
+            draft.token_budget -= n
+            draft.input_budget -= n
             i += 1
         elif s.policy is Policy.PRIORITY:
             # It preempted itself: running[i] is now the next request and
@@ -58,7 +59,7 @@ def num_running_tokens(s: Scheduler, slot: int, draft: StepDraft) -> int:
     # The last position of max_model_len is never computed: nothing would
     # sample after it.
     room = max(s.config.max_model_len - 1 - computed, 0)
-    return min(n, draft.budget, room)
+    return min(n, draft.token_budget, draft.input_budget, room)
 
 
 def allocate_or_preempt(
@@ -71,7 +72,7 @@ def allocate_or_preempt(
     the cursor."""
     while True:
         r = s.requests[slot]
-        grown = s.kv.allocate(r.table, r.seq, n, 0, [], False)
+        grown = s.kv.allocate(r.table, r.seq, n, 0, [], False, 0)
         if grown is not None:
             return grown, cursor
         victim, cursor = take_victim(s, slot, cursor, draft)

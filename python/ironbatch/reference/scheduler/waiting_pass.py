@@ -1,5 +1,5 @@
 """The WAITING pass (docs/scheduling.md §4.5): admit waiting requests from
-the head of the queue while the budget, ``max_num_seqs`` and the KV cache
+the head of the queue while the budgets, ``max_num_active_seqs`` and the KV cache
 allow, each with its longest cached prefix."""
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ def schedule_waiting(s: Scheduler, draft: StepDraft) -> None:
     """Admit waiting requests into ``draft`` (only when nobody was
     preempted this step and admissions are not paused)."""
     skipped: list[int] = []
-    while draft.budget > 0 and len(s.running) < s.config.max_num_seqs:
+    while (
+        draft.token_budget > 0
+        and draft.input_budget > 0
+        and len(s.running) < s.config.max_num_active_seqs
+    ):
         slot = s.waiting_queue.peek()
         if slot is None:
             break
@@ -55,15 +59,20 @@ def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
     """Admit the request at the head of the queue, after its prefix hits;
     False when it cannot be admitted now (the pass ends there)."""
     c = s.config
+    # Headroom kept free for those already running (none when alone).
+    watermark = c.watermark_blocks if s.running else 0
+    budget = min(draft.token_budget, draft.input_budget)
     r = s.requests[slot]
     hits, hit_tokens = s.kv.get_computed_blocks(r.seq)
     n = r.num_tokens - hit_tokens
     if 0 < draft.threshold < n:
         n = draft.threshold
-    if not c.enable_chunked_prefill and n > draft.budget:
+    if not c.enable_chunked_prefill and n > budget:
         return False  # without chunking, the head blocks the queue (Q6)
-    n = min(n, draft.budget)
-    grown = s.kv.allocate(r.table, r.seq, n, hit_tokens, hits, c.scheduler_reserve_full_isl)
+    n = min(n, budget)
+    grown = s.kv.allocate(
+        r.table, r.seq, n, hit_tokens, hits, c.scheduler_reserve_full_isl, watermark
+    )
     if grown is None:
         return False
     # Counted on admission only (Q15).
@@ -77,5 +86,6 @@ def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
     s.waiting_queue.pop()
     s.running.append(slot)
     draft.entries.append(entry(s, slot, n, kind, hit_tokens, grown))
-    draft.budget -= n
+    draft.token_budget -= n
+    draft.input_budget -= n
     return True
