@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ironbatch import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
+from ironbatch import (
+    CacheConfig,
+    RepetitionDetectionParams,
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+)
 
 BACKENDS = ["rust", "python"]
 
@@ -32,6 +39,7 @@ def req(
     priority: int = 0,
     arrival: float = 0.0,
     eos: int | None = 2,
+    repetition: RepetitionDetectionParams | None = None,
 ) -> Request:
     return Request(
         rid,
@@ -41,6 +49,7 @@ def req(
             min_tokens=min_tokens,
             ignore_eos=ignore_eos,
             stop_token_ids=list(stop),
+            repetition_detection=repetition,
         ),
         eos_token_id=eos,
         priority=priority,

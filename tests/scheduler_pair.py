@@ -86,6 +86,7 @@ class SchedulerPair:
         assert ur == up
         assert ru.cached_tokens.tolist() == pu.cached_tokens.tolist()
         self.events["finished"] += sum(1 for u in ur if u[2] is not None)
+        self.events["repetition"] += sum(1 for u in ur if u[2] == "repetition")
         self.check()
 
     def check(self) -> None:

@@ -14,10 +14,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from ironbatch import RepetitionDetectionParams
+
 from scheduler_pair import SchedulerPair
 
 VOCAB = 40
 EOS = 2
+REPEATS = RepetitionDetectionParams(max_pattern_size=2, min_count=3)
 
 
 def random_config(rng: random.Random) -> dict:
@@ -64,7 +67,8 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
 
     def choose(rid: str) -> int:
         x = rng.random()
-        return EOS if x < 0.05 else 7 if x < 0.08 else rng.randrange(3, VOCAB)
+        # Token 9 often, so repetition detection has patterns to find.
+        return EOS if x < 0.05 else 7 if x < 0.08 else 9 if x < 0.4 else rng.randrange(3, VOCAB)
 
     for _ in range(steps):
         for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
@@ -81,6 +85,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
                 max_tokens=rng.randint(1, 12),
                 ignore_eos=rng.random() < 0.3,
                 stop=[7] if rng.random() < 0.3 else [],
+                repetition=REPEATS if rng.random() < 0.2 else None,
                 priority=rng.randint(0, 3),
                 arrival=float(next_id // 3),
             ):
@@ -117,7 +122,8 @@ def test_seeded_workloads_agree() -> None:
     events: Counter = Counter()
     for seed in range(60):
         events += run_seed(seed)
-    for what in ("preempted", "hit", "resumed", "finished", "abort", "placeholders", "skipped"):
+    seen = ("preempted", "hit", "resumed", "finished", "abort", "placeholders", "skipped")
+    for what in (*seen, "repetition"):
         assert events[what] >= 20, (what, events)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from ironbatch import RepetitionDetectionParams
+
 from scheduler_helpers import BACKENDS, make, req, rows, step
 
 
@@ -207,3 +209,24 @@ def test_s7_stop_order(backend: str) -> None:
     assert finished[4] == [["g", [2], "length", None]]  # EOS ignored; 5th output
     assert not s.has_unfinished_requests()
     assert s.num_free_blocks == 9999
+
+
+def test_repetition_stops_once_min_tokens_are_out(backend: str) -> None:
+    """vLLM 0.33's fifth stop check: an output ending in a pattern repeated
+    min_count times ends the request ("repetition", "repetition_detected"),
+    but only once min_tokens are out; EOS, stop tokens and length come first."""
+    rules = RepetitionDetectionParams(max_pattern_size=2, min_pattern_size=1, min_count=3)
+    s = make(backend, max_model_len=64)
+    s.add_request(req("p", [5] * 10, max_tokens=20, repetition=rules))
+    s.add_request(req("g", [6] * 10, max_tokens=20, min_tokens=5, repetition=rules))
+    s.add_request(req("e", [4] * 10, max_tokens=20, repetition=rules))
+    plan = [dict(p=7, g=9, e=9), dict(p=8, g=9, e=9), dict(p=7, g=9, e=2)]
+    plan += [dict(p=8, g=9), dict(p=7, g=9), dict(p=8)]
+    finished = []
+    for sampled in plan:
+        _, updates = step(s, sampled)
+        finished.append([u for u in updates if u[2] is not None])
+    assert finished[2] == [["e", [2], "stop", None]]  # EOS before a third 9
+    assert finished[4] == [["g", [9], "repetition", "repetition_detected"]]  # 5th output
+    assert finished[5] == [["p", [8], "repetition", "repetition_detected"]]  # 7,8 x3
+    assert not s.has_unfinished_requests()

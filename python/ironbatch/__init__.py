@@ -12,7 +12,7 @@ from ironbatch._core import BlockPool, KVCacheManager, PrefixCacheStats, __versi
 from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.outputs import CompletionOutput, RequestOutput
 from ironbatch.request import Request
-from ironbatch.sampling_params import SamplingParams
+from ironbatch.sampling_params import RepetitionDetectionParams, SamplingParams
 from ironbatch.scheduler import Scheduler
 from ironbatch.scheduler_output import RequestUpdate, SchedulerOutput, UpdateOutputs
 from ironbatch.scheduler_stats import SchedulerStats
@@ -43,6 +43,7 @@ __all__ = [
     "Request",
     "RequestOutput",
     "RequestUpdate",
+    "RepetitionDetectionParams",
     "SamplingParams",
     "Scheduler",
     "SchedulerConfig",

@@ -156,7 +156,8 @@ class FinishedRequest:
     def finish_reason(self) -> str:
         """ "stop", "length", "abort" or "error"."""
     @property
-    def stop_reason(self) -> int | None: ...
+    def stop_reason(self) -> int | str | None:
+        """The stop token, or \"repetition_detected\"."""
     @property
     def token_ids(self) -> list[int]:
         """All its tokens, prompt first, as it ended."""
@@ -206,9 +207,13 @@ class Scheduler:
         *,
         max_num_seqs: SupportsIndex,
         max_num_batched_tokens: SupportsIndex,
+        max_num_scheduled_tokens: SupportsIndex,
+        max_num_active_seqs: SupportsIndex,
         max_model_len: SupportsIndex,
         enable_chunked_prefill: bool,
         long_prefill_token_threshold: SupportsIndex,
+        long_prefill_token_threshold_adaptive: bool,
+        watermark_blocks: SupportsIndex,
         policy: str,
         scheduler_reserve_full_isl: bool,
         num_blocks: SupportsIndex,
@@ -225,6 +230,7 @@ class Scheduler:
         min_tokens: SupportsIndex,
         eos_token_id: int | None,
         stop_token_ids: Sequence[SupportsIndex],
+        repetition_detection: Any,
         priority: int,
         arrival_time: float,
         cache_salt: str | None,

@@ -55,13 +55,15 @@ class CoreScheduler:
         min_tokens: int,
         eos_token_id: int | None,
         stop_token_ids: Sequence[int],
+        repetition_detection: Any,
         priority: int,
         arrival_time: float,
         cache_salt: str | None,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it
         lives). ``eos_token_id`` is None when there is none or it is
-        ignored."""
+        ignored; ``repetition_detection`` is None or has vLLM's
+        ``min_pattern_size``, ``max_pattern_size`` and ``min_count``."""
         return self.core.add_request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -69,6 +71,7 @@ class CoreScheduler:
             min_tokens=min_tokens,
             eos_token_id=eos_token_id,
             stop_token_ids=stop_token_ids,
+            repetition_detection=repetition_detection,
             priority=priority,
             arrival_time=arrival_time,
             cache_salt=cache_salt,

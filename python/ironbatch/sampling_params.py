@@ -45,6 +45,30 @@ def _integer(name: str, value: object) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class RepetitionDetectionParams:
+    """Stop a request whose output ends in a pattern of
+    ``min_pattern_size..max_pattern_size`` tokens (0 means 1) repeated
+    ``min_count`` times (vLLM's ``repetition_detection``; finish reason
+    ``"repetition"``). Checked once ``min_tokens`` are out."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_pattern_size", "min_pattern_size", "min_count"):
+            _integer(name, getattr(self, name))
+        if not 0 <= self.min_pattern_size <= self.max_pattern_size:
+            raise ValueError(
+                "repetition_detection: max_pattern_size and min_pattern_size must be >= 0 "
+                f"with min_pattern_size <= max_pattern_size, got {self.min_pattern_size} and "
+                f"{self.max_pattern_size}"
+            )
+        if self.max_pattern_size > 0 and self.min_count < 2:
+            raise ValueError(f"repetition_detection: min_count must be >= 2, got {self.min_count}")
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
@@ -64,6 +88,7 @@ class SamplingParams:
     logprobs: int | None = None  # top logprobs per output token; -1: the whole vocabulary
     n: int = 1
     skip_special_tokens: bool = True
+    repetition_detection: RepetitionDetectionParams | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "min_tokens", "top_k", "n"):
@@ -104,6 +129,13 @@ class SamplingParams:
             _integer("logprobs", self.logprobs)
             if self.logprobs < -1:
                 raise ValueError(f"logprobs must be >= 0, or -1 for all, got {self.logprobs}")
+        if self.repetition_detection is not None and not isinstance(
+            self.repetition_detection, RepetitionDetectionParams
+        ):
+            raise TypeError(
+                "repetition_detection must be a RepetitionDetectionParams, got "
+                f"{type(self.repetition_detection).__name__}"
+            )
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if self.n > 1:

@@ -16,7 +16,7 @@ import numpy as np
 from ironbatch import reference
 from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.core_scheduler import CoreScheduler
-from ironbatch.reference.request import NewRequest, StopRules
+from ironbatch.reference.request import NewRequest, Repetition, StopRules
 from ironbatch.reference.step import StepOutput, UpdateOutput
 from ironbatch.request import Request
 from ironbatch.scheduler_output import STEP_COLUMNS, SchedulerOutput, UpdateOutputs
@@ -30,6 +30,13 @@ Sampled = tuple[np.ndarray, "np.ndarray | None"]
 def eos_token_id(request: Request) -> int | None:
     """The EOS the scheduler stops on: none when the request ignores it."""
     return None if request.sampling_params.ignore_eos else request.eos_token_id
+
+
+def repetition(params: Any) -> Repetition | None:
+    """The twin's rules from ``repetition_detection`` settings."""
+    if params is None:
+        return None
+    return Repetition(params.min_pattern_size, params.max_pattern_size, params.min_count)
 
 
 class RustBackend:
@@ -47,6 +54,7 @@ class RustBackend:
             min_tokens=p.min_tokens,
             eos_token_id=eos_token_id(request),
             stop_token_ids=p.stop_token_ids,
+            repetition_detection=p.repetition_detection,
             priority=request.priority,
             arrival_time=request.arrival_time,
             cache_salt=request.cache_salt,
@@ -133,6 +141,7 @@ class PythonBackend:
                     min_tokens=p.min_tokens,
                     eos_token_id=eos_token_id(request),
                     stop_token_ids=list(p.stop_token_ids),
+                    repetition=repetition(p.repetition_detection),
                 ),
                 priority=request.priority,
                 arrival_time=request.arrival_time,

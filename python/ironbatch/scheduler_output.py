@@ -186,8 +186,9 @@ class RequestUpdate(NamedTuple):
 
     request_id: str
     new_token_ids: list[int]
-    finish_reason: str | None  # "stop", "length", or None while it runs
-    stop_reason: int | None  # the stop token that ended it
+    finish_reason: str | None  # "stop", "length", "repetition", or None while it runs
+    # The stop token that ended it, or "repetition_detected".
+    stop_reason: int | str | None
 
 
 class StepUpdate(Protocol):
@@ -204,7 +205,7 @@ class StepUpdate(Protocol):
 class FinishedRecord(Protocol):
     record: int
     finish_reason: str
-    stop_reason: int | None
+    stop_reason: int | str | None
 
 
 class UpdateOutputs(SequenceABC[RequestUpdate]):

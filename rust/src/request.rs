@@ -15,6 +15,7 @@ pub enum RequestStatus {
     FinishedAborted,
     FinishedIgnored,
     FinishedError,
+    FinishedRepetition,
 }
 
 impl RequestStatus {
@@ -30,6 +31,7 @@ impl RequestStatus {
             RequestStatus::FinishedLengthCapped | RequestStatus::FinishedIgnored => Some("length"),
             RequestStatus::FinishedAborted => Some("abort"),
             RequestStatus::FinishedError => Some("error"),
+            RequestStatus::FinishedRepetition => Some("repetition"),
             _ => None,
         }
     }
@@ -45,8 +47,26 @@ impl RequestStatus {
             RequestStatus::FinishedAborted => "FINISHED_ABORTED",
             RequestStatus::FinishedIgnored => "FINISHED_IGNORED",
             RequestStatus::FinishedError => "FINISHED_ERROR",
+            RequestStatus::FinishedRepetition => "FINISHED_REPETITION",
         }
     }
+}
+
+/// Why a request stopped, beyond its status: the stop token, or a
+/// repeating pattern (vLLM reports `"repetition_detected"`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    Token(u32),
+    Repetition,
+}
+
+/// vLLM's `repetition_detection`: stop once the output ends in a pattern of
+/// `min_pattern_size..=max_pattern_size` tokens repeated `min_count` times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Repetition {
+    pub min_pattern_size: usize,
+    pub max_pattern_size: usize,
+    pub min_count: usize,
 }
 
 /// When a request stops (docs/scheduling.md §5.2).
@@ -60,6 +80,8 @@ pub struct StopRules {
     pub eos_token_id: Option<u32>,
     /// Tokens that stop the request (honoured even with `ignore_eos`).
     pub stop_token_ids: Vec<u32>,
+    /// Stop on a repeating output pattern, once `min_tokens` are out.
+    pub repetition: Option<Repetition>,
 }
 
 /// What a client submits, as the core stores it.
@@ -87,8 +109,8 @@ pub struct Request {
     /// The blocks it holds.
     pub table: BlockTable,
     pub status: RequestStatus,
-    /// The stop token that ended it.
-    pub stop_reason: Option<u32>,
+    /// The stop token (or pattern) that ended it.
+    pub stop_reason: Option<StopReason>,
     pub num_preemptions: u32,
     /// Tokens scheduled whose output has not arrived (docs/scheduling.md §5.4) ...
     pub in_flight_tokens: usize,

@@ -145,6 +145,7 @@ mod tests {
             min_tokens: 0,
             eos_token_id: None,
             stop_token_ids: vec![],
+            repetition: None,
         };
         let seq = Sequence::new(vec![1], None, &BlockHasher::with_key([0; 32]), 16);
         Request::waiting(id.into(), stop, priority, arrival_time, seq)

@@ -2,7 +2,7 @@
 //! reported, as columns (docs/scheduling.md §4.7, §5.3).
 
 use crate::block::BlockId;
-use crate::request::RequestStatus;
+use crate::request::{RequestStatus, StopReason};
 use crate::slab::Slot;
 
 /// How a request entered this step.
@@ -239,7 +239,7 @@ pub struct Finished {
     pub request_id: String,
     pub status: RequestStatus,
     /// The stop token that ended it.
-    pub stop_reason: Option<u32>,
+    pub stop_reason: Option<StopReason>,
     /// All its tokens, prompt first, and its `num_computed_tokens`: what
     /// it ended with.
     pub token_ids: Vec<u32>,

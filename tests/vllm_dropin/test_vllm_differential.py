@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm.sampling_params import RepetitionDetectionParams  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
 import vllm_setup  # noqa: E402
@@ -23,6 +24,7 @@ from vllm_pair import VllmPair  # noqa: E402
 VOCAB = 60
 EOS = vllm_setup.EOS
 STOP = 7
+REPEATS = RepetitionDetectionParams(max_pattern_size=2, min_count=3)
 WORKLOADS = 520  # the issue asks for at least 500 per CI run
 CHUNKS = 13
 
@@ -72,8 +74,12 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     live: list[str] = []
     next_id = 0
 
+    repeating = rng.random() < 0.3  # a workload whose outputs often repeat a token
+
     def choose() -> int:
         x = rng.random()
+        if repeating and x > 0.5:
+            return 9
         return EOS if x < 0.04 else STOP if x < 0.06 else rng.randrange(3, VOCAB)
 
     def step() -> None:
@@ -103,6 +109,7 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
                 max_tokens=rng.randint(1, capacity - plen),
                 ignore_eos=rng.random() < 0.3,
                 stop_token_ids=[STOP] if rng.random() < 0.3 else [],
+                repetition_detection=REPEATS if rng.random() < 0.3 else None,
                 priority=rng.randint(0, 3),
                 arrival_time=float(next_id // 3),
                 cache_salt=rng.choice([None, None, None, "tenant"]),
@@ -144,5 +151,6 @@ def test_random_workloads_agree_with_vllm(chunk: int) -> None:
         "placeholders",
         "skipped",
         "paused",
+        "repetition",
     ):
         assert events[what] >= 10, (what, events)

@@ -15,6 +15,7 @@ from typing import Any
 
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.engine import FinishReason
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
@@ -184,6 +185,7 @@ class VllmPair:
             for o in eco.outputs:
                 if o.finish_reason is not None:
                     self.events["finished"] += 1
+                    self.events["repetition"] += o.finish_reason == FinishReason.REPETITION
                     ra, rb = self.made[o.request_id]
                     assert request_view(ra) == request_view(rb), o.request_id
                 r = self.vllm.requests.get(o.request_id)

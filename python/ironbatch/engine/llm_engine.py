@@ -209,6 +209,7 @@ class LLMEngine:
             min_tokens=params.min_tokens,
             ignore_eos=params.ignore_eos,
             stop_token_ids=stop_ids,
+            repetition_detection=params.repetition_detection,
         )
         if request_id is None:
             request_id = str(next(self._ids))

@@ -21,6 +21,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_ABORTED = 5
     FINISHED_IGNORED = 6
     FINISHED_ERROR = 7
+    FINISHED_REPETITION = 8
 
     @property
     def is_finished(self) -> bool:
@@ -39,11 +40,26 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_IGNORED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_ERROR: "error",
+    RequestStatus.FINISHED_REPETITION: "repetition",
 }
+
+#: The stop reason vLLM reports for a repetition.
+REPETITION_DETECTED = "repetition_detected"
 
 #: The finished statuses' names, in enum order: what ``finish_requests``
 #: accepts by name.
 FINISHED_STATUS_NAMES: tuple[str, ...] = tuple(s.name for s in RequestStatus if s.is_finished)
+
+
+@dataclass(frozen=True)
+class Repetition:
+    """vLLM's ``repetition_detection``: stop once the output ends in a
+    pattern of ``min_pattern_size..max_pattern_size`` tokens (0 means 1)
+    repeated ``min_count`` times."""
+
+    min_pattern_size: int
+    max_pattern_size: int
+    min_count: int
 
 
 @dataclass
@@ -58,6 +74,8 @@ class StopRules:
     eos_token_id: int | None
     #: Tokens that stop the request (honoured even with ``ignore_eos``).
     stop_token_ids: list[int] = field(default_factory=list)
+    #: Stop on a repeating output pattern, once ``min_tokens`` are out.
+    repetition: Repetition | None = None
 
 
 @dataclass
@@ -88,7 +106,7 @@ class Request:
     table: BlockTable = field(default_factory=BlockTable)
     status: RequestStatus = RequestStatus.WAITING
     #: The stop token that ended it.
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None
     num_preemptions: int = 0
     #: Tokens scheduled whose output has not arrived (docs/scheduling.md §5.4) ...
     in_flight_tokens: int = 0

@@ -181,7 +181,7 @@ class Finished:
     request_id: str
     status: RequestStatus
     #: The stop token that ended it.
-    stop_reason: int | None
+    stop_reason: int | str | None
     #: All its tokens, prompt first, and its ``num_computed_tokens``: what
     #: it ended with.
     token_ids: list[int]

@@ -54,6 +54,7 @@ FINISHED = {
     "length": (RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH),
     "abort": (RequestStatus.FINISHED_ABORTED, FinishReason.ABORT),
     "error": (RequestStatus.FINISHED_ERROR, FinishReason.ERROR),
+    "repetition": (RequestStatus.FINISHED_REPETITION, FinishReason.REPETITION),
 }
 
 
@@ -182,6 +183,7 @@ class Scheduler(SchedulerInterface):
             min_tokens=sp.min_tokens,
             eos_token_id=sp.eos_token_id,
             stop_token_ids=sp.stop_token_ids or (),
+            repetition_detection=sp.repetition_detection,
             priority=request.priority,
             arrival_time=request.arrival_time,
             cache_salt=request.cache_salt,

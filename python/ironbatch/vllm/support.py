@@ -85,7 +85,6 @@ def unsupported_request(request: Any) -> str | None:
         (request.lora_request is not None, "LoRA"),
         (request.prompt_embeds is not None, "prompt embeddings"),
         (request.resumable, "streaming input"),
-        (sp is not None and sp.repetition_detection is not None, "repetition detection"),
         (request.skip_reading_prefix_cache, "skip_reading_prefix_cache"),
     ]
     return next((why for bad, why in checks if bad), None)

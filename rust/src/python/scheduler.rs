@@ -9,7 +9,7 @@
 use super::args::{count, u32_list};
 use super::prefix_cache_stats::PyPrefixCacheStats;
 use crate::kv_cache_manager::KvCacheConfig;
-use crate::request::{NewRequest, RequestStatus, StopRules};
+use crate::request::{NewRequest, Repetition, RequestStatus, StopReason, StopRules};
 use crate::scheduler::{Pause, Scheduler};
 use crate::scheduler_config::{Policy, SchedulerConfig};
 use crate::slab::Slot;
@@ -82,8 +82,9 @@ pub struct PyFinishedRequest {
     record: usize,
     /// vLLM's finish reason: "stop", "length", "abort" or "error".
     finish_reason: &'static str,
-    /// The stop token that ended it, if one did.
-    stop_reason: Option<u32>,
+    /// The stop token that ended it, `"repetition_detected"` for a
+    /// repeating pattern, or None.
+    stop_reason: Option<Py<PyAny>>,
     /// All its tokens, prompt first, and its `num_computed_tokens`, as it
     /// ended (what the vLLM drop-in writes back to vLLM's `Request`).
     token_ids: Vec<u32>,
@@ -121,6 +122,7 @@ fn status_named(name: &str) -> PyResult<RequestStatus> {
         "FINISHED_LENGTH_CAPPED" => Ok(RequestStatus::FinishedLengthCapped),
         "FINISHED_IGNORED" => Ok(RequestStatus::FinishedIgnored),
         "FINISHED_ERROR" => Ok(RequestStatus::FinishedError),
+        "FINISHED_REPETITION" => Ok(RequestStatus::FinishedRepetition),
         other => Err(PyValueError::new_err(format!(
             "status must be a FINISHED_* status name, got {other:?}"
         ))),
@@ -135,6 +137,27 @@ fn policy_named(name: &str) -> PyResult<Policy> {
             "policy must be 'fcfs' or 'priority', got {other:?}"
         ))),
     }
+}
+
+/// A stop reason as vLLM reports it: the token, or "repetition_detected".
+pub(super) fn stop_reason(py: Python<'_>, reason: StopReason) -> Py<PyAny> {
+    match reason {
+        StopReason::Token(t) => t.into_pyobject(py).expect("an int").into_any().unbind(),
+        StopReason::Repetition => PyString::new(py, "repetition_detected").into_any().unbind(),
+    }
+}
+
+/// vLLM's `repetition_detection` settings, read by name from any object
+/// that has them (vLLM's `RepetitionDetectionParams`, the API's twin).
+fn repetition_rules(obj: &Bound<'_, PyAny>) -> PyResult<Repetition> {
+    let field = |name: &str| -> PyResult<usize> {
+        count(&format!("repetition_detection.{name}"), &obj.getattr(name)?)
+    };
+    Ok(Repetition {
+        min_pattern_size: field("min_pattern_size")?,
+        max_pattern_size: field("max_pattern_size")?,
+        min_count: field("min_count")?,
+    })
 }
 
 /// A sampled token id; -1 (none) is handled by the caller.
@@ -170,7 +193,7 @@ impl PyScheduler {
             let record = PyFinishedRequest {
                 record: f.record,
                 finish_reason: f.status.finish_reason().unwrap_or("error"),
-                stop_reason: f.stop_reason,
+                stop_reason: f.stop_reason.map(|s| stop_reason(py, s)),
                 token_ids: f.token_ids,
                 num_computed_tokens: f.num_computed_tokens,
             };
@@ -245,7 +268,8 @@ impl PyScheduler {
     /// Queue a request; returns its slot (its stable row while it lives).
     /// `eos_token_id` is None when there is none or EOS is ignored.
     #[pyo3(signature = (*, request_id, prompt_token_ids, max_tokens, min_tokens, eos_token_id,
-                        stop_token_ids, priority, arrival_time, cache_salt))]
+                        stop_token_ids, repetition_detection, priority, arrival_time,
+                        cache_salt))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -255,6 +279,7 @@ impl PyScheduler {
         min_tokens: &Bound<'_, PyAny>,
         eos_token_id: Option<u32>,
         stop_token_ids: &Bound<'_, PyAny>,
+        repetition_detection: Option<&Bound<'_, PyAny>>,
         priority: i64,
         arrival_time: f64,
         cache_salt: Option<String>,
@@ -267,6 +292,7 @@ impl PyScheduler {
                 min_tokens: count("min_tokens", min_tokens)?,
                 eos_token_id,
                 stop_token_ids: u32_list("stop_token_ids", stop_token_ids)?,
+                repetition: repetition_detection.map(repetition_rules).transpose()?,
             },
             priority,
             arrival_time,

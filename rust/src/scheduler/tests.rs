@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::kv_cache_manager::KvCacheConfig;
-use crate::request::StopRules;
+use crate::request::{StopReason, StopRules};
 
 struct Setup {
     num_blocks: usize,
@@ -62,6 +62,7 @@ fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
             min_tokens: 0,
             eos_token_id: Some(2),
             stop_token_ids: vec![],
+            repetition: None,
         },
         priority: 0,
         arrival_time: 0.0,
@@ -315,7 +316,10 @@ fn s7_stops_in_vllm_order() {
     use RequestStatus::{FinishedLengthCapped as Length, FinishedStopped as Stopped};
     assert!(finished[0].is_empty());
     // min_tokens does not delay a stop token (Q3) ...
-    assert_eq!(finished[1], vec![("f".to_string(), Stopped, Some(7))]);
+    assert_eq!(
+        finished[1],
+        vec![("f".to_string(), Stopped, Some(StopReason::Token(7)))]
+    );
     // ... and EOS as the last allowed token is a stop, not a length (Q4).
     assert_eq!(finished[2], vec![("e".to_string(), Stopped, None)]);
     assert_eq!(finished[3], vec![("h".to_string(), Length, None)]); // 64 = max_model_len
