@@ -40,6 +40,7 @@ def req(
     arrival: float = 0.0,
     eos: int | None = 2,
     repetition: RepetitionDetectionParams | None = None,
+    skip_reading_prefix_cache: bool = False,
 ) -> Request:
     return Request(
         rid,
@@ -50,6 +51,7 @@ def req(
             ignore_eos=ignore_eos,
             stop_token_ids=list(stop),
             repetition_detection=repetition,
+            skip_reading_prefix_cache=skip_reading_prefix_cache,
         ),
         eos_token_id=eos,
         priority=priority,

@@ -86,6 +86,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
                 ignore_eos=rng.random() < 0.3,
                 stop=[7] if rng.random() < 0.3 else [],
                 repetition=REPEATS if rng.random() < 0.2 else None,
+                skip_reading_prefix_cache=rng.random() < 0.15,
                 priority=rng.randint(0, 3),
                 arrival=float(next_id // 3),
             ):

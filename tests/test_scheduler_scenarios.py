@@ -101,6 +101,29 @@ def test_s3_same_step_prefix_sharing(backend: str) -> None:
     ]
 
 
+def test_skip_reading_prefix_cache_computes_all_and_still_caches(backend: str) -> None:
+    """A request that skips reading the cache (vLLM: it wants prompt
+    logprobs) gets no hits and is left out of the prefix-cache stats, yet its
+    full blocks are cached: duplicates of cached hashes, which a later reader
+    does not pick over the blocks cached first."""
+    s = make(backend)
+    prompt = r(3, 102)
+    s.add_request(req("a", prompt))
+    step(s)
+    s.make_stats()  # drop a's admission from the stats
+    s.add_request(req("b", prompt, skip_reading_prefix_cache=True))
+    out, _ = step(s)
+    assert rows(out)[1] == ["b", 100, "new", 0, r(8, 14)]
+    stats = s.make_stats().prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (0, 0, 0)
+    s.finish_requests(["a"])  # a's unhashed last block 7 is reused first
+    s.add_request(req("c", prompt))
+    out, _ = step(s)
+    assert rows(out)[1] == ["c", 4, "new", 96, [1, 2, 3, 4, 5, 6, 7]]
+    stats = s.make_stats().prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (1, 100, 96)
+
+
 def test_s4_fcfs_preemption(backend: str) -> None:
     s = make(backend, num_blocks=11, max_model_len=160, max_num_batched_tokens=512)
     s.add_request(req("a", r(3, 82), max_tokens=40))

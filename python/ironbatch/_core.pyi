@@ -234,6 +234,7 @@ class Scheduler:
         priority: int,
         arrival_time: float,
         cache_salt: str | None,
+        skip_reading_prefix_cache: bool = False,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it lives)."""
     def schedule(self) -> Step: ...

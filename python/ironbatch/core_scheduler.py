@@ -59,11 +59,13 @@ class CoreScheduler:
         priority: int,
         arrival_time: float,
         cache_salt: str | None,
+        skip_reading_prefix_cache: bool = False,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it
         lives). ``eos_token_id`` is None when there is none or it is
         ignored; ``repetition_detection`` is None or has vLLM's
-        ``min_pattern_size``, ``max_pattern_size`` and ``min_count``."""
+        ``min_pattern_size``, ``max_pattern_size`` and ``min_count``;
+        ``skip_reading_prefix_cache`` admits it without prefix hits."""
         return self.core.add_request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -75,6 +77,7 @@ class CoreScheduler:
             priority=priority,
             arrival_time=arrival_time,
             cache_salt=cache_salt,
+            skip_reading_prefix_cache=skip_reading_prefix_cache,
         )
 
     def schedule(self) -> _core.Step:

@@ -89,6 +89,9 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True
     repetition_detection: RepetitionDetectionParams | None = None
+    # Compute every prompt token even when a prefix is cached (vLLM turns it
+    # on for prompt logprobs); the request's blocks are still cached.
+    skip_reading_prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "min_tokens", "top_k", "n"):
@@ -98,8 +101,10 @@ class SamplingParams:
             raise ValueError(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
             )
-        if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+        for name in ("ignore_eos", "skip_reading_prefix_cache"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
         # Repeats say nothing more; vLLM drops them, keeping the first.
         self.stop_token_ids = list(dict.fromkeys(u32_list("stop_token_ids", self.stop_token_ids)))
         self._check_temperature()

@@ -58,6 +58,7 @@ class RustBackend:
             priority=request.priority,
             arrival_time=request.arrival_time,
             cache_salt=request.cache_salt,
+            skip_reading_prefix_cache=p.skip_reading_prefix_cache,
         )
 
     def schedule(self, lookup_request: Callable[[str], Any]) -> SchedulerOutput:
@@ -146,6 +147,7 @@ class PythonBackend:
                 priority=request.priority,
                 arrival_time=request.arrival_time,
                 cache_salt=request.cache_salt,
+                skip_reading_prefix_cache=p.skip_reading_prefix_cache,
             )
         )
 

@@ -95,6 +95,10 @@ pub struct NewRequest {
     /// Seconds; ties in priority go to the earlier arrival.
     pub arrival_time: f64,
     pub cache_salt: Option<String>,
+    /// Never read prefix-cache hits (vLLM sets it for requests that want
+    /// prompt logprobs, which a hit would leave uncomputed); its blocks are
+    /// still cached for others.
+    pub skip_reading_prefix_cache: bool,
 }
 
 /// The scheduler's state for one live request.
@@ -127,22 +131,20 @@ pub struct Request {
     /// Skipped by a waiting pass and not admitted since (vLLM's
     /// `deferred_waiting`; only counted in the stats).
     pub deferred: bool,
+    /// Admitted without prefix-cache hits, and not counted in the
+    /// prefix-cache stats.
+    pub skip_reading_prefix_cache: bool,
 }
 
 impl Request {
-    /// A request as `add_request` queues it: waiting, nothing computed.
-    pub fn waiting(
-        request_id: String,
-        stop: StopRules,
-        priority: i64,
-        arrival_time: f64,
-        seq: Sequence,
-    ) -> Self {
+    /// A request as `add_request` queues it: waiting, nothing computed,
+    /// its tokens (and their hashes) in `seq`.
+    pub fn waiting(new: NewRequest, seq: Sequence) -> Self {
         Request {
-            request_id,
-            stop,
-            priority,
-            arrival_time: arrival_time + 0.0, // -0.0 orders as 0.0, as in Python
+            request_id: new.request_id,
+            stop: new.stop,
+            priority: new.priority,
+            arrival_time: new.arrival_time + 0.0, // -0.0 orders as 0.0, as in Python
             seq,
             table: BlockTable::default(),
             status: RequestStatus::Waiting,
@@ -153,6 +155,7 @@ impl Request {
             drop_stale: false,
             num_output_placeholders: 0,
             deferred: false,
+            skip_reading_prefix_cache: new.skip_reading_prefix_cache,
         }
     }
 

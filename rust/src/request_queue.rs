@@ -136,7 +136,7 @@ impl WaitingQueue {
 mod tests {
     use super::*;
     use crate::block_hash::BlockHasher;
-    use crate::request::StopRules;
+    use crate::request::{NewRequest, StopRules};
     use crate::sequence::Sequence;
 
     fn request(id: &str, priority: i64, arrival_time: f64) -> Request {
@@ -148,7 +148,16 @@ mod tests {
             repetition: None,
         };
         let seq = Sequence::new(vec![1], None, &BlockHasher::with_key([0; 32]), 16);
-        Request::waiting(id.into(), stop, priority, arrival_time, seq)
+        let new = NewRequest {
+            request_id: id.into(),
+            prompt_token_ids: vec![],
+            stop,
+            priority,
+            arrival_time,
+            cache_salt: None,
+            skip_reading_prefix_cache: false,
+        };
+        Request::waiting(new, seq)
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub fn repeats(output: &[u32], rules: &Repetition) -> bool {
 mod tests {
     use super::*;
     use crate::block_hash::BlockHasher;
-    use crate::request::StopRules;
+    use crate::request::{NewRequest, StopRules};
     use crate::sequence::Sequence;
 
     fn request(max_tokens: usize, stop_token_ids: Vec<u32>) -> Request {
@@ -77,7 +77,16 @@ mod tests {
             repetition: None,
         };
         let seq = Sequence::new(vec![9; 4], None, &BlockHasher::with_key([0; 32]), 4);
-        Request::waiting("r".into(), stop, 0, 0.0, seq)
+        let new = NewRequest {
+            request_id: "r".into(),
+            prompt_token_ids: vec![],
+            stop,
+            priority: 0,
+            arrival_time: 0.0,
+            cache_salt: None,
+            skip_reading_prefix_cache: false,
+        };
+        Request::waiting(new, seq)
     }
 
     fn append(r: &mut Request, t: u32) {

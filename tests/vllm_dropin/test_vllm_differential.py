@@ -110,6 +110,8 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
                 ignore_eos=rng.random() < 0.3,
                 stop_token_ids=[STOP] if rng.random() < 0.3 else [],
                 repetition_detection=REPEATS if rng.random() < 0.3 else None,
+                # Prompt logprobs: vLLM skips reading the prefix cache.
+                prompt_logprobs=1 if rng.random() < 0.15 else None,
                 priority=rng.randint(0, 3),
                 arrival_time=float(next_id // 3),
                 cache_salt=rng.choice([None, None, None, "tenant"]),
@@ -152,5 +154,6 @@ def test_random_workloads_agree_with_vllm(chunk: int) -> None:
         "skipped",
         "paused",
         "repetition",
+        "skip_reading",
     ):
         assert events[what] >= 10, (what, events)

@@ -476,6 +476,27 @@ def test_cache_salt_isolates_prefix_cache(kind: str) -> None:
     assert computed == {"other_salt": 0, "no_salt": 0, "same_salt": 32}
 
 
+def test_prompt_logprobs_skip_reading_the_prefix_cache(kind: str) -> None:
+    """A request that wants prompt logprobs (vLLM sets
+    skip_reading_prefix_cache) computes its whole prompt and is left out of the
+    prefix-cache stats, yet caches its blocks: duplicates of cached hashes,
+    which a later reader does not pick over the blocks cached first."""
+    sched = vllm_setup.make_scheduler(kind)
+    prompt = _prompt(100, 1000)
+    sched.add_request(_req("a", prompt))
+    _update(sched, sched.schedule(), {"a": [500]})
+    sched.add_request(_req("b", prompt, prompt_logprobs=1))
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"a": 1, "b": 100}
+    _assert_new(so, "b", prompt, num_computed=0, block_ids=([8, 9, 10, 11, 12, 13, 14],))
+    assert _prefix(_stats(_update(sched, so, {"a": [501], "b": [502]}))) == (0, 0, 0)
+    sched.finish_requests(["a"], ABORTED)  # a's unhashed last block 7 is reused first
+    sched.add_request(_req("c", prompt))
+    so = sched.schedule()
+    _assert_new(so, "c", prompt, num_computed=96, block_ids=([1, 2, 3, 4, 5, 6, 7],))
+    assert _prefix(_stats(_update(sched, so))) == (1, 100, 96)
+
+
 # --------------------------------------------------------------------------- stopping
 
 

@@ -160,6 +160,9 @@ class VllmPair:
         self.events["steps"] += 1
         self.events["preempted"] += len(a.preempted_req_ids or ())
         self.events["prefix_hits"] += sum(1 for d in a.scheduled_new_reqs if d.num_computed_tokens)
+        self.events["skip_reading"] += sum(
+            1 for d in a.scheduled_new_reqs if self.made[d.req_id][0].skip_reading_prefix_cache
+        )
         self.events["skipped"] += len(self.vllm.deferred_waiting)
         self.events["placeholders"] += sum(
             1 for r in self.vllm.requests.values() if r.num_output_placeholders > 1

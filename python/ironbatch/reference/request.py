@@ -90,6 +90,10 @@ class NewRequest:
     #: Seconds; ties in priority go to the earlier arrival.
     arrival_time: float = 0.0
     cache_salt: str | None = None
+    #: Never read prefix-cache hits (vLLM sets it for requests that want
+    #: prompt logprobs, which a hit would leave uncomputed); its blocks are
+    #: still cached for others.
+    skip_reading_prefix_cache: bool = False
 
 
 @dataclass(eq=False)
@@ -123,14 +127,23 @@ class Request:
     #: Skipped by a waiting pass and not admitted since (vLLM's
     #: ``deferred_waiting``; only counted in the stats).
     deferred: bool = False
+    #: Admitted without prefix-cache hits, and not counted in the
+    #: prefix-cache stats.
+    skip_reading_prefix_cache: bool = False
 
     @classmethod
-    def waiting(
-        cls, request_id: str, stop: StopRules, priority: int, arrival_time: float, seq: Sequence
-    ) -> Request:
-        """A request as ``add_request`` queues it: waiting, nothing computed."""
-        # + 0.0 turns -0.0 into 0.0, as the core does so its order matches.
-        return cls(request_id, stop, priority, arrival_time + 0.0, seq)
+    def waiting(cls, new: NewRequest, seq: Sequence) -> Request:
+        """A request as ``add_request`` queues it: waiting, nothing computed,
+        its tokens (and their hashes) in ``seq``."""
+        return cls(
+            request_id=new.request_id,
+            stop=new.stop,
+            priority=new.priority,
+            # + 0.0 turns -0.0 into 0.0, as the core does so its order matches.
+            arrival_time=new.arrival_time + 0.0,
+            seq=seq,
+            skip_reading_prefix_cache=new.skip_reading_prefix_cache,
+        )
 
     @property
     def num_tokens(self) -> int:

@@ -187,6 +187,7 @@ class Scheduler(SchedulerInterface):
             priority=request.priority,
             arrival_time=request.arrival_time,
             cache_salt=request.cache_salt,
+            skip_reading_prefix_cache=request.skip_reading_prefix_cache,
         )
         if slot >= len(self._by_slot):
             grow = slot + 1 - len(self._by_slot)

@@ -85,6 +85,5 @@ def unsupported_request(request: Any) -> str | None:
         (request.lora_request is not None, "LoRA"),
         (request.prompt_embeds is not None, "prompt embeddings"),
         (request.resumable, "streaming input"),
-        (request.skip_reading_prefix_cache, "skip_reading_prefix_cache"),
     ]
     return next((why for bad, why in checks if bad), None)

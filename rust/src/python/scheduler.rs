@@ -269,7 +269,7 @@ impl PyScheduler {
     /// `eos_token_id` is None when there is none or EOS is ignored.
     #[pyo3(signature = (*, request_id, prompt_token_ids, max_tokens, min_tokens, eos_token_id,
                         stop_token_ids, repetition_detection, priority, arrival_time,
-                        cache_salt))]
+                        cache_salt, skip_reading_prefix_cache=false))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -283,6 +283,7 @@ impl PyScheduler {
         priority: i64,
         arrival_time: f64,
         cache_salt: Option<String>,
+        skip_reading_prefix_cache: bool,
     ) -> PyResult<Slot> {
         let new = NewRequest {
             request_id: request_id.to_str()?.to_owned(),
@@ -297,6 +298,7 @@ impl PyScheduler {
             priority,
             arrival_time,
             cache_salt,
+            skip_reading_prefix_cache,
         };
         let slot = self.core.add_request(new)?;
         if self.py_ids.len() <= slot as usize {

@@ -196,21 +196,15 @@ impl Scheduler {
     /// live duplicate id, an empty prompt, a prompt of `max_model_len` or
     /// more tokens, `max_tokens` outside `[1, MAX_TOKENS]`, `min_tokens >
     /// max_tokens`, a NaN arrival time.
-    pub fn add_request(&mut self, new: NewRequest) -> Result<Slot, Error> {
+    pub fn add_request(&mut self, mut new: NewRequest) -> Result<Slot, Error> {
         self.check_new_request(&new)?;
         let seq = Sequence::new(
-            new.prompt_token_ids,
+            std::mem::take(&mut new.prompt_token_ids),
             new.cache_salt.as_deref(),
             self.kv.hasher(),
             self.kv.block_size(),
         );
-        let request = Request::waiting(
-            new.request_id,
-            new.stop,
-            new.priority,
-            new.arrival_time,
-            seq,
-        );
+        let request = Request::waiting(new, seq);
         let id = request.request_id.clone();
         let slot = self.requests.insert(request);
         self.waiting.add(slot, &self.requests[slot]);

@@ -67,6 +67,7 @@ fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
         priority: 0,
         arrival_time: 0.0,
         cache_salt: None,
+        skip_reading_prefix_cache: false,
     }
 }
 

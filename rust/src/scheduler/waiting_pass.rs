@@ -67,7 +67,13 @@ impl Scheduler {
         let budget = draft.token_budget.min(draft.input_budget);
         let r = &mut self.requests[slot];
         self.hits.clear();
-        let hit_tokens = self.kv.get_computed_blocks(&r.seq, &mut self.hits);
+        // A request that must compute every prompt token (vLLM: it wants
+        // prompt logprobs) reads no hits; its blocks are still cached.
+        let hit_tokens = if r.skip_reading_prefix_cache {
+            0
+        } else {
+            self.kv.get_computed_blocks(&r.seq, &mut self.hits)
+        };
         let mut n = r.num_tokens() - hit_tokens;
         if draft.threshold > 0 && draft.threshold < n {
             n = draft.threshold;
@@ -87,9 +93,12 @@ impl Scheduler {
         ) else {
             return false;
         };
-        // Counted on admission only (Q15).
-        self.kv
-            .record_prefix_cache_stats(r.num_tokens(), hit_tokens, r.num_preemptions > 0);
+        // Counted on admission only (Q15), and never for a request that
+        // does not read the cache.
+        if !r.skip_reading_prefix_cache {
+            self.kv
+                .record_prefix_cache_stats(r.num_tokens(), hit_tokens, r.num_preemptions > 0);
+        }
         let kind = match r.status {
             RequestStatus::Waiting => Kind::New,
             _ => Kind::Resumed,

@@ -168,7 +168,7 @@ class Scheduler:
         ``[1, MAX_TOKENS]``, ``min_tokens > max_tokens``, a NaN arrival time."""
         self.check_new_request(new)
         seq = Sequence(new.prompt_token_ids, new.cache_salt, self.kv.hasher, self.kv.block_size)
-        r = Request.waiting(new.request_id, new.stop, new.priority, new.arrival_time, seq)
+        r = Request.waiting(new, seq)
         slot = self.requests.insert(r)
         self.waiting_queue.add(slot, r)
         self.ids[r.request_id] = slot

@@ -63,7 +63,9 @@ def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
     watermark = c.watermark_blocks if s.running else 0
     budget = min(draft.token_budget, draft.input_budget)
     r = s.requests[slot]
-    hits, hit_tokens = s.kv.get_computed_blocks(r.seq)
+    # A request that must compute every prompt token (vLLM: it wants prompt
+    # logprobs) reads no hits; its blocks are still cached.
+    hits, hit_tokens = ([], 0) if r.skip_reading_prefix_cache else s.kv.get_computed_blocks(r.seq)
     n = r.num_tokens - hit_tokens
     if 0 < draft.threshold < n:
         n = draft.threshold
@@ -75,8 +77,10 @@ def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
     )
     if grown is None:
         return False
-    # Counted on admission only (Q15).
-    s.kv.record_prefix_cache_stats(r.num_tokens, hit_tokens, r.num_preemptions > 0)
+    # Counted on admission only (Q15), and never for a request that does not
+    # read the cache.
+    if not r.skip_reading_prefix_cache:
+        s.kv.record_prefix_cache_stats(r.num_tokens, hit_tokens, r.num_preemptions > 0)
     kind = Kind.NEW if r.status == RequestStatus.WAITING else Kind.RESUMED
     r.status = RequestStatus.RUNNING
     r.seq.num_computed_tokens = hit_tokens
