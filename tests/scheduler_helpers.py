@@ -41,6 +41,7 @@ def req(
     eos: int | None = 2,
     repetition: RepetitionDetectionParams | None = None,
     skip_reading_prefix_cache: bool = False,
+    structured_output: bool = False,
 ) -> Request:
     return Request(
         rid,
@@ -56,6 +57,7 @@ def req(
         eos_token_id=eos,
         priority=priority,
         arrival_time=arrival,
+        structured_output=structured_output,
     )
 
 

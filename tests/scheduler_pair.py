@@ -22,6 +22,7 @@ class SchedulerPair:
         self.bs = config.get("block_size", 16)
         self.in_flight: list[tuple[Any, Any]] = []  # outputs not yet applied, oldest first
         self.events: Counter = Counter()
+        self._failed_grammars: list[str] = []
 
     def add(self, rid: str, tokens: list[int], **kw: Any) -> bool:
         results = []
@@ -34,6 +35,16 @@ class SchedulerPair:
         assert results[0] == results[1], results
         self.check()
         return results[0] == "ok"
+
+    def finish(self, rid: str, status: str) -> None:
+        self.rust.finish_requests([rid], status)
+        self.twin.finish_requests([rid], status)
+        self.check()
+
+    def failed_grammars(self) -> list[str]:
+        """The requests the last schedule() found with a failed grammar."""
+        failed, self._failed_grammars = self._failed_grammars, []
+        return failed
 
     def abort(self, rids: list[str]) -> None:
         self.rust.finish_requests(rids)
@@ -48,11 +59,27 @@ class SchedulerPair:
         self.events["reset"] += 1
         self.check()
 
+    def report_grammar(self, rid: str, compiled: bool) -> None:
+        self.rust.report_grammar(rid, compiled)
+        self.twin.report_grammar(rid, compiled)
+        self.check()
+
     def schedule(self) -> None:
         r, p = self.rust.schedule(), self.twin.schedule()
         assert list(r.entries()) == list(p.entries())
         assert r.preempted_req_ids == p.preempted_req_ids
         assert r.finished_req_ids == p.finished_req_ids
+        for grammar in (
+            "has_structured_output_requests",
+            "pending_structured_output_tokens",
+            "grammar_released_req_ids",
+            "grammar_failed_req_ids",
+        ):
+            assert getattr(r, grammar) == getattr(p, grammar), grammar
+        self.events["grammar_released"] += len(r.grammar_released_req_ids)
+        self.events["grammar_failed"] += len(r.grammar_failed_req_ids)
+        self._failed_grammars = r.grammar_failed_req_ids
+        self.events["grammar_pending"] += r.pending_structured_output_tokens
         for col in STEP_COLUMNS:
             a, b = getattr(r, col), getattr(p, col)
             assert a.dtype == b.dtype and a.tolist() == b.tolist(), col
@@ -71,9 +98,10 @@ class SchedulerPair:
         self.in_flight.append((r, p))
         self.check()
 
-    def apply_oldest(self, choose: Any) -> None:
+    def apply_oldest(self, choose: Any, reject: int | None = None) -> None:
         """Apply the oldest output in flight; ``choose(rid)`` gives the token
-        for a request whose step sampled (None: it produced none)."""
+        for a request whose step sampled (None: it produced none). A
+        structured-output request's grammar rejects the token ``reject``."""
         r, p = self.in_flight.pop(0)
         sampled: dict[str, list[int]] = {}
         for i, rid in enumerate(r.req_ids):
@@ -81,9 +109,21 @@ class SchedulerPair:
                 t = choose(rid)
                 if t is not None:
                     sampled[rid] = [t]
-        ru, pu = self.rust.update_from_output(r, sampled), self.twin.update_from_output(p, sampled)
+        asked: dict[str, list[tuple[str, list[int]]]] = {"rust": [], "twin": []}
+
+        def accept(side: str) -> Any:
+            def judge(rid: str, kept: list[int]) -> bool:
+                asked[side].append((rid, kept))
+                return reject not in kept
+
+            return judge
+
+        ru = self.rust.update_from_output(r, sampled, accept=accept("rust"))
+        pu = self.twin.update_from_output(p, sampled, accept=accept("twin"))
+        assert asked["rust"] == asked["twin"]
         ur, up = [tuple(u) for u in ru], [tuple(u) for u in pu]
         assert ur == up
+        self.events["grammar_rejected"] += sum(1 for _, kept in asked["rust"] if reject in kept)
         assert ru.cached_tokens.tolist() == pu.cached_tokens.tolist()
         self.events["finished"] += sum(1 for u in ur if u[2] is not None)
         self.events["repetition"] += sum(1 for u in ur if u[2] == "repetition")
@@ -128,6 +168,9 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
             assert not deferred and (stale == 0 or drop_stale)
         else:
             assert table == [] and computed == 0 and placeholders == 0, rid
+        # Only a released grammar lets a request run; a held one counts as skipped.
+        if r["grammar"] not in (None, "ACTIVE"):
+            assert status == "WAITING" and deferred, rid
     # 9. Return of blocks.
     if not requests:
         assert len(free) == n - 1

@@ -87,12 +87,21 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
                 stop=[7] if rng.random() < 0.3 else [],
                 repetition=REPEATS if rng.random() < 0.2 else None,
                 skip_reading_prefix_cache=rng.random() < 0.15,
+                structured_output=rng.random() < 0.2,
                 priority=rng.randint(0, 3),
                 arrival=float(next_id // 3),
             ):
                 live.append(rid)
         if live and rng.random() < 0.05:
             pair.abort([rng.choice(live)])
+        # Grammars compile (or fail) in their own time; a failed one is
+        # ended once reported, as vLLM's next update does.
+        state = pair.rust.debug_state()["requests"]
+        for rid, row in state.items():
+            if row["grammar"] == "COMPILING" and rng.random() < 0.3:
+                pair.report_grammar(rid, compiled=rng.random() < 0.85)
+        for rid in pair.failed_grammars():
+            pair.finish(rid, "FINISHED_ERROR")
         if rng.random() < 0.02:
             pair.reset_prefix_cache(reset_running_requests=rng.random() < 0.5)
         pair.schedule()
@@ -105,15 +114,20 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         else:
             apply = n > 2 or rng.random() < 0.7
         if apply:
-            pair.apply_oldest(choose)
+            pair.apply_oldest(choose, reject=11)
     while pair.in_flight:
-        pair.apply_oldest(choose)
+        pair.apply_oldest(choose, reject=11)
     # 10. Progress: with arrivals over, everything finishes.
+    for rid, row in pair.rust.debug_state()["requests"].items():
+        if row["grammar"] == "COMPILING":
+            pair.report_grammar(rid, compiled=True)
     for _ in range(40 * max_len):
         if not pair.rust.has_unfinished_requests():
             break
         pair.schedule()
-        pair.apply_oldest(choose)
+        pair.apply_oldest(choose, reject=11)
+        for rid in pair.failed_grammars():
+            pair.finish(rid, "FINISHED_ERROR")
     assert not pair.rust.has_unfinished_requests(), "no progress"
     assert pair.rust.num_free_blocks == config["num_blocks"] - 1
     return pair.events
@@ -124,7 +138,8 @@ def test_seeded_workloads_agree() -> None:
     for seed in range(60):
         events += run_seed(seed)
     seen = ("preempted", "hit", "resumed", "finished", "abort", "placeholders", "skipped")
-    for what in (*seen, "repetition"):
+    grammar = ("grammar_released", "grammar_failed", "grammar_rejected", "grammar_pending")
+    for what in (*seen, "repetition", *grammar):
         assert events[what] >= 20, (what, events)
 
 

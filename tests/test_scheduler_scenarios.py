@@ -124,6 +124,74 @@ def test_skip_reading_prefix_cache_computes_all_and_still_caches(backend: str) -
     assert (stats.requests, stats.queries, stats.hits) == (1, 100, 96)
 
 
+def test_a_grammar_holds_its_request_until_a_pass_finds_it_compiled(backend: str) -> None:
+    """A structured-output request waits for its grammar without blocking the
+    queue (vLLM skips it and keeps its place), is counted as skipped from the
+    start, and is admitted as new once a pass finds the grammar compiled."""
+    s = make(backend)
+    s.add_request(req("a", r(3, 22)))
+    s.add_request(req("b", r(30, 49), structured_output=True))
+    s.add_request(req("c", r(60, 80)))
+    assert s.make_stats().num_skipped_waiting_reqs == 1
+    out, _ = step(s)
+    assert rows(out) == [["a", 20, "new", 0, [1, 2]], ["c", 21, "new", 0, [3, 4]]]
+    assert out.grammar_released_req_ids == [] and not out.has_structured_output_requests
+    s.report_grammar("b")
+    out, _ = step(s)
+    assert out.grammar_released_req_ids == ["b"]
+    assert rows(out)[2] == ["b", 20, "new", 0, [5, 6]]
+    assert out.has_structured_output_requests  # b samples in this step
+    assert not out.pending_structured_output_tokens  # sync: nothing in flight
+    assert s.make_stats().num_skipped_waiting_reqs == 0
+    with pytest.raises(ValueError, match="already in use"):
+        s.report_grammar("b", compiled=False)
+    with pytest.raises(ValueError, match="no grammar"):
+        s.report_grammar("a")
+
+
+def test_a_failed_grammar_is_reported_each_step_until_ended(backend: str) -> None:
+    s = make(backend)
+    s.add_request(req("b", r(30, 49), structured_output=True))
+    s.report_grammar("b", compiled=False)
+    for _ in range(2):
+        out, _ = step(s)
+        assert len(out) == 0 and out.grammar_failed_req_ids == ["b"]
+    s.finish_requests(["b"], "FINISHED_ERROR")
+    assert not s.has_unfinished_requests()
+    assert s.make_stats().num_skipped_waiting_reqs == 0
+
+
+def test_rejected_tokens_end_the_request_with_an_error(
+    backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The caller's grammar judges the tokens a structured-output request
+    kept; a rejection (or a check that raises) beats any stop, as in vLLM."""
+    s = make(backend)
+    for rid in "abc":
+        s.add_request(req(rid, r(3, 22), structured_output=rid != "c"))
+        if rid != "c":
+            s.report_grammar(rid)
+    asked: list[tuple[str, list[int]]] = []
+
+    def accept(rid: str, kept: list[int]) -> bool:
+        asked.append((rid, kept))
+        if rid == "b":
+            raise RuntimeError("grammar crashed")
+        return kept != [2]
+
+    out = s.schedule()
+    # a samples EOS (a stop) and its grammar rejects it; c has no grammar.
+    updates = s.update_from_output(out, {"a": [2], "b": [7], "c": [2]}, accept=accept)
+    assert asked == [("a", [2]), ("b", [7])]
+    assert [(u.request_id, u.finish_reason) for u in updates] == [
+        ("a", "error"),
+        ("b", "error"),
+        ("c", "stop"),
+    ]
+    assert "accept() raised for request 'b'" in caplog.text
+    assert not s.has_unfinished_requests()
+
+
 def test_s4_fcfs_preemption(backend: str) -> None:
     s = make(backend, num_blocks=11, max_model_len=160, max_num_batched_tokens=512)
     s.add_request(req("a", r(3, 82), max_tokens=40))

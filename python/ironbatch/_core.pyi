@@ -1,6 +1,6 @@
 """Type stubs for ironbatch's Rust extension module (rust/src/python/)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, SupportsIndex
 
 import numpy as np
@@ -146,6 +146,18 @@ class Step:
     def columns(self) -> dict[str, NDArray[Any]]:
         """The step's NumPy columns, named and typed by ``STEP_COLUMNS``."""
     def __len__(self) -> int: ...
+    @property
+    def has_structured_output_requests(self) -> bool:
+        """A structured-output request samples this step."""
+    @property
+    def pending_structured_output_tokens(self) -> bool:
+        """Async: one of them still has its previous token in flight."""
+    @property
+    def grammar_released(self) -> list[str]:
+        """Ids the waiting pass found compiled (released), in order reached."""
+    @property
+    def grammar_failed(self) -> list[str]:
+        """Ids the waiting pass found failed (still held), in order reached."""
 
 class FinishedRequest:
     """A request that finished in an update (already freed)."""
@@ -235,6 +247,7 @@ class Scheduler:
         arrival_time: float,
         cache_salt: str | None,
         skip_reading_prefix_cache: bool = False,
+        structured_output: bool = False,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it lives)."""
     def schedule(self) -> Step: ...
@@ -244,9 +257,14 @@ class Scheduler:
         step: Step,
         token_ids: NDArray[np.int64],
         offsets: NDArray[np.int64] | None,
+        accept: Callable[[str, list[int], int], bool] | None = None,
     ) -> StepUpdate:
         """Apply a step's tokens (with ``offsets``: ragged; without: one per
-        entry, -1 for none)."""
+        entry, -1 for none). ``accept(request_id, kept, num_tokens)`` judges each
+        structured-output request's kept tokens; False or an exception ends
+        it with an error."""
+    def report_grammar(self, *, request_id: str, compiled: bool) -> None:
+        """A structured-output request's grammar compiled (or failed)."""
     def finish_requests(self, *, request_ids: Sequence[str], status: str) -> None: ...
     @property
     def pause_state(self) -> int:
@@ -270,6 +288,7 @@ def vllm_update_from_runner_output(
     step: Step,
     req_id_to_index: dict[str, int],
     sampled_token_ids: list[list[int]],
+    accept: Callable[[str, list[int], int], bool] | None = None,
 ) -> StepUpdate:
     """The vLLM drop-in's update: entry ``i`` gets
     ``sampled_token_ids[req_id_to_index[req_ids[i]]]``."""

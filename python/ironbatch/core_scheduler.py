@@ -10,7 +10,7 @@ vLLM ``ModelRunnerOutput``, reading a request back) is in ``_core`` under
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,12 +60,15 @@ class CoreScheduler:
         arrival_time: float,
         cache_salt: str | None,
         skip_reading_prefix_cache: bool = False,
+        structured_output: bool = False,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it
         lives). ``eos_token_id`` is None when there is none or it is
         ignored; ``repetition_detection`` is None or has vLLM's
         ``min_pattern_size``, ``max_pattern_size`` and ``min_count``;
-        ``skip_reading_prefix_cache`` admits it without prefix hits."""
+        ``skip_reading_prefix_cache`` admits it without prefix hits;
+        ``structured_output`` holds it until ``report_grammar`` says its
+        grammar compiled (docs/scheduling.md §4.10)."""
         return self.core.add_request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -78,18 +81,32 @@ class CoreScheduler:
             arrival_time=arrival_time,
             cache_salt=cache_salt,
             skip_reading_prefix_cache=skip_reading_prefix_cache,
+            structured_output=structured_output,
         )
+
+    def report_grammar(self, request_id: str, compiled: bool) -> None:
+        """A structured-output request's grammar compiled (or failed); it
+        counts when a waiting pass next reaches the request."""
+        self.core.report_grammar(request_id=request_id, compiled=compiled)
 
     def schedule(self) -> _core.Step:
         return self.core.schedule()
 
     def update_from_output(
-        self, step: _core.Step, token_ids: np.ndarray, offsets: np.ndarray | None
+        self,
+        step: _core.Step,
+        token_ids: np.ndarray,
+        offsets: np.ndarray | None,
+        accept: Callable[[str, list[int], int], bool] | None = None,
     ) -> _core.StepUpdate:
         """Apply a step's tokens: ragged with ``offsets`` (row ``i`` gets
         ``token_ids[offsets[i]:offsets[i+1]]``), else one per row, -1 for
-        none."""
-        return self.core.update_from_output(step=step, token_ids=token_ids, offsets=offsets)
+        none. ``accept(request_id, kept, num_tokens)`` judges each
+        structured-output request's kept tokens; False (or an exception)
+        ends it with an error."""
+        return self.core.update_from_output(
+            step=step, token_ids=token_ids, offsets=offsets, accept=accept
+        )
 
     def finish_requests(self, request_ids: Sequence[str], status: str) -> None:
         self.core.finish_requests(request_ids=list(request_ids), status=status)

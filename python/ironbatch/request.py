@@ -12,7 +12,12 @@ from ironbatch.sampling_params import SamplingParams
 
 class Request:
     """A prompt, how to sample it and when to stop. ``arrival_time`` defaults
-    to the wall clock; pass it explicitly for reproducible priority order."""
+    to the wall clock; pass it explicitly for reproducible priority order.
+    ``structured_output``: its output follows a grammar, as with vLLM's
+    structured outputs; the scheduler holds it until
+    ``Scheduler.report_grammar`` says the grammar compiled, and
+    ``update_from_output(..., accept=...)`` checks its tokens
+    (docs/scheduling.md §4.10)."""
 
     def __init__(
         self,
@@ -23,6 +28,7 @@ class Request:
         priority: int = 0,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        structured_output: bool = False,
     ) -> None:
         self.request_id = utf8_str("request_id", request_id)
         self.prompt_token_ids = u32_list("prompt_token_ids", prompt_token_ids)
@@ -50,6 +56,11 @@ class Request:
             raise ValueError("arrival_time must not be NaN")
         self.arrival_time = float(arrival_time)
         self.cache_salt = None if cache_salt is None else utf8_str("cache_salt", cache_salt)
+        if not isinstance(structured_output, bool):
+            raise TypeError(
+                f"structured_output must be a bool, got {type(structured_output).__name__}"
+            )
+        self.structured_output = structured_output
 
     def __repr__(self) -> str:
         return (

@@ -22,7 +22,7 @@ from ironbatch.config import CacheConfig, SchedulerConfig, check_fits
 from ironbatch.reference.args import u32_list
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.request import Request
-from ironbatch.scheduler_backends import PythonBackend, RustBackend, Sampled
+from ironbatch.scheduler_backends import Accept, PythonBackend, RustBackend, Sampled
 from ironbatch.scheduler_output import SchedulerOutput, UpdateOutputs
 from ironbatch.scheduler_stats import SchedulerStats
 
@@ -101,14 +101,35 @@ class Scheduler:
         finally:
             self._in_use.release()
 
+    @_exclusive
+    def report_grammar(self, request_id: str, compiled: bool = True) -> None:
+        """A structured-output request's grammar compiled (or, with
+        ``compiled=False``, failed). It counts when a waiting pass next
+        reaches the request, as in vLLM: a compiled one is then released
+        (``SchedulerOutput.grammar_released_req_ids``), a failed one is
+        reported (``grammar_failed_req_ids``) and stays held until
+        ``finish_requests([id], "FINISHED_ERROR")``. Refused (ValueError,
+        nothing changed) for an unknown id, a request without
+        ``structured_output``, or one already released."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        if not isinstance(compiled, bool):
+            raise TypeError(f"compiled must be a bool, got {type(compiled).__name__}")
+        self._core.report_grammar(request_id, compiled)
+
     def update_from_output(
         self,
         scheduler_output: SchedulerOutput,
         sampled: Mapping[str, Sequence[int]] | np.ndarray | Sequence[int],
+        accept: Accept | None = None,
     ) -> UpdateOutputs:
         """Apply a step's sampled tokens: ``{request_id: [token, ...]}``, or
         one token per scheduled request in scheduling order (-1 = none).
-        Returns one record per request that got tokens, in scheduling order."""
+        ``accept(request_id, kept)`` is asked about the tokens each
+        structured-output request kept (after the stop check); False, or an
+        exception (logged), ends it with ``"error"``, as vLLM does when its
+        grammar rejects them. Returns one record per request that got
+        tokens, in scheduling order."""
         if not self._in_use.acquire(blocking=False):  # inline: the hot path
             raise _concurrent_call("update_from_output")
         try:
@@ -117,8 +138,10 @@ class Scheduler:
                     "scheduler_output must be a SchedulerOutput, got "
                     f"{type(scheduler_output).__name__}"
                 )
+            if accept is not None and not callable(accept):
+                raise TypeError(f"accept must be callable, got {type(accept).__name__}")
             updates = self._core.update_from_output(
-                scheduler_output, _sampled(scheduler_output, sampled)
+                scheduler_output, _sampled(scheduler_output, sampled), accept
             )
             for rid in updates.finished_req_ids:
                 self.requests.pop(rid, None)

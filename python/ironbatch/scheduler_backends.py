@@ -7,8 +7,9 @@ above them has one code path."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,21 @@ from ironbatch.scheduler_stats import SchedulerStats
 # (flat tokens, offsets per scheduled row), or (one token per row, None)
 # with -1 for none.
 Sampled = tuple[np.ndarray, "np.ndarray | None"]
+# accept(request_id, kept_tokens): whether a structured-output request's
+# grammar takes the tokens it kept.
+Accept = Callable[[str, list[int]], bool]
+
+logger = logging.getLogger("ironbatch")
+
+
+def judge(accept: Accept, request_id: str, kept: list[int]) -> bool:
+    """``accept``'s verdict; one that raises rejects the tokens (logged), so
+    a failing grammar ends its own request, never the update."""
+    try:
+        return bool(accept(request_id, kept))
+    except Exception:
+        logger.exception("accept() raised for request %r; its tokens count as rejected", request_id)
+        return False
 
 
 def eos_token_id(request: Request) -> int | None:
@@ -59,7 +75,11 @@ class RustBackend:
             arrival_time=request.arrival_time,
             cache_salt=request.cache_salt,
             skip_reading_prefix_cache=p.skip_reading_prefix_cache,
+            structured_output=request.structured_output,
         )
+
+    def report_grammar(self, request_id: str, compiled: bool) -> None:
+        self.core.report_grammar(request_id, compiled)
 
     def schedule(self, lookup_request: Callable[[str], Any]) -> SchedulerOutput:
         step = self.core.schedule()
@@ -72,9 +92,13 @@ class RustBackend:
             lookup_request=lookup_request,
         )
 
-    def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> UpdateOutputs:
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: Sampled, accept: Accept | None
+    ) -> UpdateOutputs:
         flat, offsets = sampled
-        return UpdateOutputs(out.req_ids, self.core.update_from_output(out._handle, flat, offsets))
+        check = None if accept is None else (lambda rid, kept, _n: judge(accept, rid, kept))
+        update = self.core.update_from_output(out._handle, flat, offsets, check)
+        return UpdateOutputs(out.req_ids, update)
 
     def finish_requests(self, request_ids: list[str], status: str) -> None:
         self.core.finish_requests(request_ids, status)
@@ -90,6 +114,18 @@ class RustBackend:
 
     def debug_state(self) -> dict[str, Any]:
         return self.core.debug_state()
+
+
+@dataclass
+class _TwinStep:
+    """The twin's step with what the core's ``_core.Step`` reports about
+    grammars, ids for slots."""
+
+    step: StepOutput
+    has_structured_output_requests: bool
+    pending_structured_output_tokens: bool
+    grammar_released: list[str] = field(default_factory=list)
+    grammar_failed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -148,8 +184,12 @@ class PythonBackend:
                 arrival_time=request.arrival_time,
                 cache_salt=request.cache_salt,
                 skip_reading_prefix_cache=p.skip_reading_prefix_cache,
+                structured_output=request.structured_output,
             )
         )
+
+    def report_grammar(self, request_id: str, compiled: bool) -> None:
+        self.twin.report_grammar(request_id, compiled)
 
     def schedule(self, lookup_request: Callable[[str], Any]) -> SchedulerOutput:
         step: StepOutput = self.twin.schedule()
@@ -157,16 +197,26 @@ class PythonBackend:
             name: np.array(getattr(step.columns, name), dtype=dtype)
             for name, dtype in STEP_COLUMNS.items()
         }
+        name = self.twin.request
+        handle = _TwinStep(
+            step,
+            step.has_structured_output_requests,
+            step.pending_structured_output_tokens,
+            [name(slot).request_id for slot in step.grammar_released],
+            [name(slot).request_id for slot in step.grammar_failed],
+        )
         return SchedulerOutput(
-            req_ids=[self.twin.request(e.slot).request_id for e in step.entries],
+            req_ids=[name(e.slot).request_id for e in step.entries],
             columns=columns,
             preempted_req_ids=set(step.preempted_req_ids),
             finished_req_ids=set(step.finished_req_ids),
-            handle=step,
+            handle=handle,
             lookup_request=lookup_request,
         )
 
-    def update_from_output(self, out: SchedulerOutput, sampled: Sampled) -> UpdateOutputs:
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: Sampled, accept: Accept | None
+    ) -> UpdateOutputs:
         flat, offsets = sampled
         if offsets is None:  # one token per row, -1 for none
             if flat.size and (flat.min() < -1 or flat.max() > 2**32 - 1):
@@ -178,7 +228,16 @@ class PythonBackend:
             np.cumsum(given, out=offsets[1:])
         else:
             tokens = flat.tolist()
-        update = self.twin.update_from_output(out._handle, tokens, offsets.tolist())
+        step = out._handle.step
+        if accept is None:
+            update = self.twin.update_from_output(step, tokens, offsets.tolist())
+        else:
+            update = self.twin.update_from_output_checked(
+                step,
+                tokens,
+                offsets.tolist(),
+                lambda _slot, r, kept: judge(accept, r.request_id, kept),
+            )
         return UpdateOutputs(out.req_ids, _TwinUpdate.of(update))
 
     def finish_requests(self, request_ids: list[str], status: str) -> None:

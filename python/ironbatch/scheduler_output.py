@@ -117,6 +117,33 @@ class SchedulerOutput(StepColumns):
     def total_num_scheduled_tokens(self) -> int:
         return int(self.query_start_loc[-1])
 
+    # Structured outputs (docs/scheduling.md §4.10), read from the backend's
+    # step only when asked: most steps have none.
+
+    @property
+    def has_structured_output_requests(self) -> bool:
+        """A structured-output request samples this step (vLLM's flag: the
+        model runner applies grammar masks)."""
+        return bool(self._handle.has_structured_output_requests)
+
+    @property
+    def pending_structured_output_tokens(self) -> bool:
+        """Async: such a request still has its previous token in flight, so
+        its grammar mask must wait for that output."""
+        return bool(self._handle.pending_structured_output_tokens)
+
+    @property
+    def grammar_released_req_ids(self) -> list[str]:
+        """Requests this step's waiting pass found their grammar compiled
+        and released (admitted or not), in the order reached."""
+        return list(self._handle.grammar_released)
+
+    @property
+    def grammar_failed_req_ids(self) -> list[str]:
+        """Requests this step's waiting pass found their grammar failed;
+        they stay held until the caller ends them (``FINISHED_ERROR``)."""
+        return list(self._handle.grammar_failed)
+
     def __len__(self) -> int:
         return len(self.req_ids)
 

@@ -15,6 +15,7 @@ pub mod block_pool;
 pub mod block_table;
 pub mod error;
 pub mod free_queue;
+pub mod grammar;
 pub mod hash_chain;
 pub mod kv_cache_manager;
 pub mod limits;

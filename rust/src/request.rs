@@ -2,6 +2,7 @@
 //! its stopping rules, and where it is in its life.
 
 use crate::block_table::BlockTable;
+use crate::grammar::Grammar;
 use crate::sequence::Sequence;
 
 /// vLLM's statuses, in vLLM's order; every one after `Preempted` is finished.
@@ -99,6 +100,9 @@ pub struct NewRequest {
     /// prompt logprobs, which a hit would leave uncomputed); its blocks are
     /// still cached for others.
     pub skip_reading_prefix_cache: bool,
+    /// Its output follows a grammar (vLLM's structured outputs): it waits
+    /// for the grammar to compile, and the caller checks its tokens.
+    pub structured_output: bool,
 }
 
 /// The scheduler's state for one live request.
@@ -134,6 +138,8 @@ pub struct Request {
     /// Admitted without prefix-cache hits, and not counted in the
     /// prefix-cache stats.
     pub skip_reading_prefix_cache: bool,
+    /// A structured-output request's grammar; `None` for the others.
+    pub grammar: Option<Grammar>,
 }
 
 impl Request {
@@ -156,6 +162,7 @@ impl Request {
             num_output_placeholders: 0,
             deferred: false,
             skip_reading_prefix_cache: new.skip_reading_prefix_cache,
+            grammar: new.structured_output.then_some(Grammar::Compiling),
         }
     }
 

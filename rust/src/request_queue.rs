@@ -156,6 +156,7 @@ mod tests {
             arrival_time,
             cache_salt: None,
             skip_reading_prefix_cache: false,
+            structured_output: false,
         };
         Request::waiting(new, seq)
     }

@@ -141,6 +141,19 @@ pub struct StepOutput {
     pub preempted_req_ids: Vec<String>,
     /// Finished since the previous step's output (sorted).
     pub finished_req_ids: Vec<String>,
+    /// A structured-output request samples this step (vLLM's
+    /// `has_structured_output_requests`: the model runner applies grammars).
+    pub has_structured_output_requests: bool,
+    /// Async: a structured-output request sampling this step still has its
+    /// previous token in flight, so its grammar mask must wait for that
+    /// output (vLLM's `pending_structured_output_tokens`).
+    pub pending_structured_output_tokens: bool,
+    /// Requests this step's waiting pass released, their grammar compiled,
+    /// in the order reached (admitted or not).
+    pub grammar_released: Vec<Slot>,
+    /// Requests this step's waiting pass reached whose grammar failed to
+    /// compile, in the order reached (still held; the caller ends them).
+    pub grammar_failed: Vec<Slot>,
     /// Identifies the scheduler and step, so an output is applied once,
     /// to the scheduler that made it.
     pub(crate) scheduler_id: u64,

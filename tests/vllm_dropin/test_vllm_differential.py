@@ -2,8 +2,10 @@
 over random workloads (sync and async scheduling, FCFS and priority, tight
 and ample KV caches, prefix caching on and off, chunked prefill on and off,
 shared prefixes and cache salts, EOS and stop tokens, aborts, prefix-cache
-resets, pauses, model runner V1 and V2 output shapes) must produce equal
-SchedulerOutputs and EngineCoreOutputs at every step. Runs where vLLM is
+resets, pauses, model runner V1 and V2 output shapes, structured outputs
+with grammars that compile late, fail or reject tokens, and a reasoning
+parser) must produce equal SchedulerOutputs, grammar masks and
+EngineCoreOutputs at every step. Runs where vLLM is
 importable (``scripts/test_vllm.sh``)."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from vllm.sampling_params import RepetitionDetectionParams  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
 import vllm_setup  # noqa: E402
+from fake_grammar import REJECTED, THINK_END  # noqa: E402
 from vllm_pair import VllmPair  # noqa: E402
 
 VOCAB = 60
@@ -66,7 +69,10 @@ def random_settings(rng: random.Random) -> dict:
 def run_workload(seed: int, steps: int = 60) -> Counter:
     rng = random.Random(seed)
     settings = random_settings(rng)
-    pair = VllmPair(rng, model_runner_v1=rng.random() < 0.3, **settings)
+    pair = VllmPair(
+        rng, model_runner_v1=rng.random() < 0.3, reasoning=rng.random() < 0.3, **settings
+    )
+    grammars = rng.random() < 0.5  # a workload with structured-output requests
     max_len = settings["max_model_len"]
     # Every request must fit the cache alone, or vLLM itself never finishes it.
     capacity = min(max_len, (settings["num_blocks"] - 1) * settings["block_size"])
@@ -80,7 +86,11 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
         x = rng.random()
         if repeating and x > 0.5:
             return 9
+        if grammars and x > 0.9:  # reasoning ends, grammars reject
+            return THINK_END if x > 0.92 else REJECTED
         return EOS if x < 0.04 else STOP if x < 0.06 else rng.randrange(3, VOCAB)
+
+    pair.choose = choose
 
     def step() -> None:
         pair.schedule()
@@ -116,8 +126,12 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
                 arrival_time=float(next_id // 3),
                 cache_salt=rng.choice([None, None, None, "tenant"]),
                 client_index=rng.choice([0, 0, 0, 1]),
+                grammar=grammars and rng.random() < 0.4,
             )
             live.append(rid)
+        for rid in list(pair.compiling):  # grammars compile in their own time
+            if rng.random() < 0.3:
+                pair.resolve_grammar(rid, compiled=rng.random() < 0.85)
         if live and rng.random() < 0.08:
             pair.abort(rng.sample(live, min(len(live), rng.randint(1, 3))))
         if rng.random() < 0.02:
@@ -127,6 +141,8 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
         step()
     # Drain: with arrivals over, everything finishes.
     pair.set_pause_state(PauseState.UNPAUSED)
+    for rid in list(pair.compiling):
+        pair.resolve_grammar(rid, compiled=True)
     for _ in range(30 * max_len):
         if not pair.vllm.has_requests() and not pair.in_flight:
             break
@@ -155,5 +171,10 @@ def test_random_workloads_agree_with_vllm(chunk: int) -> None:
         "paused",
         "repetition",
         "skip_reading",
+        "masked_rows",
+        "masks_deferred",
+        "grammar_failed",
+        "grammar_rejected",
+        "reasoning_ended",
     ):
         assert events[what] >= 10, (what, events)

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.config import LoRAConfig, StructuredOutputsConfig  # noqa: E402
-from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
+from vllm.config import KVEventsConfig, LoRAConfig, StructuredOutputsConfig  # noqa: E402
+from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler  # noqa: E402
@@ -49,11 +49,11 @@ def test_scheduler_cls_as_a_class_object() -> None:
     [
         ({"lora_config": LoRAConfig(max_loras=2, max_lora_rank=8)}, "LoRA"),
         (
-            {"structured_outputs_config": StructuredOutputsConfig(backend="xgrammar")},
-            "structured outputs",
+            {"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null")},
+            "KV cache events",
         ),
     ],
-    ids=["lora", "structured-outputs"],
+    ids=["lora", "kv-events"],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unsupported_config_falls_back_to_vllm_and_says_why(
@@ -84,12 +84,25 @@ def test_another_vllm_version_falls_back(
     assert "vLLM 0.34.0" in caplog.text
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_structured_outputs_and_reasoning_parsers_keep_the_drop_in(async_scheduling: bool) -> None:
+    """What production turns on for tool calling and JSON output (an explicit
+    grammar backend, a reasoning parser; gpt-oss sets one itself) is
+    scheduled by the core, not handed to vLLM's scheduler."""
+    so = StructuredOutputsConfig(backend="xgrammar", reasoning_parser="qwen3")
+    vc, kvc = vllm_setup.vllm_config(
+        CLS, async_scheduling=async_scheduling, structured_outputs_config=so
+    )
+    s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
+    assert type(s) is ironbatch.vllm.Scheduler
+
+
 def test_unsupported_request_is_finished_with_an_error() -> None:
-    """A structured-output request under a configuration that did not announce
-    structured outputs: refused with a request-level error, never scheduled."""
+    """A LoRA request under a configuration that did not announce LoRA:
+    refused with a request-level error, never scheduled."""
     s = vllm_setup.make_scheduler("ironbatch")
-    schema = StructuredOutputsParams(json='{"type": "object"}')
-    bad = vllm_setup.make_request("bad", range(3, 20), 4, structured_outputs=schema)
+    bad = vllm_setup.make_request("bad", range(3, 20), 4)
+    bad.lora_request = LoRARequest("adapter", 1, "/nonexistent")
     s.add_request(bad)
     s.add_request(vllm_setup.make_request("good", range(3, 20), 4))
     assert s.has_requests() and not s.has_request("bad")
@@ -98,7 +111,7 @@ def test_unsupported_request_is_finished_with_an_error() -> None:
     outs = s.update_from_output(so, vllm_setup.runner_output(so, {"good": [5]}))
     by_id = {o.request_id: o for o in outs[0].outputs}
     assert by_id["bad"].finish_reason == FinishReason.ERROR
-    assert "structured outputs" in by_id["bad"].error.message
+    assert "LoRA" in by_id["bad"].error.message
     assert by_id["good"].new_token_ids == [5]
 
 

@@ -32,11 +32,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from concurrent.futures import Future  # noqa: E402
+
+from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput  # noqa: E402
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason  # noqa: E402
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
+import fake_grammar  # noqa: E402
 import vllm_setup  # noqa: E402
 
 EOS = vllm_setup.EOS
@@ -495,6 +499,95 @@ def test_prompt_logprobs_skip_reading_the_prefix_cache(kind: str) -> None:
     so = sched.schedule()
     _assert_new(so, "c", prompt, num_computed=96, block_ids=([1, 2, 3, 4, 5, 6, 7],))
     assert _prefix(_stats(_update(sched, so))) == (1, 100, 96)
+
+
+# --------------------------------------------------------------------------- structured outputs
+
+
+def _structured(sched: Any, req_id: str, prompt: Sequence[int], **kwargs: Any) -> Future:
+    """Add a structured-output request whose grammar is still compiling;
+    returns the compile's Future (EngineCore's grammar_init makes one)."""
+    schema = StructuredOutputsParams(json={"type": "object"})
+    r = _req(req_id, prompt, structured_outputs=schema, **kwargs)
+    future: Future = Future()
+    r.structured_output_request.grammar = future
+    sched.add_request(r)
+    return future
+
+
+@sync_and_async
+def test_structured_output_waits_for_its_grammar(kind: str, async_scheduling: bool) -> None:
+    """A request whose grammar compiles is skipped, not a barrier: the
+    requests behind it run, it keeps its place and counts as skipped; once
+    compiled it is admitted as new and its rows get grammar masks."""
+    sched = vllm_setup.make_scheduler(kind, async_scheduling=async_scheduling)
+    fake_grammar.install(sched.structured_output_manager, reasoning=False)
+    sched.add_request(_req("a", _prompt(20, 1000)))
+    compile_b = _structured(sched, "b", _prompt(20, 2000))
+    sched.add_request(_req("c", _prompt(21, 3000)))
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"a": 20, "c": 21}
+    assert not so.has_structured_output_requests
+    assert sched.get_grammar_bitmask(so) is None
+    stats = _stats(_update(sched, so, {"a": [500], "c": [501]}))
+    assert (stats.num_waiting_reqs, stats.num_skipped_waiting_reqs) == (0, 1)
+    compile_b.set_result(fake_grammar.FakeGrammar())
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"a": 1, "c": 1, "b": 20}
+    assert _new_ids(so) == ["b"] and so.has_structured_output_requests
+    # Async: a and c still have a token in flight, but they have no grammar.
+    assert not so.pending_structured_output_tokens
+    mask = sched.get_grammar_bitmask(so)
+    assert mask.structured_output_request_ids == ["b"]
+    assert mask.grammar_bitmask.tolist() == [[1, 1]]  # nothing accepted yet
+    if async_scheduling:
+        # The engine schedules the next step before this one's output: b's
+        # mask for it must wait for the token in flight.
+        after = sched.schedule()
+        assert after.pending_structured_output_tokens
+        _update(sched, so, {"a": [502], "b": [503], "c": [504]})
+    else:
+        _update(sched, so, {"a": [502], "b": [503], "c": [504]})
+        after = sched.schedule()
+        assert not after.pending_structured_output_tokens
+    # Taken after b's token was accepted.
+    assert sched.get_grammar_bitmask(after).grammar_bitmask.tolist() == [[2, 2]]
+
+
+def test_a_grammar_that_fails_to_compile_ends_its_request(kind: str) -> None:
+    """Found failed by a waiting pass, the request is ended by the next
+    update: FINISHED_ERROR with a validation error, after the step's outputs."""
+    sched = vllm_setup.make_scheduler(kind)
+    sched.add_request(_req("a", _prompt(20, 1000)))
+    _structured(sched, "b", _prompt(20, 2000)).set_exception(ValueError("bad schema"))
+    so = sched.schedule()
+    assert so.num_scheduled_tokens == {"a": 20}
+    outs = _by_req(_update(sched, so, {"a": [500]}))
+    assert list(outs) == ["a", "b"]
+    b = outs["b"]
+    assert (b.new_token_ids, b.finish_reason) == ([], FinishReason.ERROR)
+    assert (b.error.code, b.error.message) == (
+        "validation_error",
+        "Invalid structured outputs: bad schema",
+    )
+    assert not sched.has_request("b") and sched.get_request_counts() == (1, 0)
+    assert "b" in sched.schedule().finished_req_ids
+
+
+def test_tokens_the_grammar_rejects_end_the_request(kind: str) -> None:
+    """A rejected token ends the request with ERROR even where the stop
+    check said stop (here EOS); it still carries the token."""
+    sched = vllm_setup.make_scheduler(kind)
+    fake_grammar.install(sched.structured_output_manager, reasoning=False)
+    for rid, base in (("a", 1000), ("b", 2000)):
+        _structured(sched, rid, _prompt(20, base)).set_result(fake_grammar.FakeGrammar())
+    so = sched.schedule()
+    sched.get_grammar_bitmask(so)
+    outs = _by_req(_update(sched, so, {"a": [fake_grammar.REJECTED], "b": [EOS]}))
+    assert (outs["a"].new_token_ids, outs["a"].finish_reason) == ([13], FinishReason.ERROR)
+    assert outs["a"].error is None
+    assert outs["b"].finish_reason == FinishReason.STOP
+    assert sched.get_request_counts() == (0, 0)
 
 
 # --------------------------------------------------------------------------- stopping

@@ -1,7 +1,10 @@
 """vLLM's own scheduler and the drop-in, built from the same VllmConfig and
 driven side by side with identical vLLM Requests and model-runner outputs:
 every SchedulerOutput, every EngineCoreOutputs and every request's state
-must be equal (timestamps aside)."""
+must be equal (timestamps aside). Structured-output requests get their
+grammars (``fake_grammar``) when the test resolves them, and grammar masks
+are taken when vLLM's EngineCore takes them: at once, or (async, a token
+still in flight) after the previous step's update."""
 
 from __future__ import annotations
 
@@ -10,9 +13,12 @@ import dataclasses
 import os
 import random
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import FinishReason
@@ -21,6 +27,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from ironbatch import _core
 
+import fake_grammar
 import vllm_setup
 
 # Request fields the drop-in keeps current at every step; tokens and
@@ -99,7 +106,13 @@ def _env(name: str, value: str | None) -> Iterator[None]:
 class VllmPair:
     """The two schedulers; ``events`` counts what a workload exercised."""
 
-    def __init__(self, rng: random.Random, model_runner_v1: bool = False, **settings: Any) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        model_runner_v1: bool = False,
+        reasoning: bool = False,
+        **settings: Any,
+    ) -> None:
         self.rng = rng
         self.settings = settings
         self.bs = settings.get("block_size", vllm_setup.DEFAULTS["block_size"])
@@ -110,19 +123,40 @@ class VllmPair:
             self.ours = vllm_setup.make_scheduler("ironbatch", **settings)
         assert self.vllm.use_v2_model_runner == self.ours.use_v2_model_runner != model_runner_v1
         assert type(self.ours).__module__ == "ironbatch.vllm.scheduler", type(self.ours)
+        for s in (self.vllm, self.ours):
+            fake_grammar.install(s.structured_output_manager, reasoning)
         # Steps scheduled, not yet updated: (vLLM's output, ours, rows that sample).
         self.in_flight: deque[tuple[SchedulerOutput, SchedulerOutput, list[str]]] = deque()
+        self.unmasked: set[int] = set()  # steps whose grammar masks wait (ids of vLLM's output)
         self.made: dict[str, tuple[Request, Request]] = {}  # each request, as each side got it
+        self.compiling: dict[str, tuple[Future, Future]] = {}  # grammars not yet resolved
         self.events: Counter = Counter()
+        #: The token each sampling request gets (the workload sets it).
+        self.choose: Callable[[], int] = lambda: 3
 
     # -- inputs -----------------------------------------------------------------
 
-    def add(self, rid: str, prompt: list[int], **kw: Any) -> None:
+    def add(self, rid: str, prompt: list[int], grammar: bool = False, **kw: Any) -> None:
+        if grammar:
+            kw["structured_outputs"] = StructuredOutputsParams(json={"type": "object"})
         pair = tuple(vllm_setup.make_request(rid, prompt, block_size=self.bs, **kw) for _ in "ab")
+        if grammar:  # compiling, as EngineCore's grammar_init leaves it
+            futures = (Future(), Future())
+            for r, future in zip(pair, futures, strict=True):
+                r.structured_output_request.grammar = future
+            self.compiling[rid] = futures
         self.made[rid] = pair
         self.vllm.add_request(pair[0])
         self.ours.add_request(pair[1])
         self.check_requests()
+
+    def resolve_grammar(self, rid: str, compiled: bool) -> None:
+        """The grammar compile of ``rid`` ends, alike for both sides."""
+        for future in self.compiling.pop(rid):
+            if compiled:
+                future.set_result(fake_grammar.FakeGrammar())
+            else:
+                future.set_exception(ValueError(f"bad schema for {rid}"))
 
     def abort(self, rids: list[str]) -> None:
         a = self.vllm.finish_requests(rids, RequestStatus.FINISHED_ABORTED)
@@ -150,8 +184,17 @@ class VllmPair:
     # -- steps --------------------------------------------------------------------
 
     def schedule(self) -> None:
+        if self.unmasked:
+            # EngineCore does not schedule past a step whose mask waits: it
+            # applies the previous step's output, then takes the mask.
+            self.update_oldest()
         a, b = self.vllm.schedule(), self.ours.schedule()
         assert scheduler_output_view(a) == scheduler_output_view(b)
+        if a.pending_structured_output_tokens:
+            self.unmasked.add(id(a))
+            self.events["masks_deferred"] += 1
+        else:
+            self.take_masks(a, b)
         # vLLM's runner samples for every scheduled request past its prefill.
         sampling = [
             rid for rid in a.num_scheduled_tokens if not self.vllm.requests[rid].is_prefill_chunk
@@ -169,9 +212,27 @@ class VllmPair:
         )
         self.check_requests()
 
-    def update_oldest(self, choose: Any) -> None:
-        """Apply the oldest step in flight; ``choose()`` gives each sampled token."""
+    def take_masks(self, a: SchedulerOutput, b: SchedulerOutput) -> None:
+        """Both schedulers' grammar masks for a step: the same rows, the
+        same bits (the fake grammars' states show in them)."""
+        self.unmasked.discard(id(a))
+        ga, gb = self.vllm.get_grammar_bitmask(a), self.ours.get_grammar_bitmask(b)
+        assert (ga is None) == (gb is None)
+        if ga is None:
+            return
+        assert ga.structured_output_request_ids == gb.structured_output_request_ids
+        assert np.array_equal(ga.grammar_bitmask, gb.grammar_bitmask)
+        assert ga.num_acceptable_drafts == gb.num_acceptable_drafts
+        self.events["masked_rows"] += len(ga.structured_output_request_ids)
+
+    def update_oldest(self, choose: Callable[[], int] | None = None) -> None:
+        """Apply the oldest step in flight; ``choose()`` (default
+        ``self.choose``) gives each sampled token. Masks that waited for
+        this output are taken after it."""
+        choose = choose or self.choose
         a, b, sampling = self.in_flight.popleft()
+        if id(a) in self.unmasked:
+            self.take_masks(a, b)
         runner_order = list(a.num_scheduled_tokens)
         self.rng.shuffle(runner_order)  # a persistent batch has its own row order
         tokens = {rid: [choose()] for rid in sampling}
@@ -184,11 +245,16 @@ class VllmPair:
         ob = self.ours.update_from_output(b, mro)
         va, vb = engine_outputs_view(oa), engine_outputs_view(ob)
         assert va == vb
+        for later_a, later_b, _ in self.in_flight:
+            if id(later_a) in self.unmasked:
+                self.take_masks(later_a, later_b)
         for eco in oa.values():
             for o in eco.outputs:
                 if o.finish_reason is not None:
                     self.events["finished"] += 1
                     self.events["repetition"] += o.finish_reason == FinishReason.REPETITION
+                    if o.finish_reason == FinishReason.ERROR:
+                        self.events["grammar_failed" if o.error else "grammar_rejected"] += 1
                     ra, rb = self.made[o.request_id]
                     assert request_view(ra) == request_view(rb), o.request_id
                 r = self.vllm.requests.get(o.request_id)
@@ -203,6 +269,11 @@ class VllmPair:
         assert list(a.requests) == list(b.requests)
         for rid, r in a.requests.items():
             assert request_view(r) == core_view(b, b.requests[rid]), rid
+            if r.use_structured_output:  # kept current by the drop-in, for the grammar
+                assert list(b.requests[rid].all_token_ids) == list(r.all_token_ids), rid
+                so_a, so_b = r.structured_output_request, b.requests[rid].structured_output_request
+                assert so_a.reasoning_ended == so_b.reasoning_ended, rid
+                self.events["reasoning_ended"] += bool(so_a.reasoning_ended)
         assert a.get_request_counts() == b.get_request_counts()
         assert a.get_num_unfinished_requests() == b.get_num_unfinished_requests()
         assert a.has_finished_requests() == b.has_finished_requests()

@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ironbatch.reference.block_table import BlockTable
+from ironbatch.reference.grammar import Grammar
 from ironbatch.reference.sequence import Sequence
 
 
@@ -94,6 +95,9 @@ class NewRequest:
     #: prompt logprobs, which a hit would leave uncomputed); its blocks are
     #: still cached for others.
     skip_reading_prefix_cache: bool = False
+    #: Its output follows a grammar (vLLM's structured outputs): it waits
+    #: for the grammar to compile, and the caller checks its tokens.
+    structured_output: bool = False
 
 
 @dataclass(eq=False)
@@ -130,6 +134,8 @@ class Request:
     #: Admitted without prefix-cache hits, and not counted in the
     #: prefix-cache stats.
     skip_reading_prefix_cache: bool = False
+    #: A structured-output request's grammar; None for the others.
+    grammar: Grammar | None = None
 
     @classmethod
     def waiting(cls, new: NewRequest, seq: Sequence) -> Request:
@@ -143,6 +149,7 @@ class Request:
             arrival_time=new.arrival_time + 0.0,
             seq=seq,
             skip_reading_prefix_cache=new.skip_reading_prefix_cache,
+            grammar=Grammar.COMPILING if new.structured_output else None,
         )
 
     @property

@@ -105,6 +105,19 @@ class StepOutput:
     preempted_req_ids: list[str] = field(default_factory=list)
     #: Finished since the previous step's output (sorted).
     finished_req_ids: list[str] = field(default_factory=list)
+    #: A structured-output request samples this step (vLLM's
+    #: ``has_structured_output_requests``: the model runner applies grammars).
+    has_structured_output_requests: bool = False
+    #: Async: a structured-output request sampling this step still has its
+    #: previous token in flight, so its grammar mask must wait for that
+    #: output (vLLM's ``pending_structured_output_tokens``).
+    pending_structured_output_tokens: bool = False
+    #: Requests this step's waiting pass released, their grammar compiled,
+    #: in the order reached (admitted or not).
+    grammar_released: list[int] = field(default_factory=list)
+    #: Requests this step's waiting pass reached whose grammar failed to
+    #: compile, in the order reached (still held; the caller ends them).
+    grammar_failed: list[int] = field(default_factory=list)
     #: Identify the scheduler and the step, so an output is applied once,
     #: to the scheduler that made it.
     scheduler_id: int = 0

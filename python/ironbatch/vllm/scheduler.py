@@ -16,8 +16,14 @@ core's columns, which is what keeps it cheap. So ``status``,
 ``num_preemptions``, ``stop_reason``, events and prefill stats are always
 current; ``output_token_ids``, ``all_token_ids`` and ``num_computed_tokens``
 are brought up to date when the request is admitted, resumed, finished or
-aborted, or on ``sync_requests()``. ``Request.block_hashes`` is not
-maintained: the core hashes blocks itself."""
+aborted, or on ``sync_requests()`` (a structured-output request's tokens at
+every step: its grammar reads them). ``Request.block_hashes`` is not
+maintained: the core hashes blocks itself.
+
+Structured outputs: the core holds a request until a waiting pass finds its
+grammar compiled and ends it when the grammar rejects its tokens (the accept
+hook, called inside the core's update loop); vLLM's
+``StructuredOutputManager`` compiles, masks and accepts."""
 
 from __future__ import annotations
 
@@ -32,7 +38,12 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.outputs import RequestError
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
-from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.output import (
+    CachedRequestData,
+    GrammarOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerStats
@@ -157,6 +168,12 @@ class Scheduler(SchedulerInterface):
         self._reset_preempted: set[str] = set()  # status already mirrored by a reset
         self._has_finished = False  # finished ids wait for the next schedule()
         self._rejected: list[tuple[Request, RequestError]] = []
+        # Structured outputs: requests whose grammar the core has not been
+        # told about yet, and compile errors a waiting pass reached (ended by
+        # the next update, as vLLM's grammar_compile_error_reqs are).
+        self._compiling: dict[str, Request] = {}
+        self._grammar_errors: dict[str, RequestError] = {}
+        self._out_of_step: set[str] = set()
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
             defaultdict(set) if include_finished_set else None
         )
@@ -188,7 +205,10 @@ class Scheduler(SchedulerInterface):
             arrival_time=request.arrival_time,
             cache_salt=request.cache_salt,
             skip_reading_prefix_cache=request.skip_reading_prefix_cache,
+            structured_output=request.use_structured_output,
         )
+        if request.use_structured_output:
+            self._compiling[rid] = request
         if slot >= len(self._by_slot):
             grow = slot + 1 - len(self._by_slot)
             self._by_slot.extend([None] * grow)
@@ -235,6 +255,7 @@ class Scheduler(SchedulerInterface):
     def _forget(self, request: Request) -> None:
         rid = request.request_id
         del self.requests[rid]
+        self._compiling.pop(rid, None)
         slot = self._slot_of.pop(rid)
         self._by_slot[slot] = None
         self._full_output_slots.discard(slot)
@@ -266,6 +287,8 @@ class Scheduler(SchedulerInterface):
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """One step, as vLLM's SchedulerOutput. ``throttle_prefills`` comes
         from data-parallel engines only, which use vLLM's own scheduler."""
+        if self._compiling:
+            self._report_grammars()
         step = self._core.schedule()
         self._has_finished = False
         rows = StepRows.of(step)
@@ -281,13 +304,33 @@ class Scheduler(SchedulerInterface):
             finished_req_ids=set(step.finished_req_ids),
             free_encoder_mm_hashes=[],
         )
+        output.has_structured_output_requests = step.has_structured_output_requests
+        output.pending_structured_output_tokens = step.pending_structured_output_tokens
         self._in_flight[id(output)] = (output, step, rows.slots)
         return output
+
+    def _report_grammars(self) -> None:
+        """Tell the core which grammars have finished compiling. vLLM reads
+        a grammar's Future when a waiting pass reaches the request; the core
+        applies the news at that same point, so reading it just before the
+        pass decides alike (bar a compile finishing within this call)."""
+        for rid, r in list(self._compiling.items()):
+            grammar = r.structured_output_request.grammar  # None while compiling
+            if grammar is not None:
+                self._core.report_grammar(rid, not isinstance(grammar, Exception))
+                del self._compiling[rid]
 
     def _mirror_step(self, step: Any, rows: StepRows) -> None:
         """Write what happened to vLLM's Requests: preemptions, admissions,
         and the tokens of resumed ones (the runner reinstalls them)."""
         now = time.monotonic()
+        for rid in step.grammar_released:
+            self.requests[rid].status = RequestStatus.WAITING  # then maybe admitted
+        for rid in step.grammar_failed:
+            grammar = self.requests[rid].structured_output_request.grammar
+            self._grammar_errors[rid] = RequestError(
+                code="validation_error", message=f"Invalid structured outputs: {grammar}"
+            )
         self._mirror_preemptions(step.preempted_req_ids, now)
         for i in rows.admitted:
             slot = rows.slots[i]
@@ -387,12 +430,60 @@ class Scheduler(SchedulerInterface):
             step=step,
             req_id_to_index=mro.req_id_to_index,
             sampled_token_ids=mro.sampled_token_ids,
+            accept=self._accept_tokens if step.has_structured_output_requests else None,
         )
         del self._in_flight[key]
+        if self._out_of_step:
+            for rid in self._out_of_step:
+                if (r := self.requests.get(rid)) is not None:
+                    self._sync(r, computed_too=False)
+            self._out_of_step.clear()
         self._note_nans(mro.num_nans_in_logits)
         outputs = self._outputs_by_client(step.req_ids, slots, update, mro)
+        if self._grammar_errors:
+            self._report_grammar_errors(outputs)
         self._report_rejected(outputs)
         return self._engine_core_outputs(outputs, mro.cudagraph_stats)
+
+    def _accept_tokens(self, rid: str, kept: list[int], num_tokens: int) -> bool:
+        """The core asks, mid-update, whether a structured-output request's
+        grammar takes the tokens it kept. They are appended to the Request
+        first (reasoning parsers read ``all_token_ids``): such a Request's
+        tokens are kept current, since every token it gets passes here."""
+        r = self.requests[rid]
+        r._all_token_ids.extend(kept)
+        r._output_token_ids.extend(kept)
+        if len(r._all_token_ids) != num_tokens:  # never expected: resynced after the update
+            logger.error("request %s: tokens out of step with the core", rid)
+            self._out_of_step.add(rid)
+        try:
+            if self.structured_output_manager.accept_tokens(r, kept):
+                return True
+            logger.error(
+                "Unexpected: grammar rejected tokens %s for request %s. Terminating request.",
+                kept,
+                rid,
+            )
+        except Exception:
+            logger.exception("request %s: the grammar failed on tokens %s; ending it", rid, kept)
+        r.resumable = False
+        return False
+
+    def _report_grammar_errors(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
+        """End the requests whose grammar failed to compile, after the
+        step's outputs, in vLLM's order (a set's)."""
+        errors, self._grammar_errors = self._grammar_errors, {}
+        for r in self.finish_requests(set(errors), RequestStatus.FINISHED_ERROR):
+            outputs[r.client_index].append(
+                EngineCoreOutput(
+                    request_id=r.request_id,
+                    new_token_ids=[],
+                    finish_reason=r.get_finished_reason(),
+                    events=r.take_events(),
+                    trace_headers=r.trace_headers,
+                    error=errors.get(r.request_id),
+                )
+            )
 
     def _note_nans(self, num_nans_in_logits: dict[str, int] | None) -> None:
         for rid, n in (num_nans_in_logits or {}).items():
@@ -501,8 +592,32 @@ class Scheduler(SchedulerInterface):
             eco.scheduler_stats = stats
         return result
 
-    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
-        return None  # no request here uses structured outputs
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """The grammar masks for the structured-output requests that sample
+        in this step, in scheduling order; None when there are none. Called
+        before the step's output is applied (in async, after the previous
+        step's), so requests that finished meanwhile drop out, as in vLLM."""
+        if not scheduler_output.has_structured_output_requests:
+            return None
+        entry = self._in_flight.get(id(scheduler_output))
+        if entry is None or entry[0] is not scheduler_output:
+            raise ValueError(
+                "scheduler_output was not made by this scheduler's schedule(), "
+                "or its output was already applied"
+            )
+        step = entry[1]
+        samples = step.columns()["samples"].tolist()
+        ids = [
+            rid
+            for rid, sampling in zip(step.req_ids, samples, strict=True)
+            if sampling and (r := self.requests.get(rid)) is not None and r.use_structured_output
+        ]
+        if not ids:
+            return None
+        bitmask = self.structured_output_manager.grammar_bitmask(
+            self.requests, ids, scheduler_output.scheduled_spec_decode_tokens
+        )
+        return GrammarOutput(ids, bitmask, [0] * len(ids))  # no drafts here
 
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:
         raise RuntimeError("ironbatch.vllm.Scheduler does not schedule draft tokens")

@@ -26,7 +26,6 @@ def unsupported_config(
 
     c = vllm_config
     sc, mc, pc = c.scheduler_config, c.model_config, c.parallel_config
-    so = c.structured_outputs_config
     groups = kv_cache_config.kv_cache_groups
     checks: list[tuple[bool, str]] = [
         (c.lora_config is not None, "LoRA"),
@@ -44,7 +43,6 @@ def unsupported_config(
         (mc.runner_type != "generate" or mc.is_diffusion, f"the {mc.runner_type!r} runner"),
         (bool(mc.enable_prompt_embeds), "prompt embeddings"),
         (bool(mc.return_sampling_mask), "sampling masks"),
-        (so.backend != "auto" or bool(so.reasoning_parser), "structured outputs"),
         (
             # MLA's blocks are counted, hashed and cached as full attention's
             # (vLLM gives both the same manager); only the page size differs.
@@ -80,7 +78,6 @@ def unsupported_request(request: Any) -> str | None:
     sp = request.sampling_params
     checks: list[tuple[bool, str]] = [
         (sp is None or request.pooling_params is not None, "pooling"),
-        (request.use_structured_output, "structured outputs"),
         (bool(request.mm_features), "multimodal inputs"),
         (request.lora_request is not None, "LoRA"),
         (request.prompt_embeds is not None, "prompt embeddings"),

@@ -9,7 +9,7 @@
 use super::args::{count, u32_list};
 use super::prefix_cache_stats::PyPrefixCacheStats;
 use crate::kv_cache_manager::KvCacheConfig;
-use crate::request::{NewRequest, Repetition, RequestStatus, StopReason, StopRules};
+use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopReason, StopRules};
 use crate::scheduler::{Pause, Scheduler};
 use crate::scheduler_config::{Policy, SchedulerConfig};
 use crate::slab::Slot;
@@ -39,6 +39,8 @@ pub struct PyStep {
     preempted_req_ids: Vec<String>,
     #[pyo3(get)]
     finished_req_ids: Vec<String>,
+    grammar_released: Vec<String>,
+    grammar_failed: Vec<String>,
 }
 
 impl PyStep {
@@ -56,6 +58,33 @@ impl PyStep {
 
     fn __len__(&self) -> usize {
         self.step.entries.len()
+    }
+
+    /// A structured-output request samples this step.
+    #[getter]
+    fn has_structured_output_requests(&self) -> bool {
+        self.step.has_structured_output_requests
+    }
+
+    /// Async: a structured-output request sampling this step still has its
+    /// previous token in flight.
+    #[getter]
+    fn pending_structured_output_tokens(&self) -> bool {
+        self.step.pending_structured_output_tokens
+    }
+
+    /// Requests whose grammar this step's waiting pass found compiled (now
+    /// released), in the order reached.
+    #[getter]
+    fn grammar_released(&self) -> Vec<String> {
+        self.grammar_released.clone()
+    }
+
+    /// Requests whose grammar this step's waiting pass found failed (still
+    /// held), in the order reached.
+    #[getter]
+    fn grammar_failed(&self) -> Vec<String> {
+        self.grammar_failed.clone()
     }
 }
 
@@ -169,15 +198,38 @@ pub(super) fn token(i: usize, t: i64) -> PyResult<u32> {
 
 impl PyScheduler {
     /// Apply checked tokens (entry `i` gets `tokens[offsets[i]..offsets[i+1]]`)
-    /// and return the update as a Python object.
+    /// and return the update as a Python object. `accept(request_id, kept,
+    /// num_tokens)` judges each structured-output request's kept tokens
+    /// (`num_tokens`: its length with them); one that raises counts as a
+    /// rejection (the error goes to `sys.unraisablehook`), so a failing
+    /// check ends one request, never the update.
     pub(super) fn apply(
         &mut self,
         py: Python<'_>,
         step: &StepOutput,
         tokens: &[u32],
         offsets: &[usize],
+        accept: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStepUpdate> {
-        let out = self.core.update_from_output(step, tokens, offsets)?;
+        let py_ids = &self.py_ids;
+        let mut check = |slot: Slot, r: &Request, kept: &[u32]| -> bool {
+            let Some(accept) = accept else {
+                return true;
+            };
+            let id = py_ids[slot as usize]
+                .as_ref()
+                .expect("a scheduled request is live");
+            let verdict = accept
+                .call1((id.bind(py), kept.to_vec(), r.num_tokens()))
+                .and_then(|v| v.is_truthy());
+            verdict.unwrap_or_else(|e| {
+                e.write_unraisable(py, Some(accept));
+                false
+            })
+        };
+        let out = self
+            .core
+            .update_from_output_checked(step, tokens, offsets, &mut check)?;
         let rows: Vec<i32> = out.records.iter().map(|rec| rec.entry as i32).collect();
         let cached: Vec<i64> = out
             .records
@@ -269,7 +321,8 @@ impl PyScheduler {
     /// `eos_token_id` is None when there is none or EOS is ignored.
     #[pyo3(signature = (*, request_id, prompt_token_ids, max_tokens, min_tokens, eos_token_id,
                         stop_token_ids, repetition_detection, priority, arrival_time,
-                        cache_salt, skip_reading_prefix_cache=false))]
+                        cache_salt, skip_reading_prefix_cache=false,
+                        structured_output=false))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -284,6 +337,7 @@ impl PyScheduler {
         arrival_time: f64,
         cache_salt: Option<String>,
         skip_reading_prefix_cache: bool,
+        structured_output: bool,
     ) -> PyResult<Slot> {
         let new = NewRequest {
             request_id: request_id.to_str()?.to_owned(),
@@ -299,6 +353,7 @@ impl PyScheduler {
             arrival_time,
             cache_salt,
             skip_reading_prefix_cache,
+            structured_output,
         };
         let slot = self.core.add_request(new)?;
         if self.py_ids.len() <= slot as usize {
@@ -326,25 +381,37 @@ impl PyScheduler {
         for (name, c) in std::mem::take(&mut step.columns).into_named() {
             columns.set_item(name, column(py, c))?;
         }
+        let id_of = |slot: &Slot| self.core.request(*slot).map(|r| r.request_id.clone());
         Ok(PyStep {
             preempted_req_ids: std::mem::take(&mut step.preempted_req_ids),
             finished_req_ids: std::mem::take(&mut step.finished_req_ids),
+            grammar_released: step.grammar_released.iter().filter_map(id_of).collect(),
+            grammar_failed: step.grammar_failed.iter().filter_map(id_of).collect(),
             step,
             req_ids: ids.unbind(),
             columns: columns.unbind(),
         })
     }
 
+    /// A structured-output request's grammar compiled (`compiled=True`) or
+    /// failed; it counts when a waiting pass next reaches the request.
+    #[pyo3(signature = (*, request_id, compiled))]
+    fn report_grammar(&mut self, request_id: &str, compiled: bool) -> PyResult<()> {
+        Ok(self.core.report_grammar(request_id, compiled)?)
+    }
+
     /// Apply a step's tokens. With `offsets`, entry `i` gets
     /// `token_ids[offsets[i]:offsets[i+1]]`; without, `token_ids` holds one
-    /// token per entry in scheduling order, -1 for none.
-    #[pyo3(signature = (*, step, token_ids, offsets))]
+    /// token per entry in scheduling order, -1 for none. `accept` judges
+    /// structured-output requests' tokens (see `apply`).
+    #[pyo3(signature = (*, step, token_ids, offsets, accept=None))]
     fn update_from_output<'py>(
         &mut self,
         py: Python<'py>,
         step: &Bound<'py, PyStep>,
         token_ids: PyReadonlyArray1<'py, i64>,
         offsets: Option<PyReadonlyArray1<'py, i64>>,
+        accept: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyStepUpdate> {
         let step = step.get();
         let raw = token_ids.as_array();
@@ -385,7 +452,7 @@ impl PyScheduler {
                 (tokens, offsets)
             }
         };
-        self.apply(py, &step.step, &tokens, &offsets)
+        self.apply(py, &step.step, &tokens, &offsets, accept)
     }
 
     /// End requests from outside, freeing them in the order given (unknown
@@ -494,6 +561,7 @@ impl PyScheduler {
             row.set_item("stale_tokens", r.stale_tokens)?;
             row.set_item("drop_stale", r.drop_stale)?;
             row.set_item("deferred", r.deferred)?;
+            row.set_item("grammar", r.grammar.map(|g| g.name()))?;
             requests.set_item(&r.request_id, row)?;
         }
         d.set_item("requests", requests)?;

@@ -11,15 +11,17 @@ use pyo3::types::{PyDict, PyList};
 /// Apply a vLLM `ModelRunnerOutput`'s tokens: entry `i` of `step` gets
 /// `sampled_token_ids[req_id_to_index[req_ids[i]]]` (none when the list is
 /// empty). A live scheduled request missing from `req_id_to_index` is
-/// refused; everything is checked before anything changes.
+/// refused; everything is checked before anything changes. `accept` judges
+/// structured-output requests' tokens, as in `Scheduler.update_from_output`.
 #[pyfunction]
-#[pyo3(signature = (scheduler, *, step, req_id_to_index, sampled_token_ids))]
+#[pyo3(signature = (scheduler, *, step, req_id_to_index, sampled_token_ids, accept=None))]
 pub fn vllm_update_from_runner_output<'py>(
     py: Python<'py>,
     scheduler: &Bound<'py, PyScheduler>,
     step: &Bound<'py, PyStep>,
     req_id_to_index: &Bound<'py, PyDict>,
     sampled_token_ids: &Bound<'py, PyList>,
+    accept: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<PyStepUpdate> {
     let mut scheduler = scheduler.borrow_mut();
     let step = step.get();
@@ -57,7 +59,7 @@ pub fn vllm_update_from_runner_output<'py>(
         }
         offsets.push(tokens.len());
     }
-    scheduler.apply(py, &step.step, &tokens, &offsets)
+    scheduler.apply(py, &step.step, &tokens, &offsets, accept)
 }
 
 /// A live request's tokens (prompt first) and `num_computed_tokens`, to

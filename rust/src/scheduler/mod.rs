@@ -80,6 +80,10 @@ struct StepDraft {
     entries: Vec<StepEntry>,
     /// Someone was preempted this step: no admissions (Q5).
     preempted_any: bool,
+    /// Structured-output requests the waiting pass released or found
+    /// failed (§4.10).
+    grammar_released: Vec<Slot>,
+    grammar_failed: Vec<Slot>,
 }
 
 /// vLLM 0.33's V1 scheduler.
@@ -206,10 +210,34 @@ impl Scheduler {
         );
         let request = Request::waiting(new, seq);
         let id = request.request_id.clone();
+        let held = request.grammar.is_some();
         let slot = self.requests.insert(request);
         self.waiting.add(slot, &self.requests[slot]);
         self.ids.insert(id, slot);
+        if held {
+            self.defer(slot); // counted as skipped from the start, as vLLM does
+        }
         Ok(slot)
+    }
+
+    /// The caller's news of a structured-output request's grammar: compiled
+    /// (`true`) or failed (`false`). It counts when a waiting pass next
+    /// reaches the request (§4.10). Refused for an id without a live
+    /// request, for a request without a grammar, and once it is released.
+    pub fn report_grammar(&mut self, request_id: &str, compiled: bool) -> Result<(), Error> {
+        let slot = *self.ids.get(request_id).ok_or_else(|| {
+            Error::invalid(format!("request_id {request_id:?} is not a live request"))
+        })?;
+        let r = &mut self.requests[slot];
+        let id = &r.request_id;
+        let grammar = r.grammar.as_mut().ok_or_else(|| {
+            Error::invalid(format!(
+                "request {id:?} has no grammar (structured_output=False)"
+            ))
+        })?;
+        grammar
+            .report(compiled)
+            .map_err(|why| Error::invalid(format!("request {id:?}: {why}")))
     }
 
     fn check_new_request(&self, new: &NewRequest) -> Result<(), Error> {
@@ -302,13 +330,18 @@ impl Scheduler {
             threshold: self.long_prefill_threshold(),
             entries: Vec::with_capacity(self.running.len() + 4),
             preempted_any: false,
+            grammar_released: Vec::new(),
+            grammar_failed: Vec::new(),
         };
         self.schedule_running(&mut draft);
         // Any preemption cancels this step's admissions (Q5).
         if !draft.preempted_any && self.pause == Pause::Unpaused {
             self.schedule_waiting(&mut draft);
         }
-        self.finish_step(draft.entries)
+        let mut out = self.finish_step(draft.entries);
+        out.grammar_released = draft.grammar_released;
+        out.grammar_failed = draft.grammar_failed;
+        out
     }
 
     /// This step's `long_prefill_token_threshold`: off (0) with a single

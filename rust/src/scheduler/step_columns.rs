@@ -26,8 +26,15 @@ impl Scheduler {
             out.end_entry(end);
             r.seq.num_computed_tokens += e.num_tokens;
             r.in_flight_tokens += e.num_tokens;
-            if self.config.async_scheduling && !r.is_prefill_chunk() {
-                r.num_output_placeholders += 1; // the token this step samples
+            if !r.is_prefill_chunk() {
+                let structured = r.grammar.is_some();
+                out.has_structured_output_requests |= structured;
+                if self.config.async_scheduling {
+                    // Its grammar mask needs the token still in flight.
+                    out.pending_structured_output_tokens |=
+                        structured && r.num_output_placeholders > 0;
+                    r.num_output_placeholders += 1; // the token this step samples
+                }
             }
         }
         out.entries = entries;

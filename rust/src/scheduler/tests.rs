@@ -68,6 +68,7 @@ fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
         arrival_time: 0.0,
         cache_salt: None,
         skip_reading_prefix_cache: false,
+        structured_output: false,
     }
 }
 
@@ -416,5 +417,88 @@ fn refused_requests_change_nothing() {
     assert_eq!(s.num_unfinished_requests(), 1);
     let freed = s.finish_requests(&["a", "a", "zz"], RequestStatus::FinishedAborted);
     assert_eq!(freed.len(), 1);
+    assert_eq!(s.num_unfinished_requests(), 0);
+}
+
+fn add_structured(s: &mut Scheduler, id: &str, tokens: std::ops::RangeInclusive<u32>) -> Slot {
+    let mut r = new_request(id, tokens.collect(), 40);
+    r.structured_output = true;
+    s.add_request(r).unwrap()
+}
+
+#[test]
+fn a_grammar_holds_its_request_until_a_pass_finds_it_compiled() {
+    let mut s = scheduler(Setup::default());
+    add(&mut s, "a", 3..=22);
+    let b = add_structured(&mut s, "b", 30..=49);
+    add(&mut s, "c", 60..=80);
+    assert_eq!(s.make_stats().num_skipped_waiting_reqs, 1); // held from the start
+    let out = s.schedule();
+    // b is skipped, not a barrier; it keeps its place at the head.
+    assert_eq!(
+        rows(&s, &out),
+        vec![row("a", 20, 0, [1, 2]), row("c", 21, 0, [3, 4])]
+    );
+    assert!(out.grammar_released.is_empty() && !out.has_structured_output_requests);
+    let (tokens, offsets) = sampled(&s, &out, |_| Some(100));
+    s.update_from_output(&out, &tokens, &offsets).unwrap();
+    s.report_grammar("b", true).unwrap();
+    let out = s.schedule();
+    assert_eq!(out.grammar_released, vec![b]);
+    assert_eq!(rows(&s, &out)[2], row("b", 20, 0, [5, 6]));
+    assert!(out.has_structured_output_requests); // b samples this step
+    assert_eq!(s.make_stats().num_skipped_waiting_reqs, 0);
+    assert!(s.report_grammar("b", false).is_err()); // in use now
+    assert!(s.report_grammar("a", true).is_err()); // no grammar
+    assert!(s.report_grammar("zz", true).is_err()); // unknown
+}
+
+#[test]
+fn a_failed_grammar_is_reported_when_reached_and_holds_until_ended() {
+    let mut s = scheduler(Setup::default());
+    let b = add_structured(&mut s, "b", 30..=49);
+    s.report_grammar("b", false).unwrap();
+    for _ in 0..2 {
+        let out = s.schedule();
+        assert!(out.entries.is_empty());
+        assert_eq!(out.grammar_failed, vec![b]);
+    }
+    assert_eq!(
+        s.finish_requests(&["b"], RequestStatus::FinishedError),
+        vec![b]
+    );
+    assert_eq!(s.num_unfinished_requests(), 0);
+    assert_eq!(s.make_stats().num_skipped_waiting_reqs, 0);
+}
+
+#[test]
+fn a_rejected_output_ends_the_request_with_an_error() {
+    let mut s = scheduler(Setup::default());
+    let a = add_structured(&mut s, "a", 3..=22);
+    add(&mut s, "b", 30..=49);
+    s.report_grammar("a", true).unwrap();
+    let out = s.schedule();
+    let (tokens, offsets) = sampled(&s, &out, |id| Some(if id == "a" { 13 } else { 2 }));
+    let mut asked = vec![];
+    let update = s
+        .update_from_output_checked(&out, &tokens, &offsets, &mut |slot, r, kept| {
+            asked.push((slot, kept.to_vec(), r.num_tokens()));
+            kept != [13]
+        })
+        .unwrap();
+    assert_eq!(asked, vec![(a, vec![13], 21)]); // only the structured request
+    let ends: Vec<_> = update
+        .finished
+        .iter()
+        .map(|f| (f.request_id.as_str(), f.status))
+        .collect();
+    // Both end in this update, in row order (each is freed at its row).
+    assert_eq!(
+        ends,
+        vec![
+            ("a", RequestStatus::FinishedError),
+            ("b", RequestStatus::FinishedStopped)
+        ]
+    );
     assert_eq!(s.num_unfinished_requests(), 0);
 }

@@ -1,6 +1,7 @@
 //! `update_from_output` (docs/scheduling.md §5): the tokens a step sampled
-//! come back; each is appended and checked for a stop, finished requests
-//! are freed in scheduling order, and (async) placeholders are resolved.
+//! come back; each is appended and checked for a stop (and, for a
+//! structured-output request, against its grammar), finished requests are
+//! freed in scheduling order, and (async) placeholders are resolved.
 
 use super::Scheduler;
 use crate::error::Error;
@@ -20,6 +21,21 @@ impl Scheduler {
         tokens: &[u32],
         offsets: &[usize],
     ) -> Result<UpdateOutput, Error> {
+        self.update_from_output_checked(step, tokens, offsets, &mut |_, _, _| true)
+    }
+
+    /// [`Self::update_from_output`], asking `accept(slot, request, kept)`
+    /// about the tokens each structured-output request kept (appended
+    /// already, after the stop check trimmed them; delivered stale output
+    /// included). `false` ends the request with an error, whatever the stop
+    /// check said (§5.2): its grammar rejected them.
+    pub fn update_from_output_checked(
+        &mut self,
+        step: &StepOutput,
+        tokens: &[u32],
+        offsets: &[usize],
+        accept: &mut dyn FnMut(Slot, &Request, &[u32]) -> bool,
+    ) -> Result<UpdateOutput, Error> {
         self.check_update(step, tokens, offsets)?;
         self.pending_steps.retain(|&s| s != step.step_id);
         self.touch_ahead(step);
@@ -30,7 +46,7 @@ impl Scheduler {
                 continue; // finished (and maybe its slot reused) meanwhile
             }
             let sampled = &tokens[offsets[i]..offsets[i + 1]];
-            let Some(status_before) = self.apply_output(i, e, sampled, &mut out) else {
+            let Some(status_before) = self.apply_output(i, e, sampled, accept, &mut out) else {
                 continue;
             };
             // Freed now, in scheduling order: this shapes the free queue (Q18).
@@ -55,6 +71,7 @@ impl Scheduler {
         row: usize,
         e: &StepEntry,
         sampled: &[u32],
+        accept: &mut dyn FnMut(Slot, &Request, &[u32]) -> bool,
         out: &mut UpdateOutput,
     ) -> Option<RequestStatus> {
         let max_len = self.config.max_model_len;
@@ -73,7 +90,7 @@ impl Scheduler {
         }
         let status_before = r.status;
         let start = out.tokens.len();
-        let finished = append_until_stop(r, sampled, kv, max_len, &mut out.tokens);
+        let mut finished = append_until_stop(r, sampled, kv, max_len, &mut out.tokens);
         if finished && !stale {
             // Positions scheduled for tokens after the stop were for nothing.
             let unused = sampled.len() - (out.tokens.len() - start);
@@ -81,6 +98,10 @@ impl Scheduler {
         }
         if !stale && r.num_output_placeholders > 0 {
             resolve_placeholders(kv, r, sampled.len(), status_before);
+        }
+        if r.grammar.is_some() && !accept(e.slot, r, &out.tokens[start..]) {
+            r.status = RequestStatus::FinishedError; // the grammar rejected them
+            finished = true;
         }
         out.records.push(UpdateRecord {
             entry: row as u32,

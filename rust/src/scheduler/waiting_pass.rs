@@ -3,6 +3,7 @@
 //! allow, each with its longest cached prefix.
 
 use super::{Scheduler, StepDraft};
+use crate::grammar::Reached;
 use crate::request::RequestStatus;
 use crate::slab::Slot;
 use crate::step::Kind;
@@ -19,10 +20,27 @@ impl Scheduler {
             let Some(slot) = self.waiting.peek() else {
                 break;
             };
+            // Held for its grammar (§4.10); the compile result counts now.
+            if let Some(grammar) = self.requests[slot].grammar.as_mut() {
+                match grammar.reach() {
+                    Reached::Held => {
+                        self.skip(slot, &mut skipped);
+                        continue;
+                    }
+                    Reached::Failed => {
+                        draft.grammar_failed.push(slot);
+                        self.skip(slot, &mut skipped);
+                        continue;
+                    }
+                    Reached::Go { released } => {
+                        if released {
+                            draft.grammar_released.push(slot);
+                        }
+                    }
+                }
+            }
             if self.output_in_flight(slot) {
-                self.defer(slot);
-                self.waiting.pop();
-                skipped.push(slot);
+                self.skip(slot, &mut skipped);
                 continue;
             }
             if !self.admit(slot, draft) {
@@ -43,9 +61,16 @@ impl Scheduler {
         r.stale_tokens > 0 && !r.drop_stale
     }
 
+    /// Take the head out of this pass; it goes back at the end.
+    fn skip(&mut self, slot: Slot, skipped: &mut Vec<Slot>) {
+        self.defer(slot);
+        self.waiting.pop();
+        skipped.push(slot);
+    }
+
     /// Count a request as skipped by the waiting pass (vLLM's
     /// `deferred_waiting`, reported in the stats) until it is admitted.
-    fn defer(&mut self, slot: Slot) {
+    pub(super) fn defer(&mut self, slot: Slot) {
         let r = &mut self.requests[slot];
         if !r.deferred {
             r.deferred = true;

@@ -89,6 +89,10 @@ class StepDraft:
     entries: list[StepEntry] = field(default_factory=list)
     #: Someone was preempted this step: no admissions (Q5).
     preempted_any: bool = False
+    #: Structured-output requests the waiting pass released or found failed
+    #: (§4.10).
+    grammar_released: list[int] = field(default_factory=list)
+    grammar_failed: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -172,7 +176,27 @@ class Scheduler:
         slot = self.requests.insert(r)
         self.waiting_queue.add(slot, r)
         self.ids[r.request_id] = slot
+        if r.grammar is not None:
+            waiting_pass.defer(self, slot)  # counted as skipped from the start, as vLLM does
         return slot
+
+    def report_grammar(self, request_id: str, compiled: bool) -> None:
+        """The caller's news of a structured-output request's grammar:
+        compiled (True) or failed (False). It counts when a waiting pass next
+        reaches the request (docs/scheduling.md §4.10). Refused
+        (``ValueError``) for an id without a live request, for a request
+        without a grammar, and once it is released."""
+        slot = self.ids.get(request_id)
+        if slot is None:
+            raise ValueError(f"request_id {debug_str(request_id)} is not a live request")
+        r = self.requests[slot]
+        rid = debug_str(r.request_id)
+        if r.grammar is None:
+            raise ValueError(f"request {rid} has no grammar (structured_output=False)")
+        try:
+            r.grammar = r.grammar.report(compiled)
+        except ValueError as why:
+            raise ValueError(f"request {rid}: {why}") from None
 
     def check_new_request(self, new: NewRequest) -> None:
         rid = new.request_id
@@ -243,7 +267,10 @@ class Scheduler:
         # Any preemption cancels this step's admissions (Q5).
         if not draft.preempted_any and self._pause == Pause.UNPAUSED:
             waiting_pass.schedule_waiting(self, draft)
-        return finish_step(self, draft.entries)
+        out = finish_step(self, draft.entries)
+        out.grammar_released = draft.grammar_released
+        out.grammar_failed = draft.grammar_failed
+        return out
 
     def long_prefill_threshold(self) -> int:
         """This step's ``long_prefill_token_threshold``: off (0) with a single
@@ -264,6 +291,14 @@ class Scheduler:
         ``tokens[offsets[i]:offsets[i + 1]]`` (docs/scheduling.md §5).
         Checked first, so a ``ValueError`` changes nothing."""
         return update.update_from_output(self, step, tokens, offsets)
+
+    def update_from_output_checked(
+        self, step: StepOutput, tokens: list[int], offsets: list[int], accept: update.AcceptKept
+    ) -> UpdateOutput:
+        """``update_from_output``, asking ``accept(slot, request, kept)``
+        about each structured-output request's kept tokens; False ends the
+        request with an error (docs/scheduling.md §5.2)."""
+        return update.update_from_output_checked(self, step, tokens, offsets, accept)
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         """Forget every cached block hash (docs/scheduling.md §7.10); refused
@@ -312,6 +347,7 @@ class Scheduler:
                 "stale_tokens": r.stale_tokens,
                 "drop_stale": r.drop_stale,
                 "deferred": r.deferred,
+                "grammar": None if r.grammar is None else r.grammar.name,
             }
         pool = self.kv.pool
         return {

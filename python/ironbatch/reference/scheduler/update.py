@@ -1,9 +1,11 @@
 """``update_from_output`` (docs/scheduling.md §5): the tokens a step sampled
-come back; each is appended and checked for a stop, finished requests are
-freed in scheduling order, and (async) placeholders are resolved."""
+come back; each is appended and checked for a stop (and, for a
+structured-output request, against its grammar), finished requests are freed
+in scheduling order, and (async) placeholders are resolved."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.error import foreign_step, step_already_applied
@@ -15,6 +17,15 @@ from ironbatch.reference.stop_check import check_stop
 if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler
 
+#: ``accept(slot, request, kept)``: whether a structured-output request's
+#: grammar takes the tokens it kept (it must not raise: the bindings catch).
+AcceptKept = Callable[[int, Request, list[int]], bool]
+
+
+def accept_all(slot: int, request: Request, kept: list[int]) -> bool:
+    del slot, request, kept
+    return True
+
 
 def update_from_output(
     s: Scheduler, step: StepOutput, tokens: list[int], offsets: list[int]
@@ -22,6 +33,17 @@ def update_from_output(
     """Apply a step's sampled tokens: entry ``i`` of ``step`` gets
     ``tokens[offsets[i]:offsets[i + 1]]``. Checked first, so a
     ``ValueError`` changes nothing."""
+    return update_from_output_checked(s, step, tokens, offsets, accept_all)
+
+
+def update_from_output_checked(
+    s: Scheduler, step: StepOutput, tokens: list[int], offsets: list[int], accept: AcceptKept
+) -> UpdateOutput:
+    """``update_from_output``, asking ``accept(slot, request, kept)`` about
+    the tokens each structured-output request kept (appended already, after
+    the stop check trimmed them; delivered stale output included). False
+    ends the request with an error, whatever the stop check said (§5.2): its
+    grammar rejected them."""
     check_update(s, step, tokens, offsets)
     s.pending_steps.remove(step.step_id)
     out = UpdateOutput()
@@ -29,7 +51,8 @@ def update_from_output(
     for i, e in enumerate(step.entries):
         if not s.requests.holds(e.slot, e.generation):
             continue  # finished (and maybe its slot reused) meanwhile
-        status_before = apply_output(s, i, e, tokens[offsets[i] : offsets[i + 1]], out)
+        sampled = tokens[offsets[i] : offsets[i + 1]]
+        status_before = apply_output(s, i, e, sampled, accept, out)
         if status_before is None:
             continue
         # Freed now, in scheduling order: this shapes the free queue (Q18).
@@ -45,7 +68,7 @@ def update_from_output(
 
 
 def apply_output(
-    s: Scheduler, row: int, e: StepEntry, sampled: list[int], out: UpdateOutput
+    s: Scheduler, row: int, e: StepEntry, sampled: list[int], accept: AcceptKept, out: UpdateOutput
 ) -> RequestStatus | None:
     """Apply entry ``row``'s tokens to its request and record them in
     ``out``. Returns the request's status before, if it finished (the
@@ -69,6 +92,9 @@ def apply_output(
         r.seq.num_computed_tokens -= min(unused, r.seq.num_computed_tokens)
     if not stale and r.num_output_placeholders > 0:
         resolve_placeholders(kv, r, len(sampled), status_before)
+    if r.grammar is not None and not accept(e.slot, r, out.tokens[start:]):
+        r.status = RequestStatus.FINISHED_ERROR  # the grammar rejected them
+        finished = True
     out.records.append(UpdateRecord(row, e.slot, len(out.tokens), kv.num_cached_tokens(r.table)))
     if not finished:
         return None

@@ -26,10 +26,19 @@ def schedule_waiting(s: Scheduler, draft: StepDraft) -> None:
         slot = s.waiting_queue.peek()
         if slot is None:
             break
+        # Held for its grammar (§4.10); the compile result counts now.
+        r = s.requests[slot]
+        if r.grammar is not None:
+            r.grammar, reached = r.grammar.reach()
+            if reached.failed:
+                draft.grammar_failed.append(slot)
+            if not reached.go:
+                skip(s, slot, skipped)
+                continue
+            if reached.released:
+                draft.grammar_released.append(slot)
         if output_in_flight(s, slot):
-            defer(s, slot)
-            s.waiting_queue.pop()
-            skipped.append(slot)
+            skip(s, slot, skipped)
             continue
         if not admit(s, slot, draft):
             break  # it stays at the head
@@ -44,6 +53,13 @@ def output_in_flight(s: Scheduler, slot: int) -> bool:
     dropped it."""
     r = s.requests[slot]
     return r.stale_tokens > 0 and not r.drop_stale
+
+
+def skip(s: Scheduler, slot: int, skipped: list[int]) -> None:
+    """Take the head out of this pass; it goes back at the end."""
+    defer(s, slot)
+    s.waiting_queue.pop()
+    skipped.append(slot)
 
 
 def defer(s: Scheduler, slot: int) -> None:
