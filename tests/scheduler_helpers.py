@@ -12,6 +12,7 @@ from ironbatch import (
     SamplingParams,
     Scheduler,
     SchedulerConfig,
+    reference,
 )
 
 BACKENDS = ["rust", "python"]
@@ -78,3 +79,27 @@ def step(s: Scheduler, tokens: int | Mapping[str, int] = 100) -> tuple[Any, list
                 sampled[rid] = [t]
     updates = s.update_from_output(out, sampled)
     return out, [[u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason] for u in updates]
+
+
+def kv_events(s: Any) -> list[tuple[Any, ...]]:
+    """KV-cache events of the core (``CoreScheduler``) or the twin, as
+    (kind, slot, first block, block ids or count)."""
+    out = []
+    for e in s.take_kv_events():
+        if isinstance(e, reference.kv_events.Stored):
+            out.append(("stored", e.owner, e.first_block, e.block_ids))
+        elif isinstance(e, reference.kv_events.Hit):
+            out.append(("hit", e.owner, 0, e.num_blocks))
+        elif isinstance(e, reference.kv_events.Removed):
+            out.append(("removed", None, 0, e.block_id))
+        elif isinstance(e, reference.kv_events.Cleared):
+            out.append(("cleared", None, 0, None))
+        elif e.kind == "stored":
+            out.append(("stored", e.slot, e.first_block, e.block_ids))
+        elif e.kind == "hit":
+            out.append(("hit", e.slot, 0, e.num_blocks))
+        elif e.kind == "removed":
+            out.append(("removed", None, 0, e.block_ids[0]))
+        else:
+            out.append((e.kind, None, 0, None))
+    return out

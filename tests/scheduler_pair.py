@@ -11,7 +11,7 @@ from ironbatch import Scheduler
 from ironbatch.reference.block import cdiv
 from ironbatch.scheduler_output import STEP_COLUMNS
 
-from scheduler_helpers import make, req
+from scheduler_helpers import kv_events, make, req
 
 
 class SchedulerPair:
@@ -23,6 +23,10 @@ class SchedulerPair:
         self.in_flight: list[tuple[Any, Any]] = []  # outputs not yet applied, oldest first
         self.events: Counter = Counter()
         self._failed_grammars: list[str] = []
+        # KV-cache events, compared after every call (the backends' cores).
+        self.cores = (self.rust._core.core, self.twin._core.twin)
+        for core in self.cores:
+            core.enable_kv_events()
 
     def add(self, rid: str, tokens: list[int], **kw: Any) -> bool:
         results = []
@@ -130,6 +134,10 @@ class SchedulerPair:
         self.check()
 
     def check(self) -> None:
+        ea, eb = (kv_events(core) for core in self.cores)
+        assert ea == eb
+        for kind, *_ in ea:
+            self.events[f"kv_{kind}"] += 1
         a, b = self.rust.debug_state(), self.twin.debug_state()
         assert a == b
         check_scheduler_invariants(self.rust, a, self.bs)

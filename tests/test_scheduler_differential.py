@@ -139,7 +139,8 @@ def test_seeded_workloads_agree() -> None:
         events += run_seed(seed)
     seen = ("preempted", "hit", "resumed", "finished", "abort", "placeholders", "skipped")
     grammar = ("grammar_released", "grammar_failed", "grammar_rejected", "grammar_pending")
-    for what in (*seen, "repetition", *grammar):
+    kv = ("kv_stored", "kv_removed", "kv_cleared")
+    for what in (*seen, "repetition", *grammar, *kv):
         assert events[what] >= 20, (what, events)
 
 

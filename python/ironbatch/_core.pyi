@@ -159,6 +159,25 @@ class Step:
     def grammar_failed(self) -> list[str]:
         """Ids the waiting pass found failed (still held), in order reached."""
 
+class KvEvent:
+    """One KV-cache event (docs/scheduling.md §7.12)."""
+
+    @property
+    def kind(self) -> str:
+        """ "stored", "hit", "removed" or "cleared"."""
+    @property
+    def slot(self) -> int | None:
+        """The request's slot ("stored", "hit")."""
+    @property
+    def first_block(self) -> int:
+        """The first block stored ("stored")."""
+    @property
+    def block_ids(self) -> list[int]:
+        """The blocks stored, or the one removed."""
+    @property
+    def num_blocks(self) -> int:
+        """Blocks stored or found cached ("stored", "hit")."""
+
 class FinishedRequest:
     """A request that finished in an update (already freed)."""
 
@@ -248,6 +267,7 @@ class Scheduler:
         cache_salt: str | None,
         skip_reading_prefix_cache: bool = False,
         structured_output: bool = False,
+        report_hits: bool = False,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it lives)."""
     def schedule(self) -> Step: ...
@@ -263,6 +283,10 @@ class Scheduler:
         entry, -1 for none). ``accept(request_id, kept, num_tokens)`` judges each
         structured-output request's kept tokens; False or an exception ends
         it with an error."""
+    def enable_kv_events(self) -> None:
+        """Log KV-cache events from now on."""
+    def take_kv_events(self) -> list[KvEvent]:
+        """The KV-cache events since last taken, oldest first."""
     def report_grammar(self, *, request_id: str, compiled: bool) -> None:
         """A structured-output request's grammar compiled (or failed)."""
     def finish_requests(self, *, request_ids: Sequence[str], status: str) -> None: ...

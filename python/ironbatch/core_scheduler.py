@@ -61,6 +61,7 @@ class CoreScheduler:
         cache_salt: str | None,
         skip_reading_prefix_cache: bool = False,
         structured_output: bool = False,
+        report_hits: bool = False,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it
         lives). ``eos_token_id`` is None when there is none or it is
@@ -68,7 +69,8 @@ class CoreScheduler:
         ``min_pattern_size``, ``max_pattern_size`` and ``min_count``;
         ``skip_reading_prefix_cache`` admits it without prefix hits;
         ``structured_output`` holds it until ``report_grammar`` says its
-        grammar compiled (docs/scheduling.md §4.10)."""
+        grammar compiled (docs/scheduling.md §4.10); ``report_hits`` logs its
+        prefix hits as KV-cache events (vLLM's ``kv_cache_report_mode="full"``)."""
         return self.core.add_request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -82,7 +84,16 @@ class CoreScheduler:
             cache_salt=cache_salt,
             skip_reading_prefix_cache=skip_reading_prefix_cache,
             structured_output=structured_output,
+            report_hits=report_hits,
         )
+
+    def enable_kv_events(self) -> None:
+        """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
+        self.core.enable_kv_events()
+
+    def take_kv_events(self) -> list[_core.KvEvent]:
+        """The KV-cache events since last taken, oldest first."""
+        return self.core.take_kv_events()
 
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         """A structured-output request's grammar compiled (or failed); it

@@ -9,6 +9,7 @@ use crate::block::{Block, BlockId, NULL_BLOCK};
 use crate::block_hash::BlockHash;
 use crate::error::Error;
 use crate::free_queue::FreeBlockQueue;
+use crate::kv_events::{KvEvent, KvEventLog};
 use crate::limits::{check_range, MAX_NUM_BLOCKS};
 use crate::prefix_cache_map::PrefixCacheMap;
 
@@ -21,6 +22,9 @@ pub struct BlockPool {
     // Reused by `release` so freeing allocates nothing.
     scratch_head: Vec<BlockId>,
     scratch_tail: Vec<BlockId>,
+    /// KV-cache events (evictions and resets here; the manager's callers
+    /// add the rest), off unless enabled.
+    pub(crate) events: KvEventLog,
 }
 
 impl BlockPool {
@@ -36,6 +40,7 @@ impl BlockPool {
             cached: PrefixCacheMap::default(),
             scratch_head: Vec::new(),
             scratch_tail: Vec::new(),
+            events: KvEventLog::default(),
         })
     }
 
@@ -98,6 +103,7 @@ impl BlockPool {
             if let Some(hash) = block.hash.take() {
                 // Lazy eviction: a freed cached block stayed findable until now.
                 self.cached.remove(hash, id);
+                self.events.push(KvEvent::Removed { block_id: id });
             }
             debug_assert_eq!(block.ref_cnt, 0);
             block.ref_cnt = 1;
@@ -177,6 +183,7 @@ impl BlockPool {
         for block in &mut self.blocks {
             block.hash = None;
         }
+        self.events.push(KvEvent::Cleared);
         true
     }
 

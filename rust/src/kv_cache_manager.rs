@@ -12,6 +12,7 @@ use crate::block_pool::BlockPool;
 use crate::block_table::BlockTable;
 use crate::cdiv;
 use crate::error::Error;
+use crate::kv_events::KvEvent;
 use crate::limits::{check_range, MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_BLOCKS};
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::sequence::Sequence;
@@ -369,6 +370,27 @@ impl KvCacheManager {
     /// Take the counters, leaving zeros.
     pub fn make_prefix_cache_stats(&mut self) -> PrefixCacheStats {
         std::mem::take(&mut self.stats)
+    }
+
+    /// Log KV-cache events from now on (docs/scheduling.md §7.12).
+    pub fn enable_events(&mut self) {
+        self.pool.events.enable();
+    }
+
+    /// Whether KV-cache events are logged.
+    pub fn events_enabled(&self) -> bool {
+        self.pool.events.enabled()
+    }
+
+    /// Log an event the caller knows of (stores and hits: only the caller
+    /// knows whose table it is).
+    pub fn log_event(&mut self, event: KvEvent) {
+        self.pool.events.push(event);
+    }
+
+    /// The events since last taken, oldest first.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.pool.events.take()
     }
 
     /// Forget every cached hash if no block is held; returns whether it did.

@@ -18,6 +18,7 @@ pub mod free_queue;
 pub mod grammar;
 pub mod hash_chain;
 pub mod kv_cache_manager;
+pub mod kv_events;
 pub mod limits;
 pub mod prefix_cache_map;
 pub mod prefix_cache_stats;

@@ -103,6 +103,9 @@ pub struct NewRequest {
     /// Its output follows a grammar (vLLM's structured outputs): it waits
     /// for the grammar to compile, and the caller checks its tokens.
     pub structured_output: bool,
+    /// Report its prefix hits as KV-cache events at every lookup (vLLM's
+    /// `kv_cache_report_mode="full"`).
+    pub report_hits: bool,
 }
 
 /// The scheduler's state for one live request.
@@ -140,6 +143,8 @@ pub struct Request {
     pub skip_reading_prefix_cache: bool,
     /// A structured-output request's grammar; `None` for the others.
     pub grammar: Option<Grammar>,
+    /// Report its prefix hits as KV-cache events.
+    pub report_hits: bool,
 }
 
 impl Request {
@@ -163,6 +168,7 @@ impl Request {
             deferred: false,
             skip_reading_prefix_cache: new.skip_reading_prefix_cache,
             grammar: new.structured_output.then_some(Grammar::Compiling),
+            report_hits: new.report_hits,
         }
     }
 

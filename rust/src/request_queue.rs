@@ -157,6 +157,7 @@ mod tests {
             cache_salt: None,
             skip_reading_prefix_cache: false,
             structured_output: false,
+            report_hits: false,
         };
         Request::waiting(new, seq)
     }

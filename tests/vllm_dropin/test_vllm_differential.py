@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm.config import KVEventsConfig  # noqa: E402
 from vllm.sampling_params import RepetitionDetectionParams  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
@@ -63,7 +64,15 @@ def random_settings(rng: random.Random) -> dict:
         long_prefill_token_threshold_adaptive=rng.random() < 0.15,
         watermark=rng.choice([0.0] * 5 + [0.05, 0.2]),
         mla=rng.random() < 0.15,
+        **kv_events(rng),
     )
+
+
+def kv_events(rng: random.Random) -> dict:
+    """KV-cache events on in some workloads (published to a recorder)."""
+    if rng.random() < 0.4:
+        return {"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null")}
+    return {}
 
 
 def run_workload(seed: int, steps: int = 60) -> Counter:
@@ -127,6 +136,8 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
                 cache_salt=rng.choice([None, None, None, "tenant"]),
                 client_index=rng.choice([0, 0, 0, 1]),
                 grammar=grammars and rng.random() < 0.4,
+                # KV-aware routers may ask for every hit as BlockStored.
+                extra_args={"kv_cache_report_mode": "full"} if rng.random() < 0.15 else None,
             )
             live.append(rid)
         for rid in list(pair.compiling):  # grammars compile in their own time
@@ -176,5 +187,9 @@ def test_random_workloads_agree_with_vllm(chunk: int) -> None:
         "grammar_failed",
         "grammar_rejected",
         "reasoning_ended",
+        "kv_BlockStored",
+        "kv_BlockRemoved",
     ):
         assert events[what] >= 10, (what, events)
+    # A reset succeeds only with nothing held (or everything preempted): rarer.
+    assert events["kv_AllBlocksCleared"] >= 1, events

@@ -11,7 +11,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.config import KVEventsConfig, LoRAConfig, StructuredOutputsConfig  # noqa: E402
+from vllm.config import (  # noqa: E402
+    KVEventsConfig,
+    LoRAConfig,
+    ObservabilityConfig,
+    StructuredOutputsConfig,
+)
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface  # noqa: E402
@@ -49,11 +54,11 @@ def test_scheduler_cls_as_a_class_object() -> None:
     [
         ({"lora_config": LoRAConfig(max_loras=2, max_lora_rank=8)}, "LoRA"),
         (
-            {"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null")},
-            "KV cache events",
+            {"observability_config": ObservabilityConfig(kv_cache_metrics=True)},
+            "KV-cache metrics",
         ),
     ],
-    ids=["lora", "kv-events"],
+    ids=["lora", "kv-cache-metrics"],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unsupported_config_falls_back_to_vllm_and_says_why(
@@ -95,6 +100,19 @@ def test_structured_outputs_and_reasoning_parsers_keep_the_drop_in(async_schedul
     )
     s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
     assert type(s) is ironbatch.vllm.Scheduler
+
+
+def test_kv_events_keep_the_drop_in_and_publish_like_vllm() -> None:
+    """KV-aware routing (--kv-events-config): the drop-in makes vLLM's
+    publisher from the same config, reports its resolved config to the
+    engine, and shuts it down with itself."""
+    events = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    vc, kvc = vllm_setup.vllm_config(CLS, kv_events_config=events)
+    s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
+    assert type(s) is ironbatch.vllm.Scheduler
+    assert type(s.kv_event_publisher).__name__ == "NullEventPublisher"
+    assert s.get_kv_event_publisher_config() is None  # what vLLM's null publisher reports
+    s.shutdown()
 
 
 def test_unsupported_request_is_finished_with_an_error() -> None:

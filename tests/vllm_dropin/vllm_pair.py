@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
+from vllm.distributed.kv_events import BlockStored
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -89,6 +90,22 @@ def core_view(ours: Any, r: Request) -> dict:
     return request_view(r, tokens, computed)
 
 
+class _Recorder:
+    """A KV-event publisher that keeps the batches."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def publish(self, batch: Any) -> None:
+        self.batches.append(batch)
+
+    def shutdown(self) -> None:
+        pass
+
+    def get_publisher_config(self) -> None:
+        return None
+
+
 @contextlib.contextmanager
 def _env(name: str, value: str | None) -> Iterator[None]:
     old = os.environ.get(name)
@@ -125,6 +142,10 @@ class VllmPair:
         assert type(self.ours).__module__ == "ironbatch.vllm.scheduler", type(self.ours)
         for s in (self.vllm, self.ours):
             fake_grammar.install(s.structured_output_manager, reasoning)
+        # KV-cache events: what each would publish, batch by batch.
+        self.published: tuple[list[Any], list[Any]] = ([], [])
+        for s, batches in zip((self.vllm, self.ours), self.published, strict=True):
+            s.kv_event_publisher = _Recorder(batches)
         # Steps scheduled, not yet updated: (vLLM's output, ours, rows that sample).
         self.in_flight: deque[tuple[SchedulerOutput, SchedulerOutput, list[str]]] = deque()
         self.unmasked: set[int] = set()  # steps whose grammar masks wait (ids of vLLM's output)
@@ -245,6 +266,7 @@ class VllmPair:
         ob = self.ours.update_from_output(b, mro)
         va, vb = engine_outputs_view(oa), engine_outputs_view(ob)
         assert va == vb
+        self.check_kv_events()
         for later_a, later_b, _ in self.in_flight:
             if id(later_a) in self.unmasked:
                 self.take_masks(later_a, later_b)
@@ -261,6 +283,18 @@ class VllmPair:
                 # Output of a step that ran before the request was preempted.
                 self.events["stale"] += r is not None and r.status == RequestStatus.PREEMPTED
         self.check_requests()
+
+    def check_kv_events(self) -> None:
+        """Both published the same KV-cache events, batch by batch."""
+        a, b = self.published
+        assert [batch.events for batch in a] == [batch.events for batch in b]
+        for batch in a:
+            for event in batch.events:
+                self.events[f"kv_{type(event).__name__}"] += 1
+                if isinstance(event, BlockStored) and event.parent_block_hash is None:
+                    self.events["kv_stored_from_block_0"] += 1
+        a.clear()
+        b.clear()
 
     # -- state ---------------------------------------------------------------------
 

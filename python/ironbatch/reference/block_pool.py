@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from ironbatch.reference.args import count, u32_list
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.free_queue import FreeBlockQueue
+from ironbatch.reference.kv_events import Cleared, KvEventLog, Removed
 from ironbatch.reference.limits import MAX_NUM_BLOCKS, check_range
 from ironbatch.reference.prefix_cache_map import PrefixCacheMap
 
@@ -34,6 +35,9 @@ class BlockPool:
         null = self._free_queue.popleft()
         assert null is not None and null.block_id == NULL_BLOCK
         self._cached = PrefixCacheMap()
+        #: KV-cache events (evictions and resets here; the manager's callers
+        #: add the rest), off unless enabled.
+        self.events = KvEventLog()
 
     @property
     def num_blocks(self) -> int:
@@ -86,6 +90,7 @@ class BlockPool:
                 # Lazy eviction: a freed cached block stayed findable until now.
                 self._cached.remove(block.hash, block)
                 block.hash = None
+                self.events.push(Removed(block.block_id))
             assert block.ref_cnt == 0
             block.ref_cnt = 1
         return blocks
@@ -147,6 +152,7 @@ class BlockPool:
         self._cached.clear()
         for block in self._blocks:
             block.hash = None
+        self.events.push(Cleared())
         return True
 
     def _check_ids(self, what: str, block_ids: Iterable[int]) -> list[Block]:

@@ -15,6 +15,7 @@ from ironbatch.reference.block import NULL_BLOCK, Block, cdiv
 from ironbatch.reference.block_hash import BlockHasher
 from ironbatch.reference.block_pool import BlockPool
 from ironbatch.reference.block_table import BlockTable
+from ironbatch.reference.kv_events import KvEvent
 from ironbatch.reference.limits import MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_BLOCKS, check_range
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
 from ironbatch.reference.sequence import Sequence
@@ -262,6 +263,24 @@ class KvCacheManager:
         """Take the counters, leaving zeros."""
         stats, self._stats = self._stats, PrefixCacheStats()
         return stats
+
+    def enable_events(self) -> None:
+        """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
+        self._pool.events.enable()
+
+    @property
+    def events_enabled(self) -> bool:
+        """Whether KV-cache events are logged."""
+        return self._pool.events.enabled
+
+    def log_event(self, event: KvEvent) -> None:
+        """Log an event the caller knows of (stores and hits: only the caller
+        knows whose table it is)."""
+        self._pool.events.push(event)
+
+    def take_events(self) -> list[KvEvent]:
+        """The events since last taken, oldest first."""
+        return self._pool.events.take()
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash if no block is held; returns whether it did."""

@@ -98,6 +98,9 @@ class NewRequest:
     #: Its output follows a grammar (vLLM's structured outputs): it waits
     #: for the grammar to compile, and the caller checks its tokens.
     structured_output: bool = False
+    #: Report its prefix hits as KV-cache events at every lookup (vLLM's
+    #: ``kv_cache_report_mode="full"``).
+    report_hits: bool = False
 
 
 @dataclass(eq=False)
@@ -136,6 +139,8 @@ class Request:
     skip_reading_prefix_cache: bool = False
     #: A structured-output request's grammar; None for the others.
     grammar: Grammar | None = None
+    #: Report its prefix hits as KV-cache events.
+    report_hits: bool = False
 
     @classmethod
     def waiting(cls, new: NewRequest, seq: Sequence) -> Request:
@@ -150,6 +155,7 @@ class Request:
             seq=seq,
             skip_reading_prefix_cache=new.skip_reading_prefix_cache,
             grammar=Grammar.COMPILING if new.structured_output else None,
+            report_hits=new.report_hits,
         )
 
     @property

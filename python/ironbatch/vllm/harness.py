@@ -46,7 +46,13 @@ DEFAULTS: dict[str, Any] = {
     "mla": False,  # the KV cache as MLA models have it (MLAAttentionSpec)
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
-EXTRAS = ("lora_config", "speculative_config", "structured_outputs_config", "kv_events_config")
+EXTRAS = (
+    "lora_config",
+    "speculative_config",
+    "structured_outputs_config",
+    "kv_events_config",
+    "observability_config",
+)
 
 
 @functools.cache

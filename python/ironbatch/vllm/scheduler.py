@@ -54,6 +54,7 @@ from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.core_scheduler import CoreScheduler
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
+from ironbatch.vllm.kv_events import KvEvents
 from ironbatch.vllm.step_rows import StepRows
 from ironbatch.vllm.support import unsupported_config, unsupported_request
 
@@ -154,6 +155,11 @@ class Scheduler(SchedulerInterface):
         )
         # What EngineCore reads of vLLM's KV-cache manager (group block sizes).
         self.kv_cache_manager = KVCacheManagerView(kv_cache_config, block_size, self._core)
+        # KV-cache events for KV-aware routers (--kv-events-config).
+        self.kv_events_config = vllm_config.kv_events_config
+        self._kv_events = KvEvents(vllm_config, kv_cache_config, block_size)
+        if self._kv_events.enabled:
+            self._core.enable_kv_events()
         self.requests: dict[str, Request] = {}  # unfinished, in arrival order
         # By the core's slot (a live request's stable row): the request, its client.
         self._by_slot: list[Request | None] = []
@@ -206,6 +212,7 @@ class Scheduler(SchedulerInterface):
             cache_salt=request.cache_salt,
             skip_reading_prefix_cache=request.skip_reading_prefix_cache,
             structured_output=request.use_structured_output,
+            report_hits=request.kv_cache_report_mode == "full",
         )
         if request.use_structured_output:
             self._compiling[rid] = request
@@ -293,6 +300,8 @@ class Scheduler(SchedulerInterface):
         self._has_finished = False
         rows = StepRows.of(step)
         self._mirror_step(step, rows)
+        if self._kv_events.enabled:
+            self._kv_events.convert(self._core.take_kv_events(), self._by_slot.__getitem__)
         output = SchedulerOutput(
             scheduled_new_reqs=self._new_request_data(rows),
             scheduled_cached_reqs=self._cached_request_data(rows),
@@ -433,6 +442,10 @@ class Scheduler(SchedulerInterface):
             accept=self._accept_tokens if step.has_structured_output_requests else None,
         )
         del self._in_flight[key]
+        if self._kv_events.enabled:
+            # Before the finished are forgotten: their stores name their slots.
+            self._mirror_tokens(update, slots)
+            self._kv_events.convert(self._core.take_kv_events(), self._by_slot.__getitem__)
         if self._out_of_step:
             for rid in self._out_of_step:
                 if (r := self.requests.get(rid)) is not None:
@@ -443,7 +456,20 @@ class Scheduler(SchedulerInterface):
         if self._grammar_errors:
             self._report_grammar_errors(outputs)
         self._report_rejected(outputs)
+        self._kv_events.publish()
         return self._engine_core_outputs(outputs, mro.cudagraph_stats)
+
+    def _mirror_tokens(self, update: Any, slots: list[int]) -> None:
+        """Append each request's new tokens to its Request (KV events: its
+        block hashes come from them). A structured-output request's were
+        appended by the grammar check already."""
+        tokens, offsets = update.tokens.tolist(), update.token_offsets.tolist()
+        for k, row in enumerate(update.rows.tolist()):
+            r = self._by_slot[slots[row]]
+            if r is not None and not r.use_structured_output:
+                kept = tokens[offsets[k] : offsets[k + 1]]
+                r._all_token_ids.extend(kept)
+                r._output_token_ids.extend(kept)
 
     def _accept_tokens(self, rid: str, kept: list[int], num_tokens: int) -> bool:
         """The core asks, mid-update, whether a structured-output request's
@@ -652,6 +678,8 @@ class Scheduler(SchedulerInterface):
     ) -> bool:
         running = [r for r in self.requests.values() if r.status == RequestStatus.RUNNING]
         done = self._core.reset_prefix_cache(reset_running_requests)
+        if self._kv_events.enabled:
+            self._kv_events.convert(self._core.take_kv_events(), self._by_slot.__getitem__)
         if reset_running_requests:
             now = time.monotonic()
             for r in reversed(running):
@@ -703,5 +731,19 @@ class Scheduler(SchedulerInterface):
             perf_stats=perf_stats,
         )
 
+    @property
+    def kv_event_publisher(self) -> Any:
+        """vLLM's publisher for this engine's KV-cache events (a no-op one
+        unless ``kv_events_config`` enables them)."""
+        return self._kv_events.publisher
+
+    @kv_event_publisher.setter
+    def kv_event_publisher(self, publisher: Any) -> None:
+        self._kv_events.publisher = publisher
+
+    def get_kv_event_publisher_config(self) -> Any:
+        return self.kv_event_publisher.get_publisher_config()
+
     def shutdown(self) -> None:
         self._in_flight.clear()
+        self.kv_event_publisher.shutdown()

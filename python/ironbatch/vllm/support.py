@@ -55,10 +55,6 @@ def unsupported_config(
             c.num_lookahead_tokens or c.num_prefill_lookahead_tokens or c.num_hash_lookahead_tokens,
             "lookahead tokens",
         ),
-        (
-            c.kv_events_config is not None and c.kv_events_config.enable_kv_cache_events,
-            "KV cache events",
-        ),
         (c.aux_output_config.enabled, "auxiliary outputs"),
         (c.observability_config.kv_cache_metrics, "KV-cache metrics"),
         (c.observability_config.enable_mfu_metrics, "MFU metrics"),

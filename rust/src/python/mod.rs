@@ -6,6 +6,7 @@ mod args;
 mod block_pool;
 mod errors;
 mod kv_cache_manager;
+mod kv_events;
 mod prefix_cache_stats;
 mod scheduler;
 mod vllm;
@@ -29,6 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scheduler::PyStepUpdate>()?;
     m.add_class::<scheduler::PyFinishedRequest>()?;
     m.add_class::<scheduler::PySchedulerStats>()?;
+    m.add_class::<kv_events::PyKvEvent>()?;
     // The step's columns and their NumPy dtypes, named once (step.rs).
     let columns = pyo3::types::PyDict::new(m.py());
     for (name, dtype) in crate::step::StepColumns::DTYPES {

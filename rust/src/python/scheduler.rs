@@ -7,6 +7,7 @@
 //! request. Every call takes keyword arguments and returns named types.
 
 use super::args::{count, u32_list};
+use super::kv_events::PyKvEvent;
 use super::prefix_cache_stats::PyPrefixCacheStats;
 use crate::kv_cache_manager::KvCacheConfig;
 use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopReason, StopRules};
@@ -322,7 +323,7 @@ impl PyScheduler {
     #[pyo3(signature = (*, request_id, prompt_token_ids, max_tokens, min_tokens, eos_token_id,
                         stop_token_ids, repetition_detection, priority, arrival_time,
                         cache_salt, skip_reading_prefix_cache=false,
-                        structured_output=false))]
+                        structured_output=false, report_hits=false))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -338,6 +339,7 @@ impl PyScheduler {
         cache_salt: Option<String>,
         skip_reading_prefix_cache: bool,
         structured_output: bool,
+        report_hits: bool,
     ) -> PyResult<Slot> {
         let new = NewRequest {
             request_id: request_id.to_str()?.to_owned(),
@@ -354,6 +356,7 @@ impl PyScheduler {
             cache_salt,
             skip_reading_prefix_cache,
             structured_output,
+            report_hits,
         };
         let slot = self.core.add_request(new)?;
         if self.py_ids.len() <= slot as usize {
@@ -391,6 +394,20 @@ impl PyScheduler {
             req_ids: ids.unbind(),
             columns: columns.unbind(),
         })
+    }
+
+    /// Log KV-cache events from now on (docs/scheduling.md §7.12).
+    fn enable_kv_events(&mut self) {
+        self.core.enable_kv_events();
+    }
+
+    /// The KV-cache events since last taken, oldest first.
+    fn take_kv_events(&mut self) -> Vec<PyKvEvent> {
+        self.core
+            .take_kv_events()
+            .into_iter()
+            .map(PyKvEvent::from)
+            .collect()
     }
 
     /// A structured-output request's grammar compiled (`compiled=True`) or

@@ -26,6 +26,7 @@ mod tests;
 use crate::block::BlockId;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
+use crate::kv_events::KvEvent;
 use crate::limits::{check_range, MAX_TOKENS};
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::request::{NewRequest, Request, RequestStatus};
@@ -148,6 +149,34 @@ impl Scheduler {
     /// The KV-cache manager, for inspection.
     pub fn kv(&self) -> &KvCacheManager {
         &self.kv
+    }
+
+    /// Log KV-cache events from now on (docs/scheduling.md §7.12).
+    pub fn enable_kv_events(&mut self) {
+        self.kv.enable_events();
+    }
+
+    /// The KV-cache events since last taken, oldest first.
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.kv.take_events()
+    }
+
+    /// Log the blocks the request in `slot` hash-cached from block `first`
+    /// on (vLLM's `BlockStored`), when events are on.
+    fn log_stored(&mut self, slot: Slot, first: usize) {
+        if !self.kv.events_enabled() {
+            return;
+        }
+        let table = &self.requests[slot].table;
+        let cached = table.num_cached_blocks();
+        if cached > first {
+            let block_ids = table.block_ids()[first..cached].to_vec();
+            self.kv.log_event(KvEvent::Stored {
+                owner: slot,
+                first_block: first,
+                block_ids,
+            });
+        }
     }
 
     /// The live request in `slot`.

@@ -74,7 +74,9 @@ impl Scheduler {
     ) -> Option<usize> {
         loop {
             let r = &mut self.requests[slot];
+            let first = r.table.num_cached_blocks();
             if let Some(grown) = self.kv.allocate(&mut r.table, &r.seq, n, 0, &[], false, 0) {
+                self.log_stored(slot, first);
                 return Some(grown);
             }
             let victim = self.take_victim(slot, cursor, draft);

@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::kv_cache_manager::KvCacheConfig;
+use crate::kv_events::KvEvent;
 use crate::request::{StopReason, StopRules};
 
 struct Setup {
@@ -69,6 +70,7 @@ fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
         cache_salt: None,
         skip_reading_prefix_cache: false,
         structured_output: false,
+        report_hits: false,
     }
 }
 
@@ -501,4 +503,50 @@ fn a_rejected_output_ends_the_request_with_an_error() {
         ]
     );
     assert_eq!(s.num_unfinished_requests(), 0);
+}
+
+#[test]
+fn kv_events_follow_caching_eviction_lookups_and_resets() {
+    let mut s = scheduler(Setup {
+        num_blocks: 6,
+        ..Default::default()
+    });
+    s.enable_kv_events();
+    let a = s
+        .add_request(new_request("a", (3..=34).collect(), 40))
+        .unwrap();
+    step(&mut s); // 32 prompt tokens: two full blocks, cached when allocated
+    let stored = |owner, first_block, block_ids: Vec<BlockId>| KvEvent::Stored {
+        owner,
+        first_block,
+        block_ids,
+    };
+    assert_eq!(s.take_kv_events(), vec![stored(a, 0, vec![1, 2])]);
+    step(&mut s); // its first output starts block 3: nothing full yet
+    assert!(s.take_kv_events().is_empty());
+    // Freed last block first: unhashed 3 to the head, cached 2 and 1 to the tail.
+    s.finish_requests(&["a"], RequestStatus::FinishedAborted);
+    let b = s
+        .add_request(new_request("b", (60..=123).collect(), 40))
+        .unwrap();
+    step(&mut s); // four blocks from [3, 4, 5, 2, 1]: reusing 2 evicts it
+    let removed = |block_id| KvEvent::Removed { block_id };
+    assert_eq!(
+        s.take_kv_events(),
+        vec![removed(2), stored(b, 0, vec![3, 4, 5, 2])]
+    );
+    let mut c = new_request("c", (60..=123).collect(), 40);
+    c.report_hits = true;
+    let c = s.add_request(c).unwrap();
+    // b's next block evicts 1; no room is left for c, but its lookup found
+    // 3 blocks, which it reports.
+    s.schedule();
+    let hit = KvEvent::Hit {
+        owner: c,
+        num_blocks: 3,
+    };
+    assert_eq!(s.take_kv_events(), vec![removed(1), hit]);
+    s.finish_requests(&["b", "c"], RequestStatus::FinishedAborted);
+    assert!(s.reset_prefix_cache(false));
+    assert_eq!(s.take_kv_events(), vec![KvEvent::Cleared]);
 }

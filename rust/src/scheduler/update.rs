@@ -6,6 +6,7 @@
 use super::Scheduler;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
+use crate::kv_events::KvEvent;
 use crate::request::{Request, RequestStatus};
 use crate::slab::Slot;
 use crate::step::{Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
@@ -97,7 +98,16 @@ impl Scheduler {
             r.seq.num_computed_tokens -= unused.min(r.seq.num_computed_tokens);
         }
         if !stale && r.num_output_placeholders > 0 {
+            let first = r.table.num_cached_blocks();
             resolve_placeholders(kv, r, sampled.len(), status_before);
+            let cached = r.table.num_cached_blocks();
+            if cached > first && kv.events_enabled() {
+                kv.log_event(KvEvent::Stored {
+                    owner: e.slot,
+                    first_block: first,
+                    block_ids: r.table.block_ids()[first..cached].to_vec(),
+                });
+            }
         }
         if r.grammar.is_some() && !accept(e.slot, r, &out.tokens[start..]) {
             r.status = RequestStatus::FinishedError; // the grammar rejected them

@@ -4,6 +4,7 @@
 
 use super::{Scheduler, StepDraft};
 use crate::grammar::Reached;
+use crate::kv_events::KvEvent;
 use crate::request::RequestStatus;
 use crate::slab::Slot;
 use crate::step::Kind;
@@ -99,6 +100,13 @@ impl Scheduler {
         } else {
             self.kv.get_computed_blocks(&r.seq, &mut self.hits)
         };
+        if r.report_hits && hit_tokens > 0 {
+            let num_blocks = self.hits.len();
+            self.kv.log_event(KvEvent::Hit {
+                owner: slot,
+                num_blocks,
+            });
+        }
         let mut n = r.num_tokens() - hit_tokens;
         if draft.threshold > 0 && draft.threshold < n {
             n = draft.threshold;
@@ -134,6 +142,9 @@ impl Scheduler {
             r.deferred = false;
             self.num_deferred -= 1;
         }
+        // Its new blocks were cached by the allocation, after the hits.
+        let first = self.hits.len();
+        self.log_stored(slot, first);
         self.waiting.pop();
         self.running.push(slot);
         let entry = self.entry(slot, n, kind, hit_tokens, grown);

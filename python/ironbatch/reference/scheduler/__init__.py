@@ -30,6 +30,7 @@ from typing import Any
 
 from ironbatch.reference.error import debug_str, duplicate_request
 from ironbatch.reference.kv_cache_manager import KvCacheManager
+from ironbatch.reference.kv_events import KvEvent, Stored
 from ironbatch.reference.limits import MAX_TOKENS, check_range
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
 from ironbatch.reference.request import NewRequest, Request, RequestStatus
@@ -179,6 +180,24 @@ class Scheduler:
         if r.grammar is not None:
             waiting_pass.defer(self, slot)  # counted as skipped from the start, as vLLM does
         return slot
+
+    def enable_kv_events(self) -> None:
+        """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
+        self.kv.enable_events()
+
+    def take_kv_events(self) -> list[KvEvent]:
+        """The KV-cache events since last taken, oldest first."""
+        return self.kv.take_events()
+
+    def log_stored(self, slot: int, first: int) -> None:
+        """Log the blocks the request in ``slot`` hash-cached from block
+        ``first`` on (vLLM's ``BlockStored``), when events are on."""
+        if not self.kv.events_enabled:
+            return
+        table = self.requests[slot].table
+        cached = table.num_cached_blocks()
+        if cached > first:
+            self.kv.log_event(Stored(slot, first, table.block_ids()[first:cached]))
 
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         """The caller's news of a structured-output request's grammar:

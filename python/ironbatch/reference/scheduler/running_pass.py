@@ -72,8 +72,10 @@ def allocate_or_preempt(
     the cursor."""
     while True:
         r = s.requests[slot]
+        first = r.table.num_cached_blocks()
         grown = s.kv.allocate(r.table, r.seq, n, 0, [], False, 0)
         if grown is not None:
+            s.log_stored(slot, first)
             return grown, cursor
         victim, cursor = take_victim(s, slot, cursor, draft)
         preempt(s, victim, False)

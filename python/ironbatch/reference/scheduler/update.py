@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ironbatch.reference.error import foreign_step, step_already_applied
 from ironbatch.reference.kv_cache_manager import KvCacheManager
+from ironbatch.reference.kv_events import Stored
 from ironbatch.reference.request import Request, RequestStatus
 from ironbatch.reference.step import Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord
 from ironbatch.reference.stop_check import check_stop
@@ -91,7 +92,11 @@ def apply_output(
         unused = len(sampled) - (len(out.tokens) - start)
         r.seq.num_computed_tokens -= min(unused, r.seq.num_computed_tokens)
     if not stale and r.num_output_placeholders > 0:
+        first = r.table.num_cached_blocks()
         resolve_placeholders(kv, r, len(sampled), status_before)
+        cached = r.table.num_cached_blocks()
+        if cached > first and kv.events_enabled:
+            kv.log_event(Stored(e.slot, first, r.table.block_ids()[first:cached]))
     if r.grammar is not None and not accept(e.slot, r, out.tokens[start:]):
         r.status = RequestStatus.FINISHED_ERROR  # the grammar rejected them
         finished = True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ironbatch.reference.kv_events import Hit
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler.running_pass import entry
 from ironbatch.reference.step import Kind
@@ -82,6 +83,8 @@ def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
     # A request that must compute every prompt token (vLLM: it wants prompt
     # logprobs) reads no hits; its blocks are still cached.
     hits, hit_tokens = ([], 0) if r.skip_reading_prefix_cache else s.kv.get_computed_blocks(r.seq)
+    if r.report_hits and hit_tokens > 0:
+        s.kv.log_event(Hit(slot, len(hits)))
     n = r.num_tokens - hit_tokens
     if 0 < draft.threshold < n:
         n = draft.threshold
@@ -103,6 +106,8 @@ def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
     if r.deferred:
         r.deferred = False
         s.num_deferred -= 1
+    # Its new blocks were cached by the allocation, after the hits.
+    s.log_stored(slot, len(hits))
     s.waiting_queue.pop()
     s.running.append(slot)
     draft.entries.append(entry(s, slot, n, kind, hit_tokens, grown))

@@ -1,0 +1,115 @@
+"""The drop-in's KV-cache events: the core's events (docs/scheduling.md
+§7.12) made vLLM's ``BlockStored``, ``BlockRemoved`` and
+``AllBlocksCleared``, and published through vLLM's own publisher (ZMQ, as
+``--kv-events-config`` sets it), one batch per ``update_from_output``.
+
+The core hashes blocks its own way; the events carry vLLM's hashes, which the
+engine's block hasher computes on each vLLM ``Request`` (``block_hashes``,
+from its tokens, cache salt and hash algorithm). So while events are on the
+drop-in keeps every ``Request``'s tokens current, and a stored block's hash
+is taken from its request when the core logs the store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vllm.distributed.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventPublisherFactory,
+    KVCacheEvent,
+    KVEventBatch,
+)
+from vllm.v1.core.kv_cache_utils import (
+    ExternalBlockHash,
+    generate_block_hash_extra_keys,
+    maybe_convert_block_hash,
+    to_event_extra_keys,
+)
+from vllm.v1.kv_cache_interface import (
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
+from vllm.v1.request import Request
+
+from ironbatch import _core
+
+
+class KvEvents:
+    """Turns the core's KV-cache events into vLLM's and publishes them."""
+
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, block_size: int) -> None:
+        config = vllm_config.kv_events_config
+        self.enabled = bool(config is not None and config.enable_kv_cache_events)
+        # vLLM's scheduler makes the same publisher (a no-op one when off).
+        self.publisher = EventPublisherFactory.create(
+            config, vllm_config.parallel_config.data_parallel_index
+        )
+        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        self.spec_kind = get_kv_cache_spec_kind(spec).value
+        self.spec_sliding_window = get_kv_cache_spec_sliding_window(spec)
+        self.block_size = block_size
+        self.pending: list[KVCacheEvent] = []
+        # Each cached block's published hash, for its BlockRemoved later.
+        self.hashes: dict[int, ExternalBlockHash] = {}
+
+    def convert(self, events: list[_core.KvEvent], request_of: Callable[[int], Request]) -> None:
+        """Queue vLLM's events for the core's, in order. ``request_of(slot)``
+        is the request in a slot, whose tokens must be current."""
+        for e in events:
+            if e.kind == "stored":
+                r = request_of(e.slot)
+                stored = self.stored(r, e.first_block, e.num_blocks)
+                self.hashes.update(zip(e.block_ids, stored.block_hashes, strict=True))
+                self.pending.append(stored)
+            elif e.kind == "hit":
+                self.pending.append(self.stored(request_of(e.slot), 0, e.num_blocks))
+            elif e.kind == "removed":
+                (block_id,) = e.block_ids
+                self.pending.append(
+                    BlockRemoved(
+                        block_hashes=[self.hashes.pop(block_id)], medium=MEDIUM_GPU, group_idx=0
+                    )
+                )
+            else:
+                self.hashes.clear()
+                self.pending.append(AllBlocksCleared())
+
+    def stored(self, r: Request, first: int, n: int) -> BlockStored:
+        """vLLM's BlockStored for blocks ``first..first+n`` of ``r``, built as
+        vLLM's block pool builds it."""
+        r.update_block_hashes()  # vLLM's hasher, over the tokens so far
+        bs = self.block_size
+        hashes = r.block_hashes
+        extra_keys = []
+        mm_index = 0
+        for k in range(first, first + n):
+            keys, mm_index = generate_block_hash_extra_keys(r, k * bs, (k + 1) * bs, mm_index)
+            extra_keys.append(keys)
+        return BlockStored(
+            block_hashes=[maybe_convert_block_hash(h) for h in hashes[first : first + n]],
+            parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first else None,
+            token_ids=r.all_token_ids[first * bs : (first + n) * bs],
+            block_size=bs,
+            lora_id=None,
+            medium=MEDIUM_GPU,
+            lora_name=None,
+            extra_keys=to_event_extra_keys(extra_keys),
+            group_idx=0,
+            kv_cache_spec_kind=self.spec_kind,
+            kv_cache_spec_sliding_window=self.spec_sliding_window,
+            session_id=r.session_id,
+            lookahead_token_ids=None,
+        )
+
+    def publish(self) -> None:
+        """Publish what is queued as one batch, as vLLM does at the end of
+        each ``update_from_output``."""
+        if self.pending:
+            batch = KVEventBatch(ts=time.time(), events=self.pending)
+            self.pending = []
+            self.publisher.publish(batch)

@@ -1,0 +1,67 @@
+//! `KvEvent`: one KV-cache event as it crosses to Python (docs/scheduling.md
+//! §7.12); the vLLM drop-in turns it into vLLM's event.
+
+use crate::block::BlockId;
+use crate::kv_events::KvEvent;
+use crate::slab::Slot;
+use pyo3::prelude::*;
+
+/// One KV-cache event, oldest first as the scheduler logged them.
+#[pyclass(name = "KvEvent", module = "ironbatch._core", frozen, get_all)]
+pub struct PyKvEvent {
+    /// "stored", "hit", "removed" or "cleared".
+    kind: &'static str,
+    /// The request's slot ("stored", "hit"); None for the others.
+    slot: Option<Slot>,
+    /// The first block stored ("stored"); 0 for the others.
+    first_block: usize,
+    /// The blocks stored, or the one removed.
+    block_ids: Vec<BlockId>,
+    /// Blocks stored or found cached ("stored", "hit"); 0 for the others.
+    num_blocks: usize,
+}
+
+#[pymethods]
+impl PyKvEvent {
+    fn __repr__(&self) -> String {
+        format!(
+            "KvEvent(kind={:?}, slot={:?}, first_block={}, block_ids={:?}, num_blocks={})",
+            self.kind, self.slot, self.first_block, self.block_ids, self.num_blocks
+        )
+    }
+}
+
+impl From<KvEvent> for PyKvEvent {
+    fn from(event: KvEvent) -> Self {
+        let none = |kind| PyKvEvent {
+            kind,
+            slot: None,
+            first_block: 0,
+            block_ids: Vec::new(),
+            num_blocks: 0,
+        };
+        match event {
+            KvEvent::Stored {
+                owner,
+                first_block,
+                block_ids,
+            } => PyKvEvent {
+                kind: "stored",
+                slot: Some(owner),
+                first_block,
+                num_blocks: block_ids.len(),
+                block_ids,
+            },
+            KvEvent::Hit { owner, num_blocks } => PyKvEvent {
+                slot: Some(owner),
+                num_blocks,
+                ..none("hit")
+            },
+            KvEvent::Removed { block_id } => PyKvEvent {
+                block_ids: vec![block_id],
+                ..none("removed")
+            },
+            KvEvent::Cleared => none("cleared"),
+        }
+    }
+}

@@ -1,0 +1,89 @@
+"""KV-cache events (docs/scheduling.md §7.12) on the core and the twin:
+stores when blocks are cached, evictions in pop order, hits reported at every
+lookup for requests that ask, resets; nothing when not enabled. The drop-in's
+conversion to vLLM's events is checked against vLLM in tests/vllm_dropin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ironbatch import CacheConfig, SchedulerConfig, reference
+from ironbatch.core_scheduler import CoreScheduler
+from ironbatch.reference.request import NewRequest, RequestStatus, StopRules
+
+from scheduler_helpers import kv_events
+
+
+def build(backend: str) -> Any:
+    sc = SchedulerConfig(max_model_len=2048)
+    cc = CacheConfig(num_blocks=6, block_size=16)
+    return CoreScheduler(sc, cc) if backend == "rust" else reference.Scheduler(sc, cc)
+
+
+def add(s: Any, rid: str, tokens: list[int], report_hits: bool = False) -> int:
+    if isinstance(s, CoreScheduler):
+        return s.add_request(
+            request_id=rid,
+            prompt_token_ids=tokens,
+            max_tokens=40,
+            min_tokens=0,
+            eos_token_id=2,
+            stop_token_ids=[],
+            repetition_detection=None,
+            priority=0,
+            arrival_time=0.0,
+            cache_salt=None,
+            report_hits=report_hits,
+        )
+    stop = StopRules(max_tokens=40, min_tokens=0, eos_token_id=2, stop_token_ids=[])
+    return s.add_request(NewRequest(rid, tokens, stop, report_hits=report_hits))
+
+
+def step(s: Any) -> None:
+    """schedule(), then every sampling request samples token 100."""
+    out = s.schedule()
+    if isinstance(s, CoreScheduler):
+        samples = out.columns()["samples"]
+        s.update_from_output(out, np.where(samples, 100, -1).astype(np.int64), None)
+    else:
+        tokens = [100 for e in out.entries if e.samples]
+        offsets = [0]
+        for e in out.entries:
+            offsets.append(offsets[-1] + e.samples)
+        s.update_from_output(out, tokens, offsets)
+
+
+def finish(s: Any, rids: list[str]) -> None:
+    if isinstance(s, CoreScheduler):
+        s.finish_requests(rids, "FINISHED_ABORTED")
+    else:
+        s.finish_requests(rids, RequestStatus.FINISHED_ABORTED)
+
+
+@pytest.mark.parametrize("backend", ["rust", "python"])
+def test_events_follow_caching_eviction_lookups_and_resets(backend: str) -> None:
+    quiet = build(backend)
+    add(quiet, "x", list(range(3, 35)))
+    step(quiet)
+    assert kv_events(quiet) == []  # not enabled: nothing logged
+    s = build(backend)
+    s.enable_kv_events()
+    a = add(s, "a", list(range(3, 35)))
+    step(s)  # 32 prompt tokens: two full blocks, cached when allocated
+    assert kv_events(s) == [("stored", a, 0, [1, 2])]
+    step(s)  # its first output starts block 3: nothing full yet
+    assert kv_events(s) == []
+    # Freed last block first: unhashed 3 to the head, cached 2 and 1 to the tail.
+    finish(s, ["a"])
+    b = add(s, "b", list(range(60, 124)))
+    step(s)  # four blocks from [3, 4, 5, 2, 1]: reusing 2 evicts it
+    assert kv_events(s) == [("removed", None, 0, 2), ("stored", b, 0, [3, 4, 5, 2])]
+    c = add(s, "c", list(range(60, 124)), report_hits=True)
+    s.schedule()  # b's next block evicts 1; c finds 3 blocks but no room
+    assert kv_events(s) == [("removed", None, 0, 1), ("hit", c, 0, 3)]
+    finish(s, ["b", "c"])
+    assert s.reset_prefix_cache(False)
+    assert kv_events(s) == [("cleared", None, 0, None)]
