@@ -68,8 +68,15 @@ class SchedulerPair:
         self.twin.report_grammar(rid, compiled)
         self.check()
 
-    def schedule(self) -> None:
-        r, p = self.rust.schedule(), self.twin.schedule()
+    def schedule(self, throttle_prefills: bool = False) -> None:
+        twin = self.cores[1]  # what this step will hold, asked of the twin
+        decoding = any(not twin.requests[s].prefill_chunk for s in twin.running)
+        self.events["prefill_held"] += twin.cadence.holds(throttle_prefills, decoding)
+        self.events["decode_staggered"] += sum(
+            twin.current_step + 1 < twin.requests[s].next_decode_step for s in twin.running
+        )
+        r = self.rust.schedule(throttle_prefills)
+        p = self.twin.schedule(throttle_prefills)
         assert list(r.entries()) == list(p.entries())
         assert r.preempted_req_ids == p.preempted_req_ids
         assert r.finished_req_ids == p.finished_req_ids

@@ -53,6 +53,8 @@ def random_config(rng: random.Random) -> dict:
         max_num_active_seqs=rng.choice([None] * 4 + [max(1, seqs // 2)]),
         long_prefill_token_threshold_adaptive=rng.random() < 0.2,
         watermark=rng.choice([0.0] * 4 + [0.05, 0.2]),
+        prefill_schedule_interval=rng.choice([1] * 3 + [2, 4]),
+        decode_stagger=rng.choice([0] * 3 + [2, 3]),
     )
 
 
@@ -64,6 +66,8 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
     live: list[str] = []
     next_id = 0
+    # A data-parallel engine's prefill balancing asks some steps to hold.
+    throttling = rng.random() < 0.3
 
     def choose(rid: str) -> int:
         x = rng.random()
@@ -104,7 +108,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             pair.finish(rid, "FINISHED_ERROR")
         if rng.random() < 0.02:
             pair.reset_prefix_cache(reset_running_requests=rng.random() < 0.5)
-        pair.schedule()
+        pair.schedule(throttle_prefills=throttling and rng.random() < 0.6)
         # Sync: usually one step in flight, sometimes more schedule() calls
         # before the first output arrives (docs/scheduling.md §5.4). Async: usually two,
         # as vLLM's engine runs it.
@@ -121,7 +125,8 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     for rid, row in pair.rust.debug_state()["requests"].items():
         if row["grammar"] == "COMPILING":
             pair.report_grammar(rid, compiled=True)
-    for _ in range(40 * max_len):
+    # A decode stagger of k spaces each request's decodes k steps apart.
+    for _ in range(40 * max_len * (1 + config["decode_stagger"])):
         if not pair.rust.has_unfinished_requests():
             break
         pair.schedule()
@@ -139,8 +144,9 @@ def test_seeded_workloads_agree() -> None:
         events += run_seed(seed)
     seen = ("preempted", "hit", "resumed", "finished", "abort", "placeholders", "skipped")
     grammar = ("grammar_released", "grammar_failed", "grammar_rejected", "grammar_pending")
+    cadence = ("prefill_held", "decode_staggered")
     kv = ("kv_stored", "kv_removed", "kv_cleared")
-    for what in (*seen, "repetition", *grammar, *kv):
+    for what in (*seen, "repetition", *grammar, *kv, *cadence):
         assert events[what] >= 20, (what, events)
 
 

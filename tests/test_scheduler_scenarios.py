@@ -192,6 +192,38 @@ def test_rejected_tokens_end_the_request_with_an_error(
     assert not s.has_unfinished_requests()
 
 
+def test_prefill_cadence_holds_admissions_between_prefill_steps(backend: str) -> None:
+    """prefill_schedule_interval=3: after a step that carried prefill work,
+    the next two executed steps hold prefills while something decodes; a
+    release that cannot drain the queue ends the holding (vLLM 0.33)."""
+    s = make(backend, prefill_schedule_interval=3, max_num_seqs=2)
+    s.add_request(req("a", r(3, 12), max_tokens=50))
+    out, _ = step(s)  # step 1 carries a's prompt
+    s.add_request(req("b", r(20, 29), max_tokens=50))
+    s.add_request(req("c", r(40, 49), max_tokens=50))
+    for _ in range(2):  # steps 2 and 3: a decodes, b waits
+        out, _ = step(s)
+        assert [e[0] for e in rows(out)] == ["a"]
+    out, _ = step(s)  # step 4: released; c does not fit max_num_seqs
+    assert [e[0] for e in rows(out)] == ["a", "b"]
+    s.finish_requests(["a"])
+    # Step 5 is 1 after b's prefill, but the release left c waiting: no hold.
+    out, _ = step(s)
+    assert [e[0] for e in rows(out)] == ["b", "c"]
+
+
+def test_throttled_steps_hold_prefills_while_something_decodes(backend: str) -> None:
+    s = make(backend)
+    s.add_request(req("a", r(3, 12), max_tokens=50))
+    step(s)
+    s.add_request(req("b", r(20, 29), max_tokens=50))
+    out = s.schedule(throttle_prefills=True)  # a data-parallel engine's off-cadence step
+    assert [e[0] for e in rows(out)] == ["a"]
+    s.update_from_output(out, {"a": [100]})
+    out, _ = step(s)
+    assert [e[0] for e in rows(out)] == ["a", "b"]
+
+
 def test_s4_fcfs_preemption(backend: str) -> None:
     s = make(backend, num_blocks=11, max_model_len=160, max_num_batched_tokens=512)
     s.add_request(req("a", r(3, 82), max_tokens=40))

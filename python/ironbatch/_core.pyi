@@ -317,6 +317,11 @@ def vllm_update_from_runner_output(
     """The vLLM drop-in's update: entry ``i`` gets
     ``sampled_token_ids[req_id_to_index[req_ids[i]]]``."""
 
+def vllm_token_slices(
+    scheduler: Scheduler, *, slots: list[int], starts: list[int], counts: list[int]
+) -> list[list[int]]:
+    """Each listed request's tokens ``starts[i]:starts[i] + counts[i]``."""
+
 def vllm_request_state(scheduler: Scheduler, slot: int) -> tuple[list[int], int]:
     """A live request's (tokens, num_computed_tokens), prompt first (for the
     vLLM drop-in)."""

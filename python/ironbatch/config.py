@@ -54,6 +54,14 @@ class SchedulerConfig:
     long_prefill_token_threshold_adaptive: bool = False
     # Fraction of the KV cache an admission must leave free while others run.
     watermark: float = 0.0
+    # Hold prefill work until this many executed steps have passed since the
+    # last step that carried some (vLLM's prefill_schedule_interval; 1 = off),
+    # so decodes run in longer stretches (docs/scheduling.md §4.11).
+    prefill_schedule_interval: int = 1
+    # schedule() calls between two decode steps of one request (vLLM's V2
+    # runner with async scheduling and pipeline parallelism: the pipeline
+    # depth); 0 or 1 = off.
+    decode_stagger: int = 0
 
     def __post_init__(self) -> None:
         _int("max_model_len", self.max_model_len, 2, MAX_MODEL_LEN)
@@ -74,6 +82,8 @@ class SchedulerConfig:
             raise TypeError(f"watermark must be a float, got {type(self.watermark).__name__}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        _int("prefill_schedule_interval", self.prefill_schedule_interval, 1, MAX_NUM_SEQS)
+        _int("decode_stagger", self.decode_stagger, 0, MAX_NUM_SEQS)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         check_scheduler(self)  # the rules between fields, as the core checks them

@@ -41,6 +41,8 @@ class CoreScheduler:
             policy=scheduler_config.policy,
             scheduler_reserve_full_isl=c.scheduler_reserve_full_isl,
             async_scheduling=c.async_scheduling,
+            prefill_schedule_interval=c.prefill_schedule_interval,
+            decode_stagger=c.decode_stagger,
             num_blocks=c.num_blocks,
             block_size=c.block_size,
             enable_prefix_caching=c.enable_prefix_caching,
@@ -100,8 +102,10 @@ class CoreScheduler:
         counts when a waiting pass next reaches the request."""
         self.core.report_grammar(request_id=request_id, compiled=compiled)
 
-    def schedule(self) -> _core.Step:
-        return self.core.schedule()
+    def schedule(self, throttle_prefills: bool = False) -> _core.Step:
+        """One step; ``throttle_prefills`` holds prefill work back (a
+        data-parallel engine's prefill balancing, docs/scheduling.md §4.11)."""
+        return self.core.schedule(throttle_prefills)
 
     def update_from_output(
         self,

@@ -92,12 +92,15 @@ class Scheduler:
         self._core.add_request(request)
         self.requests[request.request_id] = request
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """One step. ``throttle_prefills`` holds prefill work back this step,
+        as a data-parallel engine asks its ranks to (docs/scheduling.md
+        §4.11)."""
         # The guard inline, not through _exclusive: this is the hot path.
         if not self._in_use.acquire(blocking=False):
             raise _concurrent_call("schedule")
         try:
-            return self._core.schedule(self.requests.__getitem__)
+            return self._core.schedule(self.requests.__getitem__, throttle_prefills)
         finally:
             self._in_use.release()
 

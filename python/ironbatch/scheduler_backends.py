@@ -81,8 +81,10 @@ class RustBackend:
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         self.core.report_grammar(request_id, compiled)
 
-    def schedule(self, lookup_request: Callable[[str], Any]) -> SchedulerOutput:
-        step = self.core.schedule()
+    def schedule(
+        self, lookup_request: Callable[[str], Any], throttle_prefills: bool
+    ) -> SchedulerOutput:
+        step = self.core.schedule(throttle_prefills)
         return SchedulerOutput(
             req_ids=step.req_ids,
             columns=step.columns(),
@@ -191,8 +193,10 @@ class PythonBackend:
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         self.twin.report_grammar(request_id, compiled)
 
-    def schedule(self, lookup_request: Callable[[str], Any]) -> SchedulerOutput:
-        step: StepOutput = self.twin.schedule()
+    def schedule(
+        self, lookup_request: Callable[[str], Any], throttle_prefills: bool
+    ) -> SchedulerOutput:
+        step: StepOutput = self.twin.schedule_throttled(throttle_prefills)
         columns = {
             name: np.array(getattr(step.columns, name), dtype=dtype)
             for name, dtype in STEP_COLUMNS.items()

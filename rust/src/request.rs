@@ -145,6 +145,12 @@ pub struct Request {
     pub grammar: Option<Grammar>,
     /// Report its prefix hits as KV-cache events.
     pub report_hits: bool,
+    /// Whether its last scheduled step left tokens to compute, as of that
+    /// step (vLLM's `is_prefill_chunk` attribute, which prefill holds read).
+    pub prefill_chunk: bool,
+    /// The first `schedule()` call at which it may decode again (the decode
+    /// stagger, §4.9).
+    pub next_decode_step: u64,
 }
 
 impl Request {
@@ -169,6 +175,8 @@ impl Request {
             skip_reading_prefix_cache: new.skip_reading_prefix_cache,
             grammar: new.structured_output.then_some(Grammar::Compiling),
             report_hits: new.report_hits,
+            prefill_chunk: false,
+            next_decode_step: 0,
         }
     }
 

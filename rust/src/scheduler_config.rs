@@ -46,6 +46,14 @@ pub struct SchedulerConfig {
     /// placeholder for the token in flight (vLLM's `AsyncScheduler`;
     /// docs/scheduling.md §4.9, §5.5).
     pub async_scheduling: bool,
+    /// Executed steps from one prefill-carrying step to the next, applied
+    /// locally (vLLM's `prefill_schedule_interval` on an engine that is not
+    /// data-parallel-coordinated); 1 is off (docs/scheduling.md §4.11).
+    pub prefill_schedule_interval: usize,
+    /// `schedule()` calls between two decode steps of one request; 0 or 1
+    /// is off (vLLM's V2 runner under async scheduling and pipeline
+    /// parallelism: the pipeline depth).
+    pub decode_stagger: usize,
     pub cache: KvCacheConfig,
 }
 
@@ -87,6 +95,13 @@ impl SchedulerConfig {
             0,
             c.cache.num_blocks.saturating_sub(1),
         )?;
+        check_range(
+            "prefill_schedule_interval",
+            c.prefill_schedule_interval,
+            1,
+            MAX_NUM_SEQS,
+        )?;
+        check_range("decode_stagger", c.decode_stagger, 0, MAX_NUM_SEQS)?;
         if c.max_num_batched_tokens < c.max_num_seqs {
             return invalid(format!(
                 "max_num_batched_tokens ({}) must be >= max_num_seqs ({})",

@@ -64,6 +64,9 @@ def random_settings(rng: random.Random) -> dict:
         long_prefill_token_threshold_adaptive=rng.random() < 0.15,
         watermark=rng.choice([0.0] * 5 + [0.05, 0.2]),
         mla=rng.random() < 0.15,
+        prefill_schedule_interval=rng.choice([1] * 3 + [2, 4]),
+        pipeline_parallel_size=rng.choice([1] * 4 + [2, 3]),
+        data_parallel_size=rng.choice([1] * 4 + [2]),
         **kv_events(rng),
     )
 
@@ -78,9 +81,11 @@ def kv_events(rng: random.Random) -> dict:
 def run_workload(seed: int, steps: int = 60) -> Counter:
     rng = random.Random(seed)
     settings = random_settings(rng)
-    pair = VllmPair(
-        rng, model_runner_v1=rng.random() < 0.3, reasoning=rng.random() < 0.3, **settings
-    )
+    pp = settings["pipeline_parallel_size"]
+    async_scheduling = settings["async_scheduling"]
+    # vLLM refuses async scheduling with pipeline parallelism on its V1 runner.
+    runner_v1 = rng.random() < 0.3 and not (pp > 1 and async_scheduling)
+    pair = VllmPair(rng, model_runner_v1=runner_v1, reasoning=rng.random() < 0.3, **settings)
     grammars = rng.random() < 0.5  # a workload with structured-output requests
     max_len = settings["max_model_len"]
     # Every request must fit the cache alone, or vLLM itself never finishes it.
@@ -101,10 +106,21 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
 
     pair.choose = choose
 
+    # A coordinated data-parallel engine holds prefills on the steps between
+    # its cadence steps (its step counter, as DPEngineCoreProc keeps it).
+    interval = settings["prefill_schedule_interval"]
+    dp_throttle = settings["data_parallel_size"] > 1 and interval > 1
+    counter = [0]
+
     def step() -> None:
-        pair.schedule()
+        pair.schedule(throttle_prefills=dp_throttle and counter[0] % interval != 0)
+        counter[0] += 1
+        pair.events["throttled"] += dp_throttle and counter[0] % interval != 1
         n = len(pair.in_flight)
-        if settings["async_scheduling"]:
+        if pp > 1:
+            # The batch queue of pipeline parallelism: pp steps (pp + 1 async).
+            update = n >= pp + async_scheduling or rng.random() < 0.2
+        elif async_scheduling:
             # The engine's batch queue holds two; deeper queues (as pipeline
             # parallelism has) make preempted requests wait for stale output.
             update = n >= 3 or (n == 2 and rng.random() < 0.8) or (n == 1 and rng.random() < 0.2)
@@ -154,7 +170,8 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     pair.set_pause_state(PauseState.UNPAUSED)
     for rid in list(pair.compiling):
         pair.resolve_grammar(rid, compiled=True)
-    for _ in range(30 * max_len):
+    # Pipeline parallelism spaces a request's decodes pp steps apart.
+    for _ in range(30 * max_len * pp):
         if not pair.vllm.has_requests() and not pair.in_flight:
             break
         if pair.vllm.has_requests():
@@ -190,6 +207,8 @@ def test_random_workloads_agree_with_vllm(chunk: int) -> None:
         "kv_BlockStored",
         "kv_BlockRemoved",
     ):
+        assert events[what] >= 10, (what, events)
+    for what in ("throttled", "decode_staggered", "pp_token_ids"):
         assert events[what] >= 10, (what, events)
     # A reset succeeds only with nothing held (or everything preempted): rarer.
     assert events["kv_AllBlocksCleared"] >= 1, events

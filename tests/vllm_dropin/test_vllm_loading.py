@@ -102,6 +102,23 @@ def test_structured_outputs_and_reasoning_parsers_keep_the_drop_in(async_schedul
     assert type(s) is ironbatch.vllm.Scheduler
 
 
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"pipeline_parallel_size": 2},
+        {"pipeline_parallel_size": 3, "async_scheduling": True},
+        {"data_parallel_size": 2, "prefill_schedule_interval": 4},
+        {"prefill_schedule_interval": 4},
+    ],
+    ids=["pp-sync", "pp-async", "dp-throttled", "local-cadence"],
+)
+def test_pipeline_and_data_parallel_engines_keep_the_drop_in(parallel: dict) -> None:
+    """What this engine's scheduler sees of pipeline and data parallelism
+    (a batch queue, a decode stagger, prefill holds) is the core's."""
+    s = vllm_setup.make_scheduler("ironbatch", **parallel)
+    assert type(s) is ironbatch.vllm.Scheduler
+
+
 def test_kv_events_keep_the_drop_in_and_publish_like_vllm() -> None:
     """KV-aware routing (--kv-events-config): the drop-in makes vLLM's
     publisher from the same config, reports its resolved config to the

@@ -204,13 +204,19 @@ class VllmPair:
 
     # -- steps --------------------------------------------------------------------
 
-    def schedule(self) -> None:
+    def schedule(self, throttle_prefills: bool = False) -> None:
         if self.unmasked:
             # EngineCore does not schedule past a step whose mask waits: it
             # applies the previous step's output, then takes the mask.
             self.update_oldest()
-        a, b = self.vllm.schedule(), self.ours.schedule()
+        stagger = self.vllm.current_step + 1  # the call about to happen
+        self.events["decode_staggered"] += sum(
+            stagger < r.next_decode_eligible_step for r in self.vllm.running
+        )
+        a = self.vllm.schedule(throttle_prefills)
+        b = self.ours.schedule(throttle_prefills)
         assert scheduler_output_view(a) == scheduler_output_view(b)
+        self.events["pp_token_ids"] += bool(a.scheduled_cached_reqs.new_token_ids)
         if a.pending_structured_output_tokens:
             self.unmasked.add(id(a))
             self.events["masks_deferred"] += 1

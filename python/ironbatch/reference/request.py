@@ -141,6 +141,12 @@ class Request:
     grammar: Grammar | None = None
     #: Report its prefix hits as KV-cache events.
     report_hits: bool = False
+    #: Whether its last scheduled step left tokens to compute, as of that
+    #: step (vLLM's ``is_prefill_chunk`` attribute, which prefill holds read).
+    prefill_chunk: bool = False
+    #: The first ``schedule()`` call at which it may decode again (the decode
+    #: stagger, docs/scheduling.md §4.9).
+    next_decode_step: int = 0
 
     @classmethod
     def waiting(cls, new: NewRequest, seq: Sequence) -> Request:

@@ -55,6 +55,12 @@ class SchedulerSettings:
     scheduler_reserve_full_isl: bool
     #: vLLM's async scheduling (docs/scheduling.md §4.9).
     async_scheduling: bool
+    #: Executed steps between prefill-carrying steps, locally; 1 is off
+    #: (docs/scheduling.md §4.11).
+    prefill_schedule_interval: int
+    #: ``schedule()`` calls between a request's decode steps; 0 or 1 is off
+    #: (vLLM's V2 runner, async, pipeline parallelism: the pipeline depth).
+    decode_stagger: int
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool
@@ -85,6 +91,8 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         policy=Policy(c.policy) if c.policy in ("fcfs", "priority") else c.policy,
         scheduler_reserve_full_isl=c.scheduler_reserve_full_isl,
         async_scheduling=c.async_scheduling,
+        prefill_schedule_interval=getattr(c, "prefill_schedule_interval", 1),
+        decode_stagger=getattr(c, "decode_stagger", 0),
         num_blocks=num_blocks,
         block_size=cache_config.block_size,
         enable_prefix_caching=cache_config.enable_prefix_caching,
@@ -107,6 +115,8 @@ def validate(c: SchedulerSettings) -> None:
     check_range("max_num_scheduled_tokens", c.max_num_scheduled_tokens, 1, MAX_NUM_BATCHED_TOKENS)
     check_range("max_num_active_seqs", c.max_num_active_seqs, 1, c.max_num_seqs)
     check_range("watermark_blocks", c.watermark_blocks, 0, c.num_blocks - 1)
+    check_range("prefill_schedule_interval", c.prefill_schedule_interval, 1, MAX_NUM_SEQS)
+    check_range("decode_stagger", c.decode_stagger, 0, MAX_NUM_SEQS)
 
 
 def check_scheduler(c: Any) -> None:

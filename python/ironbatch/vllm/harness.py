@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -44,6 +51,11 @@ DEFAULTS: dict[str, Any] = {
     "long_prefill_token_threshold_adaptive": False,
     "watermark": 0.0,
     "mla": False,  # the KV cache as MLA models have it (MLAAttentionSpec)
+    "prefill_schedule_interval": 1,
+    # What this engine's scheduler sees of parallelism: a pipeline depth, and
+    # data-parallel ranks (coordinated ones: MoE models).
+    "pipeline_parallel_size": 1,
+    "data_parallel_size": 1,
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
 EXTRAS = (
@@ -104,6 +116,7 @@ def vllm_config(
         max_num_active_seqs=cfg["max_num_active_seqs"],
         long_prefill_token_threshold_adaptive=cfg["long_prefill_token_threshold_adaptive"],
         watermark=cfg["watermark"],
+        prefill_schedule_interval=cfg["prefill_schedule_interval"],
     )
     mc = ModelConfig(
         model=model_dir,
@@ -119,10 +132,16 @@ def vllm_config(
         cache_dtype="auto",
         enable_prefix_caching=cfg["enable_prefix_caching"],
     )
+    pc = ParallelConfig(
+        pipeline_parallel_size=cfg["pipeline_parallel_size"],
+        data_parallel_size=cfg["data_parallel_size"],
+        distributed_executor_backend="mp",
+    )
     vc = VllmConfig(
         scheduler_config=sc,
         model_config=mc,
         cache_config=cc,
+        parallel_config=pc,
         device_config=DeviceConfig(device="cpu"),
         **{k: cfg[k] for k in EXTRAS if k in cfg},
     )

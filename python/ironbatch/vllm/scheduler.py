@@ -50,11 +50,10 @@ from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerSt
 from vllm.v1.request import Request, RequestStatus
 
 from ironbatch import _core
-from ironbatch.config import CacheConfig, SchedulerConfig
-from ironbatch.core_scheduler import CoreScheduler
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
 from ironbatch.vllm.kv_events import KvEvents
+from ironbatch.vllm.settings import core_scheduler
 from ironbatch.vllm.step_rows import StepRows
 from ironbatch.vllm.support import unsupported_config, unsupported_request
 
@@ -127,32 +126,16 @@ class Scheduler(SchedulerInterface):
         self.log_stats = log_stats
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.use_v2_model_runner: bool = vllm_config.use_v2_model_runner
+        # Synchronous pipeline parallelism: the first stage gets each step's
+        # tokens from the scheduler (CachedRequestData.new_token_ids).
+        self.use_pp = vllm_config.parallel_config.pipeline_parallel_size > 1
+        self._send_token_ids = self.use_pp and not sc.async_scheduling
         # EngineCore reads these; the drop-in never has connectors.
         self.connector = None
         self.ec_connector = None
         # vLLM's engine checked the cache holds a max_model_len sequence;
         # its scheduler (and so the core) runs with whatever it was given.
-        self._core = CoreScheduler(
-            SchedulerConfig(
-                max_model_len=self.max_model_len,
-                max_num_seqs=sc.max_num_seqs,
-                max_num_batched_tokens=sc.max_num_batched_tokens,
-                enable_chunked_prefill=sc.enable_chunked_prefill,
-                long_prefill_token_threshold=sc.long_prefill_token_threshold,
-                policy=sc.policy,
-                scheduler_reserve_full_isl=sc.scheduler_reserve_full_isl,
-                async_scheduling=bool(sc.async_scheduling),
-                max_num_scheduled_tokens=sc.max_num_scheduled_tokens,
-                max_num_active_seqs=sc.max_num_active_seqs,
-                long_prefill_token_threshold_adaptive=sc.long_prefill_token_threshold_adaptive,
-                watermark=sc.watermark,
-            ),
-            CacheConfig(
-                num_blocks=kv_cache_config.num_blocks,
-                block_size=block_size,
-                enable_prefix_caching=self.cache_config.enable_prefix_caching,
-            ),
-        )
+        self._core = core_scheduler(vllm_config, kv_cache_config, block_size)
         # What EngineCore reads of vLLM's KV-cache manager (group block sizes).
         self.kv_cache_manager = KVCacheManagerView(kv_cache_config, block_size, self._core)
         # KV-cache events for KV-aware routers (--kv-events-config).
@@ -292,11 +275,11 @@ class Scheduler(SchedulerInterface):
     # -- schedule() -----------------------------------------------------------
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        """One step, as vLLM's SchedulerOutput. ``throttle_prefills`` comes
-        from data-parallel engines only, which use vLLM's own scheduler."""
+        """One step, as vLLM's SchedulerOutput. ``throttle_prefills``: a
+        data-parallel engine's prefill balancing holds prefills this step."""
         if self._compiling:
             self._report_grammars()
-        step = self._core.schedule()
+        step = self._core.schedule(throttle_prefills)
         self._has_finished = False
         rows = StepRows.of(step)
         self._mirror_step(step, rows)
@@ -379,10 +362,18 @@ class Scheduler(SchedulerInterface):
                     all_token_ids[rid] = r.all_token_ids.copy()
             self._prev_step_req_ids = set(rows.req_ids)
         cached_rows = list(itertools.chain(running, resumed))
+        new_token_ids: list[list[int]] = []
+        if self._send_token_ids:
+            new_token_ids = _core.vllm_token_slices(
+                self._core.core,
+                slots=[rows.slots[i] for i in cached_rows],
+                starts=[rows.computed[i] for i in cached_rows],
+                counts=[rows.num_scheduled[i] for i in cached_rows],
+            )
         return CachedRequestData(
             req_ids=[rows.req_ids[i] for i in cached_rows],
             resumed_req_ids={rows.req_ids[i] for i in resumed},
-            new_token_ids=[],
+            new_token_ids=new_token_ids,
             all_token_ids=all_token_ids,
             new_block_ids=new_block_ids,
             num_computed_tokens=[rows.computed[i] for i in cached_rows],

@@ -32,8 +32,6 @@ def unsupported_config(
         (c.speculative_config is not None, "speculative decoding"),
         (c.kv_transfer_config is not None, "a KV connector"),
         (c.ec_transfer_config is not None, "an encoder-cache connector"),
-        (pc.pipeline_parallel_size > 1, "pipeline parallelism"),
-        (pc.data_parallel_size > 1, "data parallelism (prefill balancing)"),
         (
             pc.decode_context_parallel_size > 1 or pc.prefill_context_parallel_size > 1,
             "context parallelism",
@@ -63,7 +61,6 @@ def unsupported_config(
             c.observability_config.per_request_spec_decode_metrics != "none",
             "per-request speculative-decoding metrics",
         ),
-        (sc.prefill_schedule_interval != 1, "prefill_schedule_interval"),
         (sc.policy not in ("fcfs", "priority"), f"the {sc.policy!r} policy"),
     ]
     return next((why for bad, why in checks if bad), None)

@@ -39,5 +39,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STEP_COLUMNS", columns)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_update_from_runner_output, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_request_state, m)?)?;
+    m.add_function(wrap_pyfunction!(vllm::vllm_token_slices, m)?)?;
     Ok(())
 }

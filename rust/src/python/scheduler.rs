@@ -269,7 +269,8 @@ impl PyScheduler {
                         max_num_active_seqs, max_model_len, enable_chunked_prefill,
                         long_prefill_token_threshold, long_prefill_token_threshold_adaptive,
                         watermark_blocks, policy, scheduler_reserve_full_isl, num_blocks,
-                        block_size, enable_prefix_caching, async_scheduling))]
+                        block_size, enable_prefix_caching, async_scheduling,
+                        prefill_schedule_interval, decode_stagger))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_num_seqs: &Bound<'_, PyAny>,
@@ -287,6 +288,8 @@ impl PyScheduler {
         block_size: &Bound<'_, PyAny>,
         enable_prefix_caching: bool,
         async_scheduling: bool,
+        prefill_schedule_interval: &Bound<'_, PyAny>,
+        decode_stagger: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
         let max_model_len = count("max_model_len", max_model_len)?;
         let config = SchedulerConfig {
@@ -305,6 +308,11 @@ impl PyScheduler {
             policy: policy_named(policy)?,
             scheduler_reserve_full_isl,
             async_scheduling,
+            prefill_schedule_interval: count(
+                "prefill_schedule_interval",
+                prefill_schedule_interval,
+            )?,
+            decode_stagger: count("decode_stagger", decode_stagger)?,
             cache: KvCacheConfig {
                 num_blocks: count("num_blocks", num_blocks)?,
                 block_size: count("block_size", block_size)?,
@@ -366,9 +374,11 @@ impl PyScheduler {
         Ok(slot)
     }
 
-    /// One scheduling decision.
-    fn schedule(&mut self, py: Python<'_>) -> PyResult<PyStep> {
-        let mut step = self.core.schedule();
+    /// One scheduling decision; `throttle_prefills` holds prefill work back
+    /// (a data-parallel engine's prefill balancing).
+    #[pyo3(signature = (throttle_prefills=false))]
+    fn schedule(&mut self, py: Python<'_>, throttle_prefills: bool) -> PyResult<PyStep> {
+        let mut step = self.core.schedule_throttled(throttle_prefills);
         let py_ids = &self.py_ids;
         let ids = PyList::new(
             py,
@@ -579,6 +589,8 @@ impl PyScheduler {
             row.set_item("drop_stale", r.drop_stale)?;
             row.set_item("deferred", r.deferred)?;
             row.set_item("grammar", r.grammar.map(|g| g.name()))?;
+            row.set_item("prefill_chunk", r.prefill_chunk)?;
+            row.set_item("next_decode_step", r.next_decode_step)?;
             requests.set_item(&r.request_id, row)?;
         }
         d.set_item("requests", requests)?;

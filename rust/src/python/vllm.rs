@@ -1,6 +1,7 @@
 //! What only the vLLM drop-in (`ironbatch.vllm.Scheduler`) calls: applying
 //! a vLLM `ModelRunnerOutput` without building arrays in Python first, and
-//! reading a live request's tokens back into vLLM's `Request`.
+//! reading a live request's tokens back into vLLM's `Request` (all of them,
+//! or the slices a step schedules).
 
 use super::scheduler::{token, PyScheduler, PyStep, PyStepUpdate};
 use crate::slab::Slot;
@@ -75,4 +76,39 @@ pub fn vllm_request_state(
         .request(slot)
         .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
     Ok((r.seq.tokens().to_vec(), r.seq.num_computed_tokens))
+}
+
+/// Each listed request's tokens `starts[i]..starts[i] + counts[i]`: what a
+/// step schedules for it, which vLLM sends the first pipeline stage under
+/// synchronous pipeline parallelism (`CachedRequestData.new_token_ids`).
+#[pyfunction]
+#[pyo3(signature = (scheduler, *, slots, starts, counts))]
+pub fn vllm_token_slices(
+    scheduler: &Bound<'_, PyScheduler>,
+    slots: Vec<Slot>,
+    starts: Vec<usize>,
+    counts: Vec<usize>,
+) -> PyResult<Vec<Vec<u32>>> {
+    let scheduler = scheduler.borrow();
+    if starts.len() != slots.len() || counts.len() != slots.len() {
+        return Err(PyValueError::new_err(format!(
+            "slots, starts and counts must be as long ({}, {}, {})",
+            slots.len(),
+            starts.len(),
+            counts.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(slots.len());
+    for ((&slot, &start), &n) in slots.iter().zip(&starts).zip(&counts) {
+        let r = scheduler
+            .core
+            .request(slot)
+            .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
+        let tokens = r.seq.tokens();
+        // Scheduled positions past the known tokens (async placeholders)
+        // have no token yet; vLLM's slice stops at the known ones too.
+        let end = start.saturating_add(n).min(tokens.len());
+        out.push(tokens[start.min(end)..end].to_vec());
+    }
+    Ok(out)
 }

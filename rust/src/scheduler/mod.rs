@@ -28,6 +28,7 @@ use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
 use crate::kv_events::KvEvent;
 use crate::limits::{check_range, MAX_TOKENS};
+use crate::prefill_cadence::PrefillCadence;
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::request::{NewRequest, Request, RequestStatus};
 use crate::request_queue::WaitingQueue;
@@ -85,6 +86,12 @@ struct StepDraft {
     /// failed (§4.10).
     grammar_released: Vec<Slot>,
     grammar_failed: Vec<Slot>,
+    /// This step holds prefill work back (§4.11): running prefill chunks
+    /// are skipped and admissions with prompt left stop the waiting pass.
+    hold_prefills: bool,
+    /// It carried prefill work: a running prefill chunk, or an admission
+    /// with prompt left to compute.
+    carried_prefill: bool,
 }
 
 /// vLLM 0.33's V1 scheduler.
@@ -111,6 +118,11 @@ pub struct Scheduler {
     pending_steps: VecDeque<u64>,
     /// Scratch for prefix hits, reused across admissions.
     hits: Vec<BlockId>,
+    /// `schedule()` calls so far, this one included (the decode stagger's
+    /// clock).
+    current_step: u64,
+    /// When prefills wait (§4.11).
+    cadence: PrefillCadence,
 }
 
 impl Scheduler {
@@ -122,6 +134,7 @@ impl Scheduler {
             Policy::Fcfs => WaitingQueue::Fcfs(VecDeque::new()),
             Policy::Priority => WaitingQueue::Priority(Default::default()),
         };
+        let cadence = PrefillCadence::new(config.prefill_schedule_interval);
         Ok(Scheduler {
             config,
             kv,
@@ -138,6 +151,8 @@ impl Scheduler {
             next_step: 0,
             pending_steps: VecDeque::new(),
             hits: Vec::new(),
+            current_step: 0,
+            cadence,
         })
     }
 
@@ -349,6 +364,17 @@ impl Scheduler {
 
     /// One scheduling decision (docs/scheduling.md §4).
     pub fn schedule(&mut self) -> StepOutput {
+        self.schedule_throttled(false)
+    }
+
+    /// [`Self::schedule`], holding prefill work back when a data-parallel
+    /// engine asks (`throttle_prefills`, vLLM's DP prefill balancing) or the
+    /// local cadence says so (§4.11).
+    pub fn schedule_throttled(&mut self, throttle_prefills: bool) -> StepOutput {
+        self.current_step += 1;
+        let requests = &self.requests;
+        let any_decoding = self.running.iter().any(|&s| !requests[s].prefill_chunk);
+        let hold_prefills = self.cadence.holds(throttle_prefills, any_decoding);
         let c = &self.config;
         let mut draft = StepDraft {
             token_budget: match self.pause {
@@ -361,12 +387,24 @@ impl Scheduler {
             preempted_any: false,
             grammar_released: Vec::new(),
             grammar_failed: Vec::new(),
+            hold_prefills,
+            carried_prefill: false,
         };
         self.schedule_running(&mut draft);
         // Any preemption cancels this step's admissions (Q5).
-        if !draft.preempted_any && self.pause == Pause::Unpaused {
-            self.schedule_waiting(&mut draft);
+        if !draft.preempted_any && self.pause != Pause::All {
+            if self.pause == Pause::Unpaused {
+                self.schedule_waiting(&mut draft);
+            }
+            if !hold_prefills {
+                // vLLM notes this after every waiting pass that did not hold
+                // (a pass that admits nobody under PAUSED_NEW included).
+                self.cadence
+                    .note_release(self.waiting.len(), self.num_deferred);
+            }
         }
+        let scheduled_any = !draft.entries.is_empty();
+        self.cadence.note_step(scheduled_any, draft.carried_prefill);
         let mut out = self.finish_step(draft.entries);
         out.grammar_released = draft.grammar_released;
         out.grammar_failed = draft.grammar_failed;

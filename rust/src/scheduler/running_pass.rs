@@ -14,6 +14,13 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && draft.token_budget > 0 && draft.input_budget > 0 {
             let slot = self.running[i];
+            let r = &self.requests[slot];
+            // Pipeline parallelism: its last decode is still a few stages
+            // away. A held step skips running prefill chunks (§4.11).
+            if self.current_step < r.next_decode_step || (draft.hold_prefills && r.prefill_chunk) {
+                i += 1;
+                continue;
+            }
             let n = self.num_running_tokens(slot, draft);
             if n == 0 {
                 // Nothing to compute this step: skip it, don't end the pass
@@ -24,6 +31,7 @@ impl Scheduler {
             let computed = self.requests[slot].seq.num_computed_tokens;
             match self.allocate_or_preempt(slot, n, &mut i, draft) {
                 Some(grown) => {
+                    draft.carried_prefill |= self.requests[slot].prefill_chunk;
                     let entry = self.entry(slot, n, Kind::Running, computed, grown);
                     draft.entries.push(entry);
                     draft.token_budget -= n;

@@ -26,7 +26,8 @@ impl Scheduler {
             out.end_entry(end);
             r.seq.num_computed_tokens += e.num_tokens;
             r.in_flight_tokens += e.num_tokens;
-            if !r.is_prefill_chunk() {
+            r.prefill_chunk = r.is_prefill_chunk();
+            if !r.prefill_chunk {
                 let structured = r.grammar.is_some();
                 out.has_structured_output_requests |= structured;
                 if self.config.async_scheduling {
@@ -34,6 +35,9 @@ impl Scheduler {
                     out.pending_structured_output_tokens |=
                         structured && r.num_output_placeholders > 0;
                     r.num_output_placeholders += 1; // the token this step samples
+                    if self.config.decode_stagger > 0 {
+                        r.next_decode_step = self.current_step + self.config.decode_stagger as u64;
+                    }
                 }
             }
         }

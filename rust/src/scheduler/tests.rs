@@ -44,6 +44,8 @@ fn scheduler(s: Setup) -> Scheduler {
         policy: s.policy,
         scheduler_reserve_full_isl: true,
         async_scheduling: false,
+        prefill_schedule_interval: 1,
+        decode_stagger: 0,
         cache: KvCacheConfig {
             num_blocks: s.num_blocks,
             block_size: 16,

@@ -107,6 +107,12 @@ impl Scheduler {
                 num_blocks,
             });
         }
+        // A held step admits only requests with nothing left but their last
+        // token (full hits): the pass ends at the first with prompt to compute.
+        let prompt_left = hit_tokens + 1 < r.num_tokens();
+        if draft.hold_prefills && prompt_left {
+            return false;
+        }
         let mut n = r.num_tokens() - hit_tokens;
         if draft.threshold > 0 && draft.threshold < n {
             n = draft.threshold;
@@ -132,6 +138,7 @@ impl Scheduler {
             self.kv
                 .record_prefix_cache_stats(r.num_tokens(), hit_tokens, r.num_preemptions > 0);
         }
+        draft.carried_prefill |= prompt_left;
         let kind = match r.status {
             RequestStatus::Waiting => Kind::New,
             _ => Kind::Resumed,

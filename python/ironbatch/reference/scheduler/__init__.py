@@ -32,6 +32,7 @@ from ironbatch.reference.error import debug_str, duplicate_request
 from ironbatch.reference.kv_cache_manager import KvCacheManager
 from ironbatch.reference.kv_events import KvEvent, Stored
 from ironbatch.reference.limits import MAX_TOKENS, check_range
+from ironbatch.reference.prefill_cadence import PrefillCadence
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
 from ironbatch.reference.request import NewRequest, Request, RequestStatus
 from ironbatch.reference.request_queue import WaitingQueue
@@ -94,6 +95,12 @@ class StepDraft:
     #: (§4.10).
     grammar_released: list[int] = field(default_factory=list)
     grammar_failed: list[int] = field(default_factory=list)
+    #: This step holds prefill work back (§4.11): running prefill chunks are
+    #: skipped and admissions with prompt left stop the waiting pass.
+    hold_prefills: bool = False
+    #: It carried prefill work: a running prefill chunk, or an admission with
+    #: prompt left to compute.
+    carried_prefill: bool = False
 
 
 class Scheduler:
@@ -126,6 +133,11 @@ class Scheduler:
         self.next_step = 0
         # Steps scheduled whose output has not been applied.
         self.pending_steps: deque[int] = deque()
+        #: ``schedule()`` calls so far, this one included (the decode
+        #: stagger's clock).
+        self.current_step = 0
+        #: When prefills wait (docs/scheduling.md §4.11).
+        self.cadence = PrefillCadence(c.prefill_schedule_interval)
 
     # -- inspection -----------------------------------------------------------
 
@@ -276,16 +288,32 @@ class Scheduler:
 
     def schedule(self) -> StepOutput:
         """One scheduling decision (docs/scheduling.md §4)."""
+        return self.schedule_throttled(False)
+
+    def schedule_throttled(self, throttle_prefills: bool) -> StepOutput:
+        """``schedule``, holding prefill work back when a data-parallel engine
+        asks (``throttle_prefills``, vLLM's DP prefill balancing) or the local
+        cadence says so (docs/scheduling.md §4.11)."""
+        self.current_step += 1
+        any_decoding = any(not self.requests[s].prefill_chunk for s in self.running)
+        hold_prefills = self.cadence.holds(throttle_prefills, any_decoding)
         c = self.config
         draft = StepDraft(
             token_budget=0 if self._pause == Pause.ALL else c.max_num_scheduled_tokens,
             input_budget=c.max_num_batched_tokens,
             threshold=self.long_prefill_threshold(),
+            hold_prefills=hold_prefills,
         )
         running_pass.schedule_running(self, draft)
         # Any preemption cancels this step's admissions (Q5).
-        if not draft.preempted_any and self._pause == Pause.UNPAUSED:
-            waiting_pass.schedule_waiting(self, draft)
+        if not draft.preempted_any and self._pause != Pause.ALL:
+            if self._pause == Pause.UNPAUSED:
+                waiting_pass.schedule_waiting(self, draft)
+            if not hold_prefills:
+                # vLLM notes this after every waiting pass that did not hold
+                # (a pass that admits nobody under PAUSED_NEW included).
+                self.cadence.note_release(len(self.waiting_queue), self.num_deferred)
+        self.cadence.note_step(bool(draft.entries), draft.carried_prefill)
         out = finish_step(self, draft.entries)
         out.grammar_released = draft.grammar_released
         out.grammar_failed = draft.grammar_failed
@@ -367,6 +395,8 @@ class Scheduler:
                 "drop_stale": r.drop_stale,
                 "deferred": r.deferred,
                 "grammar": None if r.grammar is None else r.grammar.name,
+                "prefill_chunk": r.prefill_chunk,
+                "next_decode_step": r.next_decode_step,
             }
         pool = self.kv.pool
         return {

@@ -20,6 +20,12 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
     i = 0
     while i < len(s.running) and draft.token_budget > 0 and draft.input_budget > 0:
         slot = s.running[i]
+        r = s.requests[slot]
+        # Pipeline parallelism: its last decode is still a few stages away. A
+        # held step skips running prefill chunks (§4.11).
+        if s.current_step < r.next_decode_step or (draft.hold_prefills and r.prefill_chunk):
+            i += 1
+            continue
         n = num_running_tokens(s, slot, draft)
         if n == 0:
             # Nothing to compute this step: skip it, don't end the pass
@@ -29,6 +35,7 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
         computed = s.requests[slot].seq.num_computed_tokens
         grown, i = allocate_or_preempt(s, slot, n, i, draft)
         if grown is not None:
+            draft.carried_prefill |= s.requests[slot].prefill_chunk
             draft.entries.append(entry(s, slot, n, Kind.RUNNING, computed, grown))
             draft.token_budget -= n
             draft.input_budget -= n

@@ -30,13 +30,16 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
         out.end_entry(end)
         r.seq.num_computed_tokens += e.num_tokens
         r.in_flight_tokens += e.num_tokens
-        if not r.is_prefill_chunk:
+        r.prefill_chunk = r.is_prefill_chunk
+        if not r.prefill_chunk:
             structured = r.grammar is not None
             out.has_structured_output_requests |= structured
             if s.config.async_scheduling:
                 # Its grammar mask needs the token still in flight.
                 out.pending_structured_output_tokens |= structured and r.num_output_placeholders > 0
                 r.num_output_placeholders += 1  # the token this step samples
+                if s.config.decode_stagger > 0:
+                    r.next_decode_step = s.current_step + s.config.decode_stagger
     out.entries = entries
     out.preempted_req_ids, s.preempted_ids = sorted(s.preempted_ids), []
     out.finished_req_ids, s.finished_ids = sorted(s.finished_ids), []

@@ -85,6 +85,11 @@ def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
     hits, hit_tokens = ([], 0) if r.skip_reading_prefix_cache else s.kv.get_computed_blocks(r.seq)
     if r.report_hits and hit_tokens > 0:
         s.kv.log_event(Hit(slot, len(hits)))
+    # A held step admits only requests with nothing left but their last token
+    # (full hits): the pass ends at the first with prompt to compute.
+    prompt_left = hit_tokens + 1 < r.num_tokens
+    if draft.hold_prefills and prompt_left:
+        return False
     n = r.num_tokens - hit_tokens
     if 0 < draft.threshold < n:
         n = draft.threshold
@@ -100,6 +105,7 @@ def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
     # read the cache.
     if not r.skip_reading_prefix_cache:
         s.kv.record_prefix_cache_stats(r.num_tokens, hit_tokens, r.num_preemptions > 0)
+    draft.carried_prefill |= prompt_left
     kind = Kind.NEW if r.status == RequestStatus.WAITING else Kind.RESUMED
     r.status = RequestStatus.RUNNING
     r.seq.num_computed_tokens = hit_tokens

@@ -1,0 +1,65 @@
+"""The core's settings from a vLLM engine's configuration: the same budgets,
+caps, policy and options vLLM's scheduler reads, resolved the way vLLM
+resolves them for this engine (its data and pipeline parallelism, its model
+runner)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.core_scheduler import CoreScheduler
+
+
+def core_scheduler(vllm_config: Any, kv_cache_config: Any, block_size: int) -> CoreScheduler:
+    """The core scheduler vLLM's scheduler would be for this engine. vLLM's
+    engine checked that the cache holds a ``max_model_len`` sequence; its
+    scheduler (and so the core) runs with whatever it was given."""
+    sc = vllm_config.scheduler_config
+    return CoreScheduler(
+        SchedulerConfig(
+            max_model_len=vllm_config.model_config.max_model_len,
+            max_num_seqs=sc.max_num_seqs,
+            max_num_batched_tokens=sc.max_num_batched_tokens,
+            enable_chunked_prefill=sc.enable_chunked_prefill,
+            long_prefill_token_threshold=sc.long_prefill_token_threshold,
+            policy=sc.policy,
+            scheduler_reserve_full_isl=sc.scheduler_reserve_full_isl,
+            async_scheduling=bool(sc.async_scheduling),
+            max_num_scheduled_tokens=sc.max_num_scheduled_tokens,
+            max_num_active_seqs=sc.max_num_active_seqs,
+            long_prefill_token_threshold_adaptive=sc.long_prefill_token_threshold_adaptive,
+            watermark=sc.watermark,
+            prefill_schedule_interval=local_prefill_interval(vllm_config),
+            decode_stagger=decode_stagger(vllm_config),
+        ),
+        CacheConfig(
+            num_blocks=kv_cache_config.num_blocks,
+            block_size=block_size,
+            enable_prefix_caching=vllm_config.cache_config.enable_prefix_caching,
+        ),
+    )
+
+
+def local_prefill_interval(vllm_config: Any) -> int:
+    """``prefill_schedule_interval`` as the scheduler applies it itself: on
+    an engine that is not data-parallel-coordinated (a data-parallel engine
+    holds prefills through ``schedule(throttle_prefills=...)`` instead)."""
+    if vllm_config.parallel_config.data_parallel_size != 1:
+        return 1
+    return vllm_config.scheduler_config.prefill_schedule_interval
+
+
+def decode_stagger(vllm_config: Any) -> int:
+    """``schedule()`` calls between a request's decodes: the pipeline depth
+    under vLLM's V2 model runner with async scheduling (its sampled tokens
+    travel a ring of that many slots), 1 on XPU without pipeline
+    microbatching, 0 (off) otherwise."""
+    if not (vllm_config.scheduler_config.async_scheduling and vllm_config.use_v2_model_runner):
+        return 0
+    import vllm.envs as envs
+    from vllm.platforms import current_platform
+
+    if current_platform.is_xpu() and not envs.VLLM_XPU_PP_MICROBATCH:
+        return 1
+    return vllm_config.parallel_config.pipeline_parallel_size
