@@ -43,6 +43,7 @@ def req(
     repetition: RepetitionDetectionParams | None = None,
     skip_reading_prefix_cache: bool = False,
     structured_output: bool = False,
+    resumable: bool = False,
 ) -> Request:
     return Request(
         rid,
@@ -59,6 +60,7 @@ def req(
         priority=priority,
         arrival_time=arrival,
         structured_output=structured_output,
+        resumable=resumable,
     )
 
 

@@ -23,12 +23,15 @@ class SchedulerPair:
         self.in_flight: list[tuple[Any, Any]] = []  # outputs not yet applied, oldest first
         self.events: Counter = Counter()
         self._failed_grammars: list[str] = []
+        self.sessions: set[str] = set()  # ids added as streaming sessions
         # KV-cache events, compared after every call (the backends' cores).
         self.cores = (self.rust._core.core, self.twin._core.twin)
         for core in self.cores:
             core.enable_kv_events()
 
     def add(self, rid: str, tokens: list[int], **kw: Any) -> bool:
+        if kw.get("resumable"):
+            self.sessions.add(rid)
         results = []
         for s in (self.rust, self.twin):
             try:
@@ -103,7 +106,14 @@ class SchedulerPair:
             1 for e in r.entries() if e.kind != "running" and e.num_computed_tokens
         )
         self.events["resumed"] += sum(1 for e in r.entries() if e.kind == "resumed")
-        rows = self.rust.debug_state()["requests"].values()
+        state = self.rust.debug_state()
+        rows = state["requests"].values()
+        self.events["sessions_waiting"] += state["num_waiting_for_input"]
+        self.events["kv_holding_admitted"] += sum(
+            1
+            for e in r.entries()
+            if e.kind == "new" and e.num_computed_tokens and e.request_id in self.sessions
+        )
         self.events["placeholders"] += sum(1 for r in rows if r["num_output_placeholders"] > 0)
         self.events["skipped"] += sum(1 for r in rows if r["deferred"])
         self.in_flight.append((r, p))
@@ -137,6 +147,7 @@ class SchedulerPair:
         self.events["grammar_rejected"] += sum(1 for _, kept in asked["rust"] if reject in kept)
         assert ru.cached_tokens.tolist() == pu.cached_tokens.tolist()
         self.events["finished"] += sum(1 for u in ur if u[2] is not None)
+        self.events["session_turns"] += sum(1 for u in ru if u.session_continues)
         self.events["repetition"] += sum(1 for u in ur if u[2] == "repetition")
         self.check()
 
@@ -154,13 +165,20 @@ class SchedulerPair:
 
 def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> None:
     requests = state["requests"]
-    running, waiting = state["running"], state["waiting"]
+    running, waiting, kv_holding = state["running"], state["waiting"], state["kv_holding"]
     ref = state["block_ref_cnts"]
     n = len(ref)
-    # 8. Queues: every unfinished request in exactly one queue, with a matching status.
-    assert sorted(running + waiting) == sorted(requests)
+    # 8. Queues: every unfinished request in exactly one queue, with a matching status;
+    # those holding KV blocks wait apart (streaming sessions between turns).
+    assert sorted(running + waiting + kv_holding) == sorted(requests)
     assert all(requests[r]["status"] == "RUNNING" for r in running)
-    assert all(requests[r]["status"] in ("WAITING", "PREEMPTED") for r in waiting)
+    waiting_statuses = ("WAITING", "PREEMPTED", "WAITING_FOR_STREAMING_REQ")
+    assert all(requests[r]["status"] in waiting_statuses for r in waiting + kv_holding)
+    assert all(requests[r]["num_computed_tokens"] == 0 for r in waiting)
+    assert all(requests[r]["num_computed_tokens"] > 0 for r in kv_holding)
+    paused = [r for r in requests.values() if r["status"] == "WAITING_FOR_STREAMING_REQ"]
+    assert state["num_waiting_for_input"] == len(paused)
+    assert all(r["deferred"] for r in paused)
     # 1, 2. Conservation and reference counts.
     held = Counter(b for r in requests.values() for b in r["block_ids"])
     assert [held.get(b, 0) for b in range(n)] == ref
@@ -181,6 +199,9 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
             assert len(table) >= cdiv(computed, bs)
             # Only a share that will be dropped lets a request resume early.
             assert not deferred and (stale == 0 or drop_stale)
+        elif rid in kv_holding:
+            # A session between turns keeps what it computed, nothing in flight counts.
+            assert len(table) >= cdiv(computed, bs) and placeholders == 0, rid
         else:
             assert table == [] and computed == 0 and placeholders == 0, rid
         # Only a released grammar lets a request run; a held one counts as skipped.

@@ -68,6 +68,11 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     next_id = 0
     # A data-parallel engine's prefill balancing asks some steps to hold.
     throttling = rng.random() < 0.3
+    # Sessions between turns hold their blocks and nobody can preempt them:
+    # vLLM stalls as the core does when they hold the whole cache, so they
+    # come only with room for them, and stay well inside max_model_len.
+    need = -(-max_len // config["block_size"])
+    sessions_fit = config["num_blocks"] >= 4 * need
 
     def choose(rid: str) -> int:
         x = rng.random()
@@ -92,10 +97,25 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
                 repetition=REPEATS if rng.random() < 0.2 else None,
                 skip_reading_prefix_cache=rng.random() < 0.15,
                 structured_output=rng.random() < 0.2,
+                resumable=sessions_fit and len(pair.sessions) < 3 and rng.random() < 0.3,
                 priority=rng.randint(0, 3),
                 arrival=float(next_id // 3),
             ):
                 live.append(rid)
+        # Streaming sessions get their next chunks at any time (queued while
+        # a turn runs), with arrival times that may reorder a priority heap
+        # in place; a chunk that is not resumable ends the input.
+        for rid in sorted(pair.sessions):
+            state = pair.rust.debug_state()["requests"].get(rid)
+            if state and rng.random() < 0.15:
+                last = rng.random() < 0.2 or state["num_tokens"] + 12 > max_len // 2
+                pair.add(
+                    rid,
+                    [0] if last else [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 6))],
+                    max_tokens=rng.randint(1, 6),
+                    resumable=not last,
+                    arrival=float(rng.randint(0, next_id)),
+                )
         if live and rng.random() < 0.05:
             pair.abort([rng.choice(live)])
         # Grammars compile (or fail) in their own time; a failed one is
@@ -125,6 +145,9 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     for rid, row in pair.rust.debug_state()["requests"].items():
         if row["grammar"] == "COMPILING":
             pair.report_grammar(rid, compiled=True)
+    for rid in sorted(pair.sessions):  # every session's input ends
+        if rid in pair.rust.requests:
+            pair.add(rid, [0])
     # A decode stagger of k spaces each request's decodes k steps apart.
     for _ in range(40 * max_len * (1 + config["decode_stagger"])):
         if not pair.rust.has_unfinished_requests():
@@ -145,8 +168,9 @@ def test_seeded_workloads_agree() -> None:
     seen = ("preempted", "hit", "resumed", "finished", "abort", "placeholders", "skipped")
     grammar = ("grammar_released", "grammar_failed", "grammar_rejected", "grammar_pending")
     cadence = ("prefill_held", "decode_staggered")
+    sessions = ("session_turns", "sessions_waiting", "kv_holding_admitted")
     kv = ("kv_stored", "kv_removed", "kv_cleared")
-    for what in (*seen, "repetition", *grammar, *kv, *cadence):
+    for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions):
         assert events[what] >= 20, (what, events)
 
 

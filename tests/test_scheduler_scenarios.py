@@ -224,6 +224,68 @@ def test_throttled_steps_hold_prefills_while_something_decodes(backend: str) -> 
     assert [e[0] for e in rows(out)] == ["a", "b"]
 
 
+def test_a_streaming_session_keeps_its_kv_between_turns(backend: str) -> None:
+    """vLLM 0.33's streaming input: a resumable request's stop ends its turn,
+    not the request; it waits, holding its blocks, for its next chunk, which
+    continues it from all but its last sampled token, admitted as new ahead
+    of every waiting request; a chunk that is not resumable ends the input."""
+    s = make(backend)
+    s.add_request(req("a", r(3, 22), max_tokens=3, resumable=True))  # 20 tokens
+    step(s)
+    step(s)
+    _, updates = step(s)  # its 3rd output: the turn ends on its length
+    assert updates == [["a", [100], "length", None]]
+    state = s.debug_state()
+    row = state["requests"]["a"]
+    assert (row["status"], row["num_tokens"], row["num_computed_tokens"]) == (
+        "WAITING_FOR_STREAMING_REQ",
+        23,
+        22,
+    )
+    assert (state["kv_holding"], state["num_waiting_for_input"]) == (["a"], 1)
+    assert s.has_unfinished_requests()
+    s.add_request(req("b", r(40, 49), max_tokens=5))
+    out, _ = step(s)
+    assert [e[0] for e in rows(out)] == ["b"]  # a waits for input
+    s.add_request(req("a", [300, 301, 302], max_tokens=2, resumable=True))
+    out, _ = step(s)
+    # Its last sampled token is dropped: 22 kept + 3 new, computed from 22.
+    assert rows(out)[1] == ["a", 3, "new", 22, [1, 2]]
+    s.add_request(req("a", [0]))  # not resumable: the input ends after this turn
+    _, updates = step(s)  # its 2nd output of the turn
+    assert ["a", [100], "length", None] in updates
+    assert "a" not in s.debug_state()["requests"]
+    assert s.make_stats().num_skipped_waiting_reqs == 0
+
+
+def test_a_chunk_reorders_a_priority_heap_only_as_vllm_does(backend: str) -> None:
+    """A chunk for a waiting session rewrites its arrival time in place, in
+    vLLM's heap too, which stays as it was until the next heapify: sessions
+    queued as a, b, c are admitted a, b, c although b's chunk came first."""
+    s = make(backend, policy="priority")
+    for i, rid in enumerate("abc"):
+        s.add_request(req(rid, r(10 * i + 3, 10 * i + 7), max_tokens=1, arrival=i, resumable=True))
+    step(s)  # each turn ends at once: all three wait for input, holding blocks
+    assert s.debug_state()["kv_holding"] == ["a", "b", "c"]
+    for rid, arrival in (("b", 5.0), ("a", 6.0), ("c", 7.0)):
+        s.add_request(req(rid, [99], max_tokens=1, arrival=arrival, resumable=True))
+    out, _ = step(s)
+    assert [e[0] for e in rows(out)] == ["a", "b", "c"]
+
+
+def test_the_end_of_input_ends_a_waiting_session(backend: str) -> None:
+    s = make(backend)
+    s.add_request(req("a", r(3, 22), max_tokens=1, resumable=True))
+    step(s)
+    assert s.debug_state()["requests"]["a"]["status"] == "WAITING_FOR_STREAMING_REQ"
+    s.add_request(req("a", [0]))
+    assert not s.has_unfinished_requests()
+    assert s.num_free_blocks == 9999
+    with pytest.raises(ValueError, match="already"):
+        s.add_request(req("b", r(3, 5)))
+        s.add_request(req("b", r(3, 5)))  # not a session: a duplicate
+
+
 def test_s4_fcfs_preemption(backend: str) -> None:
     s = make(backend, num_blocks=11, max_model_len=160, max_num_batched_tokens=512)
     s.add_request(req("a", r(3, 82), max_tokens=40))
@@ -251,12 +313,12 @@ def test_s4b_tokens_for_a_request_preempted_in_flight(backend: str) -> None:
     out2 = s.schedule()  # before out1's tokens arrive: r0 has nothing to compute
     assert rows(out2) == [["r1", 80, "new", 0, r(6, 10)]]
     u1 = s.update_from_output(out1, {"r0": [42]})
-    assert [tuple(u) for u in u1] == [("r0", [42], None, None)]
+    assert [tuple(u)[:4] for u in u1] == [("r0", [42], None, None)]
     out3 = s.schedule()
     assert rows(out3) == [["r0", 1, "running", 80, [10]]]
     assert out3.preempted_req_ids == {"r1"}
     u2 = s.update_from_output(out2, {"r1": [43]})  # stale, still applied
-    assert [tuple(u) for u in u2] == [("r1", [43], None, None)]
+    assert [tuple(u)[:4] for u in u2] == [("r1", [43], None, None)]
     state = s.debug_state()["requests"]["r1"]
     assert (state["status"], state["num_tokens"], state["num_computed_tokens"]) == (
         "PREEMPTED",
@@ -265,7 +327,7 @@ def test_s4b_tokens_for_a_request_preempted_in_flight(backend: str) -> None:
     )
     assert s.num_free_blocks == 4
     u3 = s.update_from_output(out3, {"r0": [44]})
-    assert [tuple(u) for u in u3] == [("r0", [44], None, None)]
+    assert [tuple(u)[:4] for u in u3] == [("r0", [44], None, None)]
 
 
 PRIO = dict(num_blocks=5, max_model_len=64, max_num_batched_tokens=256, max_num_seqs=4)

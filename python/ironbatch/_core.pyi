@@ -194,6 +194,9 @@ class FinishedRequest:
         """All its tokens, prompt first, as it ended."""
     @property
     def num_computed_tokens(self) -> int: ...
+    @property
+    def session_continues(self) -> bool:
+        """Only a streaming session's turn ended: the request lives on."""
 
 class StepUpdate:
     """What one update_from_output reported: one record per request that
@@ -268,6 +271,7 @@ class Scheduler:
         skip_reading_prefix_cache: bool = False,
         structured_output: bool = False,
         report_hits: bool = False,
+        resumable: bool = False,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it lives)."""
     def schedule(self) -> Step: ...
@@ -283,6 +287,14 @@ class Scheduler:
         entry, -1 for none). ``accept(request_id, kept, num_tokens)`` judges each
         structured-output request's kept tokens; False or an exception ends
         it with an error."""
+    def has_request(self, request_id: str) -> bool:
+        """Whether ``request_id`` is a live request."""
+    @property
+    def num_kv_holding(self) -> int:
+        """Waiting requests that hold KV blocks (sessions between turns)."""
+    @property
+    def num_waiting_for_input(self) -> int:
+        """Streaming sessions waiting for their next input chunk."""
     def enable_kv_events(self) -> None:
         """Log KV-cache events from now on."""
     def take_kv_events(self) -> list[KvEvent]:

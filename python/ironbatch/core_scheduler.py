@@ -64,6 +64,7 @@ class CoreScheduler:
         skip_reading_prefix_cache: bool = False,
         structured_output: bool = False,
         report_hits: bool = False,
+        resumable: bool = False,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it
         lives). ``eos_token_id`` is None when there is none or it is
@@ -72,7 +73,9 @@ class CoreScheduler:
         ``skip_reading_prefix_cache`` admits it without prefix hits;
         ``structured_output`` holds it until ``report_grammar`` says its
         grammar compiled (docs/scheduling.md §4.10); ``report_hits`` logs its
-        prefix hits as KV-cache events (vLLM's ``kv_cache_report_mode="full"``)."""
+        prefix hits as KV-cache events (vLLM's ``kv_cache_report_mode="full"``);
+        ``resumable`` makes it a streaming-input session, whose later chunks
+        come under the same id (docs/scheduling.md §4.12)."""
         return self.core.add_request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -87,7 +90,12 @@ class CoreScheduler:
             skip_reading_prefix_cache=skip_reading_prefix_cache,
             structured_output=structured_output,
             report_hits=report_hits,
+            resumable=resumable,
         )
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether ``request_id`` is a live request."""
+        return self.core.has_request(request_id)
 
     def enable_kv_events(self) -> None:
         """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
@@ -157,6 +165,16 @@ class CoreScheduler:
     @pause_state.setter
     def pause_state(self, state: int) -> None:
         self.core.pause_state = state
+
+    @property
+    def num_waiting_for_input(self) -> int:
+        """Streaming sessions waiting for their next input chunk."""
+        return self.core.num_waiting_for_input
+
+    @property
+    def num_kv_holding(self) -> int:
+        """Waiting requests that hold KV blocks (sessions between turns)."""
+        return self.core.num_kv_holding
 
     def request_counts(self) -> tuple[int, int]:
         """(running, waiting) requests."""

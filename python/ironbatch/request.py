@@ -17,7 +17,9 @@ class Request:
     structured outputs; the scheduler holds it until
     ``Scheduler.report_grammar`` says the grammar compiled, and
     ``update_from_output(..., accept=...)`` checks its tokens
-    (docs/scheduling.md §4.10)."""
+    (docs/scheduling.md §4.10). ``resumable``: one input chunk of a
+    streaming session; its later chunks come as requests with the same id,
+    and one that is not resumable ends the input (§4.12)."""
 
     def __init__(
         self,
@@ -29,6 +31,7 @@ class Request:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
         structured_output: bool = False,
+        resumable: bool = False,
     ) -> None:
         self.request_id = utf8_str("request_id", request_id)
         self.prompt_token_ids = u32_list("prompt_token_ids", prompt_token_ids)
@@ -61,6 +64,9 @@ class Request:
                 f"structured_output must be a bool, got {type(structured_output).__name__}"
             )
         self.structured_output = structured_output
+        if not isinstance(resumable, bool):
+            raise TypeError(f"resumable must be a bool, got {type(resumable).__name__}")
+        self.resumable = resumable
 
     def __repr__(self) -> str:
         return (

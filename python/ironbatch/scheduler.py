@@ -86,11 +86,18 @@ class Scheduler:
         """Queue a request. ``Request`` checked its own fields; the backend
         refuses (ValueError, nothing changed) a live duplicate id, or a
         prompt that leaves no room for one output token within
-        max_model_len."""
+        max_model_len. Under the id of a live streaming session (a request
+        added with ``resumable=True``) it is the session's next chunk: it
+        continues the session when its turn is over, and one that is not
+        resumable ends the input (docs/scheduling.md §4.12)."""
         if not isinstance(request, Request):
             raise TypeError(f"request must be an ironbatch.Request, got {type(request).__name__}")
+        rid = request.request_id
         self._core.add_request(request)
-        self.requests[request.request_id] = request
+        if rid not in self.requests:
+            self.requests[rid] = request
+        elif not self._core.has_request(rid):
+            del self.requests[rid]  # its end of input ended a waiting session
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """One step. ``throttle_prefills`` holds prefill work back this step,

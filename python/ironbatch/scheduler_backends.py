@@ -76,7 +76,11 @@ class RustBackend:
             cache_salt=request.cache_salt,
             skip_reading_prefix_cache=p.skip_reading_prefix_cache,
             structured_output=request.structured_output,
+            resumable=request.resumable,
         )
+
+    def has_request(self, request_id: str) -> bool:
+        return self.core.has_request(request_id)
 
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         self.core.report_grammar(request_id, compiled)
@@ -135,6 +139,7 @@ class _FinishedRecord:
     record: int
     finish_reason: str
     stop_reason: int | None
+    session_continues: bool
 
 
 @dataclass
@@ -156,7 +161,9 @@ class _TwinUpdate:
             token_offsets=np.array([0] + [r.tokens_end for r in records], dtype=np.int64),
             cached_tokens=np.array([r.cached_tokens for r in records], dtype=np.int64),
             finished=[
-                _FinishedRecord(f.record, f.status.finish_reason or "error", f.stop_reason)
+                _FinishedRecord(
+                    f.record, f.status.finish_reason or "error", f.stop_reason, f.session_continues
+                )
                 for f in out.finished
             ],
         )
@@ -187,8 +194,12 @@ class PythonBackend:
                 cache_salt=request.cache_salt,
                 skip_reading_prefix_cache=p.skip_reading_prefix_cache,
                 structured_output=request.structured_output,
+                resumable=request.resumable,
             )
         )
+
+    def has_request(self, request_id: str) -> bool:
+        return self.twin.has_request(request_id)
 
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         self.twin.report_grammar(request_id, compiled)

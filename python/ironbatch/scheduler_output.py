@@ -216,6 +216,9 @@ class RequestUpdate(NamedTuple):
     finish_reason: str | None  # "stop", "length", "repetition", or None while it runs
     # The stop token that ended it, or "repetition_detected".
     stop_reason: int | str | None
+    # Only a streaming session's turn ended (finish_reason is the turn's): the
+    # request lives on, waiting for its next chunk (docs/scheduling.md §4.12).
+    session_continues: bool = False
 
 
 class StepUpdate(Protocol):
@@ -233,6 +236,11 @@ class FinishedRecord(Protocol):
     record: int
     finish_reason: str
     stop_reason: int | str | None
+    session_continues: bool
+
+
+# A record that did not end its request: no reason, no stop, nothing goes on.
+_RUNNING: tuple[None, None, bool] = (None, None, False)
 
 
 class UpdateOutputs(SequenceABC[RequestUpdate]):
@@ -245,7 +253,9 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
         self.tokens = update.tokens
         self.token_offsets = update.token_offsets
         self.cached_tokens = update.cached_tokens
-        self.finished = {f.record: (f.finish_reason, f.stop_reason) for f in update.finished}
+        self.finished = {
+            f.record: (f.finish_reason, f.stop_reason, f.session_continues) for f in update.finished
+        }
 
     @cached_property
     def req_ids(self) -> list[str]:
@@ -255,7 +265,12 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
 
     @property
     def finished_req_ids(self) -> list[str]:
-        return [self._step_req_ids[int(self.rows[rec])] for rec in self.finished]
+        """Requests that ended (a session whose turn ended lives on)."""
+        return [
+            self._step_req_ids[int(self.rows[rec])]
+            for rec, (_, _, continues) in self.finished.items()
+            if not continues
+        ]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -265,16 +280,17 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
         tokens, offsets = self.tokens.tolist(), self.token_offsets.tolist()
         finished = self.finished
         for i, rid in enumerate(self.req_ids):
-            reason, stop = finished.get(i, (None, None))
-            yield RequestUpdate(rid, tokens[offsets[i] : offsets[i + 1]], reason, stop)
+            reason, stop, continues = finished.get(i, _RUNNING)
+            yield RequestUpdate(rid, tokens[offsets[i] : offsets[i + 1]], reason, stop, continues)
 
     def __getitem__(self, i: int) -> RequestUpdate:  # type: ignore[override]
         if not -len(self) <= i < len(self):
             raise IndexError(i)
         i %= len(self)
         lo, hi = self.token_offsets[i], self.token_offsets[i + 1]
-        reason, stop = self.finished.get(i, (None, None))
-        return RequestUpdate(self.req_ids[i], self.tokens[lo:hi].tolist(), reason, stop)
+        reason, stop, continues = self.finished.get(i, _RUNNING)
+        tokens = self.tokens[lo:hi].tolist()
+        return RequestUpdate(self.req_ids[i], tokens, reason, stop, continues)
 
     def __repr__(self) -> str:
         return f"UpdateOutputs({list(self)!r})"

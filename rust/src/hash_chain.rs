@@ -9,6 +9,8 @@ use crate::block_hash::{block_hash, BlockHash, BlockHasher, ChainKey, ExtraKey};
 pub struct BlockHashChain {
     hashes: Vec<BlockHash>,
     next_key: ChainKey,
+    /// The key the first block is hashed under, to hash again from the start.
+    root: ChainKey,
 }
 
 impl BlockHashChain {
@@ -21,12 +23,32 @@ impl BlockHashChain {
         BlockHashChain {
             hashes: Vec::new(),
             next_key,
+            root: next_key,
         }
     }
 
     /// The hashes so far.
     pub fn hashes(&self) -> &[BlockHash] {
         &self.hashes
+    }
+
+    /// Keep the hashes of the first `num_blocks` blocks only (a streaming
+    /// session drops its last sampled token). The chain key is rebuilt from
+    /// the root over `tokens`, whose first `num_blocks` blocks are those
+    /// hashed.
+    pub fn truncate(
+        &mut self,
+        num_blocks: usize,
+        hasher: &BlockHasher,
+        tokens: &[u32],
+        block_size: usize,
+    ) {
+        if num_blocks >= self.hashes.len() {
+            return;
+        }
+        self.hashes.clear();
+        self.next_key = self.root;
+        self.extend(hasher, &tokens[..num_blocks * block_size], block_size);
     }
 
     /// Hash every full block of `tokens` not hashed yet. `tokens` is the
@@ -61,6 +83,21 @@ mod tests {
             assert_eq!(step.hashes().len(), n / 16);
         }
         assert_eq!(all.hashes(), step.hashes());
+    }
+
+    #[test]
+    fn truncate_then_extend_equals_hashing_the_new_tokens() {
+        let h = BlockHasher::with_key([1; 32]);
+        let old: Vec<u32> = (0..64).collect();
+        let mut chain = BlockHashChain::new(&h, Some("s"));
+        chain.extend(&h, &old, 16);
+        let mut new = old[..47].to_vec();
+        new.extend(100..120);
+        chain.truncate(47 / 16, &h, &old, 16);
+        chain.extend(&h, &new, 16);
+        let mut fresh = BlockHashChain::new(&h, Some("s"));
+        fresh.extend(&h, &new, 16);
+        assert_eq!(chain.hashes(), fresh.hashes());
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod request_queue;
 pub mod scheduler;
 pub mod scheduler_config;
 pub mod sequence;
+pub mod session;
 pub mod slab;
 pub mod step;
 pub mod stop_check;

@@ -4,11 +4,15 @@
 use crate::block_table::BlockTable;
 use crate::grammar::Grammar;
 use crate::sequence::Sequence;
+use crate::session::SessionQueue;
 
 /// vLLM's statuses, in vLLM's order; every one after `Preempted` is finished.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RequestStatus {
     Waiting,
+    /// A streaming session between turns: it holds its KV cache and waits
+    /// for its next input chunk (docs/scheduling.md §4.12).
+    WaitingForStreamingReq,
     Running,
     Preempted,
     FinishedStopped,
@@ -41,6 +45,7 @@ impl RequestStatus {
     pub fn name(self) -> &'static str {
         match self {
             RequestStatus::Waiting => "WAITING",
+            RequestStatus::WaitingForStreamingReq => "WAITING_FOR_STREAMING_REQ",
             RequestStatus::Running => "RUNNING",
             RequestStatus::Preempted => "PREEMPTED",
             RequestStatus::FinishedStopped => "FINISHED_STOPPED",
@@ -106,6 +111,9 @@ pub struct NewRequest {
     /// Report its prefix hits as KV-cache events at every lookup (vLLM's
     /// `kv_cache_report_mode="full"`).
     pub report_hits: bool,
+    /// One chunk of a streaming-input session (vLLM's `resumable`): later
+    /// chunks come as requests with the same id.
+    pub resumable: bool,
 }
 
 /// The scheduler's state for one live request.
@@ -151,6 +159,12 @@ pub struct Request {
     /// The first `schedule()` call at which it may decode again (the decode
     /// stagger, §4.9).
     pub next_decode_step: u64,
+    /// A streaming session continues after a turn stops (cleared when its
+    /// grammar rejects a token).
+    pub resumable: bool,
+    /// A streaming session's chunks not applied yet; `None` for a request
+    /// that was not added as one.
+    pub session: Option<SessionQueue>,
 }
 
 impl Request {
@@ -177,6 +191,8 @@ impl Request {
             report_hits: new.report_hits,
             prefill_chunk: false,
             next_decode_step: 0,
+            resumable: new.resumable,
+            session: new.resumable.then(SessionQueue::new),
         }
     }
 
@@ -188,6 +204,19 @@ impl Request {
     /// Output tokens so far.
     pub fn num_output_tokens(&self) -> usize {
         self.seq.num_tokens() - self.seq.num_prompt_tokens()
+    }
+
+    /// Whether it holds KV blocks while waiting (a streaming session
+    /// between turns): such requests wait apart and are admitted first.
+    pub fn holds_kv(&self) -> bool {
+        self.seq.num_computed_tokens > 0
+    }
+
+    /// Whether a waiting pass skips it: a session waiting for input, or a
+    /// grammar not ready (vLLM's blocked statuses).
+    pub fn is_blocked(&self) -> bool {
+        self.status == RequestStatus::WaitingForStreamingReq
+            || self.grammar.is_some_and(|g| g.holds())
     }
 
     /// Whether the last step left prompt (or resumed) tokens to compute:

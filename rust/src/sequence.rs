@@ -39,6 +39,24 @@ impl Sequence {
         self.hashes.extend(hasher, &self.tokens, block_size);
     }
 
+    /// A streaming session's next turn: keep the first `keep` tokens (all
+    /// but the last sampled one), append `chunk`, and make every token
+    /// prompt (docs/scheduling.md §4.12).
+    pub fn continue_session(
+        &mut self,
+        keep: usize,
+        chunk: &[u32],
+        hasher: &BlockHasher,
+        block_size: usize,
+    ) {
+        debug_assert!(keep >= self.num_computed_tokens && keep <= self.tokens.len());
+        self.hashes
+            .truncate(keep / block_size, hasher, &self.tokens, block_size);
+        self.tokens.truncate(keep);
+        self.append(chunk, hasher, block_size);
+        self.num_prompt_tokens = self.tokens.len();
+    }
+
     /// Prompt plus output tokens.
     pub fn num_tokens(&self) -> usize {
         self.tokens.len()

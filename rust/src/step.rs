@@ -257,6 +257,9 @@ pub struct Finished {
     /// it ended with.
     pub token_ids: Vec<u32>,
     pub num_computed_tokens: usize,
+    /// A streaming session's turn ended, not the request: it lives on,
+    /// waiting for (or with) its next chunk (docs/scheduling.md §4.12).
+    pub session_continues: bool,
 }
 
 /// What `update_from_output` reported, in scheduling order: one record per

@@ -87,6 +87,7 @@ mod tests {
             skip_reading_prefix_cache: false,
             structured_output: false,
             report_hits: false,
+            resumable: false,
         };
         Request::waiting(new, seq)
     }

@@ -87,6 +87,13 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     runner_v1 = rng.random() < 0.3 and not (pp > 1 and async_scheduling)
     pair = VllmPair(rng, model_runner_v1=runner_v1, reasoning=rng.random() < 0.3, **settings)
     grammars = rng.random() < 0.5  # a workload with structured-output requests
+    # Streaming sessions hold their blocks between turns and nobody preempts
+    # them: vLLM stalls when they hold the whole cache, so they come only with
+    # room for them, and stay well inside max_model_len.
+    need = -(-settings["max_model_len"] // settings["block_size"])
+    sessions = settings["num_blocks"] >= 3 * need and rng.random() < 0.5
+    session_ids: list[str] = []
+    chunks: dict[str, int] = {}
     max_len = settings["max_model_len"]
     # Every request must fit the cache alone, or vLLM itself never finishes it.
     capacity = min(max_len, (settings["num_blocks"] - 1) * settings["block_size"])
@@ -131,7 +138,9 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
 
     for _ in range(steps):
         for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
-            plen = rng.randint(1, capacity // 2)
+            # A session (short, so its chunks stay inside max_model_len).
+            resumable = sessions and len(session_ids) < 3 and rng.random() < 0.3
+            plen = rng.randint(1, capacity // 8 if resumable else capacity // 2)
             shared = rng.randint(0, plen)
             prompt = rng.choice(prefixes)[:shared] + [
                 rng.randrange(3, VOCAB) for _ in range(plen - shared)
@@ -141,7 +150,7 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
             pair.add(
                 rid,
                 prompt,
-                max_tokens=rng.randint(1, capacity - plen),
+                max_tokens=rng.randint(1, 8 if resumable else capacity - plen),
                 ignore_eos=rng.random() < 0.3,
                 stop_token_ids=[STOP] if rng.random() < 0.3 else [],
                 repetition_detection=REPEATS if rng.random() < 0.3 else None,
@@ -154,8 +163,32 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
                 grammar=grammars and rng.random() < 0.4,
                 # KV-aware routers may ask for every hit as BlockStored.
                 extra_args={"kv_cache_report_mode": "full"} if rng.random() < 0.15 else None,
+                resumable=resumable,
             )
             live.append(rid)
+            if resumable:
+                session_ids.append(rid)
+        # Sessions get their next chunks at any time (queued while a turn
+        # runs), with arrival times that may reorder a priority heap in place;
+        # a chunk that is not resumable ends the input.
+        for rid in list(session_ids):
+            r = pair.vllm.requests.get(rid)
+            if r is None:
+                session_ids.remove(rid)
+            elif rng.random() < 0.15:
+                # At most three chunks of up to 14 tokens with their outputs.
+                chunks[rid] = chunks.get(rid, 0) + 1
+                last = rng.random() < 0.2 or chunks[rid] > 3
+                prompt = (
+                    [0] if last else [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 6))]
+                )
+                pair.add_chunk(
+                    rid,
+                    prompt,
+                    resumable=not last,
+                    max_tokens=rng.randint(1, 8),
+                    arrival_time=float(rng.randint(0, next_id)),
+                )
         for rid in list(pair.compiling):  # grammars compile in their own time
             if rng.random() < 0.3:
                 pair.resolve_grammar(rid, compiled=rng.random() < 0.85)
@@ -170,6 +203,9 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     pair.set_pause_state(PauseState.UNPAUSED)
     for rid in list(pair.compiling):
         pair.resolve_grammar(rid, compiled=True)
+    for rid in session_ids:  # every session's input ends
+        if rid in pair.vllm.requests:
+            pair.add_chunk(rid, [0], resumable=False)
     # Pipeline parallelism spaces a request's decodes pp steps apart.
     for _ in range(30 * max_len * pp):
         if not pair.vllm.has_requests() and not pair.in_flight:
@@ -208,7 +244,13 @@ def test_random_workloads_agree_with_vllm(chunk: int) -> None:
         "kv_BlockRemoved",
     ):
         assert events[what] >= 10, (what, events)
-    for what in ("throttled", "decode_staggered", "pp_token_ids"):
+    for what in (
+        "throttled",
+        "decode_staggered",
+        "pp_token_ids",
+        "session_turns",
+        "session_chunks",
+    ):
         assert events[what] >= 10, (what, events)
     # A reset succeeds only with nothing held (or everything preempted): rarer.
     assert events["kv_AllBlocksCleared"] >= 1, events

@@ -590,6 +590,47 @@ def test_tokens_the_grammar_rejects_end_the_request(kind: str) -> None:
     assert sched.get_request_counts() == (0, 0)
 
 
+# --------------------------------------------------------------------------- streaming input
+
+
+@sync_and_async
+def test_streaming_session_turns(kind: str, async_scheduling: bool) -> None:
+    """A resumable request's stop ends its turn, not the request: it waits
+    for its next chunk holding its KV cache; the chunk continues it from all
+    but its last sampled token, admitted as new from what it computed; a
+    chunk that is not resumable ends the input with the next turn."""
+    sched = vllm_setup.make_scheduler(kind, async_scheduling=async_scheduling)
+    prompt = _prompt(20, 1000)
+    sched.add_request(_req("a", prompt, 2, resumable=True))
+    schedules, updates = _pipeline(sched, _one_token_each(500))
+    ends = [o for ecos in updates for o in _by_req(ecos).values() if o.finish_reason]
+    assert [(o.request_id, o.finish_reason) for o in ends] == [("a", FinishReason.LENGTH)]
+    assert sched.has_request("a") and sched.get_num_unfinished_requests() == 0
+    assert sched.get_request_counts() == (0, 1)
+    sched.add_request(_req("a", [300, 301, 302], 1, resumable=True))
+    so = sched.schedule()
+    # 20 prompt + 1 kept output (the last sampled one is dropped) + 3 new.
+    assert so.num_scheduled_tokens == {"a": 3}
+    _assert_new(so, "a", [*prompt, 500, 300, 301, 302], num_computed=21, block_ids=([1, 2],))
+    sched.add_request(_req("a", [0], 1))  # not resumable: the end of input
+    outs = _by_req(_update(sched, so, {"a": [501]}))
+    assert outs["a"].finish_reason == FinishReason.LENGTH
+    assert not sched.has_request("a")
+    assert "a" in sched.schedule().finished_req_ids
+
+
+def test_a_session_chunk_rewrites_its_priority_key_in_place(kind: str) -> None:
+    """vLLM's priority heap is not re-sorted when a waiting session's chunk
+    changes its arrival time: sessions queued a, b, c are admitted a, b, c."""
+    sched = vllm_setup.make_scheduler(kind, policy="priority")
+    for i, rid in enumerate("abc"):
+        sched.add_request(_req(rid, _prompt(5, 1000 + 10 * i), 1, arrival_time=i, resumable=True))
+    _update(sched, sched.schedule(), {rid: [500] for rid in "abc"})
+    for rid, arrival in (("b", 5.0), ("a", 6.0), ("c", 7.0)):
+        sched.add_request(_req(rid, [300], 1, arrival_time=arrival, resumable=True))
+    assert list(sched.schedule().num_scheduled_tokens) == ["a", "b", "c"]
+
+
 # --------------------------------------------------------------------------- stopping
 
 

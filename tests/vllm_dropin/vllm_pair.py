@@ -171,6 +171,17 @@ class VllmPair:
         self.ours.add_request(pair[1])
         self.check_requests()
 
+    def add_chunk(self, rid: str, prompt: list[int], resumable: bool, **kw: Any) -> None:
+        """The next input chunk of the streaming session ``rid`` (or, not
+        resumable, the end of its input), to both."""
+        for s in (self.vllm, self.ours):
+            chunk = vllm_setup.make_request(
+                rid, prompt, block_size=self.bs, resumable=resumable, **kw
+            )
+            s.add_request(chunk)
+        self.events["session_chunks"] += 1
+        self.check_requests()
+
     def resolve_grammar(self, rid: str, compiled: bool) -> None:
         """The grammar compile of ``rid`` ends, alike for both sides."""
         for future in self.compiling.pop(rid):
@@ -189,9 +200,16 @@ class VllmPair:
         self.check_requests()
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> None:
-        a = self.vllm.reset_prefix_cache(reset_running_requests)
-        b = self.ours.reset_prefix_cache(reset_running_requests)
-        assert a == b
+        # With sessions between turns holding blocks, vLLM raises (its running
+        # requests preempted all the same); both must.
+        outcomes = []
+        for s in (self.vllm, self.ours):
+            try:
+                outcomes.append(s.reset_prefix_cache(reset_running_requests))
+            except RuntimeError:
+                outcomes.append("raised")
+        assert outcomes[0] == outcomes[1], outcomes
+        self.events["reset_raised"] += outcomes[0] == "raised"
         self.events["reset"] += 1
         self.check_requests()
 
@@ -283,6 +301,9 @@ class VllmPair:
                     self.events["repetition"] += o.finish_reason == FinishReason.REPETITION
                     if o.finish_reason == FinishReason.ERROR:
                         self.events["grammar_failed" if o.error else "grammar_rejected"] += 1
+                    if o.request_id in self.vllm.requests:  # a session's turn ended
+                        self.events["session_turns"] += 1
+                        continue
                     ra, rb = self.made[o.request_id]
                     assert request_view(ra) == request_view(rb), o.request_id
                 r = self.vllm.requests.get(o.request_id)

@@ -14,10 +14,25 @@ class BlockHashChain:
         """An empty chain rooted in the hasher's secret and ``cache_salt``."""
         self._hashes: list[int] = []
         self.next_key = hasher.root([] if cache_salt is None else [CacheSalt(cache_salt)])
+        #: The key the first block is hashed under, to hash again from the start.
+        self._root = self.next_key
 
     def hashes(self) -> list[int]:
         """The hashes so far."""
         return self._hashes
+
+    def truncate(
+        self, num_blocks: int, hasher: BlockHasher, tokens: list[int], block_size: int
+    ) -> None:
+        """Keep the hashes of the first ``num_blocks`` blocks only (a
+        streaming session drops its last sampled token). The chain key is
+        rebuilt from the root over ``tokens``, whose first ``num_blocks``
+        blocks are those hashed."""
+        if num_blocks >= len(self._hashes):
+            return
+        self._hashes.clear()
+        self.next_key = self._root
+        self.extend(hasher, tokens[: num_blocks * block_size], block_size)
 
     def extend(self, hasher: BlockHasher, tokens: list[int], block_size: int) -> None:
         """Hash every full block of ``tokens`` not hashed yet. ``tokens`` is

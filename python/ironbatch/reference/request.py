@@ -9,20 +9,24 @@ from dataclasses import dataclass, field
 from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.grammar import Grammar
 from ironbatch.reference.sequence import Sequence
+from ironbatch.reference.session import SessionQueue
 
 
 class RequestStatus(enum.IntEnum):
     """vLLM's statuses, in vLLM's order; every one after PREEMPTED is finished."""
 
     WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH_CAPPED = 4
-    FINISHED_ABORTED = 5
-    FINISHED_IGNORED = 6
-    FINISHED_ERROR = 7
-    FINISHED_REPETITION = 8
+    #: A streaming session between turns: it holds its KV cache and waits
+    #: for its next input chunk (docs/scheduling.md §4.12).
+    WAITING_FOR_STREAMING_REQ = 1
+    RUNNING = 2
+    PREEMPTED = 3
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
+    FINISHED_IGNORED = 7
+    FINISHED_ERROR = 8
+    FINISHED_REPETITION = 9
 
     @property
     def is_finished(self) -> bool:
@@ -101,6 +105,9 @@ class NewRequest:
     #: Report its prefix hits as KV-cache events at every lookup (vLLM's
     #: ``kv_cache_report_mode="full"``).
     report_hits: bool = False
+    #: One chunk of a streaming-input session (vLLM's ``resumable``): later
+    #: chunks come as requests with the same id.
+    resumable: bool = False
 
 
 @dataclass(eq=False)
@@ -147,6 +154,12 @@ class Request:
     #: The first ``schedule()`` call at which it may decode again (the decode
     #: stagger, docs/scheduling.md §4.9).
     next_decode_step: int = 0
+    #: A streaming session continues after a turn stops (cleared when its
+    #: grammar rejects a token).
+    resumable: bool = False
+    #: A streaming session's chunks not applied yet; None for a request that
+    #: was not added as one.
+    session: SessionQueue | None = None
 
     @classmethod
     def waiting(cls, new: NewRequest, seq: Sequence) -> Request:
@@ -162,6 +175,8 @@ class Request:
             skip_reading_prefix_cache=new.skip_reading_prefix_cache,
             grammar=Grammar.COMPILING if new.structured_output else None,
             report_hits=new.report_hits,
+            resumable=new.resumable,
+            session=SessionQueue() if new.resumable else None,
         )
 
     @property
@@ -173,6 +188,20 @@ class Request:
     def num_output_tokens(self) -> int:
         """Output tokens so far."""
         return self.seq.num_tokens - self.seq.num_prompt_tokens
+
+    @property
+    def holds_kv(self) -> bool:
+        """Whether it holds KV blocks while waiting (a streaming session
+        between turns): such requests wait apart and are admitted first."""
+        return self.seq.num_computed_tokens > 0
+
+    @property
+    def is_blocked(self) -> bool:
+        """Whether a waiting pass skips it: a session waiting for input, or a
+        grammar not ready (vLLM's blocked statuses)."""
+        return self.status == RequestStatus.WAITING_FOR_STREAMING_REQ or (
+            self.grammar is not None and self.grammar.holds
+        )
 
     @property
     def is_prefill_chunk(self) -> bool:

@@ -27,6 +27,18 @@ class Sequence:
         self._tokens.extend(tokens)
         self._hashes.extend(hasher, self._tokens, block_size)
 
+    def continue_session(
+        self, keep: int, chunk: list[int], hasher: BlockHasher, block_size: int
+    ) -> None:
+        """A streaming session's next turn: keep the first ``keep`` tokens
+        (all but the last sampled one), append ``chunk``, and make every
+        token prompt (docs/scheduling.md §4.12)."""
+        assert self.num_computed_tokens <= keep <= len(self._tokens)
+        self._hashes.truncate(keep // block_size, hasher, self._tokens, block_size)
+        del self._tokens[keep:]
+        self.append(chunk, hasher, block_size)
+        self._num_prompt_tokens = len(self._tokens)
+
     @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens."""

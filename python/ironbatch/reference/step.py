@@ -199,6 +199,9 @@ class Finished:
     #: it ended with.
     token_ids: list[int]
     num_computed_tokens: int
+    #: A streaming session's turn ended, not the request: it lives on,
+    #: waiting for (or with) its next chunk (docs/scheduling.md §4.12).
+    session_continues: bool = False
 
 
 @dataclass

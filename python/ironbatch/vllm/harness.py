@@ -199,6 +199,7 @@ def make_request(
     arrival_time: float = 0.0,
     cache_salt: str | None = None,
     client_index: int = 0,
+    resumable: bool = False,
     **sampling: Any,
 ) -> Request:
     """A vLLM Request as EngineCore builds it (block hasher included);
@@ -215,4 +216,5 @@ def make_request(
         priority=priority,
         cache_salt=cache_salt,
         client_index=client_index,
+        resumable=resumable,
     )

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -47,7 +47,7 @@ from vllm.v1.core.sched.output import (
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerStats
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 from ironbatch import _core
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
@@ -171,8 +171,10 @@ class Scheduler(SchedulerInterface):
 
     def add_request(self, request: Request) -> None:
         rid = request.request_id
-        if rid in self.requests:
-            raise ValueError(f"request_id {rid!r} is already in the scheduler")
+        existing = self.requests.get(rid)
+        if existing is not None:
+            self._add_session_chunk(existing, request)
+            return
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
         why = unsupported_request(request)
@@ -181,22 +183,9 @@ class Scheduler(SchedulerInterface):
             message = f"ironbatch.vllm.Scheduler does not support {why} yet"
             self._rejected.append((request, RequestError("validation_error", message)))
             return
-        sp = request.sampling_params
-        slot = self._core.add_request(
-            request_id=rid,
-            prompt_token_ids=request.prompt_token_ids,
-            max_tokens=request.max_tokens,
-            min_tokens=sp.min_tokens,
-            eos_token_id=sp.eos_token_id,
-            stop_token_ids=sp.stop_token_ids or (),
-            repetition_detection=sp.repetition_detection,
-            priority=request.priority,
-            arrival_time=request.arrival_time,
-            cache_salt=request.cache_salt,
-            skip_reading_prefix_cache=request.skip_reading_prefix_cache,
-            structured_output=request.use_structured_output,
-            report_hits=request.kv_cache_report_mode == "full",
-        )
+        slot = self._core_add(request)
+        if request.resumable:
+            request.streaming_queue = deque()  # its chunks not applied yet
         if request.use_structured_output:
             self._compiling[rid] = request
         if slot >= len(self._by_slot):
@@ -208,6 +197,82 @@ class Scheduler(SchedulerInterface):
         self._slot_of[rid] = slot
         self._full_output_slots.add(slot)  # its first output carries prefill stats
         self.requests[rid] = request
+
+    def _core_add(self, request: Request) -> int:
+        sp = request.sampling_params
+        return self._core.add_request(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids or (),
+            max_tokens=request.max_tokens,
+            min_tokens=sp.min_tokens,
+            eos_token_id=sp.eos_token_id,
+            stop_token_ids=sp.stop_token_ids or (),
+            repetition_detection=sp.repetition_detection,
+            priority=request.priority,
+            arrival_time=request.arrival_time,
+            cache_salt=request.cache_salt,
+            skip_reading_prefix_cache=request.skip_reading_prefix_cache,
+            structured_output=request.use_structured_output,
+            report_hits=request.kv_cache_report_mode == "full",
+            resumable=request.resumable,
+        )
+
+    def _add_session_chunk(self, session: Request, chunk: Request) -> None:
+        """The next input chunk of a streaming session (or, not resumable,
+        the end of its input), as vLLM takes it: applied at once to a session
+        waiting for input, queued otherwise; the end of input ends a waiting
+        session as aborted, with no output of its own."""
+        rid = session.request_id
+        if session.streaming_queue is None:
+            raise ValueError(f"request_id {rid!r} is already in the scheduler")
+        update = StreamingUpdate.from_request(chunk)
+        waiting_for_input = session.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+        if waiting_for_input and update is None:
+            self.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+            return
+        if waiting_for_input:
+            self._sync(session)  # the turn's tokens, before the chunk extends them
+        self._core_add(chunk)  # checked there: a refused chunk changes nothing
+        if waiting_for_input:
+            self._continue_session(session, update)
+        else:
+            session.streaming_queue.append(update)
+
+    def _continue_session(self, r: Request, update: StreamingUpdate) -> None:
+        """What the core did to a session taking its next chunk, on vLLM's
+        Request (vLLM's ``_update_request_as_session``): all but the last
+        sampled token become prompt, the chunk is appended, its rules and
+        arrival time replace the turn's."""
+        keep = r.num_tokens - 1
+        r.prompt_token_ids.extend(r._all_token_ids[r.num_prompt_tokens : keep])
+        del r._all_token_ids[keep:]
+        del r.block_hashes[keep // self.block_size :]
+        r._output_token_ids.clear()
+        r._all_token_ids.extend(update.prompt_token_ids or ())
+        r.prompt_token_ids.extend(update.prompt_token_ids or ())
+        r.update_block_hashes()
+        r.num_prompt_tokens = len(r.prompt_token_ids)
+        r.arrival_time = update.arrival_time
+        r.sampling_params = update.sampling_params
+        r.max_tokens = update.max_tokens
+        r.status = RequestStatus.WAITING
+        if self.log_stats:
+            r.record_event(EngineCoreEventType.QUEUED)
+            self._full_output_slots.add(self._slot_of[r.request_id])
+
+    def _end_turn(self, r: Request, slot: int) -> None:
+        """A streaming session's turn ended and it goes on (the core decided):
+        it takes its next chunk if one is queued, else waits for one."""
+        if r.streaming_queue:
+            self._continue_session(r, r.streaming_queue.popleft())
+        else:
+            r.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+        if r.stop_reason is not None:
+            self._full_output_slots.add(slot)  # every later output carries it
+        tokens, r.num_computed_tokens = _core.vllm_request_state(self._core.core, slot)
+        if len(tokens) != r.num_tokens:  # never expected: the core's tokens rule
+            logger.error("session %s: tokens out of step with the core", r.request_id)
+            self._set_tokens(r, tokens)
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self.requests
@@ -547,11 +612,17 @@ class Scheduler(SchedulerInterface):
         r = self._by_slot[slot]
         assert r is not None
         if end is not None:
-            r.stop_reason, r.num_computed_tokens = end.stop_reason, end.num_computed_tokens
+            r.stop_reason = end.stop_reason
             self._set_tokens(r, end.token_ids)
-            r.status, out.finish_reason = FINISHED[end.finish_reason]
+            status, out.finish_reason = FINISHED[end.finish_reason]
             out.stop_reason = r.stop_reason
-            self._forget(r)
+            if end.session_continues:
+                self._end_turn(r, slot)
+            else:
+                if r.resumable and r.streaming_queue:
+                    r.streaming_queue.popleft()  # the end of its input, taken
+                r.status, r.num_computed_tokens = status, end.num_computed_tokens
+                self._forget(r)
         if r.prefill_stats is not None:
             out.prefill_stats, r.prefill_stats = r.prefill_stats, None
             out.prefill_stats.finalize(cached_tokens)
@@ -561,7 +632,10 @@ class Scheduler(SchedulerInterface):
             out.trace_headers = r.trace_headers
         if r.num_nans_in_logits:
             out.num_nans_in_logits = r.num_nans_in_logits
-        if end is None and r.trace_headers is None and not r.num_nans_in_logits:
+        if r.stop_reason is not None:  # a session's: sticky across its turns
+            out.stop_reason = r.stop_reason
+        quiet = r.trace_headers is None and not r.num_nans_in_logits and r.stop_reason is None
+        if end is None and quiet:
             self._full_output_slots.discard(slot)
         if logprobs:
             self._attach_logprobs(out, r, mro, len(out.new_token_ids))
@@ -651,8 +725,11 @@ class Scheduler(SchedulerInterface):
         if state == PauseState.PAUSED_ALL:
             return 0
         running, waiting = self._core.request_counts()
-        # Paused for new requests: waiting ones holding no KV stay queued.
-        return running if state == PauseState.PAUSED_NEW else running + waiting
+        if state == PauseState.PAUSED_NEW:
+            # Requests holding KV blocks still drain; queued ones stay queued.
+            waiting = self._core.num_kv_holding
+        # Sessions waiting for input leave the engine idle.
+        return running + waiting - self._core.num_waiting_for_input
 
     def has_finished_requests(self) -> bool:
         return self._has_finished or bool(self._rejected)
@@ -669,6 +746,7 @@ class Scheduler(SchedulerInterface):
     ) -> bool:
         running = [r for r in self.requests.values() if r.status == RequestStatus.RUNNING]
         done = self._core.reset_prefix_cache(reset_running_requests)
+        failed = reset_running_requests and not done
         if self._kv_events.enabled:
             self._kv_events.convert(self._core.take_kv_events(), self._by_slot.__getitem__)
         if reset_running_requests:
@@ -678,6 +756,13 @@ class Scheduler(SchedulerInterface):
                 self._reset_preempted.add(r.request_id)
             # Preempted and resumed in one step: the runner must reinstall them.
             self._prev_step_req_ids.clear()
+        if failed:  # streaming sessions between turns hold blocks, as in vLLM
+            raise RuntimeError(
+                "Failed to reset KV cache even when all the running requests are "
+                "preempted and moved to the waiting queue. This is likely due to "
+                "the presence of running requests waiting for remote KV transfer, "
+                "which is not supported yet."
+            )
         return done  # no connector to reset
 
     def reset_encoder_cache(self) -> None:

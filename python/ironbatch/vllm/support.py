@@ -74,6 +74,5 @@ def unsupported_request(request: Any) -> str | None:
         (bool(request.mm_features), "multimodal inputs"),
         (request.lora_request is not None, "LoRA"),
         (request.prompt_embeds is not None, "prompt embeddings"),
-        (request.resumable, "streaming input"),
     ]
     return next((why for bad, why in checks if bad), None)

@@ -119,6 +119,8 @@ pub struct PyFinishedRequest {
     /// ended (what the vLLM drop-in writes back to vLLM's `Request`).
     token_ids: Vec<u32>,
     num_computed_tokens: usize,
+    /// Only a streaming session's turn ended: the request lives on.
+    session_continues: bool,
 }
 
 /// What `make_stats` reports; taking it zeroes the counters.
@@ -242,13 +244,16 @@ impl PyScheduler {
         token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
         let mut finished = Vec::with_capacity(out.finished.len());
         for f in out.finished {
-            self.py_ids[out.records[f.record].slot as usize] = None;
+            if !f.session_continues {
+                self.py_ids[out.records[f.record].slot as usize] = None;
+            }
             let record = PyFinishedRequest {
                 record: f.record,
                 finish_reason: f.status.finish_reason().unwrap_or("error"),
                 stop_reason: f.stop_reason.map(|s| stop_reason(py, s)),
                 token_ids: f.token_ids,
                 num_computed_tokens: f.num_computed_tokens,
+                session_continues: f.session_continues,
             };
             finished.push(Py::new(py, record)?);
         }
@@ -331,7 +336,7 @@ impl PyScheduler {
     #[pyo3(signature = (*, request_id, prompt_token_ids, max_tokens, min_tokens, eos_token_id,
                         stop_token_ids, repetition_detection, priority, arrival_time,
                         cache_salt, skip_reading_prefix_cache=false,
-                        structured_output=false, report_hits=false))]
+                        structured_output=false, report_hits=false, resumable=false))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -348,6 +353,7 @@ impl PyScheduler {
         skip_reading_prefix_cache: bool,
         structured_output: bool,
         report_hits: bool,
+        resumable: bool,
     ) -> PyResult<Slot> {
         let new = NewRequest {
             request_id: request_id.to_str()?.to_owned(),
@@ -365,12 +371,14 @@ impl PyScheduler {
             skip_reading_prefix_cache,
             structured_output,
             report_hits,
+            resumable,
         };
         let slot = self.core.add_request(new)?;
         if self.py_ids.len() <= slot as usize {
             self.py_ids.resize_with(slot as usize + 1, || None);
         }
-        self.py_ids[slot as usize] = Some(request_id.clone().unbind());
+        // A session's end of input may have ended it at once.
+        self.py_ids[slot as usize] = self.core.request(slot).map(|_| request_id.clone().unbind());
         Ok(slot)
     }
 
@@ -557,6 +565,23 @@ impl PyScheduler {
         self.core.kv().usage()
     }
 
+    /// Whether `request_id` is a live request.
+    fn has_request(&self, request_id: &str) -> bool {
+        self.core.slot_of(request_id).is_some()
+    }
+
+    /// Waiting requests that hold KV blocks (sessions between turns).
+    #[getter]
+    fn num_kv_holding(&self) -> usize {
+        self.core.num_kv_holding()
+    }
+
+    /// Streaming sessions waiting for their next input chunk.
+    #[getter]
+    fn num_waiting_for_input(&self) -> usize {
+        self.core.num_waiting_for_input()
+    }
+
     fn get_num_unfinished_requests(&self) -> usize {
         self.core.num_unfinished_requests()
     }
@@ -572,8 +597,11 @@ impl PyScheduler {
             c.running().iter().map(|&s| name(s)).collect::<Vec<_>>(),
         )?;
         d.set_item("waiting", c.waiting().map(name).collect::<Vec<_>>())?;
+        d.set_item("kv_holding", c.kv_holding().map(name).collect::<Vec<_>>())?;
+        d.set_item("num_waiting_for_input", c.num_waiting_for_input())?;
         let requests = PyDict::new(py);
-        for slot in c.running().iter().copied().chain(c.waiting()) {
+        let queued = c.running().iter().copied().chain(c.kv_holding());
+        for slot in queued.chain(c.waiting()) {
             let r = c.request(slot).expect("a queued request is live");
             let row = PyDict::new(py);
             row.set_item("status", r.status.name())?;

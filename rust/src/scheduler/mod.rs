@@ -16,6 +16,7 @@
 
 mod preemption;
 mod running_pass;
+mod session;
 mod step_columns;
 mod update;
 mod waiting_pass;
@@ -102,6 +103,12 @@ pub struct Scheduler {
     requests: Slab<Request>,
     ids: FxHashMap<String, Slot>,
     waiting: WaitingQueue,
+    /// Waiting requests that hold KV blocks (streaming sessions between
+    /// turns): admitted before any in `waiting` (§4.12).
+    kv_holding: WaitingQueue,
+    /// Sessions waiting for their next chunk: they keep a runner slot, so
+    /// they count against `max_num_active_seqs`.
+    num_waiting_for_input: usize,
     running: Vec<Slot>,
     /// Since the last step: reported (sorted) by the next one.
     finished_ids: Vec<String>,
@@ -130,10 +137,11 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Result<Self, Error> {
         config.validate()?;
         let kv = KvCacheManager::new(&config.cache)?;
-        let waiting = match config.policy {
+        let queue = || match config.policy {
             Policy::Fcfs => WaitingQueue::Fcfs(VecDeque::new()),
-            Policy::Priority => WaitingQueue::Priority(Default::default()),
+            Policy::Priority => WaitingQueue::Priority(Vec::new()),
         };
+        let (waiting, kv_holding) = (queue(), queue());
         let cadence = PrefillCadence::new(config.prefill_schedule_interval);
         Ok(Scheduler {
             config,
@@ -141,6 +149,8 @@ impl Scheduler {
             requests: Slab::default(),
             ids: FxHashMap::default(),
             waiting,
+            kv_holding,
+            num_waiting_for_input: 0,
             running: Vec::new(),
             finished_ids: Vec::new(),
             preempted_ids: Vec::new(),
@@ -215,9 +225,25 @@ impl Scheduler {
         &self.running
     }
 
-    /// Waiting requests, in admission order.
+    /// Waiting requests that hold no KV blocks, in admission order.
     pub fn waiting(&self) -> impl Iterator<Item = Slot> + '_ {
-        self.waiting.iter()
+        self.waiting.iter(&self.requests)
+    }
+
+    /// Waiting requests that hold KV blocks (sessions between turns), in
+    /// admission order; admitted before those in [`Self::waiting`].
+    pub fn kv_holding(&self) -> impl Iterator<Item = Slot> + '_ {
+        self.kv_holding.iter(&self.requests)
+    }
+
+    /// Waiting requests that hold KV blocks.
+    pub fn num_kv_holding(&self) -> usize {
+        self.kv_holding.len()
+    }
+
+    /// Streaming sessions waiting for their next input chunk.
+    pub fn num_waiting_for_input(&self) -> usize {
+        self.num_waiting_for_input
     }
 
     /// Pause or resume scheduling (vLLM's `set_pause_state`).
@@ -230,21 +256,29 @@ impl Scheduler {
         self.pause
     }
 
-    /// (running, waiting) request counts.
+    /// (running, waiting) request counts; sessions between turns count as
+    /// waiting.
     pub fn request_counts(&self) -> (usize, usize) {
-        (self.running.len(), self.waiting.len())
+        (
+            self.running.len(),
+            self.waiting.len() + self.kv_holding.len(),
+        )
     }
 
-    /// Unfinished requests.
+    /// Unfinished requests, sessions between turns included.
     pub fn num_unfinished_requests(&self) -> usize {
-        self.running.len() + self.waiting.len()
+        self.running.len() + self.waiting.len() + self.kv_holding.len()
     }
 
-    /// Queue a request; returns its slot. Refused with nothing changed: a
-    /// live duplicate id, an empty prompt, a prompt of `max_model_len` or
-    /// more tokens, `max_tokens` outside `[1, MAX_TOKENS]`, `min_tokens >
-    /// max_tokens`, a NaN arrival time.
+    /// Queue a request; returns its slot. A request whose id is a live
+    /// streaming session is that session's next chunk (§4.12). Refused with
+    /// nothing changed: a live duplicate id, an empty prompt, a prompt of
+    /// `max_model_len` or more tokens, `max_tokens` outside `[1,
+    /// MAX_TOKENS]`, `min_tokens > max_tokens`, a NaN arrival time.
     pub fn add_request(&mut self, mut new: NewRequest) -> Result<Slot, Error> {
+        if let Some(&slot) = self.ids.get(&new.request_id) {
+            return self.add_session_chunk(slot, new).map(|()| slot);
+        }
         self.check_new_request(&new)?;
         let seq = Sequence::new(
             std::mem::take(&mut new.prompt_token_ids),
@@ -254,14 +288,26 @@ impl Scheduler {
         );
         let request = Request::waiting(new, seq);
         let id = request.request_id.clone();
-        let held = request.grammar.is_some();
         let slot = self.requests.insert(request);
-        self.waiting.add(slot, &self.requests[slot]);
         self.ids.insert(id, slot);
-        if held {
-            self.defer(slot); // counted as skipped from the start, as vLLM does
-        }
+        self.enqueue_waiting(slot);
         Ok(slot)
+    }
+
+    /// Queue a request that waits (vLLM's `_enqueue_waiting_request`): one
+    /// that holds KV blocks apart, one that is blocked (a grammar, a session
+    /// waiting for input) counted as skipped from the start.
+    fn enqueue_waiting(&mut self, slot: Slot) {
+        let r = &self.requests[slot];
+        let (blocked, holds_kv) = (r.is_blocked(), r.holds_kv());
+        if blocked {
+            self.defer(slot);
+        }
+        if holds_kv {
+            self.kv_holding.add(slot, &self.requests);
+        } else {
+            self.waiting.add(slot, &self.requests);
+        }
     }
 
     /// The caller's news of a structured-output request's grammar: compiled
@@ -331,9 +377,19 @@ impl Scheduler {
                 }
             }
         }
-        for &slot in &found {
-            self.unqueue(slot);
+        // Out of their queues at once, as vLLM removes them (one heapify).
+        let (running, waiting): (Vec<Slot>, Vec<Slot>) = found
+            .iter()
+            .partition(|&&s| self.requests[s].status == RequestStatus::Running);
+        for &slot in &waiting {
+            if self.requests[slot].status == RequestStatus::WaitingForStreamingReq {
+                self.num_waiting_for_input -= 1;
+            }
         }
+        if !running.is_empty() {
+            self.running.retain(|s| !running.contains(s));
+        }
+        self.unqueue_waiting(&waiting);
         for &slot in &found {
             self.requests[slot].status = status;
             self.free_request(slot);
@@ -341,15 +397,13 @@ impl Scheduler {
         found
     }
 
-    /// Take a live request out of the running list or the waiting queue.
-    fn unqueue(&mut self, slot: Slot) {
-        let r = &self.requests[slot];
-        if r.status == RequestStatus::Running {
-            if let Some(i) = self.running.iter().position(|&s| s == slot) {
-                self.running.remove(i);
-            }
-        } else {
-            self.waiting.remove(slot, r);
+    /// Take waiting requests out of both waiting queues (vLLM's
+    /// `remove_requests` on each, which also heapifies them).
+    fn unqueue_waiting(&mut self, slots: &[Slot]) {
+        if !slots.is_empty() {
+            let gone = |s: Slot| slots.contains(&s);
+            self.waiting.remove_all(gone, &self.requests);
+            self.kv_holding.remove_all(gone, &self.requests);
         }
     }
 
@@ -391,16 +445,14 @@ impl Scheduler {
             carried_prefill: false,
         };
         self.schedule_running(&mut draft);
-        // Any preemption cancels this step's admissions (Q5).
+        // Any preemption cancels this step's admissions (Q5). Paused for
+        // new requests, only those holding KV blocks are admitted.
         if !draft.preempted_any && self.pause != Pause::All {
-            if self.pause == Pause::Unpaused {
-                self.schedule_waiting(&mut draft);
-            }
+            self.schedule_waiting(&mut draft, self.pause == Pause::Unpaused);
             if !hold_prefills {
-                // vLLM notes this after every waiting pass that did not hold
-                // (a pass that admits nobody under PAUSED_NEW included).
-                self.cadence
-                    .note_release(self.waiting.len(), self.num_deferred);
+                // vLLM notes this after every waiting pass that did not hold.
+                let (_, num_waiting) = self.request_counts();
+                self.cadence.note_release(num_waiting, self.num_deferred);
             }
         }
         let scheduled_any = !draft.entries.is_empty();
@@ -431,16 +483,16 @@ impl Scheduler {
     /// Forget every cached block hash (docs/scheduling.md §7.10); refused
     /// (false) while a block is held. With `reset_running_requests`, every
     /// running request is preempted first (from the back) and its output in
-    /// flight dropped, so the reset always succeeds.
+    /// flight dropped, so the reset succeeds unless streaming sessions
+    /// between turns hold blocks (vLLM then raises, its running requests
+    /// preempted all the same).
     pub fn reset_prefix_cache(&mut self, reset_running_requests: bool) -> bool {
         if reset_running_requests {
             while let Some(slot) = self.running.pop() {
                 self.preempt(slot, true);
             }
         }
-        let done = self.kv.reset_prefix_cache();
-        debug_assert!(done || !reset_running_requests, "no request holds a block");
-        done
+        self.kv.reset_prefix_cache()
     }
 
     /// Counts and usage; takes (and zeroes) the prefix-cache and preemption
@@ -448,7 +500,7 @@ impl Scheduler {
     pub fn make_stats(&mut self) -> SchedulerStats {
         SchedulerStats {
             num_running_reqs: self.running.len(),
-            num_waiting_reqs: self.waiting.len() - self.num_deferred,
+            num_waiting_reqs: self.waiting.len() + self.kv_holding.len() - self.num_deferred,
             num_skipped_waiting_reqs: self.num_deferred,
             kv_cache_usage: self.kv.usage(),
             prefix_cache_stats: self.kv.make_prefix_cache_stats(),

@@ -61,10 +61,10 @@ impl Scheduler {
         r.drop_stale = drop_stale || (r.drop_stale && r.stale_tokens > 0);
         r.stale_tokens = r.in_flight_tokens;
         r.num_output_placeholders = 0;
-        self.waiting.prepend(slot, r);
         if !self.preempted_ids.contains(&r.request_id) {
             self.preempted_ids.push(r.request_id.clone());
         }
+        self.waiting.prepend(slot, &self.requests);
         self.num_preempted += 1;
     }
 }

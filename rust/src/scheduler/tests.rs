@@ -73,6 +73,7 @@ fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
         skip_reading_prefix_cache: false,
         structured_output: false,
         report_hits: false,
+        resumable: false,
     }
 }
 

@@ -41,7 +41,8 @@ impl Scheduler {
         self.pending_steps.retain(|&s| s != step.step_id);
         self.touch_ahead(step);
         let mut out = UpdateOutput::default();
-        let mut stopped_running: Vec<Slot> = Vec::new();
+        let (mut stopped_running, mut stopped_waiting) = (Vec::new(), Vec::new());
+        let mut continuing: Vec<Slot> = Vec::new();
         for (i, e) in step.entries.iter().enumerate() {
             if !self.requests.holds(e.slot, e.generation) {
                 continue; // finished (and maybe its slot reused) meanwhile
@@ -50,16 +51,36 @@ impl Scheduler {
             let Some(status_before) = self.apply_output(i, e, sampled, accept, &mut out) else {
                 continue;
             };
-            // Freed now, in scheduling order: this shapes the free queue (Q18).
             if status_before == RequestStatus::Running {
                 stopped_running.push(e.slot);
             } else {
-                self.waiting.remove(e.slot, &self.requests[e.slot]);
+                stopped_waiting.push(e.slot);
             }
-            self.free_request(e.slot);
+            let continues = self.end_turn(e.slot);
+            if let Some(f) = out.finished.last_mut() {
+                // A session's turn end resets what it computed to its frontier.
+                f.num_computed_tokens = self.requests[e.slot].seq.num_computed_tokens;
+                f.session_continues = continues;
+            }
+            if continues {
+                // A streaming session: it waits for (or took) its next chunk.
+                continuing.push(e.slot);
+            } else {
+                // Freed now, in scheduling order: this shapes the free queue (Q18).
+                self.free_request(e.slot);
+            }
         }
+        // Out of their queues at once, as vLLM takes them out; sessions that
+        // go on are queued again, waiting.
         if !stopped_running.is_empty() {
             self.running.retain(|s| !stopped_running.contains(s));
+        }
+        self.unqueue_waiting(&stopped_waiting);
+        for &slot in &continuing {
+            if stopped_waiting.contains(&slot) {
+                self.undefer(slot);
+            }
+            self.enqueue_waiting(slot);
         }
         Ok(out)
     }
@@ -111,6 +132,7 @@ impl Scheduler {
         }
         if r.grammar.is_some() && !accept(e.slot, r, &out.tokens[start..]) {
             r.status = RequestStatus::FinishedError; // the grammar rejected them
+            r.resumable = false; // which ends a session too
             finished = true;
         }
         out.records.push(UpdateRecord {
@@ -129,6 +151,7 @@ impl Scheduler {
             stop_reason: r.stop_reason,
             token_ids: r.seq.tokens().to_vec(),
             num_computed_tokens: r.seq.num_computed_tokens,
+            session_continues: false,
         });
         Some(status_before)
     }

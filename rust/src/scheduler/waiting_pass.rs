@@ -1,6 +1,7 @@
 //! The WAITING pass (docs/scheduling.md §4.5): admit waiting requests from
-//! the head of the queue while the budget, `max_num_seqs` and the KV cache
-//! allow, each with its longest cached prefix.
+//! the head of the queue while the budget, `max_num_active_seqs` and the KV
+//! cache allow, each with its longest cached prefix. Requests that hold KV
+//! blocks (streaming sessions between turns, §4.12) are admitted first.
 
 use super::{Scheduler, StepDraft};
 use crate::grammar::Reached;
@@ -9,28 +10,50 @@ use crate::request::RequestStatus;
 use crate::slab::Slot;
 use crate::step::Kind;
 
+/// The requests a pass skipped, by the queue they go back to.
+#[derive(Default)]
+struct Skipped {
+    kv_holding: Vec<Slot>,
+    waiting: Vec<Slot>,
+}
+
 impl Scheduler {
     /// Admit waiting requests into `draft` (only when nobody was preempted
-    /// this step and admissions are not paused).
-    pub(super) fn schedule_waiting(&mut self, draft: &mut StepDraft) {
-        let mut skipped: Vec<Slot> = Vec::new();
-        while draft.token_budget > 0
-            && draft.input_budget > 0
-            && self.running.len() < self.config.max_num_active_seqs
-        {
-            let Some(slot) = self.waiting.peek() else {
+    /// this step and not everything is paused). `admit_new` is false when
+    /// admissions are paused: then only requests holding KV blocks are.
+    pub(super) fn schedule_waiting(&mut self, draft: &mut StepDraft, admit_new: bool) {
+        let mut skipped = Skipped::default();
+        while draft.token_budget > 0 {
+            let from_kv = !self.kv_holding.is_empty();
+            let queue = if from_kv {
+                &self.kv_holding
+            } else if admit_new {
+                &self.waiting
+            } else {
                 break;
             };
+            let Some(slot) = queue.peek() else {
+                break;
+            };
+            // Sessions waiting for input keep a runner slot (§4.12).
+            let active = self.running.len() + self.num_waiting_for_input;
+            if draft.input_budget == 0 || active >= self.config.max_num_active_seqs {
+                break;
+            }
+            if self.requests[slot].status == RequestStatus::WaitingForStreamingReq {
+                self.skip(slot, from_kv, &mut skipped);
+                continue;
+            }
             // Held for its grammar (§4.10); the compile result counts now.
             if let Some(grammar) = self.requests[slot].grammar.as_mut() {
                 match grammar.reach() {
                     Reached::Held => {
-                        self.skip(slot, &mut skipped);
+                        self.skip(slot, from_kv, &mut skipped);
                         continue;
                     }
                     Reached::Failed => {
                         draft.grammar_failed.push(slot);
-                        self.skip(slot, &mut skipped);
+                        self.skip(slot, from_kv, &mut skipped);
                         continue;
                     }
                     Reached::Go { released } => {
@@ -41,16 +64,20 @@ impl Scheduler {
                 }
             }
             if self.output_in_flight(slot) {
-                self.skip(slot, &mut skipped);
+                self.skip(slot, from_kv, &mut skipped);
                 continue;
             }
-            if !self.admit(slot, draft) {
+            if !self.admit(slot, from_kv, draft) {
                 break; // it stays at the head
             }
         }
-        // Skipped requests go back to the head, in their order (Q11).
-        for &slot in skipped.iter().rev() {
-            self.waiting.prepend(slot, &self.requests[slot]);
+        // Skipped requests go back to the head of their queue, in their
+        // order (Q11).
+        for &slot in skipped.kv_holding.iter().rev() {
+            self.kv_holding.prepend(slot, &self.requests);
+        }
+        for &slot in skipped.waiting.iter().rev() {
+            self.waiting.prepend(slot, &self.requests);
         }
     }
 
@@ -62,11 +89,35 @@ impl Scheduler {
         r.stale_tokens > 0 && !r.drop_stale
     }
 
-    /// Take the head out of this pass; it goes back at the end.
-    fn skip(&mut self, slot: Slot, skipped: &mut Vec<Slot>) {
+    /// Take the head of its queue out of this pass; it goes back at the end
+    /// (to the queue that fits it then).
+    fn skip(&mut self, slot: Slot, from_kv: bool, skipped: &mut Skipped) {
         self.defer(slot);
-        self.waiting.pop();
-        skipped.push(slot);
+        self.pop_waiting(from_kv);
+        if self.requests[slot].holds_kv() {
+            skipped.kv_holding.push(slot);
+        } else {
+            skipped.waiting.push(slot);
+        }
+    }
+
+    /// Take the head of one of the waiting queues.
+    fn pop_waiting(&mut self, from_kv: bool) {
+        let queue = if from_kv {
+            &mut self.kv_holding
+        } else {
+            &mut self.waiting
+        };
+        queue.pop(&self.requests);
+    }
+
+    /// No longer count a request as skipped.
+    pub(super) fn undefer(&mut self, slot: Slot) {
+        let r = &mut self.requests[slot];
+        if r.deferred {
+            r.deferred = false;
+            self.num_deferred -= 1;
+        }
     }
 
     /// Count a request as skipped by the waiting pass (vLLM's
@@ -79,9 +130,11 @@ impl Scheduler {
         }
     }
 
-    /// Admit the request at the head of the queue, after its prefix hits;
-    /// false when it cannot be admitted now (the pass ends there).
-    fn admit(&mut self, slot: Slot, draft: &mut StepDraft) -> bool {
+    /// Admit the request at the head of its queue (`from_kv`: the KV
+    /// holders'), after its prefix hits; false when it cannot be admitted
+    /// now (the pass ends there). A session between turns holds its KV
+    /// cache: it continues from there, without a lookup.
+    fn admit(&mut self, slot: Slot, from_kv: bool, draft: &mut StepDraft) -> bool {
         let c = &self.config;
         let (chunked, gate) = (c.enable_chunked_prefill, c.scheduler_reserve_full_isl);
         // Headroom kept free for those already running (none when alone).
@@ -93,14 +146,17 @@ impl Scheduler {
         let budget = draft.token_budget.min(draft.input_budget);
         let r = &mut self.requests[slot];
         self.hits.clear();
+        let lookup = r.seq.num_computed_tokens == 0;
         // A request that must compute every prompt token (vLLM: it wants
         // prompt logprobs) reads no hits; its blocks are still cached.
-        let hit_tokens = if r.skip_reading_prefix_cache {
+        let hit_tokens = if !lookup {
+            r.seq.num_computed_tokens
+        } else if r.skip_reading_prefix_cache {
             0
         } else {
             self.kv.get_computed_blocks(&r.seq, &mut self.hits)
         };
-        if r.report_hits && hit_tokens > 0 {
+        if r.report_hits && lookup && hit_tokens > 0 {
             let num_blocks = self.hits.len();
             self.kv.log_event(KvEvent::Hit {
                 owner: slot,
@@ -121,20 +177,26 @@ impl Scheduler {
             return false; // without chunking, the head blocks the queue (Q6)
         }
         n = n.min(budget);
+        // A session's computed tokens are in its table already.
+        let (new_hit_tokens, first) = if lookup {
+            (hit_tokens, self.hits.len())
+        } else {
+            (0, r.table.num_cached_blocks())
+        };
         let Some(grown) = self.kv.allocate(
             &mut r.table,
             &r.seq,
             n,
-            hit_tokens,
+            new_hit_tokens,
             &self.hits,
             gate,
             watermark,
         ) else {
             return false;
         };
-        // Counted on admission only (Q15), and never for a request that
-        // does not read the cache.
-        if !r.skip_reading_prefix_cache {
+        // Counted on admission only (Q15), after a lookup, and never for a
+        // request that does not read the cache.
+        if lookup && !r.skip_reading_prefix_cache {
             self.kv
                 .record_prefix_cache_stats(r.num_tokens(), hit_tokens, r.num_preemptions > 0);
         }
@@ -145,14 +207,10 @@ impl Scheduler {
         };
         r.status = RequestStatus::Running;
         r.seq.num_computed_tokens = hit_tokens;
-        if r.deferred {
-            r.deferred = false;
-            self.num_deferred -= 1;
-        }
+        self.undefer(slot);
         // Its new blocks were cached by the allocation, after the hits.
-        let first = self.hits.len();
         self.log_stored(slot, first);
-        self.waiting.pop();
+        self.pop_waiting(from_kv);
         self.running.push(slot);
         let entry = self.entry(slot, n, kind, hit_tokens, grown);
         draft.entries.push(entry);

@@ -36,7 +36,13 @@ from ironbatch.reference.prefill_cadence import PrefillCadence
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
 from ironbatch.reference.request import NewRequest, Request, RequestStatus
 from ironbatch.reference.request_queue import WaitingQueue
-from ironbatch.reference.scheduler import preemption, running_pass, update, waiting_pass
+from ironbatch.reference.scheduler import (
+    preemption,
+    running_pass,
+    session,
+    update,
+    waiting_pass,
+)
 from ironbatch.reference.scheduler.step_columns import finish_step
 from ironbatch.reference.scheduler_config import SchedulerSettings, settings, validate
 from ironbatch.reference.sequence import Sequence
@@ -119,6 +125,12 @@ class Scheduler:
         self.requests: Slab[Request] = Slab()
         self.ids: dict[str, int] = {}
         self.waiting_queue = WaitingQueue(self.policy)
+        #: Waiting requests that hold KV blocks (streaming sessions between
+        #: turns): admitted before any in ``waiting_queue`` (§4.12).
+        self.kv_holding_queue = WaitingQueue(self.policy)
+        #: Sessions waiting for their next chunk: they keep a runner slot, so
+        #: they count against ``max_num_active_seqs``.
+        self.num_waiting_for_input = 0
         #: Running requests' slots, in order.
         self.running: list[int] = []
         # Since the last step: reported (sorted) by the next one.
@@ -150,13 +162,22 @@ class Scheduler:
         finished, its slot not reused)."""
         return self.requests.holds(entry.slot, entry.generation)
 
+    def has_request(self, request_id: str) -> bool:
+        """Whether ``request_id`` is a live request."""
+        return request_id in self.ids
+
     def slot_of(self, request_id: str) -> int | None:
         """The slot of the live request ``request_id``."""
         return self.ids.get(request_id)
 
     def waiting(self) -> Iterator[int]:
-        """Waiting requests' slots, in admission order."""
-        return self.waiting_queue.iter()
+        """Waiting requests that hold no KV blocks, in admission order."""
+        return self.waiting_queue.iter(self.requests)
+
+    def kv_holding(self) -> Iterator[int]:
+        """Waiting requests that hold KV blocks (sessions between turns), in
+        admission order; admitted before those in ``waiting``."""
+        return self.kv_holding_queue.iter(self.requests)
 
     def set_pause(self, pause: Pause) -> None:
         """Pause or resume scheduling (vLLM's ``set_pause_state``)."""
@@ -167,11 +188,13 @@ class Scheduler:
         return self._pause
 
     def request_counts(self) -> tuple[int, int]:
-        """(running, waiting) request counts."""
-        return len(self.running), len(self.waiting_queue)
+        """(running, waiting) request counts; sessions between turns count as
+        waiting."""
+        return len(self.running), len(self.waiting_queue) + len(self.kv_holding_queue)
 
     def num_unfinished_requests(self) -> int:
-        return len(self.running) + len(self.waiting_queue)
+        """Unfinished requests, sessions between turns included."""
+        return len(self.running) + len(self.waiting_queue) + len(self.kv_holding_queue)
 
     #: The binding's (and vLLM's) name.
     get_num_unfinished_requests = num_unfinished_requests
@@ -179,19 +202,33 @@ class Scheduler:
     # -- requests in and out --------------------------------------------------
 
     def add_request(self, new: NewRequest) -> int:
-        """Queue a request; returns its slot. Refused (``ValueError``, nothing
-        changed): a live duplicate id, an empty prompt, a prompt of
-        ``max_model_len`` or more tokens, ``max_tokens`` outside
-        ``[1, MAX_TOKENS]``, ``min_tokens > max_tokens``, a NaN arrival time."""
+        """Queue a request; returns its slot. A request whose id is a live
+        streaming session is that session's next chunk (docs/scheduling.md
+        §4.12). Refused (``ValueError``, nothing changed): a live duplicate
+        id, an empty prompt, a prompt of ``max_model_len`` or more tokens,
+        ``max_tokens`` outside ``[1, MAX_TOKENS]``, ``min_tokens >
+        max_tokens``, a NaN arrival time."""
+        slot = self.ids.get(new.request_id)
+        if slot is not None:
+            session.add_session_chunk(self, slot, new)
+            return slot
         self.check_new_request(new)
         seq = Sequence(new.prompt_token_ids, new.cache_salt, self.kv.hasher, self.kv.block_size)
         r = Request.waiting(new, seq)
         slot = self.requests.insert(r)
-        self.waiting_queue.add(slot, r)
         self.ids[r.request_id] = slot
-        if r.grammar is not None:
-            waiting_pass.defer(self, slot)  # counted as skipped from the start, as vLLM does
+        self.enqueue_waiting(slot)
         return slot
+
+    def enqueue_waiting(self, slot: int) -> None:
+        """Queue a request that waits (vLLM's ``_enqueue_waiting_request``):
+        one that holds KV blocks apart, one that is blocked (a grammar, a
+        session waiting for input) counted as skipped from the start."""
+        r = self.requests[slot]
+        if r.is_blocked:
+            waiting_pass.defer(self, slot)
+        queue = self.kv_holding_queue if r.holds_kv else self.waiting_queue
+        queue.add(slot, self.requests)
 
     def enable_kv_events(self) -> None:
         """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
@@ -260,21 +297,27 @@ class Scheduler:
             slot = self.ids.get(rid)
             if slot is not None and slot not in found:
                 found.append(slot)
-        for slot in found:
-            self.unqueue(slot)
+        # Out of their queues at once, as vLLM removes them (one heapify).
+        running = [s for s in found if self.requests[s].status == RequestStatus.RUNNING]
+        waiting = [s for s in found if self.requests[s].status != RequestStatus.RUNNING]
+        for slot in waiting:
+            if self.requests[slot].status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                self.num_waiting_for_input -= 1
+        if running:
+            self.running[:] = [s for s in self.running if s not in running]
+        self.unqueue_waiting(waiting)
         for slot in found:
             self.requests[slot].status = status
             self.free_request(slot)
         return found
 
-    def unqueue(self, slot: int) -> None:
-        """Take a live request out of the running list or the waiting queue."""
-        r = self.requests[slot]
-        if r.status == RequestStatus.RUNNING:
-            if slot in self.running:
-                self.running.remove(slot)
-        else:
-            self.waiting_queue.remove(slot, r)
+    def unqueue_waiting(self, slots: list[int]) -> None:
+        """Take waiting requests out of both waiting queues (vLLM's
+        ``remove_requests`` on each, which also heapifies them)."""
+        if slots:
+            gone = set(slots).__contains__
+            self.waiting_queue.remove_all(gone, self.requests)
+            self.kv_holding_queue.remove_all(gone, self.requests)
 
     def free_request(self, slot: int) -> None:
         """Free a finished request's blocks and slot; the next step reports it."""
@@ -305,14 +348,14 @@ class Scheduler:
             hold_prefills=hold_prefills,
         )
         running_pass.schedule_running(self, draft)
-        # Any preemption cancels this step's admissions (Q5).
+        # Any preemption cancels this step's admissions (Q5). Paused for new
+        # requests, only those holding KV blocks are admitted.
         if not draft.preempted_any and self._pause != Pause.ALL:
-            if self._pause == Pause.UNPAUSED:
-                waiting_pass.schedule_waiting(self, draft)
+            waiting_pass.schedule_waiting(self, draft, self._pause == Pause.UNPAUSED)
             if not hold_prefills:
-                # vLLM notes this after every waiting pass that did not hold
-                # (a pass that admits nobody under PAUSED_NEW included).
-                self.cadence.note_release(len(self.waiting_queue), self.num_deferred)
+                # vLLM notes this after every waiting pass that did not hold.
+                _, num_waiting = self.request_counts()
+                self.cadence.note_release(num_waiting, self.num_deferred)
         self.cadence.note_step(bool(draft.entries), draft.carried_prefill)
         out = finish_step(self, draft.entries)
         out.grammar_released = draft.grammar_released
@@ -351,20 +394,22 @@ class Scheduler:
         """Forget every cached block hash (docs/scheduling.md §7.10); refused
         (False) while a block is held. With ``reset_running_requests``, every
         running request is preempted first (from the back) and its output in
-        flight dropped, so the reset always succeeds."""
+        flight dropped, so the reset succeeds unless streaming sessions between
+        turns hold blocks (vLLM then raises, its running requests preempted all
+        the same)."""
         if reset_running_requests:
             while self.running:
                 preemption.preempt(self, self.running.pop(), True)
-        done = self.kv.reset_prefix_cache()
-        assert done or not reset_running_requests, "no request holds a block"
-        return done
+        return self.kv.reset_prefix_cache()
 
     def make_stats(self) -> SchedulerStats:
         """Counts and usage; takes (and zeroes) the prefix-cache and
         preemption counters."""
         stats = SchedulerStats(
             num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting_queue) - self.num_deferred,
+            num_waiting_reqs=len(self.waiting_queue)
+            + len(self.kv_holding_queue)
+            - self.num_deferred,
             num_skipped_waiting_reqs=self.num_deferred,
             kv_cache_usage=self.kv.usage,
             prefix_cache_stats=self.kv.make_prefix_cache_stats(),
@@ -379,7 +424,7 @@ class Scheduler:
         Rust binding's ``debug_state`` format)."""
         name = {slot: self.requests[slot].request_id for slot in self.ids.values()}
         requests: dict[str, dict[str, Any]] = {}
-        for slot in [*self.running, *self.waiting()]:
+        for slot in [*self.running, *self.kv_holding(), *self.waiting()]:
             r = self.requests[slot]
             requests[r.request_id] = {
                 "status": r.status.name,
@@ -402,6 +447,8 @@ class Scheduler:
         return {
             "running": [name[s] for s in self.running],
             "waiting": [name[s] for s in self.waiting()],
+            "kv_holding": [name[s] for s in self.kv_holding()],
+            "num_waiting_for_input": self.num_waiting_for_input,
             "requests": requests,
             "free_block_ids": pool.free_block_ids(),
             "block_ref_cnts": pool.block_ref_cnts(),

@@ -57,7 +57,7 @@ def preempt(s: Scheduler, slot: int, drop_stale: bool) -> None:
     r.drop_stale = drop_stale or (r.drop_stale and r.stale_tokens > 0)
     r.stale_tokens = r.in_flight_tokens
     r.num_output_placeholders = 0
-    s.waiting_queue.prepend(slot, r)
+    s.waiting_queue.prepend(slot, s.requests)
     if r.request_id not in s.preempted_ids:
         s.preempted_ids.append(r.request_id)
     s.num_preempted += 1

@@ -12,6 +12,7 @@ from ironbatch.reference.error import foreign_step, step_already_applied
 from ironbatch.reference.kv_cache_manager import KvCacheManager
 from ironbatch.reference.kv_events import Stored
 from ironbatch.reference.request import Request, RequestStatus
+from ironbatch.reference.scheduler import session, waiting_pass
 from ironbatch.reference.step import Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord
 from ironbatch.reference.stop_check import check_stop
 
@@ -49,6 +50,8 @@ def update_from_output_checked(
     s.pending_steps.remove(step.step_id)
     out = UpdateOutput()
     stopped_running: list[int] = []
+    stopped_waiting: list[int] = []
+    continuing: list[int] = []
     for i, e in enumerate(step.entries):
         if not s.requests.holds(e.slot, e.generation):
             continue  # finished (and maybe its slot reused) meanwhile
@@ -56,15 +59,30 @@ def update_from_output_checked(
         status_before = apply_output(s, i, e, sampled, accept, out)
         if status_before is None:
             continue
-        # Freed now, in scheduling order: this shapes the free queue (Q18).
         if status_before == RequestStatus.RUNNING:
             stopped_running.append(e.slot)
         else:
-            s.waiting_queue.remove(e.slot, s.requests[e.slot])
-        s.free_request(e.slot)
+            stopped_waiting.append(e.slot)
+        continues = session.end_turn(s, e.slot)
+        # A session's turn end resets what it computed to its frontier.
+        out.finished[-1].num_computed_tokens = s.requests[e.slot].seq.num_computed_tokens
+        out.finished[-1].session_continues = continues
+        if continues:
+            # A streaming session: it waits for (or took) its next chunk.
+            continuing.append(e.slot)
+        else:
+            # Freed now, in scheduling order: this shapes the free queue (Q18).
+            s.free_request(e.slot)
+    # Out of their queues at once, as vLLM takes them out; sessions that go
+    # on are queued again, waiting.
     if stopped_running:
         gone = set(stopped_running)
         s.running[:] = [slot for slot in s.running if slot not in gone]
+    s.unqueue_waiting(stopped_waiting)
+    for slot in continuing:
+        if slot in stopped_waiting:
+            waiting_pass.undefer(s, slot)
+        s.enqueue_waiting(slot)
     return out
 
 
@@ -99,6 +117,7 @@ def apply_output(
             kv.log_event(Stored(e.slot, first, r.table.block_ids()[first:cached]))
     if r.grammar is not None and not accept(e.slot, r, out.tokens[start:]):
         r.status = RequestStatus.FINISHED_ERROR  # the grammar rejected them
+        r.resumable = False  # which ends a session too
         finished = True
     out.records.append(UpdateRecord(row, e.slot, len(out.tokens), kv.num_cached_tokens(r.table)))
     if not finished:

@@ -1,9 +1,11 @@
 """The WAITING pass (docs/scheduling.md §4.5): admit waiting requests from
 the head of the queue while the budgets, ``max_num_active_seqs`` and the KV cache
-allow, each with its longest cached prefix."""
+allow, each with its longest cached prefix. Requests that hold KV blocks
+(streaming sessions between turns, §4.12) are admitted first."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.kv_events import Hit
@@ -15,37 +17,58 @@ if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler, StepDraft
 
 
-def schedule_waiting(s: Scheduler, draft: StepDraft) -> None:
-    """Admit waiting requests into ``draft`` (only when nobody was
-    preempted this step and admissions are not paused)."""
-    skipped: list[int] = []
-    while (
-        draft.token_budget > 0
-        and draft.input_budget > 0
-        and len(s.running) < s.config.max_num_active_seqs
-    ):
-        slot = s.waiting_queue.peek()
+@dataclass
+class Skipped:
+    """The requests a pass skipped, by the queue they go back to."""
+
+    kv_holding: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+
+
+def schedule_waiting(s: Scheduler, draft: StepDraft, admit_new: bool) -> None:
+    """Admit waiting requests into ``draft`` (only when nobody was preempted
+    this step and not everything is paused). ``admit_new`` is False when
+    admissions are paused: then only requests holding KV blocks are."""
+    skipped = Skipped()
+    while draft.token_budget > 0:
+        from_kv = not s.kv_holding_queue.is_empty()
+        if from_kv:
+            queue = s.kv_holding_queue
+        elif admit_new:
+            queue = s.waiting_queue
+        else:
+            break
+        slot = queue.peek()
         if slot is None:
             break
-        # Held for its grammar (§4.10); the compile result counts now.
+        # Sessions waiting for input keep a runner slot (§4.12).
+        active = len(s.running) + s.num_waiting_for_input
+        if draft.input_budget == 0 or active >= s.config.max_num_active_seqs:
+            break
         r = s.requests[slot]
+        if r.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            skip(s, slot, from_kv, skipped)
+            continue
+        # Held for its grammar (§4.10); the compile result counts now.
         if r.grammar is not None:
             r.grammar, reached = r.grammar.reach()
             if reached.failed:
                 draft.grammar_failed.append(slot)
             if not reached.go:
-                skip(s, slot, skipped)
+                skip(s, slot, from_kv, skipped)
                 continue
             if reached.released:
                 draft.grammar_released.append(slot)
         if output_in_flight(s, slot):
-            skip(s, slot, skipped)
+            skip(s, slot, from_kv, skipped)
             continue
-        if not admit(s, slot, draft):
+        if not admit(s, slot, from_kv, draft):
             break  # it stays at the head
-    # Skipped requests go back to the head, in their order (Q11).
-    for slot in reversed(skipped):
-        s.waiting_queue.prepend(slot, s.requests[slot])
+    # Skipped requests go back to the head of their queue, in their order (Q11).
+    for slot in reversed(skipped.kv_holding):
+        s.kv_holding_queue.prepend(slot, s.requests)
+    for slot in reversed(skipped.waiting):
+        s.waiting_queue.prepend(slot, s.requests)
 
 
 def output_in_flight(s: Scheduler, slot: int) -> bool:
@@ -56,11 +79,28 @@ def output_in_flight(s: Scheduler, slot: int) -> bool:
     return r.stale_tokens > 0 and not r.drop_stale
 
 
-def skip(s: Scheduler, slot: int, skipped: list[int]) -> None:
-    """Take the head out of this pass; it goes back at the end."""
+def skip(s: Scheduler, slot: int, from_kv: bool, skipped: Skipped) -> None:
+    """Take the head of its queue out of this pass; it goes back at the end
+    (to the queue that fits it then)."""
     defer(s, slot)
-    s.waiting_queue.pop()
-    skipped.append(slot)
+    pop_waiting(s, from_kv)
+    if s.requests[slot].holds_kv:
+        skipped.kv_holding.append(slot)
+    else:
+        skipped.waiting.append(slot)
+
+
+def pop_waiting(s: Scheduler, from_kv: bool) -> None:
+    """Take the head of one of the waiting queues."""
+    (s.kv_holding_queue if from_kv else s.waiting_queue).pop(s.requests)
+
+
+def undefer(s: Scheduler, slot: int) -> None:
+    """No longer count a request as skipped."""
+    r = s.requests[slot]
+    if r.deferred:
+        r.deferred = False
+        s.num_deferred -= 1
 
 
 def defer(s: Scheduler, slot: int) -> None:
@@ -72,18 +112,27 @@ def defer(s: Scheduler, slot: int) -> None:
         s.num_deferred += 1
 
 
-def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
-    """Admit the request at the head of the queue, after its prefix hits;
-    False when it cannot be admitted now (the pass ends there)."""
+def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
+    """Admit the request at the head of its queue (``from_kv``: the KV
+    holders'), after its prefix hits; False when it cannot be admitted now
+    (the pass ends there). A session between turns holds its KV cache: it
+    continues from there, without a lookup."""
     c = s.config
     # Headroom kept free for those already running (none when alone).
     watermark = c.watermark_blocks if s.running else 0
     budget = min(draft.token_budget, draft.input_budget)
     r = s.requests[slot]
+    lookup = r.seq.num_computed_tokens == 0
     # A request that must compute every prompt token (vLLM: it wants prompt
     # logprobs) reads no hits; its blocks are still cached.
-    hits, hit_tokens = ([], 0) if r.skip_reading_prefix_cache else s.kv.get_computed_blocks(r.seq)
-    if r.report_hits and hit_tokens > 0:
+    hits: list = []
+    if not lookup:
+        hit_tokens = r.seq.num_computed_tokens
+    elif r.skip_reading_prefix_cache:
+        hit_tokens = 0
+    else:
+        hits, hit_tokens = s.kv.get_computed_blocks(r.seq)
+    if r.report_hits and lookup and hit_tokens > 0:
         s.kv.log_event(Hit(slot, len(hits)))
     # A held step admits only requests with nothing left but their last token
     # (full hits): the pass ends at the first with prompt to compute.
@@ -96,25 +145,25 @@ def admit(s: Scheduler, slot: int, draft: StepDraft) -> bool:
     if not c.enable_chunked_prefill and n > budget:
         return False  # without chunking, the head blocks the queue (Q6)
     n = min(n, budget)
+    # A session's computed tokens are in its table already.
+    new_hit_tokens, first = (hit_tokens, len(hits)) if lookup else (0, r.table.num_cached_blocks())
     grown = s.kv.allocate(
-        r.table, r.seq, n, hit_tokens, hits, c.scheduler_reserve_full_isl, watermark
+        r.table, r.seq, n, new_hit_tokens, hits, c.scheduler_reserve_full_isl, watermark
     )
     if grown is None:
         return False
-    # Counted on admission only (Q15), and never for a request that does not
-    # read the cache.
-    if not r.skip_reading_prefix_cache:
+    # Counted on admission only (Q15), after a lookup, and never for a request
+    # that does not read the cache.
+    if lookup and not r.skip_reading_prefix_cache:
         s.kv.record_prefix_cache_stats(r.num_tokens, hit_tokens, r.num_preemptions > 0)
     draft.carried_prefill |= prompt_left
     kind = Kind.NEW if r.status == RequestStatus.WAITING else Kind.RESUMED
     r.status = RequestStatus.RUNNING
     r.seq.num_computed_tokens = hit_tokens
-    if r.deferred:
-        r.deferred = False
-        s.num_deferred -= 1
+    undefer(s, slot)
     # Its new blocks were cached by the allocation, after the hits.
-    s.log_stored(slot, len(hits))
-    s.waiting_queue.pop()
+    s.log_stored(slot, first)
+    pop_waiting(s, from_kv)
     s.running.append(slot)
     draft.entries.append(entry(s, slot, n, kind, hit_tokens, grown))
     draft.token_budget -= n

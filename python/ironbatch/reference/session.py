@@ -1,0 +1,30 @@
+"""Streaming-input sessions (docs/scheduling.md §4.12): a request whose input
+arrives in chunks under one id (vLLM's ``resumable`` requests). When a turn
+stops, the session keeps its KV cache and waits for the next chunk; each
+chunk continues it from all it has but its last sampled token. A chunk that
+arrives early waits in the session's queue; a chunk that is not resumable
+ends the input."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ironbatch.reference.request import StopRules
+
+
+@dataclass
+class SessionUpdate:
+    """One input chunk of a session: its tokens and the rules of its turn."""
+
+    prompt_token_ids: list[int]
+    stop: StopRules
+    #: Seconds; replaces the session's arrival time when applied.
+    arrival_time: float
+
+
+#: A session's chunks not applied yet, in arrival order; None ends the input
+#: (the turn that takes it is the session's last).
+SessionQueue = deque["SessionUpdate | None"]

@@ -1,0 +1,124 @@
+//! Streaming-input sessions at the scheduler (docs/scheduling.md §4.12):
+//! chunks arriving under a live session's id, the end of a turn, and a
+//! session continuing with its next chunk.
+
+use super::Scheduler;
+use crate::error::Error;
+use crate::limits::{check_range, MAX_TOKENS};
+use crate::request::{NewRequest, RequestStatus};
+use crate::session::SessionUpdate;
+use crate::slab::Slot;
+
+impl Scheduler {
+    /// `new` arrived under the id of the live request in `slot`: the next
+    /// chunk of a session (or, when not resumable itself, the end of its
+    /// input). Applied at once to a session waiting for input, queued
+    /// otherwise; the end of input ends a waiting session as aborted, as
+    /// vLLM does. Refused (nothing changed) for a request that was not added
+    /// as a session, and for a chunk whose limits are wrong or that has no
+    /// token.
+    pub(super) fn add_session_chunk(&mut self, slot: Slot, new: NewRequest) -> Result<(), Error> {
+        let id = &new.request_id;
+        if self.requests[slot].session.is_none() {
+            return Err(Error::DuplicateRequest(id.clone()));
+        }
+        check_range("max_tokens", new.stop.max_tokens, 1, MAX_TOKENS)?;
+        if new.stop.min_tokens > new.stop.max_tokens {
+            return Err(Error::invalid(format!(
+                "min_tokens must be in [0, max_tokens={}], got {}",
+                new.stop.max_tokens, new.stop.min_tokens
+            )));
+        }
+        if new.arrival_time.is_nan() {
+            return Err(Error::invalid("arrival_time must not be NaN"));
+        }
+        // vLLM asserts later when a turn would have nothing to compute.
+        if new.resumable && new.prompt_token_ids.is_empty() {
+            return Err(Error::invalid(format!(
+                "prompt_token_ids of session {id:?}'s next chunk must not be empty"
+            )));
+        }
+        let update = new.resumable.then_some(SessionUpdate {
+            prompt_token_ids: new.prompt_token_ids,
+            stop: new.stop,
+            arrival_time: new.arrival_time,
+        });
+        let r = &mut self.requests[slot];
+        if r.status != RequestStatus::WaitingForStreamingReq {
+            r.session.get_or_insert_default().push_back(update);
+        } else if let Some(update) = update {
+            if !self.fits(slot, &update) {
+                return Err(Error::invalid(format!(
+                    "prompt_token_ids of session {id:?}'s next chunk ({} tokens) would take it \
+                     to max_model_len ({}) or beyond",
+                    update.prompt_token_ids.len(),
+                    self.config.max_model_len
+                )));
+            }
+            self.continue_session(slot, update); // it stays where it waits
+        } else {
+            self.finish_requests(&[new.request_id], RequestStatus::FinishedAborted);
+        }
+        Ok(())
+    }
+
+    /// A turn of the request in `slot` stopped: whether it goes on as a
+    /// streaming session (vLLM's `_handle_stopped_request`). A session drops
+    /// its turn's work in flight and keeps what it computed; it takes its
+    /// next chunk if one is queued (the end of input finishes it), or waits
+    /// for one.
+    pub(super) fn end_turn(&mut self, slot: Slot) -> bool {
+        let r = &mut self.requests[slot];
+        if !r.resumable {
+            return false;
+        }
+        r.seq.num_computed_tokens -= r.num_output_placeholders.min(r.seq.num_computed_tokens);
+        r.drop_stale = true;
+        r.stale_tokens = r.in_flight_tokens;
+        r.num_output_placeholders = 0;
+        match r.session.as_mut().and_then(|q| q.pop_front()) {
+            Some(None) => false, // the input ended: finished with this turn
+            // A chunk that would not fit max_model_len ends it too (vLLM would
+            // schedule positions it has no room for).
+            Some(Some(update)) => {
+                let fits = self.fits(slot, &update);
+                if fits {
+                    self.continue_session(slot, update);
+                }
+                fits
+            }
+            None => {
+                r.status = RequestStatus::WaitingForStreamingReq;
+                self.num_waiting_for_input += 1;
+                true
+            }
+        }
+    }
+
+    /// Whether the session in `slot` continued with `update` stays shorter
+    /// than `max_model_len`, as every prompt must.
+    fn fits(&self, slot: Slot, update: &SessionUpdate) -> bool {
+        let keep = self.requests[slot].num_tokens() - 1;
+        keep + update.prompt_token_ids.len() < self.config.max_model_len
+    }
+
+    /// Continue the session in `slot` with its next chunk (vLLM's
+    /// `_update_request_as_session`): everything but its last sampled token
+    /// becomes prompt, the chunk is appended, and the chunk's rules and
+    /// arrival time replace the turn's. It waits again, wherever it waits.
+    fn continue_session(&mut self, slot: Slot, update: SessionUpdate) {
+        let (hasher, block_size) = (self.kv.hasher(), self.kv.block_size());
+        let r = &mut self.requests[slot];
+        let keep = r.num_tokens() - 1;
+        r.seq
+            .continue_session(keep, &update.prompt_token_ids, hasher, block_size);
+        debug_assert!(r.table.num_cached_blocks() <= r.seq.block_hashes().len());
+        r.stop = update.stop;
+        // In place, as vLLM does, even while it sits in a priority heap.
+        r.arrival_time = update.arrival_time + 0.0;
+        if r.status == RequestStatus::WaitingForStreamingReq {
+            self.num_waiting_for_input -= 1;
+        }
+        r.status = RequestStatus::Waiting;
+    }
+}
