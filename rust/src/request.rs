@@ -2,7 +2,9 @@
 //! its stopping rules, and where it is in its life.
 
 use crate::block_table::BlockTable;
+use crate::error::Error;
 use crate::grammar::Grammar;
+use crate::limits::{check_range, MAX_TOKENS};
 use crate::sequence::Sequence;
 use crate::session::SessionQueue;
 
@@ -114,6 +116,23 @@ pub struct NewRequest {
     /// One chunk of a streaming-input session (vLLM's `resumable`): later
     /// chunks come as requests with the same id.
     pub resumable: bool,
+}
+
+/// The rules of one turn (a request, or a session's chunk): `max_tokens` in
+/// `[1, MAX_TOKENS]`, `min_tokens <= max_tokens`, an arrival time that is a
+/// number.
+pub fn check_turn(new: &NewRequest) -> Result<(), Error> {
+    check_range("max_tokens", new.stop.max_tokens, 1, MAX_TOKENS)?;
+    if new.stop.min_tokens > new.stop.max_tokens {
+        return Err(Error::invalid(format!(
+            "min_tokens must be in [0, max_tokens={}], got {}",
+            new.stop.max_tokens, new.stop.min_tokens
+        )));
+    }
+    if new.arrival_time.is_nan() {
+        return Err(Error::invalid("arrival_time must not be NaN"));
+    }
+    Ok(())
 }
 
 /// The scheduler's state for one live request.

@@ -4,10 +4,12 @@ and KV state, its stopping rules, and where it is in its life."""
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.grammar import Grammar
+from ironbatch.reference.limits import MAX_TOKENS, check_range
 from ironbatch.reference.sequence import Sequence
 from ironbatch.reference.session import SessionQueue
 
@@ -108,6 +110,20 @@ class NewRequest:
     #: One chunk of a streaming-input session (vLLM's ``resumable``): later
     #: chunks come as requests with the same id.
     resumable: bool = False
+
+
+def check_turn(new: NewRequest) -> None:
+    """The rules of one turn (a request, or a session's chunk): ``max_tokens``
+    in ``[1, MAX_TOKENS]``, ``min_tokens <= max_tokens``, an arrival time that
+    is a number."""
+    check_range("max_tokens", new.stop.max_tokens, 1, MAX_TOKENS)
+    if not 0 <= new.stop.min_tokens <= new.stop.max_tokens:
+        raise ValueError(
+            f"min_tokens must be in [0, max_tokens={new.stop.max_tokens}], "
+            f"got {new.stop.min_tokens}"
+        )
+    if math.isnan(new.arrival_time):
+        raise ValueError("arrival_time must not be NaN")
 
 
 @dataclass(eq=False)

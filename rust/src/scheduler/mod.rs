@@ -28,10 +28,9 @@ use crate::block::BlockId;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
 use crate::kv_events::KvEvent;
-use crate::limits::{check_range, MAX_TOKENS};
 use crate::prefill_cadence::PrefillCadence;
 use crate::prefix_cache_stats::PrefixCacheStats;
-use crate::request::{NewRequest, Request, RequestStatus};
+use crate::request::{check_turn, NewRequest, Request, RequestStatus};
 use crate::request_queue::WaitingQueue;
 use crate::scheduler_config::{Policy, SchedulerConfig};
 use crate::sequence::Sequence;
@@ -347,17 +346,7 @@ impl Scheduler {
                  max_model_len ({max_len})"
             )));
         }
-        check_range("max_tokens", new.stop.max_tokens, 1, MAX_TOKENS)?;
-        if new.stop.min_tokens > new.stop.max_tokens {
-            return Err(Error::invalid(format!(
-                "min_tokens must be in [0, max_tokens={}], got {}",
-                new.stop.max_tokens, new.stop.min_tokens
-            )));
-        }
-        if new.arrival_time.is_nan() {
-            return Err(Error::invalid("arrival_time must not be NaN"));
-        }
-        Ok(())
+        check_turn(new)
     }
 
     /// End requests from outside (docs/scheduling.md §6): unknown and

@@ -4,8 +4,7 @@
 
 use super::Scheduler;
 use crate::error::Error;
-use crate::limits::{check_range, MAX_TOKENS};
-use crate::request::{NewRequest, RequestStatus};
+use crate::request::{check_turn, NewRequest, RequestStatus};
 use crate::session::SessionUpdate;
 use crate::slab::Slot;
 
@@ -22,16 +21,7 @@ impl Scheduler {
         if self.requests[slot].session.is_none() {
             return Err(Error::DuplicateRequest(id.clone()));
         }
-        check_range("max_tokens", new.stop.max_tokens, 1, MAX_TOKENS)?;
-        if new.stop.min_tokens > new.stop.max_tokens {
-            return Err(Error::invalid(format!(
-                "min_tokens must be in [0, max_tokens={}], got {}",
-                new.stop.max_tokens, new.stop.min_tokens
-            )));
-        }
-        if new.arrival_time.is_nan() {
-            return Err(Error::invalid("arrival_time must not be NaN"));
-        }
+        check_turn(&new)?;
         // vLLM asserts later when a turn would have nothing to compute.
         if new.resumable && new.prompt_token_ids.is_empty() {
             return Err(Error::invalid(format!(

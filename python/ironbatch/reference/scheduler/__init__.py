@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,10 +30,9 @@ from typing import Any
 from ironbatch.reference.error import debug_str, duplicate_request
 from ironbatch.reference.kv_cache_manager import KvCacheManager
 from ironbatch.reference.kv_events import KvEvent, Stored
-from ironbatch.reference.limits import MAX_TOKENS, check_range
 from ironbatch.reference.prefill_cadence import PrefillCadence
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
-from ironbatch.reference.request import NewRequest, Request, RequestStatus
+from ironbatch.reference.request import NewRequest, Request, RequestStatus, check_turn
 from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import (
     preemption,
@@ -278,14 +276,7 @@ class Scheduler:
                 f"prompt_token_ids of request {debug_str(rid)} has {n} tokens; it must be "
                 f"shorter than max_model_len ({max_len})"
             )
-        check_range("max_tokens", new.stop.max_tokens, 1, MAX_TOKENS)
-        if not 0 <= new.stop.min_tokens <= new.stop.max_tokens:
-            raise ValueError(
-                f"min_tokens must be in [0, max_tokens={new.stop.max_tokens}], "
-                f"got {new.stop.min_tokens}"
-            )
-        if math.isnan(new.arrival_time):
-            raise ValueError("arrival_time must not be NaN")
+        check_turn(new)
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[int]:
         """End requests from outside (docs/scheduling.md §6): unknown and

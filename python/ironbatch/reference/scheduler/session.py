@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.error import debug_str, duplicate_request
-from ironbatch.reference.limits import MAX_TOKENS, check_range
-from ironbatch.reference.request import NewRequest, RequestStatus
+from ironbatch.reference.request import NewRequest, RequestStatus, check_turn
 from ironbatch.reference.session import SessionUpdate
 
 if TYPE_CHECKING:
@@ -25,14 +24,7 @@ def add_session_chunk(s: Scheduler, slot: int, new: NewRequest) -> None:
     r = s.requests[slot]
     if r.session is None:
         raise duplicate_request(new.request_id)
-    check_range("max_tokens", new.stop.max_tokens, 1, MAX_TOKENS)
-    if new.stop.min_tokens > new.stop.max_tokens:
-        raise ValueError(
-            f"min_tokens must be in [0, max_tokens={new.stop.max_tokens}], "
-            f"got {new.stop.min_tokens}"
-        )
-    if new.arrival_time != new.arrival_time:
-        raise ValueError("arrival_time must not be NaN")
+    check_turn(new)
     # vLLM asserts later when a turn would have nothing to compute.
     if new.resumable and not new.prompt_token_ids:
         rid = debug_str(new.request_id)
