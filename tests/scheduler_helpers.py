@@ -96,12 +96,16 @@ def kv_events(s: Any) -> list[tuple[Any, ...]]:
             out.append(("removed", None, 0, e.block_id))
         elif isinstance(e, reference.kv_events.Cleared):
             out.append(("cleared", None, 0, None))
+        elif isinstance(e, reference.kv_events.Allocated):
+            out.append(("allocated", None, 0, e.block_id))
+        elif isinstance(e, reference.kv_events.Accessed):
+            out.append(("accessed", None, 0, e.block_id))
         elif e.kind == "stored":
             out.append(("stored", e.slot, e.first_block, e.block_ids))
         elif e.kind == "hit":
             out.append(("hit", e.slot, 0, e.num_blocks))
-        elif e.kind == "removed":
-            out.append(("removed", None, 0, e.block_ids[0]))
+        elif e.kind in ("removed", "allocated", "accessed"):
+            out.append((e.kind, None, 0, e.block_ids[0]))
         else:
             out.append((e.kind, None, 0, None))
     return out

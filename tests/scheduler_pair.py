@@ -28,6 +28,7 @@ class SchedulerPair:
         self.cores = (self.rust._core.core, self.twin._core.twin)
         for core in self.cores:
             core.enable_kv_events()
+            core.enable_block_lifecycle_events()
 
     def add(self, rid: str, tokens: list[int], **kw: Any) -> bool:
         if kw.get("resumable"):

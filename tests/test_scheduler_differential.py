@@ -169,7 +169,7 @@ def test_seeded_workloads_agree() -> None:
     grammar = ("grammar_released", "grammar_failed", "grammar_rejected", "grammar_pending")
     cadence = ("prefill_held", "decode_staggered")
     sessions = ("session_turns", "sessions_waiting", "kv_holding_admitted")
-    kv = ("kv_stored", "kv_removed", "kv_cleared")
+    kv = ("kv_stored", "kv_removed", "kv_cleared", "kv_allocated", "kv_accessed")
     for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions):
         assert events[what] >= 20, (what, events)
 

@@ -164,7 +164,7 @@ class KvEvent:
 
     @property
     def kind(self) -> str:
-        """ "stored", "hit", "removed" or "cleared"."""
+        """ "stored", "hit", "removed", "cleared", "allocated" or "accessed"."""
     @property
     def slot(self) -> int | None:
         """The request's slot ("stored", "hit")."""
@@ -297,6 +297,8 @@ class Scheduler:
         """Streaming sessions waiting for their next input chunk."""
     def enable_kv_events(self) -> None:
         """Log KV-cache events from now on."""
+    def enable_block_lifecycle_events(self) -> None:
+        """Log blocks' lives (handed out, hit) for residency metrics."""
     def take_kv_events(self) -> list[KvEvent]:
         """The KV-cache events since last taken, oldest first."""
     def report_grammar(self, *, request_id: str, compiled: bool) -> None:

@@ -101,6 +101,11 @@ class CoreScheduler:
         """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
         self.core.enable_kv_events()
 
+    def enable_block_lifecycle_events(self) -> None:
+        """Log blocks' lives (handed out, hit) from now on, for residency
+        metrics (docs/scheduling.md §7.12)."""
+        self.core.enable_block_lifecycle_events()
+
     def take_kv_events(self) -> list[_core.KvEvent]:
         """The KV-cache events since last taken, oldest first."""
         return self.core.take_kv_events()

@@ -105,6 +105,7 @@ impl BlockPool {
                 self.cached.remove(hash, id);
                 self.events.push(KvEvent::Removed { block_id: id });
             }
+            self.events.push(KvEvent::Allocated { block_id: id });
             debug_assert_eq!(block.ref_cnt, 0);
             block.ref_cnt = 1;
         }
@@ -126,6 +127,7 @@ impl BlockPool {
                 self.free_queue.remove(id);
             }
             block.ref_cnt += 1;
+            self.events.push(KvEvent::Accessed { block_id: id });
         }
     }
 

@@ -377,7 +377,12 @@ impl KvCacheManager {
         self.pool.events.enable();
     }
 
-    /// Whether KV-cache events are logged.
+    /// Log blocks' lives (residency metrics) from now on.
+    pub fn enable_lifecycle_events(&mut self) {
+        self.pool.events.enable_lifecycle();
+    }
+
+    /// Whether KV-cache events (routers') are logged.
     pub fn events_enabled(&self) -> bool {
         self.pool.events.enabled()
     }

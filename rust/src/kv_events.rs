@@ -3,6 +3,10 @@
 //! where and in the order vLLM creates them. The core's block hashes are its
 //! own, so a `Stored` names the request and its blocks; the caller, who has
 //! vLLM's hashes of that request's tokens, builds vLLM's event from it.
+//!
+//! A second kind, off unless asked for separately, follows each block's life
+//! (handed out, hit) for vLLM's KV-cache residency metrics, which sample
+//! blocks and time them.
 
 use crate::block::BlockId;
 use crate::slab::Slot;
@@ -24,37 +28,64 @@ pub enum KvEvent {
     Hit { owner: Slot, num_blocks: usize },
     /// A cached block was evicted to be reused (vLLM's `BlockRemoved`).
     Removed { block_id: BlockId },
-    /// The prefix cache was reset (vLLM's `AllBlocksCleared`).
+    /// The prefix cache was reset (vLLM's `AllBlocksCleared`; the
+    /// residency metrics start over).
     Cleared,
+    /// A block was handed out by `get_new_blocks` (evicted first when
+    /// cached): a residency-metrics event.
+    Allocated { block_id: BlockId },
+    /// A cached block was hit (vLLM's `touch`): a residency-metrics event.
+    Accessed { block_id: BlockId },
 }
 
-/// The events since they were last taken; off (and free) unless enabled.
+/// The events since they were last taken; each kind off (and free) unless
+/// enabled.
 #[derive(Clone, Debug, Default)]
 pub struct KvEventLog {
-    events: Option<Vec<KvEvent>>,
+    events: Vec<KvEvent>,
+    /// Routers' events: stored, hit, removed, cleared.
+    routing: bool,
+    /// Blocks' lives for the residency metrics: allocated, accessed,
+    /// cleared.
+    lifecycle: bool,
 }
 
 impl KvEventLog {
-    /// Start logging.
+    /// Log routers' events from now on.
     pub fn enable(&mut self) {
-        self.events.get_or_insert_with(Vec::new);
+        self.routing = true;
     }
 
-    /// Whether events are logged.
+    /// Log blocks' lives (residency metrics) from now on.
+    pub fn enable_lifecycle(&mut self) {
+        self.lifecycle = true;
+    }
+
+    /// Whether routers' events are logged.
     pub fn enabled(&self) -> bool {
-        self.events.is_some()
+        self.routing
     }
 
-    /// Log `event` when enabled.
+    /// Whether blocks' lives are logged.
+    pub fn lifecycle_enabled(&self) -> bool {
+        self.lifecycle
+    }
+
+    /// Log `event` when its kind is enabled.
     pub fn push(&mut self, event: KvEvent) {
-        if let Some(events) = &mut self.events {
-            events.push(event);
+        let on = match event {
+            KvEvent::Allocated { .. } | KvEvent::Accessed { .. } => self.lifecycle,
+            KvEvent::Cleared => self.routing || self.lifecycle,
+            _ => self.routing,
+        };
+        if on {
+            self.events.push(event);
         }
     }
 
     /// The events so far, oldest first, leaving none.
     pub fn take(&mut self) -> Vec<KvEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+        std::mem::take(&mut self.events)
     }
 }
 
@@ -75,5 +106,18 @@ mod tests {
             vec![KvEvent::Removed { block_id: 3 }, KvEvent::Cleared]
         );
         assert!(log.take().is_empty() && log.enabled());
+        log.push(KvEvent::Allocated { block_id: 1 }); // lifecycle: not asked for
+        assert!(log.take().is_empty());
+    }
+
+    #[test]
+    fn lifecycle_events_alone() {
+        let mut log = KvEventLog::default();
+        log.enable_lifecycle();
+        log.push(KvEvent::Removed { block_id: 3 }); // routing: not asked for
+        log.push(KvEvent::Allocated { block_id: 3 });
+        log.push(KvEvent::Cleared);
+        let expected = vec![KvEvent::Allocated { block_id: 3 }, KvEvent::Cleared];
+        assert_eq!(log.take(), expected);
     }
 }

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.config import KVEventsConfig  # noqa: E402
+from vllm.config import KVEventsConfig, ObservabilityConfig  # noqa: E402
 from vllm.sampling_params import RepetitionDetectionParams  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
@@ -68,7 +68,15 @@ def random_settings(rng: random.Random) -> dict:
         pipeline_parallel_size=rng.choice([1] * 4 + [2, 3]),
         data_parallel_size=rng.choice([1] * 4 + [2]),
         **kv_events(rng),
+        **kv_metrics(rng),
     )
+
+
+def kv_metrics(rng: random.Random) -> dict:
+    """KV-cache residency metrics on in some workloads."""
+    if rng.random() < 0.3:
+        return {"observability_config": ObservabilityConfig(kv_cache_metrics=True)}
+    return {}
 
 
 def kv_events(rng: random.Random) -> dict:
@@ -242,6 +250,7 @@ def test_random_workloads_agree_with_vllm(chunk: int) -> None:
         "reasoning_ended",
         "kv_BlockStored",
         "kv_BlockRemoved",
+        "kv_evictions",
     ):
         assert events[what] >= 10, (what, events)
     for what in (

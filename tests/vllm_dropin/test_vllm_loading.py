@@ -54,11 +54,11 @@ def test_scheduler_cls_as_a_class_object() -> None:
     [
         ({"lora_config": LoRAConfig(max_loras=2, max_lora_rank=8)}, "LoRA"),
         (
-            {"observability_config": ObservabilityConfig(kv_cache_metrics=True)},
-            "KV-cache metrics",
+            {"observability_config": ObservabilityConfig(enable_mfu_metrics=True)},
+            "MFU metrics",
         ),
     ],
-    ids=["lora", "kv-cache-metrics"],
+    ids=["lora", "mfu-metrics"],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unsupported_config_falls_back_to_vllm_and_says_why(

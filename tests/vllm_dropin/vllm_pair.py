@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import random
 from collections import Counter, deque
@@ -71,6 +72,12 @@ def engine_outputs_view(outs: dict[int, Any]) -> dict[int, Any]:
             v["outputs"].append(ov)
         stats = eco.scheduler_stats
         v["scheduler_stats"] = None if stats is None else dataclasses.asdict(stats)
+        if stats is not None:
+            # Residency metrics time blocks by the clock: compare what was
+            # sampled and evicted, and how often each was reused.
+            v["scheduler_stats"]["kv_cache_eviction_events"] = [
+                len(e.reuse_gaps_seconds) for e in stats.kv_cache_eviction_events
+            ]
         view[client] = v
     return view
 
@@ -146,6 +153,12 @@ class VllmPair:
         self.published: tuple[list[Any], list[Any]] = ([], [])
         for s, batches in zip((self.vllm, self.ours), self.published, strict=True):
             s.kv_event_publisher = _Recorder(batches)
+        # Residency metrics sample blocks at random; here every third block
+        # handed out, the same ones on both sides when both hand out alike.
+        for collector in (self.vllm.kv_metrics_collector, self.ours._kv_metrics.collector):
+            if collector is not None:
+                calls = itertools.count()
+                collector.should_sample_block = lambda calls=calls: next(calls) % 3 == 0
         # Steps scheduled, not yet updated: (vLLM's output, ours, rows that sample).
         self.in_flight: deque[tuple[SchedulerOutput, SchedulerOutput, list[str]]] = deque()
         self.unmasked: set[int] = set()  # steps whose grammar masks wait (ids of vLLM's output)
@@ -290,6 +303,11 @@ class VllmPair:
         ob = self.ours.update_from_output(b, mro)
         va, vb = engine_outputs_view(oa), engine_outputs_view(ob)
         assert va == vb
+        self.events["kv_evictions"] += sum(
+            len(eco.scheduler_stats.kv_cache_eviction_events)
+            for eco in oa.values()
+            if eco.scheduler_stats is not None
+        )
         self.check_kv_events()
         for later_a, later_b, _ in self.in_flight:
             if id(later_a) in self.unmasked:

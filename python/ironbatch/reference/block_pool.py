@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from ironbatch.reference.args import count, u32_list
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.free_queue import FreeBlockQueue
-from ironbatch.reference.kv_events import Cleared, KvEventLog, Removed
+from ironbatch.reference.kv_events import Accessed, Allocated, Cleared, KvEventLog, Removed
 from ironbatch.reference.limits import MAX_NUM_BLOCKS, check_range
 from ironbatch.reference.prefix_cache_map import PrefixCacheMap
 
@@ -91,6 +91,7 @@ class BlockPool:
                 self._cached.remove(block.hash, block)
                 block.hash = None
                 self.events.push(Removed(block.block_id))
+            self.events.push(Allocated(block.block_id))
             assert block.ref_cnt == 0
             block.ref_cnt = 1
         return blocks
@@ -106,6 +107,7 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self._free_queue.remove(block)
             block.ref_cnt += 1
+            self.events.push(Accessed(block.block_id))
 
     def free_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop one reference per listed block, in the order given (see

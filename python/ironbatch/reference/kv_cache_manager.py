@@ -268,9 +268,13 @@ class KvCacheManager:
         """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
         self._pool.events.enable()
 
+    def enable_lifecycle_events(self) -> None:
+        """Log blocks' lives (residency metrics) from now on."""
+        self._pool.events.enable_lifecycle()
+
     @property
     def events_enabled(self) -> bool:
-        """Whether KV-cache events are logged."""
+        """Whether KV-cache events (routers') are logged."""
         return self._pool.events.enabled
 
     def log_event(self, event: KvEvent) -> None:

@@ -2,7 +2,11 @@
 routers as ``BlockStored``, ``BlockRemoved`` and ``AllBlocksCleared``, logged
 where and in the order vLLM creates them. The core's block hashes are its
 own, so a ``Stored`` names the request and its blocks; the caller, who has
-vLLM's hashes of that request's tokens, builds vLLM's event from it."""
+vLLM's hashes of that request's tokens, builds vLLM's event from it.
+
+A second kind, off unless asked for separately, follows each block's life
+(handed out, hit) for vLLM's KV-cache residency metrics, which sample blocks
+and time them."""
 
 from __future__ import annotations
 
@@ -38,35 +42,68 @@ class Removed:
 
 @dataclass(frozen=True)
 class Cleared:
-    """The prefix cache was reset (vLLM's ``AllBlocksCleared``)."""
+    """The prefix cache was reset (vLLM's ``AllBlocksCleared``; the residency
+    metrics start over)."""
 
 
-KvEvent = Stored | Hit | Removed | Cleared
+@dataclass(frozen=True)
+class Allocated:
+    """A block was handed out by ``get_new_blocks`` (evicted first when
+    cached): a residency-metrics event."""
+
+    block_id: int
+
+
+@dataclass(frozen=True)
+class Accessed:
+    """A cached block was hit (vLLM's ``touch``): a residency-metrics event."""
+
+    block_id: int
+
+
+KvEvent = Stored | Hit | Removed | Cleared | Allocated | Accessed
 
 
 class KvEventLog:
-    """The events since they were last taken; off unless enabled."""
+    """The events since they were last taken; each kind off unless enabled."""
 
     def __init__(self) -> None:
-        self._events: list[KvEvent] | None = None
+        self._events: list[KvEvent] = []
+        #: Routers' events: stored, hit, removed, cleared.
+        self._routing = False
+        #: Blocks' lives for the residency metrics: allocated, accessed, cleared.
+        self._lifecycle = False
 
     def enable(self) -> None:
-        """Start logging."""
-        if self._events is None:
-            self._events = []
+        """Log routers' events from now on."""
+        self._routing = True
+
+    def enable_lifecycle(self) -> None:
+        """Log blocks' lives (residency metrics) from now on."""
+        self._lifecycle = True
 
     @property
     def enabled(self) -> bool:
-        return self._events is not None
+        """Whether routers' events are logged."""
+        return self._routing
+
+    @property
+    def lifecycle_enabled(self) -> bool:
+        """Whether blocks' lives are logged."""
+        return self._lifecycle
 
     def push(self, event: KvEvent) -> None:
-        """Log ``event`` when enabled."""
-        if self._events is not None:
+        """Log ``event`` when its kind is enabled."""
+        if isinstance(event, (Allocated, Accessed)):
+            on = self._lifecycle
+        elif isinstance(event, Cleared):
+            on = self._routing or self._lifecycle
+        else:
+            on = self._routing
+        if on:
             self._events.append(event)
 
     def take(self) -> list[KvEvent]:
         """The events so far, oldest first, leaving none."""
-        if self._events is None:
-            return []
         events, self._events = self._events, []
         return events

@@ -75,9 +75,10 @@ class KvEvents:
                         block_hashes=[self.hashes.pop(block_id)], medium=MEDIUM_GPU, group_idx=0
                     )
                 )
-            else:
+            elif e.kind == "cleared":
                 self.hashes.clear()
                 self.pending.append(AllBlocksCleared())
+            # "allocated" and "accessed" are the residency metrics' (kv_metrics).
 
     def stored(self, r: Request, first: int, n: int) -> BlockStored:
         """vLLM's BlockStored for blocks ``first..first+n`` of ``r``, built as

@@ -53,6 +53,7 @@ from ironbatch import _core
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
 from ironbatch.vllm.kv_events import KvEvents
+from ironbatch.vllm.kv_metrics import KvMetrics
 from ironbatch.vllm.settings import core_scheduler
 from ironbatch.vllm.step_rows import StepRows
 from ironbatch.vllm.support import unsupported_config, unsupported_request
@@ -143,6 +144,11 @@ class Scheduler(SchedulerInterface):
         self._kv_events = KvEvents(vllm_config, kv_cache_config, block_size)
         if self._kv_events.enabled:
             self._core.enable_kv_events()
+        # KV-cache residency metrics (--kv-cache-metrics).
+        self._kv_metrics = KvMetrics(vllm_config, kv_cache_config.num_blocks)
+        if self._kv_metrics.enabled:
+            self._core.enable_block_lifecycle_events()
+        self._take_kv_events = self._kv_events.enabled or self._kv_metrics.enabled
         self.requests: dict[str, Request] = {}  # unfinished, in arrival order
         # By the core's slot (a live request's stable row): the request, its client.
         self._by_slot: list[Request | None] = []
@@ -348,8 +354,8 @@ class Scheduler(SchedulerInterface):
         self._has_finished = False
         rows = StepRows.of(step)
         self._mirror_step(step, rows)
-        if self._kv_events.enabled:
-            self._kv_events.convert(self._core.take_kv_events(), self._by_slot.__getitem__)
+        if self._take_kv_events:
+            self._drain_kv_events()
         output = SchedulerOutput(
             scheduled_new_reqs=self._new_request_data(rows),
             scheduled_cached_reqs=self._cached_request_data(rows),
@@ -501,7 +507,8 @@ class Scheduler(SchedulerInterface):
         if self._kv_events.enabled:
             # Before the finished are forgotten: their stores name their slots.
             self._mirror_tokens(update, slots)
-            self._kv_events.convert(self._core.take_kv_events(), self._by_slot.__getitem__)
+        if self._take_kv_events:
+            self._drain_kv_events()
         if self._out_of_step:
             for rid in self._out_of_step:
                 if (r := self.requests.get(rid)) is not None:
@@ -514,6 +521,15 @@ class Scheduler(SchedulerInterface):
         self._report_rejected(outputs)
         self._kv_events.publish()
         return self._engine_core_outputs(outputs, mro.cudagraph_stats)
+
+    def _drain_kv_events(self) -> None:
+        """Hand the core's KV-cache events to their users: routers' events to
+        be published, block lives to the residency metrics."""
+        events = self._core.take_kv_events()
+        if self._kv_events.enabled:
+            self._kv_events.convert(events, self._by_slot.__getitem__)
+        if self._kv_metrics.enabled:
+            self._kv_metrics.feed(events)
 
     def _mirror_tokens(self, update: Any, slots: list[int]) -> None:
         """Append each request's new tokens to its Request (KV events: its
@@ -747,8 +763,8 @@ class Scheduler(SchedulerInterface):
         running = [r for r in self.requests.values() if r.status == RequestStatus.RUNNING]
         done = self._core.reset_prefix_cache(reset_running_requests)
         failed = reset_running_requests and not done
-        if self._kv_events.enabled:
-            self._kv_events.convert(self._core.take_kv_events(), self._by_slot.__getitem__)
+        if self._take_kv_events:
+            self._drain_kv_events()
         if reset_running_requests:
             now = time.monotonic()
             for r in reversed(running):
@@ -792,6 +808,7 @@ class Scheduler(SchedulerInterface):
             num_skipped_waiting_reqs=core.num_skipped_waiting_reqs,
             num_kv_fetch_reqs_by_stage=dict.fromkeys(KV_FETCH_STAGES, 0),
             kv_cache_usage=core.kv_cache_usage,
+            kv_cache_eviction_events=self._kv_metrics.drain(),
             prefix_cache_stats=PrefixCacheStats(
                 reset=prefix.reset,
                 requests=prefix.requests,

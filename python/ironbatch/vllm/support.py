@@ -54,7 +54,6 @@ def unsupported_config(
             "lookahead tokens",
         ),
         (c.aux_output_config.enabled, "auxiliary outputs"),
-        (c.observability_config.kv_cache_metrics, "KV-cache metrics"),
         (c.observability_config.enable_mfu_metrics, "MFU metrics"),
         (c.observability_config.enable_logging_iteration_details, "iteration details"),
         (

@@ -9,13 +9,13 @@ use pyo3::prelude::*;
 /// One KV-cache event, oldest first as the scheduler logged them.
 #[pyclass(name = "KvEvent", module = "ironbatch._core", frozen, get_all)]
 pub struct PyKvEvent {
-    /// "stored", "hit", "removed" or "cleared".
+    /// "stored", "hit", "removed", "cleared", "allocated" or "accessed".
     kind: &'static str,
     /// The request's slot ("stored", "hit"); None for the others.
     slot: Option<Slot>,
     /// The first block stored ("stored"); 0 for the others.
     first_block: usize,
-    /// The blocks stored, or the one removed.
+    /// The blocks stored, or the one removed, allocated or accessed.
     block_ids: Vec<BlockId>,
     /// Blocks stored or found cached ("stored", "hit"); 0 for the others.
     num_blocks: usize,
@@ -62,6 +62,14 @@ impl From<KvEvent> for PyKvEvent {
                 ..none("removed")
             },
             KvEvent::Cleared => none("cleared"),
+            KvEvent::Allocated { block_id } => PyKvEvent {
+                block_ids: vec![block_id],
+                ..none("allocated")
+            },
+            KvEvent::Accessed { block_id } => PyKvEvent {
+                block_ids: vec![block_id],
+                ..none("accessed")
+            },
         }
     }
 }

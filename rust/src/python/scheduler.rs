@@ -419,6 +419,12 @@ impl PyScheduler {
         self.core.enable_kv_events();
     }
 
+    /// Log blocks' lives (handed out, hit) from now on, for residency
+    /// metrics.
+    fn enable_block_lifecycle_events(&mut self) {
+        self.core.enable_block_lifecycle_events();
+    }
+
     /// The KV-cache events since last taken, oldest first.
     fn take_kv_events(&mut self) -> Vec<PyKvEvent> {
         self.core

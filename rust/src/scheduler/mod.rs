@@ -180,6 +180,12 @@ impl Scheduler {
         self.kv.enable_events();
     }
 
+    /// Log blocks' lives (handed out, hit) from now on, for residency
+    /// metrics (§7.12).
+    pub fn enable_block_lifecycle_events(&mut self) {
+        self.kv.enable_lifecycle_events();
+    }
+
     /// The KV-cache events since last taken, oldest first.
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.kv.take_events()

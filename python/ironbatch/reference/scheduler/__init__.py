@@ -232,6 +232,11 @@ class Scheduler:
         """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
         self.kv.enable_events()
 
+    def enable_block_lifecycle_events(self) -> None:
+        """Log blocks' lives (handed out, hit) from now on, for residency
+        metrics (docs/scheduling.md §7.12)."""
+        self.kv.enable_lifecycle_events()
+
     def take_kv_events(self) -> list[KvEvent]:
         """The KV-cache events since last taken, oldest first."""
         return self.kv.take_events()
