@@ -30,7 +30,12 @@ from ironbatch.bench.vllm_driver import VERSION, VllmDriver  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", default="decode-64,decode-256,decode-1024,mixed")
+    ap.add_argument(
+        "--workloads",
+        default="decode-64,decode-256,decode-1024,mixed",
+        help="also: json-64, json-256 (a third of the requests with a JSON schema), "
+        "kv-events-64, kv-events-256 (KV-cache events published)",
+    )
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--turn", type=int, default=1)
     ap.add_argument("--no-twin", action="store_true", help="skip the (slow) Python twin")

@@ -43,6 +43,11 @@ class Workload:
     max_tokens: int = 100_000  # decode requests run for the whole benchmark
     max_model_len: int = 8192
     block_size: int = 16
+    # vLLM-interface features (the drop-in and vLLM's scheduler; the core's
+    # own drivers run the plain workload): every n-th request uses a JSON
+    # schema (0: none), and KV-cache events are published.
+    structured_every: int = 0
+    kv_events: bool = False
 
     @property
     def num_blocks(self) -> int:
@@ -71,6 +76,10 @@ WORKLOADS = {
         Workload(
             "mixed", 256, 2048, 224, 512, arrivals_per_step=2, max_tokens=64, max_model_len=2048
         ),
+        Workload("json-64", 64, 2048, 64, 32, structured_every=3),
+        Workload("json-256", 256, 2048, 256, 32, structured_every=3),
+        Workload("kv-events-64", 64, 2048, 64, 32, kv_events=True),
+        Workload("kv-events-256", 256, 2048, 256, 32, kv_events=True),
     ]
 }
 

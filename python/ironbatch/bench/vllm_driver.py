@@ -11,8 +11,13 @@ from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
+from concurrent.futures import Future  # noqa: E402
+
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 import vllm  # noqa: E402
+from vllm.config import KVEventsConfig  # noqa: E402
+from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
@@ -33,11 +38,48 @@ TRACE_SETTINGS = (
 )
 
 
-def build(cfg: dict[str, Any], kind: str = "vllm", async_scheduling: bool = False) -> Any:
+def build(
+    cfg: dict[str, Any], kind: str = "vllm", async_scheduling: bool = False, **extras: Any
+) -> Any:
     """vLLM's scheduler (``kind="vllm"``) or the drop-in (``"ironbatch"``)
-    for an ironbatch-trace/1 style config dict."""
+    for an ironbatch-trace/1 style config dict (``extras``: VllmConfig parts
+    such as ``kv_events_config``)."""
     settings = {k: cfg[k] for k in TRACE_SETTINGS}
-    return harness.make_scheduler(kind, async_scheduling=async_scheduling, **settings)
+    return harness.make_scheduler(kind, async_scheduling=async_scheduling, **settings, **extras)
+
+
+JSON_SCHEMA = StructuredOutputsParams(json={"type": "object"})
+
+
+class AcceptingGrammar:
+    """A compiled grammar that takes every token and fills its mask row in
+    one call: the schedulers' structured-output work without a grammar
+    engine's (which is the same library work under either scheduler)."""
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        return tokens
+
+    def rollback(self, num_tokens: int) -> None:
+        pass
+
+    def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
+        bitmask[batch_index].fill_(-1)
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def reset(self) -> None:
+        pass
+
+
+class MaskBackend:
+    """The structured-output manager's backend: only the mask buffer."""
+
+    def allocate_token_bitmask(self, max_num_seqs: int) -> torch.Tensor:
+        return torch.zeros((max_num_seqs, 4096), dtype=torch.int32)  # a 128k vocabulary
 
 
 def request(d: dict[str, Any], block_size: int) -> Request:
@@ -52,6 +94,7 @@ def request(d: dict[str, Any], block_size: int) -> Request:
         stop_token_ids=list(d.get("stop_token_ids", [])),
         arrival_time=d.get("arrival_time", 0.0),
         priority=d.get("priority", 0),
+        structured_outputs=d.get("structured_outputs"),
     )
 
 
@@ -101,6 +144,12 @@ class VllmDriver(TimedDriver):
         super().__init__(async_scheduling)
         self.name = f"vllm-{VERSION}" if kind == "vllm" else "drop-in"
         self.bs = workload.block_size
+        self.structured_every = workload.structured_every
+        extras: dict[str, Any] = {}
+        if workload.kv_events:  # published to a null publisher: the work, not the socket
+            extras["kv_events_config"] = KVEventsConfig(
+                enable_kv_cache_events=True, publisher="null"
+            )
         self.sched = build(
             {
                 "max_num_seqs": workload.max_num_seqs,
@@ -115,29 +164,42 @@ class VllmDriver(TimedDriver):
             },
             kind,
             async_scheduling,
+            **extras,
         )
+        self.sched.structured_output_manager.backend = MaskBackend()
         self.runner = RunnerEmulator(5)
 
     def add(self, r: Any) -> None:
         p = r.sampling_params
-        self.sched.add_request(
-            request(
-                {
-                    "request_id": r.request_id,
-                    "prompt_token_ids": r.prompt_token_ids,
-                    "max_tokens": p.max_tokens,
-                    "min_tokens": p.min_tokens,
-                    "ignore_eos": p.ignore_eos,
-                    "stop_token_ids": p.stop_token_ids,
-                    "arrival_time": r.arrival_time,
-                    "priority": r.priority,
-                },
-                self.bs,
-            )
+        number = int(r.request_id.rsplit("-", 1)[-1])
+        structured = self.structured_every and number % self.structured_every == 0
+        vr = request(
+            {
+                "request_id": r.request_id,
+                "prompt_token_ids": r.prompt_token_ids,
+                "max_tokens": p.max_tokens,
+                "min_tokens": p.min_tokens,
+                "ignore_eos": p.ignore_eos,
+                "stop_token_ids": p.stop_token_ids,
+                "arrival_time": r.arrival_time,
+                "priority": r.priority,
+                "structured_outputs": JSON_SCHEMA if structured else None,
+            },
+            self.bs,
         )
+        if structured:
+            # Its grammar has compiled, as EngineCore leaves a finished
+            # compile: a done Future on the request.
+            compiled: Future = Future()
+            compiled.set_result(AcceptingGrammar())
+            vr.structured_output_request.grammar = compiled
+        self.sched.add_request(vr)
 
     def schedule(self) -> Any:
-        return self.sched.schedule()
+        so = self.sched.schedule()
+        # EngineCore asks for the grammar masks of every step it runs.
+        self.sched.get_grammar_bitmask(so)
+        return so
 
     def run_model(self, so: Any) -> ModelRunnerOutput:
         return self.runner.output(so)

@@ -1,0 +1,66 @@
+"""The vLLM differential must catch a drop-in that goes wrong where vLLM's
+state lives outside the core: each test breaks the drop-in one way (a grammar
+that is not advanced, a KV-cache event dropped, events reordered) and checks
+that the random workloads of test_vllm_differential fail within a few seeds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import ironbatch.vllm.scheduler as dropin  # noqa: E402
+from ironbatch.vllm.kv_events import KvEvents  # noqa: E402
+
+from test_vllm_differential import run_workload  # noqa: E402
+
+SEEDS = 40
+
+
+def caught(seeds: int = SEEDS) -> bool:
+    """Whether some workload's comparison with vLLM fails."""
+    for seed in range(seeds):
+        try:
+            run_workload(seed, steps=40)
+        except AssertionError:
+            return True
+    return False
+
+
+def test_the_unbroken_drop_in_passes() -> None:
+    assert not caught(8)
+
+
+def test_a_grammar_not_advanced_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def accept_without_the_grammar(self: Any, rid: str, kept: list[int], num_tokens: int) -> bool:
+        r = self.requests[rid]
+        r._all_token_ids.extend(kept)
+        r._output_token_ids.extend(kept)
+        return True
+
+    monkeypatch.setattr(dropin.Scheduler, "_accept_tokens", accept_without_the_grammar)
+    assert caught()
+
+
+def test_a_dropped_kv_event_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    convert: Callable[..., None] = KvEvents.convert
+
+    def convert_but_drop_removals(self: KvEvents, events: list[Any], request_of: Any) -> None:
+        convert(self, [e for e in events if e.kind != "removed"], request_of)
+
+    monkeypatch.setattr(KvEvents, "convert", convert_but_drop_removals)
+    assert caught()
+
+
+def test_reordered_kv_events_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    publish: Callable[..., None] = KvEvents.publish
+
+    def publish_reversed(self: KvEvents) -> None:
+        self.pending.reverse()
+        publish(self)
+
+    monkeypatch.setattr(KvEvents, "publish", publish_reversed)
+    assert caught()
