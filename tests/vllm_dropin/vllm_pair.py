@@ -138,6 +138,10 @@ class VllmPair:
         **settings: Any,
     ) -> None:
         self.rng = rng
+        # Grammars compiled by vLLM's backend over settings["tokenizer"]
+        # (else fake ones), and tokens sampled from their masks.
+        self.real_grammars = settings.get("tokenizer") is not None
+        self.masks: dict[int, tuple[list[str], np.ndarray]] = {}
         self.settings = settings
         self.bs = settings.get("block_size", vllm_setup.DEFAULTS["block_size"])
         # Both schedulers read the runner version once, when built; V2 is the
@@ -148,7 +152,8 @@ class VllmPair:
         assert self.vllm.use_v2_model_runner == self.ours.use_v2_model_runner != model_runner_v1
         assert type(self.ours).__module__ == "ironbatch.vllm.scheduler", type(self.ours)
         for s in (self.vllm, self.ours):
-            fake_grammar.install(s.structured_output_manager, reasoning)
+            if not self.real_grammars:
+                fake_grammar.install(s.structured_output_manager, reasoning)
         # KV-cache events: what each would publish, batch by batch.
         self.published: tuple[list[Any], list[Any]] = ([], [])
         for s, batches in zip((self.vllm, self.ours), self.published, strict=True):
@@ -174,6 +179,15 @@ class VllmPair:
         if grammar:
             kw["structured_outputs"] = StructuredOutputsParams(json={"type": "object"})
         pair = tuple(vllm_setup.make_request(rid, prompt, block_size=self.bs, **kw) for _ in "ab")
+        if self.real_grammars and pair[0].use_structured_output:
+            # As EngineCore does, each engine compiles its own; both are
+            # waited for here, so both schedulers find them compiled.
+            for r, s in zip(pair, (self.vllm, self.ours), strict=True):
+                r.sampling_params.structured_outputs._backend = "xgrammar"
+                s.structured_output_manager.grammar_init(r)
+                compiled = r.structured_output_request._grammar
+                if isinstance(compiled, Future):
+                    compiled.exception()
         if grammar:  # compiling, as EngineCore's grammar_init leaves it
             futures = (Future(), Future())
             for r, future in zip(pair, futures, strict=True):
@@ -282,6 +296,8 @@ class VllmPair:
         assert np.array_equal(ga.grammar_bitmask, gb.grammar_bitmask)
         assert ga.num_acceptable_drafts == gb.num_acceptable_drafts
         self.events["masked_rows"] += len(ga.structured_output_request_ids)
+        if self.real_grammars:  # the model samples from these masks
+            self.masks[id(a)] = (ga.structured_output_request_ids, ga.grammar_bitmask.copy())
 
     def update_oldest(self, choose: Callable[[], int] | None = None) -> None:
         """Apply the oldest step in flight; ``choose()`` (default
@@ -294,6 +310,12 @@ class VllmPair:
         runner_order = list(a.num_scheduled_tokens)
         self.rng.shuffle(runner_order)  # a persistent batch has its own row order
         tokens = {rid: [choose()] for rid in sampling}
+        ids, bitmask = self.masks.pop(id(a), ([], None))
+        for row, rid in enumerate(ids):
+            if rid in tokens:  # a token the grammar allows
+                bits = np.unpackbits(bitmask[row].view(np.uint8), bitorder="little")
+                tokens[rid] = [self.rng.choice(np.flatnonzero(bits).tolist())]
+                self.events["grammar_sampled"] += 1
         mro = ModelRunnerOutput(
             req_ids=runner_order,
             req_id_to_index={rid: i for i, rid in enumerate(runner_order)},

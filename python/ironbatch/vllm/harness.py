@@ -56,6 +56,8 @@ DEFAULTS: dict[str, Any] = {
     # data-parallel ranks (coordinated ones: MoE models).
     "pipeline_parallel_size": 1,
     "data_parallel_size": 1,
+    # A local tokenizer folder (for grammars over it); None: no tokenizer.
+    "tokenizer": None,
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
 EXTRAS = (
@@ -120,11 +122,11 @@ def vllm_config(
     )
     mc = ModelConfig(
         model=model_dir,
-        tokenizer=model_dir,
+        tokenizer=cfg["tokenizer"] or model_dir,
         dtype="float16",
         seed=42,
         max_model_len=cfg["max_model_len"],
-        skip_tokenizer_init=True,
+        skip_tokenizer_init=cfg["tokenizer"] is None,
     )
     cc = CacheConfig(
         block_size=cfg["block_size"],
