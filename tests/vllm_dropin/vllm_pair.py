@@ -8,13 +8,11 @@ still in flight) after the previous step's update."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
-import os
 import random
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -113,20 +111,6 @@ class _Recorder:
         return None
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str | None) -> Iterator[None]:
-    old = os.environ.get(name)
-    if value is not None:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 class VllmPair:
     """The two schedulers; ``events`` counts what a workload exercised."""
 
@@ -146,7 +130,7 @@ class VllmPair:
         self.bs = settings.get("block_size", vllm_setup.DEFAULTS["block_size"])
         # Both schedulers read the runner version once, when built; V2 is the
         # default, V1 gets resumptions as cached data with all_token_ids.
-        with _env("VLLM_USE_V2_MODEL_RUNNER", "0" if model_runner_v1 else None):
+        with vllm_setup.env_var("VLLM_USE_V2_MODEL_RUNNER", "0" if model_runner_v1 else None):
             self.vllm = vllm_setup.make_scheduler("vllm", **settings)
             self.ours = vllm_setup.make_scheduler("ironbatch", **settings)
         assert self.vllm.use_v2_model_runner == self.ours.use_v2_model_runner != model_runner_v1

@@ -5,6 +5,9 @@ vLLM: the tests in this folder run in the vLLM venv of
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
 from vllm.v1.outputs import ModelRunnerOutput
@@ -23,6 +26,7 @@ __all__ = [
     "DEFAULTS",
     "EOS",
     "construct",
+    "env_var",
     "make_request",
     "make_scheduler",
     "runner_output",
@@ -43,3 +47,20 @@ def runner_output(
         req_id_to_index={r: i for i, r in enumerate(ids)},
         sampled_token_ids=[list(sampled.get(r, [])) for r in ids],
     )
+
+
+@contextlib.contextmanager
+def env_var(name: str, value: str | None) -> Iterator[None]:
+    """``name`` set to ``value`` (left alone when None) inside the block, as
+    it was after; vLLM reads some choices (its model runner) from the
+    environment when its config is made."""
+    old = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
