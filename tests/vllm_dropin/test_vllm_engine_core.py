@@ -28,12 +28,12 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput  # noqa: E402
 from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
-from vllm.v1.executor.abstract import Executor  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec  # noqa: E402
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput  # noqa: E402
 
 from ironbatch.vllm.harness import EOS, vllm_config  # noqa: E402
 
+from stand_in_executor import StandInExecutor  # noqa: E402
 from vllm_pair import engine_outputs_view, scheduler_output_view  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -62,7 +62,7 @@ class RunnerRequest:
     num_computed: int
 
 
-class FakeExecutor(Executor):
+class FakeExecutor(StandInExecutor):
     """One CPU "worker" with one full-attention layer and room for exactly
     NUM_BLOCKS blocks; runs no model. Like the GPU model runner it answers
     ``execute_model`` with None and hands the step's output to the following
@@ -75,20 +75,6 @@ class FakeExecutor(Executor):
         self.pending: ModelRunnerOutput | None = None
         self.token_fn: TokenFn = token_for
 
-    @classmethod
-    def supports_async_scheduling(cls) -> bool:
-        return True
-
-    def collective_rpc(self, method: Any, *args: Any, **kwargs: Any) -> Any:
-        # Everything EngineCore needs is overridden below; anything else is news.
-        raise NotImplementedError(f"FakeExecutor.collective_rpc({method!r})")
-
-    def check_health(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
     # -- start-up: what profiling and KV-cache allocation would report ---------
 
     def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
@@ -97,17 +83,11 @@ class FakeExecutor(Executor):
     def get_supported_kv_cache_layouts(self) -> list[list[str]]:
         return [["LBNHC"]]
 
-    def set_kv_cache_layout(self, layout_name: str, cp_kv_cache_interleave_size: int) -> None:
-        pass
-
     def determine_available_memory(self) -> list[int]:
         return [NUM_BLOCKS * SPEC.page_size_bytes]
 
     def initialize_from_config(self, kv_cache_configs: list[KVCacheConfig]) -> None:
         assert [c.num_blocks for c in kv_cache_configs] == [NUM_BLOCKS]
-
-    def compile_or_warm_up_model(self) -> None:
-        pass  # nothing to compile or capture on this "device"
 
     # -- steps ------------------------------------------------------------------
 

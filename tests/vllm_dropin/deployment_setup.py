@@ -1,0 +1,924 @@
+"""Deployments built the way ``vllm serve`` builds them, on the CPU, each run
+through vLLM's own ``EngineCore`` twice: once as vLLM resolves it by default,
+once with ``--scheduler-cls ironbatch.vllm.Scheduler``.
+
+This module is the child-process half of ``test_vllm_deployments.py``:
+``python deployment_setup.py ROWS.json REPORT.json`` builds every row of
+ROWS.json and writes what it found to REPORT.json. It runs in a process of
+its own because what it needs is process-wide in vLLM and would leak into
+the other drop-in tests: the platform (``VLLM_TARGET_DEVICE=cpu``, without
+which ``create_engine_config`` cannot pick a device here, is read once, when
+vLLM first asks for its platform), the torch.distributed groups that building
+a model's layers needs, and EngineCore's environment-variable cache.
+
+Per row:
+
+* a folder with a ``config.json`` shaped like the real model's (same
+  architecture, layer count, heads, head sizes, MoE and MLA settings; no
+  weights) and a small local tokenizer (so the structured-output manager
+  loads it and resolves the reasoning parser, as a served model's would);
+* ``vllm serve``'s own argument parser and ``AsyncEngineArgs`` turn the row's
+  flags into a VllmConfig (``UsageContext.OPENAI_API_SERVER``);
+* the model's KV-cache specs come from vLLM's model class, built on the meta
+  device, asked the way vLLM's model runner asks its attention layers;
+* an executor that stands in for the workers reports those specs (split by
+  pipeline stage) and enough memory for a ``max_model_len`` sequence, so
+  EngineCore sizes the cache, resolves the scheduler class and constructs it
+  itself;
+* the same small workload (plain requests, a shared prefix, prompt
+  logprobs, a structured-output request, a resumable streaming-input session,
+  an abort) goes through both engines in lockstep, and every SchedulerOutput,
+  grammar bitmask, EngineCoreOutputs and KV-cache event must be equal.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from collections import Counter, deque
+from concurrent.futures import Future
+from typing import Any, ClassVar
+
+assert os.environ.get("VLLM_TARGET_DEVICE") == "cpu", "run by test_vllm_deployments.py"
+
+import torch  # noqa: E402
+import vllm.envs  # noqa: E402
+import vllm.v1.engine.core as engine_core_module  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vllm_config  # noqa: E402
+from vllm.distributed import parallel_state  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends  # noqa: E402
+from vllm.distributed.utils import get_pp_indices  # noqa: E402
+from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
+from vllm.entrypoints.common.cli_args import make_arg_parser  # noqa: E402
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase  # noqa: E402
+from vllm.model_executor.model_loader.utils import get_model_architecture  # noqa: E402
+from vllm.model_executor.models.utils import extract_layer_index  # noqa: E402
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
+from vllm.usage.usage_lib import UsageContext  # noqa: E402
+from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
+from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts  # noqa: E402
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput  # noqa: E402
+from vllm.v1.engine import EngineCoreRequest  # noqa: E402
+from vllm.v1.engine.core import EngineCore  # noqa: E402
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec  # noqa: E402
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput  # noqa: E402
+from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # noqa: E402
+from vllm.v1.worker.utils import customize_attention_spec  # noqa: E402
+
+import ironbatch.vllm  # noqa: E402
+
+import fake_grammar  # noqa: E402
+from stand_in_executor import StandInExecutor  # noqa: E402
+from vllm_pair import engine_outputs_view, scheduler_output_view  # noqa: E402
+
+DROP_IN = "ironbatch.vllm.Scheduler"
+
+# -- the models ---------------------------------------------------------------------
+
+# config.json of each model, as published (the parts vLLM reads); sizes are
+# the real ones: nothing is allocated, the layers are built on the meta device.
+_LLAMA_3_1_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+_QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "num_hidden_layers": 36,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "max_window_layers": 36,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+_QWEN3_30B_A3B = {
+    **_QWEN3_8B,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 48,
+    "max_window_layers": 48,
+    "router_aux_loss_coef": 0.001,
+    "output_router_logits": False,
+}
+_DEEPSEEK_V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "greedy",
+    "norm_topk_prob": False,
+    "scoring_func": "softmax",
+    "routed_scaling_factor": 1.0,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "num_hidden_layers": 27,
+    # MLA: one latent KV vector per token (kv_lora_rank + rope dims).
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "vocab_size": 102400,
+    "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "aux_loss_alpha": 0.001,
+    "ep_size": 1,
+    "seq_aux": True,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 100000,
+    "eos_token_id": 100001,
+}
+_GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_hidden_layers": 24,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "experts_per_token": 4,
+    "vocab_size": 201088,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 150000,
+    "rope_scaling": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
+    # Every other layer attends to a 128-token window, as in the real model.
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "attention_bias": True,
+    "swiglu_limit": 7.0,
+    "initial_context_length": 4096,
+    "hidden_act": "silu",
+    "router_aux_loss_coef": 0.9,
+    "output_router_logits": False,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "eos_token_id": 200002,
+    "pad_token_id": 199999,
+    # The published checkpoint is MXFP4-quantized; that changes the experts'
+    # weights, not the attention layers or their KV cache, and the CPU
+    # platform has no MXFP4 kernels, so the shaped config leaves it out.
+}
+MODELS: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": _LLAMA_3_1_8B,
+    "qwen3-8b": _QWEN3_8B,
+    "qwen3-30b-a3b": _QWEN3_30B_A3B,
+    "deepseek-v2-lite": _DEEPSEEK_V2_LITE,
+    "gpt-oss-20b": _GPT_OSS_20B,
+}
+
+# -- the tokenizer every model folder gets -----------------------------------------
+
+EOS = 2
+THINK_START, THINK_END = 3, 4  # what Qwen3's reasoning parser looks for
+_SPECIAL = ["<unk>", "<|endoftext|>", "<|im_end|>", "<think>", "</think>"]
+_VOCAB = {t: i for i, t in enumerate(_SPECIAL)} | {f"w{i}": i for i in range(len(_SPECIAL), 512)}
+
+
+def write_tokenizer(path: str) -> None:
+    """A word-level tokenizer with Qwen3's reasoning markers: enough for
+    vLLM to load one and for its reasoning parsers to find their tokens."""
+    tok = Tokenizer(models.WordLevel(_VOCAB, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(os.path.join(path, "tokenizer.json"))
+    added = {
+        str(i): {
+            "content": t,
+            "special": t not in ("<think>", "</think>"),
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
+        }
+        for i, t in enumerate(_SPECIAL)
+    }
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": _SPECIAL[EOS],
+        "unk_token": "<unk>",
+        "added_tokens_decoder": added,
+    }
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+
+
+def write_model(root: str, name: str) -> str:
+    """The folder ``vllm serve`` is pointed at for ``name``."""
+    path = os.path.join(root, name)
+    if not os.path.isdir(path):
+        os.makedirs(path)
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(MODELS[name], f)
+        write_tokenizer(path)
+    return path
+
+
+# -- configuration, as `vllm serve` makes it ------------------------------------------
+
+
+def engine_config(model_dir: str, flags: list[str], scheduler_cls: str | None) -> VllmConfig:
+    """``vllm serve MODEL_DIR FLAGS [--scheduler-cls ...]``: its parser, its
+    engine arguments, its usage context."""
+    argv = ["--model", model_dir, *flags]
+    if scheduler_cls is not None:
+        argv += ["--scheduler-cls", scheduler_cls]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+
+
+# What a CUDA host resolves differently from this CPU host for the same
+# command line: the CPU platform turns async scheduling off, and without
+# Triton vLLM falls back to model runner V1; on a GPU both defaults stand.
+GPU_DEFAULTS_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+
+
+def with_gpu_defaults(vc: VllmConfig) -> None:
+    """Async scheduling back on, as on a CUDA host (where nothing in these
+    command lines turns it off); the V2 runner comes from GPU_DEFAULTS_ENV."""
+    vc.scheduler_config.async_scheduling = True
+
+
+def as_engine_process(vc: VllmConfig) -> None:
+    """What vLLM's engine-core process does to its config before it builds
+    EngineCore: a data-parallel rank of a dense model is an independent
+    engine (DP size 1); a rank of an MoE model stays in its DP group (rank 0
+    here; the DP group itself, and the DP engine's prefill throttling that
+    goes with it, need the other ranks and are not built)."""
+    pc = vc.parallel_config
+    if pc.data_parallel_size > 1:
+        if vc.model_config.is_moe:
+            pc.data_parallel_rank = 0
+            pc.data_parallel_rank_local = 0
+        else:
+            pc.reconfigure_for_independent_dp_rank()
+
+
+# -- KV-cache specs, as the workers would report them ---------------------------------
+
+_dist_started = False
+
+
+def _model_parallel_groups(vc: VllmConfig, root: str) -> None:
+    """One-process tensor/pipeline/expert groups for building ``vc``'s
+    layers (the expert group exists only when made under an MoE config)."""
+    global _dist_started
+    if not _dist_started:
+        init_file = os.path.join(root, "torch-distributed-init")
+        parallel_state.init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method=f"file://{init_file}",  # no port is bound
+            backend="gloo",
+        )
+        _dist_started = True
+    else:
+        parallel_state.destroy_model_parallel()
+    parallel_state.ensure_model_parallel_initialized(1, 1)
+
+
+class ModelSpecs:
+    """One model's attention layers, built once on the meta device under its
+    default `vllm serve` config: their KV-cache specs and the KV layouts
+    their backends support (what a worker's model runner reports). None of
+    the table's flags changes a layer's KV cache, so every row of a model
+    shares them; pipeline stages split them by layer."""
+
+    def __init__(self, model_dir: str) -> None:
+        vc = engine_config(model_dir, [], None)
+        with set_current_vllm_config(vc):
+            _model_parallel_groups(vc, os.path.dirname(model_dir))
+            model_cls, _ = get_model_architecture(vc.model_config)
+            with torch.device("meta"):
+                model_cls(vllm_config=vc, prefix="")
+            layers = get_layers_from_vllm_config(vc, AttentionLayerBase)  # type: ignore[type-abstract]
+            self.specs: dict[str, KVCacheSpec] = {}
+            for name, layer in layers.items():
+                if getattr(layer, "kv_sharing_target_layer_name", None):
+                    continue  # reads another layer's cache: no cache of its own
+                spec = layer.get_kv_cache_spec(vc)
+                if spec is None:
+                    continue
+                if isinstance(spec, AttentionSpec):
+                    # The backend may adjust the spec (kernel block sizes).
+                    spec = customize_attention_spec(layer.get_attn_backend(), spec)
+                self.specs[name] = spec
+            backends = get_current_attn_backends(vc)
+            self.layouts = [layout.name for layout in get_supported_kv_cache_layouts(backends)]
+        self.num_layers = vc.model_config.hf_text_config.num_hidden_layers
+
+    def by_stage(self, pp_size: int) -> list[dict[str, KVCacheSpec]]:
+        """The specs each pipeline stage's worker reports (its own layers)."""
+        stages: list[dict[str, KVCacheSpec]] = []
+        for rank in range(pp_size):
+            start, end = get_pp_indices(self.num_layers, rank, pp_size)
+            stages.append(
+                {n: s for n, s in self.specs.items() if start <= extract_layer_index(n) < end}
+            )
+        return stages
+
+
+# -- the workers: no model, deterministic tokens ------------------------------------------
+
+
+def token_for(request_id: str, position: int) -> int:
+    """The token ``request_id`` samples at ``position``: fixed, so both
+    engines see the same. Never EOS or the fake grammars' rejected token;
+    structured-output requests sometimes end their reasoning."""
+    v = (sum(map(ord, request_id)) * 31 + position * 17) % 97
+    if request_id.startswith("json") and v % 4 == 0:
+        return THINK_END
+    token = 5 + v
+    return token + 1 if token == fake_grammar.REJECTED else token
+
+
+class Sampler:
+    """What the model runner samples at each step, decided once (on vLLM's
+    engine: a request samples when its scheduled tokens reach the end of
+    its known tokens) and replayed on the drop-in's engine in the same
+    order: both get identical model-runner outputs for identical steps."""
+
+    def __init__(self) -> None:
+        self.decisions: deque[tuple[list[str], ModelRunnerOutput]] = deque()
+
+
+class _DoneFuture(Future):
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.set_result(value)
+
+
+class DeploymentExecutor(StandInExecutor):
+    """Stands in for the row's workers (one per pipeline stage): reports
+    their KV-cache specs, layouts and memory; "runs" each step by handing
+    back the step's sampled tokens (and prompt logprobs)."""
+
+    worker_specs: ClassVar[list[dict[str, KVCacheSpec]]]
+    layouts: ClassVar[list[str]]
+    memory: ClassVar[int]
+    sampler: ClassVar[Sampler]
+    leads: ClassVar[bool]  # decides the tokens (vLLM's engine) or replays them
+
+    def _init_executor(self) -> None:
+        self.scheduler: Any = None  # set once EngineCore has built it
+        self.received: list[dict[str, Any]] = []
+        self.grammar: list[Any] = []
+        self.kv_cache_configs: list[KVCacheConfig] = []
+        self.pending: ModelRunnerOutput | None = None
+
+    def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
+        return copy.deepcopy(self.worker_specs)
+
+    def get_supported_kv_cache_layouts(self) -> list[list[str]]:
+        return [list(self.layouts) for _ in self.worker_specs]
+
+    def determine_available_memory(self) -> list[int]:
+        return [self.memory for _ in self.worker_specs]
+
+    def initialize_from_config(self, kv_cache_configs: list[KVCacheConfig]) -> None:
+        self.kv_cache_configs = kv_cache_configs
+
+    def execute_model(  # type: ignore[override]
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> Any:
+        # A copy: a scheduler may reuse what it handed out in a later step.
+        self.received.append(copy.deepcopy(scheduler_output_view(scheduler_output)))
+        ids = list(scheduler_output.num_scheduled_tokens)
+        if not ids:
+            output = EMPTY_MODEL_RUNNER_OUTPUT  # nothing ran: the output now
+            return _DoneFuture(output) if non_block else output
+        if self.leads:
+            self.pending = self._decide(scheduler_output)
+            self.sampler.decisions.append((ids, copy.deepcopy(self.pending)))
+        else:
+            decided_ids, self.pending = (
+                self.sampler.decisions.popleft() if self.sampler.decisions else ([], None)
+            )
+            if decided_ids != ids:  # the schedules differ: the comparison says how
+                self.pending = ModelRunnerOutput(
+                    req_ids=ids,
+                    req_id_to_index={r: i for i, r in enumerate(ids)},
+                    sampled_token_ids=[[] for _ in ids],
+                )
+        # Like the GPU model runner: the output comes with sample_tokens().
+        return _DoneFuture(None) if non_block else None
+
+    def sample_tokens(  # type: ignore[override]
+        self, grammar_output: GrammarOutput | None, non_block: bool = False
+    ) -> Any:
+        if grammar_output is None:
+            self.grammar.append(None)
+        else:
+            self.grammar.append(
+                (
+                    list(grammar_output.structured_output_request_ids),
+                    grammar_output.grammar_bitmask.tolist(),
+                )
+            )
+        output, self.pending = self.pending, None
+        assert output is not None, "sample_tokens without execute_model"
+        return _DoneFuture(output) if non_block else output
+
+    def _decide(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        ids = list(so.num_scheduled_tokens)
+        assert self.scheduler is not None
+        sampled: list[list[int]] = []
+        prompt_logprobs: dict[str, LogprobsTensors | None] = {}
+        for rid in ids:
+            r = self.scheduler.requests[rid]
+            sampled.append([] if r.is_prefill_chunk else [token_for(rid, r.num_computed_tokens)])
+            start = r.num_computed_tokens - so.num_scheduled_tokens[rid]
+            if (
+                r.sampling_params.prompt_logprobs
+                and start < r.num_prompt_tokens <= r.num_computed_tokens
+            ):
+                # The runner hands the prompt's logprobs over whole, with the
+                # chunk that completes the prompt: one row per prompt token
+                # after the first.
+                positions = torch.arange(1, r.num_prompt_tokens)
+                prompt_logprobs[rid] = LogprobsTensors(
+                    logprob_token_ids=torch.stack([positions % 97 + 5, positions % 89 + 5], 1),
+                    logprobs=-(positions.float()[:, None] / 10 + torch.tensor([0.0, 1.0])),
+                    selected_token_ranks=positions % 3 + 1,
+                )
+        return ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=sampled,
+            prompt_logprobs_dict=prompt_logprobs,
+        )
+
+
+def executor_class(
+    worker_specs: list[dict[str, KVCacheSpec]],
+    layouts: list[str],
+    memory: int,
+    sampler: Sampler,
+    leads: bool,
+) -> type[DeploymentExecutor]:
+    attrs = {
+        "worker_specs": worker_specs,
+        "layouts": layouts,
+        "memory": memory,
+        "sampler": sampler,
+        "leads": leads,
+    }
+    return type("DeploymentExecutor", (DeploymentExecutor,), attrs)
+
+
+def memory_for(specs: dict[str, KVCacheSpec], max_model_len: int) -> int:
+    """Bytes a worker reports free for its KV cache: room for one
+    ``max_model_len`` sequence in every layer, and some spare blocks."""
+    total = 0
+    for spec in specs.values():
+        blocks = -(-max_model_len // spec.block_size) + 64
+        total += blocks * spec.page_size_bytes
+    return total
+
+
+# -- grammars and events, the same on both sides -----------------------------------------
+
+
+class Grammar(fake_grammar.FakeGrammar, StructuredOutputGrammar):
+    """The fake grammar, as a grammar type vLLM's manager recognises (it
+    checks the type where a reasoning parser is in play)."""
+
+
+class CompilingBackend(fake_grammar.FakeBackend):
+    """The grammar backend a structured-output request resolves to, with the
+    fake grammars (no tokenizer vocabulary to compile against)."""
+
+    def compile_grammar(self, request_type: Any, grammar_spec: str, **kwargs: Any) -> Any:
+        del request_type, grammar_spec, kwargs
+        return Grammar()
+
+    def destroy(self) -> None:
+        pass
+
+
+class EventRecorder:
+    """A KV-event publisher that keeps each batch's events."""
+
+    def __init__(self) -> None:
+        self.batches: list[Any] = []
+
+    def publish(self, batch: Any) -> None:
+        self.batches.append(list(batch.events))
+
+    def shutdown(self) -> None:
+        pass
+
+    def get_publisher_config(self) -> None:
+        return None
+
+
+class WarningLog(logging.Handler):
+    """What the drop-in logs at WARNING and above."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+# -- the workload -------------------------------------------------------------------------
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return [5 + (seed * 7919 + i * 104729) % 400 for i in range(n)]
+
+
+def _request(
+    rid: str, prompt: list[int], max_tokens: int, arrival: float, **kw: Any
+) -> EngineCoreRequest:
+    """An EngineCoreRequest as vLLM's input processor hands it to the engine."""
+    resumable = kw.pop("resumable", False)
+    sp = SamplingParams(max_tokens=max_tokens, **kw)
+    if sp.structured_outputs is not None:
+        sp.structured_outputs._backend = "xgrammar"  # what the processor resolves "auto" to
+    sp.update_from_generation_config({}, EOS)
+    return EngineCoreRequest(
+        request_id=rid,
+        prompt_token_ids=prompt,
+        mm_features=None,
+        sampling_params=sp,
+        pooling_params=None,
+        arrival_time=arrival,
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+        resumable=resumable,
+    )
+
+
+def workload() -> dict[int, list[tuple[str, Any]]]:
+    """Arrivals and aborts by tick."""
+    shared = _prompt(1, 48)
+    json_schema = StructuredOutputsParams(json={"type": "object"})
+    return {
+        0: [
+            ("add", _request("plain-0", shared + _prompt(2, 10), 12, 0.0)),
+            ("add", _request("logprobs-1", _prompt(3, 37), 4, 0.0, prompt_logprobs=2)),
+            ("add", _request("json-2", _prompt(4, 21), 12, 0.0, structured_outputs=json_schema)),
+            ("add", _request("stream-3", _prompt(5, 19), 3, 0.0, resumable=True)),
+        ],
+        # The session's second input chunk, queued while its first turn runs.
+        1: [("add", _request("stream-3", _prompt(8, 6), 3, 1.0, resumable=True))],
+        # Arrives once plain-0's prefix is cached.
+        4: [("add", _request("prefix-4", shared + _prompt(6, 5), 8, 4.0, stop_token_ids=[40]))],
+        5: [("add", _request("aborted-5", _prompt(7, 30), 40, 5.0))],
+        # The third chunk, to a session waiting for input; then the end of its
+        # input (a chunk that is not resumable ends the session).
+        9: [
+            ("abort", "aborted-5"),
+            ("add", _request("stream-3", _prompt(9, 4), 2, 9.0, resumable=True)),
+        ],
+        16: [("add", _request("stream-3", _prompt(10, 3), 2, 16.0))],
+    }
+
+
+def _plain(value: Any) -> Any:
+    """Tensors and arrays as lists, recursively, so views compare with ==."""
+    if hasattr(value, "tolist"):  # torch tensors, NumPy arrays
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# -- one row ------------------------------------------------------------------------------
+
+
+class Engine:
+    """One EngineCore for the row, and what it produced."""
+
+    def __init__(
+        self, vc: VllmConfig, exec_cls: type[DeploymentExecutor], warnings: WarningLog
+    ) -> None:
+        self.engine = EngineCore(vc, executor_class=exec_cls, log_stats=True)
+        self.scheduler = self.engine.scheduler
+        self.executor: DeploymentExecutor = self.engine.model_executor  # type: ignore[assignment]
+        self.executor.scheduler = self.scheduler
+        self.warnings = list(warnings.lines)
+        self.publisher = type(getattr(self.scheduler, "kv_event_publisher", None)).__name__
+        som = self.engine.structured_output_manager
+        som.backend = CompilingBackend()
+        som.backend_name = "xgrammar"
+        som._use_async_grammar_compilation = False  # compile at once: both sides alike
+        self.events = EventRecorder()
+        self.scheduler.kv_event_publisher = self.events
+        self.steps: list[Any] = []
+
+    def apply(self, action: str, arg: Any) -> None:
+        if action == "add":
+            self.engine.add_request(*self.engine.preprocess_add_request(copy.deepcopy(arg)))
+        else:
+            self.engine.abort_requests([arg])
+
+    def busy(self) -> bool:
+        return self.scheduler.has_requests() or bool(self.engine.batch_queue)
+
+    def step(self) -> None:
+        outputs, executed = self.engine.step_fn()
+        self.engine.post_step(executed)
+        view = None if outputs is None else _plain(engine_outputs_view(outputs))
+        # Where each structured-output request's reasoning stands (the
+        # drop-in keeps it current on vLLM's Request: the grammar needs it).
+        reasoning = [
+            (rid, r.structured_output_request.reasoning_ended)
+            for rid, r in self.scheduler.requests.items()
+            if r.use_structured_output
+        ]
+        self.steps.append((executed, view, self.events.batches[:], reasoning))
+        self.events.batches.clear()
+
+    def facts(self) -> dict[str, Any]:
+        vc = self.engine.vllm_config
+        sc, pc, mc, so = (
+            vc.scheduler_config,
+            vc.parallel_config,
+            vc.model_config,
+            vc.structured_outputs_config,
+        )
+        kvc = self.scheduler.kv_cache_config
+        som = self.engine.structured_output_manager
+        return {
+            "scheduler": f"{type(self.scheduler).__module__}.{type(self.scheduler).__qualname__}",
+            "kv_groups": [type(g.kv_cache_spec).__name__ for g in kvc.kv_cache_groups],
+            "num_blocks": kvc.num_blocks,
+            "block_size": vc.cache_config.block_size,
+            "max_model_len": mc.max_model_len,
+            "workers": len(self.executor.worker_specs),
+            "is_moe": bool(mc.is_moe),
+            "use_mla": bool(mc.use_mla),
+            "reasoning_parser": so.reasoning_parser,
+            "reasoner_cls": None if som.reasoner_cls is None else som.reasoner_cls.__name__,
+            "structured_outputs_backend": so.backend,
+            "kv_events": bool(vc.kv_events_config and vc.kv_events_config.enable_kv_cache_events),
+            "kv_event_publisher": self.publisher,
+            "pipeline_parallel_size": pc.pipeline_parallel_size,
+            "data_parallel_size": pc.data_parallel_size,
+            "batch_queue_size": self.engine.batch_queue_size,
+            "async_scheduling": bool(sc.async_scheduling),
+            "use_v2_model_runner": bool(vc.use_v2_model_runner),
+            "max_num_seqs": sc.max_num_seqs,
+            "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "max_num_scheduled_tokens": sc.max_num_scheduled_tokens,
+            "watermark": sc.watermark,
+            "prefill_schedule_interval": sc.prefill_schedule_interval,
+            "enable_prefix_caching": bool(vc.cache_config.enable_prefix_caching),
+            "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
+        }
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+        # EngineCore freezes vLLM's environment variables once built; undo that.
+        vllm.envs.disable_envs_cache()
+
+
+def _first_difference(a: list[Any], b: list[Any], what: str) -> str | None:
+    """Where two runs' records first differ: the record's index and, for a
+    SchedulerOutput, only the fields that differ."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            x = {k: v for k, v in x.items() if y.get(k) != v}
+            y = {k: v for k, v in y.items() if k in x}
+        return f"{what} {i} differs:\n vLLM:    {x!r:.1800}\n drop-in: {y!r:.1800}"
+    if len(a) != len(b):
+        return f"{what}: vLLM has {len(a)}, the drop-in {len(b)}"
+    return None
+
+
+def _exercised(e: Engine) -> dict[str, int]:
+    """What the workload went through on vLLM's engine."""
+    seen: Counter[str] = Counter()
+    sc = e.engine.vllm_config.scheduler_config
+    cap = sc.max_num_scheduled_tokens or sc.max_num_batched_tokens
+    for so in e.executor.received:
+        seen["steps"] += 1
+        seen["steps_at_token_cap"] += so["total_num_scheduled_tokens"] == cap
+        seen["max_step_tokens"] = max(seen["max_step_tokens"], so["total_num_scheduled_tokens"])
+        seen["prefix_hits"] += sum(1 for d in so["scheduled_new_reqs"] if d["num_computed_tokens"])
+        seen["preempted"] += len(so["preempted_req_ids"] or ())
+        seen["new_token_ids_to_first_stage"] += bool(so["scheduled_cached_reqs"]["new_token_ids"])
+    for g in e.executor.grammar:
+        seen["masked_rows"] += 0 if g is None else len(g[0])
+    for _, view, events, reasoning in e.steps:
+        seen["kv_events"] += sum(len(batch) for batch in events)
+        seen["reasoning_ended"] += sum(bool(ended) for _, ended in reasoning)
+        seen["still_reasoning"] += sum(not ended for _, ended in reasoning)
+        for eco in (view or {}).values():
+            for o in eco["outputs"]:
+                seen["prompt_logprobs_outputs"] += o["new_prompt_logprobs_tensors"] is not None
+                if o["finish_reason"] is not None:
+                    seen[f"finished_{o['finish_reason']}"] += 1
+    return dict(seen)
+
+
+def run_row(row: dict[str, Any], root: str, specs_cache: dict[str, ModelSpecs]) -> dict[str, Any]:
+    """Build the row both ways and run the workload through both engines."""
+    started = time.monotonic()
+    model_dir = write_model(root, row["model"])
+    model = specs_cache[row["model"]]
+    log = WarningLog()
+    logging.getLogger("ironbatch.vllm").addHandler(log)
+    gpu_defaults = row["flavor"] == "gpu-defaults"
+    env = GPU_DEFAULTS_ENV if gpu_defaults else {}
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    engines: list[Engine] = []
+    try:
+        sampler = Sampler()
+        for leads, cls in ((True, None), (False, DROP_IN)):
+            vc = engine_config(model_dir, row["flags"], cls)
+            served_dp = vc.parallel_config.data_parallel_size
+            if gpu_defaults:
+                with_gpu_defaults(vc)
+            as_engine_process(vc)
+            stages = model.by_stage(vc.parallel_config.pipeline_parallel_size)
+            memory = max(memory_for(s, vc.model_config.max_model_len) for s in stages)
+            exec_cls = executor_class(stages, model.layouts, memory, sampler, leads)
+            log.lines.clear()
+            engines.append(Engine(vc, exec_cls, log))
+        theirs, ours = engines
+        report: dict[str, Any] = {
+            "vllm": theirs.facts() | {"served_data_parallel_size": served_dp},
+            "drop_in": ours.facts() | {"served_data_parallel_size": served_dp},
+            "warnings": ours.warnings,
+            "engaged": type(ours.scheduler) is ironbatch.vllm.Scheduler,
+        }
+        if report["engaged"]:
+            report["parity"] = _run_workload(theirs, ours)
+        return report
+    finally:
+        for e in engines:
+            e.shutdown()
+        logging.getLogger("ironbatch.vllm").removeHandler(log)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        elapsed = time.monotonic() - started
+        print(f"{row['id']} [{row['flavor']}]: {elapsed:.1f} s", file=sys.stderr)
+
+
+def _run_workload(theirs: Engine, ours: Engine) -> dict[str, Any]:
+    """The workload through both engines, tick by tick (arrivals and aborts
+    first, then one engine step each, as EngineCoreProc's loop does), until
+    both have drained; then the first difference, if any."""
+    plan = workload()
+    last = max(plan)
+    drained = False
+    for tick in range(300):  # it drains in about 30
+        for action, arg in plan.get(tick, []):
+            theirs.apply(action, arg)
+            ours.apply(action, arg)
+        if tick > last and not theirs.busy() and not ours.busy():
+            drained = True
+            break
+        theirs.step()
+        ours.step()
+    mismatch = (
+        _first_difference(theirs.executor.received, ours.executor.received, "SchedulerOutput")
+        or _first_difference(theirs.executor.grammar, ours.executor.grammar, "grammar bitmask")
+        or _first_difference(theirs.steps, ours.steps, "engine step (outputs, events, reasoning)")
+    )
+    final = [
+        (
+            e.scheduler.get_request_counts(),
+            e.scheduler.get_num_unfinished_requests(),
+            e.scheduler.get_kv_cache_usage(),
+        )
+        for e in (theirs, ours)
+    ]
+    if mismatch is None and final[0] != final[1]:
+        mismatch = f"final state: vLLM {final[0]}, drop-in {final[1]}"
+    if mismatch is None and not drained:
+        mismatch = "the engines never drained"
+    return {"mismatch": mismatch, "exercised": _exercised(theirs)}
+
+
+def main(rows_path: str, report_path: str) -> None:
+    # EngineCore collects all garbage when it is built and again when it is
+    # shut down (it expects one engine per process, for the process's life);
+    # this process builds two engines per row, and those full collections of
+    # torch's and vLLM's heap would take most of its time. Neither bears on
+    # the scheduler; the torch.distributed teardown goes with the second.
+    engine_core_module.freeze_gc_heap = lambda: None
+    engine_core_module.cleanup_dist_env_and_memory = lambda: None
+    logging.getLogger("ironbatch.vllm").setLevel(logging.INFO)
+    with open(rows_path) as f:
+        rows = json.load(f)
+    root = os.path.dirname(os.path.abspath(report_path))  # the caller's scratch directory
+    # Every model's layers first: EngineCore's shutdown tears down the
+    # torch.distributed state that building them needs.
+    specs_cache = {
+        name: ModelSpecs(write_model(root, name))
+        for name in dict.fromkeys(r["model"] for r in rows)
+    }
+    report: dict[str, Any] = {}
+    for row in rows:
+        key = f"{row['id']}[{row['flavor']}]"
+        try:
+            report[key] = run_row(row, root, specs_cache)
+        except Exception:
+            report[key] = {"error": traceback.format_exc()}
+    with open(report_path, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # torch.distributed's gloo group and vLLM's worker threads can hold the
+    # interpreter's exit for seconds; the report is written, so leave now.
+    os._exit(0)
