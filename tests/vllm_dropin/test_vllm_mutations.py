@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-import ironbatch.vllm.scheduler as dropin  # noqa: E402
 from ironbatch.vllm.kv_events import KvEvents  # noqa: E402
+from ironbatch.vllm.structured_outputs import StructuredOutputs  # noqa: E402
 
 from test_vllm_differential import run_workload  # noqa: E402
 
@@ -41,7 +41,7 @@ def test_a_grammar_not_advanced_is_caught(monkeypatch: pytest.MonkeyPatch) -> No
         r._output_token_ids.extend(kept)
         return True
 
-    monkeypatch.setattr(dropin.Scheduler, "_accept_tokens", accept_without_the_grammar)
+    monkeypatch.setattr(StructuredOutputs, "accept", accept_without_the_grammar)
     assert caught()
 
 

@@ -91,7 +91,7 @@ def request_view(r: Request, tokens: list[int] | None = None, computed: int | No
 def core_view(ours: Any, r: Request) -> dict:
     """The drop-in's view of a live request, read from its core (without
     bringing the Request object up to date, which would hide a missing sync)."""
-    tokens, computed = _core.vllm_request_state(ours._core.core, ours._slot_of[r.request_id])
+    tokens, computed = _core.vllm_request_state(ours._core.core, ours._mirror.slot_of[r.request_id])
     return request_view(r, tokens, computed)
 
 

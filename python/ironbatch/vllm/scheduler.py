@@ -9,25 +9,17 @@ A configuration the core does not cover yet is handed, whole and at
 construction, to vLLM's own scheduler (see ``support.py``).
 
 What lives where: the core owns the scheduling state (queues, tokens, block
-tables, ``num_computed_tokens``, output placeholders). A step touches a
-vLLM ``Request`` only when something happens to it (admission, preemption,
-its first output, finishing): a steady decode step reads nothing but the
-core's columns, which is what keeps it cheap. So ``status``,
-``num_preemptions``, ``stop_reason``, events and prefill stats are always
-current; ``output_token_ids``, ``all_token_ids`` and ``num_computed_tokens``
-are brought up to date when the request is admitted, resumed, finished or
-aborted, or on ``sync_requests()`` (a structured-output request's tokens at
-every step: its grammar reads them). ``Request.block_hashes`` is not
-maintained: the core hashes blocks itself.
-
-Structured outputs: the core holds a request until a waiting pass finds its
-grammar compiled and ends it when the grammar rejects its tokens (the accept
-hook, called inside the core's update loop); vLLM's
-``StructuredOutputManager`` compiles, masks and accepts."""
+tables, ``num_computed_tokens``, output placeholders). vLLM's ``Request``
+objects are written only when something happens to them, or on
+``sync_requests()`` (``request_mirror.py``). The core hashes blocks
+itself; vLLM's ``Request.block_hashes`` are brought up to date only for
+KV-cache events, which must carry vLLM's hashes. The SchedulerOutput's
+request data is built in ``runner_request_data.py``, the grammar hand-off
+in ``structured_outputs.py``, the outputs' common parts in
+``engine_outputs.py``."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections import defaultdict, deque
@@ -39,35 +31,34 @@ from vllm.outputs import RequestError
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
 from vllm.v1.core.sched.output import (
-    CachedRequestData,
     GrammarOutput,
-    NewRequestData,
     SchedulerOutput,
 )
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
-from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
-from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerStats
+from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 from ironbatch import _core
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
+from ironbatch.vllm.engine_outputs import (
+    FINISHED,
+    attach_logprobs,
+    error_output,
+    scheduler_stats,
+)
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
 from ironbatch.vllm.kv_events import KvEvents
 from ironbatch.vllm.kv_metrics import KvMetrics
+from ironbatch.vllm.request_mirror import RequestMirror
+from ironbatch.vllm.runner_request_data import RunnerRequestData
+from ironbatch.vllm.sessions import continue_session
 from ironbatch.vllm.settings import core_scheduler
 from ironbatch.vllm.step_rows import StepRows
+from ironbatch.vllm.structured_outputs import StructuredOutputs
 from ironbatch.vllm.support import unsupported_config, unsupported_request
 
 logger = logging.getLogger("ironbatch.vllm")
-
-# The core's finish reason -> vLLM's status and reason.
-FINISHED = {
-    "stop": (RequestStatus.FINISHED_STOPPED, FinishReason.STOP),
-    "length": (RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH),
-    "abort": (RequestStatus.FINISHED_ABORTED, FinishReason.ABORT),
-    "error": (RequestStatus.FINISHED_ERROR, FinishReason.ERROR),
-    "repetition": (RequestStatus.FINISHED_REPETITION, FinishReason.REPETITION),
-}
 
 
 class Scheduler(SchedulerInterface):
@@ -127,10 +118,7 @@ class Scheduler(SchedulerInterface):
         self.log_stats = log_stats
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.use_v2_model_runner: bool = vllm_config.use_v2_model_runner
-        # Synchronous pipeline parallelism: the first stage gets each step's
-        # tokens from the scheduler (CachedRequestData.new_token_ids).
         self.use_pp = vllm_config.parallel_config.pipeline_parallel_size > 1
-        self._send_token_ids = self.use_pp and not sc.async_scheduling
         # EngineCore reads these; the drop-in never has connectors.
         self.connector = None
         self.ec_connector = None
@@ -150,25 +138,18 @@ class Scheduler(SchedulerInterface):
             self._core.enable_block_lifecycle_events()
         self._take_kv_events = self._kv_events.enabled or self._kv_metrics.enabled
         self.requests: dict[str, Request] = {}  # unfinished, in arrival order
-        # By the core's slot (a live request's stable row): the request, its client.
-        self._by_slot: list[Request | None] = []
-        self._client_of_slot: list[int] = []
-        self._slot_of: dict[str, int] = {}
-        # Slots whose next EngineCoreOutput carries more than tokens: events
-        # or prefill stats to hand over, trace headers, NaN counts.
-        self._full_output_slots: set[int] = set()
+        self._mirror = RequestMirror(self._core, log_stats)
+        # Synchronous pipeline parallelism sends the first stage its tokens.
+        send_token_ids = self.use_pp and not sc.async_scheduling
+        self._runner_data = RunnerRequestData(
+            self._mirror, self.use_v2_model_runner, send_token_ids
+        )
         # Steps scheduled and not yet updated: id(output) -> (output, core step, slots).
         self._in_flight: dict[int, tuple[SchedulerOutput, Any, list[int]]] = {}
-        self._prev_step_req_ids: set[str] = set()  # model runner V1's all_token_ids rule
         self._reset_preempted: set[str] = set()  # status already mirrored by a reset
         self._has_finished = False  # finished ids wait for the next schedule()
         self._rejected: list[tuple[Request, RequestError]] = []
-        # Structured outputs: requests whose grammar the core has not been
-        # told about yet, and compile errors a waiting pass reached (ended by
-        # the next update, as vLLM's grammar_compile_error_reqs are).
-        self._compiling: dict[str, Request] = {}
-        self._grammar_errors: dict[str, RequestError] = {}
-        self._out_of_step: set[str] = set()
+        self._structured = StructuredOutputs(structured_output_manager, self.requests)
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
             defaultdict(set) if include_finished_set else None
         )
@@ -193,15 +174,8 @@ class Scheduler(SchedulerInterface):
         if request.resumable:
             request.streaming_queue = deque()  # its chunks not applied yet
         if request.use_structured_output:
-            self._compiling[rid] = request
-        if slot >= len(self._by_slot):
-            grow = slot + 1 - len(self._by_slot)
-            self._by_slot.extend([None] * grow)
-            self._client_of_slot.extend([0] * grow)
-        self._by_slot[slot] = request
-        self._client_of_slot[slot] = request.client_index
-        self._slot_of[rid] = slot
-        self._full_output_slots.add(slot)  # its first output carries prefill stats
+            self._structured.track(request)
+        self._mirror.add(request, slot)
         self.requests[rid] = request
 
     def _core_add(self, request: Request) -> int:
@@ -237,7 +211,7 @@ class Scheduler(SchedulerInterface):
             self.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
             return
         if waiting_for_input:
-            self._sync(session)  # the turn's tokens, before the chunk extends them
+            self._mirror.sync(session)  # the turn's tokens, before the chunk extends them
         self._core_add(chunk)  # checked there: a refused chunk changes nothing
         if waiting_for_input:
             self._continue_session(session, update)
@@ -245,26 +219,10 @@ class Scheduler(SchedulerInterface):
             session.streaming_queue.append(update)
 
     def _continue_session(self, r: Request, update: StreamingUpdate) -> None:
-        """What the core did to a session taking its next chunk, on vLLM's
-        Request (vLLM's ``_update_request_as_session``): all but the last
-        sampled token become prompt, the chunk is appended, its rules and
-        arrival time replace the turn's."""
-        keep = r.num_tokens - 1
-        r.prompt_token_ids.extend(r._all_token_ids[r.num_prompt_tokens : keep])
-        del r._all_token_ids[keep:]
-        del r.block_hashes[keep // self.block_size :]
-        r._output_token_ids.clear()
-        r._all_token_ids.extend(update.prompt_token_ids or ())
-        r.prompt_token_ids.extend(update.prompt_token_ids or ())
-        r.update_block_hashes()
-        r.num_prompt_tokens = len(r.prompt_token_ids)
-        r.arrival_time = update.arrival_time
-        r.sampling_params = update.sampling_params
-        r.max_tokens = update.max_tokens
-        r.status = RequestStatus.WAITING
+        continue_session(r, update, self.block_size)
         if self.log_stats:
             r.record_event(EngineCoreEventType.QUEUED)
-            self._full_output_slots.add(self._slot_of[r.request_id])
+            self._mirror.mark_full(r)
 
     def _end_turn(self, r: Request, slot: int) -> None:
         """A streaming session's turn ended and it goes on (the core decided):
@@ -274,11 +232,11 @@ class Scheduler(SchedulerInterface):
         else:
             r.status = RequestStatus.WAITING_FOR_STREAMING_REQ
         if r.stop_reason is not None:
-            self._full_output_slots.add(slot)  # every later output carries it
+            self._mirror.full_output_slots.add(slot)  # every later output carries it
         tokens, r.num_computed_tokens = _core.vllm_request_state(self._core.core, slot)
         if len(tokens) != r.num_tokens:  # never expected: the core's tokens rule
             logger.error("session %s: tokens out of step with the core", r.request_id)
-            self._set_tokens(r, tokens)
+            self._mirror.set_tokens(r, tokens)
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self.requests
@@ -301,7 +259,7 @@ class Scheduler(SchedulerInterface):
         if not valid:
             return []
         for r in valid:
-            self._sync(r)
+            self._mirror.sync(r)
         name = (
             finished_status.name
             if finished_status.name in FINISHED_STATUS_NAMES
@@ -316,40 +274,25 @@ class Scheduler(SchedulerInterface):
     def _forget(self, request: Request) -> None:
         rid = request.request_id
         del self.requests[rid]
-        self._compiling.pop(rid, None)
-        slot = self._slot_of.pop(rid)
-        self._by_slot[slot] = None
-        self._full_output_slots.discard(slot)
+        self._structured.forget(rid)
+        self._mirror.remove(rid)
         self._has_finished = True
         if self.finished_req_ids_dict is not None:
             self.finished_req_ids_dict[request.client_index].add(rid)
-
-    def _sync(self, r: Request, computed_too: bool = True) -> None:
-        """Bring a live request's tokens (and num_computed_tokens) up to date."""
-        tokens, computed = _core.vllm_request_state(self._core.core, self._slot_of[r.request_id])
-        self._set_tokens(r, tokens)
-        if computed_too:
-            r.num_computed_tokens = computed
-
-    @staticmethod
-    def _set_tokens(r: Request, tokens: list[int]) -> None:
-        # In place: Request.all_token_ids and output_token_ids view these lists.
-        r._all_token_ids[:] = tokens
-        r._output_token_ids[:] = tokens[r.num_prompt_tokens :]
 
     def sync_requests(self) -> None:
         """Bring every live request's ``output_token_ids``, ``all_token_ids``
         and ``num_computed_tokens`` up to date (steps leave them behind)."""
         for r in self.requests.values():
-            self._sync(r)
+            self._mirror.sync(r)
 
     # -- schedule() -----------------------------------------------------------
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """One step, as vLLM's SchedulerOutput. ``throttle_prefills``: a
         data-parallel engine's prefill balancing holds prefills this step."""
-        if self._compiling:
-            self._report_grammars()
+        if self._structured.compiling:
+            self._structured.report_compiled(self._core)
         step = self._core.schedule(throttle_prefills)
         self._has_finished = False
         rows = StepRows.of(step)
@@ -357,8 +300,8 @@ class Scheduler(SchedulerInterface):
         if self._take_kv_events:
             self._drain_kv_events()
         output = SchedulerOutput(
-            scheduled_new_reqs=self._new_request_data(rows),
-            scheduled_cached_reqs=self._cached_request_data(rows),
+            scheduled_new_reqs=self._runner_data.new(rows),
+            scheduled_cached_reqs=self._runner_data.cached(rows),
             num_scheduled_tokens=dict(zip(rows.req_ids, rows.num_scheduled, strict=True)),
             total_num_scheduled_tokens=sum(rows.num_scheduled),
             scheduled_spec_decode_tokens={},
@@ -372,17 +315,6 @@ class Scheduler(SchedulerInterface):
         self._in_flight[id(output)] = (output, step, rows.slots)
         return output
 
-    def _report_grammars(self) -> None:
-        """Tell the core which grammars have finished compiling. vLLM reads
-        a grammar's Future when a waiting pass reaches the request; the core
-        applies the news at that same point, so reading it just before the
-        pass decides alike (bar a compile finishing within this call)."""
-        for rid, r in list(self._compiling.items()):
-            grammar = r.structured_output_request.grammar  # None while compiling
-            if grammar is not None:
-                self._core.report_grammar(rid, not isinstance(grammar, Exception))
-                del self._compiling[rid]
-
     def _mirror_step(self, step: Any, rows: StepRows) -> None:
         """Write what happened to vLLM's Requests: preemptions, admissions,
         and the tokens of resumed ones (the runner reinstalls them)."""
@@ -390,95 +322,22 @@ class Scheduler(SchedulerInterface):
         for rid in step.grammar_released:
             self.requests[rid].status = RequestStatus.WAITING  # then maybe admitted
         for rid in step.grammar_failed:
-            grammar = self.requests[rid].structured_output_request.grammar
-            self._grammar_errors[rid] = RequestError(
-                code="validation_error", message=f"Invalid structured outputs: {grammar}"
-            )
+            self._structured.note_failed(rid)
         self._mirror_preemptions(step.preempted_req_ids, now)
+        mirror = self._mirror
         for i in rows.admitted:
             slot = rows.slots[i]
-            self._mirror_admission(self._by_slot[slot], slot, rows.computed[i], now)
+            mirror.admitted(mirror.by_slot[slot], slot, rows.computed[i], now)
         for i in rows.resumed:
-            self._sync(self._by_slot[rows.slots[i]], computed_too=False)
-
-    def _new_request_data(self, rows: StepRows) -> list[NewRequestData]:
-        """First admissions; with model runner V2 also resumed requests,
-        reinstalled whole with their tokens."""
-        new_rows = rows.new + rows.resumed if self.use_v2_model_runner else rows.new
-        out = []
-        for i in new_rows:
-            r = self._by_slot[rows.slots[i]]
-            tokens = r._all_token_ids if self.use_v2_model_runner else None
-            out.append(NewRequestData.from_request(r, (rows.block_ids(i),), tokens))
-        return out
-
-    def _cached_request_data(self, rows: StepRows) -> CachedRequestData:
-        """Running requests (new blocks only when their table grew) and, on
-        model runner V1, resumed ones with their whole table; V1 also gets
-        ``all_token_ids`` for requests it did not see in the previous step."""
-        resumed = [] if self.use_v2_model_runner else rows.resumed
-        running = range(rows.num_running)
-        new_block_ids: list[tuple[list[int], ...] | None] = [
-            (rows.block_ids(i),) if rows.grew(i) else None for i in running
-        ]
-        new_block_ids += [(rows.block_ids(i),) for i in resumed]
-        all_token_ids: dict[str, list[int]] = {}
-        if not self.use_v2_model_runner:
-            prev = self._prev_step_req_ids
-            for i in itertools.chain(running, resumed):
-                rid = rows.req_ids[i]
-                if rid not in prev:
-                    r = self._by_slot[rows.slots[i]]
-                    self._sync(r, computed_too=False)
-                    all_token_ids[rid] = r.all_token_ids.copy()
-            self._prev_step_req_ids = set(rows.req_ids)
-        cached_rows = list(itertools.chain(running, resumed))
-        new_token_ids: list[list[int]] = []
-        if self._send_token_ids:
-            new_token_ids = _core.vllm_token_slices(
-                self._core.core,
-                slots=[rows.slots[i] for i in cached_rows],
-                starts=[rows.computed[i] for i in cached_rows],
-                counts=[rows.num_scheduled[i] for i in cached_rows],
-            )
-        return CachedRequestData(
-            req_ids=[rows.req_ids[i] for i in cached_rows],
-            resumed_req_ids={rows.req_ids[i] for i in resumed},
-            new_token_ids=new_token_ids,
-            all_token_ids=all_token_ids,
-            new_block_ids=new_block_ids,
-            num_computed_tokens=[rows.computed[i] for i in cached_rows],
-            num_output_tokens=[rows.num_output_tokens[i] for i in cached_rows],
-        )
+            mirror.sync(mirror.by_slot[rows.slots[i]], computed_too=False)
 
     def _mirror_preemptions(self, preempted_req_ids: list[str], now: float) -> None:
         for rid in preempted_req_ids:
             r = self.requests.get(rid)
             if r is None or rid in self._reset_preempted:
                 continue
-            self._mirror_preemption(r, now)
+            self._mirror.preempted(r, now)
         self._reset_preempted.clear()
-
-    def _mirror_preemption(self, r: Request, now: float) -> None:
-        r.status = RequestStatus.PREEMPTED
-        r.num_computed_tokens = 0
-        r.num_preemptions += 1
-        if self.log_stats:
-            r.record_event(EngineCoreEventType.PREEMPTED, now)
-            self._full_output_slots.add(self._slot_of[r.request_id])
-
-    def _mirror_admission(self, r: Request, slot: int, hit_tokens: int, now: float) -> None:
-        if self.log_stats:
-            r.record_event(EngineCoreEventType.SCHEDULED, now)
-            self._full_output_slots.add(slot)
-        if r.prefill_stats is not None and r.num_preemptions <= 0:
-            r.prefill_stats.set(
-                num_prompt_tokens=r.num_prompt_tokens,
-                num_local_cached_tokens=hit_tokens,
-                num_external_cached_tokens=0,
-            )
-        r.status = RequestStatus.RUNNING
-        r.num_computed_tokens = hit_tokens  # what NewRequestData reports
 
     # -- update_from_output() -------------------------------------------------
 
@@ -501,7 +360,7 @@ class Scheduler(SchedulerInterface):
             step=step,
             req_id_to_index=mro.req_id_to_index,
             sampled_token_ids=mro.sampled_token_ids,
-            accept=self._accept_tokens if step.has_structured_output_requests else None,
+            accept=self._structured.accept if step.has_structured_output_requests else None,
         )
         del self._in_flight[key]
         if self._kv_events.enabled:
@@ -509,14 +368,14 @@ class Scheduler(SchedulerInterface):
             self._mirror_tokens(update, slots)
         if self._take_kv_events:
             self._drain_kv_events()
-        if self._out_of_step:
-            for rid in self._out_of_step:
+        if out_of_step := self._structured.out_of_step:
+            for rid in out_of_step:
                 if (r := self.requests.get(rid)) is not None:
-                    self._sync(r, computed_too=False)
-            self._out_of_step.clear()
+                    self._mirror.sync(r, computed_too=False)
+            out_of_step.clear()
         self._note_nans(mro.num_nans_in_logits)
         outputs = self._outputs_by_client(step.req_ids, slots, update, mro)
-        if self._grammar_errors:
+        if self._structured.errors:
             self._report_grammar_errors(outputs)
         self._report_rejected(outputs)
         self._kv_events.publish()
@@ -527,7 +386,7 @@ class Scheduler(SchedulerInterface):
         be published, block lives to the residency metrics."""
         events = self._core.take_kv_events()
         if self._kv_events.enabled:
-            self._kv_events.convert(events, self._by_slot.__getitem__)
+            self._kv_events.convert(events, self._mirror.by_slot.__getitem__)
         if self._kv_metrics.enabled:
             self._kv_metrics.feed(events)
 
@@ -536,75 +395,43 @@ class Scheduler(SchedulerInterface):
         block hashes come from them). A structured-output request's were
         appended by the grammar check already."""
         tokens, offsets = update.tokens.tolist(), update.token_offsets.tolist()
+        by_slot = self._mirror.by_slot
         for k, row in enumerate(update.rows.tolist()):
-            r = self._by_slot[slots[row]]
+            r = by_slot[slots[row]]
             if r is not None and not r.use_structured_output:
                 kept = tokens[offsets[k] : offsets[k + 1]]
                 r._all_token_ids.extend(kept)
                 r._output_token_ids.extend(kept)
 
-    def _accept_tokens(self, rid: str, kept: list[int], num_tokens: int) -> bool:
-        """The core asks, mid-update, whether a structured-output request's
-        grammar takes the tokens it kept. They are appended to the Request
-        first (reasoning parsers read ``all_token_ids``): such a Request's
-        tokens are kept current, since every token it gets passes here."""
-        r = self.requests[rid]
-        r._all_token_ids.extend(kept)
-        r._output_token_ids.extend(kept)
-        if len(r._all_token_ids) != num_tokens:  # never expected: resynced after the update
-            logger.error("request %s: tokens out of step with the core", rid)
-            self._out_of_step.add(rid)
-        try:
-            if self.structured_output_manager.accept_tokens(r, kept):
-                return True
-            logger.error(
-                "Unexpected: grammar rejected tokens %s for request %s. Terminating request.",
-                kept,
-                rid,
-            )
-        except Exception:
-            logger.exception("request %s: the grammar failed on tokens %s; ending it", rid, kept)
-        r.resumable = False
-        return False
-
     def _report_grammar_errors(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
         """End the requests whose grammar failed to compile, after the
         step's outputs, in vLLM's order (a set's)."""
-        errors, self._grammar_errors = self._grammar_errors, {}
+        errors = self._structured.take_errors()
         for r in self.finish_requests(set(errors), RequestStatus.FINISHED_ERROR):
-            outputs[r.client_index].append(
-                EngineCoreOutput(
-                    request_id=r.request_id,
-                    new_token_ids=[],
-                    finish_reason=r.get_finished_reason(),
-                    events=r.take_events(),
-                    trace_headers=r.trace_headers,
-                    error=errors.get(r.request_id),
-                )
-            )
+            outputs[r.client_index].append(error_output(r, errors.get(r.request_id)))
 
     def _note_nans(self, num_nans_in_logits: dict[str, int] | None) -> None:
         for rid, n in (num_nans_in_logits or {}).items():
             if (r := self.requests.get(rid)) is not None:
                 r.num_nans_in_logits = n
-                self._full_output_slots.add(self._slot_of[rid])
+                self._mirror.mark_full(r)
 
     def _outputs_by_client(
         self, req_ids: list[str], slots: list[int], update: Any, mro: Any
     ) -> dict[int, list[EngineCoreOutput]]:
         """One EngineCoreOutput per request that got tokens, by client. Most
         carry only tokens; a finish, events, prefill stats and the like
-        (``_full_output_slots``) or logprobs fill in the rest."""
+        (``RequestMirror.full_output_slots``) or logprobs fill in the rest."""
         rows = update.rows.tolist()
         tokens, offsets = update.tokens.tolist(), update.token_offsets.tolist()
         ends = {f.record: f for f in update.finished}
-        full = self._full_output_slots
+        full = self._mirror.full_output_slots
         if ends:
             full = full.union(slots[rows[record]] for record in ends)
         logprobs = bool(
             mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict
         )
-        clients = self._client_of_slot
+        clients = self._mirror.client_of_slot
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         for k, row in enumerate(rows):
             slot = slots[row]
@@ -625,11 +452,11 @@ class Scheduler(SchedulerInterface):
     ) -> None:
         """The rest of an output: finish, events, prefill stats, logprobs.
         ``end`` is the core's FinishedRequest when the request finished."""
-        r = self._by_slot[slot]
+        r = self._mirror.by_slot[slot]
         assert r is not None
         if end is not None:
             r.stop_reason = end.stop_reason
-            self._set_tokens(r, end.token_ids)
+            self._mirror.set_tokens(r, end.token_ids)
             status, out.finish_reason = FINISHED[end.finish_reason]
             out.stop_reason = r.stop_reason
             if end.session_continues:
@@ -652,31 +479,13 @@ class Scheduler(SchedulerInterface):
             out.stop_reason = r.stop_reason
         quiet = r.trace_headers is None and not r.num_nans_in_logits and r.stop_reason is None
         if end is None and quiet:
-            self._full_output_slots.discard(slot)
+            self._mirror.full_output_slots.discard(slot)
         if logprobs:
-            self._attach_logprobs(out, r, mro, len(out.new_token_ids))
-
-    @staticmethod
-    def _attach_logprobs(out: EngineCoreOutput, r: Request, mro: Any, n: int) -> None:
-        """Pass the model runner's logprobs through, as vLLM does."""
-        rid = r.request_id
-        if r.sampling_params.num_logprobs is not None and mro.logprobs:
-            out.new_logprobs = mro.logprobs.slice_request(mro.req_id_to_index[rid], n)
-        out.new_prompt_logprobs_tensors = mro.prompt_logprobs_dict.get(rid)
-        out.prompt_token_id_logprobs = mro.prompt_token_id_logprobs_dict.get(rid)
+            attach_logprobs(out, r, mro, len(out.new_token_ids))
 
     def _report_rejected(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
         for r, error in self._rejected:
-            outputs[r.client_index].append(
-                EngineCoreOutput(
-                    request_id=r.request_id,
-                    new_token_ids=[],
-                    finish_reason=FinishReason.ERROR,
-                    events=r.take_events(),
-                    trace_headers=r.trace_headers,
-                    error=error,
-                )
-            )
+            outputs[r.client_index].append(error_output(r, error))
         self._rejected.clear()
 
     def _engine_core_outputs(
@@ -712,19 +521,7 @@ class Scheduler(SchedulerInterface):
                 "scheduler_output was not made by this scheduler's schedule(), "
                 "or its output was already applied"
             )
-        step = entry[1]
-        samples = step.columns()["samples"].tolist()
-        ids = [
-            rid
-            for rid, sampling in zip(step.req_ids, samples, strict=True)
-            if sampling and (r := self.requests.get(rid)) is not None and r.use_structured_output
-        ]
-        if not ids:
-            return None
-        bitmask = self.structured_output_manager.grammar_bitmask(
-            self.requests, ids, scheduler_output.scheduled_spec_decode_tokens
-        )
-        return GrammarOutput(ids, bitmask, [0] * len(ids))  # no drafts here
+        return self._structured.bitmask(entry[1], scheduler_output)
 
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:
         raise RuntimeError("ironbatch.vllm.Scheduler does not schedule draft tokens")
@@ -768,10 +565,10 @@ class Scheduler(SchedulerInterface):
         if reset_running_requests:
             now = time.monotonic()
             for r in reversed(running):
-                self._mirror_preemption(r, now)
+                self._mirror.preempted(r, now)
                 self._reset_preempted.add(r.request_id)
             # Preempted and resumed in one step: the runner must reinstall them.
-            self._prev_step_req_ids.clear()
+            self._runner_data.prev_step_req_ids.clear()
         if failed:  # streaming sessions between turns hold blocks, as in vLLM
             raise RuntimeError(
                 "Failed to reset KV cache even when all the running requests are "
@@ -800,28 +597,13 @@ class Scheduler(SchedulerInterface):
     ) -> SchedulerStats | None:
         if not self.log_stats:
             return None
-        core = self._core.make_stats()
-        prefix = core.prefix_cache_stats
-        return SchedulerStats(
-            num_running_reqs=core.num_running_reqs,
-            num_waiting_reqs=core.num_waiting_reqs,
-            num_skipped_waiting_reqs=core.num_skipped_waiting_reqs,
-            num_kv_fetch_reqs_by_stage=dict.fromkeys(KV_FETCH_STAGES, 0),
-            kv_cache_usage=core.kv_cache_usage,
-            kv_cache_eviction_events=self._kv_metrics.drain(),
-            prefix_cache_stats=PrefixCacheStats(
-                reset=prefix.reset,
-                requests=prefix.requests,
-                queries=prefix.queries,
-                hits=prefix.hits,
-                preempted_requests=prefix.preempted_requests,
-                preempted_queries=prefix.preempted_queries,
-                preempted_hits=prefix.preempted_hits,
-            ),
-            spec_decoding_stats=spec_decoding_stats,
-            kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
-            cudagraph_stats=cudagraph_stats,
-            perf_stats=perf_stats,
+        return scheduler_stats(
+            self._core.make_stats(),
+            self._kv_metrics.drain(),
+            spec_decoding_stats,
+            kv_connector_stats,
+            cudagraph_stats,
+            perf_stats,
         )
 
     @property

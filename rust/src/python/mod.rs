@@ -9,6 +9,7 @@ mod kv_cache_manager;
 mod kv_events;
 mod prefix_cache_stats;
 mod scheduler;
+mod step;
 mod vllm;
 
 use pyo3::prelude::*;
@@ -26,10 +27,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv_cache_manager::PyKvCacheManager>()?;
     m.add_class::<prefix_cache_stats::PyPrefixCacheStats>()?;
     m.add_class::<scheduler::PyScheduler>()?;
-    m.add_class::<scheduler::PyStep>()?;
-    m.add_class::<scheduler::PyStepUpdate>()?;
-    m.add_class::<scheduler::PyFinishedRequest>()?;
-    m.add_class::<scheduler::PySchedulerStats>()?;
+    m.add_class::<step::PyStep>()?;
+    m.add_class::<step::PyStepUpdate>()?;
+    m.add_class::<step::PyFinishedRequest>()?;
+    m.add_class::<step::PySchedulerStats>()?;
     m.add_class::<kv_events::PyKvEvent>()?;
     // The step's columns and their NumPy dtypes, named once (step.rs).
     let columns = pyo3::types::PyDict::new(m.py());

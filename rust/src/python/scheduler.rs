@@ -8,17 +8,17 @@
 
 use super::args::{count, u32_list};
 use super::kv_events::PyKvEvent;
-use super::prefix_cache_stats::PyPrefixCacheStats;
+use super::step::{PySchedulerStats, PyStep, PyStepUpdate};
 use crate::kv_cache_manager::KvCacheConfig;
-use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopReason, StopRules};
+use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopRules};
 use crate::scheduler::{Pause, Scheduler};
 use crate::scheduler_config::{Policy, SchedulerConfig};
 use crate::slab::Slot;
-use crate::step::{Column, StepOutput};
-use numpy::{PyArray1, PyReadonlyArray1};
+use crate::step::StepOutput;
+use numpy::PyReadonlyArray1;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyString};
 
 /// vLLM 0.33's V1 scheduler in Rust.
 #[pyclass(name = "Scheduler", module = "ironbatch._core")]
@@ -26,125 +26,6 @@ pub struct PyScheduler {
     pub(super) core: Scheduler,
     /// The caller's request-id strings, by slot.
     py_ids: Vec<Option<Py<PyString>>>,
-}
-
-/// One step's decisions: named columns plus what `update_from_output` needs.
-#[pyclass(name = "Step", module = "ironbatch._core", frozen)]
-pub struct PyStep {
-    pub(super) step: StepOutput,
-    /// The scheduled requests' ids, in scheduling order.
-    #[pyo3(get)]
-    req_ids: Py<PyList>,
-    columns: Py<PyDict>,
-    #[pyo3(get)]
-    preempted_req_ids: Vec<String>,
-    #[pyo3(get)]
-    finished_req_ids: Vec<String>,
-    grammar_released: Vec<String>,
-    grammar_failed: Vec<String>,
-}
-
-impl PyStep {
-    pub(super) fn req_ids_list<'py>(&self, py: Python<'py>) -> &Bound<'py, PyList> {
-        self.req_ids.bind(py)
-    }
-}
-
-#[pymethods]
-impl PyStep {
-    /// The step's NumPy columns by name (`STEP_COLUMNS`).
-    fn columns<'py>(&self, py: Python<'py>) -> Bound<'py, PyDict> {
-        self.columns.bind(py).clone()
-    }
-
-    fn __len__(&self) -> usize {
-        self.step.entries.len()
-    }
-
-    /// A structured-output request samples this step.
-    #[getter]
-    fn has_structured_output_requests(&self) -> bool {
-        self.step.has_structured_output_requests
-    }
-
-    /// Async: a structured-output request sampling this step still has its
-    /// previous token in flight.
-    #[getter]
-    fn pending_structured_output_tokens(&self) -> bool {
-        self.step.pending_structured_output_tokens
-    }
-
-    /// Requests whose grammar this step's waiting pass found compiled (now
-    /// released), in the order reached.
-    #[getter]
-    fn grammar_released(&self) -> Vec<String> {
-        self.grammar_released.clone()
-    }
-
-    /// Requests whose grammar this step's waiting pass found failed (still
-    /// held), in the order reached.
-    #[getter]
-    fn grammar_failed(&self) -> Vec<String> {
-        self.grammar_failed.clone()
-    }
-}
-
-/// What one `update_from_output` reported, in scheduling order: one record
-/// per request that got tokens.
-#[pyclass(name = "StepUpdate", module = "ironbatch._core", frozen, get_all)]
-pub struct PyStepUpdate {
-    /// Each record's row in the step.
-    rows: Py<PyAny>,
-    /// All records' tokens, flattened.
-    tokens: Py<PyAny>,
-    /// Record `i` owns `tokens[token_offsets[i]:token_offsets[i+1]]`.
-    token_offsets: Py<PyAny>,
-    /// Each record's tokens held in hash-cached blocks after the output.
-    cached_tokens: Py<PyAny>,
-    /// The records whose request finished.
-    finished: Vec<Py<PyFinishedRequest>>,
-}
-
-/// A request that finished in an update (it is freed already).
-#[pyclass(name = "FinishedRequest", module = "ironbatch._core", frozen, get_all)]
-pub struct PyFinishedRequest {
-    /// Its record in the update.
-    record: usize,
-    /// vLLM's finish reason: "stop", "length", "abort" or "error".
-    finish_reason: &'static str,
-    /// The stop token that ended it, `"repetition_detected"` for a
-    /// repeating pattern, or None.
-    stop_reason: Option<Py<PyAny>>,
-    /// All its tokens, prompt first, and its `num_computed_tokens`, as it
-    /// ended (what the vLLM drop-in writes back to vLLM's `Request`).
-    token_ids: Vec<u32>,
-    num_computed_tokens: usize,
-    /// Only a streaming session's turn ended: the request lives on.
-    session_continues: bool,
-}
-
-/// What `make_stats` reports; taking it zeroes the counters.
-#[pyclass(name = "SchedulerStats", module = "ironbatch._core", frozen, get_all)]
-pub struct PySchedulerStats {
-    num_running_reqs: usize,
-    num_waiting_reqs: usize,
-    num_skipped_waiting_reqs: usize,
-    kv_cache_usage: f64,
-    prefix_cache_stats: PyPrefixCacheStats,
-    num_preempted_reqs: u64,
-}
-
-fn array<'py, T: numpy::Element>(py: Python<'py>, v: Vec<T>) -> Bound<'py, PyAny> {
-    PyArray1::from_vec(py, v).into_any()
-}
-
-fn column<'py>(py: Python<'py>, c: Column) -> Bound<'py, PyAny> {
-    match c {
-        Column::I32(v) => array(py, v),
-        Column::I64(v) => array(py, v),
-        Column::U8(v) => array(py, v),
-        Column::Bool(v) => array(py, v),
-    }
 }
 
 fn status_named(name: &str) -> PyResult<RequestStatus> {
@@ -168,14 +49,6 @@ fn policy_named(name: &str) -> PyResult<Policy> {
         other => Err(PyValueError::new_err(format!(
             "policy must be 'fcfs' or 'priority', got {other:?}"
         ))),
-    }
-}
-
-/// A stop reason as vLLM reports it: the token, or "repetition_detected".
-pub(super) fn stop_reason(py: Python<'_>, reason: StopReason) -> Py<PyAny> {
-    match reason {
-        StopReason::Token(t) => t.into_pyobject(py).expect("an int").into_any().unbind(),
-        StopReason::Repetition => PyString::new(py, "repetition_detected").into_any().unbind(),
     }
 }
 
@@ -233,37 +106,12 @@ impl PyScheduler {
         let out = self
             .core
             .update_from_output_checked(step, tokens, offsets, &mut check)?;
-        let rows: Vec<i32> = out.records.iter().map(|rec| rec.entry as i32).collect();
-        let cached: Vec<i64> = out
-            .records
-            .iter()
-            .map(|rec| rec.cached_tokens as i64)
-            .collect();
-        let mut token_offsets = Vec::with_capacity(out.records.len() + 1);
-        token_offsets.push(0i64);
-        token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
-        let mut finished = Vec::with_capacity(out.finished.len());
-        for f in out.finished {
+        for f in &out.finished {
             if !f.session_continues {
                 self.py_ids[out.records[f.record].slot as usize] = None;
             }
-            let record = PyFinishedRequest {
-                record: f.record,
-                finish_reason: f.status.finish_reason().unwrap_or("error"),
-                stop_reason: f.stop_reason.map(|s| stop_reason(py, s)),
-                token_ids: f.token_ids,
-                num_computed_tokens: f.num_computed_tokens,
-                session_continues: f.session_continues,
-            };
-            finished.push(Py::new(py, record)?);
         }
-        Ok(PyStepUpdate {
-            rows: array(py, rows).unbind(),
-            tokens: array(py, out.tokens).unbind(),
-            token_offsets: array(py, token_offsets).unbind(),
-            cached_tokens: array(py, cached).unbind(),
-            finished,
-        })
+        PyStepUpdate::of(py, out)
     }
 }
 
@@ -386,32 +234,8 @@ impl PyScheduler {
     /// (a data-parallel engine's prefill balancing).
     #[pyo3(signature = (throttle_prefills=false))]
     fn schedule(&mut self, py: Python<'_>, throttle_prefills: bool) -> PyResult<PyStep> {
-        let mut step = self.core.schedule_throttled(throttle_prefills);
-        let py_ids = &self.py_ids;
-        let ids = PyList::new(
-            py,
-            step.entries.iter().map(|e| {
-                py_ids[e.slot as usize]
-                    .as_ref()
-                    .expect("a scheduled request is live")
-                    .bind(py)
-                    .clone()
-            }),
-        )?;
-        let columns = PyDict::new(py);
-        for (name, c) in std::mem::take(&mut step.columns).into_named() {
-            columns.set_item(name, column(py, c))?;
-        }
-        let id_of = |slot: &Slot| self.core.request(*slot).map(|r| r.request_id.clone());
-        Ok(PyStep {
-            preempted_req_ids: std::mem::take(&mut step.preempted_req_ids),
-            finished_req_ids: std::mem::take(&mut step.finished_req_ids),
-            grammar_released: step.grammar_released.iter().filter_map(id_of).collect(),
-            grammar_failed: step.grammar_failed.iter().filter_map(id_of).collect(),
-            step,
-            req_ids: ids.unbind(),
-            columns: columns.unbind(),
-        })
+        let step = self.core.schedule_throttled(throttle_prefills);
+        PyStep::of(py, step, &self.py_ids, &self.core)
     }
 
     /// Log KV-cache events from now on (docs/scheduling.md §7.12).
@@ -522,15 +346,7 @@ impl PyScheduler {
 
     /// Counts and usage; takes the counters.
     fn make_stats(&mut self) -> PySchedulerStats {
-        let s = self.core.make_stats();
-        PySchedulerStats {
-            num_running_reqs: s.num_running_reqs,
-            num_waiting_reqs: s.num_waiting_reqs,
-            num_skipped_waiting_reqs: s.num_skipped_waiting_reqs,
-            kv_cache_usage: s.kv_cache_usage,
-            prefix_cache_stats: s.prefix_cache_stats.into(),
-            num_preempted_reqs: s.num_preempted_reqs,
-        }
+        self.core.make_stats().into()
     }
 
     #[getter]

@@ -3,7 +3,8 @@
 //! reading a live request's tokens back into vLLM's `Request` (all of them,
 //! or the slices a step schedules).
 
-use super::scheduler::{token, PyScheduler, PyStep, PyStepUpdate};
+use super::scheduler::{token, PyScheduler};
+use super::step::{PyStep, PyStepUpdate};
 use crate::slab::Slot;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -1,0 +1,84 @@
+"""The vLLM ``Request`` objects the drop-in keeps, by the core's slot, and
+what the core decided about them, written back onto them.
+
+The core owns the scheduling state; a vLLM Request is written only when
+something happens to it (admission, preemption, its first output,
+finishing) or on ``sync``. A steady decode step touches none of them, which
+is what keeps it cheap (docs/architecture.md, the drop-in)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.engine import EngineCoreEventType
+from vllm.v1.request import Request, RequestStatus
+
+from ironbatch import _core
+
+
+class RequestMirror:
+    """Live requests by slot (a request's stable row in the core), their
+    clients, and the slots whose next ``EngineCoreOutput`` carries more than
+    tokens: events or prefill stats to hand over, trace headers, NaN counts,
+    a sticky stop reason."""
+
+    def __init__(self, core: Any, log_stats: bool) -> None:
+        self.core = core  # the drop-in's CoreScheduler
+        self.log_stats = log_stats
+        self.by_slot: list[Request | None] = []
+        self.client_of_slot: list[int] = []
+        self.slot_of: dict[str, int] = {}
+        self.full_output_slots: set[int] = set()
+
+    def add(self, request: Request, slot: int) -> None:
+        if slot >= len(self.by_slot):
+            grow = slot + 1 - len(self.by_slot)
+            self.by_slot.extend([None] * grow)
+            self.client_of_slot.extend([0] * grow)
+        self.by_slot[slot] = request
+        self.client_of_slot[slot] = request.client_index
+        self.slot_of[request.request_id] = slot
+        self.full_output_slots.add(slot)  # its first output carries prefill stats
+
+    def remove(self, request_id: str) -> None:
+        slot = self.slot_of.pop(request_id)
+        self.by_slot[slot] = None
+        self.full_output_slots.discard(slot)
+
+    def mark_full(self, r: Request) -> None:
+        """``r``'s next output carries more than tokens."""
+        self.full_output_slots.add(self.slot_of[r.request_id])
+
+    def sync(self, r: Request, computed_too: bool = True) -> None:
+        """Bring a live request's tokens (and num_computed_tokens) up to date."""
+        tokens, computed = _core.vllm_request_state(self.core.core, self.slot_of[r.request_id])
+        self.set_tokens(r, tokens)
+        if computed_too:
+            r.num_computed_tokens = computed
+
+    @staticmethod
+    def set_tokens(r: Request, tokens: list[int]) -> None:
+        # In place: Request.all_token_ids and output_token_ids view these lists.
+        r._all_token_ids[:] = tokens
+        r._output_token_ids[:] = tokens[r.num_prompt_tokens :]
+
+    def preempted(self, r: Request, now: float) -> None:
+        r.status = RequestStatus.PREEMPTED
+        r.num_computed_tokens = 0
+        r.num_preemptions += 1
+        if self.log_stats:
+            r.record_event(EngineCoreEventType.PREEMPTED, now)
+            self.mark_full(r)
+
+    def admitted(self, r: Request, slot: int, hit_tokens: int, now: float) -> None:
+        if self.log_stats:
+            r.record_event(EngineCoreEventType.SCHEDULED, now)
+            self.full_output_slots.add(slot)
+        if r.prefill_stats is not None and r.num_preemptions <= 0:
+            r.prefill_stats.set(
+                num_prompt_tokens=r.num_prompt_tokens,
+                num_local_cached_tokens=hit_tokens,
+                num_external_cached_tokens=0,
+            )
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = hit_tokens  # what NewRequestData reports
