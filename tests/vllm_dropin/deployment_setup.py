@@ -315,8 +315,15 @@ GPU_DEFAULTS_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 def with_gpu_defaults(vc: VllmConfig) -> None:
     """Async scheduling back on, as on a CUDA host (where nothing in these
-    command lines turns it off); the V2 runner comes from GPU_DEFAULTS_ENV."""
+    command lines turns it off); the V2 runner comes from GPU_DEFAULTS_ENV.
+    An MLA model also gets back what only the CPU platform takes from it:
+    prefix caching, chunked prefill, and a token budget of `vllm serve`'s
+    default on a large GPU instead of a whole max_model_len."""
     vc.scheduler_config.async_scheduling = True
+    if vc.model_config.use_mla:
+        vc.cache_config.enable_prefix_caching = True
+        vc.scheduler_config.enable_chunked_prefill = True
+        vc.scheduler_config.max_num_batched_tokens = 8192
 
 
 def as_engine_process(vc: VllmConfig) -> None:
@@ -785,7 +792,13 @@ def _exercised(e: Engine) -> dict[str, int]:
         seen["steps"] += 1
         seen["steps_at_token_cap"] += so["total_num_scheduled_tokens"] == cap
         seen["max_step_tokens"] = max(seen["max_step_tokens"], so["total_num_scheduled_tokens"])
-        seen["prefix_hits"] += sum(1 for d in so["scheduled_new_reqs"] if d["num_computed_tokens"])
+        # The request built to share plain-0's prefix, admitted with blocks
+        # already computed (a resumed session's computed tokens do not count).
+        seen["prefix_hits"] += sum(
+            1
+            for d in so["scheduled_new_reqs"]
+            if d["req_id"] == "prefix-4" and d["num_computed_tokens"] > 0
+        )
         seen["preempted"] += len(so["preempted_req_ids"] or ())
         seen["new_token_ids_to_first_stage"] += bool(so["scheduled_cached_reqs"]["new_token_ids"])
     for g in e.executor.grammar:

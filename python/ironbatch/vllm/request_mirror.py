@@ -4,7 +4,12 @@ what the core decided about them, written back onto them.
 The core owns the scheduling state; a vLLM Request is written only when
 something happens to it (admission, preemption, its first output,
 finishing) or on ``sync``. A steady decode step touches none of them, which
-is what keeps it cheap (docs/architecture.md, the drop-in)."""
+is what keeps it cheap (docs/architecture.md, the drop-in). So ``status``,
+``num_preemptions``, ``stop_reason``, events and prefill stats are always
+current; ``output_token_ids``, ``all_token_ids`` and ``num_computed_tokens``
+are brought up to date when the request is admitted, resumed, finished or
+aborted, or on ``Scheduler.sync_requests()`` (a structured-output request's
+tokens at every step: its grammar and reasoning parser read them)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,9 @@ What lives where: the core owns the scheduling state (queues, tokens, block
 tables, ``num_computed_tokens``, output placeholders). vLLM's ``Request``
 objects are written only when something happens to them, or on
 ``sync_requests()`` (``request_mirror.py``). The core hashes blocks
-itself; vLLM's ``Request.block_hashes`` are brought up to date only for
-KV-cache events, which must carry vLLM's hashes. The SchedulerOutput's
+itself; vLLM's ``Request.block_hashes`` are brought up to date only where
+vLLM's hashes are seen (KV-cache events, a streaming session's next chunk).
+The SchedulerOutput's
 request data is built in ``runner_request_data.py``, the grammar hand-off
 in ``structured_outputs.py``, the outputs' common parts in
 ``engine_outputs.py``."""

@@ -32,7 +32,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PyFinishedRequest>()?;
     m.add_class::<step::PySchedulerStats>()?;
     m.add_class::<kv_events::PyKvEvent>()?;
-    // The step's columns and their NumPy dtypes, named once (step.rs).
+    // The step's columns and their NumPy dtypes, named once (rust/src/step.rs).
     let columns = pyo3::types::PyDict::new(m.py());
     for (name, dtype) in crate::step::StepColumns::DTYPES {
         columns.set_item(name, dtype)?;
