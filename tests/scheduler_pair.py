@@ -116,21 +116,42 @@ class SchedulerPair:
             if e.kind == "new" and e.num_computed_tokens and e.request_id in self.sessions
         )
         self.events["placeholders"] += sum(1 for r in rows if r["num_output_placeholders"] > 0)
+        self.events["spec_scheduled"] += int(r.num_spec_tokens.sum())
+        spec_counts = r.num_spec_tokens.tolist()
+        self.events["spec_padded"] += sum(
+            1 for e, n in zip(r.entries(), spec_counts, strict=True) if n and e.kind != "running"
+        )
         self.events["skipped"] += sum(1 for r in rows if r["deferred"])
         self.in_flight.append((r, p))
         self.check()
 
-    def apply_oldest(self, choose: Any, reject: int | None = None) -> None:
+    def update_draft_token_ids(self, drafts: dict[str, list[int]]) -> None:
+        self.rust.update_draft_token_ids(drafts)
+        self.twin.update_draft_token_ids(drafts)
+        self.check()
+
+    def apply_oldest(self, choose: Any, reject: int | None = None, accepted: Any = None) -> None:
         """Apply the oldest output in flight; ``choose(rid)`` gives the token
         for a request whose step sampled (None: it produced none). A
-        structured-output request's grammar rejects the token ``reject``."""
+        structured-output request's grammar rejects the token ``reject``.
+        ``accepted(rid, drafts)`` says how many of a request's scheduled
+        drafts the verification accepted (default: none); it then gets that
+        many tokens and one more."""
         r, p = self.in_flight.pop(0)
         sampled: dict[str, list[int]] = {}
+        num_spec = r.num_spec_tokens.tolist()
+        spec_ids = r.spec_token_ids.tolist()
+        start = 0
         for i, rid in enumerate(r.req_ids):
+            drafts = spec_ids[start : start + num_spec[i]]
+            start += num_spec[i]
             if r.samples[i]:
                 t = choose(rid)
                 if t is not None:
-                    sampled[rid] = [t]
+                    a = accepted(rid, drafts) if accepted is not None and drafts else 0
+                    sampled[rid] = [choose(rid) for _ in range(a)] + [t]
+                    self.events["spec_accepted"] += a
+                    self.events["spec_rejected"] += len(drafts) - a
         asked: dict[str, list[tuple[str, list[int]]]] = {"rust": [], "twin": []}
 
         def accept(side: str) -> Any:
@@ -145,6 +166,7 @@ class SchedulerPair:
         assert asked["rust"] == asked["twin"]
         ur, up = [tuple(u) for u in ru], [tuple(u) for u in pu]
         assert ur == up
+        assert stats_fields(ru.spec_decoding_stats) == stats_fields(pu.spec_decoding_stats)
         self.events["grammar_rejected"] += sum(1 for _, kept in asked["rust"] if reject in kept)
         assert ru.cached_tokens.tolist() == pu.cached_tokens.tolist()
         self.events["finished"] += sum(1 for u in ur if u[2] is not None)
@@ -164,8 +186,27 @@ class SchedulerPair:
         assert self.rust.get_num_unfinished_requests() == len(a["requests"])
 
 
+SPEC_STATS = (
+    "num_spec_tokens",
+    "num_drafts",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+    "num_accepted_tokens_per_pos",
+    "num_draft_tokens_per_pos",
+)
+
+
+def stats_fields(stats: Any) -> tuple[Any, ...] | None:
+    return (
+        None
+        if stats is None
+        else tuple(list(getattr(stats, f)) if "pos" in f else getattr(stats, f) for f in SPEC_STATS)
+    )
+
+
 def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> None:
     requests = state["requests"]
+    speculating = s.scheduler_config.num_speculative_tokens > 0
     running, waiting, kv_holding = state["running"], state["waiting"], state["kv_holding"]
     ref = state["block_ref_cnts"]
     n = len(ref)
@@ -192,7 +233,9 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
         table, cached = r["block_ids"], r["num_cached_blocks"]
         placeholders, in_flight = r["num_output_placeholders"], r["in_flight_tokens"]
         stale, drop_stale, deferred = r["stale_tokens"], r["drop_stale"], r["deferred"]
-        assert computed <= num_tokens + placeholders
+        # Drafts in flight count as computed until their output rolls the
+        # rejected ones back.
+        assert computed <= num_tokens + placeholders + (in_flight if speculating else 0)
         assert cached <= len(table)
         # A placeholder stands for a token sampled by a step still in flight.
         assert placeholders <= in_flight and stale <= in_flight

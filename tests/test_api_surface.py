@@ -22,6 +22,7 @@ CLASSES = [
     "StepUpdate",
     "FinishedRequest",
     "SchedulerStats",
+    "SpecDecodingStats",
 ]
 
 

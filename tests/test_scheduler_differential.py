@@ -55,6 +55,8 @@ def random_config(rng: random.Random) -> dict:
         watermark=rng.choice([0.0] * 4 + [0.05, 0.2]),
         prefill_schedule_interval=rng.choice([1] * 3 + [2, 4]),
         decode_stagger=rng.choice([0] * 3 + [2, 3]),
+        # Speculative decoding: drafts to verify, in one workload out of two.
+        num_speculative_tokens=rng.choice([0, 0, 0, 1, 2, 4]),
     )
 
 
@@ -78,6 +80,33 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         x = rng.random()
         # Token 9 often, so repetition detection has patterns to find.
         return EOS if x < 0.05 else 7 if x < 0.08 else 9 if x < 0.4 else rng.randrange(3, VOCAB)
+
+    k = config["num_speculative_tokens"]
+
+    def accepted(rid: str, drafts: list[int]) -> int:
+        # Synchronous padding (-1) is always rejected; real drafts, and the
+        # async runner's own, are accepted in any number.
+        if -1 in drafts and not config["async_scheduling"]:
+            return 0
+        return rng.randint(0, len(drafts))
+
+    def propose(step_req_ids: list[str]) -> None:
+        # Synchronous: after each output the proposer hands over drafts for
+        # the step's requests (some none, some fewer than k), now and then
+        # for a request that has finished.
+        if k == 0 or config["async_scheduling"]:
+            return
+        drafts = {
+            rid: [rng.randrange(3, VOCAB) for _ in range(rng.randint(0, k))]
+            for rid in step_req_ids
+            if rng.random() < 0.9
+        }
+        pair.update_draft_token_ids(drafts)
+
+    def apply_oldest() -> None:
+        step_req_ids = list(pair.in_flight[0][0].req_ids)
+        pair.apply_oldest(choose, reject=11, accepted=accepted)
+        propose(step_req_ids)
 
     for _ in range(steps):
         for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
@@ -138,9 +167,9 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         else:
             apply = n > 2 or rng.random() < 0.7
         if apply:
-            pair.apply_oldest(choose, reject=11)
+            apply_oldest()
     while pair.in_flight:
-        pair.apply_oldest(choose, reject=11)
+        apply_oldest()
     # 10. Progress: with arrivals over, everything finishes.
     for rid, row in pair.rust.debug_state()["requests"].items():
         if row["grammar"] == "COMPILING":
@@ -153,7 +182,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         if not pair.rust.has_unfinished_requests():
             break
         pair.schedule()
-        pair.apply_oldest(choose, reject=11)
+        apply_oldest()
         for rid in pair.failed_grammars():
             pair.finish(rid, "FINISHED_ERROR")
     assert not pair.rust.has_unfinished_requests(), "no progress"
@@ -169,8 +198,9 @@ def test_seeded_workloads_agree() -> None:
     grammar = ("grammar_released", "grammar_failed", "grammar_rejected", "grammar_pending")
     cadence = ("prefill_held", "decode_staggered")
     sessions = ("session_turns", "sessions_waiting", "kv_holding_admitted")
+    spec = ("spec_scheduled", "spec_accepted", "spec_rejected", "spec_padded")
     kv = ("kv_stored", "kv_removed", "kv_cleared", "kv_allocated", "kv_accessed")
-    for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions):
+    for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions, *spec):
         assert events[what] >= 20, (what, events)
 
 

@@ -215,6 +215,25 @@ class StepUpdate:
         """Each record's tokens in hash-cached blocks after the output."""
     @property
     def finished(self) -> list[FinishedRequest]: ...
+    @property
+    def spec_decoding_stats(self) -> SpecDecodingStats | None:
+        """Drafts verified in this output; None when none were."""
+
+class SpecDecodingStats:
+    """vLLM's SpecDecodingStats for one update."""
+
+    @property
+    def num_spec_tokens(self) -> int: ...
+    @property
+    def num_drafts(self) -> int: ...
+    @property
+    def num_draft_tokens(self) -> int: ...
+    @property
+    def num_accepted_tokens(self) -> int: ...
+    @property
+    def num_accepted_tokens_per_pos(self) -> list[int]: ...
+    @property
+    def num_draft_tokens_per_pos(self) -> list[int]: ...
 
 class SchedulerStats:
     """Counts and usage; taking them zeroes the counters."""
@@ -254,6 +273,9 @@ class Scheduler:
         block_size: SupportsIndex,
         enable_prefix_caching: bool,
         async_scheduling: bool,
+        prefill_schedule_interval: SupportsIndex,
+        decode_stagger: SupportsIndex,
+        num_speculative_tokens: SupportsIndex | None = None,
     ) -> None: ...
     def add_request(
         self,
@@ -301,6 +323,15 @@ class Scheduler:
         """Log blocks' lives (handed out, hit) for residency metrics."""
     def take_kv_events(self) -> list[KvEvent]:
         """The KV-cache events since last taken, oldest first."""
+    def update_draft_token_ids(
+        self,
+        *,
+        request_ids: Sequence[str],
+        token_ids: Sequence[SupportsIndex],
+        offsets: Sequence[int],
+    ) -> None:
+        """Drafts for the requests' next steps: ``request_ids[i]`` gets
+        ``token_ids[offsets[i]:offsets[i+1]]``, replacing what it had."""
     def report_grammar(self, *, request_id: str, compiled: bool) -> None:
         """A structured-output request's grammar compiled (or failed)."""
     def finish_requests(self, *, request_ids: Sequence[str], status: str) -> None: ...

@@ -62,6 +62,10 @@ class SchedulerConfig:
     # runner with async scheduling and pipeline parallelism: the pipeline
     # depth); 0 or 1 = off.
     decode_stagger: int = 0
+    # Draft tokens a request may carry into a step (vLLM's
+    # num_speculative_tokens); 0 = no speculative decoding
+    # (docs/scheduling.md §4.13).
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         _int("max_model_len", self.max_model_len, 2, MAX_MODEL_LEN)
@@ -84,6 +88,7 @@ class SchedulerConfig:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         _int("prefill_schedule_interval", self.prefill_schedule_interval, 1, MAX_NUM_SEQS)
         _int("decode_stagger", self.decode_stagger, 0, MAX_NUM_SEQS)
+        _int("num_speculative_tokens", self.num_speculative_tokens, 0, self.max_model_len)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         check_scheduler(self)  # the rules between fields, as the core checks them

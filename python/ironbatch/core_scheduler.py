@@ -43,6 +43,7 @@ class CoreScheduler:
             async_scheduling=c.async_scheduling,
             prefill_schedule_interval=c.prefill_schedule_interval,
             decode_stagger=c.decode_stagger,
+            num_speculative_tokens=c.num_speculative_tokens,
             num_blocks=c.num_blocks,
             block_size=c.block_size,
             enable_prefix_caching=c.enable_prefix_caching,

@@ -22,7 +22,13 @@ from ironbatch.config import CacheConfig, SchedulerConfig, check_fits
 from ironbatch.reference.args import u32_list
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.request import Request
-from ironbatch.scheduler_backends import Accept, PythonBackend, RustBackend, Sampled
+from ironbatch.scheduler_backends import (
+    Accept,
+    DraftTokenIds,
+    PythonBackend,
+    RustBackend,
+    Sampled,
+)
 from ironbatch.scheduler_output import SchedulerOutput, UpdateOutputs
 from ironbatch.scheduler_stats import SchedulerStats
 
@@ -126,6 +132,21 @@ class Scheduler:
         if not isinstance(compiled, bool):
             raise TypeError(f"compiled must be a bool, got {type(compiled).__name__}")
         self._core.report_grammar(request_id, compiled)
+
+    @_exclusive
+    def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
+        """Drafts for the requests' next steps (speculative decoding, with
+        ``SchedulerConfig.num_speculative_tokens`` > 0; docs/scheduling.md
+        §4.13), as vLLM's engine hands them over after each step's output:
+        each replaces what its request had; ids that finished meanwhile are
+        skipped, and a request whose last step was a prefill chunk gets
+        none. Refused (ValueError, nothing changed) for more than
+        ``num_speculative_tokens`` drafts or a token outside uint32."""
+        if not isinstance(draft_token_ids, Mapping):
+            raise TypeError(
+                f"draft_token_ids must be a mapping, got {type(draft_token_ids).__name__}"
+            )
+        self._core.update_draft_token_ids(DraftTokenIds.of(draft_token_ids))
 
     def update_from_output(
         self,

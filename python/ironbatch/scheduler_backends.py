@@ -8,7 +8,7 @@ above them has one code path."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,29 @@ from ironbatch.scheduler_stats import SchedulerStats
 # (flat tokens, offsets per scheduled row), or (one token per row, None)
 # with -1 for none.
 Sampled = tuple[np.ndarray, "np.ndarray | None"]
+
+
+@dataclass(frozen=True)
+class DraftTokenIds:
+    """Drafts for the requests' next steps, as columns: ``request_ids[i]``
+    gets ``tokens[offsets[i]:offsets[i + 1]]``."""
+
+    request_ids: list[str]
+    tokens: list[int]
+    offsets: list[int]
+
+    @classmethod
+    def of(cls, drafts: Mapping[str, Sequence[int]]) -> DraftTokenIds:
+        request_ids, tokens, offsets = [], [], [0]
+        for rid, ids in drafts.items():
+            if not isinstance(rid, str):
+                raise TypeError(f"draft_token_ids keys must be str, got {type(rid).__name__}")
+            request_ids.append(rid)
+            tokens.extend(ids)
+            offsets.append(len(tokens))
+        return cls(request_ids, tokens, offsets)
+
+
 # accept(request_id, kept_tokens): whether a structured-output request's
 # grammar takes the tokens it kept.
 Accept = Callable[[str, list[int]], bool]
@@ -84,6 +107,11 @@ class RustBackend:
 
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         self.core.report_grammar(request_id, compiled)
+
+    def update_draft_token_ids(self, drafts: DraftTokenIds) -> None:
+        self.core.core.update_draft_token_ids(
+            request_ids=drafts.request_ids, token_ids=drafts.tokens, offsets=drafts.offsets
+        )
 
     def schedule(
         self, lookup_request: Callable[[str], Any], throttle_prefills: bool
@@ -151,6 +179,7 @@ class _TwinUpdate:
     token_offsets: np.ndarray
     cached_tokens: np.ndarray
     finished: list[_FinishedRecord]
+    spec_decoding_stats: Any
 
     @classmethod
     def of(cls, out: UpdateOutput) -> _TwinUpdate:
@@ -166,6 +195,7 @@ class _TwinUpdate:
                 )
                 for f in out.finished
             ],
+            spec_decoding_stats=out.spec_decoding_stats,
         )
 
 
@@ -203,6 +233,9 @@ class PythonBackend:
 
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         self.twin.report_grammar(request_id, compiled)
+
+    def update_draft_token_ids(self, drafts: DraftTokenIds) -> None:
+        self.twin.update_draft_token_ids(drafts.request_ids, drafts.tokens, drafts.offsets)
 
     def schedule(
         self, lookup_request: Callable[[str], Any], throttle_prefills: bool

@@ -83,6 +83,8 @@ class StepColumns:
     slot_mapping: np.ndarray  # per scheduled token: block_id * block_size + offset
     query_start_loc: np.ndarray  # rows + 1
     seq_lens: np.ndarray
+    num_spec_tokens: np.ndarray  # drafts scheduled: the row's last scheduled tokens
+    spec_token_ids: np.ndarray  # flattened drafts in row order; -1 a placeholder
 
     def __init__(self, columns: Mapping[str, np.ndarray]) -> None:
         # Both backends hand over exactly STEP_COLUMNS (tested); one update
@@ -230,6 +232,7 @@ class StepUpdate(Protocol):
     token_offsets: np.ndarray
     cached_tokens: np.ndarray  # per record: its tokens in hash-cached blocks after it
     finished: Sequence[FinishedRecord]
+    spec_decoding_stats: Any  # vLLM's SpecDecodingStats fields; None without drafts
 
 
 class FinishedRecord(Protocol):
@@ -256,6 +259,10 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
         self.finished = {
             f.record: (f.finish_reason, f.stop_reason, f.session_continues) for f in update.finished
         }
+        #: Drafts verified in this output (vLLM's ``SpecDecodingStats``
+        #: fields: ``num_drafts``, ``num_draft_tokens``,
+        #: ``num_accepted_tokens``, per position); None when none were.
+        self.spec_decoding_stats = update.spec_decoding_stats
 
     @cached_property
     def req_ids(self) -> list[str]:

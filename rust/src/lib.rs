@@ -30,6 +30,7 @@ pub mod scheduler_config;
 pub mod sequence;
 pub mod session;
 pub mod slab;
+pub mod spec_decode;
 pub mod step;
 pub mod stop_check;
 

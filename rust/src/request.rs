@@ -7,6 +7,7 @@ use crate::grammar::Grammar;
 use crate::limits::{check_range, MAX_TOKENS};
 use crate::sequence::Sequence;
 use crate::session::SessionQueue;
+use crate::spec_decode::Drafts;
 
 /// vLLM's statuses, in vLLM's order; every one after `Preempted` is finished.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -184,6 +185,8 @@ pub struct Request {
     /// A streaming session's chunks not applied yet; `None` for a request
     /// that was not added as one.
     pub session: Option<SessionQueue>,
+    /// Draft tokens for its next step (vLLM's `spec_token_ids`, §4.13).
+    pub drafts: Drafts,
 }
 
 impl Request {
@@ -212,6 +215,7 @@ impl Request {
             next_decode_step: 0,
             resumable: new.resumable,
             session: new.resumable.then(SessionQueue::new),
+            drafts: Drafts::None,
         }
     }
 

@@ -54,6 +54,10 @@ pub struct SchedulerConfig {
     /// is off (vLLM's V2 runner under async scheduling and pipeline
     /// parallelism: the pipeline depth).
     pub decode_stagger: usize,
+    /// Draft tokens a request may carry into a step (vLLM's
+    /// `num_speculative_tokens`); 0 is no speculative decoding
+    /// (docs/scheduling.md §4.13).
+    pub num_speculative_tokens: usize,
     pub cache: KvCacheConfig,
 }
 
@@ -102,6 +106,12 @@ impl SchedulerConfig {
             MAX_NUM_SEQS,
         )?;
         check_range("decode_stagger", c.decode_stagger, 0, MAX_NUM_SEQS)?;
+        check_range(
+            "num_speculative_tokens",
+            c.num_speculative_tokens,
+            0,
+            c.max_model_len,
+        )?;
         if c.max_num_batched_tokens < c.max_num_seqs {
             return invalid(format!(
                 "max_num_batched_tokens ({}) must be >= max_num_seqs ({})",

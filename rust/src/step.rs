@@ -4,6 +4,7 @@
 use crate::block::BlockId;
 use crate::request::{RequestStatus, StopReason};
 use crate::slab::Slot;
+use crate::spec_decode::{Drafts, SpecDecodingStats};
 
 /// How a request entered this step.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -32,6 +33,9 @@ pub struct StepEntry {
     pub samples: bool,
     /// Where this step's blocks start in the table (0: the whole table).
     pub(crate) block_start: usize,
+    /// The drafts scheduled: the last `drafts.len()` of its `num_tokens`
+    /// positions (vLLM's `scheduled_spec_decode_tokens`).
+    pub drafts: Drafts,
 }
 
 /// One column of a step, as it crosses to Python (one NumPy dtype each).
@@ -129,6 +133,11 @@ step_columns! {
     query_start_loc: i32,
     /// `num_computed_tokens + num_scheduled` per row.
     seq_lens: i32,
+    /// Draft tokens scheduled per row: the last ones of its scheduled tokens.
+    num_spec_tokens: i32,
+    /// The scheduled drafts, flattened in row order (-1: a placeholder
+    /// for a draft the runner proposes itself, under async scheduling).
+    spec_token_ids: i64,
 }
 
 /// One step's decisions, in scheduling order, and the model runner's inputs.
@@ -176,6 +185,8 @@ impl StepOutput {
             slot_mapping: Vec::with_capacity(tokens),
             query_start_loc: Vec::with_capacity(rows + 1),
             seq_lens: Vec::with_capacity(rows),
+            num_spec_tokens: Vec::with_capacity(rows),
+            spec_token_ids: Vec::new(),
         };
         let mut out = StepOutput {
             columns: c,
@@ -195,6 +206,8 @@ impl StepOutput {
         c.kinds.push(e.kind as u8);
         c.samples.push(e.samples);
         c.num_output_tokens.push(num_output_tokens as i32);
+        c.num_spec_tokens.push(e.drafts.len() as i32);
+        e.drafts.write_to(&mut c.spec_token_ids);
     }
 
     /// The row's new blocks.
@@ -269,4 +282,7 @@ pub struct UpdateOutput {
     pub records: Vec<UpdateRecord>,
     pub tokens: Vec<u32>,
     pub finished: Vec<Finished>,
+    /// Drafts verified in this output; `None` when no request that got
+    /// tokens had drafts scheduled.
+    pub spec_decoding_stats: Option<SpecDecodingStats>,
 }

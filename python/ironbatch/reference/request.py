@@ -12,6 +12,7 @@ from ironbatch.reference.grammar import Grammar
 from ironbatch.reference.limits import MAX_TOKENS, check_range
 from ironbatch.reference.sequence import Sequence
 from ironbatch.reference.session import SessionQueue
+from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
 
 
 class RequestStatus(enum.IntEnum):
@@ -176,6 +177,8 @@ class Request:
     #: A streaming session's chunks not applied yet; None for a request that
     #: was not added as one.
     session: SessionQueue | None = None
+    #: Draft tokens for its next step (vLLM's ``spec_token_ids``, §4.13).
+    drafts: Drafts = NO_DRAFTS
 
     @classmethod
     def waiting(cls, new: NewRequest, seq: Sequence) -> Request:

@@ -61,6 +61,9 @@ class SchedulerSettings:
     #: ``schedule()`` calls between a request's decode steps; 0 or 1 is off
     #: (vLLM's V2 runner, async, pipeline parallelism: the pipeline depth).
     decode_stagger: int
+    #: Draft tokens a request may carry into a step (vLLM's
+    #: ``num_speculative_tokens``; docs/scheduling.md §4.13).
+    num_speculative_tokens: int
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool
@@ -93,6 +96,7 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         async_scheduling=c.async_scheduling,
         prefill_schedule_interval=getattr(c, "prefill_schedule_interval", 1),
         decode_stagger=getattr(c, "decode_stagger", 0),
+        num_speculative_tokens=getattr(c, "num_speculative_tokens", 0),
         num_blocks=num_blocks,
         block_size=cache_config.block_size,
         enable_prefix_caching=cache_config.enable_prefix_caching,
@@ -117,6 +121,7 @@ def validate(c: SchedulerSettings) -> None:
     check_range("watermark_blocks", c.watermark_blocks, 0, c.num_blocks - 1)
     check_range("prefill_schedule_interval", c.prefill_schedule_interval, 1, MAX_NUM_SEQS)
     check_range("decode_stagger", c.decode_stagger, 0, MAX_NUM_SEQS)
+    check_range("num_speculative_tokens", c.num_speculative_tokens, 0, c.max_model_len)
 
 
 def check_scheduler(c: Any) -> None:

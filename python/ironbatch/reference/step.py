@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from ironbatch.reference.request import RequestStatus
+from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts, SpecDecodingStats
 
 
 class Kind(enum.IntEnum):
@@ -38,6 +39,9 @@ class StepEntry:
     samples: bool
     #: Where this step's blocks start in the table (0: the whole table).
     block_start: int
+    #: The drafts scheduled: the last ``len(drafts)`` of its ``num_tokens``
+    #: positions (vLLM's ``scheduled_spec_decode_tokens``).
+    drafts: Drafts = NO_DRAFTS
 
 
 @dataclass
@@ -72,6 +76,11 @@ class StepColumns:
     query_start_loc: list[int] = field(default_factory=list)
     #: ``num_computed_tokens + num_scheduled`` per row.
     seq_lens: list[int] = field(default_factory=list)
+    #: Draft tokens scheduled per row: the last ones of its scheduled tokens.
+    num_spec_tokens: list[int] = field(default_factory=list)
+    #: The scheduled drafts, flattened in row order (-1: a placeholder for a
+    #: draft the runner proposes itself, under async scheduling).
+    spec_token_ids: list[int] = field(default_factory=list)
 
     #: The columns' names and NumPy dtype names, in declaration order.
     DTYPES: ClassVar[dict[str, str]] = {
@@ -87,6 +96,8 @@ class StepColumns:
         "slot_mapping": "int64",
         "query_start_loc": "int32",
         "seq_lens": "int32",
+        "num_spec_tokens": "int32",
+        "spec_token_ids": "int64",
     }
 
     def into_named(self) -> list[tuple[str, list[int] | list[bool]]]:
@@ -142,6 +153,8 @@ class StepOutput:
         c.kinds.append(int(e.kind))
         c.samples.append(e.samples)
         c.num_output_tokens.append(num_output_tokens)
+        c.num_spec_tokens.append(len(e.drafts))
+        e.drafts.write_to(c.spec_token_ids)
 
     def push_new_blocks(self, ids: list[int]) -> None:
         """The row's new blocks."""
@@ -212,3 +225,6 @@ class UpdateOutput:
     records: list[UpdateRecord] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     finished: list[Finished] = field(default_factory=list)
+    #: Drafts verified in this output; None when no request that got tokens
+    #: had drafts scheduled.
+    spec_decoding_stats: SpecDecodingStats | None = None

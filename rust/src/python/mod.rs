@@ -31,6 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PyStepUpdate>()?;
     m.add_class::<step::PyFinishedRequest>()?;
     m.add_class::<step::PySchedulerStats>()?;
+    m.add_class::<step::PySpecDecodingStats>()?;
     m.add_class::<kv_events::PyKvEvent>()?;
     // The step's columns and their NumPy dtypes, named once (rust/src/step.rs).
     let columns = pyo3::types::PyDict::new(m.py());

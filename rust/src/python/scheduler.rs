@@ -123,7 +123,8 @@ impl PyScheduler {
                         long_prefill_token_threshold, long_prefill_token_threshold_adaptive,
                         watermark_blocks, policy, scheduler_reserve_full_isl, num_blocks,
                         block_size, enable_prefix_caching, async_scheduling,
-                        prefill_schedule_interval, decode_stagger))]
+                        prefill_schedule_interval, decode_stagger,
+                        num_speculative_tokens=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_num_seqs: &Bound<'_, PyAny>,
@@ -143,6 +144,7 @@ impl PyScheduler {
         async_scheduling: bool,
         prefill_schedule_interval: &Bound<'_, PyAny>,
         decode_stagger: &Bound<'_, PyAny>,
+        num_speculative_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let max_model_len = count("max_model_len", max_model_len)?;
         let config = SchedulerConfig {
@@ -166,6 +168,10 @@ impl PyScheduler {
                 prefill_schedule_interval,
             )?,
             decode_stagger: count("decode_stagger", decode_stagger)?,
+            num_speculative_tokens: match num_speculative_tokens {
+                Some(k) => count("num_speculative_tokens", k)?,
+                None => 0,
+            },
             cache: KvCacheConfig {
                 num_blocks: count("num_blocks", num_blocks)?,
                 block_size: count("block_size", block_size)?,
@@ -263,6 +269,28 @@ impl PyScheduler {
     #[pyo3(signature = (*, request_id, compiled))]
     fn report_grammar(&mut self, request_id: &str, compiled: bool) -> PyResult<()> {
         Ok(self.core.report_grammar(request_id, compiled)?)
+    }
+
+    /// Draft tokens for the requests' next steps: `request_ids[i]` gets
+    /// `token_ids[offsets[i]:offsets[i+1]]`, replacing what it had (vLLM's
+    /// `update_draft_token_ids`; docs/scheduling.md §4.13).
+    #[pyo3(signature = (*, request_ids, token_ids, offsets))]
+    fn update_draft_token_ids(
+        &mut self,
+        request_ids: Vec<String>,
+        token_ids: &Bound<'_, PyAny>,
+        offsets: Vec<i64>,
+    ) -> PyResult<()> {
+        let tokens = u32_list("token_ids", token_ids)?;
+        let offsets = offsets
+            .iter()
+            .map(|&o| {
+                usize::try_from(o).map_err(|_| PyValueError::new_err(format!("offsets: {o} < 0")))
+            })
+            .collect::<PyResult<Vec<usize>>>()?;
+        Ok(self
+            .core
+            .update_draft_token_ids(&request_ids, &tokens, &offsets)?)
     }
 
     /// Apply a step's tokens. With `offsets`, entry `i` gets
@@ -441,6 +469,9 @@ impl PyScheduler {
             row.set_item("grammar", r.grammar.map(|g| g.name()))?;
             row.set_item("prefill_chunk", r.prefill_chunk)?;
             row.set_item("next_decode_step", r.next_decode_step)?;
+            let mut drafts = Vec::new();
+            r.drafts.write_to(&mut drafts);
+            row.set_item("drafts", drafts)?;
             requests.set_item(&r.request_id, row)?;
         }
         d.set_item("requests", requests)?;

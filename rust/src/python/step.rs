@@ -87,6 +87,24 @@ pub struct PyStepUpdate {
     cached_tokens: Py<PyAny>,
     /// The records whose request finished.
     finished: Vec<Py<PyFinishedRequest>>,
+    /// Drafts verified in this output (None when none were).
+    spec_decoding_stats: Option<Py<PySpecDecodingStats>>,
+}
+
+/// vLLM's `SpecDecodingStats` for one update.
+#[pyclass(
+    name = "SpecDecodingStats",
+    module = "ironbatch._core",
+    frozen,
+    get_all
+)]
+pub struct PySpecDecodingStats {
+    num_spec_tokens: usize,
+    num_drafts: u64,
+    num_draft_tokens: u64,
+    num_accepted_tokens: u64,
+    num_accepted_tokens_per_pos: Vec<u64>,
+    num_draft_tokens_per_pos: Vec<u64>,
 }
 
 /// A request that finished in an update (it is freed already).
@@ -199,7 +217,22 @@ impl PyStepUpdate {
             };
             finished.push(Py::new(py, record)?);
         }
+        let spec_decoding_stats = match out.spec_decoding_stats {
+            Some(s) => Some(Py::new(
+                py,
+                PySpecDecodingStats {
+                    num_spec_tokens: s.num_spec_tokens,
+                    num_drafts: s.num_drafts,
+                    num_draft_tokens: s.num_draft_tokens,
+                    num_accepted_tokens: s.num_accepted_tokens,
+                    num_accepted_tokens_per_pos: s.num_accepted_tokens_per_pos,
+                    num_draft_tokens_per_pos: s.num_draft_tokens_per_pos,
+                },
+            )?),
+            None => None,
+        };
         Ok(PyStepUpdate {
+            spec_decoding_stats,
             rows: array(py, rows).unbind(),
             tokens: array(py, out.tokens).unbind(),
             token_offsets: array(py, token_offsets).unbind(),

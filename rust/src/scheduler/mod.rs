@@ -14,6 +14,7 @@
 //! freed, so a step's output applied late never touches a request that
 //! reused the slot.
 
+mod drafts;
 mod preemption;
 mod running_pass;
 mod session;
@@ -92,6 +93,11 @@ struct StepDraft {
     /// It carried prefill work: a running prefill chunk, or an admission
     /// with prompt left to compute.
     carried_prefill: bool,
+    /// The running pass scheduled a prefill chunk (which keeps admissions
+    /// from being padded with drafts, §4.13) ...
+    running_prefill: bool,
+    /// ... or scheduled anyone at all.
+    running_scheduled: bool,
 }
 
 /// vLLM 0.33's V1 scheduler.
@@ -438,8 +444,11 @@ impl Scheduler {
             grammar_failed: Vec::new(),
             hold_prefills,
             carried_prefill: false,
+            running_prefill: false,
+            running_scheduled: false,
         };
         self.schedule_running(&mut draft);
+        draft.running_scheduled = !draft.entries.is_empty();
         // Any preemption cancels this step's admissions (Q5). Paused for
         // new requests, only those holding KV blocks are admitted.
         if !draft.preempted_any && self.pause != Pause::All {

@@ -6,6 +6,7 @@ use super::{Scheduler, StepDraft};
 use crate::request::RequestStatus;
 use crate::scheduler_config::Policy;
 use crate::slab::Slot;
+use crate::spec_decode::Drafts;
 
 impl Scheduler {
     /// Remove the victim from `running` and return it. FCFS: the last
@@ -61,6 +62,7 @@ impl Scheduler {
         r.drop_stale = drop_stale || (r.drop_stale && r.stale_tokens > 0);
         r.stale_tokens = r.in_flight_tokens;
         r.num_output_placeholders = 0;
+        r.drafts = Drafts::None;
         if !self.preempted_ids.contains(&r.request_id) {
             self.preempted_ids.push(r.request_id.clone());
         }

@@ -6,6 +6,7 @@
 use super::{Scheduler, StepDraft};
 use crate::scheduler_config::Policy;
 use crate::slab::Slot;
+use crate::spec_decode::Drafts;
 use crate::step::{Kind, StepEntry};
 
 impl Scheduler {
@@ -32,7 +33,9 @@ impl Scheduler {
             match self.allocate_or_preempt(slot, n, &mut i, draft) {
                 Some(grown) => {
                     draft.carried_prefill |= self.requests[slot].prefill_chunk;
-                    let entry = self.entry(slot, n, Kind::Running, computed, grown);
+                    draft.running_prefill |= self.requests[slot].prefill_chunk;
+                    let mut entry = self.entry(slot, n, Kind::Running, computed, grown);
+                    entry.drafts = self.take_scheduled_drafts(slot, n);
                     draft.entries.push(entry);
                     draft.token_budget -= n;
                     draft.input_budget -= n;
@@ -58,7 +61,10 @@ impl Scheduler {
         {
             return 0;
         }
-        let mut n = r.num_tokens() + placeholders - computed;
+        // Its drafts count against the budget and max_model_len (§4.13).
+        // Saturating: a second synchronous step scheduled before the first's
+        // output finds its drafts' positions computed already (nothing to do).
+        let mut n = (r.num_tokens() + r.drafts.len() + placeholders).saturating_sub(computed);
         if draft.threshold > 0 && draft.threshold < n {
             n = draft.threshold;
         }
@@ -66,6 +72,24 @@ impl Scheduler {
         // would sample after it.
         let room = (self.config.max_model_len - 1).saturating_sub(computed);
         n.min(draft.token_budget).min(draft.input_budget).min(room)
+    }
+
+    /// The drafts among the `n` tokens scheduled for the running request in
+    /// `slot` (a prefix of its drafts when the budget or max_model_len cut
+    /// the step short); its drafts are used up either way.
+    fn take_scheduled_drafts(&mut self, slot: Slot, n: usize) -> Drafts {
+        let r = &mut self.requests[slot];
+        if r.drafts.is_empty() {
+            return Drafts::None;
+        }
+        let drafts = std::mem::take(&mut r.drafts);
+        let known = r.num_tokens() + r.num_output_placeholders;
+        let scheduled = (r.seq.num_computed_tokens + n).saturating_sub(known);
+        if scheduled == 0 {
+            Drafts::None
+        } else {
+            drafts.first(scheduled)
+        }
     }
 
     /// Blocks for `n` more tokens of the running request in `slot`
@@ -119,6 +143,7 @@ impl Scheduler {
                 Kind::Running => r.table.len() - grown,
                 Kind::New | Kind::Resumed => 0,
             },
+            drafts: Drafts::None,
         }
     }
 }

@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::request::{check_turn, NewRequest, RequestStatus};
 use crate::session::SessionUpdate;
 use crate::slab::Slot;
+use crate::spec_decode::Drafts;
 
 impl Scheduler {
     /// `new` arrived under the id of the live request in `slot`: the next
@@ -66,6 +67,7 @@ impl Scheduler {
         r.drop_stale = true;
         r.stale_tokens = r.in_flight_tokens;
         r.num_output_placeholders = 0;
+        r.drafts = Drafts::None;
         match r.session.as_mut().and_then(|q| q.pop_front()) {
             Some(None) => false, // the input ended: finished with this turn
             // A chunk that would not fit max_model_len ends it too (vLLM would

@@ -3,6 +3,7 @@
 //! the step had already run.
 
 use super::Scheduler;
+use crate::spec_decode::Drafts;
 use crate::step::{StepEntry, StepOutput};
 
 impl Scheduler {
@@ -34,7 +35,13 @@ impl Scheduler {
                     // Its grammar mask needs the token still in flight.
                     out.pending_structured_output_tokens |=
                         structured && r.num_output_placeholders > 0;
-                    r.num_output_placeholders += 1; // the token this step samples
+                    // The token this step samples and the drafts it verifies;
+                    // the runner proposes the next drafts meanwhile.
+                    r.num_output_placeholders += 1 + e.drafts.len();
+                    r.drafts = match self.config.num_speculative_tokens {
+                        0 => Drafts::None,
+                        k => Drafts::Placeholders(k),
+                    };
                     if self.config.decode_stagger > 0 {
                         r.next_decode_step = self.current_step + self.config.decode_stagger as u64;
                     }

@@ -9,6 +9,7 @@ use crate::kv_cache_manager::KvCacheManager;
 use crate::kv_events::KvEvent;
 use crate::request::{Request, RequestStatus};
 use crate::slab::Slot;
+use crate::spec_decode::SpecDecodingStats;
 use crate::step::{Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
 use crate::stop_check::check_stop;
 
@@ -97,6 +98,7 @@ impl Scheduler {
         out: &mut UpdateOutput,
     ) -> Option<RequestStatus> {
         let max_len = self.config.max_model_len;
+        let num_spec_tokens = self.config.num_speculative_tokens;
         let kv = &mut self.kv;
         let r = &mut self.requests[e.slot];
         r.in_flight_tokens = r.in_flight_tokens.saturating_sub(e.num_tokens);
@@ -110,7 +112,22 @@ impl Scheduler {
         if sampled.is_empty() {
             return None; // a prefill chunk: no output
         }
+        let num_drafts = e.drafts.len();
+        if num_drafts > 0 {
+            // Positions of rejected drafts are computed again; a stale
+            // output's counts predate the preemption and are left alone.
+            let accepted = sampled.len() - 1;
+            let rejected = num_drafts - accepted;
+            if !stale {
+                r.seq.num_computed_tokens = r.seq.num_computed_tokens.saturating_sub(rejected);
+                r.num_output_placeholders = r.num_output_placeholders.saturating_sub(rejected);
+            }
+            out.spec_decoding_stats
+                .get_or_insert_with(|| SpecDecodingStats::new(num_spec_tokens))
+                .observe(num_drafts, accepted);
+        }
         let status_before = r.status;
+        let had_placeholders = r.num_output_placeholders > 0;
         let start = out.tokens.len();
         let mut finished = append_until_stop(r, sampled, kv, max_len, &mut out.tokens);
         if finished && !stale {
@@ -118,9 +135,14 @@ impl Scheduler {
             let unused = sampled.len() - (out.tokens.len() - start);
             r.seq.num_computed_tokens -= unused.min(r.seq.num_computed_tokens);
         }
-        if !stale && r.num_output_placeholders > 0 {
+        if !stale && had_placeholders {
+            // Every returned token resolves a placeholder, kept or trimmed.
+            r.num_output_placeholders = r.num_output_placeholders.saturating_sub(sampled.len());
+        }
+        let confirms_blocks = had_placeholders || num_spec_tokens > 0;
+        if !stale && status_before == RequestStatus::Running && confirms_blocks {
             let first = r.table.num_cached_blocks();
-            resolve_placeholders(kv, r, sampled.len(), status_before);
+            cache_arrived(kv, r);
             let cached = r.table.num_cached_blocks();
             if cached > first && kv.events_enabled() {
                 kv.log_event(KvEvent::Stored {
@@ -197,7 +219,14 @@ impl Scheduler {
             ));
         }
         for (i, e) in step.entries.iter().enumerate() {
-            if offsets[i + 1] > offsets[i] && !e.samples {
+            let got = offsets[i + 1] - offsets[i];
+            if !e.drafts.is_empty() && got > e.drafts.len() + 1 {
+                return Err(Error::invalid(format!(
+                    "sampled: entry {i} got {got} tokens for {} drafts (at most one more)",
+                    e.drafts.len()
+                )));
+            }
+            if got > 0 && !e.samples {
                 return Err(Error::invalid(format!(
                     "sampled: entry {i} got tokens, but its step ended before the request's \
                      last known token"
@@ -228,19 +257,11 @@ fn append_until_stop(
     false
 }
 
-/// Async: every returned token resolves a placeholder, kept or trimmed
-/// after a stop; a running request's blocks that the arrived tokens filled
-/// are hash-cached now (vLLM caches them when the token arrives, not at
-/// allocation).
-fn resolve_placeholders(
-    kv: &mut KvCacheManager,
-    r: &mut Request,
-    num_sampled: usize,
-    status_before: RequestStatus,
-) {
-    r.num_output_placeholders = r.num_output_placeholders.saturating_sub(num_sampled);
-    if status_before == RequestStatus::Running {
-        let upto = r.seq.num_computed_tokens.saturating_sub(r.in_flight_tokens);
-        kv.cache_full_blocks(&mut r.table, &r.seq, upto);
-    }
+/// Hash-cache the blocks of a running request that arrived tokens
+/// confirmed: under async scheduling (the tokens were placeholders at
+/// allocation) and speculative decoding (only accepted drafts count), vLLM
+/// caches them when the output arrives.
+fn cache_arrived(kv: &mut KvCacheManager, r: &mut Request) {
+    let upto = r.seq.num_computed_tokens.saturating_sub(r.in_flight_tokens);
+    kv.cache_full_blocks(&mut r.table, &r.seq, upto);
 }

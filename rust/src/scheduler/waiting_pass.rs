@@ -8,6 +8,7 @@ use crate::grammar::Reached;
 use crate::kv_events::KvEvent;
 use crate::request::RequestStatus;
 use crate::slab::Slot;
+use crate::spec_decode::Drafts;
 use crate::step::Kind;
 
 /// The requests a pass skipped, by the queue they go back to.
@@ -170,6 +171,25 @@ impl Scheduler {
             return false;
         }
         let mut n = r.num_tokens() - hit_tokens;
+        // With speculative decoding, an admission with only its last token
+        // left is padded to a whole draft step (placeholder drafts the
+        // runner rejects), keeping the step's decode shape uniform; never
+        // beside a running prefill chunk (§4.13).
+        let k = c.num_speculative_tokens;
+        let mut padded = false;
+        if k > 0
+            && n == 1
+            && !draft.running_prefill
+            && (draft.running_scheduled || hit_tokens > 0)
+            // room for the padded step and the token it samples
+            && hit_tokens + k + 2 <= c.max_model_len
+        {
+            if 1 + k > budget {
+                return false; // rather not schedule it than unpadded
+            }
+            n = 1 + k;
+            padded = true;
+        }
         if draft.threshold > 0 && draft.threshold < n {
             n = draft.threshold;
         }
@@ -212,7 +232,10 @@ impl Scheduler {
         self.log_stored(slot, first);
         self.pop_waiting(from_kv);
         self.running.push(slot);
-        let entry = self.entry(slot, n, kind, hit_tokens, grown);
+        let mut entry = self.entry(slot, n, kind, hit_tokens, grown);
+        if padded {
+            entry.drafts = Drafts::Placeholders(n - 1);
+        }
         draft.entries.push(entry);
         draft.token_budget -= n;
         draft.input_budget -= n;

@@ -35,6 +35,7 @@ from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
 from ironbatch.reference.request import NewRequest, Request, RequestStatus, check_turn
 from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import (
+    drafts,
     preemption,
     running_pass,
     session,
@@ -45,6 +46,7 @@ from ironbatch.reference.scheduler.step_columns import finish_step
 from ironbatch.reference.scheduler_config import SchedulerSettings, settings, validate
 from ironbatch.reference.sequence import Sequence
 from ironbatch.reference.slab import Slab
+from ironbatch.reference.spec_decode import Drafts
 from ironbatch.reference.step import StepEntry, StepOutput, UpdateOutput
 
 __all__ = ["Pause", "Scheduler", "SchedulerStats", "StepDraft"]
@@ -105,6 +107,11 @@ class StepDraft:
     #: It carried prefill work: a running prefill chunk, or an admission with
     #: prompt left to compute.
     carried_prefill: bool = False
+    #: The running pass scheduled a prefill chunk (which keeps admissions
+    #: from being padded with drafts, §4.13) ...
+    running_prefill: bool = False
+    #: ... or scheduled anyone at all.
+    running_scheduled: bool = False
 
 
 class Scheduler:
@@ -251,6 +258,13 @@ class Scheduler:
         if cached > first:
             self.kv.log_event(Stored(slot, first, table.block_ids()[first:cached]))
 
+    def update_draft_token_ids(
+        self, request_ids: list[str], tokens: list[int], offsets: list[int]
+    ) -> None:
+        """Draft tokens for the requests' next steps (docs/scheduling.md
+        §4.13): ``request_ids[i]`` gets ``tokens[offsets[i]:offsets[i + 1]]``."""
+        drafts.update_draft_token_ids(self, request_ids, tokens, offsets)
+
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         """The caller's news of a structured-output request's grammar:
         compiled (True) or failed (False). It counts when a waiting pass next
@@ -344,6 +358,7 @@ class Scheduler:
             hold_prefills=hold_prefills,
         )
         running_pass.schedule_running(self, draft)
+        draft.running_scheduled = bool(draft.entries)
         # Any preemption cancels this step's admissions (Q5). Paused for new
         # requests, only those holding KV blocks are admitted.
         if not draft.preempted_any and self._pause != Pause.ALL:
@@ -438,6 +453,7 @@ class Scheduler:
                 "grammar": None if r.grammar is None else r.grammar.name,
                 "prefill_chunk": r.prefill_chunk,
                 "next_decode_step": r.next_decode_step,
+                "drafts": drafts_column(r.drafts),
             }
         pool = self.kv.pool
         return {
@@ -454,3 +470,10 @@ class Scheduler:
     def __repr__(self) -> str:
         running, waiting = self.request_counts()
         return f"Scheduler(running={running}, waiting={waiting}, pause={self._pause.name})"
+
+
+def drafts_column(drafts: Drafts) -> list[int]:
+    """A request's drafts as the step's column holds them (-1: a placeholder)."""
+    column: list[int] = []
+    drafts.write_to(column)
+    return column

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler_config import Policy
+from ironbatch.reference.spec_decode import NO_DRAFTS
 
 if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler, StepDraft
@@ -57,6 +58,7 @@ def preempt(s: Scheduler, slot: int, drop_stale: bool) -> None:
     r.drop_stale = drop_stale or (r.drop_stale and r.stale_tokens > 0)
     r.stale_tokens = r.in_flight_tokens
     r.num_output_placeholders = 0
+    r.drafts = NO_DRAFTS
     s.waiting_queue.prepend(slot, s.requests)
     if r.request_id not in s.preempted_ids:
         s.preempted_ids.append(r.request_id)

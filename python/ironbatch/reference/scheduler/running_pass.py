@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ironbatch.reference.scheduler.preemption import preempt, take_victim
 from ironbatch.reference.scheduler_config import Policy
+from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
 from ironbatch.reference.step import Kind, StepEntry
 
 if TYPE_CHECKING:
@@ -36,7 +37,10 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
         grown, i = allocate_or_preempt(s, slot, n, i, draft)
         if grown is not None:
             draft.carried_prefill |= s.requests[slot].prefill_chunk
-            draft.entries.append(entry(s, slot, n, Kind.RUNNING, computed, grown))
+            draft.running_prefill |= s.requests[slot].prefill_chunk
+            e = entry(s, slot, n, Kind.RUNNING, computed, grown)
+            e.drafts = take_scheduled_drafts(s, slot, n)
+            draft.entries.append(e)
             draft.token_budget -= n
             draft.input_budget -= n
             i += 1
@@ -60,13 +64,28 @@ def num_running_tokens(s: Scheduler, slot: int, draft: StepDraft) -> int:
         and computed + 2 >= placeholders + r.seq.num_prompt_tokens + r.stop.max_tokens
     ):
         return 0
-    n = r.num_tokens + placeholders - computed
+    # Its drafts count against the budget and max_model_len (§4.13). At
+    # least 0: a second synchronous step scheduled before the first's output
+    # finds its drafts' positions computed already (nothing to do).
+    n = max(r.num_tokens + len(r.drafts) + placeholders - computed, 0)
     if 0 < draft.threshold < n:
         n = draft.threshold
     # The last position of max_model_len is never computed: nothing would
     # sample after it.
     room = max(s.config.max_model_len - 1 - computed, 0)
     return min(n, draft.token_budget, draft.input_budget, room)
+
+
+def take_scheduled_drafts(s: Scheduler, slot: int, n: int) -> Drafts:
+    """The drafts among the ``n`` tokens scheduled for the running request
+    in ``slot`` (a prefix of its drafts when the budget or max_model_len cut
+    the step short); its drafts are used up either way."""
+    r = s.requests[slot]
+    if not r.drafts:
+        return NO_DRAFTS
+    drafts, r.drafts = r.drafts, NO_DRAFTS
+    scheduled = r.seq.num_computed_tokens + n - (r.num_tokens + r.num_output_placeholders)
+    return drafts.first(scheduled) if scheduled > 0 else NO_DRAFTS
 
 
 def allocate_or_preempt(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ironbatch.reference.error import debug_str, duplicate_request
 from ironbatch.reference.request import NewRequest, RequestStatus, check_turn
 from ironbatch.reference.session import SessionUpdate
+from ironbatch.reference.spec_decode import NO_DRAFTS
 
 if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler
@@ -60,6 +61,7 @@ def end_turn(s: Scheduler, slot: int) -> bool:
     r.drop_stale = True
     r.stale_tokens = r.in_flight_tokens
     r.num_output_placeholders = 0
+    r.drafts = NO_DRAFTS
     if r.session:
         update = r.session.popleft()
         if update is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
 from ironbatch.reference.step import StepEntry, StepOutput
 
 if TYPE_CHECKING:
@@ -37,7 +38,11 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
             if s.config.async_scheduling:
                 # Its grammar mask needs the token still in flight.
                 out.pending_structured_output_tokens |= structured and r.num_output_placeholders > 0
-                r.num_output_placeholders += 1  # the token this step samples
+                # The token this step samples and the drafts it verifies;
+                # the runner proposes the next drafts meanwhile.
+                r.num_output_placeholders += 1 + len(e.drafts)
+                k = s.config.num_speculative_tokens
+                r.drafts = Drafts(placeholders=k) if k else NO_DRAFTS
                 if s.config.decode_stagger > 0:
                     r.next_decode_step = s.current_step + s.config.decode_stagger
     out.entries = entries

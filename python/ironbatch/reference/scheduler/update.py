@@ -13,6 +13,7 @@ from ironbatch.reference.kv_cache_manager import KvCacheManager
 from ironbatch.reference.kv_events import Stored
 from ironbatch.reference.request import Request, RequestStatus
 from ironbatch.reference.scheduler import session, waiting_pass
+from ironbatch.reference.spec_decode import SpecDecodingStats
 from ironbatch.reference.step import Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord
 from ironbatch.reference.stop_check import check_stop
 
@@ -102,16 +103,33 @@ def apply_output(
             return None  # a reset preempted it: discarded (docs/scheduling.md §5.4)
     if not sampled:
         return None  # a prefill chunk: no output
+    num_drafts = len(e.drafts)
+    if num_drafts > 0:
+        # Positions of rejected drafts are computed again; a stale output's
+        # counts predate the preemption and are left alone.
+        accepted = len(sampled) - 1
+        rejected = num_drafts - accepted
+        if not stale:
+            r.seq.num_computed_tokens = max(r.seq.num_computed_tokens - rejected, 0)
+            r.num_output_placeholders = max(r.num_output_placeholders - rejected, 0)
+        if out.spec_decoding_stats is None:
+            out.spec_decoding_stats = SpecDecodingStats.new(s.config.num_speculative_tokens)
+        out.spec_decoding_stats.observe(num_drafts, accepted)
     status_before = r.status
+    had_placeholders = r.num_output_placeholders > 0
     start = len(out.tokens)
     finished = append_until_stop(r, sampled, kv, s.config.max_model_len, out.tokens)
     if finished and not stale:
         # Positions scheduled for tokens after the stop were for nothing.
         unused = len(sampled) - (len(out.tokens) - start)
         r.seq.num_computed_tokens -= min(unused, r.seq.num_computed_tokens)
-    if not stale and r.num_output_placeholders > 0:
+    if not stale and had_placeholders:
+        # Every returned token resolves a placeholder, kept or trimmed.
+        r.num_output_placeholders = max(r.num_output_placeholders - len(sampled), 0)
+    confirms_blocks = had_placeholders or s.config.num_speculative_tokens > 0
+    if not stale and status_before == RequestStatus.RUNNING and confirms_blocks:
         first = r.table.num_cached_blocks()
-        resolve_placeholders(kv, r, len(sampled), status_before)
+        cache_arrived(kv, r)
         cached = r.table.num_cached_blocks()
         if cached > first and kv.events_enabled:
             kv.log_event(Stored(e.slot, first, r.table.block_ids()[first:cached]))
@@ -150,7 +168,12 @@ def check_update(s: Scheduler, step: StepOutput, tokens: list[int], offsets: lis
     if offsets[0] != 0 or not rising or offsets[n] != len(tokens):
         raise ValueError("sampled: offsets must rise from 0 to the number of tokens")
     for i, e in enumerate(step.entries):
-        if offsets[i + 1] > offsets[i] and not e.samples:
+        got = offsets[i + 1] - offsets[i]
+        if e.drafts and got > len(e.drafts) + 1:
+            raise ValueError(
+                f"sampled: entry {i} got {got} tokens for {len(e.drafts)} drafts (at most one more)"
+            )
+        if got > 0 and not e.samples:
             raise ValueError(
                 f"sampled: entry {i} got tokens, but its step ended before the request's "
                 "last known token"
@@ -171,14 +194,10 @@ def append_until_stop(
     return False
 
 
-def resolve_placeholders(
-    kv: KvCacheManager, r: Request, num_sampled: int, status_before: RequestStatus
-) -> None:
-    """Async: every returned token resolves a placeholder, kept or trimmed
-    after a stop; a running request's blocks that the arrived tokens filled
-    are hash-cached now (vLLM caches them when the token arrives, not at
-    allocation)."""
-    r.num_output_placeholders = max(r.num_output_placeholders - num_sampled, 0)
-    if status_before == RequestStatus.RUNNING:
-        upto = max(r.seq.num_computed_tokens - r.in_flight_tokens, 0)
-        kv.cache_full_blocks(r.table, r.seq, upto)
+def cache_arrived(kv: KvCacheManager, r: Request) -> None:
+    """Hash-cache the blocks of a running request that arrived tokens
+    confirmed: under async scheduling (the tokens were placeholders at
+    allocation) and speculative decoding (only accepted drafts count), vLLM
+    caches them when the output arrives."""
+    upto = max(r.seq.num_computed_tokens - r.in_flight_tokens, 0)
+    kv.cache_full_blocks(r.table, r.seq, upto)

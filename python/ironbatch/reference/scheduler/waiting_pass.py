@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ironbatch.reference.kv_events import Hit
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler.running_pass import entry
+from ironbatch.reference.spec_decode import Drafts
 from ironbatch.reference.step import Kind
 
 if TYPE_CHECKING:
@@ -140,6 +141,24 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
     if draft.hold_prefills and prompt_left:
         return False
     n = r.num_tokens - hit_tokens
+    # With speculative decoding, an admission with only its last token left
+    # is padded to a whole draft step (placeholder drafts the runner
+    # rejects), keeping the step's decode shape uniform; never beside a
+    # running prefill chunk (§4.13).
+    k = c.num_speculative_tokens
+    padded = False
+    if (
+        k > 0
+        and n == 1
+        and not draft.running_prefill
+        and (draft.running_scheduled or hit_tokens > 0)
+        # room for the padded step and the token it samples
+        and hit_tokens + k + 2 <= c.max_model_len
+    ):
+        if 1 + k > budget:
+            return False  # rather not schedule it than unpadded
+        n = 1 + k
+        padded = True
     if 0 < draft.threshold < n:
         n = draft.threshold
     if not c.enable_chunked_prefill and n > budget:
@@ -165,7 +184,10 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
     s.log_stored(slot, first)
     pop_waiting(s, from_kv)
     s.running.append(slot)
-    draft.entries.append(entry(s, slot, n, kind, hit_tokens, grown))
+    e = entry(s, slot, n, kind, hit_tokens, grown)
+    if padded:
+        e.drafts = Drafts(placeholders=n - 1)
+    draft.entries.append(e)
     draft.token_budget -= n
     draft.input_budget -= n
     return True

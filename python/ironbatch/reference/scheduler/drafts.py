@@ -1,0 +1,48 @@
+"""Draft tokens in (docs/scheduling.md §4.13): after each synchronous step's
+output, the model runner's proposer hands over the drafts each request
+should verify in its next step (vLLM's ``update_draft_token_ids``). The
+twin of ``rust/src/scheduler/drafts.rs``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ironbatch.reference.args import u32_list
+from ironbatch.reference.error import debug_str
+from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
+
+if TYPE_CHECKING:
+    from ironbatch.reference.scheduler import Scheduler
+
+
+def update_draft_token_ids(
+    s: Scheduler, request_ids: Sequence[str], tokens: Sequence[int], offsets: Sequence[int]
+) -> None:
+    """Give request ``request_ids[i]`` the drafts
+    ``tokens[offsets[i]:offsets[i + 1]]``, replacing any it had. Ids of
+    requests that finished meanwhile are skipped, and a request whose last
+    step was a prefill chunk gets none (its drafts would follow tokens it has
+    not computed). Checked first: a ``ValueError`` changes nothing."""
+    tokens = u32_list("token_ids", tokens)
+    k = s.config.num_speculative_tokens
+    n = len(request_ids)
+    if len(offsets) != n + 1 or offsets[0] != 0 or offsets[n] != len(tokens):
+        raise ValueError(
+            f"draft_token_ids: offsets must rise from 0 to {len(tokens)} over {n} requests"
+        )
+    for i in range(n):
+        if offsets[i] > offsets[i + 1]:
+            raise ValueError("draft_token_ids: offsets must rise")
+        if offsets[i + 1] - offsets[i] > k:
+            raise ValueError(
+                f"draft_token_ids: request {debug_str(request_ids[i])} got "
+                f"{offsets[i + 1] - offsets[i]} drafts, more than num_speculative_tokens={k}"
+            )
+    for i, request_id in enumerate(request_ids):
+        slot = s.ids.get(request_id)
+        if slot is None:
+            continue  # finished (or aborted) since
+        r = s.requests[slot]
+        drafts = tuple(tokens[offsets[i] : offsets[i + 1]])
+        r.drafts = NO_DRAFTS if r.prefill_chunk or not drafts else Drafts(drafts)
