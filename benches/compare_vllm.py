@@ -34,7 +34,13 @@ def main() -> int:
         "--workloads",
         default="decode-64,decode-256,decode-1024,mixed",
         help="also: json-64, json-256 (a third of the requests with a JSON schema), "
-        "kv-events-64, kv-events-256 (KV-cache events published)",
+        "kv-events-64, kv-events-256 (KV-cache events published), ngram3-64, ngram3-256, "
+        "ngram5-64, ngram5-256 (n-gram speculative decoding, k drafts a step)",
+    )
+    ap.add_argument(
+        "--spec",
+        choices=["ngram"],
+        help="time the speculative workloads (k = 3 and 5, 64 and 256 running)",
     )
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--turn", type=int, default=1)
@@ -45,6 +51,8 @@ def main() -> int:
         help="vLLM's default: each step is scheduled before the previous output arrives",
     )
     a = ap.parse_args()
+    if a.spec:
+        a.workloads = "decode-256,ngram3-64,ngram3-256,ngram5-64,ngram5-256"
     asy = a.async_scheduling
     drivers = [
         lambda w: IronbatchDriver(w, "rust", asy),

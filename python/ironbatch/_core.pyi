@@ -311,6 +311,8 @@ class Scheduler:
         it with an error."""
     def has_request(self, request_id: str) -> bool:
         """Whether ``request_id`` is a live request."""
+    def is_prefill_chunk(self, request_id: str) -> bool | None:
+        """Whether its last step left tokens to compute (None: not live)."""
     @property
     def num_kv_holding(self) -> int:
         """Waiting requests that hold KV blocks (sessions between turns)."""

@@ -116,6 +116,15 @@ class CoreScheduler:
         counts when a waiting pass next reaches the request."""
         self.core.report_grammar(request_id=request_id, compiled=compiled)
 
+    def update_draft_token_ids(
+        self, request_ids: list[str], token_ids: list[int], offsets: list[int]
+    ) -> None:
+        """Drafts for the requests' next steps: ``request_ids[i]`` gets
+        ``token_ids[offsets[i]:offsets[i + 1]]`` (docs/scheduling.md §4.13)."""
+        self.core.update_draft_token_ids(
+            request_ids=request_ids, token_ids=token_ids, offsets=offsets
+        )
+
     def schedule(self, throttle_prefills: bool = False) -> _core.Step:
         """One step; ``throttle_prefills`` holds prefill work back (a
         data-parallel engine's prefill balancing, docs/scheduling.md §4.11)."""

@@ -109,9 +109,7 @@ class RustBackend:
         self.core.report_grammar(request_id, compiled)
 
     def update_draft_token_ids(self, drafts: DraftTokenIds) -> None:
-        self.core.core.update_draft_token_ids(
-            request_ids=drafts.request_ids, token_ids=drafts.tokens, offsets=drafts.offsets
-        )
+        self.core.update_draft_token_ids(drafts.request_ids, drafts.tokens, drafts.offsets)
 
     def schedule(
         self, lookup_request: Callable[[str], Any], throttle_prefills: bool

@@ -40,6 +40,7 @@ import os
 import sys
 import time
 import traceback
+import zlib
 from collections import Counter, deque
 from concurrent.futures import Future
 from typing import Any, ClassVar
@@ -67,7 +68,12 @@ from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput  # noqa: E4
 from vllm.v1.engine import EngineCoreRequest  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec  # noqa: E402
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import (  # noqa: E402
+    EMPTY_MODEL_RUNNER_OUTPUT,
+    DraftTokenIds,
+    LogprobsTensors,
+    ModelRunnerOutput,
+)  # noqa: E402
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # noqa: E402
 from vllm.v1.worker.utils import customize_attention_spec  # noqa: E402
 
@@ -453,6 +459,11 @@ class DeploymentExecutor(StandInExecutor):
         self.grammar: list[Any] = []
         self.kv_cache_configs: list[KVCacheConfig] = []
         self.pending: ModelRunnerOutput | None = None
+        # Speculative decoding: the requests of the last step, whose drafts
+        # the proposer hands over next (the same on both engines: a
+        # function of the step number and the id).
+        self.num_steps = 0
+        self.last_step_ids: list[str] = []
 
     def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
         return copy.deepcopy(self.worker_specs)
@@ -475,6 +486,8 @@ class DeploymentExecutor(StandInExecutor):
         if not ids:
             output = EMPTY_MODEL_RUNNER_OUTPUT  # nothing ran: the output now
             return _DoneFuture(output) if non_block else output
+        self.num_steps += 1
+        self.last_step_ids = ids
         if self.leads:
             self.pending = self._decide(scheduler_output)
             self.sampler.decisions.append((ids, copy.deepcopy(self.pending)))
@@ -507,6 +520,18 @@ class DeploymentExecutor(StandInExecutor):
         assert output is not None, "sample_tokens without execute_model"
         return _DoneFuture(output) if non_block else output
 
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The proposer's drafts for the last step's requests: up to k
+        tokens each, some none."""
+        k = self.vllm_config.num_speculative_tokens
+        if not k:
+            return None
+        drafts = []
+        for rid in self.last_step_ids:
+            n = zlib.crc32(f"{rid}/{self.num_steps}".encode()) % (k + 1)
+            drafts.append([token_for(rid, self.num_steps * 31 + i) for i in range(n)])
+        return DraftTokenIds(req_ids=list(self.last_step_ids), draft_token_ids=drafts)
+
     def _decide(self, so: SchedulerOutput) -> ModelRunnerOutput:
         ids = list(so.num_scheduled_tokens)
         assert self.scheduler is not None
@@ -514,7 +539,15 @@ class DeploymentExecutor(StandInExecutor):
         prompt_logprobs: dict[str, LogprobsTensors | None] = {}
         for rid in ids:
             r = self.scheduler.requests[rid]
-            sampled.append([] if r.is_prefill_chunk else [token_for(rid, r.num_computed_tokens)])
+            if r.is_prefill_chunk:
+                sampled.append([])
+            else:
+                # The verification keeps some drafts (never a placeholder
+                # that pads a synchronous step) and samples one more token.
+                drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+                kept = 0 if -1 in drafts else r.num_computed_tokens % (len(drafts) + 1)
+                start = r.num_computed_tokens - len(drafts)
+                sampled.append([token_for(rid, start + i) for i in range(kept + 1)])
             start = r.num_computed_tokens - so.num_scheduled_tokens[rid]
             if (
                 r.sampling_params.prompt_logprobs
@@ -760,6 +793,7 @@ class Engine:
             "prefill_schedule_interval": sc.prefill_schedule_interval,
             "enable_prefix_caching": bool(vc.cache_config.enable_prefix_caching),
             "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
+            "num_speculative_tokens": vc.num_speculative_tokens,
         }
 
     def shutdown(self) -> None:
@@ -801,6 +835,7 @@ def _exercised(e: Engine) -> dict[str, int]:
         )
         seen["preempted"] += len(so["preempted_req_ids"] or ())
         seen["new_token_ids_to_first_stage"] += bool(so["scheduled_cached_reqs"]["new_token_ids"])
+        seen["spec_drafts"] += sum(len(d) for d in so["scheduled_spec_decode_tokens"].values())
     for g in e.executor.grammar:
         seen["masked_rows"] += 0 if g is None else len(g[0])
     for _, view, events, reasoning in e.steps:

@@ -64,6 +64,9 @@ class Deployment(NamedTuple):
 
 
 KV_EVENTS = json.dumps({"enable_kv_cache_events": True, "publisher": "null"})  # binds no port
+SPEC_NGRAM = json.dumps(
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+)
 TABLE = [
     Deployment(
         "llama-3.1-8b",
@@ -141,6 +144,15 @@ TABLE = [
         {"pipeline_parallel_size": 2, "workers": 2},
         # Synchronous PP: the first stage gets each step's sampled tokens.
         exercises_when_sync=("new_token_ids_to_first_stage",),
+    ),
+    Deployment(
+        # N-gram speculation: the drafts come from the runner, no drafter
+        # model, so no lookahead slots.
+        "ngram-speculation",
+        "llama-3.1-8b",
+        ["--speculative-config", SPEC_NGRAM],
+        {"num_speculative_tokens": 3},
+        exercises=("spec_drafts",),
     ),
     Deployment(
         "scheduler-options",

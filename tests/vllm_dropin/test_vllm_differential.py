@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.config import KVEventsConfig, ObservabilityConfig  # noqa: E402
+from vllm.config import KVEventsConfig, ObservabilityConfig, SpeculativeConfig  # noqa: E402
 from vllm.sampling_params import RepetitionDetectionParams  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
@@ -45,6 +45,7 @@ def random_settings(rng: random.Random) -> dict:
     need = -(-max_model_len // bs)
     tight = rng.random() < 0.5
     blocks = rng.randint(need // 2 + 2, need + 2) if tight else rng.randint(3 * need, 6 * need)
+    pp = rng.choice([1] * 4 + [2, 3])
     return dict(
         block_size=bs,
         num_blocks=blocks,
@@ -66,11 +67,25 @@ def random_settings(rng: random.Random) -> dict:
         watermark=rng.choice([0.0] * 5 + [0.05, 0.2]),
         mla=rng.random() < 0.3,
         prefill_schedule_interval=rng.choice([1] * 3 + [2, 4]),
-        pipeline_parallel_size=rng.choice([1] * 4 + [2, 3]),
+        pipeline_parallel_size=pp,
         data_parallel_size=rng.choice([1, 1, 2]),
         **kv_events(rng),
         **kv_metrics(rng),
+        **speculation(rng, pp),
     )
+
+
+def speculation(rng: random.Random, pp: int) -> dict:
+    """N-gram speculative decoding in some workloads (vLLM's method without
+    a drafter of its own, so no lookahead slots; not with pipeline
+    parallelism, which falls back)."""
+    if pp == 1 and rng.random() < 0.65:
+        k = rng.choice([1, 2, 3, 5])
+        spec = SpeculativeConfig(
+            method="ngram", num_speculative_tokens=k, prompt_lookup_max=3, prompt_lookup_min=1
+        )
+        return {"speculative_config": spec}
+    return {}
 
 
 def kv_metrics(rng: random.Random) -> dict:
@@ -102,8 +117,10 @@ def workload_features(rng: random.Random, settings: dict) -> Features:
     pp, async_scheduling = settings["pipeline_parallel_size"], settings["async_scheduling"]
     need = -(-settings["max_model_len"] // settings["block_size"])
     return Features(
-        # vLLM refuses async scheduling with pipeline parallelism on its V1 runner.
-        runner_v1=rng.random() < 0.3 and not (pp > 1 and async_scheduling),
+        # vLLM refuses async scheduling with pipeline parallelism, or with
+        # n-gram speculation, on its V1 runner.
+        runner_v1=rng.random() < 0.3
+        and not (async_scheduling and (pp > 1 or "speculative_config" in settings)),
         reasoning=rng.random() < 0.3,
         grammars=rng.random() < 0.5,
         # Streaming sessions hold their blocks between turns and nobody
@@ -268,7 +285,9 @@ def test_each_feature_gets_200_workloads() -> None:
         counts["async scheduling"] += s["async_scheduling"]
         counts["priority policy"] += s["policy"] == "priority"
         counts["MLA"] += s["mla"]
+        counts["speculative decoding"] += "speculative_config" in s
     assert min(counts.values()) >= 200, counts
+    assert counts["speculative decoding"] >= 300, counts
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
@@ -304,6 +323,9 @@ def test_random_workloads_agree_with_vllm(chunk: int) -> None:
         "pp_token_ids",
         "session_turns",
         "session_chunks",
+        "spec_drafts",
+        "spec_accepted",
+        "spec_verified",
     ):
         assert events[what] >= 10, (what, events)
     # A reset succeeds only with nothing held (or everything preempted): rarer.

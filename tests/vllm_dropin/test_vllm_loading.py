@@ -15,6 +15,7 @@ from vllm.config import (  # noqa: E402
     KVEventsConfig,
     LoRAConfig,
     ObservabilityConfig,
+    SpeculativeConfig,
     StructuredOutputsConfig,
 )
 from vllm.lora.request import LoRARequest  # noqa: E402
@@ -174,3 +175,20 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing() -> None:
 def test_importing_ironbatch_does_not_import_vllm() -> None:
     code = "import sys, ironbatch; assert 'vllm' not in sys.modules, 'vllm imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_ngram_speculation_keeps_the_drop_in(async_scheduling: bool) -> None:
+    """n-gram speculative decoding (no drafter of its own, so no lookahead
+    slots) is scheduled by the core: drafts in, rejections rolled back."""
+    spec = SpeculativeConfig(
+        method="ngram", num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1
+    )
+    vc, kvc = vllm_setup.vllm_config(
+        CLS, async_scheduling=async_scheduling, speculative_config=spec
+    )
+    s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
+    assert type(s) is ironbatch.vllm.Scheduler
+    s.add_request(vllm_setup.make_request("a", range(3, 20), 8))
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"a": 17} and so.num_spec_tokens_to_schedule == 3

@@ -1,6 +1,7 @@
 """The vLLM differential must catch a drop-in that goes wrong where vLLM's
 state lives outside the core: each test breaks the drop-in one way (a grammar
-that is not advanced, a KV-cache event dropped, events reordered) and checks
+that is not advanced, a KV-cache event dropped, events reordered, a draft
+lost, acceptance miscounted) and checks
 that the random workloads of test_vllm_differential fail within a few seeds."""
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm.v1.outputs import DraftTokenIds  # noqa: E402
+
 from ironbatch.vllm.kv_events import KvEvents  # noqa: E402
+from ironbatch.vllm.speculation import Speculation  # noqa: E402
 from ironbatch.vllm.structured_outputs import StructuredOutputs  # noqa: E402
 
 from test_vllm_differential import run_workload  # noqa: E402
@@ -63,4 +67,27 @@ def test_reordered_kv_events_are_caught(monkeypatch: pytest.MonkeyPatch) -> None
         publish(self)
 
     monkeypatch.setattr(KvEvents, "publish", publish_reversed)
+    assert caught()
+
+
+def test_a_draft_lost_on_the_way_in_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    take: Callable[..., None] = Speculation.take_drafts
+
+    def take_but_drop_the_last(self: Speculation, drafts: DraftTokenIds) -> None:
+        shorter = [d[:-1] for d in drafts.draft_token_ids]
+        take(self, DraftTokenIds(req_ids=drafts.req_ids, draft_token_ids=shorter))
+
+    monkeypatch.setattr(Speculation, "take_drafts", take_but_drop_the_last)
+    assert caught()
+
+
+def test_acceptance_stats_off_by_one_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    stats: Callable[..., Any] = Speculation.stats
+
+    def one_more_accepted(*args: Any) -> Any:
+        s = stats(*args)
+        s.num_accepted_tokens += 1
+        return s
+
+    monkeypatch.setattr(Speculation, "stats", staticmethod(one_more_accepted))
     assert caught()

@@ -8,6 +8,7 @@ still in flight) after the previous step's update."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import random
@@ -22,7 +23,7 @@ from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import FinishReason
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from ironbatch import _core
@@ -156,6 +157,11 @@ class VllmPair:
         self.events: Counter = Counter()
         #: The token each sampling request gets (the workload sets it).
         self.choose: Callable[[], int] = lambda: 3
+        # Speculative decoding: drafts the proposer hands over, verified by
+        # the runner, which accepts a random number of them.
+        spec = settings.get("speculative_config")
+        self.num_spec_tokens = 0 if spec is None else spec.num_speculative_tokens
+        self.async_scheduling = bool(settings.get("async_scheduling"))
 
     # -- inputs -----------------------------------------------------------------
 
@@ -271,6 +277,14 @@ class VllmPair:
     def take_masks(self, a: SchedulerOutput, b: SchedulerOutput) -> None:
         """Both schedulers' grammar masks for a step: the same rows, the
         same bits (the fake grammars' states show in them)."""
+        if id(a) in self.unmasked and self.num_spec_tokens:
+            # EngineCore hands a deferred step its drafts before its masks.
+            drafts = self.proposed(list(a.num_scheduled_tokens))
+            self.vllm.update_draft_token_ids_in_output(copy.deepcopy(drafts), a)
+            self.ours.update_draft_token_ids_in_output(copy.deepcopy(drafts), b)
+            assert a.scheduled_spec_decode_tokens == b.scheduled_spec_decode_tokens
+            assert a.num_invalid_spec_tokens == b.num_invalid_spec_tokens
+            self.events["spec_invalid"] += sum((a.num_invalid_spec_tokens or {}).values())
         self.unmasked.discard(id(a))
         ga, gb = self.vllm.get_grammar_bitmask(a), self.ours.get_grammar_bitmask(b)
         assert (ga is None) == (gb is None)
@@ -293,7 +307,7 @@ class VllmPair:
             self.take_masks(a, b)
         runner_order = list(a.num_scheduled_tokens)
         self.rng.shuffle(runner_order)  # a persistent batch has its own row order
-        tokens = {rid: [choose()] for rid in sampling}
+        tokens = {rid: self.verified(a, rid, choose) for rid in sampling}
         ids, bitmask = self.masks.pop(id(a), ([], None))
         for row, rid in enumerate(ids):
             if rid in tokens:  # a token the grammar allows
@@ -305,10 +319,20 @@ class VllmPair:
             req_id_to_index={rid: i for i, rid in enumerate(runner_order)},
             sampled_token_ids=[tokens.get(rid, []) for rid in runner_order],
         )
-        oa = self.vllm.update_from_output(a, mro)
+        # A copy for each: vLLM trims a request's token list in place at a stop.
+        oa = self.vllm.update_from_output(a, copy.deepcopy(mro))
         ob = self.ours.update_from_output(b, mro)
         va, vb = engine_outputs_view(oa), engine_outputs_view(ob)
         assert va == vb
+        if self.num_spec_tokens and not self.async_scheduling:
+            # After the output, the proposer's drafts for the next step.
+            drafts = self.proposed(runner_order)
+            self.vllm.update_draft_token_ids(copy.deepcopy(drafts))
+            self.ours.update_draft_token_ids(copy.deepcopy(drafts))
+        for eco in oa.values():
+            stats = eco.scheduler_stats
+            if stats is not None and stats.spec_decoding_stats is not None:
+                self.events["spec_verified"] += stats.spec_decoding_stats.num_drafts
         self.events["kv_evictions"] += sum(
             len(eco.scheduler_stats.kv_cache_eviction_events)
             for eco in oa.values()
@@ -334,6 +358,26 @@ class VllmPair:
                 # Output of a step that ran before the request was preempted.
                 self.events["stale"] += r is not None and r.status == RequestStatus.PREEMPTED
         self.check_requests()
+
+    def proposed(self, req_ids: list[str]) -> DraftTokenIds:
+        """Drafts for ``req_ids`` (some none, some fewer than k), as a
+        proposer hands them over."""
+        k = self.num_spec_tokens
+        drafts = [[self.choose() for _ in range(self.rng.randint(0, k))] for _ in req_ids]
+        return DraftTokenIds(req_ids=list(req_ids), draft_token_ids=drafts)
+
+    def verified(self, a: SchedulerOutput, rid: str, choose: Callable[[], int]) -> list[int]:
+        """What the runner returns for a sampling request: the drafts it
+        accepted (any number; placeholders that pad a synchronous step are
+        always rejected) and one token of its own."""
+        drafts = a.scheduled_spec_decode_tokens.get(rid, [])
+        if -1 in drafts and not self.async_scheduling:
+            accepted = 0
+        else:
+            accepted = self.rng.randint(0, len(drafts))
+        self.events["spec_drafts"] += len(drafts)
+        self.events["spec_accepted"] += accepted
+        return [choose() for _ in range(accepted)] + [choose()]
 
     def check_kv_events(self) -> None:
         """Both published the same KV-cache events, batch by batch."""

@@ -48,6 +48,9 @@ class Workload:
     # schema (0: none), and KV-cache events are published.
     structured_every: int = 0
     kv_events: bool = False
+    # n-gram speculative decoding with this many drafts a step (0: off); the
+    # runner accepts 0, 1, ..., k of them in turn.
+    num_speculative_tokens: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -80,6 +83,10 @@ WORKLOADS = {
         Workload("json-256", 256, 2048, 256, 32, structured_every=3),
         Workload("kv-events-64", 64, 2048, 64, 32, kv_events=True),
         Workload("kv-events-256", 256, 2048, 256, 32, kv_events=True),
+        Workload("ngram3-64", 64, 2048, 64, 32, num_speculative_tokens=3),
+        Workload("ngram3-256", 256, 2048, 256, 32, num_speculative_tokens=3),
+        Workload("ngram5-64", 64, 2048, 64, 32, num_speculative_tokens=5),
+        Workload("ngram5-256", 256, 2048, 256, 32, num_speculative_tokens=5),
     ]
 }
 

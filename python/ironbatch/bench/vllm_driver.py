@@ -16,9 +16,9 @@ from concurrent.futures import Future  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402
-from vllm.config import KVEventsConfig  # noqa: E402
+from vllm.config import KVEventsConfig, SpeculativeConfig  # noqa: E402
 from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 from ironbatch.bench.scheduler_steps import TimedDriver  # noqa: E402
@@ -104,9 +104,11 @@ class RunnerEmulator:
     Request objects) and samples ``token`` for every request whose step
     reaches its last known token."""
 
-    def __init__(self, token: int) -> None:
+    def __init__(self, token: int, num_speculative_tokens: int = 0) -> None:
         self.token = token
         self.num_tokens: dict[str, int] = {}
+        self.k = num_speculative_tokens
+        self.turn = 0  # accepted drafts cycle through 0..k
 
     def output(self, so: Any) -> ModelRunnerOutput:
         for rid in so.finished_req_ids:
@@ -121,11 +123,17 @@ class RunnerEmulator:
             self.num_tokens[rid] = len(tokens)
         computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         ids = list(so.num_scheduled_tokens)
+        drafts = so.scheduled_spec_decode_tokens
         sampled = []
         for rid in ids:
             if computed[rid] + so.num_scheduled_tokens[rid] >= self.num_tokens[rid]:
-                sampled.append([self.token])
-                self.num_tokens[rid] += 1
+                # The verification keeps some drafts and samples one more.
+                kept = 0
+                if d := len(drafts.get(rid, ())):
+                    self.turn += 1
+                    kept = self.turn % (d + 1)
+                sampled.append([self.token] * (kept + 1))
+                self.num_tokens[rid] += kept + 1
             else:
                 sampled.append([])
         return ModelRunnerOutput(
@@ -133,6 +141,11 @@ class RunnerEmulator:
             req_id_to_index={r: i for i, r in enumerate(ids)},
             sampled_token_ids=sampled,
         )
+
+    def drafts(self, mro: ModelRunnerOutput) -> DraftTokenIds:
+        """An n-gram proposer's drafts (k each) for the requests that sampled."""
+        ids = [rid for rid, t in zip(mro.req_ids, mro.sampled_token_ids, strict=True) if t]
+        return DraftTokenIds(req_ids=ids, draft_token_ids=[[self.token] * self.k for _ in ids])
 
 
 class VllmDriver(TimedDriver):
@@ -146,6 +159,14 @@ class VllmDriver(TimedDriver):
         self.bs = workload.block_size
         self.structured_every = workload.structured_every
         extras: dict[str, Any] = {}
+        self.speculating = workload.num_speculative_tokens > 0
+        if self.speculating:  # n-gram: the runner proposes, no drafter model
+            extras["speculative_config"] = SpeculativeConfig(
+                method="ngram",
+                num_speculative_tokens=workload.num_speculative_tokens,
+                prompt_lookup_max=3,
+                prompt_lookup_min=1,
+            )
         if workload.kv_events:  # published to a null publisher: the work, not the socket
             extras["kv_events_config"] = KVEventsConfig(
                 enable_kv_cache_events=True, publisher="null"
@@ -167,7 +188,7 @@ class VllmDriver(TimedDriver):
             **extras,
         )
         self.sched.structured_output_manager.backend = MaskBackend()
-        self.runner = RunnerEmulator(5)
+        self.runner = RunnerEmulator(5, workload.num_speculative_tokens)
 
     def add(self, r: Any) -> None:
         p = r.sampling_params
@@ -205,8 +226,16 @@ class VllmDriver(TimedDriver):
         return self.runner.output(so)
 
     def prefill_rows(self, so: Any) -> int:
-        counts = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64)
+        # A decode verifying drafts schedules them too; it is no prefill.
+        drafts = so.scheduled_spec_decode_tokens
+        counts = np.fromiter(
+            (n - len(drafts.get(rid, ())) for rid, n in so.num_scheduled_tokens.items()),
+            dtype=np.int64,
+        )
         return int(np.count_nonzero(counts > 1))
 
     def update(self, so: Any, mro: Any) -> None:
         self.sched.update_from_output(so, mro)
+        if self.speculating and not self.async_scheduling:
+            # EngineCore hands the proposer's drafts over after each output.
+            self.sched.update_draft_token_ids(self.runner.drafts(mro))

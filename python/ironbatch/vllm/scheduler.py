@@ -38,7 +38,9 @@ from vllm.v1.core.sched.output import (
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import SchedulerStats
+from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from ironbatch import _core
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
@@ -55,6 +57,7 @@ from ironbatch.vllm.request_mirror import RequestMirror
 from ironbatch.vllm.runner_request_data import RunnerRequestData
 from ironbatch.vllm.sessions import continue_session
 from ironbatch.vllm.settings import core_scheduler
+from ironbatch.vllm.speculation import Speculation
 from ironbatch.vllm.step_rows import StepRows
 from ironbatch.vllm.structured_outputs import StructuredOutputs
 from ironbatch.vllm.support import unsupported_config, unsupported_request
@@ -120,6 +123,7 @@ class Scheduler(SchedulerInterface):
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.use_v2_model_runner: bool = vllm_config.use_v2_model_runner
         self.use_pp = vllm_config.parallel_config.pipeline_parallel_size > 1
+        self.num_spec_tokens: int = vllm_config.num_speculative_tokens
         # EngineCore reads these; the drop-in never has connectors.
         self.connector = None
         self.ec_connector = None
@@ -151,6 +155,7 @@ class Scheduler(SchedulerInterface):
         self._has_finished = False  # finished ids wait for the next schedule()
         self._rejected: list[tuple[Request, RequestError]] = []
         self._structured = StructuredOutputs(structured_output_manager, self.requests)
+        self._speculation = Speculation(self._core, self.requests, self._structured)
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
             defaultdict(set) if include_finished_set else None
         )
@@ -305,11 +310,12 @@ class Scheduler(SchedulerInterface):
             scheduled_cached_reqs=self._runner_data.cached(rows),
             num_scheduled_tokens=dict(zip(rows.req_ids, rows.num_scheduled, strict=True)),
             total_num_scheduled_tokens=sum(rows.num_scheduled),
-            scheduled_spec_decode_tokens={},
+            scheduled_spec_decode_tokens=rows.spec_decode_tokens() if self.num_spec_tokens else {},
             scheduled_encoder_inputs={},
             preempted_req_ids=set(step.preempted_req_ids),
             finished_req_ids=set(step.finished_req_ids),
             free_encoder_mm_hashes=[],
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
         )
         output.has_structured_output_requests = step.has_structured_output_requests
         output.pending_structured_output_tokens = step.pending_structured_output_tokens
@@ -380,7 +386,10 @@ class Scheduler(SchedulerInterface):
             self._report_grammar_errors(outputs)
         self._report_rejected(outputs)
         self._kv_events.publish()
-        return self._engine_core_outputs(outputs, mro.cudagraph_stats)
+        spec_stats = None
+        if self.log_stats and update.spec_decoding_stats is not None:
+            spec_stats = Speculation.stats(scheduler_output, step, update)
+        return self._engine_core_outputs(outputs, spec_stats, mro.cudagraph_stats)
 
     def _drain_kv_events(self) -> None:
         """Hand the core's KV-cache events to their users: routers' events to
@@ -490,7 +499,10 @@ class Scheduler(SchedulerInterface):
         self._rejected.clear()
 
     def _engine_core_outputs(
-        self, outputs: dict[int, list[EngineCoreOutput]], cudagraph_stats: Any
+        self,
+        outputs: dict[int, list[EngineCoreOutput]],
+        spec_decoding_stats: SpecDecodingStats | None,
+        cudagraph_stats: Any,
     ) -> dict[int, EngineCoreOutputs]:
         result = {client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()}
         finished = self.finished_req_ids_dict
@@ -501,7 +513,9 @@ class Scheduler(SchedulerInterface):
                 else:
                     result[client] = EngineCoreOutputs(finished_requests=ids)
             finished.clear()
-        stats = self.make_stats(cudagraph_stats=cudagraph_stats)
+        stats = self.make_stats(
+            spec_decoding_stats=spec_decoding_stats, cudagraph_stats=cudagraph_stats
+        )
         if stats is not None:
             # Stats go to one front-end only, even in a step without outputs.
             if (eco := next(iter(result.values()), None)) is None:
@@ -524,13 +538,15 @@ class Scheduler(SchedulerInterface):
             )
         return self._structured.bitmask(entry[1], scheduler_output)
 
-    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
-        raise RuntimeError("ironbatch.vllm.Scheduler does not schedule draft tokens")
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        """Synchronous speculative decoding: drafts for the next step."""
+        self._speculation.take_drafts(draft_token_ids)
 
     def update_draft_token_ids_in_output(
-        self, draft_token_ids: Any, scheduler_output: SchedulerOutput
+        self, draft_token_ids: DraftTokenIds, scheduler_output: SchedulerOutput
     ) -> None:
-        raise RuntimeError("ironbatch.vllm.Scheduler does not schedule draft tokens")
+        """Async speculative decoding: drafts into a step whose masks waited."""
+        self._speculation.fill_deferred(draft_token_ids, scheduler_output)
 
     # -- state ----------------------------------------------------------------
 

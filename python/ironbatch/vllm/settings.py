@@ -32,6 +32,7 @@ def core_scheduler(vllm_config: Any, kv_cache_config: Any, block_size: int) -> C
             watermark=sc.watermark,
             prefill_schedule_interval=local_prefill_interval(vllm_config),
             decode_stagger=decode_stagger(vllm_config),
+            num_speculative_tokens=vllm_config.num_speculative_tokens,
         ),
         CacheConfig(
             num_blocks=kv_cache_config.num_blocks,

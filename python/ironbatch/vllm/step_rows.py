@@ -24,6 +24,8 @@ class StepRows:
     resumed: list[int]  # rows admitted again after a preemption
     block_offsets: list[int]
     flat_block_ids: np.ndarray
+    num_spec_tokens: np.ndarray  # drafts scheduled per row
+    spec_token_ids: np.ndarray  # flattened, -1 for a placeholder
 
     @classmethod
     def of(cls, step: Any) -> StepRows:
@@ -42,6 +44,8 @@ class StepRows:
             resumed=(np.flatnonzero(admitted == Kind.RESUMED) + num_running).tolist(),
             block_offsets=cols["new_block_offsets"].tolist(),
             flat_block_ids=cols["new_block_ids"],
+            num_spec_tokens=cols["num_spec_tokens"],
+            spec_token_ids=cols["spec_token_ids"],
         )
 
     @property
@@ -52,6 +56,17 @@ class StepRows:
         """Row ``i``'s blocks: the whole table for an admission, the new
         blocks for a running request."""
         return self.flat_block_ids[self.block_offsets[i] : self.block_offsets[i + 1]].tolist()
+
+    def spec_decode_tokens(self) -> dict[str, list[int]]:
+        """vLLM's ``scheduled_spec_decode_tokens``: each row with drafts, its
+        drafts (-1 for a placeholder)."""
+        rows = np.flatnonzero(self.num_spec_tokens).tolist()
+        if not rows:
+            return {}
+        counts = self.num_spec_tokens.tolist()
+        ends = np.cumsum(self.num_spec_tokens).tolist()
+        ids = self.spec_token_ids.tolist()
+        return {self.req_ids[i]: ids[ends[i] - counts[i] : ends[i]] for i in rows}
 
     def grew(self, i: int) -> bool:
         return self.block_offsets[i + 1] > self.block_offsets[i]

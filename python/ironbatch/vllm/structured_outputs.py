@@ -14,6 +14,7 @@ from typing import Any
 from vllm.outputs import RequestError
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.request import Request
+from vllm.v1.structured_output.utils import strip_speculative_padding
 
 logger = logging.getLogger("ironbatch.vllm")
 
@@ -25,7 +26,9 @@ class StructuredOutputs:
     def __init__(self, manager: Any, requests: dict[str, Request]) -> None:
         self.manager = manager
         self.requests = requests
-        # Requests whose grammar the core has not been told about yet.
+        # Live structured-output requests, and those whose grammar the core
+        # has not been told about yet.
+        self.live: set[str] = set()
         self.compiling: dict[str, Request] = {}
         # Compile errors a waiting pass reached: ended by the next update,
         # as vLLM's grammar_compile_error_reqs are.
@@ -35,9 +38,11 @@ class StructuredOutputs:
         self.out_of_step: set[str] = set()
 
     def track(self, request: Request) -> None:
+        self.live.add(request.request_id)
         self.compiling[request.request_id] = request
 
     def forget(self, request_id: str) -> None:
+        self.live.discard(request_id)
         self.compiling.pop(request_id, None)
 
     def report_compiled(self, core: Any) -> None:
@@ -99,7 +104,14 @@ class StructuredOutputs:
         ]
         if not ids:
             return None
-        bitmask = self.manager.grammar_bitmask(
-            requests, ids, scheduler_output.scheduled_spec_decode_tokens
-        )
-        return GrammarOutput(ids, bitmask, [0] * len(ids))  # no drafts here
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        bitmask = self.manager.grammar_bitmask(requests, ids, drafts)
+        # How many of each request's drafts the grammar may accept (up to a
+        # placeholder), as vLLM tells the sampler.
+        acceptable = [len(strip_speculative_padding(drafts.get(rid, []))) for rid in ids]
+        return GrammarOutput(ids, bitmask, acceptable)
+
+    def validate_drafts(self, request: Request, drafts: list[int]) -> list[int]:
+        """The longest prefix of a structured-output request's drafts its
+        grammar accepts (vLLM's ``validate_tokens``); others' unchanged."""
+        return self.manager.validate_tokens(request, drafts)

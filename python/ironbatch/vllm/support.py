@@ -27,9 +27,27 @@ def unsupported_config(
     c = vllm_config
     sc, mc, pc = c.scheduler_config, c.model_config, c.parallel_config
     groups = kv_cache_config.kv_cache_groups
+    spec = c.speculative_config
     checks: list[tuple[bool, str]] = [
         (c.lora_config is not None, "LoRA"),
-        (c.speculative_config is not None, "speculative decoding"),
+        (
+            # A drafter with its own forward pass (EAGLE, MTP, a draft model)
+            # reserves lookahead KV slots, and EAGLE hashes ahead.
+            bool(c.num_lookahead_tokens or c.num_hash_lookahead_tokens),
+            "speculative decoding with lookahead slots (EAGLE, MTP, draft models)",
+        ),
+        (
+            spec is not None and bool(spec.max_num_new_slots_for_drafting),
+            "speculative decoding with draft slots (parallel drafting)",
+        ),
+        (
+            spec is not None and bool(spec.num_speculative_tokens_per_batch_size),
+            "dynamic speculative decoding (num_speculative_tokens_per_batch_size)",
+        ),
+        (
+            spec is not None and pc.pipeline_parallel_size > 1,
+            "speculative decoding with pipeline parallelism",
+        ),
         (c.kv_transfer_config is not None, "a KV connector"),
         (c.ec_transfer_config is not None, "an encoder-cache connector"),
         (
@@ -50,8 +68,8 @@ def unsupported_config(
         ),
         (hash_block_size not in (None, block_size), "a hash block size unlike the block size"),
         (
-            c.num_lookahead_tokens or c.num_prefill_lookahead_tokens or c.num_hash_lookahead_tokens,
-            "lookahead tokens",
+            c.num_prefill_lookahead_tokens,
+            "prefill lookahead tokens",
         ),
         (c.aux_output_config.enabled, "auxiliary outputs"),
         (c.observability_config.enable_mfu_metrics, "MFU metrics"),

@@ -420,6 +420,14 @@ impl PyScheduler {
         self.core.slot_of(request_id).is_some()
     }
 
+    /// Whether the live request `request_id`'s last step left tokens to
+    /// compute (vLLM's `is_prefill_chunk`: such a request takes no drafts);
+    /// None for an id without a live request.
+    fn is_prefill_chunk(&self, request_id: &str) -> Option<bool> {
+        let slot = self.core.slot_of(request_id)?;
+        self.core.request(slot).map(|r| r.prefill_chunk)
+    }
+
     /// Waiting requests that hold KV blocks (sessions between turns).
     #[getter]
     fn num_kv_holding(&self) -> usize {
