@@ -23,6 +23,8 @@ mod update;
 mod waiting_pass;
 
 #[cfg(test)]
+mod spec_decode_tests;
+#[cfg(test)]
 mod tests;
 
 use crate::block::BlockId;
