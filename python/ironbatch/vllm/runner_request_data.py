@@ -48,9 +48,9 @@ class RunnerRequestData:
         ``all_token_ids`` for requests it did not see in the previous step."""
         resumed = [] if self.use_v2_model_runner else rows.resumed
         running = range(rows.num_running)
-        new_block_ids: list[tuple[list[int], ...] | None] = [
-            (rows.block_ids(i),) if rows.grew(i) else None for i in running
-        ]
+        new_block_ids: list[tuple[list[int], ...] | None] = [None] * rows.num_running
+        for i in rows.running_grown():
+            new_block_ids[i] = (rows.block_ids(i),)
         new_block_ids += [(rows.block_ids(i),) for i in resumed]
         all_token_ids: dict[str, list[int]] = {}
         if not self.use_v2_model_runner:

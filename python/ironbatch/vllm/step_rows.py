@@ -23,6 +23,7 @@ class StepRows:
     new: list[int]  # rows admitted for the first time
     resumed: list[int]  # rows admitted again after a preemption
     block_offsets: list[int]
+    block_offsets_array: np.ndarray
     flat_block_ids: np.ndarray
     num_spec_tokens: np.ndarray  # drafts scheduled per row
     spec_token_ids: np.ndarray  # flattened, -1 for a placeholder
@@ -43,6 +44,7 @@ class StepRows:
             new=(np.flatnonzero(admitted == Kind.NEW) + num_running).tolist(),
             resumed=(np.flatnonzero(admitted == Kind.RESUMED) + num_running).tolist(),
             block_offsets=cols["new_block_offsets"].tolist(),
+            block_offsets_array=cols["new_block_offsets"],
             flat_block_ids=cols["new_block_ids"],
             num_spec_tokens=cols["num_spec_tokens"],
             spec_token_ids=cols["spec_token_ids"],
@@ -68,5 +70,8 @@ class StepRows:
         ids = self.spec_token_ids.tolist()
         return {self.req_ids[i]: ids[ends[i] - counts[i] : ends[i]] for i in rows}
 
-    def grew(self, i: int) -> bool:
-        return self.block_offsets[i + 1] > self.block_offsets[i]
+    def running_grown(self) -> list[int]:
+        """The running rows whose table grew this step (most decode steps
+        grow few tables: found in one NumPy pass, not row by row)."""
+        grown = np.diff(self.block_offsets_array[: self.num_running + 1])
+        return np.flatnonzero(grown).tolist()
