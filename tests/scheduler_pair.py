@@ -87,6 +87,7 @@ class SchedulerPair:
         for grammar in (
             "has_structured_output_requests",
             "pending_structured_output_tokens",
+            "drafts_needed",
             "grammar_released_req_ids",
             "grammar_failed_req_ids",
         ):
@@ -98,8 +99,11 @@ class SchedulerPair:
         for col in STEP_COLUMNS:
             a, b = getattr(r, col), getattr(p, col)
             assert a.dtype == b.dtype and a.tolist() == b.tolist(), col
-        # Budget (5) and concurrency (6).
-        assert r.total_num_scheduled_tokens <= self.rust.scheduler_config.max_num_batched_tokens
+        self.events["drafts_skippable"] += bool(r.entries()) and not r.drafts_needed
+        # Budget (5), a drafter's input slots included, and concurrency (6).
+        sc = self.rust.scheduler_config
+        inputs = r.total_num_scheduled_tokens + sc.num_draft_slots * len(r.num_scheduled)
+        assert inputs <= sc.max_num_batched_tokens
         assert all(n >= 1 for n in r.num_scheduled.tolist())
         assert len(self.rust.debug_state()["running"]) <= self.rust.scheduler_config.max_num_seqs
         self.events["preempted"] += len(r.preempted_req_ids)

@@ -56,7 +56,12 @@ def random_config(rng: random.Random) -> dict:
         prefill_schedule_interval=rng.choice([1] * 3 + [2, 4]),
         decode_stagger=rng.choice([0] * 3 + [2, 3]),
         # Speculative decoding: drafts to verify, in one workload out of two.
-        num_speculative_tokens=rng.choice([0, 0, 0, 1, 2, 4]),
+        num_speculative_tokens=(k := rng.choice([0, 0, 0, 1, 2, 4])),
+        # A drafter with its own forward pass (EAGLE, MTP, draft models):
+        # lookahead KV slots, hashes over the next token, input slots.
+        num_lookahead_tokens=rng.choice([0, k]),
+        num_hash_lookahead_tokens=rng.choice([0, min(1, k), min(k, bs)]),
+        num_draft_slots=rng.choice([0, 0, min(1, k), k]),
     )
 
 
@@ -198,7 +203,7 @@ def test_seeded_workloads_agree() -> None:
     grammar = ("grammar_released", "grammar_failed", "grammar_rejected", "grammar_pending")
     cadence = ("prefill_held", "decode_staggered")
     sessions = ("session_turns", "sessions_waiting", "kv_holding_admitted")
-    spec = ("spec_scheduled", "spec_accepted", "spec_rejected", "spec_padded")
+    spec = ("spec_scheduled", "spec_accepted", "spec_rejected", "spec_padded", "drafts_skippable")
     kv = ("kv_stored", "kv_removed", "kv_cleared", "kv_allocated", "kv_accessed")
     for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions, *spec):
         assert events[what] >= 20, (what, events)

@@ -68,3 +68,63 @@ def test_too_many_sampled_tokens_for_the_drafts_are_refused() -> None:
         out = s.schedule()
         with pytest.raises(ValueError, match="at most one more"):
             s.update_from_output(out, {"a": [60, 61, 62]})
+
+
+# What a drafter with its own forward pass adds (docs/scheduling.md §4.13):
+# each setting at its bound and one past it, on both backends.
+DRAFTER_SETTINGS = [
+    ({"num_lookahead_tokens": 64}, None),
+    ({"num_lookahead_tokens": 65}, "num_lookahead_tokens"),
+    ({"num_hash_lookahead_tokens": 16}, None),
+    ({"num_hash_lookahead_tokens": 17}, "num_hash_lookahead_tokens"),
+    ({"num_draft_slots": 3}, None),
+    ({"num_draft_slots": 4}, "num_draft_slots"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("setting", "refused"), DRAFTER_SETTINGS)
+def test_drafter_settings_are_checked_alike(
+    backend: str, setting: dict, refused: str | None
+) -> None:
+    def build():
+        return make(
+            backend,
+            block_size=16,
+            max_model_len=64,
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            num_speculative_tokens=3,
+            **setting,
+        )
+
+    if refused is None:
+        build()
+    else:
+        with pytest.raises(ValueError, match=refused):
+            build()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_drafter_gets_lookahead_slots_and_pays_drafting_slots(backend: str) -> None:
+    s = make(
+        backend,
+        block_size=16,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        num_speculative_tokens=2,
+        num_lookahead_tokens=2,
+        num_draft_slots=2,
+    )
+    s.add_request(req("a", list(range(3, 18)), max_tokens=4))  # 15 tokens
+    s.add_request(req("b", list(range(3, 18)), max_tokens=4))
+    out = s.schedule()
+    # `a` gets 16 − 2 drafting slots = 14 of its 15 tokens, which leaves no
+    # input budget for `b`; its 14 tokens and 2 lookahead slots fill one block.
+    assert out.num_scheduled.tolist() == [14]
+    assert len(s.debug_state()["requests"]["a"]["block_ids"]) == 1
+    s.update_from_output(out, {})
+    out = s.schedule()
+    # Then its last token and 2 lookahead slots reach into a second block.
+    assert out.num_scheduled.tolist()[0] == 1
+    assert len(s.debug_state()["requests"]["a"]["block_ids"]) == 2

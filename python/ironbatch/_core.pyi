@@ -153,6 +153,9 @@ class Step:
     def pending_structured_output_tokens(self) -> bool:
         """Async: one of them still has its previous token in flight."""
     @property
+    def drafts_needed(self) -> bool:
+        """A request scheduled this step may verify drafts proposed after it."""
+    @property
     def grammar_released(self) -> list[str]:
         """Ids the waiting pass found compiled (released), in order reached."""
     @property
@@ -276,6 +279,9 @@ class Scheduler:
         prefill_schedule_interval: SupportsIndex,
         decode_stagger: SupportsIndex,
         num_speculative_tokens: SupportsIndex | None = None,
+        num_lookahead_tokens: SupportsIndex | None = None,
+        num_hash_lookahead_tokens: SupportsIndex | None = None,
+        num_draft_slots: SupportsIndex | None = None,
     ) -> None: ...
     def add_request(
         self,

@@ -66,6 +66,15 @@ class SchedulerConfig:
     # num_speculative_tokens); 0 = no speculative decoding
     # (docs/scheduling.md §4.13).
     num_speculative_tokens: int = 0
+    # What a drafter with its own forward pass (EAGLE, MTP, a draft model)
+    # adds, as vLLM derives it from the speculative config: KV slots past each
+    # request's scheduled tokens (num_lookahead_tokens), tokens after each
+    # block that its hash covers (num_hash_lookahead_tokens; at most the block
+    # size) and input slots per scheduled request (num_draft_slots, vLLM's
+    # max_num_new_slots_for_drafting; at most num_speculative_tokens).
+    num_lookahead_tokens: int = 0
+    num_hash_lookahead_tokens: int = 0
+    num_draft_slots: int = 0
 
     def __post_init__(self) -> None:
         _int("max_model_len", self.max_model_len, 2, MAX_MODEL_LEN)
@@ -89,6 +98,9 @@ class SchedulerConfig:
         _int("prefill_schedule_interval", self.prefill_schedule_interval, 1, MAX_NUM_SEQS)
         _int("decode_stagger", self.decode_stagger, 0, MAX_NUM_SEQS)
         _int("num_speculative_tokens", self.num_speculative_tokens, 0, self.max_model_len)
+        _int("num_lookahead_tokens", self.num_lookahead_tokens, 0, self.max_model_len)
+        _int("num_hash_lookahead_tokens", self.num_hash_lookahead_tokens, 0, MAX_BLOCK_SIZE)
+        _int("num_draft_slots", self.num_draft_slots, 0, self.num_speculative_tokens)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         check_scheduler(self)  # the rules between fields, as the core checks them

@@ -156,6 +156,7 @@ class _TwinStep:
     step: StepOutput
     has_structured_output_requests: bool
     pending_structured_output_tokens: bool
+    drafts_needed: bool
     grammar_released: list[str] = field(default_factory=list)
     grammar_failed: list[str] = field(default_factory=list)
 
@@ -248,6 +249,7 @@ class PythonBackend:
             step,
             step.has_structured_output_requests,
             step.pending_structured_output_tokens,
+            step.drafts_needed,
             [name(slot).request_id for slot in step.grammar_released],
             [name(slot).request_id for slot in step.grammar_failed],
         )

@@ -129,6 +129,13 @@ class SchedulerOutput(StepColumns):
         return bool(self._handle.has_structured_output_requests)
 
     @property
+    def drafts_needed(self) -> bool:
+        """A request scheduled this step may verify the drafts proposed
+        after it (vLLM's V2 runner skips drafting when none may:
+        ``skip_drafts``; docs/scheduling.md §4.13)."""
+        return bool(self._handle.drafts_needed)
+
+    @property
     def pending_structured_output_tokens(self) -> bool:
         """Async: such a request still has its previous token in flight, so
         its grammar mask must wait for that output."""

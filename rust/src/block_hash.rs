@@ -6,9 +6,16 @@
 //!
 //! ```text
 //! key[-1] = BLAKE3_keyed(secret, "ironbatch-root" ‖ count:u32 ‖ (tag:u8 ‖ len:u32 ‖ bytes)*)
-//! key[k]  = BLAKE3_keyed(key[k−1], tokens of block k as u32 little-endian)
+//! key[k]  = BLAKE3_keyed(key[k−1], tokens of block k, then the H tokens after it,
+//!                         as u32 little-endian)
 //! hash[k] = the first 16 bytes of key[k]
 //! ```
+//!
+//! H is the cache's hash lookahead (vLLM's `num_hash_lookahead_tokens`;
+//! 0 unless an EAGLE-style drafter runs with prefix caching): the drafter's
+//! KV at a block's last position depends on the next token, so a block is
+//! only the same block when that token is the same too, and its hash exists
+//! only once that token is known (docs/scheduling.md §7.4).
 //!
 //! Why this shape: keyed BLAKE3 is a pseudo-random function, so with a
 //! secret root a crafted prompt cannot aim a collision at another request's
@@ -53,16 +60,22 @@ impl ExtraKey<'_> {
 
 const ROOT_TAG: &[u8] = b"ironbatch-root";
 
-/// Holds a cache's secret key; all requests of one cache must share it so
-/// that equal prefixes hash equal.
+/// Holds a cache's secret key and hash lookahead; all requests of one cache
+/// must share it so that equal prefixes hash equal.
 #[derive(Clone)]
 pub struct BlockHasher {
     secret: [u8; 32],
+    /// Tokens after each block that its hash covers too.
+    lookahead: usize,
 }
 
 impl std::fmt::Debug for BlockHasher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BlockHasher { secret: <hidden> }")
+        write!(
+            f,
+            "BlockHasher {{ secret: <hidden>, lookahead: {} }}",
+            self.lookahead
+        )
     }
 }
 
@@ -76,7 +89,21 @@ impl BlockHasher {
 
     /// A hasher with a fixed secret (reproducible hash values, for tests).
     pub fn with_key(secret: [u8; 32]) -> Self {
-        BlockHasher { secret }
+        BlockHasher {
+            secret,
+            lookahead: 0,
+        }
+    }
+
+    /// The same hasher, each block's hash covering the `lookahead` tokens
+    /// after it too.
+    pub fn with_lookahead(self, lookahead: usize) -> Self {
+        BlockHasher { lookahead, ..self }
+    }
+
+    /// Tokens after each block that its hash covers.
+    pub fn lookahead(&self) -> usize {
+        self.lookahead
     }
 
     /// The chain key a request's first block is hashed under.

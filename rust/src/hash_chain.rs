@@ -1,5 +1,6 @@
 //! A request's chain of block hashes (docs/scheduling.md §7.4): one hash per **full**
-//! block of its known tokens, extended as tokens arrive.
+//! block of its known tokens (and the hasher's lookahead tokens after it),
+//! extended as tokens arrive.
 
 use crate::block_hash::{block_hash, BlockHash, BlockHasher, ChainKey, ExtraKey};
 
@@ -34,8 +35,9 @@ impl BlockHashChain {
 
     /// Keep the hashes of the first `num_blocks` blocks only (a streaming
     /// session drops its last sampled token). The chain key is rebuilt from
-    /// the root over `tokens`, whose first `num_blocks` blocks are those
-    /// hashed.
+    /// the root over `tokens`, the sequence those hashes were taken over:
+    /// with a lookahead, a kept block's hash still covers the tokens after
+    /// it as they were (vLLM keeps those hashes too, until it hashes again).
     pub fn truncate(
         &mut self,
         num_blocks: usize,
@@ -46,21 +48,29 @@ impl BlockHashChain {
         if num_blocks >= self.hashes.len() {
             return;
         }
-        self.hashes.clear();
-        self.next_key = self.root;
-        self.extend(hasher, &tokens[..num_blocks * block_size], block_size);
+        self.clear();
+        let end = num_blocks * block_size + hasher.lookahead();
+        self.extend(hasher, &tokens[..end], block_size);
     }
 
-    /// Hash every full block of `tokens` not hashed yet. `tokens` is the
-    /// whole known sequence; a partly filled last block gets no hash.
+    /// Forget every hash, to hash `tokens` afresh from the root.
+    pub fn clear(&mut self) {
+        self.hashes.clear();
+        self.next_key = self.root;
+    }
+
+    /// Hash every full block of `tokens` not hashed yet whose lookahead
+    /// tokens are known too. `tokens` is the whole known sequence; a partly
+    /// filled last block gets no hash.
     pub fn extend(&mut self, hasher: &BlockHasher, tokens: &[u32], block_size: usize) {
-        if tokens.len() < (self.hashes.len() + 1) * block_size {
+        let lookahead = hasher.lookahead();
+        if tokens.len() < (self.hashes.len() + 1) * block_size + lookahead {
             return; // no new full block: the common case, without a division
         }
-        let full = tokens.len() / block_size;
+        let full = (tokens.len() - lookahead) / block_size;
         for k in self.hashes.len()..full {
-            let block = &tokens[k * block_size..(k + 1) * block_size];
-            self.next_key = hasher.next(&self.next_key, block);
+            let message = &tokens[k * block_size..(k + 1) * block_size + lookahead];
+            self.next_key = hasher.next(&self.next_key, message);
             self.hashes.push(block_hash(&self.next_key));
         }
     }
@@ -98,6 +108,49 @@ mod tests {
         let mut fresh = BlockHashChain::new(&h, Some("s"));
         fresh.extend(&h, &new, 16);
         assert_eq!(chain.hashes(), fresh.hashes());
+    }
+
+    #[test]
+    fn a_lookahead_hash_waits_for_and_covers_the_next_tokens() {
+        let h = BlockHasher::with_key([1; 32]).with_lookahead(2);
+        let tokens: Vec<u32> = (0..40).collect();
+        let mut step = BlockHashChain::new(&h, None);
+        for n in 0..=tokens.len() {
+            step.extend(&h, &tokens[..n], 16);
+            assert_eq!(step.hashes().len(), n.saturating_sub(2) / 16, "{n} tokens");
+        }
+        // The same 32 tokens, a different 33rd: block 0 equal, block 1 not.
+        let mut other = tokens.clone();
+        other[32] = 999;
+        let mut chain = BlockHashChain::new(&h, None);
+        chain.extend(&h, &other, 16);
+        assert_eq!(chain.hashes()[0], step.hashes()[0]);
+        assert_ne!(chain.hashes()[1], step.hashes()[1]);
+        // Without a lookahead, the same tokens hash otherwise.
+        let plain = BlockHasher::with_key([1; 32]);
+        let mut p = BlockHashChain::new(&plain, None);
+        p.extend(&plain, &tokens, 16);
+        assert_ne!(p.hashes()[0], step.hashes()[0]);
+    }
+
+    #[test]
+    fn truncate_keeps_lookahead_hashes_as_they_were() {
+        let h = BlockHasher::with_key([1; 32]).with_lookahead(1);
+        let old: Vec<u32> = (0..50).collect();
+        let mut chain = BlockHashChain::new(&h, None);
+        chain.extend(&h, &old, 16);
+        let kept = chain.hashes()[..2].to_vec();
+        chain.truncate(2, &h, &old, 16);
+        assert_eq!(chain.hashes(), &kept[..]);
+        // After `clear`, the chain hashes the new sequence afresh.
+        let mut new = old[..32].to_vec();
+        new.extend(100..120);
+        chain.clear();
+        chain.extend(&h, &new, 16);
+        let mut fresh = BlockHashChain::new(&h, None);
+        fresh.extend(&h, &new, 16);
+        assert_eq!(chain.hashes(), fresh.hashes());
+        assert_ne!(chain.hashes()[1], kept[1]);
     }
 
     #[test]

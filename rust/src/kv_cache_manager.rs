@@ -28,14 +28,52 @@ pub struct KvCacheConfig {
     pub max_model_len: usize,
     /// Prefix-cache lookups and hash caching.
     pub enable_prefix_caching: bool,
+    /// KV slots reserved past a request's scheduled tokens, for a drafter
+    /// with its own forward pass (vLLM's `num_lookahead_tokens`: EAGLE,
+    /// MTP and draft models write their drafts' KV there); 0 otherwise.
+    pub num_lookahead_tokens: usize,
+    /// Tokens after each block that its hash covers (vLLM's
+    /// `num_hash_lookahead_tokens`, §7.4); 0 otherwise.
+    pub num_hash_lookahead_tokens: usize,
 }
 
 impl KvCacheConfig {
+    /// A cache without speculative-decoding lookahead.
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        max_model_len: usize,
+        enable_prefix_caching: bool,
+    ) -> Self {
+        KvCacheConfig {
+            num_blocks,
+            block_size,
+            max_model_len,
+            enable_prefix_caching,
+            num_lookahead_tokens: 0,
+            num_hash_lookahead_tokens: 0,
+        }
+    }
+
     /// Check every field, naming the first bad one.
     pub fn validate(&self) -> Result<(), Error> {
         check_range("block_size", self.block_size, 1, MAX_BLOCK_SIZE)?;
         check_range("max_model_len", self.max_model_len, 1, MAX_MODEL_LEN)?;
-        check_range("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)
+        check_range("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)?;
+        check_range(
+            "num_lookahead_tokens",
+            self.num_lookahead_tokens,
+            0,
+            self.max_model_len,
+        )?;
+        // A block's hash covers at most the next block (vLLM requires the
+        // block size to hold the prefill lookahead it equals).
+        check_range(
+            "num_hash_lookahead_tokens",
+            self.num_hash_lookahead_tokens,
+            0,
+            self.block_size,
+        )
     }
 }
 
@@ -46,6 +84,8 @@ pub struct KvCacheManager {
     block_size: usize,
     max_model_len: usize,
     enable_caching: bool,
+    /// KV slots reserved past each allocation's tokens.
+    lookahead: usize,
     hasher: BlockHasher,
     stats: PrefixCacheStats,
 }
@@ -56,7 +96,8 @@ impl KvCacheManager {
         Self::with_hasher(config, BlockHasher::new_random()?)
     }
 
-    /// A manager hashing with `hasher` (fixed keys make tests reproducible).
+    /// A manager hashing with `hasher`'s key (fixed keys make tests
+    /// reproducible) and the config's hash lookahead.
     pub fn with_hasher(config: &KvCacheConfig, hasher: BlockHasher) -> Result<Self, Error> {
         config.validate()?;
         Ok(KvCacheManager {
@@ -64,7 +105,8 @@ impl KvCacheManager {
             block_size: config.block_size,
             max_model_len: config.max_model_len,
             enable_caching: config.enable_prefix_caching,
-            hasher,
+            lookahead: config.num_lookahead_tokens,
+            hasher: hasher.with_lookahead(config.num_hash_lookahead_tokens),
             stats: PrefixCacheStats::default(),
         })
     }
@@ -208,6 +250,7 @@ impl KvCacheManager {
             let computed = seq.num_computed_tokens.min(self.max_model_len);
             let slots = computed
                 .saturating_add(num_new_tokens)
+                .saturating_add(self.lookahead)
                 .min(self.max_model_len);
             if slots <= table.len() * self.block_size {
                 if self.enable_caching {
@@ -231,8 +274,11 @@ impl KvCacheManager {
             }
         }
         // Saturating: a caller's count may be anything up to usize::MAX.
+        // The lookahead slots come on top; the admission gate above ignores
+        // them, as vLLM's does.
         let slots = computed
             .saturating_add(num_new_tokens)
+            .saturating_add(self.lookahead)
             .min(self.max_model_len);
         if self.blocks_needed(table, slots, hits) + watermark > free {
             return None;
@@ -418,13 +464,7 @@ mod tests {
     const BS: usize = 16;
 
     fn manager(num_blocks: usize) -> KvCacheManager {
-        KvCacheManager::new(&KvCacheConfig {
-            num_blocks,
-            block_size: BS,
-            max_model_len: 4096,
-            enable_prefix_caching: true,
-        })
-        .unwrap()
+        KvCacheManager::new(&KvCacheConfig::new(num_blocks, BS, 4096, true)).unwrap()
     }
 
     /// A request admitted the way the scheduler admits one: prefix lookup,

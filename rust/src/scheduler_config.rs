@@ -58,6 +58,11 @@ pub struct SchedulerConfig {
     /// `num_speculative_tokens`); 0 is no speculative decoding
     /// (docs/scheduling.md §4.13).
     pub num_speculative_tokens: usize,
+    /// Input tokens a drafter adds per scheduled request (vLLM's
+    /// `max_num_new_slots_for_drafting`: 1 for a draft model, more for
+    /// parallel drafting); charged to `max_num_batched_tokens` beside the
+    /// request's own tokens, never to the token budget (§4.13).
+    pub num_draft_slots: usize,
     pub cache: KvCacheConfig,
 }
 
@@ -111,6 +116,12 @@ impl SchedulerConfig {
             c.num_speculative_tokens,
             0,
             c.max_model_len,
+        )?;
+        check_range(
+            "num_draft_slots",
+            c.num_draft_slots,
+            0,
+            c.num_speculative_tokens,
         )?;
         if c.max_num_batched_tokens < c.max_num_seqs {
             return invalid(format!(

@@ -57,6 +57,14 @@ impl Sequence {
         self.num_prompt_tokens = self.tokens.len();
     }
 
+    /// Hash every full block again from the start (a streaming session
+    /// admitted afresh under a hash lookahead: its kept hashes may cover a
+    /// token it dropped).
+    pub fn rehash(&mut self, hasher: &BlockHasher, block_size: usize) {
+        self.hashes.clear();
+        self.hashes.extend(hasher, &self.tokens, block_size);
+    }
+
     /// Prompt plus output tokens.
     pub fn num_tokens(&self) -> usize {
         self.tokens.len()

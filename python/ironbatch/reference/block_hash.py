@@ -46,15 +46,26 @@ ExtraKey = CacheSalt
 
 
 class BlockHasher:
-    """Holds a cache's secret key; all requests of one cache share it so
-    that equal prefixes hash equal."""
+    """Holds a cache's secret key and hash lookahead; all requests of one
+    cache share it so that equal prefixes hash equal."""
 
-    def __init__(self, secret: bytes | None = None) -> None:
-        """A fresh secret from the OS, or a fixed one (reproducible hashes)."""
+    def __init__(self, secret: bytes | None = None, lookahead: int = 0) -> None:
+        """A fresh secret from the OS, or a fixed one (reproducible hashes);
+        each block's hash covers the ``lookahead`` tokens after it too."""
         self._secret = os.urandom(32) if secret is None else secret
+        self._lookahead = lookahead
 
     def __repr__(self) -> str:
-        return "BlockHasher(secret=<hidden>)"
+        return f"BlockHasher(secret=<hidden>, lookahead={self._lookahead})"
+
+    def with_lookahead(self, lookahead: int) -> BlockHasher:
+        """The same key, each block's hash covering ``lookahead`` tokens after it."""
+        return BlockHasher(self._secret, lookahead)
+
+    @property
+    def lookahead(self) -> int:
+        """Tokens after each block that its hash covers."""
+        return self._lookahead
 
     def root(self, extras: Sequence[ExtraKey] = ()) -> bytes:
         """The chain key a request's first block is hashed under."""

@@ -1,5 +1,6 @@
 """A request's chain of block hashes (docs/scheduling.md §7.4): one hash per
-**full** block of its known tokens, extended as tokens arrive."""
+**full** block of its known tokens (and the hasher's lookahead tokens after
+it), extended as tokens arrive."""
 
 from __future__ import annotations
 
@@ -26,20 +27,29 @@ class BlockHashChain:
     ) -> None:
         """Keep the hashes of the first ``num_blocks`` blocks only (a
         streaming session drops its last sampled token). The chain key is
-        rebuilt from the root over ``tokens``, whose first ``num_blocks``
-        blocks are those hashed."""
+        rebuilt from the root over ``tokens``, the sequence those hashes were
+        taken over: with a lookahead, a kept block's hash still covers the
+        tokens after it as they were (vLLM keeps those hashes too, until it
+        hashes again)."""
         if num_blocks >= len(self._hashes):
             return
+        self.clear()
+        end = num_blocks * block_size + hasher.lookahead
+        self.extend(hasher, tokens[:end], block_size)
+
+    def clear(self) -> None:
+        """Forget every hash, to hash tokens afresh from the root."""
         self._hashes.clear()
         self.next_key = self._root
-        self.extend(hasher, tokens[: num_blocks * block_size], block_size)
 
     def extend(self, hasher: BlockHasher, tokens: list[int], block_size: int) -> None:
-        """Hash every full block of ``tokens`` not hashed yet. ``tokens`` is
-        the whole known sequence; a partly filled last block gets no hash."""
-        if len(tokens) < (len(self._hashes) + 1) * block_size:
+        """Hash every full block of ``tokens`` not hashed yet whose lookahead
+        tokens are known too. ``tokens`` is the whole known sequence; a partly
+        filled last block gets no hash."""
+        lookahead = hasher.lookahead
+        if len(tokens) < (len(self._hashes) + 1) * block_size + lookahead:
             return  # no new full block: the common case
-        for k in range(len(self._hashes), len(tokens) // block_size):
-            block = tokens[k * block_size : (k + 1) * block_size]
-            self.next_key = hasher.next(self.next_key, block)
+        for k in range(len(self._hashes), (len(tokens) - lookahead) // block_size):
+            message = tokens[k * block_size : (k + 1) * block_size + lookahead]
+            self.next_key = hasher.next(self.next_key, message)
             self._hashes.append(block_hash(self.next_key))

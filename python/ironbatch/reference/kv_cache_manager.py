@@ -31,18 +31,30 @@ class KvCacheManager:
         max_model_len: int,
         enable_prefix_caching: bool,
         hasher: BlockHasher | None = None,
+        *,
+        num_lookahead_tokens: int = 0,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         """A manager over a fresh pool, hashing under a random secret key
-        unless ``hasher`` is given (fixed keys make tests reproducible)."""
+        unless ``hasher`` is given (fixed keys make tests reproducible).
+        ``num_lookahead_tokens`` KV slots are reserved past each
+        allocation's tokens (an EAGLE, MTP or draft-model drafter writes
+        there); each block's hash covers ``num_hash_lookahead_tokens``
+        tokens after it (docs/scheduling.md §7.4)."""
         # The core's KvCacheConfig::validate order: the first bad field is named.
         check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
         check_range("max_model_len", max_model_len, 1, MAX_MODEL_LEN)
         check_range("num_blocks", num_blocks, 2, MAX_NUM_BLOCKS)
+        check_range("num_lookahead_tokens", num_lookahead_tokens, 0, max_model_len)
+        # A block's hash covers at most the next block.
+        check_range("num_hash_lookahead_tokens", num_hash_lookahead_tokens, 0, block_size)
         self._pool = BlockPool(num_blocks)
         self._block_size = block_size
         self._max_model_len = max_model_len
         self._enable_caching = bool(enable_prefix_caching)
-        self._hasher = BlockHasher() if hasher is None else hasher
+        self._lookahead = num_lookahead_tokens
+        hasher = BlockHasher() if hasher is None else hasher
+        self._hasher = hasher.with_lookahead(num_hash_lookahead_tokens)
         self._stats = PrefixCacheStats()
 
     @property
@@ -149,7 +161,7 @@ class KvCacheManager:
             # Fast path (most decode steps): the table already covers the new
             # tokens, so nothing can be refused or allocated.
             computed = min(seq.num_computed_tokens, max_len)
-            if min(computed + num_new_tokens, max_len) <= len(table) * bs:
+            if min(computed + num_new_tokens + self._lookahead, max_len) <= len(table) * bs:
                 if self._enable_caching:
                     upto = min(computed + num_new_tokens, seq.num_tokens)
                     self._cache_blocks(table, seq, upto)
@@ -160,7 +172,9 @@ class KvCacheManager:
             full = min(seq.num_tokens, max_len)
             if self._blocks_needed(table, full, hits) + watermark > free:
                 return None
-        slots = min(computed + num_new_tokens, max_len)
+        # The lookahead slots come on top; the admission gate above ignores
+        # them, as vLLM's does.
+        slots = min(computed + num_new_tokens + self._lookahead, max_len)
         if self._blocks_needed(table, slots, hits) + watermark > free:
             return None
         # Enough is free: from here on nothing can fail.

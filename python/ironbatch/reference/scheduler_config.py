@@ -64,9 +64,18 @@ class SchedulerSettings:
     #: Draft tokens a request may carry into a step (vLLM's
     #: ``num_speculative_tokens``; docs/scheduling.md §4.13).
     num_speculative_tokens: int
+    #: Input tokens a drafter adds per scheduled request (vLLM's
+    #: ``max_num_new_slots_for_drafting``), charged to the input budget.
+    num_draft_slots: int
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool
+    #: KV slots reserved past a request's scheduled tokens for a drafter with
+    #: its own forward pass (vLLM's ``num_lookahead_tokens``).
+    num_lookahead_tokens: int
+    #: Tokens after each block that its hash covers (vLLM's
+    #: ``num_hash_lookahead_tokens``, §7.4).
+    num_hash_lookahead_tokens: int
 
 
 def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
@@ -97,9 +106,12 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         prefill_schedule_interval=getattr(c, "prefill_schedule_interval", 1),
         decode_stagger=getattr(c, "decode_stagger", 0),
         num_speculative_tokens=getattr(c, "num_speculative_tokens", 0),
+        num_draft_slots=getattr(c, "num_draft_slots", 0),
         num_blocks=num_blocks,
         block_size=cache_config.block_size,
         enable_prefix_caching=cache_config.enable_prefix_caching,
+        num_lookahead_tokens=getattr(c, "num_lookahead_tokens", 0),
+        num_hash_lookahead_tokens=getattr(c, "num_hash_lookahead_tokens", 0),
     )
 
 
@@ -115,6 +127,8 @@ def validate(c: SchedulerSettings) -> None:
     check_range("block_size", c.block_size, 1, MAX_BLOCK_SIZE)
     check_range("max_model_len", c.max_model_len, 1, MAX_MODEL_LEN)
     check_range("num_blocks", c.num_blocks, 2, MAX_NUM_BLOCKS)
+    check_range("num_lookahead_tokens", c.num_lookahead_tokens, 0, c.max_model_len)
+    check_range("num_hash_lookahead_tokens", c.num_hash_lookahead_tokens, 0, c.block_size)
     check_scheduler(c)
     check_range("max_num_scheduled_tokens", c.max_num_scheduled_tokens, 1, MAX_NUM_BATCHED_TOKENS)
     check_range("max_num_active_seqs", c.max_num_active_seqs, 1, c.max_num_seqs)
@@ -122,6 +136,7 @@ def validate(c: SchedulerSettings) -> None:
     check_range("prefill_schedule_interval", c.prefill_schedule_interval, 1, MAX_NUM_SEQS)
     check_range("decode_stagger", c.decode_stagger, 0, MAX_NUM_SEQS)
     check_range("num_speculative_tokens", c.num_speculative_tokens, 0, c.max_model_len)
+    check_range("num_draft_slots", c.num_draft_slots, 0, c.num_speculative_tokens)
 
 
 def check_scheduler(c: Any) -> None:

@@ -39,6 +39,13 @@ class Sequence:
         self.append(chunk, hasher, block_size)
         self._num_prompt_tokens = len(self._tokens)
 
+    def rehash(self, hasher: BlockHasher, block_size: int) -> None:
+        """Hash every full block again from the start (a streaming session
+        admitted afresh under a hash lookahead: its kept hashes may cover a
+        token it dropped)."""
+        self._hashes.clear()
+        self._hashes.extend(hasher, self._tokens, block_size)
+
     @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens."""

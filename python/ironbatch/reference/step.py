@@ -123,6 +123,11 @@ class StepOutput:
     #: previous token in flight, so its grammar mask must wait for that
     #: output (vLLM's ``pending_structured_output_tokens``).
     pending_structured_output_tokens: bool = False
+    #: A request scheduled this step may verify drafts proposed after it:
+    #: false when each one either stops before its prompt's end or reaches
+    #: ``max_tokens`` with the token it samples (vLLM's V2 runner then skips
+    #: drafting: ``skip_drafts``).
+    drafts_needed: bool = False
     #: Requests this step's waiting pass released, their grammar compiled,
     #: in the order reached (admitted or not).
     grammar_released: list[int] = field(default_factory=list)

@@ -62,12 +62,12 @@ impl PyKvCacheManager {
         max_model_len: &Bound<'_, PyAny>,
         enable_prefix_caching: bool,
     ) -> PyResult<Self> {
-        let config = KvCacheConfig {
-            num_blocks: count("num_blocks", num_blocks)?,
-            block_size: count("block_size", block_size)?,
-            max_model_len: count("max_model_len", max_model_len)?,
+        let config = KvCacheConfig::new(
+            count("num_blocks", num_blocks)?,
+            count("block_size", block_size)?,
+            count("max_model_len", max_model_len)?,
             enable_prefix_caching,
-        };
+        );
         Ok(PyKvCacheManager {
             kv: KvCacheManager::new(&config)?,
             requests: FxHashMap::default(),

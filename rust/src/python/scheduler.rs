@@ -124,7 +124,8 @@ impl PyScheduler {
                         watermark_blocks, policy, scheduler_reserve_full_isl, num_blocks,
                         block_size, enable_prefix_caching, async_scheduling,
                         prefill_schedule_interval, decode_stagger,
-                        num_speculative_tokens=None))]
+                        num_speculative_tokens=None, num_lookahead_tokens=None,
+                        num_hash_lookahead_tokens=None, num_draft_slots=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_num_seqs: &Bound<'_, PyAny>,
@@ -145,7 +146,15 @@ impl PyScheduler {
         prefill_schedule_interval: &Bound<'_, PyAny>,
         decode_stagger: &Bound<'_, PyAny>,
         num_speculative_tokens: Option<&Bound<'_, PyAny>>,
+        num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+        num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+        num_draft_slots: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        // The speculative-decoding settings default to off.
+        let optional = |name: &str, value: Option<&Bound<'_, PyAny>>| match value {
+            Some(v) => count(name, v),
+            None => Ok(0),
+        };
         let max_model_len = count("max_model_len", max_model_len)?;
         let config = SchedulerConfig {
             max_num_seqs: count("max_num_seqs", max_num_seqs)?,
@@ -168,15 +177,18 @@ impl PyScheduler {
                 prefill_schedule_interval,
             )?,
             decode_stagger: count("decode_stagger", decode_stagger)?,
-            num_speculative_tokens: match num_speculative_tokens {
-                Some(k) => count("num_speculative_tokens", k)?,
-                None => 0,
-            },
+            num_speculative_tokens: optional("num_speculative_tokens", num_speculative_tokens)?,
+            num_draft_slots: optional("num_draft_slots", num_draft_slots)?,
             cache: KvCacheConfig {
                 num_blocks: count("num_blocks", num_blocks)?,
                 block_size: count("block_size", block_size)?,
                 max_model_len,
                 enable_prefix_caching,
+                num_lookahead_tokens: optional("num_lookahead_tokens", num_lookahead_tokens)?,
+                num_hash_lookahead_tokens: optional(
+                    "num_hash_lookahead_tokens",
+                    num_hash_lookahead_tokens,
+                )?,
             },
         };
         Ok(PyScheduler {

@@ -51,6 +51,12 @@ impl PyStep {
         self.step.has_structured_output_requests
     }
 
+    /// A request scheduled this step may verify drafts proposed after it.
+    #[getter]
+    fn drafts_needed(&self) -> bool {
+        self.step.drafts_needed
+    }
+
     /// Async: a structured-output request sampling this step still has its
     /// previous token in flight.
     #[getter]

@@ -4,9 +4,26 @@
 
 use super::Scheduler;
 use crate::error::Error;
+use crate::slab::Slot;
 use crate::spec_decode::Drafts;
 
 impl Scheduler {
+    /// Whether drafts proposed after this step for the request in `slot`,
+    /// scheduled for `n` tokens after `computed`, are sure to go unverified:
+    /// the step is a prefill chunk short of the prompt's end (it samples
+    /// nothing), or the token it samples is the request's last by
+    /// `max_tokens` even if every draft is rejected (async: the token in
+    /// flight counts too). Stop tokens cannot be foreseen, so they do not
+    /// count (vLLM's `_drafts_unused`).
+    pub(super) fn drafts_unused(&self, slot: Slot, computed: usize, n: usize) -> bool {
+        let r = &self.requests[slot];
+        if computed + n < r.num_tokens() {
+            return true;
+        }
+        let in_flight = usize::from(r.num_output_placeholders > 0);
+        r.num_output_tokens() + 1 + in_flight >= r.stop.max_tokens
+    }
+
     /// Give request `request_ids[i]` the drafts
     /// `tokens[offsets[i]..offsets[i + 1]]`, replacing any it had. Ids of
     /// requests that finished meanwhile are skipped, and a request whose

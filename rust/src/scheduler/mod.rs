@@ -100,6 +100,9 @@ struct StepDraft {
     running_prefill: bool,
     /// ... or scheduled anyone at all.
     running_scheduled: bool,
+    /// Some request scheduled this step (even if preempted later in it)
+    /// may verify the drafts proposed after it (§4.13).
+    drafts_needed: bool,
 }
 
 /// vLLM 0.33's V1 scheduler.
@@ -448,6 +451,7 @@ impl Scheduler {
             carried_prefill: false,
             running_prefill: false,
             running_scheduled: false,
+            drafts_needed: false,
         };
         self.schedule_running(&mut draft);
         draft.running_scheduled = !draft.entries.is_empty();
@@ -464,6 +468,7 @@ impl Scheduler {
         let scheduled_any = !draft.entries.is_empty();
         self.cadence.note_step(scheduled_any, draft.carried_prefill);
         let mut out = self.finish_step(draft.entries);
+        out.drafts_needed = draft.drafts_needed;
         out.grammar_released = draft.grammar_released;
         out.grammar_failed = draft.grammar_failed;
         out

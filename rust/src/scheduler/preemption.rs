@@ -41,7 +41,7 @@ impl Scheduler {
             if let Some(e) = draft.entries.iter().position(|e| e.slot == victim) {
                 let refund = draft.entries.remove(e).num_tokens;
                 draft.token_budget += refund;
-                draft.input_budget += refund;
+                draft.input_budget += refund + self.config.num_draft_slots;
             }
         }
         victim

@@ -12,8 +12,11 @@ use crate::step::{Kind, StepEntry};
 impl Scheduler {
     /// Schedule the running requests into `draft`.
     pub(super) fn schedule_running(&mut self, draft: &mut StepDraft) {
+        // A drafter's own input slots (draft models, parallel drafting) come
+        // out of the input budget beside each request's tokens.
+        let draft_slots = self.config.num_draft_slots;
         let mut i = 0;
-        while i < self.running.len() && draft.token_budget > 0 && draft.input_budget > 0 {
+        while i < self.running.len() && draft.token_budget > 0 && draft.input_budget > draft_slots {
             let slot = self.running[i];
             let r = &self.requests[slot];
             // Pipeline parallelism: its last decode is still a few stages
@@ -38,7 +41,8 @@ impl Scheduler {
                     entry.drafts = self.take_scheduled_drafts(slot, n);
                     draft.entries.push(entry);
                     draft.token_budget -= n;
-                    draft.input_budget -= n;
+                    draft.input_budget -= n + draft_slots;
+                    draft.drafts_needed |= !self.drafts_unused(slot, computed, n);
                     i += 1;
                 }
                 // It preempted itself. Under priority, running[i] is now the
@@ -71,7 +75,8 @@ impl Scheduler {
         // The last position of max_model_len is never computed: nothing
         // would sample after it.
         let room = (self.config.max_model_len - 1).saturating_sub(computed);
-        n.min(draft.token_budget).min(draft.input_budget).min(room)
+        let input_room = draft.input_budget - self.config.num_draft_slots;
+        n.min(draft.token_budget).min(input_room).min(room)
     }
 
     /// The drafts among the `n` tokens scheduled for the running request in

@@ -1,5 +1,7 @@
 //! Speculative decoding scenarios (docs/scheduling.md §4.13, §5.7): drafts
-//! scheduled, rejected ones rolled back, padding, the max_model_len cut.
+//! scheduled, rejected ones rolled back, padding, the max_model_len cut, and
+//! what a drafter with its own forward pass adds (lookahead slots, hash
+//! lookahead, drafting slots).
 
 use super::tests::{add, sampled, scheduler, Setup};
 use super::Scheduler;
@@ -93,4 +95,85 @@ fn a_full_prefix_hit_is_padded_to_a_draft_step() {
     let u = s.update_from_output(&out, &[51, 52], &[0, 1, 2]).unwrap();
     assert_eq!(u.spec_decoding_stats.unwrap().num_draft_tokens, 2);
     assert_eq!(s.request(b.slot).unwrap().seq.num_computed_tokens, 33);
+}
+
+#[test]
+fn lookahead_slots_are_allocated_past_the_scheduled_tokens() {
+    // Fifteen prompt tokens fit one 16-token block; two lookahead slots do not.
+    let blocks = |lookahead: usize| {
+        let mut s = scheduler(Setup {
+            num_speculative_tokens: 2,
+            num_lookahead_tokens: lookahead,
+            ..Setup::default()
+        });
+        add(&mut s, "a", 1..=15);
+        let out = s.schedule();
+        out.block_ids_of(0).len()
+    };
+    assert_eq!((blocks(0), blocks(1), blocks(2)), (1, 1, 2));
+}
+
+#[test]
+fn a_lookahead_hash_needs_the_next_token_to_match_too() {
+    // `b` shares `a`'s first block but not the token after it.
+    let hit = |lookahead: usize| {
+        let mut s = scheduler(Setup {
+            num_speculative_tokens: 1,
+            num_hash_lookahead_tokens: lookahead,
+            ..Setup::default()
+        });
+        add(&mut s, "a", 1..=40);
+        let out = s.schedule();
+        let (t, o) = sampled(&s, &out, |_| Some(50));
+        s.update_from_output(&out, &t, &o).unwrap();
+        let mut b: Vec<u32> = (1..=16).collect();
+        b.extend(100..120);
+        let mut r = super::tests::new_request("b", b, 4);
+        r.arrival_time = 1.0;
+        s.add_request(r).unwrap();
+        s.schedule().entries[1].num_computed_tokens
+    };
+    assert_eq!((hit(0), hit(1)), (16, 0));
+}
+
+#[test]
+fn drafting_slots_come_out_of_the_input_budget_only() {
+    let mut s = scheduler(Setup {
+        budget: 12,
+        max_num_seqs: 4,
+        num_speculative_tokens: 2,
+        num_draft_slots: 2,
+        ..Setup::default()
+    });
+    add(&mut s, "a", 1..=5);
+    add(&mut s, "b", 11..=20);
+    let out = s.schedule();
+    // `a` takes 5 tokens and 2 slots; `b` the 12 − 7 − 2 = 3 left for tokens.
+    let n: Vec<usize> = out.entries.iter().map(|e| e.num_tokens).collect();
+    assert_eq!(n, vec![5, 3]);
+}
+
+#[test]
+fn drafts_are_needed_unless_every_request_is_a_chunk_or_at_its_last_token() {
+    let mut s = scheduler(Setup {
+        budget: 8,
+        max_num_seqs: 4,
+        threshold: 4,
+        num_speculative_tokens: 2,
+        ..Setup::default()
+    });
+    add(&mut s, "a", 1..=20);
+    let mut r = super::tests::new_request("b", vec![5, 6], 1);
+    r.arrival_time = 1.0;
+    s.add_request(r).unwrap();
+    // `a` is a prefill chunk short of its prompt's end (it samples nothing);
+    // `b`'s token is its last by max_tokens, whatever the drafts.
+    let out = s.schedule();
+    assert_eq!(out.entries.len(), 2);
+    assert!(!out.drafts_needed);
+    let mut r = super::tests::new_request("c", vec![7, 8], 5);
+    r.arrival_time = 2.0;
+    s.add_request(r).unwrap();
+    let out = s.schedule();
+    assert!(out.entries.len() == 2 && out.drafts_needed);
 }

@@ -16,6 +16,9 @@ pub(super) struct Setup {
     pub(super) threshold: usize,
     pub(super) policy: Policy,
     pub(super) num_speculative_tokens: usize,
+    pub(super) num_lookahead_tokens: usize,
+    pub(super) num_hash_lookahead_tokens: usize,
+    pub(super) num_draft_slots: usize,
 }
 
 impl Default for Setup {
@@ -28,6 +31,9 @@ impl Default for Setup {
             threshold: 0,
             policy: Policy::Fcfs,
             num_speculative_tokens: 0,
+            num_lookahead_tokens: 0,
+            num_hash_lookahead_tokens: 0,
+            num_draft_slots: 0,
         }
     }
 }
@@ -49,17 +55,17 @@ pub(super) fn scheduler(s: Setup) -> Scheduler {
         prefill_schedule_interval: 1,
         decode_stagger: 0,
         num_speculative_tokens: s.num_speculative_tokens,
+        num_draft_slots: s.num_draft_slots,
         cache: KvCacheConfig {
-            num_blocks: s.num_blocks,
-            block_size: 16,
-            max_model_len: s.max_model_len,
-            enable_prefix_caching: true,
+            num_lookahead_tokens: s.num_lookahead_tokens,
+            num_hash_lookahead_tokens: s.num_hash_lookahead_tokens,
+            ..KvCacheConfig::new(s.num_blocks, 16, s.max_model_len, true)
         },
     })
     .unwrap()
 }
 
-fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
+pub(super) fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
     NewRequest {
         request_id: id.into(),
         prompt_token_ids: prompt,

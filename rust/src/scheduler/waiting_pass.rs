@@ -38,7 +38,8 @@ impl Scheduler {
             };
             // Sessions waiting for input keep a runner slot (§4.12).
             let active = self.running.len() + self.num_waiting_for_input;
-            if draft.input_budget == 0 || active >= self.config.max_num_active_seqs {
+            let no_input_room = draft.input_budget <= self.config.num_draft_slots;
+            if no_input_room || active >= self.config.max_num_active_seqs {
                 break;
             }
             if self.requests[slot].status == RequestStatus::WaitingForStreamingReq {
@@ -144,10 +145,16 @@ impl Scheduler {
         } else {
             c.watermark_blocks
         };
-        let budget = draft.token_budget.min(draft.input_budget);
+        let draft_slots = c.num_draft_slots;
+        let budget = draft.token_budget.min(draft.input_budget - draft_slots);
         let r = &mut self.requests[slot];
         self.hits.clear();
         let lookup = r.seq.num_computed_tokens == 0;
+        if lookup && r.resumable && self.kv.hasher().lookahead() > 0 {
+            // A session's kept hashes may cover the token its turn dropped;
+            // computing its KV afresh, it hashes its tokens as they are now.
+            r.seq.rehash(self.kv.hasher(), self.kv.block_size());
+        }
         // A request that must compute every prompt token (vLLM: it wants
         // prompt logprobs) reads no hits; its blocks are still cached.
         let hit_tokens = if !lookup {
@@ -238,7 +245,8 @@ impl Scheduler {
         }
         draft.entries.push(entry);
         draft.token_budget -= n;
-        draft.input_budget -= n;
+        draft.input_budget -= n + draft_slots;
+        draft.drafts_needed |= !self.drafts_unused(slot, hit_tokens, n);
         true
     }
 }

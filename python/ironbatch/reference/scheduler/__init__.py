@@ -112,6 +112,9 @@ class StepDraft:
     running_prefill: bool = False
     #: ... or scheduled anyone at all.
     running_scheduled: bool = False
+    #: Some request scheduled this step (even if preempted later in it) may
+    #: verify the drafts proposed after it (§4.13).
+    drafts_needed: bool = False
 
 
 class Scheduler:
@@ -125,7 +128,12 @@ class Scheduler:
         self.config: SchedulerSettings = c
         self.policy = c.policy
         self.kv = KvCacheManager(
-            c.num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching
+            c.num_blocks,
+            c.block_size,
+            c.max_model_len,
+            c.enable_prefix_caching,
+            num_lookahead_tokens=c.num_lookahead_tokens,
+            num_hash_lookahead_tokens=c.num_hash_lookahead_tokens,
         )
         self.requests: Slab[Request] = Slab()
         self.ids: dict[str, int] = {}
@@ -369,6 +377,7 @@ class Scheduler:
                 self.cadence.note_release(num_waiting, self.num_deferred)
         self.cadence.note_step(bool(draft.entries), draft.carried_prefill)
         out = finish_step(self, draft.entries)
+        out.drafts_needed = draft.drafts_needed
         out.grammar_released = draft.grammar_released
         out.grammar_failed = draft.grammar_failed
         return out

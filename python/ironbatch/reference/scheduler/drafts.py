@@ -16,6 +16,21 @@ if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler
 
 
+def drafts_unused(s: Scheduler, slot: int, computed: int, n: int) -> bool:
+    """Whether drafts proposed after this step for the request in ``slot``,
+    scheduled for ``n`` tokens after ``computed``, are sure to go
+    unverified: the step is a prefill chunk short of the prompt's end (it
+    samples nothing), or the token it samples is the request's last by
+    ``max_tokens`` even if every draft is rejected (async: the token in
+    flight counts too). Stop tokens cannot be foreseen, so they do not count
+    (vLLM's ``_drafts_unused``)."""
+    r = s.requests[slot]
+    if computed + n < r.num_tokens:
+        return True
+    in_flight = 1 if r.num_output_placeholders > 0 else 0
+    return r.num_output_tokens + 1 + in_flight >= r.stop.max_tokens
+
+
 def update_draft_token_ids(
     s: Scheduler, request_ids: Sequence[str], tokens: Sequence[int], offsets: Sequence[int]
 ) -> None:

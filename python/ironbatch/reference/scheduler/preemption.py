@@ -38,7 +38,7 @@ def take_victim(s: Scheduler, current: int, cursor: int, draft: StepDraft) -> tu
             if e.slot == victim:
                 refund = draft.entries.pop(k).num_tokens
                 draft.token_budget += refund
-                draft.input_budget += refund
+                draft.input_budget += refund + s.config.num_draft_slots
                 break
     return victim, cursor
 

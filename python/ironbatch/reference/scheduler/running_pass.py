@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ironbatch.reference.scheduler.drafts import drafts_unused
 from ironbatch.reference.scheduler.preemption import preempt, take_victim
 from ironbatch.reference.scheduler_config import Policy
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
@@ -18,8 +19,11 @@ if TYPE_CHECKING:
 
 def schedule_running(s: Scheduler, draft: StepDraft) -> None:
     """Schedule the running requests into ``draft``."""
+    # A drafter's own input slots (draft models, parallel drafting) come out
+    # of the input budget beside each request's tokens.
+    draft_slots = s.config.num_draft_slots
     i = 0
-    while i < len(s.running) and draft.token_budget > 0 and draft.input_budget > 0:
+    while i < len(s.running) and draft.token_budget > 0 and draft.input_budget > draft_slots:
         slot = s.running[i]
         r = s.requests[slot]
         # Pipeline parallelism: its last decode is still a few stages away. A
@@ -42,7 +46,8 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
             e.drafts = take_scheduled_drafts(s, slot, n)
             draft.entries.append(e)
             draft.token_budget -= n
-            draft.input_budget -= n
+            draft.input_budget -= n + draft_slots
+            draft.drafts_needed |= not drafts_unused(s, slot, computed, n)
             i += 1
         elif s.policy is Policy.PRIORITY:
             # It preempted itself: running[i] is now the next request and
@@ -73,7 +78,8 @@ def num_running_tokens(s: Scheduler, slot: int, draft: StepDraft) -> int:
     # The last position of max_model_len is never computed: nothing would
     # sample after it.
     room = max(s.config.max_model_len - 1 - computed, 0)
-    return min(n, draft.token_budget, draft.input_budget, room)
+    input_room = draft.input_budget - s.config.num_draft_slots
+    return min(n, draft.token_budget, input_room, room)
 
 
 def take_scheduled_drafts(s: Scheduler, slot: int, n: int) -> Drafts:

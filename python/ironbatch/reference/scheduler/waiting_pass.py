@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ironbatch.reference.kv_events import Hit
 from ironbatch.reference.request import RequestStatus
+from ironbatch.reference.scheduler.drafts import drafts_unused
 from ironbatch.reference.scheduler.running_pass import entry
 from ironbatch.reference.spec_decode import Drafts
 from ironbatch.reference.step import Kind
@@ -44,7 +45,8 @@ def schedule_waiting(s: Scheduler, draft: StepDraft, admit_new: bool) -> None:
             break
         # Sessions waiting for input keep a runner slot (§4.12).
         active = len(s.running) + s.num_waiting_for_input
-        if draft.input_budget == 0 or active >= s.config.max_num_active_seqs:
+        no_input_room = draft.input_budget <= s.config.num_draft_slots
+        if no_input_room or active >= s.config.max_num_active_seqs:
             break
         r = s.requests[slot]
         if r.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
@@ -121,9 +123,14 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
     c = s.config
     # Headroom kept free for those already running (none when alone).
     watermark = c.watermark_blocks if s.running else 0
-    budget = min(draft.token_budget, draft.input_budget)
+    draft_slots = c.num_draft_slots
+    budget = min(draft.token_budget, draft.input_budget - draft_slots)
     r = s.requests[slot]
     lookup = r.seq.num_computed_tokens == 0
+    if lookup and r.resumable and s.kv.hasher.lookahead > 0:
+        # A session's kept hashes may cover the token its turn dropped;
+        # computing its KV afresh, it hashes its tokens as they are now.
+        r.seq.rehash(s.kv.hasher, s.kv.block_size)
     # A request that must compute every prompt token (vLLM: it wants prompt
     # logprobs) reads no hits; its blocks are still cached.
     hits: list = []
@@ -189,5 +196,6 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
         e.drafts = Drafts(placeholders=n - 1)
     draft.entries.append(e)
     draft.token_budget -= n
-    draft.input_budget -= n
+    draft.input_budget -= n + draft_slots
+    draft.drafts_needed |= not drafts_unused(s, slot, hit_tokens, n)
     return True
