@@ -4,8 +4,11 @@ anyone can check ironbatch's parity on new workloads (replay them with
 size from tight to ample, budget, chunked prefill, threshold, prefix caching,
 policy) and a workload (shared prefixes, duplicate prompts, stop tokens, EOS,
 aborts); the "sampled" tokens are a deterministic function of the seed.
+With ``--spec ngram`` vLLM's scheduler speculates (n-gram, k drafts): after
+each step's output the recorder gives it random drafts, and a verification
+accepts a random prefix of the drafts a step scheduled.
 
-    python benches/record_vllm.py OUTDIR --seeds 100-119 [--big]
+    python benches/record_vllm.py OUTDIR --seeds 100-119 [--big] [--spec ngram [--k K]]
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.config import SpeculativeConfig
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 import ironbatch.bench.vllm_driver as vs
+from ironbatch.bench.random_speculation import RandomSpeculation
+from ironbatch.trace.speculation import stats_record
 
 VOCAB, EOS = 256, 2
 
@@ -95,12 +101,40 @@ def sampled_token(seed: int, r: dict[str, Any], index: int) -> int:
     return rng.randrange(3, VOCAB)
 
 
-def record(seed: int, big: bool = False, max_steps: int = 3000) -> list[dict[str, Any]]:
+def draw_num_speculative_tokens(seed: int) -> int:
+    """k for ``--spec`` without ``--k``: 1..5, from a stream of its own (the
+    config and workload draws stay those of the seed)."""
+    return random.Random(f"ironbatch-record-k-{seed}").randint(1, 5)
+
+
+def ngram_config(k: int) -> SpeculativeConfig:
+    """vLLM's n-gram method: no drafter model and no lookahead slots, so the
+    scheduler's part is every method's. The recorder supplies the drafts."""
+    return SpeculativeConfig(
+        method="ngram", num_speculative_tokens=k, prompt_lookup_max=3, prompt_lookup_min=1
+    )
+
+
+def record(
+    seed: int, big: bool = False, max_steps: int = 3000, num_speculative_tokens: int = 0
+) -> list[dict[str, Any]]:
     rng = random.Random(f"ironbatch-record-{seed}")
     cfg = draw_config(rng)
     reqs = draw_requests(rng, cfg, big)
     by_id = {r["request_id"]: r for r in reqs}
-    sched = vs.build(cfg)
+    spec: RandomSpeculation | None = None
+    extras: dict[str, Any] = {}
+    if num_speculative_tokens:
+        # Written only when speculating, so other traces stay as they were.
+        cfg["num_speculative_tokens"] = num_speculative_tokens
+        extras["speculative_config"] = ngram_config(num_speculative_tokens)
+        spec = RandomSpeculation(
+            num_speculative_tokens=num_speculative_tokens,
+            rng=random.Random(f"ironbatch-record-spec-{seed}"),
+            eos_token_id=EOS,
+            vocab_size=VOCAB,
+        )
+    sched = vs.build(cfg, **extras)
     pending = sorted(reqs, key=lambda r: r["_step"])
     lines: list[dict[str, Any]] = [
         {
@@ -110,10 +144,14 @@ def record(seed: int, big: bool = False, max_steps: int = 3000) -> list[dict[str
             "config": cfg,
         }
     ]
+    drafts: list[list[Any]] = []  # given after the previous step's output
     for step in range(max_steps):
         if not pending and not sched.has_unfinished_requests():
             break
-        line: dict[str, Any] = {"step": step, "add": [], "abort": []}
+        line: dict[str, Any] = {"step": step}
+        if spec is not None:
+            line["drafts"] = drafts
+        line.update(add=[], abort=[])
         while pending and pending[0]["_step"] <= step:
             r = pending.pop(0)
             line["add"].append({k: v for k, v in r.items() if not k.startswith("_")})
@@ -124,38 +162,22 @@ def record(seed: int, big: bool = False, max_steps: int = 3000) -> list[dict[str
             sched.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
             line["abort"].append(victim)
         so = sched.schedule()
-        new = {n.req_id: n for n in so.scheduled_new_reqs}
-        cached = so.scheduled_cached_reqs
-        row_of = {rid: i for i, rid in enumerate(cached.req_ids)}
-        scheduled = []
-        for rid, n in so.num_scheduled_tokens.items():
-            if rid in new:
-                kind = "resumed" if sched.requests[rid].num_preemptions else "new"
-                scheduled.append(
-                    [rid, n, kind, new[rid].num_computed_tokens, list(new[rid].block_ids[0])]
-                )
-            else:
-                i = row_of[rid]
-                kind = "resumed" if rid in cached.resumed_req_ids else "running"
-                blocks = cached.new_block_ids[i]
-                scheduled.append(
-                    [rid, n, kind, cached.num_computed_tokens[i], list(blocks[0]) if blocks else []]
-                )
-        line["schedule"] = {
-            "scheduled": scheduled,
-            "preempted": sorted(so.preempted_req_ids or []),
-            "finished": sorted(so.finished_req_ids),
-        }
+        line["schedule"] = decisions(sched, so)
+        if spec is not None:  # vLLM's dict, in scheduling order
+            scheduled_drafts = so.scheduled_spec_decode_tokens
+            line["schedule"]["spec_tokens"] = [
+                [rid, list(scheduled_drafts[rid])]
+                for rid in so.num_scheduled_tokens
+                if scheduled_drafts.get(rid)
+            ]
         ids = list(so.num_scheduled_tokens)
-        tokens = []
-        for rid in ids:
-            r = sched.requests[rid]
-            done = r.num_computed_tokens >= r.num_tokens
-            tokens.append([sampled_token(seed, by_id[rid], r.num_output_tokens)] if done else [])
-        line["sampled"] = [[rid, t] for rid, t in zip(ids, tokens, strict=True)]
+        tokens = [sample(seed, sched.requests[rid], by_id[rid], so, spec) for rid in ids]
+        # Copies: vLLM trims a list in place where a stop ends the request.
+        line["sampled"] = [[rid, list(t)] for rid, t in zip(ids, tokens, strict=True)]
         mro = ModelRunnerOutput(
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=tokens
         )
+        engine_outputs = sched.update_from_output(so, mro)
         line["outputs"] = [
             [
                 o.request_id,
@@ -163,12 +185,84 @@ def record(seed: int, big: bool = False, max_steps: int = 3000) -> list[dict[str
                 None if o.finish_reason is None else str(o.finish_reason),
                 o.stop_reason,
             ]
-            for eco in sched.update_from_output(so, mro).values()
+            for eco in engine_outputs.values()
             for o in eco.outputs
         ]
+        if spec is not None:
+            line["spec_decoding_stats"] = spec_stats(engine_outputs)
         line["num_free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
         lines.append(line)
+        if spec is not None:
+            drafts = propose(sched, spec, ids, by_id)
     return lines
+
+
+def sample(
+    seed: int, r: Any, d: dict[str, Any], so: Any, spec: RandomSpeculation | None
+) -> list[int]:
+    """The tokens the model runner returns for vLLM's request ``r`` (trace
+    request ``d``) after step ``so``: none for a prefill chunk; otherwise the
+    drafts the verification accepted, a prefix of those scheduled, and one
+    sampled token after them (what a rejection sampler returns)."""
+    if r.num_computed_tokens < r.num_tokens:
+        return []
+    drafts = so.scheduled_spec_decode_tokens.get(r.request_id, [])
+    kept = list(drafts[: spec.num_accepted(drafts)]) if spec is not None and drafts else []
+    return kept + [sampled_token(seed, d, r.num_output_tokens + len(kept))]
+
+
+def spec_stats(engine_outputs: dict[int, Any]) -> dict[str, Any] | None:
+    """The step's SpecDecodingStats in the trace's shape: vLLM puts its
+    SchedulerStats on one client's outputs (log_stats is on)."""
+    stats = next((e.scheduler_stats for e in engine_outputs.values() if e.scheduler_stats), None)
+    return stats_record(None if stats is None else stats.spec_decoding_stats)
+
+
+def decisions(sched: Any, so: Any) -> dict[str, Any]:
+    """The trace's ``schedule`` object for vLLM's SchedulerOutput ``so``."""
+    new = {n.req_id: n for n in so.scheduled_new_reqs}
+    cached = so.scheduled_cached_reqs
+    row_of = {rid: i for i, rid in enumerate(cached.req_ids)}
+    scheduled = []
+    for rid, n in so.num_scheduled_tokens.items():
+        if rid in new:
+            kind = "resumed" if sched.requests[rid].num_preemptions else "new"
+            scheduled.append(
+                [rid, n, kind, new[rid].num_computed_tokens, list(new[rid].block_ids[0])]
+            )
+        else:
+            i = row_of[rid]
+            kind = "resumed" if rid in cached.resumed_req_ids else "running"
+            blocks = cached.new_block_ids[i]
+            scheduled.append(
+                [rid, n, kind, cached.num_computed_tokens[i], list(blocks[0]) if blocks else []]
+            )
+    return {
+        "scheduled": scheduled,
+        "preempted": sorted(so.preempted_req_ids or []),
+        "finished": sorted(so.finished_req_ids),
+    }
+
+
+def propose(
+    sched: Any, spec: RandomSpeculation, ids: list[str], by_id: dict[str, dict[str, Any]]
+) -> list[list[Any]]:
+    """Drafts for every request of the step just run, handed to vLLM's
+    scheduler as EngineCore hands over its proposer's (sync scheduling), and
+    returned for the next step line. Requests that stopped, and ones whose
+    step was a prefill chunk, get drafts too: vLLM drops those."""
+    given = []
+    for rid in ids:
+        r = sched.requests.get(rid)
+        history = r.all_token_ids if r is not None else by_id[rid]["prompt_token_ids"]
+        given.append(
+            [rid, spec.drafts(history=history, stop_token_ids=by_id[rid]["stop_token_ids"])]
+        )
+    # vLLM keeps the lists it is given: it gets copies, the record stays as given.
+    sched.update_draft_token_ids(
+        DraftTokenIds(req_ids=[g[0] for g in given], draft_token_ids=[list(g[1]) for g in given])
+    )
+    return given
 
 
 def main() -> int:
@@ -177,16 +271,33 @@ def main() -> int:
     ap.add_argument("--seeds", default="0-9", help="an inclusive range, e.g. 100-119")
     ap.add_argument("--big", action="store_true", help="120-300 requests per trace")
     ap.add_argument("--prefix", default="recorded")
+    ap.add_argument(
+        "--spec", choices=["ngram"], help="speculative decoding: random drafts, random acceptance"
+    )
+    ap.add_argument(
+        "--k", type=int, help="num_speculative_tokens with --spec (default: 1-5, drawn per seed)"
+    )
     a = ap.parse_args()
+    if a.k is not None and (a.spec is None or a.k < 1):
+        ap.error("--k needs --spec and must be at least 1")
     lo, hi = (int(x) for x in a.seeds.split("-"))
     a.outdir.mkdir(parents=True, exist_ok=True)
     for seed in range(lo, hi + 1):
-        lines = record(seed, a.big)
+        k = (a.k or draw_num_speculative_tokens(seed)) if a.spec else 0
+        lines = record(seed, a.big, num_speculative_tokens=k)
         path = a.outdir / f"{a.prefix}-{seed:04d}.jsonl"
         path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
         pre = sum(len(x["schedule"]["preempted"]) for x in lines[1:])
-        print(f"{path}: {len(lines) - 1} steps, {pre} preemptions", file=sys.stderr)
+        spec = f", k={k}, {accepted(lines)} drafts accepted" if k else ""
+        print(f"{path}: {len(lines) - 1} steps, {pre} preemptions{spec}", file=sys.stderr)
     return 0
+
+
+def accepted(lines: list[dict[str, Any]]) -> str:
+    """``A of D``: draft tokens accepted of those verified, over a trace."""
+    stats = [x["spec_decoding_stats"] for x in lines[1:] if x.get("spec_decoding_stats")]
+    a = sum(s["num_accepted_tokens"] for s in stats)
+    return f"{a} of {sum(s['num_draft_tokens'] for s in stats)}"
 
 
 if __name__ == "__main__":

@@ -16,22 +16,32 @@ from scheduler_helpers import BACKENDS
 DATA = Path(__file__).parent / "data"
 # traces/: the 40 shared traces recorded from vLLM 0.33.0; recorded/: 32 more
 # recorded from vLLM 0.33.0 with benches/record_vllm.py (seeds 100-129, and
-# two large workloads with many preemptions, seeds 201 and 203 with --big).
+# two large workloads with many preemptions, seeds 201 and 203 with --big);
+# recorded-spec/: 23 speculative ones (--spec ngram, k drawn per seed: seeds
+# 300-319, and seeds 400, 405 and 408 with --big, gzipped).
 TRACES = sorted((DATA / "traces").glob("*.jsonl"))
 RECORDED = sorted((DATA / "recorded").glob("*.jsonl"))
+SPEC = sorted((DATA / "recorded-spec").glob("*.jsonl*"))
+ALL = TRACES + RECORDED + SPEC
 
 
 def test_the_traces_are_there() -> None:
     assert len(TRACES) == 40
     assert len(RECORDED) == 32
+    assert len(SPEC) == 23
+
+
+def _lines(path: Path) -> list[str]:
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("path", TRACES + RECORDED, ids=[p.stem for p in TRACES + RECORDED])
+@pytest.mark.parametrize("path", ALL, ids=[p.name.split(".")[0] for p in ALL])
 def test_trace_replays_identical(path: Path, backend: str) -> None:
     result = replay(path, backend=backend, level="blocks")
     assert result.identical, str(result)
-    assert result.steps == len(path.read_text().splitlines()) - 1
+    assert result.steps == len(_lines(path)) - 1
 
 
 def _tampered(tmp_path: Path, edit) -> Path:  # type: ignore[no-untyped-def]

@@ -17,6 +17,13 @@ from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
+from ironbatch.trace.speculation import (
+    SPEC_STATS,
+    SPEC_TOKENS,
+    scheduled_spec_tokens,
+    stats_record,
+    step_drafts,
+)
 
 LEVELS = ("decisions", "blocks")
 FORMAT = "ironbatch-trace/1"
@@ -89,6 +96,8 @@ def build_scheduler(config: dict[str, Any], backend: str) -> Scheduler:
             enable_chunked_prefill=config["enable_chunked_prefill"],
             long_prefill_token_threshold=config["long_prefill_token_threshold"],
             policy=config["policy"],
+            # Optional (the growth rule): traces without it do not speculate.
+            num_speculative_tokens=config.get("num_speculative_tokens", 0),
         ),
         CacheConfig(
             num_blocks=config["num_blocks"],
@@ -138,6 +147,10 @@ def _replay_steps(
         ) -> ReplayResult:
             return ReplayResult(path, n, step, field, expected, actual)
 
+        # Drafts first: vLLM's engine hands them over right after the
+        # previous step's output, before it takes in new requests.
+        if drafts := step_drafts(rec):
+            sched.update_draft_token_ids(drafts)
         for d in rec["add"]:
             sched.add_request(trace_request(d))
         for rid in rec["abort"]:
@@ -155,12 +168,19 @@ def _replay_steps(
             return differs("preempted", want["preempted"], sorted(out.preempted_req_ids))
         if sorted(out.finished_req_ids) != want["finished"]:
             return differs("finished", want["finished"], sorted(out.finished_req_ids))
+        if SPEC_TOKENS in want and (spec := scheduled_spec_tokens(out)) != want[SPEC_TOKENS]:
+            return differs(SPEC_TOKENS, want[SPEC_TOKENS], spec)
         updates = sched.update_from_output(out, {rid: toks for rid, toks in rec["sampled"]})
         got_outputs = [
             [u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason] for u in updates
         ]
         if got_outputs != rec["outputs"]:
             return differs("outputs", rec["outputs"], got_outputs)
+        if (
+            SPEC_STATS in rec
+            and (stats := stats_record(updates.spec_decoding_stats)) != rec[SPEC_STATS]
+        ):
+            return differs(SPEC_STATS, rec[SPEC_STATS], stats)
         if blocks and sched.num_free_blocks != rec["num_free_blocks"]:
             return differs("num_free_blocks", rec["num_free_blocks"], sched.num_free_blocks)
     return ReplayResult(path, n)
