@@ -30,6 +30,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int)
     g.add_argument("--attention-backend", choices=["torch", "triton"])
+    g.add_argument(
+        "--speculative-config",
+        help="n-gram speculation as a JSON object of vLLM's keys, e.g. "
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}',
+    )
 
     p = sub.add_parser("replay", help="replay ironbatch-trace/1 files and report parity")
     p.add_argument("traces", nargs="+", help="trace files (.jsonl, .jsonl.gz, or - for stdin)")
@@ -76,6 +81,7 @@ def _run(args: argparse.Namespace) -> int:
             args.temperature,
             args.seed,
             args.attention_backend,
+            speculative_config=args.speculative_config,
         )
     if args.command == "replay":
         from ironbatch.cli.replay import replay_main

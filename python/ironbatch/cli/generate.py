@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from ironbatch.sampling_params import SamplingParams
 
 
@@ -12,10 +15,12 @@ def generate_main(
     temperature: float,
     seed: int | None,
     backend: str | None,
+    *,
+    speculative_config: str | None = None,
 ) -> int:
     from ironbatch.engine import LLM
 
-    llm = LLM(model, attention_backend=backend)
+    llm = LLM(model, attention_backend=backend, speculative_config=_speculative(speculative_config))
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
     inputs = [_parse(p) for p in prompts]
     for prompt, out in zip(prompts, llm.generate(inputs, params), strict=True):
@@ -32,3 +37,16 @@ def _parse(prompt: str) -> str | dict[str, list[int]]:
         return {"prompt_token_ids": [int(t) for t in prompt[4:].split(",")]}
     except ValueError:
         raise ValueError(f"--prompt {prompt!r}: ids: takes comma-separated ints") from None
+
+
+def _speculative(text: str | None) -> dict[str, Any] | None:
+    """``--speculative-config``: a JSON object, as vLLM takes it."""
+    if text is None:
+        return None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--speculative-config must be a JSON object, got {text!r}")
+    return config

@@ -2,5 +2,6 @@
 
 from ironbatch.engine.llm import LLM
 from ironbatch.engine.llm_engine import EngineArgs, LLMEngine
+from ironbatch.engine.speculative_config import SpeculativeConfig
 
-__all__ = ["LLM", "EngineArgs", "LLMEngine"]
+__all__ = ["LLM", "EngineArgs", "LLMEngine", "SpeculativeConfig"]

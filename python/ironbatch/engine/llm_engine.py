@@ -18,7 +18,10 @@ import numpy as np
 
 from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.engine.detokenizer import IncrementalDetokenizer, find_stop
+from ironbatch.engine.ngram_proposer import NgramProposer
 from ironbatch.engine.runner_output import RunnerOutput
+from ironbatch.engine.spec_decoding_stats import SpecDecodingStats
+from ironbatch.engine.speculative_config import SpeculativeConfig
 from ironbatch.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ironbatch.reference.args import u32_list
 from ironbatch.request import Request
@@ -54,6 +57,10 @@ class EngineArgs:
     seed: int = 0
     # The most logprobs a request may ask for per token (-1: the vocabulary).
     max_logprobs: int = 20
+    # vLLM's --speculative-config keys for n-gram speculation, e.g.
+    # {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4};
+    # None: off.
+    speculative_config: SpeculativeConfig | Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,8 @@ class LLMEngine:
         from ironbatch.model.runner import ModelRunner
 
         self.args = args
+        # Checked before the model loads: a bad setting fails fast.
+        self.speculative_config = SpeculativeConfig.of(args.speculative_config)
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model, self.model_config = load_model(args.model, args.dtype, device)
         self.tokenizer = load_tokenizer(args.model)
@@ -107,6 +116,7 @@ class LLMEngine:
                 enable_chunked_prefill=chunked,
                 long_prefill_token_threshold=args.long_prefill_token_threshold,
                 policy=args.policy,
+                num_speculative_tokens=self._num_spec_tokens,
             ),
             CacheConfig(
                 num_blocks=num_blocks,
@@ -128,6 +138,19 @@ class LLMEngine:
             seed=args.seed,
         )
         self.num_blocks, self.max_model_len, self.device = num_blocks, max_len, device
+        spec = self.speculative_config
+        self.proposer = (
+            None
+            if spec is None
+            else NgramProposer(
+                num_speculative_tokens=spec.num_speculative_tokens,
+                prompt_lookup_min=spec.prompt_lookup_min,
+                prompt_lookup_max=spec.prompt_lookup_max,
+                max_model_len=max_len,
+            )
+        )
+        #: Drafts proposed, verified and accepted since the engine started.
+        self.spec_decoding_stats = SpecDecodingStats(self._num_spec_tokens)
         self.states: dict[str, _State] = {}
         self._ids = itertools.count()
         # Guards the scheduler and the request states: add_request and
@@ -138,6 +161,11 @@ class LLMEngine:
         self.num_preemptions = 0
         # Seconds per phase of step(), summed (the runner keeps its own).
         self.timings = {"schedule": 0.0, "update": 0.0, "outputs": 0.0, "step": 0.0}
+
+    @property
+    def _num_spec_tokens(self) -> int:
+        spec = self.speculative_config
+        return 0 if spec is None else spec.num_speculative_tokens
 
     def _kv_budget(self, device: Any) -> int:
         import torch
@@ -324,12 +352,15 @@ class LLMEngine:
                     [(step_states[i], reason) for i, reason in sorted(failed.items())]
                 )
                 try:
-                    updates = self.scheduler.update_from_output(out, result.sampled)
+                    updates = self.scheduler.update_from_output(out, result.for_update(out.req_ids))
                 except BaseException as e:
                     return outputs + self._abandon_step(step_states, "applying the step failed", e)
                 t3 = time.perf_counter()
                 if len(updates):
                     outputs += self._outputs(out, result, updates, step_states, final_only)
+                if self.proposer is not None:
+                    self.spec_decoding_stats.observe(updates.spec_decoding_stats)
+                    self._propose(out, updates, step_states)
             t4 = time.perf_counter()
         tm = self.timings
         tm["schedule"] += t1 - t0
@@ -357,6 +388,31 @@ class LLMEngine:
             except Exception as e:  # noqa: BLE001 - this request alone ends
                 failed[i] = _reason("the request could not start", e)
         return failed
+
+    def _propose(
+        self, out: SchedulerOutput, updates: UpdateOutputs, step_states: list[_State | None]
+    ) -> None:
+        """Drafts for the next step (vLLM's sync engine hands them over at
+        this point), for every request of the step that got tokens and still
+        runs, from its known tokens in the runner: those before the step
+        plus the ones it emitted."""
+        assert self.proposer is not None
+        drafts: dict[str, list[int]] = {}
+        for row, u in zip(updates.rows.tolist(), updates, strict=True):
+            st = step_states[row]
+            if u.finish_reason is not None or st is None or self.states.get(u.request_id) is not st:
+                continue
+            known = int(out.seq_lens[row] - out.num_spec_tokens[row]) + len(u.new_token_ids)
+            proposal = self.proposer.propose(
+                self.runner.known_tokens(int(out.req_slots[row]), known)
+            )
+            if len(proposal):
+                drafts[u.request_id] = proposal.tolist()
+        if drafts:
+            stats = self.spec_decoding_stats
+            stats.num_proposals += len(drafts)
+            stats.num_proposed_tokens += sum(map(len, drafts.values()))
+            self.scheduler.update_draft_token_ids(drafts)
 
     def _abandon_step(
         self, step_states: list[_State | None], what: str, e: BaseException
@@ -406,25 +462,26 @@ class LLMEngine:
         final_only: bool,
     ) -> list[RequestOutput]:
         now = time.time()
-        logprob_rows = (
-            {}
-            if result.logprobs is None
-            else {row: j for j, row in enumerate(result.logprobs[0].tolist())}
-        )
+        first_entry: dict[int, int] = {}  # row -> its first logprobs entry
+        if result.logprobs is not None:
+            for j, row in enumerate(result.logprobs[0].tolist()):
+                first_entry.setdefault(row, j)
         outputs = []
         for row, u in zip(updates.rows.tolist(), updates, strict=True):
             st = step_states[row]
             if st is None or self.states.get(u.request_id) is not st:
                 continue
             try:
-                logprob = None
-                if st.logprobs is not None and row in logprob_rows:
+                logprobs = []
+                if st.logprobs is not None and row in first_entry:
                     assert result.logprobs is not None
-                    logprob = self._logprob_entry(
-                        result.logprobs[1][logprob_rows[row]], int(result.sampled[row]), st
-                    )
+                    j = first_entry[row]
+                    logprobs = [  # one per token kept (a stop may have trimmed some)
+                        self._logprob_entry(result.logprobs[1][j + i], token, st)
+                        for i, token in enumerate(u.new_token_ids)
+                    ]
                 output = self._advance(
-                    st, u.new_token_ids, u.finish_reason, u.stop_reason, now, logprob, final_only
+                    st, u.new_token_ids, u.finish_reason, u.stop_reason, now, logprobs, final_only
                 )
             except Exception as e:  # noqa: BLE001 - this request alone ends
                 if self.states.get(u.request_id) is st:
@@ -451,17 +508,17 @@ class LLMEngine:
         finish_reason: str | None,
         stop_reason: int | str | None,
         now: float,
-        logprob: tuple[float, dict[int, float]] | None,
+        logprobs: list[tuple[float, dict[int, float]]],
         final_only: bool = False,
     ) -> RequestOutput | None:
         rid = st.request.request_id
         st.output_ids.extend(new_ids)
         if st.metrics.first_token_time is None:
             st.metrics.first_token_time = now
-        if logprob is not None and st.logprobs is not None:
-            chosen, entry = logprob
-            st.cumulative_logprob += chosen
-            st.logprobs.append(entry)
+        if st.logprobs is not None:
+            for chosen, entry in logprobs:
+                st.cumulative_logprob += chosen
+                st.logprobs.append(entry)
         if final_only and finish_reason is None and not st.params.stop:
             return None  # nothing to report, and no stop string to look for yet
         before = len(st.detok.text)

@@ -1,5 +1,6 @@
 """The model runner: from a step's scheduler columns to one sampled token per
-sampling row.
+sampling row, or, for a row carrying drafts (speculative decoding), the
+drafts it accepts and the token after them, verified in the same forward.
 
 Per-request state lives in arrays indexed by the scheduler's request slot
 (its stable row while it lives): the known tokens, the block table and the
@@ -21,6 +22,7 @@ from ironbatch.engine.runner_output import RunnerOutput
 from ironbatch.model import kv_cache
 from ironbatch.model.config import ModelConfig
 from ironbatch.model.llama import LlamaForCausalLM
+from ironbatch.model.rejection_sampler import Verified, accept_greedy, verify_rows
 from ironbatch.model.sampler import RowParams, sample_rows
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler_output import Kind, SchedulerOutput
@@ -106,11 +108,17 @@ class ModelRunner:
             if offsets[i + 1] == offsets[i]:
                 self.table_lens[int(out.req_slots[i])] = 0
 
+    def known_tokens(self, slot: int, length: int) -> np.ndarray:
+        """The first ``length`` tokens of the request in ``slot`` (a view)."""
+        return self.tokens[slot, :length]
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, eos_token_ids: tuple[int, ...]) -> RunnerOutput:
         """Run the step: one token per scheduled row (-1 where the step does
-        not reach the request's last known token, or its sampling failed).
-        A failure of the whole step (the forward) raises."""
+        not reach the request's last known token, or its sampling failed);
+        if the step carries drafts, each row's accepted drafts and the token
+        after them instead (``RunnerOutput.token_offsets``). A failure of
+        the whole step (the forward) raises."""
         n = len(out.req_ids)
         result = RunnerOutput(np.full(n, -1, dtype=np.int64))
         if n == 0:
@@ -119,6 +127,9 @@ class ModelRunner:
         self._update_tables(out)
         slots = out.req_slots.astype(np.int64)
         rows = np.repeat(slots, out.num_scheduled)
+        has_drafts = len(out.spec_token_ids) > 0
+        if has_drafts:
+            self._write_drafts(out, rows)
         input_ids = torch.from_numpy(self.tokens[rows, out.positions]).to(self.device)
         positions = torch.from_numpy(out.positions).to(self.device)
         q_lens = out.num_scheduled.tolist()
@@ -137,6 +148,10 @@ class ModelRunner:
         which = np.flatnonzero(out.samples)
         if len(which) == 0:
             self._clock(t0, t1, time.perf_counter(), None)
+            return result
+        if has_drafts:
+            t2 = self._verify(out, hidden, which, eos_token_ids, result)
+            self._clock(t0, t1, t2, time.perf_counter())
             return result
         last_rows = torch.from_numpy(out.query_start_loc[1:][which] - 1).to(self.device).long()
         logits = self.model.logits(hidden[last_rows])
@@ -166,6 +181,68 @@ class ModelRunner:
         self._clock(t0, t1, t2, time.perf_counter())
         return result
 
+    def _write_drafts(self, out: SchedulerOutput, rows: np.ndarray) -> None:
+        """Put the step's drafts where its input ids are read: they are each
+        row's last ``num_spec_tokens`` scheduled tokens. A placeholder (-1)
+        becomes token 0; its KV is computed and then rejected."""
+        scheduled = out.num_scheduled
+        first_draft = np.repeat(out.query_start_loc[1:] - out.num_spec_tokens, scheduled)
+        is_draft = np.arange(len(rows)) >= first_draft
+        drafts = np.maximum(out.spec_token_ids.astype(np.int64), 0)
+        self.tokens[rows[is_draft], out.positions[is_draft]] = drafts
+
+    def _verify(
+        self,
+        out: SchedulerOutput,
+        hidden: torch.Tensor,
+        which: np.ndarray,
+        eos_token_ids: tuple[int, ...],
+        result: RunnerOutput,
+    ) -> float:
+        """Logits at each sampling row's last ``1 + drafts`` positions, the
+        drafts verified against them (``rejection_sampler``), the emitted
+        tokens written back and into ``result``; returns when the forward
+        was done."""
+        n = len(out.req_ids)
+        d = out.num_spec_tokens[which].astype(np.int64)
+        m = d + 1
+        ends = out.query_start_loc[1:][which].astype(np.int64)
+        logit_rows = np.repeat(ends - m, m) + _local(m)
+        logits = self.model.logits(hidden[torch.from_numpy(logit_rows).to(self.device)])
+        if logits.is_cuda:
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        draft_rows = np.repeat(np.arange(n), out.num_spec_tokens)
+        drafts = out.spec_token_ids.astype(np.int64)[out.samples[draft_rows].astype(bool)]
+        rows_slots = out.req_slots[which].astype(np.int64)
+        base = (out.seq_lens[which] - d).astype(np.int64)  # known tokens before the step
+        plain = (
+            self.plain[rows_slots].all()
+            and (base - self.prompt_lens[rows_slots] >= self.min_tokens[rows_slots]).all()
+        )
+        verified: Verified
+        if plain:
+            verified = accept_greedy(logits.argmax(-1).cpu().numpy(), drafts, d)
+        else:
+            row_params = [
+                self._row(int(sl), int(b), eos_token_ids)
+                for sl, b in zip(rows_slots, base, strict=True)
+            ]
+            per_row = [r.tolist() for r in np.split(drafts, np.cumsum(d)[:-1])]
+            verified = verify_rows(logits, row_params, per_row, self.generator)
+            keep = _local(m) < np.repeat(verified.counts, m)
+            logprobs = logits.log_softmax(-1)[torch.from_numpy(keep).to(self.device)]
+            result.logprobs = (np.repeat(which, verified.counts), logprobs)
+            result.errors = {int(which[j]): reason for j, reason in verified.errors.items()}
+        counts = np.zeros(n, dtype=np.int64)
+        counts[which] = verified.counts
+        result.token_offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=result.token_offsets[1:])
+        result.sampled = verified.tokens
+        positions = np.repeat(base, verified.counts) + _local(verified.counts)
+        self.tokens[np.repeat(rows_slots, verified.counts), positions] = verified.tokens
+        return t2
+
     def _clock(self, t0: float, t1: float, t2: float, t3: float | None) -> None:
         self.timings["prepare"] += t1 - t0
         self.timings["forward"] += t2 - t1
@@ -183,3 +260,9 @@ class ModelRunner:
             eos_token_ids=eos,
             generator=gen,
         )
+
+
+def _local(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ... within each of consecutive groups of ``counts`` items."""
+    starts = np.cumsum(counts) - counts
+    return np.arange(int(counts.sum())) - np.repeat(starts, counts)

@@ -108,14 +108,26 @@ class Sampled:
     errors: dict[int, str]
 
 
+def processed_logits(logits: torch.Tensor, row: RowParams) -> torch.Tensor:
+    """A row's logits after penalties and the ``min_tokens`` mask, with a
+    well-defined choice (``logits`` is changed): greedy takes their argmax."""
+    return finite_choices(mask_min_tokens(apply_penalties(logits, row), row))
+
+
+def sampling_probs(x: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a non-greedy row draws from, given its processed
+    logits: temperature, then top-k, top-p and min-p."""
+    p = params
+    x = finite_choices(filter_top_k_top_p_min_p(x / p.temperature, p.top_k, p.top_p, p.min_p))
+    return x.softmax(-1)
+
+
 def sample_row(logits: torch.Tensor, row: RowParams, generator: torch.Generator) -> int:
     """One row's token (``logits`` is that row's, and is changed)."""
-    x = finite_choices(mask_min_tokens(apply_penalties(logits, row), row))
-    p = row.params
-    if p.greedy:
+    x = processed_logits(logits, row)
+    if row.params.greedy:
         return int(x.argmax())
-    x = finite_choices(filter_top_k_top_p_min_p(x / p.temperature, p.top_k, p.top_p, p.min_p))
-    probs = x.softmax(-1)
+    probs = sampling_probs(x, row.params)
     return int(torch.multinomial(probs, 1, generator=row.generator or generator)[0])
 
 
