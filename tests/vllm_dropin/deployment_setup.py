@@ -245,8 +245,58 @@ _GPT_OSS_20B = {
     # weights, not the attention layers or their KV cache, and the CPU
     # platform has no MXFP4 kernels, so the shaped config leaves it out.
 }
+# An EAGLE-3 drafter for Llama 3.1 8B, shaped like the published ones: one
+# decoder layer over the target's hidden size, a smaller draft vocabulary.
+_LLAMA_3_1_8B_EAGLE3 = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 1,
+    "vocab_size": 128256,
+    "draft_vocab_size": 32000,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+# DeepSeek-V3's shape: MLA, 256 routed experts, one multi-token-prediction
+# layer (what `--speculative-config '{"method": "mtp"}'` drafts with).
+_DEEPSEEK_V3 = _DEEPSEEK_V2_LITE | {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "n_group": 8,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "scoring_func": "sigmoid",
+    "routed_scaling_factor": 2.5,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "num_hidden_layers": 61,
+    "q_lora_rank": 1536,
+    "vocab_size": 129280,
+    "num_nextn_predict_layers": 1,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
 MODELS: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": _LLAMA_3_1_8B,
+    "llama-3.1-8b-eagle3": _LLAMA_3_1_8B_EAGLE3,
+    "deepseek-v3": _DEEPSEEK_V3,
     "qwen3-8b": _QWEN3_8B,
     "qwen3-30b-a3b": _QWEN3_30B_A3B,
     "deepseek-v2-lite": _DEEPSEEK_V2_LITE,
@@ -304,7 +354,13 @@ def write_model(root: str, name: str) -> str:
 
 def engine_config(model_dir: str, flags: list[str], scheduler_cls: str | None) -> VllmConfig:
     """``vllm serve MODEL_DIR FLAGS [--scheduler-cls ...]``: its parser, its
-    engine arguments, its usage context."""
+    engine arguments, its usage context. A flag may name another model's
+    folder as ``{models}/NAME`` (a drafter's, say)."""
+    root = os.path.dirname(model_dir)
+    for name in MODELS:
+        if any(f"{{models}}/{name}" in flag for flag in flags):
+            write_model(root, name)
+    flags = [flag.replace("{models}", root) for flag in flags]
     argv = ["--model", model_dir, *flags]
     if scheduler_cls is not None:
         argv += ["--scheduler-cls", scheduler_cls]
@@ -794,6 +850,8 @@ class Engine:
             "enable_prefix_caching": bool(vc.cache_config.enable_prefix_caching),
             "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
             "num_speculative_tokens": vc.num_speculative_tokens,
+            "num_lookahead_tokens": vc.num_lookahead_tokens,
+            "num_hash_lookahead_tokens": vc.num_hash_lookahead_tokens,
         }
 
     def shutdown(self) -> None:

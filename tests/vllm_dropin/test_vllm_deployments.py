@@ -67,6 +67,13 @@ KV_EVENTS = json.dumps({"enable_kv_cache_events": True, "publisher": "null"})  #
 SPEC_NGRAM = json.dumps(
     {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 )
+# EAGLE-3 with its own drafter model, and DeepSeek-V3's MTP layer: drafters
+# with a forward pass of their own (lookahead KV slots, block hashes that
+# cover the next token).
+SPEC_EAGLE3 = json.dumps(
+    {"method": "eagle3", "model": "{models}/llama-3.1-8b-eagle3", "num_speculative_tokens": 3}
+)
+SPEC_MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
 TABLE = [
     Deployment(
         "llama-3.1-8b",
@@ -152,6 +159,20 @@ TABLE = [
         "llama-3.1-8b",
         ["--speculative-config", SPEC_NGRAM],
         {"num_speculative_tokens": 3},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
+        "eagle3-speculation",
+        "llama-3.1-8b",
+        ["--speculative-config", SPEC_EAGLE3],
+        {"num_speculative_tokens": 3, "num_lookahead_tokens": 3},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
+        "deepseek-v3-mtp",
+        "deepseek-v3",
+        ["--speculative-config", SPEC_MTP],
+        {"use_mla": True, "num_speculative_tokens": 1, "num_lookahead_tokens": 1},
         exercises=("spec_drafts",),
     ),
     Deployment(

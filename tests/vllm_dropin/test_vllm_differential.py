@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.config import KVEventsConfig, ObservabilityConfig, SpeculativeConfig  # noqa: E402
+from vllm.config import KVEventsConfig, ObservabilityConfig  # noqa: E402
 from vllm.sampling_params import RepetitionDetectionParams  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
@@ -46,7 +46,7 @@ def random_settings(rng: random.Random) -> dict:
     tight = rng.random() < 0.5
     blocks = rng.randint(need // 2 + 2, need + 2) if tight else rng.randint(3 * need, 6 * need)
     pp = rng.choice([1] * 4 + [2, 3])
-    return dict(
+    settings = dict(
         block_size=bs,
         num_blocks=blocks,
         max_model_len=max_model_len,
@@ -71,20 +71,31 @@ def random_settings(rng: random.Random) -> dict:
         data_parallel_size=rng.choice([1, 1, 2]),
         **kv_events(rng),
         **kv_metrics(rng),
-        **speculation(rng, pp),
     )
+    settings.update(speculation(rng, pp))
+    return settings
+
+
+# Speculative methods, each as often as drawn here: n-gram (no drafter of its
+# own), EAGLE and EAGLE-3 (lookahead KV slots, block hashes over the next
+# token), MTP (the same, on a DeepSeek-shaped target with MLA) and a draft
+# model (lookahead slots, and a drafting slot per request in the budget).
+SPEC_METHODS = ("ngram", "ngram", "eagle", "eagle3", "mtp", "draft_model")
 
 
 def speculation(rng: random.Random, pp: int) -> dict:
-    """N-gram speculative decoding in some workloads (vLLM's method without
-    a drafter of its own, so no lookahead slots; not with pipeline
+    """Speculative decoding in some workloads (not with pipeline
     parallelism, which falls back)."""
     if pp == 1 and rng.random() < 0.65:
         k = rng.choice([1, 2, 3, 5])
-        spec = SpeculativeConfig(
-            method="ngram", num_speculative_tokens=k, prompt_lookup_max=3, prompt_lookup_min=1
-        )
-        return {"speculative_config": spec}
+        method = rng.choice(SPEC_METHODS)
+        spec: dict = {"method": method, "num_speculative_tokens": k}
+        if method == "ngram":
+            spec.update(prompt_lookup_max=3, prompt_lookup_min=1)
+        settings: dict = {"speculative_config": spec}
+        if method == "mtp":
+            settings.update(target="deepseek_mtp", mla=True)
+        return settings
     return {}
 
 
@@ -144,8 +155,12 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     session_ids: list[str] = []
     chunks: dict[str, int] = {}
     max_len = settings["max_model_len"]
-    # Every request must fit the cache alone, or vLLM itself never finishes it.
-    capacity = min(max_len, (settings["num_blocks"] - 1) * settings["block_size"])
+    # Every request must fit the cache alone, its drafts and a drafter's
+    # lookahead slots too, or vLLM itself never finishes it (it preempts
+    # itself, recomputes, and gets drafts again).
+    vc = pair.vllm.vllm_config
+    room = vc.num_speculative_tokens + vc.num_lookahead_tokens
+    capacity = min(max_len, (settings["num_blocks"] - 1) * settings["block_size"] - room)
     prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
     live: list[str] = []
     next_id = 0
@@ -286,7 +301,11 @@ def test_each_feature_gets_200_workloads() -> None:
         counts["priority policy"] += s["policy"] == "priority"
         counts["MLA"] += s["mla"]
         counts["speculative decoding"] += "speculative_config" in s
-    assert min(counts.values()) >= 200, counts
+        if "speculative_config" in s:
+            counts[f"speculation: {s['speculative_config']['method']}"] += 1
+    # Each speculative method in at least 40 workloads, each other feature in 200.
+    assert min(counts.values()) >= 40, counts
+    assert min(v for k, v in counts.items() if ":" not in k) >= 200, counts
     assert counts["speculative decoding"] >= 300, counts
 
 

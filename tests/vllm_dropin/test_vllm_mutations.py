@@ -1,11 +1,13 @@
 """The vLLM differential must catch a drop-in that goes wrong where vLLM's
 state lives outside the core: each test breaks the drop-in one way (a grammar
 that is not advanced, a KV-cache event dropped, events reordered, a draft
-lost, acceptance miscounted) and checks
+lost, acceptance miscounted, a drafter's settings not passed on, drafting
+never skipped) and checks
 that the random workloads of test_vllm_differential fail within a few seeds."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -15,13 +17,19 @@ pytest.importorskip("vllm")
 
 from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 
+import ironbatch.vllm.settings as settings  # noqa: E402
+from ironbatch.config import SchedulerConfig  # noqa: E402
 from ironbatch.vllm.kv_events import KvEvents  # noqa: E402
+from ironbatch.vllm.scheduler import Scheduler  # noqa: E402
 from ironbatch.vllm.speculation import Speculation  # noqa: E402
 from ironbatch.vllm.structured_outputs import StructuredOutputs  # noqa: E402
 
 from test_vllm_differential import run_workload  # noqa: E402
 
 SEEDS = 40
+# Workloads until one with a drafter of its own (EAGLE, MTP, a draft model)
+# has shown a broken drafter setting.
+SPEC_SEEDS = 120
 
 
 def caught(seeds: int = SEEDS) -> bool:
@@ -91,3 +99,28 @@ def test_acceptance_stats_off_by_one_are_caught(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(Speculation, "stats", staticmethod(one_more_accepted))
     assert caught()
+
+
+@pytest.mark.parametrize(
+    "setting", ["num_lookahead_tokens", "num_hash_lookahead_tokens", "num_draft_slots"]
+)
+def test_a_drafter_setting_not_passed_on_is_caught(
+    monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    """The core built as if the drafter (EAGLE, MTP, a draft model) did not
+    reserve lookahead slots, hash ahead or take drafting slots."""
+    build = settings.CoreScheduler
+
+    def without(scheduler_config: SchedulerConfig, cache_config: Any) -> Any:
+        return build(dataclasses.replace(scheduler_config, **{setting: 0}), cache_config)
+
+    monkeypatch.setattr(settings, "CoreScheduler", without)
+    assert caught(seeds=SPEC_SEEDS)
+
+
+def test_drafts_never_skipped_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``skip_drafts`` left off where vLLM's V2 runner may skip drafting."""
+    # Set in __init__; a property that ignores the write keeps it off.
+    never = property(lambda self: False, lambda self, value: None)
+    monkeypatch.setattr(Scheduler, "can_skip_drafts", never, raising=False)
+    assert caught(seeds=SPEC_SEEDS)

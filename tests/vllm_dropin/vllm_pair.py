@@ -159,8 +159,9 @@ class VllmPair:
         self.choose: Callable[[], int] = lambda: 3
         # Speculative decoding: drafts the proposer hands over, verified by
         # the runner, which accepts a random number of them.
-        spec = settings.get("speculative_config")
-        self.num_spec_tokens = 0 if spec is None else spec.num_speculative_tokens
+        self.num_spec_tokens: int = self.vllm.vllm_config.num_speculative_tokens
+        # EngineCore's block hasher covers this many tokens after each block.
+        self.hash_lookahead: int = self.vllm.vllm_config.num_hash_lookahead_tokens
         self.async_scheduling = bool(settings.get("async_scheduling"))
 
     # -- inputs -----------------------------------------------------------------
@@ -168,7 +169,12 @@ class VllmPair:
     def add(self, rid: str, prompt: list[int], grammar: bool = False, **kw: Any) -> None:
         if grammar:
             kw["structured_outputs"] = StructuredOutputsParams(json={"type": "object"})
-        pair = tuple(vllm_setup.make_request(rid, prompt, block_size=self.bs, **kw) for _ in "ab")
+        pair = tuple(
+            vllm_setup.make_request(
+                rid, prompt, block_size=self.bs, hash_lookahead_tokens=self.hash_lookahead, **kw
+            )
+            for _ in "ab"
+        )
         if self.real_grammars and pair[0].use_structured_output:
             # As EngineCore does, each engine compiles its own; both are
             # waited for here, so both schedulers find them compiled.
@@ -193,7 +199,12 @@ class VllmPair:
         resumable, the end of its input), to both."""
         for s in (self.vllm, self.ours):
             chunk = vllm_setup.make_request(
-                rid, prompt, block_size=self.bs, resumable=resumable, **kw
+                rid,
+                prompt,
+                block_size=self.bs,
+                resumable=resumable,
+                hash_lookahead_tokens=self.hash_lookahead,
+                **kw,
             )
             s.add_request(chunk)
         self.events["session_chunks"] += 1

@@ -19,6 +19,7 @@ from vllm.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.sampling_params import SamplingParams
@@ -58,6 +59,9 @@ DEFAULTS: dict[str, Any] = {
     "data_parallel_size": 1,
     # A local tokenizer folder (for grammars over it); None: no tokenizer.
     "tokenizer": None,
+    # The target model's shape: "llama", or "deepseek_mtp" (DeepSeek-V3's,
+    # with MTP layers, for the "mtp" speculative method).
+    "target": "llama",
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
 EXTRAS = (
@@ -69,28 +73,114 @@ EXTRAS = (
 )
 
 
+def _config_dir(prefix: str, config: dict[str, Any]) -> str:
+    """A fresh folder holding ``config`` as its config.json."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
+# The tiny Llama's shape, which its drafters share.
+_TINY_LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 32000,
+    "max_position_embeddings": 65536,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float16",
+    "bos_token_id": 1,
+    "eos_token_id": EOS,
+}
+
+
 @functools.cache
 def tiny_model_dir() -> str:
     """A folder with a small Llama config.json: all vLLM reads here."""
-    path = tempfile.mkdtemp(prefix="ironbatch-tiny-llama-")
+    return _config_dir("ironbatch-tiny-llama-", _TINY_LLAMA)
+
+
+# Each speculative method's tiny drafter: the architecture of a one-layer
+# Llama-shaped draft config, or None where the drafter is the target's own
+# (MTP layers) or a copy of the target (a draft model).
+DRAFT_ARCHITECTURES: dict[str, str | None] = {
+    "eagle": "EagleLlamaForCausalLM",
+    "eagle3": "Eagle3LlamaForCausalLM",
+    "mtp": None,
+    "draft_model": None,
+    "ngram": None,
+}
+
+
+@functools.cache
+def tiny_draft_dir(architecture: str) -> str:
+    """A folder with a one-layer draft config of ``architecture`` over the
+    tiny Llama's shapes."""
+    config = _TINY_LLAMA | {"architectures": [architecture], "num_hidden_layers": 1}
+    return _config_dir("ironbatch-tiny-draft-", config)
+
+
+@functools.cache
+def tiny_mtp_model_dir(num_mtp_layers: int = 1) -> str:
+    """A folder with a small DeepSeek-V3 config.json (MLA, MoE) carrying
+    ``num_mtp_layers`` multi-token-prediction layers."""
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
         "hidden_size": 64,
         "intermediate_size": 128,
+        "moe_intermediate_size": 32,
         "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "num_key_value_heads": 4,
         "num_hidden_layers": 2,
         "vocab_size": 32000,
         "max_position_embeddings": 65536,
         "rms_norm_eps": 1e-6,
-        "torch_dtype": "float16",
+        "torch_dtype": "bfloat16",
         "bos_token_id": 1,
         "eos_token_id": EOS,
+        "kv_lora_rank": 16,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "num_nextn_predict_layers": num_mtp_layers,
     }
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f)
-    return path
+    return _config_dir("ironbatch-tiny-deepseek-", config)
+
+
+def speculative_config(
+    spec: dict[str, Any], model_config: ModelConfig, parallel_config: ParallelConfig
+) -> SpeculativeConfig:
+    """vLLM's SpeculativeConfig for ``spec`` (``--speculative-config``'s
+    keys) over the target, its drafter the method's tiny one."""
+    spec = dict(spec)
+    method = spec.get("method")
+    if method not in DRAFT_ARCHITECTURES:
+        raise ValueError(f"speculative method must be one of {sorted(DRAFT_ARCHITECTURES)}")
+    architecture = DRAFT_ARCHITECTURES[method]
+    if architecture is not None:
+        spec.setdefault("model", tiny_draft_dir(architecture))
+    elif method == "draft_model":
+        spec.setdefault("model", tiny_model_dir())
+    return SpeculativeConfig(
+        **spec, target_model_config=model_config, target_parallel_config=parallel_config
+    )
 
 
 def vllm_config(
@@ -103,7 +193,9 @@ def vllm_config(
     unknown = set(cfg) - set(DEFAULTS) - set(EXTRAS)
     if unknown:
         raise TypeError(f"unknown settings {sorted(unknown)}")
-    model_dir = tiny_model_dir()
+    if cfg["target"] not in ("llama", "deepseek_mtp"):
+        raise ValueError(f"target must be 'llama' or 'deepseek_mtp', got {cfg['target']!r}")
+    model_dir = tiny_model_dir() if cfg["target"] == "llama" else tiny_mtp_model_dir()
     sc = SchedulerConfig(
         max_num_seqs=cfg["max_num_seqs"],
         max_num_batched_tokens=cfg["max_num_batched_tokens"],
@@ -123,7 +215,7 @@ def vllm_config(
     mc = ModelConfig(
         model=model_dir,
         tokenizer=cfg["tokenizer"] or model_dir,
-        dtype="float16",
+        dtype="float16" if cfg["target"] == "llama" else "bfloat16",
         seed=42,
         max_model_len=cfg["max_model_len"],
         skip_tokenizer_init=cfg["tokenizer"] is None,
@@ -139,13 +231,16 @@ def vllm_config(
         data_parallel_size=cfg["data_parallel_size"],
         distributed_executor_backend="mp",
     )
+    extras = {k: cfg[k] for k in EXTRAS if k in cfg}
+    if isinstance(extras.get("speculative_config"), dict):
+        extras["speculative_config"] = speculative_config(extras["speculative_config"], mc, pc)
     vc = VllmConfig(
         scheduler_config=sc,
         model_config=mc,
         cache_config=cc,
         parallel_config=pc,
         device_config=DeviceConfig(device="cpu"),
-        **{k: cfg[k] for k in EXTRAS if k in cfg},
+        **extras,
     )
     # VllmConfig may resolve async scheduling from the platform; pin it.
     vc.scheduler_config.async_scheduling = cfg["async_scheduling"]
@@ -186,9 +281,9 @@ def make_scheduler(kind: str, **settings: Any) -> Any:
 
 
 @functools.cache
-def _block_hasher(block_size: int) -> Any:
+def _block_hasher(block_size: int, hash_lookahead_tokens: int) -> Any:
     init_none_hash(sha256)  # EngineCore does this once at start-up
-    return get_request_block_hasher(block_size, sha256)
+    return get_request_block_hasher(block_size, sha256, hash_lookahead_tokens)
 
 
 def make_request(
@@ -202,10 +297,13 @@ def make_request(
     cache_salt: str | None = None,
     client_index: int = 0,
     resumable: bool = False,
+    hash_lookahead_tokens: int = 0,
     **sampling: Any,
 ) -> Request:
-    """A vLLM Request as EngineCore builds it (block hasher included);
-    ``sampling`` goes to SamplingParams (min_tokens, ignore_eos, ...)."""
+    """A vLLM Request as EngineCore builds it (block hasher included, its
+    hashes covering ``hash_lookahead_tokens`` after each block: the engine's
+    ``num_hash_lookahead_tokens``); ``sampling`` goes to SamplingParams
+    (min_tokens, ignore_eos, ...)."""
     sp = SamplingParams(max_tokens=max_tokens, **sampling)
     sp.update_from_generation_config({}, EOS)
     return Request(
@@ -213,7 +311,7 @@ def make_request(
         prompt_token_ids=list(prompt_token_ids),
         sampling_params=sp,
         pooling_params=None,
-        block_hasher=_block_hasher(block_size),
+        block_hasher=_block_hasher(block_size, hash_lookahead_tokens),
         arrival_time=arrival_time,
         priority=priority,
         cache_salt=cache_salt,

@@ -27,6 +27,7 @@ from vllm.distributed.kv_events import (
 from vllm.v1.core.kv_cache_utils import (
     ExternalBlockHash,
     generate_block_hash_extra_keys,
+    generate_lookahead_block_hash_extra_keys,
     maybe_convert_block_hash,
     to_event_extra_keys,
 )
@@ -53,6 +54,9 @@ class KvEvents:
         self.spec_kind = get_kv_cache_spec_kind(spec).value
         self.spec_sliding_window = get_kv_cache_spec_sliding_window(spec)
         self.block_size = block_size
+        # An EAGLE-style drafter's block hashes cover the tokens after the
+        # block too; its events name those tokens.
+        self.hash_lookahead: int = vllm_config.num_hash_lookahead_tokens
         self.pending: list[KVCacheEvent] = []
         # Each cached block's published hash, for its BlockRemoved later.
         self.hashes: dict[int, ExternalBlockHash] = {}
@@ -87,9 +91,18 @@ class KvEvents:
         bs = self.block_size
         hashes = r.block_hashes
         extra_keys = []
+        lookahead = self.hash_lookahead
+        lookahead_token_ids: list[list[int]] | None = [] if lookahead else None
         mm_index = 0
         for k in range(first, first + n):
-            keys, mm_index = generate_block_hash_extra_keys(r, k * bs, (k + 1) * bs, mm_index)
+            start, end = k * bs, (k + 1) * bs
+            if lookahead_token_ids is None:
+                keys, mm_index = generate_block_hash_extra_keys(r, start, end, mm_index)
+            else:
+                keys, mm_index = generate_lookahead_block_hash_extra_keys(
+                    r, start, end, end + lookahead, mm_index
+                )
+                lookahead_token_ids.append(r.all_token_ids[end : end + lookahead])
             extra_keys.append(keys)
         return BlockStored(
             block_hashes=[maybe_convert_block_hash(h) for h in hashes[first : first + n]],
@@ -104,7 +117,7 @@ class KvEvents:
             kv_cache_spec_kind=self.spec_kind,
             kv_cache_spec_sliding_window=self.spec_sliding_window,
             session_id=r.session_id,
-            lookahead_token_ids=None,
+            lookahead_token_ids=lookahead_token_ids,
         )
 
     def publish(self) -> None:

@@ -27,9 +27,11 @@ class RequestMirror:
     tokens: events or prefill stats to hand over, trace headers, NaN counts,
     a sticky stop reason."""
 
-    def __init__(self, core: Any, log_stats: bool) -> None:
+    def __init__(self, core: Any, log_stats: bool, hash_lookahead_tokens: int = 0) -> None:
         self.core = core  # the drop-in's CoreScheduler
         self.log_stats = log_stats
+        # The engine's block hashes cover this many tokens after each block.
+        self.hash_lookahead_tokens = hash_lookahead_tokens
         self.by_slot: list[Request | None] = []
         self.client_of_slot: list[int] = []
         self.slot_of: dict[str, int] = {}
@@ -85,5 +87,11 @@ class RequestMirror:
                 num_local_cached_tokens=hit_tokens,
                 num_external_cached_tokens=0,
             )
+        if r.resumable and self.hash_lookahead_tokens and r.num_computed_tokens == 0:
+            # As vLLM's scheduler does (and the core): a session computing its
+            # KV afresh hashes its tokens as they are now, not as a turn's
+            # dropped token left its lookahead hashes.
+            r.block_hashes.clear()
+            r.update_block_hashes()
         r.status = RequestStatus.RUNNING
         r.num_computed_tokens = hit_tokens  # what NewRequestData reports

@@ -63,6 +63,15 @@ class RunnerRequestData:
                     all_token_ids[rid] = r.all_token_ids.copy()
             self.prev_step_req_ids = set(rows.req_ids)
         cached_rows = list(itertools.chain(running, resumed))
+        if resumed:
+            req_ids = [rows.req_ids[i] for i in cached_rows]
+            computed = [rows.computed[i] for i in cached_rows]
+            num_output_tokens = [rows.num_output_tokens[i] for i in cached_rows]
+        else:  # the running rows lead the step: slices, not a lookup a row
+            n = rows.num_running
+            req_ids = rows.req_ids[:n]
+            computed = rows.computed[:n]
+            num_output_tokens = rows.num_output_tokens[:n]
         new_token_ids: list[list[int]] = []
         if self.send_token_ids:
             new_token_ids = _core.vllm_token_slices(
@@ -72,11 +81,11 @@ class RunnerRequestData:
                 counts=[rows.num_scheduled[i] for i in cached_rows],
             )
         return CachedRequestData(
-            req_ids=[rows.req_ids[i] for i in cached_rows],
+            req_ids=req_ids,
             resumed_req_ids={rows.req_ids[i] for i in resumed},
             new_token_ids=new_token_ids,
             all_token_ids=all_token_ids,
             new_block_ids=new_block_ids,
-            num_computed_tokens=[rows.computed[i] for i in cached_rows],
-            num_output_tokens=[rows.num_output_tokens[i] for i in cached_rows],
+            num_computed_tokens=computed,
+            num_output_tokens=num_output_tokens,
         )

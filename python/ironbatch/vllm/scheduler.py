@@ -124,6 +124,9 @@ class Scheduler(SchedulerInterface):
         self.use_v2_model_runner: bool = vllm_config.use_v2_model_runner
         self.use_pp = vllm_config.parallel_config.pipeline_parallel_size > 1
         self.num_spec_tokens: int = vllm_config.num_speculative_tokens
+        # vLLM's V2 runner skips drafting in a step whose drafts nobody can
+        # verify, when its drafter has a forward pass of its own.
+        self.can_skip_drafts = bool(vllm_config.num_lookahead_tokens) and self.use_v2_model_runner
         # EngineCore reads these; the drop-in never has connectors.
         self.connector = None
         self.ec_connector = None
@@ -143,7 +146,7 @@ class Scheduler(SchedulerInterface):
             self._core.enable_block_lifecycle_events()
         self._take_kv_events = self._kv_events.enabled or self._kv_metrics.enabled
         self.requests: dict[str, Request] = {}  # unfinished, in arrival order
-        self._mirror = RequestMirror(self._core, log_stats)
+        self._mirror = RequestMirror(self._core, log_stats, vllm_config.num_hash_lookahead_tokens)
         # Synchronous pipeline parallelism sends the first stage its tokens.
         send_token_ids = self.use_pp and not sc.async_scheduling
         self._runner_data = RunnerRequestData(
@@ -319,6 +322,7 @@ class Scheduler(SchedulerInterface):
         )
         output.has_structured_output_requests = step.has_structured_output_requests
         output.pending_structured_output_tokens = step.pending_structured_output_tokens
+        output.skip_drafts = self.can_skip_drafts and not step.drafts_needed
         self._in_flight[id(output)] = (output, step, rows.slots)
         return output
 
@@ -441,14 +445,27 @@ class Scheduler(SchedulerInterface):
         logprobs = bool(
             mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict
         )
+        # Built a list at a time (a step's outputs are hundreds of tokens-only
+        # records), then completed and grouped where needed.
+        row_slots = [slots[row] for row in rows]
+        outs = [
+            EngineCoreOutput(req_ids[row], tokens[start:end])
+            for row, start, end in zip(rows, offsets, offsets[1:], strict=False)
+        ]
+        if full or logprobs:
+            for k, slot in enumerate(row_slots):
+                if slot in full or logprobs:
+                    self._complete(
+                        outs[k], slot, ends.get(k), int(update.cached_tokens[k]), mro, logprobs
+                    )
         clients = self._mirror.client_of_slot
+        row_clients = [clients[slot] for slot in row_slots]
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
-        for k, row in enumerate(rows):
-            slot = slots[row]
-            out = EngineCoreOutput(req_ids[row], tokens[offsets[k] : offsets[k + 1]])
-            if slot in full or logprobs:
-                self._complete(out, slot, ends.get(k), int(update.cached_tokens[k]), mro, logprobs)
-            outputs[clients[slot]].append(out)
+        if row_clients and min(row_clients) == max(row_clients):
+            outputs[row_clients[0]] = outs  # one client: the usual front end
+        else:
+            for client, out in zip(row_clients, outs, strict=True):
+                outputs[client].append(out)
         return outputs
 
     def _complete(

@@ -16,6 +16,7 @@ def core_scheduler(vllm_config: Any, kv_cache_config: Any, block_size: int) -> C
     engine checked that the cache holds a ``max_model_len`` sequence; its
     scheduler (and so the core) runs with whatever it was given."""
     sc = vllm_config.scheduler_config
+    spec = vllm_config.speculative_config
     return CoreScheduler(
         SchedulerConfig(
             max_model_len=vllm_config.model_config.max_model_len,
@@ -33,6 +34,11 @@ def core_scheduler(vllm_config: Any, kv_cache_config: Any, block_size: int) -> C
             prefill_schedule_interval=local_prefill_interval(vllm_config),
             decode_stagger=decode_stagger(vllm_config),
             num_speculative_tokens=vllm_config.num_speculative_tokens,
+            # What a drafter with its own forward pass adds, as vLLM derives
+            # it from the speculative config (docs/scheduling.md §4.13).
+            num_lookahead_tokens=vllm_config.num_lookahead_tokens,
+            num_hash_lookahead_tokens=vllm_config.num_hash_lookahead_tokens,
+            num_draft_slots=0 if spec is None else spec.max_num_new_slots_for_drafting,
         ),
         CacheConfig(
             num_blocks=kv_cache_config.num_blocks,

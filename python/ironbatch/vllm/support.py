@@ -31,14 +31,19 @@ def unsupported_config(
     checks: list[tuple[bool, str]] = [
         (c.lora_config is not None, "LoRA"),
         (
-            # A drafter with its own forward pass (EAGLE, MTP, a draft model)
-            # reserves lookahead KV slots, and EAGLE hashes ahead.
-            bool(c.num_lookahead_tokens or c.num_hash_lookahead_tokens),
-            "speculative decoding with lookahead slots (EAGLE, MTP, draft models)",
+            # Multi-module MTP never ends a prefill chunk within K tokens of
+            # the prompt's end and re-prefills K-1 of them.
+            c.num_prefill_lookahead_tokens > 1,
+            f"multi-module MTP (a prefill lookahead of {c.num_prefill_lookahead_tokens})",
         ),
         (
-            spec is not None and bool(spec.max_num_new_slots_for_drafting),
-            "speculative decoding with draft slots (parallel drafting)",
+            # EAGLE with prefix caching but without lookahead block hashes
+            # drops the last block of every prefix hit instead.
+            spec is not None
+            and spec.use_eagle_block_drop()
+            and c.cache_config.enable_prefix_caching
+            and not c.num_hash_lookahead_tokens,
+            "EAGLE's last-block drop (lookahead block hashes disabled)",
         ),
         (
             spec is not None and bool(spec.num_speculative_tokens_per_batch_size),
@@ -67,10 +72,6 @@ def unsupported_config(
             "a KV cache other than one full-attention (or MLA) group",
         ),
         (hash_block_size not in (None, block_size), "a hash block size unlike the block size"),
-        (
-            c.num_prefill_lookahead_tokens,
-            "prefill lookahead tokens",
-        ),
         (c.aux_output_config.enabled, "auxiliary outputs"),
         (c.observability_config.enable_mfu_metrics, "MFU metrics"),
         (c.observability_config.enable_logging_iteration_details, "iteration details"),
