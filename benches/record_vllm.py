@@ -4,11 +4,15 @@ anyone can check ironbatch's parity on new workloads (replay them with
 size from tight to ample, budget, chunked prefill, threshold, prefix caching,
 policy) and a workload (shared prefixes, duplicate prompts, stop tokens, EOS,
 aborts); the "sampled" tokens are a deterministic function of the seed.
-With ``--spec ngram`` vLLM's scheduler speculates (n-gram, k drafts): after
-each step's output the recorder gives it random drafts, and a verification
-accepts a random prefix of the drafts a step scheduled.
+With ``--spec METHOD`` vLLM's scheduler speculates (k drafts): after each
+step's output the recorder gives it random drafts, and a verification
+accepts a random prefix of the drafts a step scheduled. METHOD is ``ngram``
+(no drafter model), one with a drafter of its own (``eagle``, ``eagle3``,
+``mtp``, ``draft_model``: lookahead KV slots, lookahead block hashes, a
+drafting slot in the budget, as vLLM derives them), or ``mixed`` (one of
+the five drawn per seed).
 
-    python benches/record_vllm.py OUTDIR --seeds 100-119 [--big] [--spec ngram [--k K]]
+    python benches/record_vllm.py OUTDIR --seeds 100-119 [--big] [--spec METHOD [--k K]]
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from ironbatch.bench.random_speculation import RandomSpeculation
 from ironbatch.trace.speculation import stats_record
 
 VOCAB, EOS = 256, 2
+# Speculative methods whose drafter has a forward pass of its own: vLLM
+# gives them lookahead slots, lookahead block hashes or drafting slots.
+DRAFTER_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+SPEC_METHODS = ("ngram", *DRAFTER_METHODS)
 
 
 def draw_config(rng: random.Random) -> dict[str, Any]:
@@ -56,8 +64,14 @@ def draw_config(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def draw_requests(rng: random.Random, cfg: dict[str, Any], big: bool) -> list[dict[str, Any]]:
-    top = cfg["max_model_len"] - 2
+def draw_requests(
+    rng: random.Random, cfg: dict[str, Any], big: bool, capacity: int | None = None
+) -> list[dict[str, Any]]:
+    """The workload. ``capacity``: the most tokens a request may reach (its
+    prompt plus ``max_tokens``), where that is below ``max_model_len``; None
+    (every trace but a drafter method's) leaves the draws as they were."""
+    limit = cfg["max_model_len"] if capacity is None else min(cfg["max_model_len"], capacity)
+    top = limit - 2
     prefixes = [
         [rng.randrange(3, VOCAB) for _ in range(rng.randint(4, top // 2))] for _ in range(3)
     ]
@@ -74,6 +88,8 @@ def draw_requests(rng: random.Random, cfg: dict[str, Any], big: bool) -> list[di
         else:
             prompt = [rng.randrange(3, VOCAB) for _ in range(n)]
         max_tokens = rng.randint(1, 48)
+        if capacity is not None:
+            max_tokens = min(max_tokens, limit - n)
         out.append(
             {
                 "request_id": f"r{i}",
@@ -107,27 +123,53 @@ def draw_num_speculative_tokens(seed: int) -> int:
     return random.Random(f"ironbatch-record-k-{seed}").randint(1, 5)
 
 
+def draw_method(seed: int) -> str:
+    """The method ``--spec mixed`` records for ``seed``, from a stream of
+    its own."""
+    return random.Random(f"ironbatch-record-method-{seed}").choice(SPEC_METHODS)
+
+
 def ngram_config(k: int) -> SpeculativeConfig:
-    """vLLM's n-gram method: no drafter model and no lookahead slots, so the
-    scheduler's part is every method's. The recorder supplies the drafts."""
+    """vLLM's n-gram method: no drafter model, so no lookahead slots, no
+    lookahead hashes and no drafting slots. The recorder supplies the drafts."""
     return SpeculativeConfig(
         method="ngram", num_speculative_tokens=k, prompt_lookup_max=3, prompt_lookup_min=1
     )
 
 
+def drafter_settings(method: str, k: int) -> dict[str, Any]:
+    """The harness settings for a drafter method: vLLM's
+    ``--speculative-config`` dict (the harness supplies a tiny drafter config)
+    and, for MTP, a DeepSeek-shaped target with MLA, whose MTP layer drafts."""
+    settings: dict[str, Any] = {
+        "speculative_config": {"method": method, "num_speculative_tokens": k}
+    }
+    if method == "mtp":
+        settings.update(target="deepseek_mtp", mla=True)
+    return settings
+
+
 def record(
-    seed: int, big: bool = False, max_steps: int = 3000, num_speculative_tokens: int = 0
+    seed: int,
+    big: bool = False,
+    max_steps: int = 3000,
+    num_speculative_tokens: int = 0,
+    method: str = "ngram",
 ) -> list[dict[str, Any]]:
+    if method not in SPEC_METHODS:
+        raise ValueError(f"method must be one of {SPEC_METHODS}, got {method!r}")
     rng = random.Random(f"ironbatch-record-{seed}")
     cfg = draw_config(rng)
-    reqs = draw_requests(rng, cfg, big)
-    by_id = {r["request_id"]: r for r in reqs}
     spec: RandomSpeculation | None = None
     extras: dict[str, Any] = {}
+    drafter = bool(num_speculative_tokens) and method != "ngram"
     if num_speculative_tokens:
         # Written only when speculating, so other traces stay as they were.
         cfg["num_speculative_tokens"] = num_speculative_tokens
-        extras["speculative_config"] = ngram_config(num_speculative_tokens)
+        if drafter:
+            extras = drafter_settings(method, num_speculative_tokens)
+        else:
+            extras["speculative_config"] = ngram_config(num_speculative_tokens)
         spec = RandomSpeculation(
             num_speculative_tokens=num_speculative_tokens,
             rng=random.Random(f"ironbatch-record-spec-{seed}"),
@@ -135,15 +177,36 @@ def record(
             vocab_size=VOCAB,
         )
     sched = vs.build(cfg, **extras)
+    vc = sched.vllm_config
+    if sched.block_size != cfg["block_size"]:
+        raise RuntimeError(f"vLLM chose block size {sched.block_size}, not {cfg['block_size']}")
+    capacity = None
+    if drafter:
+        # What vLLM derives from the method, as the trace's replay needs it
+        # (only for these methods, so n-gram traces stay as they were).
+        spec_config = vc.speculative_config
+        cfg["num_lookahead_tokens"] = vc.num_lookahead_tokens
+        cfg["num_hash_lookahead_tokens"] = vc.num_hash_lookahead_tokens
+        cfg["num_draft_slots"] = spec_config.max_num_new_slots_for_drafting
+        # A request must fit the cache alone with its drafts and lookahead
+        # slots, or vLLM itself never finishes it: it preempts itself,
+        # recomputes, gets drafts again.
+        room = num_speculative_tokens + vc.num_lookahead_tokens
+        capacity = (cfg["num_blocks"] - 1) * cfg["block_size"] - room
+    reqs = draw_requests(rng, cfg, big, capacity)
+    by_id = {r["request_id"]: r for r in reqs}
+    # EngineCore's block hasher covers this many tokens after each block.
+    hash_lookahead = vc.num_hash_lookahead_tokens
     pending = sorted(reqs, key=lambda r: r["_step"])
-    lines: list[dict[str, Any]] = [
-        {
-            "format": "ironbatch-trace/1",
-            "recorded_with": f"vllm {vs.VERSION}",
-            "seed": seed,
-            "config": cfg,
-        }
-    ]
+    header: dict[str, Any] = {
+        "format": "ironbatch-trace/1",
+        "recorded_with": f"vllm {vs.VERSION}",
+        "seed": seed,
+    }
+    if drafter:
+        header["speculative_method"] = method  # informational, as recorded_with
+    header["config"] = cfg
+    lines: list[dict[str, Any]] = [header]
     drafts: list[list[Any]] = []  # given after the previous step's output
     for step in range(max_steps):
         if not pending and not sched.has_unfinished_requests():
@@ -155,7 +218,7 @@ def record(
         while pending and pending[0]["_step"] <= step:
             r = pending.pop(0)
             line["add"].append({k: v for k, v in r.items() if not k.startswith("_")})
-            sched.add_request(vs.request(r, cfg["block_size"]))
+            sched.add_request(vs.request(r, cfg["block_size"], hash_lookahead))
         live = sorted(rid for rid in sched.requests)
         if live and rng.random() < 0.04:
             victim = rng.choice(live)
@@ -272,7 +335,10 @@ def main() -> int:
     ap.add_argument("--big", action="store_true", help="120-300 requests per trace")
     ap.add_argument("--prefix", default="recorded")
     ap.add_argument(
-        "--spec", choices=["ngram"], help="speculative decoding: random drafts, random acceptance"
+        "--spec",
+        choices=[*SPEC_METHODS, "mixed"],
+        help="speculative decoding with this method's scheduling (mixed: one drawn per seed):"
+        " random drafts, random acceptance",
     )
     ap.add_argument(
         "--k", type=int, help="num_speculative_tokens with --spec (default: 1-5, drawn per seed)"
@@ -284,11 +350,12 @@ def main() -> int:
     a.outdir.mkdir(parents=True, exist_ok=True)
     for seed in range(lo, hi + 1):
         k = (a.k or draw_num_speculative_tokens(seed)) if a.spec else 0
-        lines = record(seed, a.big, num_speculative_tokens=k)
+        method = draw_method(seed) if a.spec == "mixed" else a.spec or "ngram"
+        lines = record(seed, a.big, num_speculative_tokens=k, method=method)
         path = a.outdir / f"{a.prefix}-{seed:04d}.jsonl"
         path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
         pre = sum(len(x["schedule"]["preempted"]) for x in lines[1:])
-        spec = f", k={k}, {accepted(lines)} drafts accepted" if k else ""
+        spec = f", {method}, k={k}, {accepted(lines)} drafts accepted" if k else ""
         print(f"{path}: {len(lines) - 1} steps, {pre} preemptions{spec}", file=sys.stderr)
     return 0
 

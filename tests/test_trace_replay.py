@@ -17,8 +17,12 @@ DATA = Path(__file__).parent / "data"
 # traces/: the 40 shared traces recorded from vLLM 0.33.0; recorded/: 32 more
 # recorded from vLLM 0.33.0 with benches/record_vllm.py (seeds 100-129, and
 # two large workloads with many preemptions, seeds 201 and 203 with --big);
-# recorded-spec/: 23 speculative ones (--spec ngram, k drawn per seed: seeds
-# 300-319, and seeds 400, 405 and 408 with --big, gzipped).
+# recorded-spec/: 39 speculative ones, k drawn per seed: 23 n-gram (--spec
+# ngram: seeds 300-319, and seeds 400, 405 and 408 with --big, gzipped) and 16
+# with a drafter of its own (lookahead slots and hashes, drafting slots): 3
+# each of --spec eagle (seeds 504, 505, 509), eagle3 (525, 530, 534), mtp
+# (540, 545, 551) and draft_model (563, 573, 576), and one --big each, gzipped
+# (eagle 601, eagle3 610, mtp 621, draft_model 632).
 TRACES = sorted((DATA / "traces").glob("*.jsonl"))
 RECORDED = sorted((DATA / "recorded").glob("*.jsonl"))
 SPEC = sorted((DATA / "recorded-spec").glob("*.jsonl*"))
@@ -28,7 +32,7 @@ ALL = TRACES + RECORDED + SPEC
 def test_the_traces_are_there() -> None:
     assert len(TRACES) == 40
     assert len(RECORDED) == 32
-    assert len(SPEC) == 23
+    assert len(SPEC) == 39
 
 
 def _lines(path: Path) -> list[str]:

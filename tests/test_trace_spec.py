@@ -1,10 +1,13 @@
 """Speculative traces (docs/trace-format.md §3.5): the recorded ones really
-speculate, and a replay finds a changed draft, scheduled draft, acceptance or
-stats entry at its step, on both backends."""
+speculate, every method's are there with the settings vLLM derives for it, a
+replay finds a changed draft, scheduled draft, acceptance or stats entry at
+its step, and one without a drafter's setting differs, on both backends."""
 
 from __future__ import annotations
 
+import gzip
 import json
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -152,3 +155,103 @@ def test_the_spec_comparisons_are_optional(tmp_path: Path, backend: str) -> None
     result = replay(_tampered(tmp_path, edit), backend=backend)
     assert result.identical, str(result)
     assert result.steps == len(_steps()[1])
+
+
+# Methods whose drafter has a forward pass of its own, and the config keys
+# vLLM derives for them (docs/trace-format.md §2).
+DRAFTER_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+DRAFTER_KEYS = ("num_lookahead_tokens", "num_hash_lookahead_tokens", "num_draft_slots")
+
+
+def _lines(path: Path) -> list[str]:
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines()
+
+
+def _drafter_settings(method: str, config: dict[str, Any]) -> tuple[int, int, int]:
+    """What vLLM 0.33 derives from ``method`` (one MTP module, no parallel
+    drafting): lookahead slots, lookahead hash tokens, drafting slots."""
+    k = config["num_speculative_tokens"]
+    if method == "ngram":
+        return 0, 0, 0
+    if method == "draft_model":
+        return k, 0, 1
+    return k, int(config["enable_prefix_caching"]), 0  # EAGLE, EAGLE-3, MTP
+
+
+def test_each_method_is_recorded_with_its_settings() -> None:
+    """Every method's traces are there (several, one big), most with prefix
+    caching and some with a tight cache and preemptions, and each header
+    carries what vLLM derived for its method; n-gram ones carry none of it."""
+    by_method: dict[str, list[tuple[dict[str, Any], int]]] = defaultdict(list)
+    for path in sorted(SPEC.glob("*.jsonl*")):
+        lines = _lines(path)
+        header = json.loads(lines[0])
+        method = header.get("speculative_method", "ngram")
+        config = header["config"]
+        assert path.name.split("-")[-2] == ("spec" if method == "ngram" else method)
+        settings = tuple(config.get(key, 0) for key in DRAFTER_KEYS)
+        assert settings == _drafter_settings(method, config), path.name
+        if method == "ngram":
+            assert not set(DRAFTER_KEYS) & set(config), path.name
+        preempted = sum(len(json.loads(x)["schedule"]["preempted"]) for x in lines[1:])
+        by_method[method].append((config, preempted))
+    assert set(by_method) == {"ngram", *DRAFTER_METHODS}
+    for method in DRAFTER_METHODS:
+        traces = by_method[method]
+        assert len(traces) >= 4, method
+        caching = [c for c, _ in traces if c["enable_prefix_caching"]]
+        assert len(caching) > len(traces) // 2, method
+        per_seq = [-(-c["max_model_len"] // c["block_size"]) for c, _ in traces]
+        assert any(c["num_blocks"] <= 3 * n for (c, _), n in zip(traces, per_seq, strict=True))
+        assert any(p for _, p in traces), method
+
+
+def _without(tmp_path: Path, name: str, key: str) -> Path:
+    """A copy of the recorded trace ``name`` whose header lacks ``key``."""
+    lines = (SPEC / name).read_text().splitlines()
+    header = json.loads(lines[0])
+    del header["config"][key]
+    out = tmp_path / f"without-{key}.jsonl"
+    out.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lookahead_hashes_matter(tmp_path: Path, backend: str) -> None:
+    """Without ``num_hash_lookahead_tokens`` a block's hash exists as soon
+    as the block is full, so a replay admits a request with a longer prefix
+    hit than vLLM, whose EAGLE hashes wait for the token after the block."""
+    name = "eagle-0505.jsonl"  # k=3, prefix caching, shared prefixes
+    assert replay(SPEC / name, backend=backend, level="decisions").identical
+    path = _without(tmp_path, name, "num_hash_lookahead_tokens")
+    result = replay(path, backend=backend, level="decisions")
+    assert result.field == "scheduled", str(result)
+    recorded = {e[0]: e[3] for e in result.expected if e[2] == "new"}
+    replayed = {e[0]: e[3] for e in result.actual if e[2] == "new"}
+    assert any(replayed[rid] > hit for rid, hit in recorded.items() if rid in replayed)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("name", "level"),
+    [
+        ("eagle-0505.jsonl", "blocks"),  # ample cache: fewer blocks allocated
+        ("eagle-0504.jsonl", "decisions"),  # tight cache: other preemptions
+    ],
+)
+def test_lookahead_slots_matter(tmp_path: Path, backend: str, name: str, level: str) -> None:
+    assert replay(SPEC / name, backend=backend, level=level).identical
+    result = replay(_without(tmp_path, name, "num_lookahead_tokens"), backend=backend, level=level)
+    assert result.field == "scheduled", str(result)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_drafting_slots_matter(tmp_path: Path, backend: str) -> None:
+    """Without ``num_draft_slots`` the input budget is not charged a
+    drafting slot per request: a replay schedules more tokens than vLLM."""
+    name = "draft_model-0573.jsonl"
+    assert replay(SPEC / name, backend=backend, level="decisions").identical
+    result = replay(_without(tmp_path, name, "num_draft_slots"), backend=backend, level="decisions")
+    assert result.field == "scheduled", str(result)
+    assert sum(e[1] for e in result.actual) > sum(e[1] for e in result.expected)

@@ -82,13 +82,17 @@ class MaskBackend:
         return torch.zeros((max_num_seqs, 4096), dtype=torch.int32)  # a 128k vocabulary
 
 
-def request(d: dict[str, Any], block_size: int) -> Request:
-    """vLLM's Request for an ironbatch-trace/1 request object."""
+def request(d: dict[str, Any], block_size: int, hash_lookahead_tokens: int = 0) -> Request:
+    """vLLM's Request for an ironbatch-trace/1 request object, its block
+    hashes covering ``hash_lookahead_tokens`` after each block (the engine's
+    ``vllm_config.num_hash_lookahead_tokens``, as EngineCore builds its
+    requests' hasher)."""
     return harness.make_request(
         d["request_id"],
         d["prompt_token_ids"],
         d["max_tokens"],
         block_size=block_size,
+        hash_lookahead_tokens=hash_lookahead_tokens,
         min_tokens=d.get("min_tokens", 0),
         ignore_eos=d.get("ignore_eos", False),
         stop_token_ids=list(d.get("stop_token_ids", [])),

@@ -98,6 +98,11 @@ def build_scheduler(config: dict[str, Any], backend: str) -> Scheduler:
             policy=config["policy"],
             # Optional (the growth rule): traces without it do not speculate.
             num_speculative_tokens=config.get("num_speculative_tokens", 0),
+            # Optional too: what a drafter with a forward pass of its own
+            # (EAGLE, MTP, a draft model) adds; n-gram traces leave them out.
+            num_lookahead_tokens=config.get("num_lookahead_tokens", 0),
+            num_hash_lookahead_tokens=config.get("num_hash_lookahead_tokens", 0),
+            num_draft_slots=config.get("num_draft_slots", 0),
         ),
         CacheConfig(
             num_blocks=config["num_blocks"],
