@@ -193,6 +193,7 @@ class VllmDriver(TimedDriver):
         )
         self.sched.structured_output_manager.backend = MaskBackend()
         self.runner = RunnerEmulator(5, workload.num_speculative_tokens)
+        self.proposed = DraftTokenIds(req_ids=[], draft_token_ids=[])
 
     def add(self, r: Any) -> None:
         p = r.sampling_params
@@ -227,7 +228,11 @@ class VllmDriver(TimedDriver):
         return so
 
     def run_model(self, so: Any) -> ModelRunnerOutput:
-        return self.runner.output(so)
+        mro = self.runner.output(so)
+        if self.speculating and not self.async_scheduling:
+            # The proposer runs in the worker, beside the model: not timed.
+            self.proposed = self.runner.drafts(mro)
+        return mro
 
     def prefill_rows(self, so: Any) -> int:
         # A decode verifying drafts schedules them too; it is no prefill.
@@ -242,4 +247,4 @@ class VllmDriver(TimedDriver):
         self.sched.update_from_output(so, mro)
         if self.speculating and not self.async_scheduling:
             # EngineCore hands the proposer's drafts over after each output.
-            self.sched.update_draft_token_ids(self.runner.drafts(mro))
+            self.sched.update_draft_token_ids(self.proposed)

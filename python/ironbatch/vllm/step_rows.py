@@ -62,7 +62,13 @@ class StepRows:
     def spec_decode_tokens(self) -> dict[str, list[int]]:
         """vLLM's ``scheduled_spec_decode_tokens``: each row with drafts, its
         drafts (-1 for a placeholder)."""
-        rows = np.flatnonzero(self.num_spec_tokens).tolist()
+        counts_array = self.num_spec_tokens
+        n = len(counts_array)
+        if n and (k := int(counts_array[0])) and (counts_array == k).all():
+            # Every row verifies k drafts (a steady speculative decode): one
+            # reshape instead of a slice a row.
+            return dict(zip(self.req_ids, self.spec_token_ids.reshape(n, k).tolist(), strict=True))
+        rows = np.flatnonzero(counts_array).tolist()
         if not rows:
             return {}
         counts = self.num_spec_tokens.tolist()
