@@ -35,12 +35,19 @@ def main() -> int:
         default="decode-64,decode-256,decode-1024,mixed",
         help="also: json-64, json-256 (a third of the requests with a JSON schema), "
         "kv-events-64, kv-events-256 (KV-cache events published), ngram3-64, ngram3-256, "
-        "ngram5-64, ngram5-256 (n-gram speculative decoding, k drafts a step)",
+        "ngram5-64, ngram5-256 (n-gram speculative decoding, k drafts a step), gpt-oss-64, "
+        "gpt-oss-256 (a sliding-window group beside full attention, 4k-token contexts)",
     )
     ap.add_argument(
         "--spec",
         choices=["ngram"],
         help="time the speculative workloads (k = 3 and 5, 64 and 256 running)",
+    )
+    ap.add_argument(
+        "--layout",
+        choices=["gpt-oss"],
+        help="time a hybrid KV cache (gpt-oss: a 128-token window beside full attention) "
+        "at 64 and 256 running requests with 4k-token contexts",
     )
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--turn", type=int, default=1)
@@ -53,6 +60,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.spec:
         a.workloads = "decode-256,ngram3-64,ngram3-256,ngram5-64,ngram5-256"
+    if a.layout:
+        a.workloads = "decode-256,gpt-oss-64,gpt-oss-256"
     asy = a.async_scheduling
     drivers = [
         lambda w: IronbatchDriver(w, "rust", asy),

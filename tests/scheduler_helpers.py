@@ -7,6 +7,7 @@ from typing import Any
 
 from ironbatch import (
     CacheConfig,
+    KVCacheGroup,
     RepetitionDetectionParams,
     Request,
     SamplingParams,
@@ -19,12 +20,24 @@ BACKENDS = ["rust", "python"]
 
 
 def make(
-    backend: str, num_blocks: int = 10000, block_size: int = 16, caching: bool = True, **sched: Any
+    backend: str,
+    num_blocks: int = 10000,
+    block_size: int = 16,
+    caching: bool = True,
+    kv_cache_groups: tuple[KVCacheGroup, ...] | None = None,
+    sparse_retention: bool = True,
+    **sched: Any,
 ) -> Scheduler:
     sched.setdefault("max_model_len", 2048)
     return Scheduler(
         SchedulerConfig(**sched),
-        CacheConfig(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching),
+        CacheConfig(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            enable_prefix_caching=caching,
+            kv_cache_groups=kv_cache_groups,
+            sparse_retention=sparse_retention,
+        ),
         backend=backend,
     )
 

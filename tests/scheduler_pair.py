@@ -8,7 +8,9 @@ from collections import Counter
 from typing import Any
 
 from ironbatch import Scheduler
+from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, SlidingWindow
 from ironbatch.reference.block import cdiv
+from ironbatch.reference.scheduler_config import group_specs
 from ironbatch.scheduler_output import STEP_COLUMNS
 
 from scheduler_helpers import kv_events, make, req
@@ -20,6 +22,9 @@ class SchedulerPair:
         self.rust = make("rust", **config)
         self.twin = make("python", **config)
         self.bs = config.get("block_size", 16)
+        self.groups = group_specs(config.get("kv_cache_groups"))
+        self.hybrid = any(not g.kind.is_full() for g in self.groups)
+        self.last_state: dict[str, Any] = self.rust.debug_state()
         self.in_flight: list[tuple[Any, Any]] = []  # outputs not yet applied, oldest first
         self.events: Counter = Counter()
         self._failed_grammars: list[str] = []
@@ -79,9 +84,12 @@ class SchedulerPair:
         self.events["decode_staggered"] += sum(
             twin.current_step + 1 < twin.requests[s].next_decode_step for s in twin.running
         )
+        before = self.last_state
         r = self.rust.schedule(throttle_prefills)
         p = self.twin.schedule(throttle_prefills)
         assert list(r.entries()) == list(p.entries())
+        for i in range(len(r.req_ids)):
+            assert r.block_ids_per_group(i) == p.block_ids_per_group(i)
         assert r.preempted_req_ids == p.preempted_req_ids
         assert r.finished_req_ids == p.finished_req_ids
         for grammar in (
@@ -128,6 +136,35 @@ class SchedulerPair:
         self.events["skipped"] += sum(1 for r in rows if r["deferred"])
         self.in_flight.append((r, p))
         self.check()
+        self.count_groups(before, r)
+        check_windows_after_step(self.groups, state, r.req_ids, self.bs)
+
+    def count_groups(self, before: dict[str, Any], out: Any) -> None:
+        """Events of hybrid caches: window blocks given back, admissions
+        with prefix hits, hits a window group adopted with null padding,
+        lookups that found a shared prefix a window group lacked."""
+        if not self.hybrid:
+            return
+        after = self.last_state["requests"]
+        for rid, row in after.items():
+            old = before["requests"].get(rid)
+            if old is None or not old["tables"][0] or not row["tables"][0]:
+                continue
+            for t0, t1 in zip(old["tables"], row["tables"], strict=True):
+                self.events["window_freed"] += sum(
+                    1 for a, b in zip(t0, t1, strict=False) if a != 0 and b == 0
+                )
+        for e in out.entries():
+            if e.kind != "running" and e.num_computed_tokens and e.request_id in before["waiting"]:
+                self.events["hybrid_hit"] += 1
+                self.events["hybrid_hit_nulls"] += any(
+                    0 in t for t in after[e.request_id]["tables"]
+                )
+        self.events["shared_boundary"] += sum(
+            1
+            for e in out.entries()
+            if e.kind != "running" and after[e.request_id]["shared_prefix_boundary"]
+        )
 
     def update_draft_token_ids(self, drafts: dict[str, list[int]]) -> None:
         self.rust.update_draft_token_ids(drafts)
@@ -185,7 +222,9 @@ class SchedulerPair:
             self.events[f"kv_{kind}"] += 1
         a, b = self.rust.debug_state(), self.twin.debug_state()
         assert a == b
+        self.last_state = a
         check_scheduler_invariants(self.rust, a, self.bs)
+        check_group_invariants(self.groups, a, self.bs)
         assert self.rust.num_free_blocks == self.twin.num_free_blocks
         assert self.rust.get_num_unfinished_requests() == len(a["requests"])
 
@@ -225,8 +264,9 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
     paused = [r for r in requests.values() if r["status"] == "WAITING_FOR_STREAMING_REQ"]
     assert state["num_waiting_for_input"] == len(paused)
     assert all(r["deferred"] for r in paused)
-    # 1, 2. Conservation and reference counts.
-    held = Counter(b for r in requests.values() for b in r["block_ids"])
+    # 1, 2. Conservation and reference counts, over every KV-cache group's
+    # table (the null block, a window group's past, is nobody's).
+    held = Counter(b for r in requests.values() for t in r["tables"] for b in t if b != 0)
     assert [held.get(b, 0) for b in range(n)] == ref
     free = state["free_block_ids"]
     assert sorted(free) == [b for b in range(1, n) if ref[b] == 0]
@@ -258,3 +298,53 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
     # 9. Return of blocks.
     if not requests:
         assert len(free) == n - 1
+
+
+def null_prefix(table: list[int]) -> int:
+    """How many leading positions of a table hold the null block."""
+    n = 0
+    while n < len(table) and table[n] == 0:
+        n += 1
+    return n
+
+
+def check_group_invariants(groups: tuple[GroupSpec, ...], state: dict[str, Any], bs: int) -> None:
+    """Hybrid KV caches: every group's table of a request is as long as the
+    others; group 0's is the one ``block_ids`` reports; full attention holds
+    no null position; a window group's nulls are a prefix, and only of
+    positions no token after the computed ones reads."""
+    for rid, r in state["requests"].items():
+        tables, cached = r["tables"], r["num_cached_per_group"]
+        assert len(tables) == len(groups) == len(cached), rid
+        assert tables[0] == r["block_ids"] and cached[0] == r["num_cached_blocks"], rid
+        assert all(len(t) == len(tables[0]) for t in tables), rid
+        assert all(c <= len(t) for c, t in zip(cached, tables, strict=True)), rid
+        for g, table in zip(groups, tables, strict=True):
+            nulls = null_prefix(table)
+            assert 0 not in table[nulls:], (rid, table)
+            if g.kind.is_full():
+                assert nulls == 0, (rid, table)
+            # A chunk that is not a whole number of blocks lets vLLM's hit
+            # pad a block more than the chunk skips (the core does too).
+            exact = isinstance(g.kind, SlidingWindow) or (
+                isinstance(g.kind, ChunkedLocal) and g.kind.chunk % bs == 0
+            )
+            if exact:
+                skipped = g.kind.num_skipped_tokens(r["num_computed_tokens"]) // bs
+                assert nulls <= skipped, (rid, g, table, r["num_computed_tokens"])
+
+
+def check_windows_after_step(
+    groups: tuple[GroupSpec, ...], state: dict[str, Any], scheduled: list[str], bs: int
+) -> None:
+    """Right after a step, each request it scheduled that still runs holds
+    no block wholly before its windows as of the tokens it has processed
+    (computed and not in flight): those went back when it allocated."""
+    for rid in scheduled:
+        r = state["requests"].get(rid)
+        if r is None or r["status"] != "RUNNING":
+            continue  # preempted later in the step
+        processed = max(r["num_computed_tokens"] - r["in_flight_tokens"], 0)
+        for g, table in zip(groups, r["tables"], strict=True):
+            skipped = min(g.kind.num_skipped_tokens(processed) // bs, len(table))
+            assert all(b == 0 for b in table[:skipped]), (rid, g, table, processed)

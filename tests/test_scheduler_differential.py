@@ -14,13 +14,38 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ironbatch import RepetitionDetectionParams
+from ironbatch import KVCacheGroup, RepetitionDetectionParams
 
 from scheduler_pair import SchedulerPair
 
 VOCAB = 40
 EOS = 2
 REPEATS = RepetitionDetectionParams(max_pattern_size=2, min_count=3)
+
+
+def random_groups(rng: random.Random, bs: int) -> tuple[KVCacheGroup, ...] | None:
+    """A hybrid model's KV-cache groups in about half the workloads: full
+    attention beside one or two sliding windows (smaller and larger than a
+    block) or chunked local attention, in any order, some with a small
+    admission cap; now and then one full group spelled out, or a window
+    group alone."""
+    x = rng.random()
+    if x < 0.45:
+        return None
+    if x < 0.5:
+        return (KVCacheGroup("full"),)
+    # Rarely a window alone (one group: vLLM's unitary coordinator).
+    groups = [KVCacheGroup("full")] if x < 0.94 else []
+    for _ in range(rng.choice([1, 1, 2]) if groups else 1):
+        cap = rng.choice([None, None, 1, 2, 3, 6])
+        if rng.random() < 0.7:
+            window = rng.choice([1, 2, 3, max(bs - 1, 1), bs, bs + 1, 2 * bs, 3 * bs + 2, 40])
+            groups.append(KVCacheGroup("sliding_window", window, cap))
+        else:
+            chunk = rng.choice([bs, 2 * bs, 4 * bs, 3, 5, 24])
+            groups.append(KVCacheGroup("chunked_local", chunk, cap))
+    rng.shuffle(groups)
+    return tuple(groups)
 
 
 def random_config(rng: random.Random) -> dict:
@@ -31,7 +56,9 @@ def random_config(rng: random.Random) -> dict:
     batched = max(rng.choice([8, 16, 32, 64, 256]), seqs)
     if not chunked:
         batched = max(batched, max_model_len)
-    need = -(-max_model_len // bs)
+    groups = random_groups(rng, bs)
+    # A step's chunk takes blocks in every group before a window frees any.
+    need = -(-max_model_len // bs) * (1 if groups is None else len(groups))
     tight = rng.random() < 0.6
     blocks = rng.randint(need + 1, 2 * need + 2) if tight else rng.randint(4 * need, 8 * need)
     return dict(
@@ -60,8 +87,11 @@ def random_config(rng: random.Random) -> dict:
         # A drafter with its own forward pass (EAGLE, MTP, draft models):
         # lookahead KV slots, hashes over the next token, input slots.
         num_lookahead_tokens=rng.choice([0, k]),
-        num_hash_lookahead_tokens=rng.choice([0, min(1, k), min(k, bs)]),
+        # (A hash over the next token spans groups: one group only.)
+        num_hash_lookahead_tokens=rng.choice([0, min(1, k), min(k, bs)]) if groups is None else 0,
         num_draft_slots=rng.choice([0, 0, min(1, k), k]),
+        kv_cache_groups=groups,
+        sparse_retention=rng.random() < 0.7,
     )
 
 
@@ -78,7 +108,8 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     # Sessions between turns hold their blocks and nobody can preempt them:
     # vLLM stalls as the core does when they hold the whole cache, so they
     # come only with room for them, and stay well inside max_model_len.
-    need = -(-max_len // config["block_size"])
+    groups = config["kv_cache_groups"]
+    need = -(-max_len // config["block_size"]) * (1 if groups is None else len(groups))
     sessions_fit = config["num_blocks"] >= 4 * need
 
     def choose(rid: str) -> int:
@@ -205,7 +236,8 @@ def test_seeded_workloads_agree() -> None:
     sessions = ("session_turns", "sessions_waiting", "kv_holding_admitted")
     spec = ("spec_scheduled", "spec_accepted", "spec_rejected", "spec_padded", "drafts_skippable")
     kv = ("kv_stored", "kv_removed", "kv_cleared", "kv_allocated", "kv_accessed")
-    for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions, *spec):
+    hybrid = ("window_freed", "hybrid_hit", "hybrid_hit_nulls", "shared_boundary")
+    for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions, *spec, *hybrid):
         assert events[what] >= 20, (what, events)
 
 

@@ -9,7 +9,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ironbatch._core import BlockPool, KVCacheManager, PrefixCacheStats, __version__
-from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from ironbatch.outputs import CompletionOutput, RequestOutput
 from ironbatch.request import Request
 from ironbatch.sampling_params import RepetitionDetectionParams, SamplingParams
@@ -37,6 +37,7 @@ __all__ = [
     "CacheConfig",
     "CompletionOutput",
     "EngineArgs",
+    "KVCacheGroup",
     "KVCacheManager",
     "LLMEngine",
     "PrefixCacheStats",

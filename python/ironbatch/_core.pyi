@@ -282,7 +282,16 @@ class Scheduler:
         num_lookahead_tokens: SupportsIndex | None = None,
         num_hash_lookahead_tokens: SupportsIndex | None = None,
         num_draft_slots: SupportsIndex | None = None,
-    ) -> None: ...
+        kv_cache_groups: Sequence[tuple[str, int, int | None]] | None = None,
+        sparse_retention: bool = True,
+    ) -> None:
+        """``kv_cache_groups``: the KV-cache groups in vLLM's order, each
+        ``(kind, size, admission_cap_blocks)`` with kind "full" (size
+        ignored), "sliding_window" (size: the window) or "chunked_local"
+        (size: the chunk), all of ``block_size``, sharing the pool; None is
+        one full-attention group. ``sparse_retention``: sliding-window
+        groups cache only the blocks a later request can resume from (vLLM's
+        default ``prefix_cache_retention_interval=0``)."""
     def add_request(
         self,
         *,

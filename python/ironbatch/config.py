@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from ironbatch.reference.block import cdiv
 from ironbatch.reference.limits import (
     MAX_BLOCK_SIZE,
+    MAX_KV_CACHE_GROUPS,
     MAX_MODEL_LEN,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_BLOCKS,
     MAX_NUM_SEQS,
     check_range,
 )
-from ironbatch.reference.scheduler_config import check_scheduler
+from ironbatch.reference.scheduler_config import GROUP_KINDS, check_scheduler
 
 POLICIES = ("fcfs", "priority")
 
@@ -107,23 +108,109 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class KVCacheGroup:
+    """One KV-cache group of a hybrid model (vLLM's ``KVCacheGroupSpec``):
+    layers that attend alike, with a block table of their own per request;
+    every group shares the cache's blocks and block size.
+
+    ``kind`` is "full" (every earlier token; ``size`` 0), "sliding_window"
+    (``size``: the window, in tokens) or "chunked_local" (``size``: the
+    attention chunk, in tokens). ``admission_cap_blocks`` caps the blocks a
+    window group counts in the whole-prompt admission check (vLLM's
+    ``max_admission_blocks_per_request``: ``cdiv(min(window - 1 + in_flight,
+    max_model_len), block_size) + 1`` for a sliding window, ``cdiv(min(chunk
+    + in_flight, max_model_len), block_size)`` for chunked local attention,
+    where ``in_flight`` is the tokens that can be in flight); None counts
+    them all."""
+
+    kind: str
+    size: int = 0
+    admission_cap_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in GROUP_KINDS:
+            raise ValueError(f"KVCacheGroup.kind must be one of {GROUP_KINDS}, got {self.kind!r}")
+        if isinstance(self.size, bool) or not isinstance(self.size, int):
+            raise TypeError(f"KVCacheGroup.size must be an int, got {type(self.size).__name__}")
+        if self.kind == "full":
+            if self.size != 0:
+                raise ValueError(
+                    f"KVCacheGroup.size must be 0 for a full-attention group, got {self.size}"
+                )
+            if self.admission_cap_blocks is not None:
+                raise ValueError(
+                    "KVCacheGroup.admission_cap_blocks must be None for a full-attention group, "
+                    f"got {self.admission_cap_blocks}"
+                )
+            return
+        if not 1 <= self.size <= MAX_MODEL_LEN:
+            raise ValueError(
+                f"KVCacheGroup.size must be in [1, {MAX_MODEL_LEN}] for a {self.kind} group, "
+                f"got {self.size}"
+            )
+        if self.admission_cap_blocks is not None:
+            _int("KVCacheGroup.admission_cap_blocks", self.admission_cap_blocks, 1, MAX_NUM_BLOCKS)
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     num_blocks: int | None = None  # including the reserved null block 0
     block_size: int = 16
     enable_prefix_caching: bool = True
+    # The KV-cache groups of a hybrid model (full attention beside sliding
+    # windows or chunked local attention), in vLLM's order (its layers' first
+    # appearance); None is one full-attention group.
+    kv_cache_groups: tuple[KVCacheGroup, ...] | None = None
+    # Sliding-window groups cache only the blocks a later request can resume
+    # from (vLLM's default prefix_cache_retention_interval=0); False caches
+    # every block (vLLM's None).
+    sparse_retention: bool = True
 
     def __post_init__(self) -> None:
         _int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         if self.num_blocks is not None:
             _int("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)
         _bool("enable_prefix_caching", self.enable_prefix_caching)
+        if self.kv_cache_groups is not None:
+            if not isinstance(self.kv_cache_groups, (tuple, list)):
+                raise TypeError(
+                    "kv_cache_groups must be a tuple of KVCacheGroup, got "
+                    f"{type(self.kv_cache_groups).__name__}"
+                )
+            groups = tuple(self.kv_cache_groups)
+            for i, g in enumerate(groups):
+                if not isinstance(g, KVCacheGroup):
+                    raise TypeError(
+                        f"kv_cache_groups[{i}] must be a KVCacheGroup, got {type(g).__name__}"
+                    )
+            check_range("kv_cache_groups", len(groups), 1, MAX_KV_CACHE_GROUPS)
+            object.__setattr__(self, "kv_cache_groups", groups)  # frozen: a list becomes a tuple
+        _bool("sparse_retention", self.sparse_retention)
+
+    @property
+    def num_kv_cache_groups(self) -> int:
+        """KV-cache groups: each request holds a block table per group."""
+        return 1 if self.kv_cache_groups is None else len(self.kv_cache_groups)
+
+
+def blocks_for_one_sequence(cache_config: CacheConfig, max_model_len: int) -> int:
+    """Blocks one max_model_len sequence holds: a table's worth in every
+    group, a window group's capped at its admission cap when it has one (as
+    vLLM sizes a hybrid cache at start-up)."""
+    per_group = cdiv(max_model_len, cache_config.block_size)
+    groups = cache_config.kv_cache_groups or (KVCacheGroup("full"),)
+    return sum(
+        per_group if g.admission_cap_blocks is None else min(per_group, g.admission_cap_blocks)
+        for g in groups
+    )
 
 
 def check_fits(scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
-    """vLLM's start-up refusal: the cache must hold one max_model_len sequence."""
+    """vLLM's start-up refusal: the cache must hold one max_model_len sequence
+    (in every KV-cache group)."""
     if cache_config.num_blocks is None:
         raise ValueError("num_blocks must be set to build a scheduler, got None")
-    needed = cdiv(scheduler_config.max_model_len, cache_config.block_size)
+    needed = blocks_for_one_sequence(cache_config, scheduler_config.max_model_len)
     if needed > cache_config.num_blocks - 1:
         raise ValueError(
             f"num_blocks ({cache_config.num_blocks}) holds {cache_config.num_blocks - 1} usable "

@@ -17,8 +17,23 @@ import numpy as np
 
 from ironbatch import _core
 from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, SlidingWindow
 from ironbatch.reference.scheduler_config import settings
 from ironbatch.scheduler_stats import SchedulerStats
+
+
+def binding_groups(groups: Sequence[GroupSpec]) -> list[tuple[str, int, int | None]]:
+    """Resolved KV-cache groups as the binding takes them: ``(kind, size,
+    admission_cap_blocks)``."""
+    out: list[tuple[str, int, int | None]] = []
+    for g in groups:
+        if isinstance(g.kind, SlidingWindow):
+            out.append(("sliding_window", g.kind.window, g.admission_cap_blocks))
+        elif isinstance(g.kind, ChunkedLocal):
+            out.append(("chunked_local", g.kind.chunk, g.admission_cap_blocks))
+        else:
+            out.append(("full", 0, g.admission_cap_blocks))
+    return out
 
 
 class CoreScheduler:
@@ -50,6 +65,8 @@ class CoreScheduler:
             num_blocks=c.num_blocks,
             block_size=c.block_size,
             enable_prefix_caching=c.enable_prefix_caching,
+            kv_cache_groups=binding_groups(c.kv_cache_groups),
+            sparse_retention=c.sparse_retention,
         )
 
     def add_request(

@@ -83,6 +83,7 @@ class RustBackend:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
         self.core = CoreScheduler(scheduler_config, cache_config)
+        self.num_kv_cache_groups = cache_config.num_kv_cache_groups
 
     def add_request(self, request: Request) -> None:
         p = request.sampling_params
@@ -122,6 +123,7 @@ class RustBackend:
             finished_req_ids=set(step.finished_req_ids),
             handle=step,
             lookup_request=lookup_request,
+            num_kv_cache_groups=self.num_kv_cache_groups,
         )
 
     def update_from_output(
@@ -204,6 +206,7 @@ class PythonBackend:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
         self.twin = reference.Scheduler(scheduler_config, cache_config)
+        self.num_kv_cache_groups = cache_config.num_kv_cache_groups
 
     def add_request(self, request: Request) -> None:
         p = request.sampling_params
@@ -260,6 +263,7 @@ class PythonBackend:
             finished_req_ids=set(step.finished_req_ids),
             handle=handle,
             lookup_request=lookup_request,
+            num_kv_cache_groups=self.num_kv_cache_groups,
         )
 
     def update_from_output(

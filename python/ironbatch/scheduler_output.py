@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple, Protocol
 
@@ -38,7 +38,8 @@ class ScheduledEntry(NamedTuple):
     num_tokens: int
     kind: str  # "new", "resumed" or "running"
     num_computed_tokens: int  # before this step; the prefix hit for new/resumed
-    block_ids: list[int]  # the whole table for new/resumed; new blocks for running
+    # The whole table for new/resumed; new blocks for running (KV-cache group 0's).
+    block_ids: list[int]
 
 
 @dataclass
@@ -49,8 +50,11 @@ class ScheduledNewRequest:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: Any
-    block_ids: list[int]
+    block_ids: list[int]  # the whole table (KV-cache group 0's)
     num_computed_tokens: int
+    # The whole table of every KV-cache group, in group order (vLLM's
+    # block_ids tuple); a window group's past positions hold the null block 0.
+    block_ids_per_group: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -60,8 +64,13 @@ class ScheduledCachedRequests:
 
     req_ids: list[str]  # running requests, then resumed ones
     resumed_req_ids: set[str]
-    new_block_ids: list[list[int] | None]  # None: no new block for a running request
+    # KV-cache group 0's new blocks (the whole table for a resumed request);
+    # None: no new block for a running request.
+    new_block_ids: list[list[int] | None]
     num_computed_tokens: list[int]
+    # The same per KV-cache group, in group order (vLLM's new_block_ids
+    # tuples): every group grows alike, so None means none grew.
+    new_block_ids_per_group: list[list[list[int]] | None] = field(default_factory=list)
 
 
 class StepColumns:
@@ -77,8 +86,10 @@ class StepColumns:
     kinds: np.ndarray  # Kind: 0 new, 1 resumed, 2 running
     samples: np.ndarray  # the step reaches the request's last known token
     num_output_tokens: np.ndarray  # before the step, output placeholders included
-    new_block_ids: np.ndarray  # flattened; row i owns [new_block_offsets[i], [i + 1])
-    new_block_offsets: np.ndarray  # rows + 1
+    # Flattened per row and KV-cache group: with G groups, row i group g owns
+    # [new_block_offsets[i*G + g], [i*G + g + 1]).
+    new_block_ids: np.ndarray
+    new_block_offsets: np.ndarray  # rows * G + 1
     positions: np.ndarray  # per scheduled token
     slot_mapping: np.ndarray  # per scheduled token: block_id * block_size + offset
     query_start_loc: np.ndarray  # rows + 1
@@ -106,8 +117,11 @@ class SchedulerOutput(StepColumns):
         finished_req_ids: set[str],
         handle: Any,
         lookup_request: Callable[[str], Any],
+        num_kv_cache_groups: int = 1,
     ) -> None:
         super().__init__(columns)
+        #: KV-cache groups: each row's blocks come group by group.
+        self.num_kv_cache_groups = num_kv_cache_groups
         self.req_ids = req_ids
         self.preempted_req_ids = preempted_req_ids
         self.finished_req_ids = finished_req_ids
@@ -161,9 +175,22 @@ class SchedulerOutput(StepColumns):
         """Request id -> tokens this step, in scheduling order."""
         return dict(zip(self.req_ids, self.num_scheduled.tolist(), strict=True))
 
-    def block_ids_of(self, i: int) -> list[int]:
-        lo, hi = self.new_block_offsets[i], self.new_block_offsets[i + 1]
+    def block_ids_of(self, i: int, group: int = 0) -> list[int]:
+        """Row ``i``'s blocks in KV-cache group ``group``: the whole table
+        for an admission, the new blocks for a running request."""
+        if not 0 <= group < self.num_kv_cache_groups:
+            raise IndexError(f"group {group} of {self.num_kv_cache_groups} KV-cache groups")
+        k = i * self.num_kv_cache_groups + group
+        lo, hi = self.new_block_offsets[k], self.new_block_offsets[k + 1]
         return self.new_block_ids[lo:hi].tolist()
+
+    def block_ids_per_group(self, i: int) -> list[list[int]]:
+        """Row ``i``'s blocks, one list per KV-cache group in group order
+        (the shape of vLLM's ``block_ids`` tuples)."""
+        g = self.num_kv_cache_groups
+        offsets = self.new_block_offsets[i * g : i * g + g + 1].tolist()
+        flat = self.new_block_ids
+        return [flat[offsets[k] : offsets[k + 1]].tolist() for k in range(g)]
 
     def entries(self) -> Iterator[ScheduledEntry]:
         for i, rid in enumerate(self.req_ids):
@@ -187,6 +214,7 @@ class SchedulerOutput(StepColumns):
                     request.sampling_params,
                     self.block_ids_of(i),
                     int(self.num_computed_tokens[i]),
+                    self.block_ids_per_group(i),
                 )
             )
         return out
@@ -206,7 +234,16 @@ class SchedulerOutput(StepColumns):
                 for i in rows
             ],
             num_computed_tokens=[int(self.num_computed_tokens[i]) for i in rows],
+            new_block_ids_per_group=[self._new_blocks_per_group(i) for i in rows],
         )
+
+    def _new_blocks_per_group(self, i: int) -> list[list[int]] | None:
+        """A cached row's blocks per group; None for a running request that
+        got none (vLLM's ``get_block_ids(allow_none=True)``)."""
+        per_group = self.block_ids_per_group(i)
+        if self.kinds[i] == Kind.RUNNING and not any(per_group):
+            return None
+        return per_group
 
     def __repr__(self) -> str:
         return (

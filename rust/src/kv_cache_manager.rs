@@ -6,6 +6,7 @@
 //! anything changes, so an `Err` (bad input) or `Ok(None)` (not enough free
 //! blocks) leaves the pool, the map and the table exactly as they were.
 
+use crate::attention_group::{group_key, sparse_mask, AttentionKind, GroupSpec};
 use crate::block::{BlockId, NULL_BLOCK};
 use crate::block_hash::BlockHasher;
 use crate::block_pool::BlockPool;
@@ -13,8 +14,11 @@ use crate::block_table::BlockTable;
 use crate::cdiv;
 use crate::error::Error;
 use crate::kv_events::KvEvent;
-use crate::limits::{check_range, MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_BLOCKS};
+use crate::limits::{
+    check_range, MAX_BLOCK_SIZE, MAX_KV_CACHE_GROUPS, MAX_MODEL_LEN, MAX_NUM_BLOCKS,
+};
 use crate::prefix_cache_stats::PrefixCacheStats;
+use crate::prefix_hit::{find_longest_hit, lookup_groups, LookupGroup, PrefixHit};
 use crate::sequence::Sequence;
 
 /// The KV-cache settings the manager needs.
@@ -35,6 +39,22 @@ pub struct KvCacheConfig {
     /// Tokens after each block that its hash covers (vLLM's
     /// `num_hash_lookahead_tokens`, §7.4); 0 otherwise.
     pub num_hash_lookahead_tokens: usize,
+    /// The KV-cache groups, in vLLM's order (its layers' first appearance),
+    /// all of `block_size` (§7.13); one full-attention group for most models.
+    pub groups: Vec<GroupSpec>,
+    /// Sliding-window groups cache only the blocks a later request can
+    /// resume from (vLLM's `prefix_cache_retention_interval = 0`, its
+    /// default); false caches them all (`None`).
+    pub sparse_retention: bool,
+}
+
+/// What an admission's allocation checks besides the step's own blocks.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Admission {
+    /// The whole known sequence must fit too (the admission gate, Q13).
+    pub full_sequence_must_fit: bool,
+    /// Blocks that must stay free beyond what is taken (vLLM's watermark).
+    pub watermark: usize,
 }
 
 impl KvCacheConfig {
@@ -52,6 +72,8 @@ impl KvCacheConfig {
             enable_prefix_caching,
             num_lookahead_tokens: 0,
             num_hash_lookahead_tokens: 0,
+            groups: vec![GroupSpec::FULL],
+            sparse_retention: true,
         }
     }
 
@@ -73,7 +95,25 @@ impl KvCacheConfig {
             self.num_hash_lookahead_tokens,
             0,
             self.block_size,
-        )
+        )?;
+        check_range("kv_cache_groups", self.groups.len(), 1, MAX_KV_CACHE_GROUPS)?;
+        for g in &self.groups {
+            match g.kind {
+                AttentionKind::Full => {}
+                AttentionKind::SlidingWindow { window } => {
+                    check_range("sliding_window", window, 1, MAX_MODEL_LEN)?;
+                }
+                AttentionKind::ChunkedLocal { chunk } => {
+                    check_range("attention_chunk_size", chunk, 1, MAX_MODEL_LEN)?;
+                }
+            }
+        }
+        if self.groups.len() > 1 && self.num_hash_lookahead_tokens > 0 {
+            return Err(Error::invalid(
+                "num_hash_lookahead_tokens must be 0 with several KV-cache groups",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -86,6 +126,12 @@ pub struct KvCacheManager {
     enable_caching: bool,
     /// KV slots reserved past each allocation's tokens.
     lookahead: usize,
+    groups: Vec<GroupSpec>,
+    /// The order groups are asked for prefix hits in.
+    lookup: Vec<LookupGroup>,
+    /// One full-attention group: the common case, on the fast paths.
+    single_full: bool,
+    sparse_retention: bool,
     hasher: BlockHasher,
     stats: PrefixCacheStats,
 }
@@ -106,6 +152,10 @@ impl KvCacheManager {
             max_model_len: config.max_model_len,
             enable_caching: config.enable_prefix_caching,
             lookahead: config.num_lookahead_tokens,
+            groups: config.groups.clone(),
+            lookup: lookup_groups(&config.groups.iter().map(|g| g.kind).collect::<Vec<_>>()),
+            single_full: config.groups.len() == 1 && config.groups[0].kind.is_full(),
+            sparse_retention: config.sparse_retention,
             hasher: hasher.with_lookahead(config.num_hash_lookahead_tokens),
             stats: PrefixCacheStats::default(),
         })
@@ -124,6 +174,39 @@ impl KvCacheManager {
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// The KV-cache groups.
+    pub fn groups(&self) -> &[GroupSpec] {
+        &self.groups
+    }
+
+    /// The longest prefix hit valid for every group (docs/scheduling.md
+    /// §7.5, §7.13), capped at `num_tokens − 1` tokens so the last token is
+    /// always computed (Q12): `hits[g]` gets group `g`'s blocks (null where
+    /// a window needs none), `tokens / bs` of them. Changes nothing.
+    pub fn find_hit(&self, seq: &Sequence, hits: &mut [Vec<BlockId>]) -> PrefixHit {
+        for h in hits.iter_mut() {
+            h.clear();
+        }
+        if !self.enable_caching {
+            return PrefixHit::default();
+        }
+        if self.single_full {
+            let tokens = self.get_computed_blocks(seq, &mut hits[0]);
+            return PrefixHit {
+                tokens,
+                shared_prefix_boundary: 0,
+            };
+        }
+        find_longest_hit(
+            &self.pool,
+            &self.lookup,
+            seq.block_hashes(),
+            seq.num_tokens().saturating_sub(1),
+            self.block_size,
+            hits,
+        )
     }
 
     /// The KV-cache slot of position `pos` in a request's `table`:
@@ -184,14 +267,46 @@ impl KvCacheManager {
         (out.len() - start) * self.block_size
     }
 
-    fn blocks_needed(&self, table: &BlockTable, tokens: usize, hits: &[BlockId]) -> usize {
-        let required = cdiv(tokens, self.block_size);
+    /// Blocks group `g` must take to cover `tokens` after its `hits`:
+    /// positions not held yet, plus hits that sit in the free queue (taking
+    /// them lowers the free count too). `capped`: the admission check,
+    /// which counts a window group's blocks only up to its cap.
+    fn blocks_needed(
+        &self,
+        g: usize,
+        table: &BlockTable,
+        tokens: usize,
+        hits: &[BlockId],
+        capped: bool,
+    ) -> usize {
+        let mut required = cdiv(tokens, self.block_size);
+        if capped {
+            if let Some(cap) = self.groups[g].admission_cap_blocks {
+                required = required.min(cap);
+            }
+        }
         let have = table.len() + hits.len();
         let evictable_hits = hits
             .iter()
-            .filter(|&&b| self.pool.block(b).is_some_and(|b| b.ref_cnt == 0))
+            .filter(|&&b| b != NULL_BLOCK && self.pool.block(b).is_some_and(|b| b.ref_cnt == 0))
             .count();
         required.saturating_sub(have) + evictable_hits
+    }
+
+    /// Blocks all groups must take (`hits`: one list per group, or none).
+    fn blocks_needed_all(
+        &self,
+        tables: &[BlockTable],
+        tokens: usize,
+        hits: &[Vec<BlockId>],
+        capped: bool,
+    ) -> usize {
+        (0..tables.len())
+            .map(|g| {
+                let h = hits.get(g).map_or(&[][..], |h| &h[..]);
+                self.blocks_needed(g, &tables[g], tokens, h, capped)
+            })
+            .sum()
     }
 
     /// Make room for `num_new_tokens` more tokens of `seq`, after taking the
@@ -201,7 +316,7 @@ impl KvCacheManager {
     /// `k`), `Ok(None)` when too few blocks are free (nothing changed), and
     /// `Err` for arguments no correct scheduler passes (nothing changed).
     /// With `full_sequence_must_fit`, the whole known sequence must fit too
-    /// (the admission gate, Q13).
+    /// (the admission gate, Q13). One full-attention group only.
     pub fn allocate_slots(
         &mut self,
         table: &mut BlockTable,
@@ -211,6 +326,11 @@ impl KvCacheManager {
         new_computed_blocks: &[BlockId],
         full_sequence_must_fit: bool,
     ) -> Result<Option<usize>, Error> {
+        if !self.single_full {
+            return Err(Error::invalid(
+                "allocate_slots: a cache of several KV-cache groups allocates through the scheduler",
+            ));
+        }
         self.check_allocation(
             table,
             seq,
@@ -218,35 +338,52 @@ impl KvCacheManager {
             num_new_computed_tokens,
             new_computed_blocks,
         )?;
+        let hits = [new_computed_blocks.to_vec()];
+        let hits: &[Vec<BlockId>] = if new_computed_blocks.is_empty() {
+            &[]
+        } else {
+            &hits
+        };
         Ok(self.allocate(
-            table,
+            std::slice::from_mut(table),
             seq,
             num_new_tokens,
             num_new_computed_tokens,
-            new_computed_blocks,
-            full_sequence_must_fit,
+            hits,
+            Admission {
+                full_sequence_must_fit,
+                watermark: 0,
+            },
             0,
         ))
     }
 
-    /// [`Self::allocate_slots`] with arguments the caller guarantees (the
-    /// scheduler's own): `Some(k)` new blocks, or `None` with nothing changed.
-    /// `watermark` blocks must stay free beyond what is taken (vLLM's
-    /// watermark, for admissions while others run).
+    /// [`Self::allocate_slots`] over every group's table, with arguments the
+    /// caller guarantees (the scheduler's own): `Some(k)` new blocks per
+    /// group, or `None`. `hits` holds one list per group (or none);
+    /// `in_flight` of the computed tokens are still being computed. Before
+    /// the step's own check, window groups give back the blocks no position
+    /// reads any more (whether or not the allocation succeeds, as vLLM's
+    /// does); nothing else changes on `None`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn allocate(
         &mut self,
-        table: &mut BlockTable,
+        tables: &mut [BlockTable],
         seq: &Sequence,
         num_new_tokens: usize,
         num_new_computed_tokens: usize,
-        hits: &[BlockId],
-        full_sequence_must_fit: bool,
-        watermark: usize,
+        hits: &[Vec<BlockId>],
+        admission: Admission,
+        in_flight: usize,
     ) -> Option<usize> {
-        if hits.is_empty() && !full_sequence_must_fit && watermark == 0 {
+        let Admission {
+            full_sequence_must_fit,
+            watermark,
+        } = admission;
+        if self.single_full && hits.is_empty() && !full_sequence_must_fit && watermark == 0 {
             // Fast path (most decode steps): the table already covers the
             // new tokens, so nothing can be refused or allocated.
+            let table = &mut tables[0];
             let computed = seq.num_computed_tokens.min(self.max_model_len);
             let slots = computed
                 .saturating_add(num_new_tokens)
@@ -257,7 +394,7 @@ impl KvCacheManager {
                     let upto = computed
                         .saturating_add(num_new_tokens)
                         .min(seq.num_tokens());
-                    self.cache_blocks(table, seq, upto);
+                    self.cache_blocks(0, table, seq, upto);
                 }
                 return Some(0);
             }
@@ -266,10 +403,10 @@ impl KvCacheManager {
             .num_computed_tokens
             .saturating_add(num_new_computed_tokens)
             .min(self.max_model_len);
-        let free = self.pool.num_free_blocks();
         if full_sequence_must_fit {
             let full = seq.num_tokens().min(self.max_model_len);
-            if self.blocks_needed(table, full, hits) + watermark > free {
+            let need = self.blocks_needed_all(tables, full, hits, true);
+            if need + watermark > self.pool.num_free_blocks() {
                 return None;
             }
         }
@@ -280,28 +417,77 @@ impl KvCacheManager {
             .saturating_add(num_new_tokens)
             .saturating_add(self.lookahead)
             .min(self.max_model_len);
-        if self.blocks_needed(table, slots, hits) + watermark > free {
+        if !self.single_full {
+            // What the step computed for sure (not what is still in flight)
+            // is all a window can have left behind.
+            let processed = computed.saturating_sub(in_flight);
+            for (g, table) in tables.iter_mut().enumerate() {
+                self.remove_skipped_blocks(g, table, processed);
+            }
+        }
+        if self.blocks_needed_all(tables, slots, hits, false) + watermark
+            > self.pool.num_free_blocks()
+        {
             return None;
         }
         // Enough is free: from here on nothing can fail.
         if !hits.is_empty() {
-            self.pool.add_refs(hits);
-            table.blocks.extend_from_slice(hits);
-            table.num_cached = hits.len();
+            for (g, table) in tables.iter_mut().enumerate() {
+                self.take_hits(g, table, &hits[g], computed);
+            }
         }
-        let k = cdiv(slots, self.block_size).saturating_sub(table.len());
-        self.pool.take_free_blocks(k, &mut table.blocks);
-        table.sync_last();
+        let k = cdiv(slots, self.block_size).saturating_sub(tables[0].len());
+        debug_assert!(tables.iter().all(|t| t.len() == tables[0].len()));
+        for table in tables.iter_mut() {
+            self.pool.take_free_blocks(k, &mut table.blocks);
+            table.sync_last();
+        }
         if self.enable_caching {
-            self.cache_blocks(
-                table,
-                seq,
-                computed
-                    .saturating_add(num_new_tokens)
-                    .min(seq.num_tokens()),
-            );
+            let upto = computed
+                .saturating_add(num_new_tokens)
+                .min(seq.num_tokens());
+            for (g, table) in tables.iter_mut().enumerate() {
+                self.cache_blocks(g, table, seq, upto);
+            }
         }
         Some(k)
+    }
+
+    /// Adopt group `g`'s prefix hits: the blocks a window no longer reads
+    /// (before `computed`'s window) stay null, the rest are taken.
+    fn take_hits(&mut self, g: usize, table: &mut BlockTable, hits: &[BlockId], computed: usize) {
+        let skipped = self.groups[g].kind.num_skipped_tokens(computed) / self.block_size;
+        let skipped = skipped.min(hits.len());
+        let taken = &hits[skipped..];
+        let live: Vec<BlockId> = taken.iter().copied().filter(|&b| b != NULL_BLOCK).collect();
+        self.pool.add_refs(&live);
+        table.blocks.resize(skipped, NULL_BLOCK);
+        table.blocks.extend_from_slice(taken);
+        table.num_cached = table.blocks.len();
+        table.sync_last();
+    }
+
+    /// Give back group `g`'s blocks that no position after `processed`
+    /// tokens reads (a window's past), last first, leaving nulls; stops at
+    /// the first position already null.
+    fn remove_skipped_blocks(&mut self, g: usize, table: &mut BlockTable, processed: usize) {
+        let skipped = self.groups[g].kind.num_skipped_tokens(processed) / self.block_size;
+        let k = skipped.min(table.len());
+        if k == 0 || table.blocks[k - 1] == NULL_BLOCK {
+            return; // nothing newly out of the window: most steps
+        }
+        let mut freed: Vec<BlockId> = Vec::new();
+        for i in (0..k).rev() {
+            if table.blocks[i] == NULL_BLOCK {
+                break;
+            }
+            freed.push(table.blocks[i]);
+            table.blocks[i] = NULL_BLOCK;
+        }
+        if !freed.is_empty() {
+            self.pool.release(freed.into_iter());
+            table.sync_last();
+        }
     }
 
     fn check_allocation(
@@ -359,46 +545,92 @@ impl KvCacheManager {
         Ok(())
     }
 
-    /// Hash-cache the table's full blocks up to token `upto`, when prefix
+    /// Hash-cache every group's full blocks up to token `upto`, when prefix
     /// caching is on; the async update caches the blocks its tokens filled.
-    pub fn cache_full_blocks(&mut self, table: &mut BlockTable, seq: &Sequence, upto: usize) {
+    pub fn cache_full_blocks(&mut self, tables: &mut [BlockTable], seq: &Sequence, upto: usize) {
         if self.enable_caching {
-            self.cache_blocks(table, seq, upto);
+            for (g, table) in tables.iter_mut().enumerate() {
+                self.cache_blocks(g, table, seq, upto);
+            }
         }
     }
 
-    /// Tokens held in the table's hash-cached blocks.
-    pub fn num_cached_tokens(&self, table: &BlockTable) -> usize {
-        if self.enable_caching {
-            table.num_cached * self.block_size
-        } else {
-            0
+    /// Tokens the request holds in hash-cached blocks, as vLLM estimates
+    /// them: per group, where its last held cached block ends; the least
+    /// over the groups.
+    pub fn num_cached_tokens(&self, tables: &[BlockTable]) -> usize {
+        if !self.enable_caching {
+            return 0;
         }
+        if self.single_full {
+            return tables[0].num_cached * self.block_size;
+        }
+        // Nulls are a table's prefix (a window gives back its oldest blocks
+        // first), so the search stops at the first: a window group's scan
+        // covers its window, not the whole sequence.
+        let cached_end = |table: &BlockTable| {
+            let held = &table.blocks[..table.num_cached.min(table.len())];
+            let live = held.iter().rev().take_while(|&&b| b != NULL_BLOCK);
+            live.enumerate()
+                .find(|&(_, &b)| self.pool.block(b).is_some_and(|b| b.hash.is_some()))
+                .map_or(0, |(back, _)| (held.len() - back) * self.block_size)
+        };
+        tables.iter().map(cached_end).min().unwrap_or(0)
     }
 
-    /// Hash-cache the table's full blocks up to token `upto` (docs/scheduling.md §7.7).
-    fn cache_blocks(&mut self, table: &mut BlockTable, seq: &Sequence, upto: usize) {
+    /// Hash-cache group `g`'s full blocks up to token `upto`
+    /// (docs/scheduling.md §7.7, §7.13): every one, except null positions
+    /// and, for a window group under sparse retention, those no later
+    /// request could resume from.
+    fn cache_blocks(&mut self, g: usize, table: &mut BlockTable, seq: &Sequence, upto: usize) {
         if upto < (table.num_cached + 1) * self.block_size {
             return; // no new full block: the common case, without a division
         }
         let hashes = seq.block_hashes();
         let full = (upto.min(hashes.len() * self.block_size) / self.block_size).min(table.len());
-        if table.num_cached < full {
-            let start = table.num_cached;
-            for (&block, &hash) in table.blocks[start..full].iter().zip(&hashes[start..full]) {
-                self.pool.cache_block(block, hash);
+        let start = table.num_cached;
+        if start < full {
+            let mask = match self.groups[g].kind {
+                AttentionKind::SlidingWindow { window } if self.sparse_retention => {
+                    Some(sparse_mask(
+                        start,
+                        full,
+                        self.block_size,
+                        window,
+                        seq.num_prompt_tokens(),
+                        seq.shared_prefix_boundary,
+                    ))
+                }
+                _ => None,
+            };
+            let fresh = table.blocks[start..full].iter().zip(&hashes[start..full]);
+            for (i, (&block, &hash)) in (start..).zip(fresh) {
+                if block == NULL_BLOCK || mask.as_ref().is_some_and(|keep| !keep(i)) {
+                    continue;
+                }
+                self.pool.cache_block(block, group_key(hash, g));
             }
         }
         table.num_cached = table.num_cached.max(full);
     }
 
-    /// Release a table, last block first: unhashed blocks go to the head of
-    /// the free queue, cached ones to the tail (docs/scheduling.md §7.9, Q2).
-    pub fn free(&mut self, table: &mut BlockTable) {
-        self.pool.release(table.blocks.iter().rev().copied());
-        table.blocks.clear();
-        table.sync_last();
-        table.num_cached = 0;
+    /// Release every group's table, in group order, each last block first:
+    /// unhashed blocks go to the head of the free queue, cached ones to the
+    /// tail (docs/scheduling.md §7.9, Q2); null positions hold nothing.
+    pub fn free(&mut self, tables: &mut [BlockTable]) {
+        for table in tables.iter_mut() {
+            self.pool.release(
+                table
+                    .blocks
+                    .iter()
+                    .rev()
+                    .copied()
+                    .filter(|&b| b != NULL_BLOCK),
+            );
+            table.blocks.clear();
+            table.sync_last();
+            table.num_cached = 0;
+        }
     }
 
     /// Count one admission (docs/scheduling.md §7.10); only with prefix caching on.
@@ -455,132 +687,5 @@ impl KvCacheManager {
 }
 
 #[cfg(test)]
-mod tests {
-    //! KV-cache scenarios of docs/scheduling.md §9.1 (vLLM 0.33.0's own
-    //! values) at the core's level; tests/test_kv_scenarios.py runs them on
-    //! both backends through the Python API.
-    use super::*;
-
-    const BS: usize = 16;
-
-    fn manager(num_blocks: usize) -> KvCacheManager {
-        KvCacheManager::new(&KvCacheConfig::new(num_blocks, BS, 4096, true)).unwrap()
-    }
-
-    /// A request admitted the way the scheduler admits one: prefix lookup,
-    /// then every remaining token allocated after the hits.
-    struct Admitted {
-        seq: Sequence,
-        table: BlockTable,
-        hits: Vec<BlockId>,
-        hit_tokens: usize,
-    }
-
-    fn admit(kv: &mut KvCacheManager, tokens: Vec<u32>) -> Admitted {
-        let seq = Sequence::new(tokens, None, kv.hasher(), BS);
-        let mut hits = vec![];
-        let hit_tokens = kv.get_computed_blocks(&seq, &mut hits);
-        let mut table = BlockTable::default();
-        let n = seq.num_tokens() - hit_tokens;
-        kv.allocate_slots(&mut table, &seq, n, hit_tokens, &hits, false)
-            .unwrap()
-            .expect("room");
-        Admitted {
-            seq,
-            table,
-            hits,
-            hit_tokens,
-        }
-    }
-
-    fn free_queue(kv: &KvCacheManager) -> Vec<BlockId> {
-        kv.pool().free_block_ids().collect()
-    }
-
-    fn common(extra: &[u32]) -> Vec<u32> {
-        (1000..1048).chain(extra.iter().copied()).collect()
-    }
-
-    #[test]
-    fn k1_prefix_hits_and_the_free_order() {
-        let mut kv = manager(11);
-        let mut r0 = admit(&mut kv, common(&[3; 7]));
-        assert_eq!(r0.table.block_ids(), [1, 2, 3, 4]);
-        assert_eq!(r0.table.num_cached_blocks(), 3); // block 4 is partial
-        let mut r1 = admit(&mut kv, common(&[3; 5]));
-        assert_eq!((r1.hits.as_slice(), r1.hit_tokens), (&[1, 2, 3][..], 48));
-        assert_eq!(r1.table.block_ids(), [1, 2, 3, 5]);
-        kv.free(&mut r0.table);
-        assert_eq!(free_queue(&kv), [4, 6, 7, 8, 9, 10]);
-        // Unhashed blocks to the head, cached ones to the tail, last first (Q2).
-        kv.free(&mut r1.table);
-        assert_eq!(free_queue(&kv), [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]);
-        let r2 = admit(&mut kv, common(&[3; 6]));
-        assert_eq!(
-            (r2.hit_tokens, r2.table.block_ids()),
-            (48, &[1, 2, 3, 5][..])
-        );
-    }
-
-    #[test]
-    fn k4_the_last_token_is_always_computed() {
-        // A hit covers at most num_tokens - 1 tokens (Q12); the recomputed
-        // block's copy joins the map and lookups answer the earliest (Q14).
-        let mut kv = manager(11);
-        let mut x = admit(&mut kv, common(&[]));
-        kv.free(&mut x.table);
-        let y = admit(&mut kv, common(&[]));
-        assert_eq!((y.hit_tokens, y.table.block_ids()), (32, &[1, 2, 4][..]));
-        let last = y.seq.block_hashes()[2];
-        let cached: Vec<_> = kv
-            .pool()
-            .cached_blocks()
-            .filter(|(h, _)| *h == last)
-            .map(|(_, ids)| ids.to_vec())
-            .collect();
-        assert_eq!(cached, vec![vec![3, 4]]);
-    }
-
-    #[test]
-    fn k6_a_refused_allocation_changes_nothing() {
-        let mut kv = manager(6);
-        let mut a = admit(&mut kv, common(&[1]));
-        kv.free(&mut a.table);
-        let _big = admit(&mut kv, (2000..2016).collect());
-        assert_eq!(kv.num_free_blocks(), 4);
-        let seq = Sequence::new(
-            common(&(3000..3040).collect::<Vec<_>>()),
-            None,
-            kv.hasher(),
-            BS,
-        );
-        let mut hits = vec![];
-        assert_eq!(kv.get_computed_blocks(&seq, &mut hits), 48);
-        let before = free_queue(&kv);
-        let mut table = BlockTable::default();
-        // 3 new + 3 evictable hits = 6 > 4 free.
-        for gate in [true, false] {
-            let got = kv.allocate_slots(&mut table, &seq, 40, 48, &hits, gate);
-            assert_eq!(got, Ok(None));
-        }
-        assert_eq!(free_queue(&kv), before);
-        assert!(table.is_empty());
-    }
-
-    #[test]
-    fn hits_must_be_the_requests_own_cached_blocks() {
-        let mut kv = manager(11);
-        let _a = admit(&mut kv, common(&[1]));
-        let seq = Sequence::new((0..40).collect(), None, kv.hasher(), BS);
-        let mut table = BlockTable::default();
-        // Cached blocks, but of another prompt: refused, nothing changes.
-        let got = kv.allocate_slots(&mut table, &seq, 8, 32, &[1, 2], false);
-        assert!(matches!(got, Err(Error::InvalidArgument(_))));
-        // More hits than the request has full blocks.
-        let short = Sequence::new(common(&[]), None, kv.hasher(), BS);
-        let got = kv.allocate_slots(&mut table, &short, 1, 48, &[1, 2, 3], false);
-        assert!(got.is_err());
-        assert!(table.is_empty());
-        assert_eq!(kv.num_free_blocks(), 6);
-    }
-}
+#[path = "kv_cache_manager_tests.rs"]
+mod tests;

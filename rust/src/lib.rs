@@ -9,6 +9,7 @@
 //! live in [`python`] behind the `python` feature, so `cargo test` runs
 //! without an interpreter.
 
+pub mod attention_group;
 pub mod block;
 pub mod block_hash;
 pub mod block_pool;
@@ -23,6 +24,7 @@ pub mod limits;
 pub mod prefill_cadence;
 pub mod prefix_cache_map;
 pub mod prefix_cache_stats;
+pub mod prefix_hit;
 pub mod request;
 pub mod request_queue;
 pub mod scheduler;

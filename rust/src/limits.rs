@@ -18,6 +18,9 @@ pub const MAX_NUM_BLOCKS: usize = 1 << 24;
 /// Tokens per block. With [`MAX_NUM_BLOCKS`] a slot stays below 2^44.
 pub const MAX_BLOCK_SIZE: usize = 1 << 20;
 
+/// KV-cache groups of one model (Gemma 3 has six).
+pub const MAX_KV_CACHE_GROUPS: usize = 64;
+
 /// Tokens in one sequence: positions, lengths and computed-token counts are
 /// `i32` columns.
 pub const MAX_MODEL_LEN: usize = i32::MAX as usize;
@@ -33,13 +36,14 @@ pub const MAX_NUM_SEQS: usize = i32::MAX as usize;
 pub const MAX_TOKENS: usize = i64::MAX as usize;
 
 /// Every limit by the name of the field it bounds, for the bindings.
-pub const ALL: [(&str, usize); 6] = [
+pub const ALL: [(&str, usize); 7] = [
     ("num_blocks", MAX_NUM_BLOCKS),
     ("block_size", MAX_BLOCK_SIZE),
     ("max_model_len", MAX_MODEL_LEN),
     ("max_num_batched_tokens", MAX_NUM_BATCHED_TOKENS),
     ("max_num_seqs", MAX_NUM_SEQS),
     ("max_tokens", MAX_TOKENS),
+    ("kv_cache_groups", MAX_KV_CACHE_GROUPS),
 ];
 
 /// `value` must lie in `[min, max]`; the error names the field and the value

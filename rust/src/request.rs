@@ -145,8 +145,9 @@ pub struct Request {
     pub arrival_time: f64,
     /// Tokens, `num_computed_tokens` and block hashes.
     pub seq: Sequence,
-    /// The blocks it holds.
-    pub table: BlockTable,
+    /// The blocks it holds, one table per KV-cache group (all of one
+    /// length; a window group's past positions hold the null block).
+    pub tables: Vec<BlockTable>,
     pub status: RequestStatus,
     /// The stop token (or pattern) that ended it.
     pub stop_reason: Option<StopReason>,
@@ -192,14 +193,14 @@ pub struct Request {
 impl Request {
     /// A request as `add_request` queues it: waiting, nothing computed,
     /// its tokens (and their hashes) in `seq`.
-    pub fn waiting(new: NewRequest, seq: Sequence) -> Self {
+    pub fn waiting(new: NewRequest, seq: Sequence, num_groups: usize) -> Self {
         Request {
             request_id: new.request_id,
             stop: new.stop,
             priority: new.priority,
             arrival_time: new.arrival_time + 0.0, // -0.0 orders as 0.0, as in Python
             seq,
-            table: BlockTable::default(),
+            tables: vec![BlockTable::default(); num_groups],
             status: RequestStatus::Waiting,
             stop_reason: None,
             num_preemptions: 0,

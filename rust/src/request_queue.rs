@@ -188,7 +188,7 @@ mod tests {
             report_hits: false,
             resumable: false,
         };
-        Request::waiting(new, seq)
+        Request::waiting(new, seq, 1)
     }
 
     fn slab(rs: Vec<Request>) -> Slab<Request> {

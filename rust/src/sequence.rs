@@ -13,6 +13,11 @@ pub struct Sequence {
     /// Tokens whose KV is (or, this step, will be) in the cache.
     pub num_computed_tokens: usize,
     hashes: BlockHashChain,
+    /// Where a prefix this request shares with others ends, found at its
+    /// last prefix lookup when a sliding-window group had not cached it (0
+    /// for none): that group then keeps the blocks before it
+    /// (docs/scheduling.md §7.13; vLLM's `shared_prefix_boundary`).
+    pub shared_prefix_boundary: usize,
 }
 
 impl Sequence {
@@ -30,6 +35,7 @@ impl Sequence {
             tokens: prompt,
             num_computed_tokens: 0,
             hashes,
+            shared_prefix_boundary: 0,
         }
     }
 

@@ -120,9 +120,10 @@ step_columns! {
     /// model runner is told as `num_output_tokens`).
     num_output_tokens: i32,
     /// Whole tables for new and resumed requests, new blocks for running
-    /// ones, flattened: row `i` owns `new_block_ids[offsets[i]..offsets[i+1]]`.
+    /// ones, flattened per row and KV-cache group: with `G` groups, row `i`
+    /// group `g` owns `new_block_ids[offsets[i·G+g]..offsets[i·G+g+1]]`.
     new_block_ids: i32,
-    /// Row offsets into `new_block_ids` (rows + 1).
+    /// Offsets into `new_block_ids` (rows · G + 1).
     new_block_offsets: i32,
     /// Per scheduled token: its position.
     positions: i64,
@@ -185,7 +186,7 @@ impl StepOutput {
             samples: Vec::with_capacity(rows),
             num_output_tokens: Vec::with_capacity(rows),
             new_block_ids: Vec::new(),
-            new_block_offsets: Vec::with_capacity(rows + 1),
+            new_block_offsets: Vec::with_capacity(rows + 1), // grows with groups
             positions: Vec::with_capacity(tokens),
             slot_mapping: Vec::with_capacity(tokens),
             query_start_loc: Vec::with_capacity(rows + 1),
@@ -227,6 +228,13 @@ impl StepOutput {
         self.columns.slot_mapping.push(slot);
     }
 
+    /// Close a KV-cache group's new blocks in the row (all but the last
+    /// group's; `end_entry` closes the last).
+    pub(crate) fn end_group(&mut self) {
+        let c = &mut self.columns;
+        c.new_block_offsets.push(c.new_block_ids.len() as i32);
+    }
+
     /// Close the row; `seq_len` is where its tokens end.
     pub(crate) fn end_entry(&mut self, seq_len: usize) {
         let c = &mut self.columns;
@@ -240,10 +248,17 @@ impl StepOutput {
         self.entries.iter().map(|e| e.num_tokens).sum()
     }
 
-    /// Row `i`'s block ids (whole table or new blocks).
-    pub fn block_ids_of(&self, i: usize) -> &[i32] {
+    /// Row `i`'s block ids in KV-cache group `g` (whole table or new
+    /// blocks), for a step of `num_groups` groups.
+    pub fn group_block_ids_of(&self, i: usize, g: usize, num_groups: usize) -> &[i32] {
         let c = &self.columns;
-        &c.new_block_ids[c.new_block_offsets[i] as usize..c.new_block_offsets[i + 1] as usize]
+        let k = i * num_groups + g;
+        &c.new_block_ids[c.new_block_offsets[k] as usize..c.new_block_offsets[k + 1] as usize]
+    }
+
+    /// Row `i`'s block ids, for a step of one KV-cache group.
+    pub fn block_ids_of(&self, i: usize) -> &[i32] {
+        self.group_block_ids_of(i, 0, 1)
     }
 }
 

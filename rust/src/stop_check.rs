@@ -89,7 +89,7 @@ mod tests {
             report_hits: false,
             resumable: false,
         };
-        Request::waiting(new, seq)
+        Request::waiting(new, seq, 1)
     }
 
     fn append(r: &mut Request, t: u32) {

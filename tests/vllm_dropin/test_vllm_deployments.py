@@ -99,8 +99,27 @@ TABLE = [
         "gpt-oss-20b",
         "gpt-oss-20b",
         [],
-        # vLLM picks gpt-oss's reasoning parser itself.
-        {"reasoning_parser": "openai_gptoss", "is_moe": True},
+        # vLLM picks gpt-oss's reasoning parser itself; its alternating
+        # sliding-window (128) and full layers make two KV-cache groups.
+        {
+            "reasoning_parser": "openai_gptoss",
+            "is_moe": True,
+            "kv_groups": ["SlidingWindowSpec", "FullAttentionSpec"],
+        },
+    ),
+    Deployment(
+        # Five sliding-window layers to one full: six KV-cache groups.
+        "gemma-3-12b",
+        "gemma-3-12b",
+        [],
+        {"kv_groups": ["SlidingWindowSpec"] * 5 + ["FullAttentionSpec"]},
+    ),
+    Deployment(
+        # Chunked local attention in three layers of four: four groups.
+        "llama-4-scout-chunked-local",
+        "llama-4-scout",
+        [],
+        {"kv_groups": ["ChunkedLocalAttentionSpec"] * 3 + ["FullAttentionSpec"]},
     ),
     Deployment(
         # vLLM's own switch for hybrid models: the sliding layers keep their
@@ -188,12 +207,7 @@ TABLE = [
 # engagement test xfails once the row is built and falls back, and fails
 # when the row starts to engage; remove a row from here to make its
 # fallback a failure.
-NOT_YET = {
-    # Alternating sliding-window and full-attention layers: vLLM's hybrid
-    # KV-cache manager gives the model two KV-cache groups; the core keeps one
-    # group so far (see the README's fallback list).
-    "gpt-oss-20b": "a KV cache other than one full-attention (or MLA) group",
-}
+NOT_YET: dict[str, str] = {}
 # What every engaged row's workload must go through (deployment_setup.workload),
 # prefix hits wherever prefix caching is on (the CPU platform turns it off
 # for MLA models).

@@ -2,7 +2,7 @@
 state lives outside the core: each test breaks the drop-in one way (a grammar
 that is not advanced, a KV-cache event dropped, events reordered, a draft
 lost, acceptance miscounted, a drafter's settings not passed on, drafting
-never skipped) and checks
+never skipped, window KV-cache groups passed on wrong) and checks
 that the random workloads of test_vllm_differential fail within a few seeds."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ pytest.importorskip("vllm")
 from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 
 import ironbatch.vllm.settings as settings  # noqa: E402
-from ironbatch.config import SchedulerConfig  # noqa: E402
+from ironbatch.config import KVCacheGroup, SchedulerConfig  # noqa: E402
 from ironbatch.vllm.kv_events import KvEvents  # noqa: E402
 from ironbatch.vllm.scheduler import Scheduler  # noqa: E402
 from ironbatch.vllm.speculation import Speculation  # noqa: E402
@@ -124,3 +124,26 @@ def test_drafts_never_skipped_is_caught(monkeypatch: pytest.MonkeyPatch) -> None
     never = property(lambda self: False, lambda self, value: None)
     monkeypatch.setattr(Scheduler, "can_skip_drafts", never, raising=False)
     assert caught(seeds=SPEC_SEEDS)
+
+
+@pytest.mark.parametrize("mutation", ["all full attention", "window 16 tokens wider"])
+def test_window_groups_passed_on_wrong_are_caught(
+    monkeypatch: pytest.MonkeyPatch, mutation: str
+) -> None:
+    """The core told the model's window groups wrong: as full attention
+    (blocks never given back, every hit a full-attention hit), or with a
+    window off by a block's worth."""
+    groups_of = settings.kv_cache_groups
+
+    def wrong(vllm_config: Any, kv_cache_config: Any) -> Any:
+        groups = groups_of(vllm_config, kv_cache_config)
+        if groups is None:
+            return None
+        if mutation == "all full attention":
+            return tuple(KVCacheGroup(kind="full") for _ in groups)
+        return tuple(
+            g if g.kind == "full" else dataclasses.replace(g, size=g.size + 16) for g in groups
+        )
+
+    monkeypatch.setattr(settings, "kv_cache_groups", wrong)
+    assert caught()

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
@@ -51,11 +51,30 @@ class Workload:
     # n-gram speculative decoding with this many drafts a step (0: off); the
     # runner accepts 0, 1, ..., k of them in turn.
     num_speculative_tokens: int = 0
+    # The KV-cache groups: "full" (one group) or "gpt-oss" (a sliding window
+    # of `window` tokens, then full attention, as vLLM groups gpt-oss).
+    kv_layout: str = "full"
+    window: int = 128
+
+    @property
+    def num_groups(self) -> int:
+        return 2 if self.kv_layout == "gpt-oss" else 1
 
     @property
     def num_blocks(self) -> int:
         per_request = -(-self.max_model_len // self.block_size)
-        return self.max_num_seqs * per_request + 1
+        return self.num_groups * self.max_num_seqs * per_request + 1
+
+    def kv_cache_groups(self, async_scheduling: bool) -> tuple[KVCacheGroup, ...] | None:
+        """The groups as the core takes them, the window's admission cap as
+        vLLM computes it (one step in flight, two with async scheduling)."""
+        if self.kv_layout == "full":
+            return None
+        in_flight = (2 if async_scheduling else 1) * self.max_num_batched_tokens
+        tokens = min(self.window - 1 + in_flight, self.max_model_len)
+        cap = -(-tokens // self.block_size) + 1
+        window = KVCacheGroup(kind="sliding_window", size=self.window, admission_cap_blocks=cap)
+        return (window, KVCacheGroup(kind="full"))
 
     def request(self, i: int) -> Request:
         # Distinct prompts (no prefix sharing): the cost of the scheduling
@@ -87,6 +106,11 @@ WORKLOADS = {
         Workload("ngram3-256", 256, 2048, 256, 32, num_speculative_tokens=3),
         Workload("ngram5-64", 64, 2048, 64, 32, num_speculative_tokens=5),
         Workload("ngram5-256", 256, 2048, 256, 32, num_speculative_tokens=5),
+        # gpt-oss's KV cache (a 128-token window beside full attention) at
+        # 4k-token contexts: every decode gives a window block back now and
+        # then, and takes blocks for both groups.
+        Workload("gpt-oss-64", 64, 8192, 64, 4096, kv_layout="gpt-oss"),
+        Workload("gpt-oss-256", 256, 8192, 256, 4096, kv_layout="gpt-oss"),
     ]
 }
 
@@ -166,7 +190,11 @@ class IronbatchDriver(TimedDriver):
                 max_num_batched_tokens=workload.max_num_batched_tokens,
                 async_scheduling=async_scheduling,
             ),
-            CacheConfig(num_blocks=workload.num_blocks, block_size=workload.block_size),
+            CacheConfig(
+                num_blocks=workload.num_blocks,
+                block_size=workload.block_size,
+                kv_cache_groups=workload.kv_cache_groups(async_scheduling),
+            ),
             backend=backend,
         )
 

@@ -171,6 +171,8 @@ class VllmDriver(TimedDriver):
                 prompt_lookup_max=3,
                 prompt_lookup_min=1,
             )
+        if workload.kv_layout != "full":
+            extras.update(kv_layout=workload.kv_layout, window=workload.window)
         if workload.kv_events:  # published to a null publisher: the work, not the socket
             extras["kv_events_config"] = KVEventsConfig(
                 enable_kv_cache_events=True, publisher="null"

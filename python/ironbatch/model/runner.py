@@ -96,6 +96,12 @@ class ModelRunner:
             self.params[slot] = (params, gen)
 
     def _update_tables(self, out: SchedulerOutput) -> None:
+        if out.num_kv_cache_groups != 1:
+            # Its attention reads one block table per request: full attention.
+            raise ValueError(
+                "the model runner computes full attention over one KV-cache group; this step "
+                f"has {out.num_kv_cache_groups} (CacheConfig.kv_cache_groups)"
+            )
         offsets = out.new_block_offsets
         grew = np.flatnonzero(offsets[1:] > offsets[:-1]).tolist()
         for i in grew:

@@ -8,7 +8,9 @@ Rust core. The semantics are specified in ``docs/scheduling.md``.
 
 Reading order: ``block`` → ``free_queue`` → ``block_hash`` / ``hash_chain`` →
 ``prefix_cache_map`` → ``block_pool`` → ``block_table`` / ``sequence`` →
-``kv_cache_manager`` (the core's manager over tables and sequences) →
+``attention_group`` / ``prefix_hit`` (KV-cache groups: full attention,
+sliding windows, chunked local attention) → ``kv_cache_manager`` (the core's
+manager over tables and sequences) →
 ``kv_cache_registry`` (the id-keyed ``KVCacheManager`` users call) →
 ``request`` / ``request_queue`` / ``slab`` / ``stop_check`` → ``step`` →
 ``scheduler_config`` → ``scheduler`` (``running_pass`` → ``preemption`` →

@@ -73,7 +73,7 @@ class KVCacheManager:
         """Free a request's blocks and forget it."""
         entry = self._entry(request_id)
         del self._requests[request_id]
-        self.kv.free(entry.table)
+        self.kv.free([entry.table])
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._requests
@@ -126,7 +126,7 @@ class KVCacheManager:
         """Release the request's blocks (last block first). It stays
         registered with no computed tokens, as a preempted request is."""
         entry = self._entry(request_id)
-        self.kv.free(entry.table)
+        self.kv.free([entry.table])
         entry.seq.num_computed_tokens = 0
 
     # -- inspection -----------------------------------------------------------

@@ -22,6 +22,8 @@ MAX_NUM_BATCHED_TOKENS = 2**31 - 1
 MAX_NUM_SEQS = 2**31 - 1
 #: A request's max_tokens: what crosses into the core as an int64.
 MAX_TOKENS = 2**63 - 1
+#: KV-cache groups of one model (Gemma 3 has six).
+MAX_KV_CACHE_GROUPS = 64
 
 #: Every limit by the name of the field it bounds (the core's ``LIMITS``).
 ALL = {
@@ -31,6 +33,7 @@ ALL = {
     "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
     "max_num_seqs": MAX_NUM_SEQS,
     "max_tokens": MAX_TOKENS,
+    "kv_cache_groups": MAX_KV_CACHE_GROUPS,
 }
 
 

@@ -137,8 +137,9 @@ class Request:
     arrival_time: float
     #: Tokens, ``num_computed_tokens`` and block hashes.
     seq: Sequence
-    #: The blocks it holds.
-    table: BlockTable = field(default_factory=BlockTable)
+    #: The blocks it holds, one table per KV-cache group (all of one length;
+    #: a window group's past positions hold the null block).
+    tables: list[BlockTable] = field(default_factory=lambda: [BlockTable()])
     status: RequestStatus = RequestStatus.WAITING
     #: The stop token that ended it.
     stop_reason: int | str | None = None
@@ -181,9 +182,10 @@ class Request:
     drafts: Drafts = NO_DRAFTS
 
     @classmethod
-    def waiting(cls, new: NewRequest, seq: Sequence) -> Request:
+    def waiting(cls, new: NewRequest, seq: Sequence, num_groups: int) -> Request:
         """A request as ``add_request`` queues it: waiting, nothing computed,
-        its tokens (and their hashes) in ``seq``."""
+        its tokens (and their hashes) in ``seq``, an empty table per KV-cache
+        group."""
         return cls(
             request_id=new.request_id,
             stop=new.stop,
@@ -191,6 +193,7 @@ class Request:
             # + 0.0 turns -0.0 into 0.0, as the core does so its order matches.
             arrival_time=new.arrival_time + 0.0,
             seq=seq,
+            tables=[BlockTable() for _ in range(num_groups)],
             skip_reading_prefix_cache=new.skip_reading_prefix_cache,
             grammar=Grammar.COMPILING if new.structured_output else None,
             report_hits=new.report_hits,

@@ -7,7 +7,15 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from ironbatch.reference.attention_group import (
+    FULL,
+    ChunkedLocal,
+    Full,
+    GroupSpec,
+    SlidingWindow,
+)
 from ironbatch.reference.error import debug_str
+from ironbatch.reference.kv_cache_manager import check_groups
 from ironbatch.reference.limits import (
     MAX_BLOCK_SIZE,
     MAX_MODEL_LEN,
@@ -76,6 +84,13 @@ class SchedulerSettings:
     #: Tokens after each block that its hash covers (vLLM's
     #: ``num_hash_lookahead_tokens``, §7.4).
     num_hash_lookahead_tokens: int
+    #: The KV-cache groups, in vLLM's order; one full-attention group for
+    #: most models.
+    kv_cache_groups: tuple[GroupSpec, ...] = (FULL,)
+    #: Sliding-window groups cache only the blocks a later request can
+    #: resume from (vLLM's ``prefix_cache_retention_interval = 0``, its
+    #: default); False caches them all.
+    sparse_retention: bool = True
 
 
 def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
@@ -112,7 +127,37 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         enable_prefix_caching=cache_config.enable_prefix_caching,
         num_lookahead_tokens=getattr(c, "num_lookahead_tokens", 0),
         num_hash_lookahead_tokens=getattr(c, "num_hash_lookahead_tokens", 0),
+        kv_cache_groups=group_specs(getattr(cache_config, "kv_cache_groups", None)),
+        sparse_retention=getattr(cache_config, "sparse_retention", True),
     )
+
+
+#: The API's group kinds (``KVCacheGroup.kind``), as the binding names them.
+GROUP_KINDS = ("full", "sliding_window", "chunked_local")
+
+
+def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
+    """The API's ``kv_cache_groups`` (``kind``, ``size``,
+    ``admission_cap_blocks`` read by attribute) as the core's groups; None is
+    one full-attention group. An unknown kind is refused as the binding
+    refuses it."""
+    if groups is None:
+        return (FULL,)
+    out = []
+    for g in groups:
+        cap = g.admission_cap_blocks
+        if g.kind == "full":
+            out.append(GroupSpec(Full(), cap))
+        elif g.kind == "sliding_window":
+            out.append(GroupSpec(SlidingWindow(g.size), cap))
+        elif g.kind == "chunked_local":
+            out.append(GroupSpec(ChunkedLocal(g.size), cap))
+        else:
+            raise ValueError(
+                "kv_cache_groups kind must be 'full', 'sliding_window' or 'chunked_local', "
+                f"got {debug_str(str(g.kind))}"
+            )
+    return tuple(out)
 
 
 def validate(c: SchedulerSettings) -> None:
@@ -129,6 +174,7 @@ def validate(c: SchedulerSettings) -> None:
     check_range("num_blocks", c.num_blocks, 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", c.num_lookahead_tokens, 0, c.max_model_len)
     check_range("num_hash_lookahead_tokens", c.num_hash_lookahead_tokens, 0, c.block_size)
+    check_groups(c.kv_cache_groups, c.num_hash_lookahead_tokens)
     check_scheduler(c)
     check_range("max_num_scheduled_tokens", c.max_num_scheduled_tokens, 1, MAX_NUM_BATCHED_TOKENS)
     check_range("max_num_active_seqs", c.max_num_active_seqs, 1, c.max_num_seqs)

@@ -19,6 +19,11 @@ class Sequence:
         self._num_prompt_tokens = len(prompt)
         #: Tokens whose KV is (or, this step, will be) in the cache.
         self.num_computed_tokens = 0
+        #: Where a prefix this request shares with others ends, found at its
+        #: last prefix lookup when a sliding-window group had not cached it (0
+        #: for none): that group then keeps the blocks before it (vLLM's
+        #: ``shared_prefix_boundary``).
+        self.shared_prefix_boundary = 0
         self._hashes = BlockHashChain(hasher, cache_salt)
         self._hashes.extend(hasher, self._tokens, block_size)
 

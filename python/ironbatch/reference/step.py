@@ -63,9 +63,10 @@ class StepColumns:
     #: Output tokens before this step, placeholders included.
     num_output_tokens: list[int] = field(default_factory=list)
     #: Whole tables for new and resumed requests, new blocks for running
-    #: ones, flattened: row i owns ``new_block_ids[offsets[i]:offsets[i+1]]``.
+    #: ones, flattened per row and KV-cache group: with ``G`` groups, row
+    #: ``i`` group ``g`` owns ``new_block_ids[offsets[i*G+g]:offsets[i*G+g+1]]``.
     new_block_ids: list[int] = field(default_factory=list)
-    #: Row offsets into ``new_block_ids`` (rows + 1).
+    #: Offsets into ``new_block_ids`` (rows * G + 1).
     new_block_offsets: list[int] = field(default_factory=list)
     #: Per scheduled token: its position.
     positions: list[int] = field(default_factory=list)
@@ -165,6 +166,12 @@ class StepOutput:
         """The row's new blocks."""
         self.columns.new_block_ids.extend(ids)
 
+    def end_group(self) -> None:
+        """Close a KV-cache group's new blocks in the row (all but the last
+        group's; ``end_entry`` closes the last)."""
+        c = self.columns
+        c.new_block_offsets.append(len(c.new_block_ids))
+
     def push_token(self, position: int, slot: int) -> None:
         """One scheduled token of the row."""
         self.columns.positions.append(position)
@@ -182,7 +189,9 @@ class StepOutput:
         return sum(e.num_tokens for e in self.entries)
 
     def block_ids_of(self, i: int) -> list[int]:
-        """Row ``i``'s block ids (whole table or new blocks)."""
+        """Row ``i``'s block ids (whole table or new blocks) with one
+        KV-cache group; with ``G`` groups, row ``i // G``'s of group
+        ``i % G``."""
         c = self.columns
         return c.new_block_ids[c.new_block_offsets[i] : c.new_block_offsets[i + 1]]
 

@@ -26,10 +26,12 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     MLAAttentionSpec,
+    SlidingWindowSpec,
 )
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -52,6 +54,17 @@ DEFAULTS: dict[str, Any] = {
     "long_prefill_token_threshold_adaptive": False,
     "watermark": 0.0,
     "mla": False,  # the KV cache as MLA models have it (MLAAttentionSpec)
+    # The KV-cache groups, shaped as vLLM's engine groups a model's layers:
+    # "full" (one group), "gpt-oss" (a sliding window, then full attention),
+    # "gemma3" (five sliding windows, then full attention), "llama4" (three
+    # chunked-local groups, then full attention); `window` is the sliding
+    # window or the attention chunk, in tokens.
+    "kv_layout": "full",
+    "window": 32,
+    # vLLM's prefix_cache_retention_interval as its engine sets it (0: a
+    # window group caches only the blocks a later request can resume from);
+    # None caches them all.
+    "retention_interval": 0,
     "prefill_schedule_interval": 1,
     # What this engine's scheduler sees of parallelism: a pipeline depth, and
     # data-parallel ranks (coordinated ones: MoE models).
@@ -244,15 +257,33 @@ def vllm_config(
     )
     # VllmConfig may resolve async scheduling from the platform; pin it.
     vc.scheduler_config.async_scheduling = cfg["async_scheduling"]
-    spec_cls = MLAAttentionSpec if cfg["mla"] else FullAttentionSpec
-    spec = spec_cls(block_size=cfg["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32)
     kvc = KVCacheConfig(
         num_blocks=cfg["num_blocks"],
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+        kv_cache_groups=kv_cache_groups(cfg),
+        prefix_cache_retention_interval=cfg["retention_interval"],
     )
     cc.num_gpu_blocks = cfg["num_blocks"]
     return vc, kvc
+
+
+def kv_cache_groups(cfg: dict[str, Any]) -> list[KVCacheGroupSpec]:
+    """The KV-cache groups of ``cfg["kv_layout"]`` (see DEFAULTS)."""
+    common = {"block_size": cfg["block_size"], "num_kv_heads": 1, "head_size": 1}
+    common["dtype"] = torch.float32
+    full_cls = MLAAttentionSpec if cfg["mla"] else FullAttentionSpec
+    full = KVCacheGroupSpec(["full"], full_cls(**common))
+    layout, window = cfg["kv_layout"], cfg["window"]
+    if layout == "full":
+        return [full]
+    if layout in ("gpt-oss", "gemma3"):
+        swa = SlidingWindowSpec(sliding_window=window, **common)
+        n = 1 if layout == "gpt-oss" else 5
+        return [KVCacheGroupSpec([f"swa{i}"], swa) for i in range(n)] + [full]
+    if layout == "llama4":
+        chunked = ChunkedLocalAttentionSpec(attention_chunk_size=window, **common)
+        return [KVCacheGroupSpec([f"chunked{i}"], chunked) for i in range(3)] + [full]
+    raise ValueError(f"kv_layout must be full, gpt-oss, gemma3 or llama4, got {layout!r}")
 
 
 def construct(cls: type, vc: VllmConfig, kvc: KVCacheConfig, log_stats: bool = True) -> Any:

@@ -39,7 +39,7 @@ class RunnerRequestData:
         for i in new_rows:
             r = by_slot[rows.slots[i]]
             tokens = r._all_token_ids if v2 else None
-            out.append(NewRequestData.from_request(r, (rows.block_ids(i),), tokens))
+            out.append(NewRequestData.from_request(r, rows.block_ids(i), tokens))
         return out
 
     def cached(self, rows: StepRows) -> CachedRequestData:
@@ -50,8 +50,8 @@ class RunnerRequestData:
         running = range(rows.num_running)
         new_block_ids: list[tuple[list[int], ...] | None] = [None] * rows.num_running
         for i in rows.running_grown():
-            new_block_ids[i] = (rows.block_ids(i),)
-        new_block_ids += [(rows.block_ids(i),) for i in resumed]
+            new_block_ids[i] = rows.block_ids(i)
+        new_block_ids += [rows.block_ids(i) for i in resumed]
         all_token_ids: dict[str, list[int]] = {}
         if not self.use_v2_model_runner:
             prev = self.prev_step_req_ids

@@ -117,6 +117,7 @@ class Scheduler(SchedulerInterface):
         self.scheduler_config = sc
         self.cache_config = vllm_config.cache_config
         self.kv_cache_config = kv_cache_config
+        self._num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.structured_output_manager = structured_output_manager
         self.block_size = block_size
         self.log_stats = log_stats
@@ -304,7 +305,7 @@ class Scheduler(SchedulerInterface):
             self._structured.report_compiled(self._core)
         step = self._core.schedule(throttle_prefills)
         self._has_finished = False
-        rows = StepRows.of(step)
+        rows = StepRows.of(step, self._num_kv_cache_groups)
         self._mirror_step(step, rows)
         if self._take_kv_events:
             self._drain_kv_events()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from ironbatch.core_scheduler import CoreScheduler
 
 
@@ -44,8 +44,41 @@ def core_scheduler(vllm_config: Any, kv_cache_config: Any, block_size: int) -> C
             num_blocks=kv_cache_config.num_blocks,
             block_size=block_size,
             enable_prefix_caching=vllm_config.cache_config.enable_prefix_caching,
+            kv_cache_groups=kv_cache_groups(vllm_config, kv_cache_config),
+            # vLLM's default retention interval, 0, caches a window group's
+            # blocks sparsely; None caches them all.
+            sparse_retention=kv_cache_config.prefix_cache_retention_interval is not None,
         ),
     )
+
+
+def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGroup, ...] | None:
+    """The KV-cache groups as the core takes them, in vLLM's order, with
+    vLLM's admission cap for each window group; None for one full-attention
+    (or MLA) group."""
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, SlidingWindowSpec
+
+    specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+    if len(specs) == 1 and not isinstance(specs[0], SlidingWindowSpec | ChunkedLocalAttentionSpec):
+        return None
+    max_len = vllm_config.model_config.max_model_len
+    in_flight = vllm_config.max_in_flight_tokens
+
+    def group(spec: Any) -> KVCacheGroup:
+        if isinstance(spec, SlidingWindowSpec | ChunkedLocalAttentionSpec):
+            cap = spec.max_admission_blocks_per_request(
+                max_in_flight_tokens=in_flight, max_model_len=max_len
+            )
+            if isinstance(spec, SlidingWindowSpec):
+                return KVCacheGroup(
+                    kind="sliding_window", size=spec.sliding_window, admission_cap_blocks=cap
+                )
+            return KVCacheGroup(
+                kind="chunked_local", size=spec.attention_chunk_size, admission_cap_blocks=cap
+            )
+        return KVCacheGroup(kind="full")
+
+    return tuple(group(spec) for spec in specs)
 
 
 def local_prefill_interval(vllm_config: Any) -> int:

@@ -27,9 +27,10 @@ class StepRows:
     flat_block_ids: np.ndarray
     num_spec_tokens: np.ndarray  # drafts scheduled per row
     spec_token_ids: np.ndarray  # flattened, -1 for a placeholder
+    num_groups: int  # KV-cache groups: each row's blocks come group by group
 
     @classmethod
-    def of(cls, step: Any) -> StepRows:
+    def of(cls, step: Any, num_groups: int = 1) -> StepRows:
         cols = step.columns()
         kinds = cols["kinds"]
         num_running = int(np.count_nonzero(kinds == Kind.RUNNING))
@@ -48,16 +49,21 @@ class StepRows:
             flat_block_ids=cols["new_block_ids"],
             num_spec_tokens=cols["num_spec_tokens"],
             spec_token_ids=cols["spec_token_ids"],
+            num_groups=num_groups,
         )
 
     @property
     def admitted(self) -> range:
         return range(self.num_running, len(self.slots))
 
-    def block_ids(self, i: int) -> list[int]:
-        """Row ``i``'s blocks: the whole table for an admission, the new
-        blocks for a running request."""
-        return self.flat_block_ids[self.block_offsets[i] : self.block_offsets[i + 1]].tolist()
+    def block_ids(self, i: int) -> tuple[list[int], ...]:
+        """Row ``i``'s blocks, one list per KV-cache group (vLLM's shape):
+        the whole table for an admission, the new blocks for a running
+        request."""
+        g, offsets, flat = self.num_groups, self.block_offsets, self.flat_block_ids
+        if g == 1:
+            return (flat[offsets[i] : offsets[i + 1]].tolist(),)
+        return tuple(flat[offsets[k] : offsets[k + 1]].tolist() for k in range(i * g, i * g + g))
 
     def spec_decode_tokens(self) -> dict[str, list[int]]:
         """vLLM's ``scheduled_spec_decode_tokens``: each row with drafts, its
@@ -79,5 +85,6 @@ class StepRows:
     def running_grown(self) -> list[int]:
         """The running rows whose table grew this step (most decode steps
         grow few tables: found in one NumPy pass, not row by row)."""
-        grown = np.diff(self.block_offsets_array[: self.num_running + 1])
+        g = self.num_groups
+        grown = np.diff(self.block_offsets_array[: self.num_running * g + 1 : g])
         return np.flatnonzero(grown).tolist()

@@ -18,7 +18,12 @@ def unsupported_config(
 ) -> str | None:
     """Why this engine configuration needs vLLM's own scheduler, if it does."""
     import vllm
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
 
     if vllm.__version__ != VLLM_VERSION:
         # Another version may decide differently, or name its settings otherwise.
@@ -28,6 +33,14 @@ def unsupported_config(
     sc, mc, pc = c.scheduler_config, c.model_config, c.parallel_config
     groups = kv_cache_config.kv_cache_groups
     spec = c.speculative_config
+    # The KV-cache groups the core models: full attention (or MLA, counted
+    # and cached alike), sliding windows and chunked local attention, all of
+    # the scheduler's block size (docs/scheduling.md §7.13).
+    attention = (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+    hybrid = len(groups) > 1 or isinstance(
+        groups[0].kv_cache_spec, SlidingWindowSpec | ChunkedLocalAttentionSpec
+    )
+    observed = c.kv_events_config is not None and c.kv_events_config.enable_kv_cache_events
     checks: list[tuple[bool, str]] = [
         (c.lora_config is not None, "LoRA"),
         (
@@ -65,11 +78,22 @@ def unsupported_config(
         (bool(mc.enable_prompt_embeds), "prompt embeddings"),
         (bool(mc.return_sampling_mask), "sampling masks"),
         (
-            # MLA's blocks are counted, hashed and cached as full attention's
-            # (vLLM gives both the same manager); only the page size differs.
-            len(groups) != 1
-            or type(groups[0].kv_cache_spec) not in (FullAttentionSpec, MLAAttentionSpec),
-            "a KV cache other than one full-attention (or MLA) group",
+            any(type(g.kv_cache_spec) not in attention for g in groups),
+            "a KV cache with groups other than full-attention, MLA, sliding-window and "
+            "chunked-local ones (Mamba, linear attention, ...)",
+        ),
+        (
+            any(g.kv_cache_spec.block_size != block_size for g in groups),
+            "KV-cache groups of different block sizes",
+        ),
+        (
+            hybrid and kv_cache_config.prefix_cache_retention_interval not in (None, 0),
+            "a prefix-cache retention interval above 0",
+        ),
+        (hybrid and spec is not None, "speculative decoding with window KV-cache groups"),
+        (
+            hybrid and (observed or c.observability_config.kv_cache_metrics),
+            "KV-cache events or metrics with window KV-cache groups",
         ),
         (hash_block_size not in (None, block_size), "a hash block size unlike the block size"),
         (c.aux_output_config.enabled, "auxiliary outputs"),

@@ -119,7 +119,7 @@ impl PyKvCacheManager {
             .requests
             .remove(request_id)
             .ok_or_else(|| unknown(request_id))?;
-        self.kv.free(&mut entry.table);
+        self.kv.free(std::slice::from_mut(&mut entry.table));
         Ok(())
     }
 
@@ -180,7 +180,7 @@ impl PyKvCacheManager {
             .requests
             .get_mut(request_id)
             .ok_or_else(|| unknown(request_id))?;
-        self.kv.free(&mut entry.table);
+        self.kv.free(std::slice::from_mut(&mut entry.table));
         entry.seq.num_computed_tokens = 0;
         Ok(())
     }

@@ -9,6 +9,7 @@
 use super::args::{count, u32_list};
 use super::kv_events::PyKvEvent;
 use super::step::{PySchedulerStats, PyStep, PyStepUpdate};
+use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::kv_cache_manager::KvCacheConfig;
 use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopRules};
 use crate::scheduler::{Pause, Scheduler};
@@ -40,6 +41,27 @@ fn status_named(name: &str) -> PyResult<RequestStatus> {
             "status must be a FINISHED_* status name, got {other:?}"
         ))),
     }
+}
+
+/// A KV-cache group from the binding's `(kind, size, admission_cap_blocks)`:
+/// kind "full" (size ignored), "sliding_window" (size: the window) or
+/// "chunked_local" (size: the chunk).
+fn group_spec(kind: &str, size: usize, admission_cap_blocks: Option<usize>) -> PyResult<GroupSpec> {
+    let kind = match kind {
+        "full" => AttentionKind::Full,
+        "sliding_window" => AttentionKind::SlidingWindow { window: size },
+        "chunked_local" => AttentionKind::ChunkedLocal { chunk: size },
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "kv_cache_groups kind must be 'full', 'sliding_window' or 'chunked_local', \
+                 got {other:?}"
+            )))
+        }
+    };
+    Ok(GroupSpec {
+        kind,
+        admission_cap_blocks,
+    })
 }
 
 fn policy_named(name: &str) -> PyResult<Policy> {
@@ -125,7 +147,8 @@ impl PyScheduler {
                         block_size, enable_prefix_caching, async_scheduling,
                         prefill_schedule_interval, decode_stagger,
                         num_speculative_tokens=None, num_lookahead_tokens=None,
-                        num_hash_lookahead_tokens=None, num_draft_slots=None))]
+                        num_hash_lookahead_tokens=None, num_draft_slots=None,
+                        kv_cache_groups=None, sparse_retention=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_num_seqs: &Bound<'_, PyAny>,
@@ -149,7 +172,16 @@ impl PyScheduler {
         num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         num_draft_slots: Option<&Bound<'_, PyAny>>,
+        kv_cache_groups: Option<Vec<(String, usize, Option<usize>)>>,
+        sparse_retention: bool,
     ) -> PyResult<Self> {
+        let groups = match kv_cache_groups {
+            None => vec![GroupSpec::FULL],
+            Some(specs) => specs
+                .iter()
+                .map(|(kind, size, cap)| group_spec(kind, *size, *cap))
+                .collect::<PyResult<Vec<_>>>()?,
+        };
         // The speculative-decoding settings default to off.
         let optional = |name: &str, value: Option<&Bound<'_, PyAny>>| match value {
             Some(v) => count(name, v),
@@ -189,6 +221,8 @@ impl PyScheduler {
                     "num_hash_lookahead_tokens",
                     num_hash_lookahead_tokens,
                 )?,
+                groups,
+                sparse_retention,
             },
         };
         Ok(PyScheduler {
@@ -478,8 +512,13 @@ impl PyScheduler {
             row.set_item("slot", slot)?;
             row.set_item("num_tokens", r.num_tokens())?;
             row.set_item("num_computed_tokens", r.seq.num_computed_tokens)?;
-            row.set_item("block_ids", r.table.block_ids().to_vec())?;
-            row.set_item("num_cached_blocks", r.table.num_cached_blocks())?;
+            row.set_item("block_ids", r.tables[0].block_ids().to_vec())?;
+            row.set_item("num_cached_blocks", r.tables[0].num_cached_blocks())?;
+            let tables: Vec<Vec<u32>> = r.tables.iter().map(|t| t.block_ids().to_vec()).collect();
+            row.set_item("tables", tables)?;
+            let cached: Vec<usize> = r.tables.iter().map(|t| t.num_cached_blocks()).collect();
+            row.set_item("num_cached_per_group", cached)?;
+            row.set_item("shared_prefix_boundary", r.seq.shared_prefix_boundary)?;
             row.set_item("num_preemptions", r.num_preemptions)?;
             row.set_item("num_output_placeholders", r.num_output_placeholders)?;
             row.set_item("in_flight_tokens", r.in_flight_tokens)?;

@@ -133,8 +133,9 @@ pub struct Scheduler {
     next_step: u64,
     /// Steps scheduled whose output has not been applied.
     pending_steps: VecDeque<u64>,
-    /// Scratch for prefix hits, reused across admissions.
-    hits: Vec<BlockId>,
+    /// Scratch for prefix hits, one list per KV-cache group, reused across
+    /// admissions.
+    hits: Vec<Vec<BlockId>>,
     /// `schedule()` calls so far, this one included (the decode stagger's
     /// clock).
     current_step: u64,
@@ -147,6 +148,7 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Result<Self, Error> {
         config.validate()?;
         let kv = KvCacheManager::new(&config.cache)?;
+        let num_groups = config.cache.groups.len();
         let queue = || match config.policy {
             Policy::Fcfs => WaitingQueue::Fcfs(VecDeque::new()),
             Policy::Priority => WaitingQueue::Priority(Vec::new()),
@@ -170,7 +172,7 @@ impl Scheduler {
             id: NEXT_SCHEDULER_ID.fetch_add(1, Ordering::Relaxed),
             next_step: 0,
             pending_steps: VecDeque::new(),
-            hits: Vec::new(),
+            hits: vec![Vec::new(); num_groups],
             current_step: 0,
             cadence,
         })
@@ -208,7 +210,7 @@ impl Scheduler {
         if !self.kv.events_enabled() {
             return;
         }
-        let table = &self.requests[slot].table;
+        let table = &self.requests[slot].tables[0];
         let cached = table.num_cached_blocks();
         if cached > first {
             let block_ids = table.block_ids()[first..cached].to_vec();
@@ -302,7 +304,7 @@ impl Scheduler {
             self.kv.hasher(),
             self.kv.block_size(),
         );
-        let request = Request::waiting(new, seq);
+        let request = Request::waiting(new, seq, self.kv.groups().len());
         let id = request.request_id.clone();
         let slot = self.requests.insert(request);
         self.ids.insert(id, slot);
@@ -417,7 +419,7 @@ impl Scheduler {
     fn free_request(&mut self, slot: Slot) {
         let mut r = self.requests.remove(slot);
         self.num_deferred -= r.deferred as usize;
-        self.kv.free(&mut r.table);
+        self.kv.free(&mut r.tables);
         self.ids.remove(&r.request_id);
         self.finished_ids.push(r.request_id);
     }

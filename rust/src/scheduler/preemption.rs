@@ -54,7 +54,7 @@ impl Scheduler {
     /// `drop_stale` (a reset) discards that share instead.
     pub(super) fn preempt(&mut self, slot: Slot, drop_stale: bool) {
         let r = &mut self.requests[slot];
-        self.kv.free(&mut r.table);
+        self.kv.free(&mut r.tables);
         r.status = RequestStatus::Preempted;
         r.seq.num_computed_tokens = 0;
         r.num_preemptions += 1;

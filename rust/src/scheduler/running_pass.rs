@@ -4,6 +4,7 @@
 //! victim itself.
 
 use super::{Scheduler, StepDraft};
+use crate::kv_cache_manager::Admission;
 use crate::scheduler_config::Policy;
 use crate::slab::Slot;
 use crate::spec_decode::Drafts;
@@ -111,8 +112,13 @@ impl Scheduler {
     ) -> Option<usize> {
         loop {
             let r = &mut self.requests[slot];
-            let first = r.table.num_cached_blocks();
-            if let Some(grown) = self.kv.allocate(&mut r.table, &r.seq, n, 0, &[], false, 0) {
+            let first = r.tables[0].num_cached_blocks();
+            let admission = Admission::default();
+            let in_flight = r.in_flight_tokens;
+            if let Some(grown) =
+                self.kv
+                    .allocate(&mut r.tables, &r.seq, n, 0, &[], admission, in_flight)
+            {
                 self.log_stored(slot, first);
                 return Some(grown);
             }
@@ -145,7 +151,7 @@ impl Scheduler {
             num_computed_tokens: computed,
             samples: computed + n >= r.num_tokens(),
             block_start: match kind {
-                Kind::Running => r.table.len() - grown,
+                Kind::Running => r.tables[0].len() - grown,
                 Kind::New | Kind::Resumed => 0,
             },
             drafts: Drafts::None,

@@ -104,7 +104,7 @@ impl Scheduler {
         let keep = r.num_tokens() - 1;
         r.seq
             .continue_session(keep, &update.prompt_token_ids, hasher, block_size);
-        debug_assert!(r.table.num_cached_blocks() <= r.seq.block_hashes().len());
+        debug_assert!(r.tables[0].num_cached_blocks() <= r.seq.block_hashes().len());
         r.stop = update.stop;
         // In place, as vLLM does, even while it sits in a priority heap.
         r.arrival_time = update.arrival_time + 0.0;

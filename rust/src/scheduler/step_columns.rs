@@ -17,12 +17,20 @@ impl Scheduler {
         for e in &entries {
             let r = &mut self.requests[e.slot];
             out.push_entry(e, r.num_output_tokens() + r.num_output_placeholders);
-            if e.block_start < r.table.len() {
-                out.push_new_blocks(&r.table.block_ids()[e.block_start..]);
+            // Each group's new blocks (the whole table for an admission),
+            // group by group.
+            let last = r.tables.len() - 1;
+            for (g, table) in r.tables.iter().enumerate() {
+                if e.block_start < table.len() {
+                    out.push_new_blocks(&table.block_ids()[e.block_start..]);
+                }
+                if g < last {
+                    out.end_group();
+                }
             }
             let end = e.num_computed_tokens + e.num_tokens;
             for p in e.num_computed_tokens..end {
-                out.push_token(p, self.kv.slot_of(&r.table, p));
+                out.push_token(p, self.kv.slot_of(&r.tables[0], p));
             }
             out.end_entry(end);
             r.seq.num_computed_tokens += e.num_tokens;

@@ -141,14 +141,14 @@ impl Scheduler {
         }
         let confirms_blocks = had_placeholders || num_spec_tokens > 0;
         if !stale && status_before == RequestStatus::Running && confirms_blocks {
-            let first = r.table.num_cached_blocks();
+            let first = r.tables[0].num_cached_blocks();
             cache_arrived(kv, r);
-            let cached = r.table.num_cached_blocks();
+            let cached = r.tables[0].num_cached_blocks();
             if cached > first && kv.events_enabled() {
                 kv.log_event(KvEvent::Stored {
                     owner: e.slot,
                     first_block: first,
-                    block_ids: r.table.block_ids()[first..cached].to_vec(),
+                    block_ids: r.tables[0].block_ids()[first..cached].to_vec(),
                 });
             }
         }
@@ -161,7 +161,7 @@ impl Scheduler {
             entry: row as u32,
             slot: e.slot,
             tokens_end: out.tokens.len(),
-            cached_tokens: kv.num_cached_tokens(&r.table),
+            cached_tokens: kv.num_cached_tokens(&r.tables),
         });
         if !finished {
             return None;
@@ -263,5 +263,5 @@ fn append_until_stop(
 /// caches them when the output arrives.
 fn cache_arrived(kv: &mut KvCacheManager, r: &mut Request) {
     let upto = r.seq.num_computed_tokens.saturating_sub(r.in_flight_tokens);
-    kv.cache_full_blocks(&mut r.table, &r.seq, upto);
+    kv.cache_full_blocks(&mut r.tables, &r.seq, upto);
 }

@@ -4,8 +4,11 @@
 //! blocks (streaming sessions between turns, §4.12) are admitted first.
 
 use super::{Scheduler, StepDraft};
+use crate::block::BlockId;
 use crate::grammar::Reached;
+use crate::kv_cache_manager::Admission;
 use crate::kv_events::KvEvent;
+use crate::prefix_hit::PrefixHit;
 use crate::request::RequestStatus;
 use crate::slab::Slot;
 use crate::spec_decode::Drafts;
@@ -148,7 +151,6 @@ impl Scheduler {
         let draft_slots = c.num_draft_slots;
         let budget = draft.token_budget.min(draft.input_budget - draft_slots);
         let r = &mut self.requests[slot];
-        self.hits.clear();
         let lookup = r.seq.num_computed_tokens == 0;
         if lookup && r.resumable && self.kv.hasher().lookahead() > 0 {
             // A session's kept hashes may cover the token its turn dropped;
@@ -157,15 +159,23 @@ impl Scheduler {
         }
         // A request that must compute every prompt token (vLLM: it wants
         // prompt logprobs) reads no hits; its blocks are still cached.
-        let hit_tokens = if !lookup {
-            r.seq.num_computed_tokens
-        } else if r.skip_reading_prefix_cache {
-            0
+        let hit = if lookup && !r.skip_reading_prefix_cache {
+            self.kv.find_hit(&r.seq, &mut self.hits)
         } else {
-            self.kv.get_computed_blocks(&r.seq, &mut self.hits)
+            PrefixHit::default()
         };
+        if lookup {
+            // Every lookup says where a shared prefix ends (§7.13).
+            r.seq.shared_prefix_boundary = hit.shared_prefix_boundary;
+        }
+        let hit_tokens = if lookup {
+            hit.tokens
+        } else {
+            r.seq.num_computed_tokens
+        };
+        let num_hit_blocks = hit_tokens / self.kv.block_size();
         if r.report_hits && lookup && hit_tokens > 0 {
-            let num_blocks = self.hits.len();
+            let num_blocks = num_hit_blocks;
             self.kv.log_event(KvEvent::Hit {
                 owner: slot,
                 num_blocks,
@@ -206,18 +216,23 @@ impl Scheduler {
         n = n.min(budget);
         // A session's computed tokens are in its table already.
         let (new_hit_tokens, first) = if lookup {
-            (hit_tokens, self.hits.len())
+            (hit_tokens, num_hit_blocks)
         } else {
-            (0, r.table.num_cached_blocks())
+            (0, r.tables[0].num_cached_blocks())
+        };
+        let hits: &[Vec<BlockId>] = if new_hit_tokens > 0 { &self.hits } else { &[] };
+        let admission = Admission {
+            full_sequence_must_fit: gate,
+            watermark,
         };
         let Some(grown) = self.kv.allocate(
-            &mut r.table,
+            &mut r.tables,
             &r.seq,
             n,
             new_hit_tokens,
-            &self.hits,
-            gate,
-            watermark,
+            hits,
+            admission,
+            r.in_flight_tokens,
         ) else {
             return false;
         };

@@ -134,6 +134,8 @@ class Scheduler:
             c.enable_prefix_caching,
             num_lookahead_tokens=c.num_lookahead_tokens,
             num_hash_lookahead_tokens=c.num_hash_lookahead_tokens,
+            groups=c.kv_cache_groups,
+            sparse_retention=c.sparse_retention,
         )
         self.requests: Slab[Request] = Slab()
         self.ids: dict[str, int] = {}
@@ -227,7 +229,7 @@ class Scheduler:
             return slot
         self.check_new_request(new)
         seq = Sequence(new.prompt_token_ids, new.cache_salt, self.kv.hasher, self.kv.block_size)
-        r = Request.waiting(new, seq)
+        r = Request.waiting(new, seq, len(self.kv.groups))
         slot = self.requests.insert(r)
         self.ids[r.request_id] = slot
         self.enqueue_waiting(slot)
@@ -261,7 +263,7 @@ class Scheduler:
         ``first`` on (vLLM's ``BlockStored``), when events are on."""
         if not self.kv.events_enabled:
             return
-        table = self.requests[slot].table
+        table = self.requests[slot].tables[0]
         cached = table.num_cached_blocks()
         if cached > first:
             self.kv.log_event(Stored(slot, first, table.block_ids()[first:cached]))
@@ -341,7 +343,7 @@ class Scheduler:
         """Free a finished request's blocks and slot; the next step reports it."""
         r = self.requests.remove(slot)
         self.num_deferred -= r.deferred
-        self.kv.free(r.table)
+        self.kv.free(r.tables)
         del self.ids[r.request_id]
         self.finished_ids.append(r.request_id)
 
@@ -451,8 +453,11 @@ class Scheduler:
                 "slot": slot,
                 "num_tokens": r.num_tokens,
                 "num_computed_tokens": r.seq.num_computed_tokens,
-                "block_ids": r.table.block_ids(),
-                "num_cached_blocks": r.table.num_cached_blocks(),
+                "block_ids": r.tables[0].block_ids(),
+                "num_cached_blocks": r.tables[0].num_cached_blocks(),
+                "tables": [t.block_ids() for t in r.tables],
+                "num_cached_per_group": [t.num_cached_blocks() for t in r.tables],
+                "shared_prefix_boundary": r.seq.shared_prefix_boundary,
                 "num_preemptions": r.num_preemptions,
                 "num_output_placeholders": r.num_output_placeholders,
                 "in_flight_tokens": r.in_flight_tokens,

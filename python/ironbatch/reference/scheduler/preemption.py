@@ -50,7 +50,7 @@ def preempt(s: Scheduler, slot: int, drop_stale: bool) -> None:
     delivered, but it keeps the request waiting until it drains;
     ``drop_stale`` (a reset) discards that share instead."""
     r = s.requests[slot]
-    s.kv.free(r.table)
+    s.kv.free(r.tables)
     r.status = RequestStatus.PREEMPTED
     r.seq.num_computed_tokens = 0
     r.num_preemptions += 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ironbatch.reference.kv_cache_manager import Admission
 from ironbatch.reference.scheduler.drafts import drafts_unused
 from ironbatch.reference.scheduler.preemption import preempt, take_victim
 from ironbatch.reference.scheduler_config import Policy
@@ -104,8 +105,8 @@ def allocate_or_preempt(
     the cursor."""
     while True:
         r = s.requests[slot]
-        first = r.table.num_cached_blocks()
-        grown = s.kv.allocate(r.table, r.seq, n, 0, [], False, 0)
+        first = r.tables[0].num_cached_blocks()
+        grown = s.kv.allocate(r.tables, r.seq, n, 0, [], Admission(), r.in_flight_tokens)
         if grown is not None:
             s.log_stored(slot, first)
             return grown, cursor
@@ -128,5 +129,5 @@ def entry(s: Scheduler, slot: int, n: int, kind: Kind, computed: int, grown: int
         kind=kind,
         num_computed_tokens=computed,
         samples=computed + n >= r.num_tokens,
-        block_start=len(r.table) - grown if kind is Kind.RUNNING else 0,
+        block_start=len(r.tables[0]) - grown if kind is Kind.RUNNING else 0,
     )

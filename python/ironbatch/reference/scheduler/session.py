@@ -92,7 +92,7 @@ def continue_session(s: Scheduler, slot: int, update: SessionUpdate) -> None:
     r = s.requests[slot]
     keep = r.num_tokens - 1
     r.seq.continue_session(keep, update.prompt_token_ids, s.kv.hasher, s.kv.block_size)
-    assert r.table.num_cached_blocks() <= len(r.seq.block_hashes)
+    assert r.tables[0].num_cached_blocks() <= len(r.seq.block_hashes)
     r.stop = update.stop
     # In place, as vLLM does, even while it sits in a priority heap.
     r.arrival_time = update.arrival_time + 0.0

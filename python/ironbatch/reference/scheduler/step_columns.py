@@ -23,11 +23,17 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
     for e in entries:
         r = s.requests[e.slot]
         out.push_entry(e, r.num_output_tokens + r.num_output_placeholders)
-        if e.block_start < len(r.table):
-            out.push_new_blocks(r.table.block_ids()[e.block_start :])
+        # Each group's new blocks (the whole table for an admission), group
+        # by group.
+        last = len(r.tables) - 1
+        for g, table in enumerate(r.tables):
+            if e.block_start < len(table):
+                out.push_new_blocks(table.block_ids()[e.block_start :])
+            if g < last:
+                out.end_group()
         end = e.num_computed_tokens + e.num_tokens
         for p in range(e.num_computed_tokens, end):
-            out.push_token(p, s.kv.slot_of(r.table, p))
+            out.push_token(p, s.kv.slot_of(r.tables[0], p))
         out.end_entry(end)
         r.seq.num_computed_tokens += e.num_tokens
         r.in_flight_tokens += e.num_tokens

@@ -128,16 +128,16 @@ def apply_output(
         r.num_output_placeholders = max(r.num_output_placeholders - len(sampled), 0)
     confirms_blocks = had_placeholders or s.config.num_speculative_tokens > 0
     if not stale and status_before == RequestStatus.RUNNING and confirms_blocks:
-        first = r.table.num_cached_blocks()
+        first = r.tables[0].num_cached_blocks()
         cache_arrived(kv, r)
-        cached = r.table.num_cached_blocks()
+        cached = r.tables[0].num_cached_blocks()
         if cached > first and kv.events_enabled:
-            kv.log_event(Stored(e.slot, first, r.table.block_ids()[first:cached]))
+            kv.log_event(Stored(e.slot, first, r.tables[0].block_ids()[first:cached]))
     if r.grammar is not None and not accept(e.slot, r, out.tokens[start:]):
         r.status = RequestStatus.FINISHED_ERROR  # the grammar rejected them
         r.resumable = False  # which ends a session too
         finished = True
-    out.records.append(UpdateRecord(row, e.slot, len(out.tokens), kv.num_cached_tokens(r.table)))
+    out.records.append(UpdateRecord(row, e.slot, len(out.tokens), kv.num_cached_tokens(r.tables)))
     if not finished:
         return None
     out.finished.append(
@@ -200,4 +200,4 @@ def cache_arrived(kv: KvCacheManager, r: Request) -> None:
     allocation) and speculative decoding (only accepted drafts count), vLLM
     caches them when the output arrives."""
     upto = max(r.seq.num_computed_tokens - r.in_flight_tokens, 0)
-    kv.cache_full_blocks(r.table, r.seq, upto)
+    kv.cache_full_blocks(r.tables, r.seq, upto)

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ironbatch.reference.kv_cache_manager import Admission
 from ironbatch.reference.kv_events import Hit
+from ironbatch.reference.prefix_hit import PrefixHit
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler.drafts import drafts_unused
 from ironbatch.reference.scheduler.running_pass import entry
@@ -133,15 +135,14 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
         r.seq.rehash(s.kv.hasher, s.kv.block_size)
     # A request that must compute every prompt token (vLLM: it wants prompt
     # logprobs) reads no hits; its blocks are still cached.
-    hits: list = []
-    if not lookup:
-        hit_tokens = r.seq.num_computed_tokens
-    elif r.skip_reading_prefix_cache:
-        hit_tokens = 0
-    else:
-        hits, hit_tokens = s.kv.get_computed_blocks(r.seq)
+    hit = s.kv.find_hit(r.seq) if lookup and not r.skip_reading_prefix_cache else PrefixHit()
+    if lookup:
+        # Every lookup says where a shared prefix ends.
+        r.seq.shared_prefix_boundary = hit.shared_prefix_boundary
+    hit_tokens = hit.tokens if lookup else r.seq.num_computed_tokens
+    num_hit_blocks = hit_tokens // s.kv.block_size
     if r.report_hits and lookup and hit_tokens > 0:
-        s.kv.log_event(Hit(slot, len(hits)))
+        s.kv.log_event(Hit(slot, num_hit_blocks))
     # A held step admits only requests with nothing left but their last token
     # (full hits): the pass ends at the first with prompt to compute.
     prompt_left = hit_tokens + 1 < r.num_tokens
@@ -172,9 +173,17 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
         return False  # without chunking, the head blocks the queue (Q6)
     n = min(n, budget)
     # A session's computed tokens are in its table already.
-    new_hit_tokens, first = (hit_tokens, len(hits)) if lookup else (0, r.table.num_cached_blocks())
+    new_hit_tokens, first = (
+        (hit_tokens, num_hit_blocks) if lookup else (0, r.tables[0].num_cached_blocks())
+    )
     grown = s.kv.allocate(
-        r.table, r.seq, n, new_hit_tokens, hits, c.scheduler_reserve_full_isl, watermark
+        r.tables,
+        r.seq,
+        n,
+        new_hit_tokens,
+        hit.blocks if new_hit_tokens > 0 else [],
+        Admission(full_sequence_must_fit=c.scheduler_reserve_full_isl, watermark=watermark),
+        r.in_flight_tokens,
     )
     if grown is None:
         return False

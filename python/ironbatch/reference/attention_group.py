@@ -1,0 +1,122 @@
+"""KV-cache groups (the twin of ``rust/src/attention_group.rs``): a model
+whose layers attend differently keeps one block table per group of alike
+layers, all drawing on one block pool. Full attention keeps every block; a
+sliding window (gpt-oss, Gemma) and chunked local attention (Llama 4) stop
+reading old blocks, which then go back to the pool, and make prefix hits and
+caching follow their own rules. Each rule here is vLLM 0.33's, per attention
+type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ironbatch.reference.block import cdiv
+
+
+@dataclass(frozen=True)
+class Full:
+    """Every earlier token."""
+
+    def num_skipped_tokens(self, processed: int) -> int:
+        """Leading tokens no later position reads once ``processed`` tokens
+        are computed: none."""
+        del processed
+        return 0
+
+    def is_full(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """The last ``window`` tokens (the token itself included)."""
+
+    window: int
+
+    def num_skipped_tokens(self, processed: int) -> int:
+        """Everything before the window of the next position."""
+        return max(processed + 1 - self.window, 0)
+
+    def is_full(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class ChunkedLocal:
+    """The tokens of the current ``chunk``-sized chunk."""
+
+    chunk: int
+
+    def num_skipped_tokens(self, processed: int) -> int:
+        """Every chunk before the one the next position is in."""
+        return processed // self.chunk * self.chunk
+
+    def is_full(self) -> bool:
+        return False
+
+
+#: How a group's layers attend (the core's ``AttentionKind`` enum).
+AttentionKind = Full | SlidingWindow | ChunkedLocal
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV-cache group."""
+
+    kind: AttentionKind
+    #: The most blocks an admission's whole-prompt check counts for this
+    #: group (vLLM's ``max_admission_blocks_per_request``, from the window
+    #: and the tokens that can be in flight); None for full attention.
+    admission_cap_blocks: int | None = None
+
+
+#: A full-attention group: what a model of one attention type has.
+FULL = GroupSpec(Full())
+
+
+def contiguous_blocks_for_hit(window: int, block_size: int) -> int:
+    """Contiguous cached blocks a sliding-window hit must end with: the
+    blocks the window reads back from the hit's end."""
+    return cdiv(max(window - 1, 0), block_size)
+
+
+# The core's mixing constant (any bijection per group would do: the twin's
+# hashes are not the core's, only the decisions they lead to must match).
+_MIX = 0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835
+_U128 = (1 << 128) - 1
+
+
+def group_key(block_hash: int, group: int) -> int:
+    """A block hash as group ``group`` caches it: groups share a request's
+    hashes but not their blocks, so each group keys its cached blocks apart
+    (vLLM's ``BlockHashWithGroupId``). Group 0's keys are the hashes
+    themselves; the others are a bijection of them."""
+    return block_hash ^ ((group * _MIX) & _U128)
+
+
+def sparse_mask(
+    start: int,
+    end: int,
+    block_size: int,
+    window: int,
+    num_prompt_tokens: int,
+    shared_prefix_boundary: int,
+) -> Callable[[int], bool]:
+    """Which of blocks ``start..end`` a sliding-window group caches under
+    sparse retention (vLLM's default ``prefix_cache_retention_interval =
+    0``): only the ``need`` blocks that end at a position a later request can
+    resume at — the prompt's last token (``num_prompt_tokens - 1``) and a
+    shared prefix another request was found to have
+    (``shared_prefix_boundary``, 0 for none) — since a hit there is all a
+    window needs."""
+    assert start <= end
+    need = contiguous_blocks_for_hit(window, block_size)
+
+    def tail(boundary: int) -> range:
+        end_block = boundary // block_size
+        return range(max(end_block - need, 0), end_block)
+
+    prompt = tail(max(num_prompt_tokens - 1, 0))
+    shared = tail(shared_prefix_boundary) if shared_prefix_boundary > 0 else range(0)
+    return lambda i: i in prompt or i in shared

@@ -1,0 +1,184 @@
+"""The longest prefix-cache hit valid for every KV-cache group, as vLLM
+0.33's hybrid coordinator finds it (the twin of ``rust/src/prefix_hit.rs``).
+
+Each attention type looks for its own kind of hit, at most a candidate length
+long: full attention the leading run of cached blocks; a sliding window the
+rightmost run of ``cdiv(window - 1, bs)`` cached blocks (what its window
+reads back from the hit's end; the blocks before it are not needed); chunked
+local attention the cached blocks of the candidate's last chunk. Groups of
+one kind and size are asked together (a block must be cached in each). Full
+attention goes first; each answer becomes the next candidate, until a pass
+changes nothing (one pass when there are two kinds, or one group: vLLM's
+unitary coordinator asks its group once). Full attention's answer is kept only
+up to the final hit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ironbatch.reference.attention_group import (
+    AttentionKind,
+    ChunkedLocal,
+    Full,
+    SlidingWindow,
+    contiguous_blocks_for_hit,
+    group_key,
+)
+from ironbatch.reference.block import NULL_BLOCK, Block, cdiv
+from ironbatch.reference.block_pool import BlockPool
+
+
+@dataclass
+class LookupGroup:
+    """Groups asked together: one attention kind, the group ids that have it."""
+
+    kind: AttentionKind
+    group_ids: list[int]
+
+
+def lookup_groups(kinds: list[AttentionKind]) -> list[LookupGroup]:
+    """The lookup order for groups of these kinds: alike groups together, in
+    order of first appearance, full attention first (a stable sort)."""
+    out: list[LookupGroup] = []
+    for g, kind in enumerate(kinds):
+        same = next((lg for lg in out if lg.kind == kind), None)
+        if same is None:
+            out.append(LookupGroup(kind, [g]))
+        else:
+            same.group_ids.append(g)
+    out.sort(key=lambda lg: not lg.kind.is_full())
+    return out
+
+
+@dataclass
+class PrefixHit:
+    """A hit: ``tokens`` long, with each group's blocks."""
+
+    tokens: int = 0
+    #: The longest hit one group alone had, when longer than ``tokens``: a
+    #: prefix other requests share that a sparse group has not cached yet
+    #: (vLLM's ``shared_prefix_boundary``, pinned so that group caches it);
+    #: 0 otherwise.
+    shared_prefix_boundary: int = 0
+    #: ``blocks[g]``: group ``g``'s hit blocks (the null block where the
+    #: group needs none), ``tokens / bs`` of them (the core writes them into
+    #: the caller's scratch lists instead).
+    blocks: list[list[Block]] = field(default_factory=list)
+
+
+def find_longest_hit(
+    pool: BlockPool,
+    groups: list[LookupGroup],
+    hashes: list[int],
+    max_len: int,
+    block_size: int,
+    num_groups: int,
+) -> PrefixHit:
+    """Find the hit for a request with ``hashes``, at most ``max_len`` tokens,
+    over ``num_groups`` groups."""
+    blocks: list[list[Block]] = [[] for _ in range(num_groups)]
+    looked_up = [False] * num_groups
+    hit_by_group = [0] * num_groups
+    hit = max_len
+    longest = 0
+    # vLLM's hybrid coordinator stops after one pass for full attention beside
+    # one other kind; its unitary one (a single group) asks once.
+    one_pass = (len(groups) == 2 and groups[0].kind.is_full()) or num_groups == 1
+    while True:
+        candidate = hit
+        for lg in groups:
+            first = lg.group_ids[0]
+            if lg.kind.is_full() and looked_up[first]:
+                # Full attention is downward-closed: its first answer holds.
+                candidate = min(candidate, hit_by_group[first])
+                continue
+            found = _find_for(pool, lg, hashes, candidate, block_size, blocks)
+            candidate = found
+            for g in lg.group_ids:
+                looked_up[g] = True
+                hit_by_group[g] = found
+            longest = max(longest, candidate)
+        if candidate >= hit:
+            break
+        hit = candidate
+        if one_pass:
+            break
+    keep = cdiv(hit, block_size)
+    for lg in groups:
+        if lg.kind.is_full():
+            for g in lg.group_ids:
+                del blocks[g][keep:]
+    return PrefixHit(hit, longest if longest > hit else 0, blocks)
+
+
+def _cached_in_all(pool: BlockPool, lg: LookupGroup, block_hash: int) -> list[Block] | None:
+    """The blocks cached under ``block_hash`` in every group of ``lg`` (None
+    when one group has none)."""
+    row = []
+    for g in lg.group_ids:
+        block = pool.get_cached_block(group_key(block_hash, g))
+        if block is None:
+            return None
+        row.append(block)
+    return row
+
+
+def _find_for(
+    pool: BlockPool,
+    lg: LookupGroup,
+    hashes: list[int],
+    max_len: int,
+    block_size: int,
+    blocks: list[list[Block]],
+) -> int:
+    """One kind's hit of at most ``max_len`` tokens, written into ``blocks``
+    for its groups; returns its length in tokens."""
+    num_blocks = min(max_len // block_size, len(hashes))
+    null = pool.block(NULL_BLOCK)
+    assert null is not None
+    out: list[list[Block]] = [[] for _ in lg.group_ids]  # per group of lg
+    kind = lg.kind
+    if isinstance(kind, Full):
+        for h in hashes[:num_blocks]:
+            row = _cached_in_all(pool, lg, h)
+            if row is None:
+                break
+            for column, block in zip(out, row, strict=True):
+                column.append(block)
+    elif isinstance(kind, SlidingWindow):
+        # Right to left: the first run long enough ends the hit there.
+        need = contiguous_blocks_for_hit(kind.window, block_size)
+        out = [[null] * num_blocks for _ in lg.group_ids]
+        run = 0
+        found = False
+        for i in range(num_blocks - 1, -1, -1):
+            row = _cached_in_all(pool, lg, hashes[i])
+            if row is None:
+                run = 0
+                continue
+            for column, block in zip(out, row, strict=True):
+                column[i] = block
+            run += 1
+            if run >= need:
+                for column in out:
+                    del column[i + run :]
+                found = True
+                break
+        if not found:
+            # A shorter run counts only from the first block.
+            for column in out:
+                del column[run:]
+    else:
+        assert isinstance(kind, ChunkedLocal)
+        # Blocks before the candidate's last chunk need nothing cached.
+        start = max_len // kind.chunk * kind.chunk // block_size
+        out = [[null] * start for _ in lg.group_ids]
+        for h in hashes[start:num_blocks]:
+            row = _cached_in_all(pool, lg, h)
+            if row is None:
+                break
+            for column, block in zip(out, row, strict=True):
+                column.append(block)
+    for g, column in zip(lg.group_ids, out, strict=True):
+        blocks[g] = column
+    return len(out[0]) * block_size

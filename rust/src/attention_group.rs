@@ -1,0 +1,130 @@
+//! KV-cache groups (docs/scheduling.md §7.13): a model whose layers attend
+//! differently keeps one block table per group of alike layers, all drawing
+//! on one block pool. Full attention keeps every block; a sliding window
+//! (gpt-oss, Gemma) and chunked local attention (Llama 4) stop reading old
+//! blocks, which then go back to the pool, and make prefix hits and caching
+//! follow their own rules. Each rule here is vLLM 0.33's, per attention type.
+
+use crate::block::cdiv;
+use crate::block_hash::BlockHash;
+
+/// How a group's layers attend.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// Every earlier token.
+    Full,
+    /// The last `window` tokens (the token itself included).
+    SlidingWindow { window: usize },
+    /// The tokens of the current `chunk`-sized chunk.
+    ChunkedLocal { chunk: usize },
+}
+
+/// One KV-cache group.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct GroupSpec {
+    pub kind: AttentionKind,
+    /// The most blocks an admission's whole-prompt check counts for this
+    /// group (vLLM's `max_admission_blocks_per_request`, from the window and
+    /// the tokens that can be in flight); `None` for full attention.
+    pub admission_cap_blocks: Option<usize>,
+}
+
+impl GroupSpec {
+    /// A full-attention group.
+    pub const FULL: GroupSpec = GroupSpec {
+        kind: AttentionKind::Full,
+        admission_cap_blocks: None,
+    };
+}
+
+impl AttentionKind {
+    /// Leading tokens no later position reads once `processed` tokens are
+    /// computed: their blocks can go back to the pool.
+    pub fn num_skipped_tokens(self, processed: usize) -> usize {
+        match self {
+            AttentionKind::Full => 0,
+            AttentionKind::SlidingWindow { window } => (processed + 1).saturating_sub(window),
+            AttentionKind::ChunkedLocal { chunk } => processed / chunk * chunk,
+        }
+    }
+
+    /// Whether it is full attention.
+    pub fn is_full(self) -> bool {
+        self == AttentionKind::Full
+    }
+}
+
+/// Contiguous cached blocks a sliding-window hit must end with: the blocks
+/// the window reads back from the hit's end.
+pub fn contiguous_blocks_for_hit(window: usize, block_size: usize) -> usize {
+    cdiv(window.saturating_sub(1), block_size)
+}
+
+/// A block hash as group `group` caches it: groups share a request's hashes
+/// but not their blocks, so each group keys its cached blocks apart (vLLM's
+/// `BlockHashWithGroupId`). Group 0's keys are the hashes themselves; the
+/// others are a bijection of them, as unpredictable as the hashes.
+pub fn group_key(hash: BlockHash, group: usize) -> BlockHash {
+    const MIX: u128 = 0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835;
+    BlockHash(hash.0 ^ (group as u128).wrapping_mul(MIX))
+}
+
+/// Which of blocks `start..end` a sliding-window group caches under sparse
+/// retention (vLLM's default `prefix_cache_retention_interval = 0`): only
+/// the `need` blocks that end at a position a later request can resume at
+/// — the prompt's last token (`num_prompt_tokens − 1`) and a shared prefix
+/// another request was found to have (`shared_prefix_boundary`, 0 for
+/// none) — since a hit there is all a window needs.
+pub fn sparse_mask(
+    start: usize,
+    end: usize,
+    block_size: usize,
+    window: usize,
+    num_prompt_tokens: usize,
+    shared_prefix_boundary: usize,
+) -> impl Fn(usize) -> bool {
+    let need = contiguous_blocks_for_hit(window, block_size);
+    let tail = |boundary: usize| {
+        let end_block = boundary / block_size;
+        end_block.saturating_sub(need)..end_block
+    };
+    let prompt = tail(num_prompt_tokens.saturating_sub(1));
+    let shared = (shared_prefix_boundary > 0).then(|| tail(shared_prefix_boundary));
+    debug_assert!(start <= end);
+    move |i| prompt.contains(&i) || shared.as_ref().is_some_and(|r| r.contains(&i))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_skip_what_no_later_token_reads() {
+        let swa = AttentionKind::SlidingWindow { window: 128 };
+        assert_eq!(swa.num_skipped_tokens(127), 0);
+        assert_eq!(swa.num_skipped_tokens(300), 173);
+        let chunked = AttentionKind::ChunkedLocal { chunk: 64 };
+        assert_eq!(chunked.num_skipped_tokens(63), 0);
+        assert_eq!(chunked.num_skipped_tokens(130), 128);
+        assert_eq!(AttentionKind::Full.num_skipped_tokens(10_000), 0);
+    }
+
+    #[test]
+    fn sparse_retention_keeps_the_tails_at_resume_points() {
+        // vLLM's example: a 300-token prompt, blocks of 16, window 128: the
+        // eight blocks before position 299's block (indices 10..17).
+        let keep = sparse_mask(0, 19, 16, 128, 300, 0);
+        let kept: Vec<usize> = (0..19).filter(|&i| keep(i)).collect();
+        assert_eq!(kept, (10..18).collect::<Vec<_>>());
+        let keep = sparse_mask(0, 19, 16, 128, 300, 192);
+        assert!(keep(4) && keep(11) && !keep(3) && !keep(18));
+    }
+
+    #[test]
+    fn group_keys_differ_per_group() {
+        let h = BlockHash(12345);
+        assert_eq!(group_key(h, 0), h);
+        assert_ne!(group_key(h, 1), h);
+        assert_ne!(group_key(h, 1), group_key(h, 2));
+    }
+}

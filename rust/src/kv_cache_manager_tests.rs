@@ -1,0 +1,127 @@
+//! KV-cache scenarios of docs/scheduling.md §9.1 (vLLM 0.33.0's own
+//! values) at the core's level; tests/test_kv_scenarios.py runs them on
+//! both backends through the Python API.
+use super::*;
+
+const BS: usize = 16;
+
+fn manager(num_blocks: usize) -> KvCacheManager {
+    KvCacheManager::new(&KvCacheConfig::new(num_blocks, BS, 4096, true)).unwrap()
+}
+
+/// A request admitted the way the scheduler admits one: prefix lookup,
+/// then every remaining token allocated after the hits.
+struct Admitted {
+    seq: Sequence,
+    table: BlockTable,
+    hits: Vec<BlockId>,
+    hit_tokens: usize,
+}
+
+fn admit(kv: &mut KvCacheManager, tokens: Vec<u32>) -> Admitted {
+    let seq = Sequence::new(tokens, None, kv.hasher(), BS);
+    let mut hits = vec![];
+    let hit_tokens = kv.get_computed_blocks(&seq, &mut hits);
+    let mut table = BlockTable::default();
+    let n = seq.num_tokens() - hit_tokens;
+    kv.allocate_slots(&mut table, &seq, n, hit_tokens, &hits, false)
+        .unwrap()
+        .expect("room");
+    Admitted {
+        seq,
+        table,
+        hits,
+        hit_tokens,
+    }
+}
+
+fn free_queue(kv: &KvCacheManager) -> Vec<BlockId> {
+    kv.pool().free_block_ids().collect()
+}
+
+fn common(extra: &[u32]) -> Vec<u32> {
+    (1000..1048).chain(extra.iter().copied()).collect()
+}
+
+#[test]
+fn k1_prefix_hits_and_the_free_order() {
+    let mut kv = manager(11);
+    let mut r0 = admit(&mut kv, common(&[3; 7]));
+    assert_eq!(r0.table.block_ids(), [1, 2, 3, 4]);
+    assert_eq!(r0.table.num_cached_blocks(), 3); // block 4 is partial
+    let mut r1 = admit(&mut kv, common(&[3; 5]));
+    assert_eq!((r1.hits.as_slice(), r1.hit_tokens), (&[1, 2, 3][..], 48));
+    assert_eq!(r1.table.block_ids(), [1, 2, 3, 5]);
+    kv.free(std::slice::from_mut(&mut r0.table));
+    assert_eq!(free_queue(&kv), [4, 6, 7, 8, 9, 10]);
+    // Unhashed blocks to the head, cached ones to the tail, last first (Q2).
+    kv.free(std::slice::from_mut(&mut r1.table));
+    assert_eq!(free_queue(&kv), [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]);
+    let r2 = admit(&mut kv, common(&[3; 6]));
+    assert_eq!(
+        (r2.hit_tokens, r2.table.block_ids()),
+        (48, &[1, 2, 3, 5][..])
+    );
+}
+
+#[test]
+fn k4_the_last_token_is_always_computed() {
+    // A hit covers at most num_tokens - 1 tokens (Q12); the recomputed
+    // block's copy joins the map and lookups answer the earliest (Q14).
+    let mut kv = manager(11);
+    let mut x = admit(&mut kv, common(&[]));
+    kv.free(std::slice::from_mut(&mut x.table));
+    let y = admit(&mut kv, common(&[]));
+    assert_eq!((y.hit_tokens, y.table.block_ids()), (32, &[1, 2, 4][..]));
+    let last = y.seq.block_hashes()[2];
+    let cached: Vec<_> = kv
+        .pool()
+        .cached_blocks()
+        .filter(|(h, _)| *h == last)
+        .map(|(_, ids)| ids.to_vec())
+        .collect();
+    assert_eq!(cached, vec![vec![3, 4]]);
+}
+
+#[test]
+fn k6_a_refused_allocation_changes_nothing() {
+    let mut kv = manager(6);
+    let mut a = admit(&mut kv, common(&[1]));
+    kv.free(std::slice::from_mut(&mut a.table));
+    let _big = admit(&mut kv, (2000..2016).collect());
+    assert_eq!(kv.num_free_blocks(), 4);
+    let seq = Sequence::new(
+        common(&(3000..3040).collect::<Vec<_>>()),
+        None,
+        kv.hasher(),
+        BS,
+    );
+    let mut hits = vec![];
+    assert_eq!(kv.get_computed_blocks(&seq, &mut hits), 48);
+    let before = free_queue(&kv);
+    let mut table = BlockTable::default();
+    // 3 new + 3 evictable hits = 6 > 4 free.
+    for gate in [true, false] {
+        let got = kv.allocate_slots(&mut table, &seq, 40, 48, &hits, gate);
+        assert_eq!(got, Ok(None));
+    }
+    assert_eq!(free_queue(&kv), before);
+    assert!(table.is_empty());
+}
+
+#[test]
+fn hits_must_be_the_requests_own_cached_blocks() {
+    let mut kv = manager(11);
+    let _a = admit(&mut kv, common(&[1]));
+    let seq = Sequence::new((0..40).collect(), None, kv.hasher(), BS);
+    let mut table = BlockTable::default();
+    // Cached blocks, but of another prompt: refused, nothing changes.
+    let got = kv.allocate_slots(&mut table, &seq, 8, 32, &[1, 2], false);
+    assert!(matches!(got, Err(Error::InvalidArgument(_))));
+    // More hits than the request has full blocks.
+    let short = Sequence::new(common(&[]), None, kv.hasher(), BS);
+    let got = kv.allocate_slots(&mut table, &short, 1, 48, &[1, 2, 3], false);
+    assert!(got.is_err());
+    assert!(table.is_empty());
+    assert_eq!(kv.num_free_blocks(), 6);
+}

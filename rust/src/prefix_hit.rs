@@ -1,0 +1,258 @@
+//! The longest prefix-cache hit valid for every KV-cache group
+//! (docs/scheduling.md §7.13), as vLLM 0.33's hybrid coordinator finds it.
+//!
+//! Each attention type looks for its own kind of hit, at most a candidate
+//! length long: full attention the leading run of cached blocks; a sliding
+//! window the rightmost run of `cdiv(window − 1, bs)` cached blocks (what
+//! its window reads back from the hit's end; the blocks before it are not
+//! needed); chunked local attention the cached blocks of the candidate's
+//! last chunk. Groups of one kind and size are asked together (a block must
+//! be cached in each). Full attention goes first; each answer becomes the
+//! next candidate, until a pass changes nothing (one pass when there are two
+//! kinds, or one group: vLLM's unitary coordinator asks its group once).
+//! Full attention's answer is kept only up to the final hit.
+
+use crate::attention_group::{contiguous_blocks_for_hit, group_key, AttentionKind};
+use crate::block::{cdiv, BlockId, NULL_BLOCK};
+use crate::block_hash::BlockHash;
+use crate::block_pool::BlockPool;
+
+/// Groups asked together: one attention kind, the group ids that have it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LookupGroup {
+    pub kind: AttentionKind,
+    pub group_ids: Vec<usize>,
+}
+
+/// The lookup order for groups of these kinds: alike groups together, in
+/// order of first appearance, full attention first (a stable sort).
+pub fn lookup_groups(kinds: &[AttentionKind]) -> Vec<LookupGroup> {
+    let mut out: Vec<LookupGroup> = Vec::new();
+    for (g, &kind) in kinds.iter().enumerate() {
+        match out.iter_mut().find(|l| l.kind == kind) {
+            Some(l) => l.group_ids.push(g),
+            None => out.push(LookupGroup {
+                kind,
+                group_ids: vec![g],
+            }),
+        }
+    }
+    out.sort_by_key(|l| !l.kind.is_full());
+    out
+}
+
+/// A hit: `blocks[g]` is group `g`'s hit blocks (null where the group needs
+/// none), all `tokens / bs` long.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrefixHit {
+    pub tokens: usize,
+    /// The longest hit one group alone had, when longer than `tokens`: a
+    /// prefix other requests share that a sparse group has not cached yet
+    /// (vLLM's `shared_prefix_boundary`, pinned so that group caches it); 0
+    /// otherwise.
+    pub shared_prefix_boundary: usize,
+}
+
+/// Find the hit for a request with `hashes`, at most `max_len` tokens, into
+/// `blocks` (one list per group, cleared first).
+pub fn find_longest_hit(
+    pool: &BlockPool,
+    groups: &[LookupGroup],
+    hashes: &[BlockHash],
+    max_len: usize,
+    block_size: usize,
+    blocks: &mut [Vec<BlockId>],
+) -> PrefixHit {
+    let num_groups = blocks.len();
+    let mut looked_up = vec![false; num_groups];
+    let mut hit_by_group = vec![0usize; num_groups];
+    let mut hit = max_len;
+    let mut longest = 0;
+    // vLLM's hybrid coordinator stops after one pass for full attention
+    // beside one other kind; its unitary one (a single group) asks once.
+    let one_pass = (groups.len() == 2 && groups[0].kind.is_full()) || num_groups == 1;
+    loop {
+        let mut candidate = hit;
+        for l in groups {
+            let first = l.group_ids[0];
+            if l.kind.is_full() && looked_up[first] {
+                // Full attention is downward-closed: its first answer holds.
+                candidate = candidate.min(hit_by_group[first]);
+                continue;
+            }
+            let found = find_for(pool, l, hashes, candidate, block_size, blocks);
+            candidate = found;
+            for &g in &l.group_ids {
+                looked_up[g] = true;
+                hit_by_group[g] = found;
+            }
+            longest = longest.max(candidate);
+        }
+        if candidate >= hit {
+            break;
+        }
+        hit = candidate;
+        if one_pass {
+            break;
+        }
+    }
+    let keep = cdiv(hit, block_size);
+    for l in groups.iter().filter(|l| l.kind.is_full()) {
+        for &g in &l.group_ids {
+            blocks[g].truncate(keep);
+        }
+    }
+    PrefixHit {
+        tokens: hit,
+        shared_prefix_boundary: if longest > hit { longest } else { 0 },
+    }
+}
+
+/// The blocks cached under `hash` in every group of `l`, into `row`.
+fn cached_in_all(
+    pool: &BlockPool,
+    l: &LookupGroup,
+    hash: BlockHash,
+    row: &mut Vec<BlockId>,
+) -> bool {
+    row.clear();
+    for &g in &l.group_ids {
+        match pool.get_cached_block(group_key(hash, g)) {
+            Some(b) => row.push(b),
+            None => return false,
+        }
+    }
+    true
+}
+
+/// One kind's hit of at most `max_len` tokens, written into `blocks` for
+/// its groups; returns its length in tokens.
+fn find_for(
+    pool: &BlockPool,
+    l: &LookupGroup,
+    hashes: &[BlockHash],
+    max_len: usize,
+    block_size: usize,
+    blocks: &mut [Vec<BlockId>],
+) -> usize {
+    let num_blocks = (max_len / block_size).min(hashes.len());
+    let mut row = Vec::with_capacity(l.group_ids.len());
+    for &g in &l.group_ids {
+        blocks[g].clear();
+    }
+    let push_row = |blocks: &mut [Vec<BlockId>], row: &[BlockId]| {
+        for (&g, &b) in l.group_ids.iter().zip(row) {
+            blocks[g].push(b);
+        }
+    };
+    match l.kind {
+        AttentionKind::Full => {
+            for &hash in &hashes[..num_blocks] {
+                if !cached_in_all(pool, l, hash, &mut row) {
+                    break;
+                }
+                push_row(blocks, &row);
+            }
+        }
+        AttentionKind::SlidingWindow { window } => {
+            // Right to left: the first run long enough ends the hit there.
+            let need = contiguous_blocks_for_hit(window, block_size);
+            for &g in &l.group_ids {
+                blocks[g].resize(num_blocks, NULL_BLOCK);
+            }
+            let mut run = 0;
+            let mut found = false;
+            for i in (0..num_blocks).rev() {
+                if cached_in_all(pool, l, hashes[i], &mut row) {
+                    for (&g, &b) in l.group_ids.iter().zip(&row) {
+                        blocks[g][i] = b;
+                    }
+                    run += 1;
+                    if run >= need {
+                        for &g in &l.group_ids {
+                            blocks[g].truncate(i + run);
+                        }
+                        found = true;
+                        break;
+                    }
+                } else {
+                    run = 0;
+                }
+            }
+            if !found {
+                // A shorter run counts only from the first block.
+                for &g in &l.group_ids {
+                    blocks[g].truncate(run);
+                }
+            }
+        }
+        AttentionKind::ChunkedLocal { chunk } => {
+            // Blocks before the candidate's last chunk need nothing cached.
+            let start = max_len / chunk * chunk / block_size;
+            for &g in &l.group_ids {
+                blocks[g].resize(start, NULL_BLOCK);
+            }
+            for &hash in hashes.iter().take(num_blocks).skip(start) {
+                if !cached_in_all(pool, l, hash, &mut row) {
+                    break;
+                }
+                push_row(blocks, &row);
+            }
+        }
+    }
+    blocks[l.group_ids[0]].len() * block_size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool where `num_groups` groups cached the first `cached` of the
+    /// blocks of `hashes` (blocks of 2 tokens), and block 5.
+    fn pool_with(num_groups: usize, hashes: &[BlockHash], cached: usize) -> BlockPool {
+        let mut pool = BlockPool::new(40).unwrap();
+        for g in 0..num_groups {
+            let mut ids = Vec::new();
+            pool.take_free_blocks(hashes.len(), &mut ids);
+            for (i, (&id, &h)) in ids.iter().zip(hashes).enumerate() {
+                if i < cached || i == 5 {
+                    pool.cache_block(id, group_key(h, g));
+                }
+            }
+        }
+        pool
+    }
+
+    #[test]
+    fn one_group_is_asked_once() {
+        // vLLM 0.33, chunks of 3 tokens in blocks of 2, blocks 3 and 4
+        // evicted, a 12-token resend (at most 11 hit tokens): its unitary
+        // coordinator answers the last chunk's start, 8 tokens, all null
+        // (the chunk is not a whole number of blocks); its hybrid one, with
+        // two such groups, goes on to 6 (and reports the 8 as shared).
+        let hashes: Vec<BlockHash> = (1..=6).map(BlockHash).collect();
+        let kind = AttentionKind::ChunkedLocal { chunk: 3 };
+        for (num_groups, tokens, shared) in [(1, 8, 0), (2, 6, 8)] {
+            let pool = pool_with(num_groups, &hashes, 3);
+            let groups = lookup_groups(&vec![kind; num_groups]);
+            let mut blocks = vec![Vec::new(); num_groups];
+            let hit = find_longest_hit(&pool, &groups, &hashes, 11, 2, &mut blocks);
+            assert_eq!((hit.tokens, hit.shared_prefix_boundary), (tokens, shared));
+            assert!(blocks.iter().all(|b| b.len() == tokens / 2));
+            assert!(blocks.iter().flatten().all(|&b| b == NULL_BLOCK));
+        }
+    }
+
+    #[test]
+    fn full_attention_is_looked_up_first() {
+        let kinds = [
+            AttentionKind::SlidingWindow { window: 128 },
+            AttentionKind::Full,
+            AttentionKind::SlidingWindow { window: 128 },
+        ];
+        let groups = lookup_groups(&kinds);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].group_ids, vec![1]);
+        assert_eq!(groups[1].group_ids, vec![0, 2]);
+    }
+}

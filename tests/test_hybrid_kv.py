@@ -1,0 +1,362 @@
+"""Hybrid KV caches (full attention beside sliding windows or chunked local
+attention, one block pool) on both backends, against numbers vLLM 0.33.0
+itself printed: its KVCacheManager driven the way its scheduler drives it
+(/tmp/research_hybrid_kv.md §4.4, §5.4; the scripts ex1.py, ex2.py, ex3.py
+and ex7.py of that note). Block size 16, window 128, a fresh pool of 100
+blocks, synchronous scheduling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ironbatch import CacheConfig, KVCacheGroup, Scheduler, SchedulerConfig
+from ironbatch.config import check_fits
+from ironbatch.reference.attention_group import ChunkedLocal, group_key
+from ironbatch.reference.block_pool import BlockPool
+from ironbatch.reference.prefix_hit import find_longest_hit, lookup_groups
+
+from scheduler_helpers import BACKENDS, make, req
+
+FULL = KVCacheGroup("full")
+SWA = KVCacheGroup("sliding_window", 128)
+PROMPT = list(range(1000, 1300))  # vLLM's 300-token prompt
+
+
+def hybrid(backend: str, groups: tuple[KVCacheGroup, ...], **kw: Any) -> Scheduler:
+    kw.setdefault("max_num_batched_tokens", 1024)
+    return make(
+        backend, num_blocks=100, block_size=16, kv_cache_groups=groups, max_model_len=512, **kw
+    )
+
+
+def tables(s: Scheduler, rid: str) -> list[list[int]]:
+    return s.debug_state()["requests"][rid]["tables"]
+
+
+def free_queue(s: Scheduler) -> list[int]:
+    return s.debug_state()["free_block_ids"]
+
+
+def run_one(s: Scheduler, max_tokens: int) -> dict[int, Any]:
+    """Run request A (the 300-token prompt) to the end, one token per step;
+    what each step saw, by A's computed tokens before it: its new blocks
+    per group, A's tables and the free queue right after the schedule."""
+    s.add_request(req("A", PROMPT, max_tokens=max_tokens, ignore_eos=True))
+    seen = {}
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        c = int(out.num_computed_tokens[0])
+        seen[c] = {
+            "new": out.block_ids_per_group(0),
+            "tables": tables(s, "A"),
+            "free": free_queue(s),
+        }
+        s.update_from_output(out, {"A": [7]} if out.samples[0] else {})
+    return seen
+
+
+def nulls(table: list[int]) -> int:
+    return sum(1 for b in table if b == 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sliding_window_gives_blocks_back(backend: str) -> None:
+    """§4.4: a one-chunk prefill takes blocks in every group, group by
+    group; each decode step gives back the window blocks no later token
+    reads, highest first, uncached ones to the head of the free queue,
+    where the next allocation (of any group) takes them."""
+    s = hybrid(backend, (FULL, SWA))
+    seen = run_one(s, max_tokens=51)
+    assert seen[0]["new"] == [list(range(1, 20)), list(range(20, 39))]
+    assert seen[0]["free"][:3] == [39, 40, 41]
+    # c=300: 173 tokens skipped → SWA positions 9..0 (ids 29..20, uncached).
+    assert seen[300]["new"] == [[], []]
+    assert nulls(seen[300]["tables"][1]) == 10 and nulls(seen[300]["tables"][0]) == 0
+    assert seen[300]["free"][:11] == [29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 39]
+    # c=303: position 10 (id 30) is cached: to the tail, still findable.
+    assert seen[303]["free"][-4:] == [97, 98, 99, 30]
+    # A new position per group once 16 more tokens need one.
+    assert seen[304]["new"] == [[29], [28]]
+    assert seen[320]["new"] == [[27], [26]]
+    assert seen[336]["new"] == [[25], [24]]
+    assert seen[349]["tables"] == [
+        [*range(1, 20), 29, 27, 25],
+        [0] * 13 + [*range(33, 39), 28, 26, 24],
+    ]
+    # Freed group by group, each last block first (§7).
+    free = free_queue(s)
+    assert free[:12] == [24, 26, 28, 38, 25, 23, 22, 21, 20, 39, 40, 41]
+    assert free[-30:] == [99, 30, 31, 32, 27, 29, *range(19, 0, -1), 37, 36, 35, 34, 33]
+    assert len(free) == 99
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_group_order_is_vllm_order(backend: str) -> None:
+    """The same with the window group first (gpt-oss's layer order): the
+    ids trade places and the window's freed blocks come from the front."""
+    s = hybrid(backend, (SWA, FULL))
+    seen = run_one(s, max_tokens=51)
+    assert seen[0]["new"] == [list(range(1, 20)), list(range(20, 39))]
+    assert seen[300]["free"][:6] == [10, 9, 8, 7, 6, 5]
+    assert seen[303]["free"][-4:] == [97, 98, 99, 11]
+    assert seen[304]["new"] == [[10], [9]]
+    assert seen[320]["new"] == [[8], [7]]
+    assert seen[336]["new"] == [[6], [5]]
+    assert seen[349]["tables"] == [
+        [0] * 13 + [*range(14, 20), 10, 8, 6],
+        [*range(20, 39), 9, 7, 5],
+    ]
+    free = free_queue(s)
+    assert free[:9] == [5, 6, 8, 10, 19, 4, 3, 2, 1]
+    assert free[-30:] == [99, 11, 12, 13, *range(18, 13, -1), 7, 9, *range(38, 19, -1)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chunked_prefill_frees_between_chunks(backend: str) -> None:
+    """§4.4's chunked variant (128/128/44): the third chunk's allocation
+    first gives back the window's first 8 blocks, which both groups then
+    take."""
+    s = hybrid(backend, (FULL, SWA), max_num_batched_tokens=128)
+    seen = run_one(s, max_tokens=22)
+    assert seen[0]["new"] == [list(range(1, 9)), list(range(9, 17))]
+    assert seen[128]["new"] == [list(range(17, 25)), list(range(25, 33))]
+    assert seen[256]["new"] == [[16, 15, 14], [13, 12, 11]]
+    assert seen[256]["tables"][1][:9] == [0] * 8 + [25]
+    assert seen[256]["free"][:3] == [10, 9, 33]
+    assert seen[300]["free"][:6] == [26, 25, 10, 9, 33, 34]
+    assert seen[304]["new"] == [[26], [25]]
+    assert seen[320]["new"] == [[10], [9]]
+
+
+def sparse_example(backend: str, sparse_retention: bool) -> Scheduler:
+    """§5.4: A (300 tokens) runs and is freed; B resends A's prompt; C and D
+    share its first 200 tokens, admitted together while B decodes."""
+    s = hybrid(backend, (FULL, SWA), sparse_retention=sparse_retention)
+    s.add_request(req("A", PROMPT, max_tokens=1))
+    out = s.schedule()
+    s.update_from_output(out, {"A": [1]})
+    s.add_request(req("B", PROMPT, max_tokens=100, ignore_eos=True))
+    out = s.schedule()
+    s.update_from_output(out, {"B": [1]})
+    shared = list(range(1000, 1200))
+    s.add_request(req("C", shared + list(range(5000, 5100)), max_tokens=100))
+    s.add_request(req("D", shared + list(range(6000, 6100)), max_tokens=100))
+    return s
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sparse_retention_pins_the_shared_prefix(backend: str) -> None:
+    """Under sparse retention the window group caches only the blocks that
+    end at the prompt's last token, so C, sharing 192 cacheable tokens with
+    A, gets no hit but learns where the shared prefix ends; its window
+    group then caches the blocks before it, and D hits them (A's older
+    duplicates first)."""
+    s = sparse_example(backend, sparse_retention=True)
+    state = s.debug_state()["requests"]
+    assert state["B"]["num_computed_tokens"] == 300
+    assert state["B"]["tables"] == [
+        [*range(1, 19), 38],
+        [0] * 10 + [*range(30, 38), 29],
+    ]
+    assert free_queue(s)[:11] == [*range(28, 18, -1), 39]
+    out = s.schedule()
+    assert out.req_ids == ["B", "C", "D"]
+    assert out.num_computed_tokens.tolist() == [300, 0, 192]
+    state = s.debug_state()["requests"]
+    assert state["C"]["shared_prefix_boundary"] == 192
+    assert state["D"]["shared_prefix_boundary"] == 0
+    assert state["C"]["tables"] == [
+        [*range(28, 18, -1), *range(39, 48)],
+        list(range(48, 67)),
+    ]
+    assert state["D"]["tables"] == [
+        [*range(1, 13), *range(67, 74)],
+        [0, 0, 0, 0, *range(52, 58), 30, 31, *range(74, 81)],
+    ]
+    assert out.block_ids_per_group(2) == state["D"]["tables"]
+    stats = s.make_stats().prefix_cache_stats
+    assert (stats.queries, stats.hits) == (1200, 480)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dense_retention_hits_at_once(backend: str) -> None:
+    """Caching every window block (vLLM's retention None), C hits too."""
+    s = sparse_example(backend, sparse_retention=False)
+    assert tables(s, "B")[1] == [0] * 10 + [*range(30, 38), 19]
+    out = s.schedule()
+    assert out.num_computed_tokens.tolist() == [300, 192, 192]
+    state = s.debug_state()["requests"]
+    window_hit = [0, 0, 0, 0, *range(24, 32)]
+    assert state["C"]["tables"] == [
+        [*range(1, 13), *range(39, 46)],
+        [*window_hit, *range(46, 53)],
+    ]
+    assert state["D"]["tables"] == [
+        [*range(1, 13), *range(53, 60)],
+        [*window_hit, *range(60, 67)],
+    ]
+    assert state["C"]["shared_prefix_boundary"] == 0
+    stats = s.make_stats().prefix_cache_stats
+    assert (stats.queries, stats.hits) == (1200, 672)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chunked_local_attention(backend: str) -> None:
+    """ex3.py, chunks of 64: whole chunks go back at once; a hit needs only
+    the cached blocks of its last chunk (B's two), or none at a chunk's end
+    (C's 192 tokens)."""
+    s = hybrid(backend, (FULL, KVCacheGroup("chunked_local", 64)))
+    s.add_request(req("A", PROMPT, max_tokens=100, ignore_eos=True))
+    seen = {}
+    for _ in range(41):
+        out = s.schedule()
+        seen[int(out.num_computed_tokens[0])] = (out.block_ids_per_group(0), tables(s, "A"))
+        s.update_from_output(out, {"A": [1]})
+    assert seen[0][0] == [list(range(1, 20)), list(range(20, 39))]
+    assert seen[300][1][1] == [0] * 16 + [36, 37, 38]
+    assert seen[304][0] == [[39], [40]]
+    assert seen[320][0] == [[41], [42]] and seen[320][1][1] == [0] * 20 + [42]
+    assert seen[336][0] == [[43], [44]]
+    assert free_queue(s)[-4:] == [40, 38, 37, 36]
+    # B resends A's prompt, C shares 200 tokens; both join A's step.
+    s.add_request(req("B", PROMPT, max_tokens=10))
+    s.add_request(req("C", list(range(1000, 1200)) + [5] * 50, max_tokens=10))
+    out = s.schedule()
+    assert out.req_ids == ["A", "B", "C"]
+    assert out.num_computed_tokens.tolist() == [340, 288, 192]
+    assert out.block_ids_per_group(1) == [[*range(1, 19), 45], [0] * 16 + [36, 37, 46]]
+    assert out.block_ids_per_group(2) == [
+        [*range(1, 13), *range(47, 51)],
+        [0] * 12 + [51, 52, 53, 54],
+    ]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_several_windows_and_the_free_order(backend: str) -> None:
+    """ex7.py, Gemma's order (windows first, full last): each group takes
+    its blocks in turn; freed group by group, the last group's uncached
+    blocks end up at the very head."""
+    s = hybrid(backend, (SWA, SWA, FULL))
+    s.add_request(req("A", list(range(1000, 1100)), max_tokens=1))
+    out = s.schedule()
+    assert out.block_ids_per_group(0) == [
+        list(range(1, 8)),
+        list(range(8, 15)),
+        list(range(15, 22)),
+    ]
+    s.update_from_output(out, {"A": [1]})
+    assert free_queue(s)[:5] == [21, 14, 7, 22, 23]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_output_views_per_group(backend: str) -> None:
+    """vLLM's shapes: a new request's whole table per group; a running
+    request's new blocks per group, None when no group grew."""
+    s = hybrid(backend, (FULL, SWA))
+    s.add_request(req("A", PROMPT, max_tokens=10, ignore_eos=True))
+    out = s.schedule()
+    new = out.scheduled_new_reqs[0]
+    assert new.block_ids == list(range(1, 20))  # group 0's, as with one group
+    assert new.block_ids_per_group == [list(range(1, 20)), list(range(20, 39))]
+    assert out.block_ids_of(0, group=1) == list(range(20, 39))
+    with pytest.raises(IndexError):
+        out.block_ids_of(0, group=2)
+    for _ in range(4):  # up to c = 303
+        s.update_from_output(out, {"A": [7]})
+        out = s.schedule()
+        cached = out.scheduled_cached_reqs
+        assert cached.new_block_ids == [None] and cached.new_block_ids_per_group == [None]
+    s.update_from_output(out, {"A": [7]})
+    out = s.schedule()  # c = 304: a block per group
+    cached = out.scheduled_cached_reqs
+    assert cached.new_block_ids == [[29]]
+    assert cached.new_block_ids_per_group == [[[29], [28]]]
+    assert len(out.new_block_offsets) == 2 * len(out.req_ids) + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_admission_cap_bounds_the_whole_prompt_check(backend: str) -> None:
+    """The admission gate counts a window group's blocks only up to its cap:
+    the 300-token prompt needs 19 + 19 blocks, 19 + 9 with a cap of 9; the
+    step's own check is not capped (its first chunk takes 8 + 8)."""
+    for cap, admitted in ((None, False), (9, True)):
+        groups = (FULL, KVCacheGroup("sliding_window", 128, cap))
+        s = make(
+            backend,
+            num_blocks=41,
+            block_size=16,
+            kv_cache_groups=groups,
+            max_model_len=304,
+            max_num_batched_tokens=128,
+        )
+        s.add_request(req("W", list(range(2000, 2016)), max_tokens=50, ignore_eos=True))
+        out = s.schedule()
+        s.update_from_output(out, {"W": [7]})
+        s.add_request(req("A", PROMPT, max_tokens=2))
+        out = s.schedule()  # W grows to 2 blocks per group: 36 of 40 free
+        assert s.num_free_blocks == (20 if admitted else 36)
+        assert out.req_ids == (["W", "A"] if admitted else ["W"]), cap
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_several_groups_refuse_a_hash_lookahead(backend: str) -> None:
+    with pytest.raises(ValueError, match="num_hash_lookahead_tokens must be 0 with several"):
+        hybrid(backend, (FULL, SWA), num_hash_lookahead_tokens=1, num_speculative_tokens=1)
+
+
+def test_group_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"KVCacheGroup.kind must be one of .*'sliding'"):
+        KVCacheGroup("sliding", 4)
+    with pytest.raises(ValueError, match=r"KVCacheGroup.size must be in \[1, .*got 0"):
+        KVCacheGroup("sliding_window")
+    with pytest.raises(ValueError, match="size must be 0 for a full-attention group, got 8"):
+        KVCacheGroup("full", 8)
+    with pytest.raises(ValueError, match="admission_cap_blocks must be None for a full"):
+        KVCacheGroup("full", admission_cap_blocks=3)
+    with pytest.raises(ValueError, match=r"admission_cap_blocks must be in \[1, .*got 0"):
+        KVCacheGroup("chunked_local", 64, 0)
+    with pytest.raises(TypeError, match="KVCacheGroup.size must be an int, got str"):
+        KVCacheGroup("chunked_local", "64")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"kv_cache_groups\[1\] must be a KVCacheGroup, got tuple"):
+        CacheConfig(kv_cache_groups=(FULL, ("sliding_window", 4)))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"kv_cache_groups must be in \[1, 64\], got 0"):
+        CacheConfig(kv_cache_groups=())
+    with pytest.raises(ValueError, match=r"kv_cache_groups must be in \[1, 64\], got 65"):
+        CacheConfig(kv_cache_groups=(FULL,) * 65)
+    with pytest.raises(TypeError, match="sparse_retention must be a bool"):
+        CacheConfig(sparse_retention=0)  # type: ignore[arg-type]
+    c = CacheConfig(kv_cache_groups=[FULL, SWA])  # type: ignore[arg-type]
+    assert c.kv_cache_groups == (FULL, SWA) and c.num_kv_cache_groups == 2
+
+
+def test_the_cache_must_hold_one_sequence_in_every_group() -> None:
+    """Start-up: one max_model_len sequence's blocks in every group, a
+    window group's capped at its admission cap."""
+    sched = SchedulerConfig(max_model_len=320)
+    check_fits(sched, CacheConfig(num_blocks=41, kv_cache_groups=(FULL, SWA)))
+    with pytest.raises(ValueError, match="fewer than the 40 one sequence"):
+        check_fits(sched, CacheConfig(num_blocks=40, kv_cache_groups=(FULL, SWA)))
+    capped = KVCacheGroup("sliding_window", 128, admission_cap_blocks=9)
+    check_fits(sched, CacheConfig(num_blocks=30, kv_cache_groups=(FULL, capped)))
+
+
+def test_one_group_is_asked_once() -> None:
+    """vLLM's unitary coordinator (one KV-cache group) asks its group once;
+    its hybrid one iterates (printed by vLLM: chunks of 3 tokens in blocks of
+    2, blocks 3 and 4 evicted, a 12-token resend). The twin's lookup; the
+    core's is rust/src/prefix_hit.rs's test of the same name."""
+    hashes = list(range(1, 7))
+    kind = ChunkedLocal(3)
+    for num_groups, tokens, shared in ((1, 8, 0), (2, 6, 8)):
+        pool = BlockPool(40)
+        for g in range(num_groups):
+            for i, block in enumerate(pool.take_free_blocks(len(hashes))):
+                if i < 3 or i == 5:
+                    pool.cache_block(block, group_key(hashes[i], g))
+        hit = find_longest_hit(pool, lookup_groups([kind] * num_groups), hashes, 11, 2, num_groups)
+        assert (hit.tokens, hit.shared_prefix_boundary) == (tokens, shared)
+        assert [[b.block_id for b in blocks] for blocks in hit.blocks] == [
+            [0] * (tokens // 2)
+        ] * num_groups
