@@ -10,9 +10,14 @@ accepts a random prefix of the drafts a step scheduled. METHOD is ``ngram``
 (no drafter model), one with a drafter of its own (``eagle``, ``eagle3``,
 ``mtp``, ``draft_model``: lookahead KV slots, lookahead block hashes, a
 drafting slot in the budget, as vLLM derives them), or ``mixed`` (one of
-the five drawn per seed).
+the five drawn per seed). With ``--layout LAYOUT`` vLLM's KV cache is a
+hybrid model's: gpt-oss's (a sliding window, then full attention), Gemma 3's
+(five sliding windows, then full attention) or Llama 4's (three chunked-local
+groups, then full attention), or ``mixed`` (one drawn per seed), with the
+window or chunk and vLLM's window retention drawn per seed.
 
-    python benches/record_vllm.py OUTDIR --seeds 100-119 [--big] [--spec METHOD [--k K]]
+    python benches/record_vllm.py OUTDIR --seeds 100-119 [--big]
+        [--spec METHOD [--k K] | --layout LAYOUT]
 """
 
 from __future__ import annotations
@@ -31,12 +36,18 @@ from vllm.v1.request import RequestStatus
 import ironbatch.bench.vllm_driver as vs
 from ironbatch.bench.random_speculation import RandomSpeculation
 from ironbatch.trace.speculation import stats_record
+from ironbatch.vllm.settings import kv_cache_groups
 
 VOCAB, EOS = 256, 2
 # Speculative methods whose drafter has a forward pass of its own: vLLM
 # gives them lookahead slots, lookahead block hashes or drafting slots.
 DRAFTER_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
 SPEC_METHODS = ("ngram", *DRAFTER_METHODS)
+# Hybrid KV-cache layouts (the harness's ``kv_layout``) and their KV-cache
+# groups: gpt-oss a sliding window and full attention, Gemma 3 five windows
+# and full attention, Llama 4 three chunked-local groups and full attention.
+LAYOUT_GROUPS = {"gpt-oss": 2, "gemma3": 6, "llama4": 4}
+LAYOUTS = tuple(LAYOUT_GROUPS)
 
 
 def draw_config(rng: random.Random) -> dict[str, Any]:
@@ -129,6 +140,43 @@ def draw_method(seed: int) -> str:
     return random.Random(f"ironbatch-record-method-{seed}").choice(SPEC_METHODS)
 
 
+def draw_layout(seed: int, layout: str, block_size: int) -> dict[str, Any]:
+    """The harness's KV-cache settings for ``--layout layout`` (``mixed``:
+    one of LAYOUTS drawn per seed), from a stream of their own: a window or
+    chunk from under a block to several (chunks whole blocks, as vLLM's
+    chunked attention needs), and vLLM's engine default retention interval
+    0 (sparse window caching) three times in four, else None (dense)."""
+    rng = random.Random(f"ironbatch-record-layout-{seed}")
+    if layout == "mixed":
+        layout = rng.choice(LAYOUTS)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} or mixed, got {layout!r}")
+    bs = block_size
+    if layout == "llama4":
+        window = rng.choice([bs, 2 * bs, 4 * bs])
+    else:
+        window = rng.choice([bs // 2 + 1, bs + 3, 2 * bs, 5 * bs + 1])
+    return {
+        "kv_layout": layout,
+        "window": window,
+        "retention_interval": rng.choice([0, 0, 0, None]),
+    }
+
+
+def group_records(groups: Any) -> list[dict[str, Any]]:
+    """The trace's ``kv_cache_groups`` for the core's groups (vLLM's, with
+    its admission caps, as ``ironbatch.vllm.settings`` derives them)."""
+    records: list[dict[str, Any]] = []
+    for g in groups:
+        record: dict[str, Any] = {"kind": g.kind}
+        if g.kind != "full":
+            record["size"] = g.size
+            if g.admission_cap_blocks is not None:
+                record["admission_cap_blocks"] = g.admission_cap_blocks
+        records.append(record)
+    return records
+
+
 def ngram_config(k: int) -> SpeculativeConfig:
     """vLLM's n-gram method: no drafter model, so no lookahead slots, no
     lookahead hashes and no drafting slots. The recorder supplies the drafts."""
@@ -155,11 +203,23 @@ def record(
     max_steps: int = 3000,
     num_speculative_tokens: int = 0,
     method: str = "ngram",
+    layout: str | None = None,
 ) -> list[dict[str, Any]]:
+    """The trace of ``seed``: its header, then one line per step. ``layout``
+    (one of LAYOUTS, or ``mixed``): a hybrid KV cache, its window drawn per
+    seed; None (the default) one full-attention group."""
     if method not in SPEC_METHODS:
         raise ValueError(f"method must be one of {SPEC_METHODS}, got {method!r}")
+    if layout is not None and num_speculative_tokens:
+        raise ValueError("a hybrid layout is recorded without speculative decoding")
     rng = random.Random(f"ironbatch-record-{seed}")
     cfg = draw_config(rng)
+    hybrid: dict[str, Any] = {}
+    if layout is not None:
+        hybrid = draw_layout(seed, layout, cfg["block_size"])
+        # Every group holds a table of its own: the cache drawn for one group
+        # in each, so a tight cache stays as tight per group.
+        cfg["num_blocks"] = (cfg["num_blocks"] - 1) * LAYOUT_GROUPS[hybrid["kv_layout"]] + 1
     spec: RandomSpeculation | None = None
     extras: dict[str, Any] = {}
     drafter = bool(num_speculative_tokens) and method != "ngram"
@@ -176,11 +236,23 @@ def record(
             eos_token_id=EOS,
             vocab_size=VOCAB,
         )
-    sched = vs.build(cfg, **extras)
+    sched = vs.build(cfg, **extras, **hybrid)
     vc = sched.vllm_config
     if sched.block_size != cfg["block_size"]:
         raise RuntimeError(f"vLLM chose block size {sched.block_size}, not {cfg['block_size']}")
     capacity = None
+    if hybrid:
+        # The groups as vLLM built them, with its admission caps, and its
+        # window retention (written only for a hybrid layout, so other
+        # traces stay as they were).
+        groups = kv_cache_groups(vc, sched.kv_cache_config)
+        if groups is None or len(groups) != LAYOUT_GROUPS[hybrid["kv_layout"]]:
+            raise RuntimeError(f"vLLM built {groups} for {hybrid}")
+        cfg["kv_cache_groups"] = group_records(groups)
+        cfg["sparse_retention"] = sched.kv_cache_config.prefix_cache_retention_interval is not None
+        # A request must fit the cache alone, a table in every group, or
+        # vLLM preempts it for itself forever.
+        capacity = (cfg["num_blocks"] - 1) // len(groups) * cfg["block_size"]
     if drafter:
         # What vLLM derives from the method, as the trace's replay needs it
         # (only for these methods, so n-gram traces stay as they were).
@@ -205,6 +277,8 @@ def record(
     }
     if drafter:
         header["speculative_method"] = method  # informational, as recorded_with
+    if hybrid:
+        header["kv_layout"] = hybrid["kv_layout"]  # informational too
     header["config"] = cfg
     lines: list[dict[str, Any]] = [header]
     drafts: list[list[Any]] = []  # given after the previous step's output
@@ -225,7 +299,7 @@ def record(
             sched.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
             line["abort"].append(victim)
         so = sched.schedule()
-        line["schedule"] = decisions(sched, so)
+        line["schedule"] = decisions(sched, so, per_group=bool(hybrid))
         if spec is not None:  # vLLM's dict, in scheduling order
             scheduled_drafts = so.scheduled_spec_decode_tokens
             line["schedule"]["spec_tokens"] = [
@@ -281,8 +355,19 @@ def spec_stats(engine_outputs: dict[int, Any]) -> dict[str, Any] | None:
     return stats_record(None if stats is None else stats.spec_decoding_stats)
 
 
-def decisions(sched: Any, so: Any) -> dict[str, Any]:
-    """The trace's ``schedule`` object for vLLM's SchedulerOutput ``so``."""
+def decisions(sched: Any, so: Any, per_group: bool = False) -> dict[str, Any]:
+    """The trace's ``schedule`` object for vLLM's SchedulerOutput ``so``.
+    ``per_group``: block ids as one list per KV-cache group (a trace with
+    several groups); otherwise the one group's list."""
+    num_groups = len(sched.kv_cache_config.kv_cache_groups)
+    if not per_group and num_groups != 1:
+        raise ValueError(f"{num_groups} KV-cache groups need per-group block ids")
+
+    def block_ids(blocks: Any) -> list[Any]:
+        if per_group:  # vLLM's tuple, one list per group; None: no group grew
+            return [list(b) for b in blocks] if blocks else [[] for _ in range(num_groups)]
+        return list(blocks[0]) if blocks else []
+
     new = {n.req_id: n for n in so.scheduled_new_reqs}
     cached = so.scheduled_cached_reqs
     row_of = {rid: i for i, rid in enumerate(cached.req_ids)}
@@ -291,14 +376,13 @@ def decisions(sched: Any, so: Any) -> dict[str, Any]:
         if rid in new:
             kind = "resumed" if sched.requests[rid].num_preemptions else "new"
             scheduled.append(
-                [rid, n, kind, new[rid].num_computed_tokens, list(new[rid].block_ids[0])]
+                [rid, n, kind, new[rid].num_computed_tokens, block_ids(new[rid].block_ids)]
             )
         else:
             i = row_of[rid]
             kind = "resumed" if rid in cached.resumed_req_ids else "running"
-            blocks = cached.new_block_ids[i]
             scheduled.append(
-                [rid, n, kind, cached.num_computed_tokens[i], list(blocks[0]) if blocks else []]
+                [rid, n, kind, cached.num_computed_tokens[i], block_ids(cached.new_block_ids[i])]
             )
     return {
         "scheduled": scheduled,
@@ -343,21 +427,42 @@ def main() -> int:
     ap.add_argument(
         "--k", type=int, help="num_speculative_tokens with --spec (default: 1-5, drawn per seed)"
     )
+    ap.add_argument(
+        "--layout",
+        choices=[*LAYOUTS, "mixed"],
+        help="a hybrid model's KV-cache groups (mixed: one layout drawn per seed), the window"
+        " or chunk and the window retention drawn per seed",
+    )
     a = ap.parse_args()
     if a.k is not None and (a.spec is None or a.k < 1):
         ap.error("--k needs --spec and must be at least 1")
+    if a.layout and a.spec:
+        ap.error("--layout records without speculative decoding: not with --spec")
     lo, hi = (int(x) for x in a.seeds.split("-"))
     a.outdir.mkdir(parents=True, exist_ok=True)
     for seed in range(lo, hi + 1):
         k = (a.k or draw_num_speculative_tokens(seed)) if a.spec else 0
         method = draw_method(seed) if a.spec == "mixed" else a.spec or "ngram"
-        lines = record(seed, a.big, num_speculative_tokens=k, method=method)
+        lines = record(seed, a.big, num_speculative_tokens=k, method=method, layout=a.layout)
         path = a.outdir / f"{a.prefix}-{seed:04d}.jsonl"
         path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
         pre = sum(len(x["schedule"]["preempted"]) for x in lines[1:])
         spec = f", {method}, k={k}, {accepted(lines)} drafts accepted" if k else ""
+        if a.layout:
+            spec = f", {describe_layout(lines[0])}"
         print(f"{path}: {len(lines) - 1} steps, {pre} preemptions{spec}", file=sys.stderr)
     return 0
+
+
+def describe_layout(header: dict[str, Any]) -> str:
+    """``gpt-oss, sliding_window 9 (cap 17), sparse, prefix caching``: a
+    hybrid trace's groups, as printed after it is written."""
+    config = header["config"]
+    kinds = [g for g in config["kv_cache_groups"] if g["kind"] != "full"]
+    window = f"{kinds[0]['kind']} {kinds[0]['size']} (cap {kinds[0].get('admission_cap_blocks')})"
+    retention = "sparse" if config["sparse_retention"] else "dense"
+    caching = "prefix caching" if config["enable_prefix_caching"] else "no prefix caching"
+    return f"{header['kv_layout']}, {window}, {retention}, {caching}"
 
 
 def accepted(lines: list[dict[str, Any]]) -> str:

@@ -1,5 +1,6 @@
 """Every trace recorded from vLLM 0.33's own scheduler replays identical at
-block level on both backends, and a replay reports a real difference."""
+block level on both backends (hybrid KV caches' per KV-cache group), and a
+replay reports a real difference."""
 
 from __future__ import annotations
 
@@ -22,17 +23,23 @@ DATA = Path(__file__).parent / "data"
 # with a drafter of its own (lookahead slots and hashes, drafting slots): 3
 # each of --spec eagle (seeds 504, 505, 509), eagle3 (525, 530, 534), mtp
 # (540, 545, 551) and draft_model (563, 573, 576), and one --big each, gzipped
-# (eagle 601, eagle3 610, mtp 621, draft_model 632).
+# (eagle 601, eagle3 610, mtp 621, draft_model 632); recorded-hybrid/: 17 of
+# hybrid KV caches, block ids per KV-cache group, the window drawn per seed:
+# --layout gpt-oss (seeds 705, 706, 725, 728, 736, 739), gemma3 (743, 746,
+# 761, 767) and llama4 (801, 810, 818, 819), and one --big each, gzipped
+# (gpt-oss 900, gemma3 913, llama4 936).
 TRACES = sorted((DATA / "traces").glob("*.jsonl"))
 RECORDED = sorted((DATA / "recorded").glob("*.jsonl"))
 SPEC = sorted((DATA / "recorded-spec").glob("*.jsonl*"))
-ALL = TRACES + RECORDED + SPEC
+HYBRID = sorted((DATA / "recorded-hybrid").glob("*.jsonl*"))
+ALL = TRACES + RECORDED + SPEC + HYBRID
 
 
 def test_the_traces_are_there() -> None:
     assert len(TRACES) == 40
     assert len(RECORDED) == 32
     assert len(SPEC) == 39
+    assert len(HYBRID) == 17
 
 
 def _lines(path: Path) -> list[str]:

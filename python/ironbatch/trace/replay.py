@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
+from ironbatch.scheduler_output import SchedulerOutput
 from ironbatch.trace.speculation import (
     SPEC_STATS,
     SPEC_TOKENS,
@@ -108,9 +109,54 @@ def build_scheduler(config: dict[str, Any], backend: str) -> Scheduler:
             num_blocks=config["num_blocks"],
             block_size=config["block_size"],
             enable_prefix_caching=config["enable_prefix_caching"],
+            # Optional (the growth rule): without them, one full-attention
+            # group; sparse window caching is vLLM's default.
+            kv_cache_groups=kv_cache_groups(config),
+            sparse_retention=config.get("sparse_retention", True),
         ),
         backend=backend,
     )
+
+
+def kv_cache_groups(config: dict[str, Any]) -> tuple[KVCacheGroup, ...] | None:
+    """The config's ``kv_cache_groups`` as the scheduler takes them; None
+    (one full-attention group) when the key is missing. Keys a group object
+    does not define are ignored, as everywhere in the format."""
+    groups = config.get("kv_cache_groups")
+    if groups is None:
+        return None
+    if not isinstance(groups, list):
+        raise TypeError(f"kv_cache_groups must be a list, got {type(groups).__name__}")
+    out = []
+    for i, g in enumerate(groups):
+        if not isinstance(g, dict):
+            raise TypeError(f"kv_cache_groups[{i}] must be an object, got {type(g).__name__}")
+        out.append(
+            KVCacheGroup(
+                kind=g["kind"],
+                size=g.get("size", 0),
+                admission_cap_blocks=g.get("admission_cap_blocks"),
+            )
+        )
+    return tuple(out)
+
+
+def scheduled_entries(out: SchedulerOutput) -> list[list[Any]]:
+    """``schedule.scheduled`` for a step: ``[request_id, num_tokens, kind,
+    num_computed_tokens, block_ids]`` per row. ``block_ids`` is a list of
+    ints with one KV-cache group; with several, one list per group in group
+    order, read from the per-group offsets."""
+    num_groups = out.num_kv_cache_groups
+    if num_groups == 1:
+        return [list(e) for e in out.entries()]
+    ids = out.new_block_ids.tolist()
+    offsets = out.new_block_offsets.tolist()
+    rows: list[list[Any]] = []
+    for i, e in enumerate(out.entries()):
+        k = i * num_groups
+        per_group = [ids[offsets[k + g] : offsets[k + g + 1]] for g in range(num_groups)]
+        rows.append([e.request_id, e.num_tokens, e.kind, e.num_computed_tokens, per_group])
+    return rows
 
 
 def trace_request(d: dict[str, Any]) -> Request:
@@ -162,10 +208,9 @@ def _replay_steps(
             sched.finish_requests([rid])
         out = sched.schedule()
         want = rec["schedule"]
-        got = [list(e) for e in out.entries()]
+        got = scheduled_entries(out) if blocks else [list(e)[:4] for e in out.entries()]
         expected = want["scheduled"]
         if not blocks:
-            got = [e[:4] for e in got]
             expected = [e[:4] for e in expected]
         if got != expected:
             return differs("scheduled", expected, got)
