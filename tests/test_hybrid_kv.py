@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ironbatch import CacheConfig, KVCacheGroup, Scheduler, SchedulerConfig
+from ironbatch import CacheConfig, KVCacheGroup, Request, SamplingParams, Scheduler, SchedulerConfig
 from ironbatch.config import check_fits
 from ironbatch.reference.attention_group import ChunkedLocal, group_key
 from ironbatch.reference.block_pool import BlockPool
@@ -360,3 +360,24 @@ def test_one_group_is_asked_once() -> None:
         assert [[b.block_id for b in blocks] for blocks in hit.blocks] == [
             [0] * (tokens // 2)
         ] * num_groups
+
+
+@pytest.mark.parametrize("backend", ["rust", "python"])
+def test_slot_mapping_has_one_run_of_the_tokens_per_group(backend: str) -> None:
+    """The step's slots, group by group: the window group's run first (its
+    blocks 1–19 for the 300-token prompt), then the full group's (20–38)."""
+    groups = (
+        KVCacheGroup(kind="sliding_window", size=128),
+        KVCacheGroup(kind="full"),
+    )
+    s = Scheduler(
+        SchedulerConfig(max_model_len=512, max_num_seqs=4, max_num_batched_tokens=512),
+        CacheConfig(num_blocks=100, block_size=16, kv_cache_groups=groups),
+        backend=backend,
+    )
+    s.add_request(Request("a", list(range(3, 303)), SamplingParams(max_tokens=4)))
+    out = s.schedule()
+    slots = out.slot_mapping.tolist()
+    assert len(slots) == 2 * 300 == 2 * len(out.positions)
+    assert slots[:300] == [16 + p for p in range(300)]  # blocks 1, 2, ...
+    assert slots[300:] == [20 * 16 + p for p in range(300)]  # blocks 20, 21, ...

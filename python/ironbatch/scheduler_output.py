@@ -91,7 +91,9 @@ class StepColumns:
     new_block_ids: np.ndarray
     new_block_offsets: np.ndarray  # rows * G + 1
     positions: np.ndarray  # per scheduled token
-    slot_mapping: np.ndarray  # per scheduled token: block_id * block_size + offset
+    # per scheduled token: block_id * block_size + offset; with G KV-cache
+    # groups, G runs of the step's tokens, group by group
+    slot_mapping: np.ndarray
     query_start_loc: np.ndarray  # rows + 1
     seq_lens: np.ndarray
     num_spec_tokens: np.ndarray  # drafts scheduled: the row's last scheduled tokens

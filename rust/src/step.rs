@@ -128,7 +128,8 @@ step_columns! {
     /// Per scheduled token: its position.
     positions: i64,
     /// Per scheduled token: its KV-cache slot
-    /// (`block_id * block_size + position % block_size`).
+    /// (`block_id * block_size + position % block_size`); with `G` groups,
+    /// `G` runs of the step's tokens, group by group.
     slot_mapping: i64,
     /// Prefix sums of the token counts (rows + 1).
     query_start_loc: i32,
@@ -225,6 +226,12 @@ impl StepOutput {
     /// One scheduled token of the row.
     pub(crate) fn push_token(&mut self, position: usize, slot: i64) {
         self.columns.positions.push(position as i64);
+        self.columns.slot_mapping.push(slot);
+    }
+
+    /// Another KV-cache group's slot for a token (after every row's group-0
+    /// slots).
+    pub(crate) fn push_slot(&mut self, slot: i64) {
         self.columns.slot_mapping.push(slot);
     }
 

@@ -71,7 +71,8 @@ class StepColumns:
     #: Per scheduled token: its position.
     positions: list[int] = field(default_factory=list)
     #: Per scheduled token: its KV-cache slot
-    #: (``block_id * block_size + position % block_size``).
+    #: (``block_id * block_size + position % block_size``); with ``G``
+    #: groups, ``G`` runs of the step's tokens, group by group.
     slot_mapping: list[int] = field(default_factory=list)
     #: Prefix sums of the token counts (rows + 1).
     query_start_loc: list[int] = field(default_factory=list)
@@ -165,6 +166,11 @@ class StepOutput:
     def push_new_blocks(self, ids: list[int]) -> None:
         """The row's new blocks."""
         self.columns.new_block_ids.extend(ids)
+
+    def push_slot(self, slot: int) -> None:
+        """Another KV-cache group's slot for a token (after every row's
+        group-0 slots)."""
+        self.columns.slot_mapping.append(slot)
 
     def end_group(self) -> None:
         """Close a KV-cache group's new blocks in the row (all but the last

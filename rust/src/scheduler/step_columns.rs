@@ -56,6 +56,16 @@ impl Scheduler {
                 }
             }
         }
+        // The other KV-cache groups' slots follow group 0's, group by group,
+        // each in the tokens' order.
+        for g in 1..self.kv.groups().len() {
+            for e in &entries {
+                let table = &self.requests[e.slot].tables[g];
+                for p in e.num_computed_tokens..e.num_computed_tokens + e.num_tokens {
+                    out.push_slot(self.kv.slot_of(table, p));
+                }
+            }
+        }
         out.entries = entries;
         self.preempted_ids.sort_unstable();
         self.finished_ids.sort_unstable();

@@ -51,6 +51,13 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
                 r.drafts = Drafts(placeholders=k) if k else NO_DRAFTS
                 if s.config.decode_stagger > 0:
                     r.next_decode_step = s.current_step + s.config.decode_stagger
+    # The other KV-cache groups' slots follow group 0's, group by group, each
+    # in the tokens' order.
+    for g in range(1, len(s.kv.groups)):
+        for e in entries:
+            table = s.requests[e.slot].tables[g]
+            for p in range(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens):
+                out.push_slot(s.kv.slot_of(table, p))
     out.entries = entries
     out.preempted_req_ids, s.preempted_ids = sorted(s.preempted_ids), []
     out.finished_req_ids, s.finished_ids = sorted(s.finished_ids), []
