@@ -1,0 +1,155 @@
+"""Replay an Azure LLM inference trace (Microsoft's public 2023 traces, or a
+synthetic one of the conversation trace's shape) through vLLM's own
+scheduler, the vLLM drop-in (``ironbatch.vllm.Scheduler``) and the core
+(``ironbatch.Scheduler``, backend "rust") in lockstep, checking that every
+step's decisions are identical, and time each scheduler's ``schedule()`` +
+``update_from_output()`` per step by running-request bucket.
+
+The deployment: block size 16, max_model_len 8192, 256 sequences, an
+8,192-token budget (``--max-num-batched-tokens 2048`` for the smaller one),
+prefix caching and chunked prefill on, a KV cache for 256 full-length
+sequences unless ``--num-blocks`` says otherwise. Each step is assumed to
+take ``--step-ms`` of model time (30 ms): requests arriving while a step runs
+are added before the next one (python/ironbatch/bench/trace_workload.py has
+the prompts and this mapping). Without vLLM installed the Python twin stands
+in for vLLM's scheduler (and there is no drop-in to time).
+
+    python benches/azure_replay.py [--trace PATH | --synthetic N] [--seed S]
+        [--rate-scale X] [--step-ms MS] [--async-scheduling] [--max-steps N]
+        [--max-num-batched-tokens 2048] [--num-blocks B] [--twin]
+        [--buckets 16,64,128,192,256]
+
+The real traces (CC-BY-4.0) are at
+https://github.com/Azure/AzurePublicDataset (AzureLLMInferenceDataset2023).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import sys
+
+# One thread per math library: idle worker threads of torch and OpenBLAS
+# spin and steal the cores the schedulers are timed on.
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
+
+from ironbatch.bench.azure_trace import CONV_RATE_PER_S, read_trace, synthetic_trace  # noqa: E402
+from ironbatch.bench.lockstep import Lane, core_lane, replay, vllm_lane  # noqa: E402
+from ironbatch.bench.step_buckets import BUCKETS, bucket_table  # noqa: E402
+from ironbatch.bench.trace_workload import deployment  # noqa: E402
+
+
+def buckets_arg(text: str) -> list[tuple[int, int]]:
+    """``16,64,128`` -> [(1, 16), (17, 64), (65, 128)]."""
+    edges = [int(x) for x in text.split(",")]
+    if not edges or edges[0] < 1 or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+        raise argparse.ArgumentTypeError(f"expected increasing positive edges, got {text!r}")
+    return list(zip([1, *(e + 1 for e in edges[:-1])], edges, strict=True))
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = ap.add_mutually_exclusive_group()
+    source.add_argument("--trace", help="an Azure-trace-shaped CSV")
+    source.add_argument(
+        "--synthetic",
+        type=int,
+        metavar="N",
+        default=3000,
+        help="N requests shaped like the conversation trace (the default: 3000)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="the synthetic trace's seed")
+    ap.add_argument(
+        "--rate-scale", type=float, default=1.0, help="multiply the arrival rate (2: twice)"
+    )
+    ap.add_argument("--step-ms", type=float, default=30.0, help="model time per step")
+    ap.add_argument("--async-scheduling", action="store_true")
+    ap.add_argument("--max-steps", type=int, help="stop after N steps")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--num-blocks", type=int, help="KV-cache blocks (default: ample)")
+    ap.add_argument("--twin", action="store_true", help="also time the (slow) Python twin")
+    ap.add_argument(
+        "--buckets",
+        type=buckets_arg,
+        default=list(BUCKETS),
+        help="running-request buckets' upper edges (default: 16,64,128,192,256)",
+    )
+    a = ap.parse_args()
+
+    if a.trace:
+        rows = read_trace(a.trace)
+        what = f"trace {os.path.basename(a.trace)} ({len(rows):,} requests)"
+    else:
+        rows = synthetic_trace(a.synthetic, seed=a.seed)
+        what = (
+            f"synthetic conversation-shaped trace ({len(rows):,} requests, seed {a.seed}, "
+            f"{CONV_RATE_PER_S} req/s before scaling)"
+        )
+    deploy = deployment(max_num_batched_tokens=a.max_num_batched_tokens, cache_blocks=a.num_blocks)
+    asy = a.async_scheduling
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    core = core_lane(deploy, backend="rust", async_scheduling=asy)
+    lanes: list[Lane]
+    if has_vllm:
+        lanes = [
+            vllm_lane(deploy, kind="vllm", async_scheduling=asy),
+            vllm_lane(deploy, kind="ironbatch", async_scheduling=asy),
+            core,
+        ]
+        if a.twin:
+            lanes.append(core_lane(deploy, backend="python", async_scheduling=asy))
+    else:
+        print("vLLM is not installed: the Python twin stands in for it", file=sys.stderr)
+        lanes = [core_lane(deploy, backend="python", async_scheduling=asy), core]
+    load_before = load()
+    result = replay(
+        lanes,
+        rows,
+        deployment=deploy,
+        step_ms=a.step_ms,
+        rate_scale=a.rate_scale,
+        max_steps=a.max_steps,
+        log=lambda s: print(s, file=sys.stderr),
+    )
+    steps = len(result.scheduled)
+    versions = ""
+    if has_vllm:
+        import vllm
+
+        versions = f", vLLM {vllm.__version__}"
+    print(
+        f"{what}, arrival rate ×{a.rate_scale:g}, {a.step_ms:g} ms of model time per step; "
+        f"block 16, max_model_len {deploy.max_model_len}, max_num_seqs {deploy.max_num_seqs}, "
+        f"max_num_batched_tokens {deploy.max_num_batched_tokens}, {deploy.num_blocks:,} blocks, "
+        f"prefix caching and chunked prefill on; {'async' if asy else 'sync'} scheduling"
+    )
+    print(
+        f"{steps:,} steps, identical decisions in every one ({', '.join(x.name for x in lanes)}); "
+        f"{result.requests_added:,} requests added, "
+        + ("all finished" if result.finished else f"stopped at step {steps:,}")
+        + f", peak {max(result.scheduled, default=0)} scheduled in a step; "
+        f"{result.wall_s:,.1f} s"
+    )
+    print(
+        f"{platform.machine()}, {platform.processor() or platform.system()}, Python "
+        f"{platform.python_version()}{versions}; before: {load_before}; after: {load()}"
+    )
+    print(
+        "µs per step of schedule() + update_from_output() (the previous step's under async), "
+        "wall clock and thread CPU time, by requests scheduled in the step:"
+    )
+    print()
+    print(bucket_table(result, a.buckets))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
