@@ -11,6 +11,10 @@ import numpy as np
 
 from ironbatch.scheduler_output import Kind
 
+# The kinds as plain ints: comparing a NumPy column with an enum member costs
+# about 2 µs, with an int under 0.5 µs, and every step makes three.
+_RUNNING, _NEW, _RESUMED = int(Kind.RUNNING), int(Kind.NEW), int(Kind.RESUMED)
+
 
 @dataclass(frozen=True)
 class StepRows:
@@ -33,7 +37,7 @@ class StepRows:
     def of(cls, step: Any, num_groups: int = 1) -> StepRows:
         cols = step.columns()
         kinds = cols["kinds"]
-        num_running = int(np.count_nonzero(kinds == Kind.RUNNING))
+        num_running = int(np.count_nonzero(kinds == _RUNNING))
         admitted = kinds[num_running:]
         return cls(
             req_ids=step.req_ids,
@@ -42,8 +46,8 @@ class StepRows:
             computed=cols["num_computed_tokens"].tolist(),
             num_output_tokens=cols["num_output_tokens"].tolist(),
             num_running=num_running,
-            new=(np.flatnonzero(admitted == Kind.NEW) + num_running).tolist(),
-            resumed=(np.flatnonzero(admitted == Kind.RESUMED) + num_running).tolist(),
+            new=(np.flatnonzero(admitted == _NEW) + num_running).tolist(),
+            resumed=(np.flatnonzero(admitted == _RESUMED) + num_running).tolist(),
             block_offsets=cols["new_block_offsets"].tolist(),
             block_offsets_array=cols["new_block_offsets"],
             flat_block_ids=cols["new_block_ids"],
