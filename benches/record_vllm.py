@@ -36,6 +36,7 @@ from vllm.v1.request import RequestStatus
 import ironbatch.bench.vllm_driver as vs
 from ironbatch.bench.random_speculation import RandomSpeculation
 from ironbatch.trace.speculation import stats_record
+from ironbatch.vllm import harness
 from ironbatch.vllm.settings import kv_cache_groups
 
 VOCAB, EOS = 256, 2
@@ -151,16 +152,7 @@ def draw_layout(seed: int, layout: str, block_size: int) -> dict[str, Any]:
         layout = rng.choice(LAYOUTS)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS} or mixed, got {layout!r}")
-    bs = block_size
-    if layout == "llama4":
-        window = rng.choice([bs, 2 * bs, 4 * bs])
-    else:
-        window = rng.choice([bs // 2 + 1, bs + 3, 2 * bs, 5 * bs + 1])
-    return {
-        "kv_layout": layout,
-        "window": window,
-        "retention_interval": rng.choice([0, 0, 0, None]),
-    }
+    return harness.draw_layout(rng, layout, block_size)
 
 
 def group_records(groups: Any) -> list[dict[str, Any]]:

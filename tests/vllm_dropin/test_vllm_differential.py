@@ -96,15 +96,7 @@ def kv_layout(rng: random.Random, bs: int, hybrid: bool) -> dict:
     if not hybrid:
         return {"kv_layout": "full"}
     layout = rng.choice(["gpt-oss", "gpt-oss", "gemma3", "llama4"])
-    if layout == "llama4":
-        window = rng.choice([bs, 2 * bs, 4 * bs])  # chunks are whole blocks
-    else:
-        window = rng.choice([bs // 2 + 1, bs + 3, 2 * bs, 5 * bs + 1])
-    return {
-        "kv_layout": layout,
-        "window": window,
-        "retention_interval": rng.choice([0, 0, 0, None]),
-    }
+    return vllm_setup.draw_layout(rng, layout, bs)
 
 
 # Speculative methods, each as often as drawn here: n-gram (no drafter of its

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -284,6 +285,23 @@ def kv_cache_groups(cfg: dict[str, Any]) -> list[KVCacheGroupSpec]:
         chunked = ChunkedLocalAttentionSpec(attention_chunk_size=window, **common)
         return [KVCacheGroupSpec([f"chunked{i}"], chunked) for i in range(3)] + [full]
     raise ValueError(f"kv_layout must be full, gpt-oss, gemma3 or llama4, got {layout!r}")
+
+
+def draw_layout(rng: random.Random, layout: str, block_size: int) -> dict[str, Any]:
+    """Settings for a window ``layout`` drawn from ``rng``: a window or chunk
+    from under a block to several (chunks whole blocks, as vLLM's chunked
+    attention needs), and vLLM's retention interval 0 (sparse window
+    caching) three times in four, else None (dense)."""
+    bs = block_size
+    if layout == "llama4":
+        window = rng.choice([bs, 2 * bs, 4 * bs])
+    else:
+        window = rng.choice([bs // 2 + 1, bs + 3, 2 * bs, 5 * bs + 1])
+    return {
+        "kv_layout": layout,
+        "window": window,
+        "retention_interval": rng.choice([0, 0, 0, None]),
+    }
 
 
 def construct(cls: type, vc: VllmConfig, kvc: KVCacheConfig, log_stats: bool = True) -> Any:
