@@ -17,6 +17,7 @@ in for vLLM's scheduler (and there is no drop-in to time).
     python benches/azure_replay.py [--trace PATH | --synthetic N] [--seed S]
         [--rate-scale X] [--step-ms MS] [--async-scheduling] [--max-steps N]
         [--max-num-batched-tokens 2048] [--num-blocks B] [--twin]
+        [--lanes vllm,drop-in,core]
         [--buckets 16,64,128,192,256]
 
 The real traces (CC-BY-4.0) are at
@@ -50,6 +51,18 @@ def buckets_arg(text: str) -> list[tuple[int, int]]:
     return list(zip([1, *(e + 1 for e in edges[:-1])], edges, strict=True))
 
 
+LANE_NAMES = ("vllm", "drop-in", "core")
+
+
+def lanes_arg(text: str) -> tuple[str, ...]:
+    """``drop-in,core`` -> ("drop-in", "core"), in the table's order."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [x for x in names if x not in LANE_NAMES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(LANE_NAMES)}, got {text!r}")
+    return tuple(x for x in LANE_NAMES if x in names)
+
+
 def load() -> str:
     one, five, _ = os.getloadavg()
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
@@ -76,6 +89,11 @@ def main() -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--num-blocks", type=int, help="KV-cache blocks (default: ample)")
     ap.add_argument("--twin", action="store_true", help="also time the (slow) Python twin")
+    ap.add_argument(
+        "--lanes",
+        type=lanes_arg,
+        help="run only these of vllm,drop-in,core (to profile one, e.g. under py-spy)",
+    )
     ap.add_argument(
         "--buckets",
         type=buckets_arg,
@@ -106,6 +124,8 @@ def main() -> int:
         ]
         if a.twin:
             lanes.append(core_lane(deploy, backend="python", async_scheduling=asy))
+        if a.lanes:
+            lanes = [lane for lane, name in zip(lanes, LANE_NAMES, strict=False) if name in a.lanes]
     else:
         print("vLLM is not installed: the Python twin stands in for it", file=sys.stderr)
         lanes = [core_lane(deploy, backend="python", async_scheduling=asy), core]

@@ -23,6 +23,8 @@ CLASSES = [
     "FinishedRequest",
     "SchedulerStats",
     "SpecDecodingStats",
+    "VllmStepRows",
+    "VllmStepUpdate",
 ]
 
 

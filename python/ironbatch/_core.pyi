@@ -144,7 +144,10 @@ class Step:
     @property
     def finished_req_ids(self) -> list[str]: ...
     def columns(self) -> dict[str, NDArray[Any]]:
-        """The step's NumPy columns, named and typed by ``STEP_COLUMNS``."""
+        """The step's NumPy columns, named and typed by ``STEP_COLUMNS``
+        (made on the first call, then the same dict)."""
+    def column(self, name: str) -> NDArray[Any]:
+        """One column as a fresh array; KeyError for an unknown name."""
     def __len__(self) -> int: ...
     @property
     def has_structured_output_requests(self) -> bool:
@@ -196,6 +199,11 @@ class FinishedRequest:
     def token_ids(self) -> list[int]:
         """All its tokens, prompt first, as it ended."""
     @property
+    def num_tokens(self) -> int:
+        """``len(token_ids)``."""
+    def token_ids_from(self, start: int) -> list[int]:
+        """``token_ids[start:]``, without making the whole list."""
+    @property
     def num_computed_tokens(self) -> int: ...
     @property
     def session_continues(self) -> bool:
@@ -221,6 +229,74 @@ class StepUpdate:
     @property
     def spec_decoding_stats(self) -> SpecDecodingStats | None:
         """Drafts verified in this output; None when none were."""
+
+class VllmStepRows:
+    """What the vLLM drop-in reads of a step, as lists: running rows first,
+    then admissions (first ones and resumed ones, in scheduling order)."""
+
+    def __init__(self, step: Step, num_groups: int) -> None: ...
+    @property
+    def req_ids(self) -> list[str]: ...
+    @property
+    def slots(self) -> list[int]: ...
+    @property
+    def num_scheduled(self) -> list[int]: ...
+    @property
+    def computed(self) -> list[int]:
+        """``num_computed_tokens`` before the step (the hit for admissions)."""
+    @property
+    def num_output_tokens(self) -> list[int]:
+        """Output tokens before the step, placeholders included."""
+    @property
+    def num_running(self) -> int:
+        """Rows ``[0, num_running)`` continue; the rest are admissions."""
+    @property
+    def admitted(self) -> range: ...
+    @property
+    def new(self) -> list[int]:
+        """Rows admitted for the first time."""
+    @property
+    def resumed(self) -> list[int]:
+        """Rows admitted again after a preemption."""
+    @property
+    def running_grown(self) -> list[int]:
+        """Running rows whose block table grew this step."""
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]: ...
+    @property
+    def total_num_scheduled_tokens(self) -> int: ...
+    @property
+    def num_groups(self) -> int: ...
+    @property
+    def step(self) -> Step: ...
+    def block_ids(self, i: int) -> tuple[list[int], ...]:
+        """Row ``i``'s blocks, one list per KV-cache group."""
+    def spec_decode_tokens(self) -> dict[str, list[int]]:
+        """Each row with drafts: its drafts (-1 for a placeholder)."""
+
+class VllmStepUpdate:
+    """The vLLM drop-in's update: one record per request that got tokens,
+    in scheduling order, as lists."""
+
+    @property
+    def rows(self) -> list[int]:
+        """Each record's row in the step."""
+    @property
+    def slots(self) -> list[int]:
+        """Each record's slot."""
+    @property
+    def req_ids(self) -> list[str]: ...
+    @property
+    def new_token_ids(self) -> list[list[int]]:
+        """Each record's tokens (the runner's own list where all were kept)."""
+    @property
+    def cached_tokens(self) -> list[int]: ...
+    @property
+    def finished(self) -> list[FinishedRequest]: ...
+    @property
+    def spec_decoding_stats(self) -> SpecDecodingStats | None: ...
+    def records_of(self, slots: list[int]) -> list[int]:
+        """The records whose slot is among ``slots``, in record order."""
 
 class SpecDecodingStats:
     """vLLM's SpecDecodingStats for one update."""
@@ -375,7 +451,7 @@ def vllm_update_from_runner_output(
     req_id_to_index: dict[str, int],
     sampled_token_ids: list[list[int]],
     accept: Callable[[str, list[int], int], bool] | None = None,
-) -> StepUpdate:
+) -> VllmStepUpdate:
     """The vLLM drop-in's update: entry ``i`` gets
     ``sampled_token_ids[req_id_to_index[req_ids[i]]]``."""
 

@@ -118,7 +118,7 @@ class RustBackend:
         step = self.core.schedule(throttle_prefills)
         return SchedulerOutput(
             req_ids=step.req_ids,
-            columns=step.columns(),
+            column=step.column,
             preempted_req_ids=set(step.preempted_req_ids),
             finished_req_ids=set(step.finished_req_ids),
             handle=step,
@@ -258,7 +258,7 @@ class PythonBackend:
         )
         return SchedulerOutput(
             req_ids=[name(e.slot).request_id for e in step.entries],
-            columns=columns,
+            column=columns.__getitem__,
             preempted_req_ids=set(step.preempted_req_ids),
             finished_req_ids=set(step.finished_req_ids),
             handle=handle,

@@ -100,6 +100,14 @@ macro_rules! step_columns {
             pub fn into_named(self) -> Vec<(&'static str, Column)> {
                 vec![$((stringify!($name), column_of!($ty, self.$name))),*]
             }
+
+            /// A copy of the column called `name`; None for no such column.
+            pub fn named(&self, name: &str) -> Option<Column> {
+                match name {
+                    $(stringify!($name) => Some(column_of!($ty, self.$name.clone())),)*
+                    _ => None,
+                }
+            }
         }
     };
 }

@@ -13,6 +13,7 @@ tokens at every step: its grammar and reasoning parser read them)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from vllm.v1.engine import EngineCoreEventType
@@ -36,6 +37,9 @@ class RequestMirror:
         self.client_of_slot: list[int] = []
         self.slot_of: dict[str, int] = {}
         self.full_output_slots: set[int] = set()
+        # Live requests per client: with one client (the usual front end)
+        # a step's outputs need no grouping.
+        self.live_per_client: Counter[int] = Counter()
 
     def add(self, request: Request, slot: int) -> None:
         if slot >= len(self.by_slot):
@@ -44,6 +48,7 @@ class RequestMirror:
             self.client_of_slot.extend([0] * grow)
         self.by_slot[slot] = request
         self.client_of_slot[slot] = request.client_index
+        self.live_per_client[request.client_index] += 1
         self.slot_of[request.request_id] = slot
         self.full_output_slots.add(slot)  # its first output carries prefill stats
 
@@ -51,6 +56,16 @@ class RequestMirror:
         slot = self.slot_of.pop(request_id)
         self.by_slot[slot] = None
         self.full_output_slots.discard(slot)
+        client = self.client_of_slot[slot]
+        self.live_per_client[client] -= 1
+        if not self.live_per_client[client]:
+            del self.live_per_client[client]
+
+    def only_client(self) -> int | None:
+        """The one client with live requests; None for none or several."""
+        if len(self.live_per_client) != 1:
+            return None
+        return next(iter(self.live_per_client))
 
     def mark_full(self, r: Request) -> None:
         """``r``'s next output carries more than tokens."""
@@ -62,6 +77,21 @@ class RequestMirror:
         self.set_tokens(r, tokens)
         if computed_too:
             r.num_computed_tokens = computed
+
+    @staticmethod
+    def finish_tokens(r: Request, end: Any) -> None:
+        """Bring a finished request's tokens up to date from the core's
+        ``FinishedRequest``. A request's tokens only grow, and its Request
+        holds a prefix of them (written only by ``sync`` and by appends of
+        kept tokens), so only the tail crosses over; a streaming session's
+        turns may drop a token, so its tokens are written whole."""
+        have = len(r._all_token_ids)
+        if r.resumable or have > end.num_tokens:
+            RequestMirror.set_tokens(r, end.token_ids)
+            return
+        tail = end.token_ids_from(have)
+        r._all_token_ids.extend(tail)
+        r._output_token_ids.extend(tail)
 
     @staticmethod
     def set_tokens(r: Request, tokens: list[int]) -> None:

@@ -10,8 +10,8 @@ import itertools
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData
 
 from ironbatch import _core
+from ironbatch._core import VllmStepRows as StepRows
 from ironbatch.vllm.request_mirror import RequestMirror
-from ironbatch.vllm.step_rows import StepRows
 
 
 class RunnerRequestData:
@@ -47,28 +47,21 @@ class RunnerRequestData:
         model runner V1, resumed ones with their whole table; V1 also gets
         ``all_token_ids`` for requests it did not see in the previous step."""
         resumed = [] if self.use_v2_model_runner else rows.resumed
-        running = range(rows.num_running)
-        new_block_ids: list[tuple[list[int], ...] | None] = [None] * rows.num_running
-        for i in rows.running_grown():
+        n = rows.num_running
+        new_block_ids: list[tuple[list[int], ...] | None] = [None] * n
+        for i in rows.running_grown:
             new_block_ids[i] = rows.block_ids(i)
-        new_block_ids += [rows.block_ids(i) for i in resumed]
         all_token_ids: dict[str, list[int]] = {}
         if not self.use_v2_model_runner:
-            prev = self.prev_step_req_ids
-            for i in itertools.chain(running, resumed):
-                rid = rows.req_ids[i]
-                if rid not in prev:
-                    r = self.mirror.by_slot[rows.slots[i]]
-                    self.mirror.sync(r, computed_too=False)
-                    all_token_ids[rid] = r.all_token_ids.copy()
-            self.prev_step_req_ids = set(rows.req_ids)
-        cached_rows = list(itertools.chain(running, resumed))
+            all_token_ids = self._unseen_token_ids(rows, resumed)
         if resumed:
+            new_block_ids += [rows.block_ids(i) for i in resumed]
+            cached_rows = [*range(n), *resumed]
             req_ids = [rows.req_ids[i] for i in cached_rows]
             computed = [rows.computed[i] for i in cached_rows]
             num_output_tokens = [rows.num_output_tokens[i] for i in cached_rows]
         else:  # the running rows lead the step: slices, not a lookup a row
-            n = rows.num_running
+            cached_rows = range(n)
             req_ids = rows.req_ids[:n]
             computed = rows.computed[:n]
             num_output_tokens = rows.num_output_tokens[:n]
@@ -89,3 +82,17 @@ class RunnerRequestData:
             num_computed_tokens=computed,
             num_output_tokens=num_output_tokens,
         )
+
+    def _unseen_token_ids(self, rows: StepRows, resumed: list[int]) -> dict[str, list[int]]:
+        """Model runner V1: every cached request's tokens that it did not
+        see in the previous step."""
+        prev = self.prev_step_req_ids
+        out: dict[str, list[int]] = {}
+        for i in itertools.chain(range(rows.num_running), resumed):
+            rid = rows.req_ids[i]
+            if rid not in prev:
+                r = self.mirror.by_slot[rows.slots[i]]
+                self.mirror.sync(r, computed_too=False)
+                out[rid] = r.all_token_ids.copy()
+        self.prev_step_req_ids = set(rows.req_ids)
+        return out

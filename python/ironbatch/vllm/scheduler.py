@@ -43,6 +43,7 @@ from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from ironbatch import _core
+from ironbatch._core import VllmStepRows as StepRows
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.vllm.engine_outputs import (
     FINISHED,
@@ -58,7 +59,6 @@ from ironbatch.vllm.runner_request_data import RunnerRequestData
 from ironbatch.vllm.sessions import continue_session
 from ironbatch.vllm.settings import core_scheduler
 from ironbatch.vllm.speculation import Speculation
-from ironbatch.vllm.step_rows import StepRows
 from ironbatch.vllm.structured_outputs import StructuredOutputs
 from ironbatch.vllm.support import unsupported_config, unsupported_request
 
@@ -305,15 +305,15 @@ class Scheduler(SchedulerInterface):
             self._structured.report_compiled(self._core)
         step = self._core.schedule(throttle_prefills)
         self._has_finished = False
-        rows = StepRows.of(step, self._num_kv_cache_groups)
+        rows = StepRows(step, self._num_kv_cache_groups)
         self._mirror_step(step, rows)
         if self._take_kv_events:
             self._drain_kv_events()
         output = SchedulerOutput(
             scheduled_new_reqs=self._runner_data.new(rows),
             scheduled_cached_reqs=self._runner_data.cached(rows),
-            num_scheduled_tokens=dict(zip(rows.req_ids, rows.num_scheduled, strict=True)),
-            total_num_scheduled_tokens=sum(rows.num_scheduled),
+            num_scheduled_tokens=rows.num_scheduled_tokens,
+            total_num_scheduled_tokens=rows.total_num_scheduled_tokens,
             scheduled_spec_decode_tokens=rows.spec_decode_tokens() if self.num_spec_tokens else {},
             scheduled_encoder_inputs={},
             preempted_req_ids=set(step.preempted_req_ids),
@@ -386,7 +386,7 @@ class Scheduler(SchedulerInterface):
                     self._mirror.sync(r, computed_too=False)
             out_of_step.clear()
         self._note_nans(mro.num_nans_in_logits)
-        outputs = self._outputs_by_client(step.req_ids, slots, update, mro)
+        outputs = self._outputs_by_client(slots, update, mro)
         if self._structured.errors:
             self._report_grammar_errors(outputs)
         self._report_rejected(outputs)
@@ -409,12 +409,10 @@ class Scheduler(SchedulerInterface):
         """Append each request's new tokens to its Request (KV events: its
         block hashes come from them). A structured-output request's were
         appended by the grammar check already."""
-        tokens, offsets = update.tokens.tolist(), update.token_offsets.tolist()
         by_slot = self._mirror.by_slot
-        for k, row in enumerate(update.rows.tolist()):
+        for row, kept in zip(update.rows, update.new_token_ids, strict=True):
             r = by_slot[slots[row]]
             if r is not None and not r.use_structured_output:
-                kept = tokens[offsets[k] : offsets[k + 1]]
                 r._all_token_ids.extend(kept)
                 r._output_token_ids.extend(kept)
 
@@ -432,15 +430,16 @@ class Scheduler(SchedulerInterface):
                 self._mirror.mark_full(r)
 
     def _outputs_by_client(
-        self, req_ids: list[str], slots: list[int], update: Any, mro: Any
+        self, slots: list[int], update: Any, mro: Any
     ) -> dict[int, list[EngineCoreOutput]]:
         """One EngineCoreOutput per request that got tokens, by client. Most
         carry only tokens; a finish, events, prefill stats and the like
         (``RequestMirror.full_output_slots``) or logprobs fill in the rest."""
-        rows = update.rows.tolist()
-        tokens, offsets = update.tokens.tolist(), update.token_offsets.tolist()
+        mirror = self._mirror
+        only_client = mirror.only_client()  # before finishes forget requests
+        rows = update.rows
         ends = {f.record: f for f in update.finished}
-        full = self._mirror.full_output_slots
+        full = mirror.full_output_slots
         if ends:
             full = full.union(slots[rows[record]] for record in ends)
         logprobs = bool(
@@ -448,25 +447,23 @@ class Scheduler(SchedulerInterface):
         )
         # Built a list at a time (a step's outputs are hundreds of tokens-only
         # records), then completed and grouped where needed.
-        row_slots = [slots[row] for row in rows]
-        outs = [
-            EngineCoreOutput(req_ids[row], tokens[start:end])
-            for row, start, end in zip(rows, offsets, offsets[1:], strict=False)
-        ]
+        outs = list(map(EngineCoreOutput, update.req_ids, update.new_token_ids))
+        record_slots = update.slots
         if full or logprobs:
-            for k, slot in enumerate(row_slots):
-                if slot in full or logprobs:
-                    self._complete(
-                        outs[k], slot, ends.get(k), int(update.cached_tokens[k]), mro, logprobs
-                    )
-        clients = self._mirror.client_of_slot
-        row_clients = [clients[slot] for slot in row_slots]
+            cached_tokens = update.cached_tokens
+            completed = range(len(outs)) if logprobs else update.records_of(list(full))
+            for k in completed:
+                self._complete(
+                    outs[k], record_slots[k], ends.get(k), cached_tokens[k], mro, logprobs
+                )
         outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
-        if row_clients and min(row_clients) == max(row_clients):
-            outputs[row_clients[0]] = outs  # one client: the usual front end
+        if only_client is not None:
+            if outs:
+                outputs[only_client] = outs  # one client: the usual front end
         else:
-            for client, out in zip(row_clients, outs, strict=True):
-                outputs[client].append(out)
+            clients = mirror.client_of_slot
+            for slot, out in zip(record_slots, outs, strict=True):
+                outputs[clients[slot]].append(out)
         return outputs
 
     def _complete(
@@ -484,7 +481,7 @@ class Scheduler(SchedulerInterface):
         assert r is not None
         if end is not None:
             r.stop_reason = end.stop_reason
-            self._mirror.set_tokens(r, end.token_ids)
+            self._mirror.finish_tokens(r, end)
             status, out.finish_reason = FINISHED[end.finish_reason]
             out.stop_reason = r.stop_reason
             if end.session_continues:

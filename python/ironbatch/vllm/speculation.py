@@ -92,8 +92,8 @@ class Speculation:
         )
         invalid = scheduler_output.num_invalid_spec_tokens
         if invalid:
-            num_spec = step.columns()["num_spec_tokens"].tolist()
-            for row in update.rows.tolist():  # the requests the core counted
+            num_spec = step.column("num_spec_tokens").tolist()
+            for row in update.rows:  # the requests the core counted
                 n, d = invalid.get(step.req_ids[row], 0), num_spec[row]
                 if n and d:
                     stats.num_draft_tokens -= n

@@ -95,7 +95,7 @@ class StructuredOutputs:
         """The grammar masks of the structured-output requests that sample
         in ``step``, in scheduling order; None when there are none. Requests
         that finished since the step was scheduled drop out, as in vLLM."""
-        samples = step.columns()["samples"].tolist()
+        samples = step.column("samples").tolist()
         requests = self.requests
         ids = [
             rid

@@ -11,6 +11,8 @@ mod prefix_cache_stats;
 mod scheduler;
 mod step;
 mod vllm;
+mod vllm_step_rows;
+mod vllm_step_update;
 
 use pyo3::prelude::*;
 
@@ -33,6 +35,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PySchedulerStats>()?;
     m.add_class::<step::PySpecDecodingStats>()?;
     m.add_class::<kv_events::PyKvEvent>()?;
+    m.add_class::<vllm_step_rows::PyVllmStepRows>()?;
+    m.add_class::<vllm_step_update::PyVllmStepUpdate>()?;
     // The step's columns and their NumPy dtypes, named once (rust/src/step.rs).
     let columns = pyo3::types::PyDict::new(m.py());
     for (name, dtype) in crate::step::StepColumns::DTYPES {

@@ -15,7 +15,7 @@ use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopRules};
 use crate::scheduler::{Pause, Scheduler};
 use crate::scheduler_config::{Policy, SchedulerConfig};
 use crate::slab::Slot;
-use crate::step::StepOutput;
+use crate::step::{StepOutput, UpdateOutput};
 use numpy::PyReadonlyArray1;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -108,7 +108,7 @@ impl PyScheduler {
         tokens: &[u32],
         offsets: &[usize],
         accept: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<PyStepUpdate> {
+    ) -> PyResult<UpdateOutput> {
         let py_ids = &self.py_ids;
         let mut check = |slot: Slot, r: &Request, kept: &[u32]| -> bool {
             let Some(accept) = accept else {
@@ -133,7 +133,7 @@ impl PyScheduler {
                 self.py_ids[out.records[f.record].slot as usize] = None;
             }
         }
-        PyStepUpdate::of(py, out)
+        Ok(out)
     }
 }
 
@@ -391,7 +391,8 @@ impl PyScheduler {
                 (tokens, offsets)
             }
         };
-        self.apply(py, &step.step, &tokens, &offsets, accept)
+        let out = self.apply(py, &step.step, &tokens, &offsets, accept)?;
+        PyStepUpdate::of(py, out)
     }
 
     /// End requests from outside, freeing them in the order given (unknown

@@ -1,5 +1,6 @@
 //! The named types a step hands to Python: `Step` (the schedule's
-//! decisions, as NumPy columns plus what the update needs), `StepUpdate`
+//! decisions, as NumPy columns built when first read, plus what the update
+//! needs), `StepUpdate`
 //! and `FinishedRequest` (what an update reported) and `SchedulerStats`.
 //! Each is built here from the core's own type, in one place.
 
@@ -7,9 +8,12 @@ use super::prefix_cache_stats::PyPrefixCacheStats;
 use crate::request::StopReason;
 use crate::scheduler::{Scheduler, SchedulerStats};
 use crate::slab::Slot;
-use crate::step::{Column, StepOutput, UpdateOutput};
+use crate::spec_decode::SpecDecodingStats;
+use crate::step::{Column, Finished, StepOutput, UpdateOutput};
 use numpy::PyArray1;
+use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
 
 /// One step's decisions: named columns plus what `update_from_output` needs.
@@ -19,7 +23,9 @@ pub struct PyStep {
     /// The scheduled requests' ids, in scheduling order.
     #[pyo3(get)]
     req_ids: Py<PyList>,
-    columns: Py<PyDict>,
+    /// Built on first read: the vLLM drop-in reads none of them on most
+    /// steps, and a NumPy array costs far more to make than to fill.
+    columns: PyOnceLock<Py<PyDict>>,
     #[pyo3(get)]
     preempted_req_ids: Vec<String>,
     #[pyo3(get)]
@@ -36,9 +42,26 @@ impl PyStep {
 
 #[pymethods]
 impl PyStep {
-    /// The step's NumPy columns by name (`STEP_COLUMNS`).
-    fn columns<'py>(&self, py: Python<'py>) -> Bound<'py, PyDict> {
-        self.columns.bind(py).clone()
+    /// The step's NumPy columns by name (`STEP_COLUMNS`), made once.
+    fn columns<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = self.columns.get_or_try_init(py, || -> PyResult<_> {
+            let columns = PyDict::new(py);
+            for (name, c) in self.step.columns.clone().into_named() {
+                columns.set_item(name, column(py, c))?;
+            }
+            Ok(columns.unbind())
+        })?;
+        Ok(dict.bind(py).clone())
+    }
+
+    /// One column as a fresh NumPy array (``columns()`` makes them all).
+    fn column<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        match self.step.columns.named(name) {
+            Some(c) => Ok(column(py, c)),
+            None => Err(PyKeyError::new_err(format!(
+                "name {name:?} is not a step column (STEP_COLUMNS)"
+            ))),
+        }
     }
 
     fn __len__(&self) -> usize {
@@ -131,6 +154,22 @@ pub struct PyFinishedRequest {
     session_continues: bool,
 }
 
+#[pymethods]
+impl PyFinishedRequest {
+    /// `token_ids[start:]`, without making the whole list: the vLLM drop-in
+    /// appends only what its `Request` lacks (a prompt can be thousands of
+    /// tokens).
+    fn token_ids_from(&self, start: usize) -> Vec<u32> {
+        self.token_ids.get(start..).unwrap_or_default().to_vec()
+    }
+
+    /// `len(token_ids)`.
+    #[getter]
+    fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+}
+
 /// What `make_stats` reports; taking it zeroes the counters.
 #[pyclass(name = "SchedulerStats", module = "ironbatch._core", frozen, get_all)]
 pub struct PySchedulerStats {
@@ -182,10 +221,6 @@ impl PyStep {
                     .clone()
             }),
         )?;
-        let columns = PyDict::new(py);
-        for (name, c) in std::mem::take(&mut step.columns).into_named() {
-            columns.set_item(name, column(py, c))?;
-        }
         let id_of = |slot: &Slot| core.request(*slot).map(|r| r.request_id.clone());
         Ok(PyStep {
             preempted_req_ids: std::mem::take(&mut step.preempted_req_ids),
@@ -194,9 +229,52 @@ impl PyStep {
             grammar_failed: step.grammar_failed.iter().filter_map(id_of).collect(),
             step,
             req_ids: ids.unbind(),
-            columns: columns.unbind(),
+            columns: PyOnceLock::new(),
         })
     }
+}
+
+/// An update's finished requests as Python records.
+pub(super) fn finished_records(
+    py: Python<'_>,
+    finished: Vec<Finished>,
+) -> PyResult<Vec<Py<PyFinishedRequest>>> {
+    finished
+        .into_iter()
+        .map(|f| {
+            let record = PyFinishedRequest {
+                record: f.record,
+                finish_reason: f.status.finish_reason().unwrap_or("error"),
+                stop_reason: f.stop_reason.map(|s| stop_reason(py, s)),
+                token_ids: f.token_ids,
+                num_computed_tokens: f.num_computed_tokens,
+                session_continues: f.session_continues,
+            };
+            Py::new(py, record)
+        })
+        .collect()
+}
+
+/// An update's draft counts as a Python record (None when none were verified).
+pub(super) fn spec_decoding_stats(
+    py: Python<'_>,
+    stats: Option<SpecDecodingStats>,
+) -> PyResult<Option<Py<PySpecDecodingStats>>> {
+    stats
+        .map(|s| {
+            Py::new(
+                py,
+                PySpecDecodingStats {
+                    num_spec_tokens: s.num_spec_tokens,
+                    num_drafts: s.num_drafts,
+                    num_draft_tokens: s.num_draft_tokens,
+                    num_accepted_tokens: s.num_accepted_tokens,
+                    num_accepted_tokens_per_pos: s.num_accepted_tokens_per_pos,
+                    num_draft_tokens_per_pos: s.num_draft_tokens_per_pos,
+                },
+            )
+        })
+        .transpose()
 }
 
 impl PyStepUpdate {
@@ -211,39 +289,13 @@ impl PyStepUpdate {
         let mut token_offsets = Vec::with_capacity(out.records.len() + 1);
         token_offsets.push(0i64);
         token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
-        let mut finished = Vec::with_capacity(out.finished.len());
-        for f in out.finished {
-            let record = PyFinishedRequest {
-                record: f.record,
-                finish_reason: f.status.finish_reason().unwrap_or("error"),
-                stop_reason: f.stop_reason.map(|s| stop_reason(py, s)),
-                token_ids: f.token_ids,
-                num_computed_tokens: f.num_computed_tokens,
-                session_continues: f.session_continues,
-            };
-            finished.push(Py::new(py, record)?);
-        }
-        let spec_decoding_stats = match out.spec_decoding_stats {
-            Some(s) => Some(Py::new(
-                py,
-                PySpecDecodingStats {
-                    num_spec_tokens: s.num_spec_tokens,
-                    num_drafts: s.num_drafts,
-                    num_draft_tokens: s.num_draft_tokens,
-                    num_accepted_tokens: s.num_accepted_tokens,
-                    num_accepted_tokens_per_pos: s.num_accepted_tokens_per_pos,
-                    num_draft_tokens_per_pos: s.num_draft_tokens_per_pos,
-                },
-            )?),
-            None => None,
-        };
         Ok(PyStepUpdate {
-            spec_decoding_stats,
+            spec_decoding_stats: spec_decoding_stats(py, out.spec_decoding_stats)?,
+            finished: finished_records(py, out.finished)?,
             rows: array(py, rows).unbind(),
             tokens: array(py, out.tokens).unbind(),
             token_offsets: array(py, token_offsets).unbind(),
             cached_tokens: array(py, cached).unbind(),
-            finished,
         })
     }
 }

@@ -4,7 +4,8 @@
 //! or the slices a step schedules).
 
 use super::scheduler::{token, PyScheduler};
-use super::step::{PyStep, PyStepUpdate};
+use super::step::PyStep;
+use super::vllm_step_update::PyVllmStepUpdate;
 use crate::slab::Slot;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -15,6 +16,8 @@ use pyo3::types::{PyDict, PyList};
 /// empty). A live scheduled request missing from `req_id_to_index` is
 /// refused; everything is checked before anything changes. `accept` judges
 /// structured-output requests' tokens, as in `Scheduler.update_from_output`.
+/// A record that kept every token it was sampled carries the runner's own
+/// list as its `new_token_ids`, as vLLM's scheduler passes it on.
 #[pyfunction]
 #[pyo3(signature = (scheduler, *, step, req_id_to_index, sampled_token_ids, accept=None))]
 pub fn vllm_update_from_runner_output<'py>(
@@ -24,16 +27,18 @@ pub fn vllm_update_from_runner_output<'py>(
     req_id_to_index: &Bound<'py, PyDict>,
     sampled_token_ids: &Bound<'py, PyList>,
     accept: Option<&Bound<'py, PyAny>>,
-) -> PyResult<PyStepUpdate> {
+) -> PyResult<PyVllmStepUpdate> {
     let mut scheduler = scheduler.borrow_mut();
     let step = step.get();
     let ids = step.req_ids_list(py);
     let n = step.step.entries.len();
     let mut tokens: Vec<u32> = Vec::with_capacity(n);
     let mut offsets: Vec<usize> = Vec::with_capacity(n + 1);
+    let mut sampled_rows: Vec<Option<Bound<'py, PyList>>> = Vec::with_capacity(n);
     offsets.push(0);
     let any_sampled = !sampled_token_ids.is_empty();
     for (i, entry) in step.step.entries.iter().enumerate() {
+        let mut sampled_row = None;
         if any_sampled {
             let rid = ids.get_item(i)?;
             match req_id_to_index.get_item(&rid)? {
@@ -46,9 +51,21 @@ pub fn vllm_update_from_runner_output<'py>(
                             sampled_token_ids.len()
                         ))
                     })?;
-                    for t in row.try_iter()? {
-                        let t: i64 = t?.extract()?;
-                        tokens.push(token(tokens.len(), t)?);
+                    match row.cast_into::<PyList>() {
+                        // A list (vLLM's type): read by index, no iterator.
+                        Ok(list) => {
+                            for k in 0..list.len() {
+                                let t: i64 = list.get_item(k)?.extract()?;
+                                tokens.push(token(tokens.len(), t)?);
+                            }
+                            sampled_row = Some(list);
+                        }
+                        Err(e) => {
+                            for t in e.into_inner().try_iter()? {
+                                let t: i64 = t?.extract()?;
+                                tokens.push(token(tokens.len(), t)?);
+                            }
+                        }
                     }
                 }
                 None if scheduler.core.is_live(entry) => {
@@ -59,9 +76,11 @@ pub fn vllm_update_from_runner_output<'py>(
                 None => {}
             }
         }
+        sampled_rows.push(sampled_row);
         offsets.push(tokens.len());
     }
-    scheduler.apply(py, &step.step, &tokens, &offsets, accept)
+    let out = scheduler.apply(py, &step.step, &tokens, &offsets, accept)?;
+    PyVllmStepUpdate::of(py, out, ids, &sampled_rows)
 }
 
 /// A live request's tokens (prompt first) and `num_computed_tokens`, to
