@@ -42,6 +42,10 @@ impl Scheduler {
         self.pending_steps.retain(|&s| s != step.step_id);
         self.touch_ahead(step);
         let mut out = UpdateOutput::default();
+        // Sized once: grown by doubling, they reallocated ~10 times a step
+        // at 1,024 running requests.
+        out.records.reserve(step.entries.len());
+        out.tokens.reserve(tokens.len());
         let (mut stopped_running, mut stopped_waiting) = (Vec::new(), Vec::new());
         let mut continuing: Vec<Slot> = Vec::new();
         for (i, e) in step.entries.iter().enumerate() {
