@@ -8,6 +8,7 @@ use crate::limits::{check_range, MAX_TOKENS};
 use crate::sequence::Sequence;
 use crate::session::SessionQueue;
 use crate::spec_decode::Drafts;
+use smallvec::{smallvec, SmallVec};
 
 /// vLLM's statuses, in vLLM's order; every one after `Preempted` is finished.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -80,6 +81,7 @@ pub struct Repetition {
 
 /// When a request stops (docs/scheduling.md §5.2).
 #[derive(Clone, Debug, PartialEq)]
+#[repr(C)] // part of Request's hot lines; the stop check reads these in order
 pub struct StopRules {
     /// Most output tokens (≥ 1).
     pub max_tokens: usize,
@@ -137,58 +139,72 @@ pub fn check_turn(new: &NewRequest) -> Result<(), Error> {
 }
 
 /// The scheduler's state for one live request.
+///
+/// Laid out hot first (`repr(C)` keeps the order; the default layout sorts
+/// fields by alignment): everything a decode step reads or writes (flags,
+/// in-flight counts, the first block table inline, drafts, stop rules, the
+/// token header and counts) lies in the struct's first four cache lines (256 bytes), and the
+/// rest (ids, priority, a session's queue) after them. At 1,024 running
+/// requests a step's passes cannot keep requests in L1 between them, so
+/// each line a request spreads over is one more miss per pass.
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub struct Request {
-    pub request_id: String,
-    pub stop: StopRules,
-    pub priority: i64,
-    pub arrival_time: f64,
-    /// Tokens, `num_computed_tokens` and block hashes.
-    pub seq: Sequence,
-    /// The blocks it holds, one table per KV-cache group (all of one
-    /// length; a window group's past positions hold the null block).
-    pub tables: Vec<BlockTable>,
     pub status: RequestStatus,
-    /// The stop token (or pattern) that ended it.
-    pub stop_reason: Option<StopReason>,
+    /// Whether its last scheduled step left tokens to compute, as of that
+    /// step (vLLM's `is_prefill_chunk` attribute, which prefill holds read).
+    pub prefill_chunk: bool,
+    /// Whether the stale share of its in-flight tokens is dropped instead
+    /// of applied (a reset preempted it and may resample those positions);
+    /// kept through a later preemption until that share has drained.
+    pub drop_stale: bool,
+    /// Skipped by a waiting pass and not admitted since (vLLM's
+    /// `deferred_waiting`; only counted in the stats).
+    pub deferred: bool,
+    /// A streaming session continues after a turn stops (cleared when its
+    /// grammar rejects a token).
+    pub resumable: bool,
+    /// Admitted without prefix-cache hits, and not counted in the
+    /// prefix-cache stats.
+    pub skip_reading_prefix_cache: bool,
+    /// Report its prefix hits as KV-cache events.
+    pub report_hits: bool,
+    /// A structured-output request's grammar; `None` for the others.
+    pub grammar: Option<Grammar>,
     pub num_preemptions: u32,
     /// Tokens scheduled whose output has not arrived (docs/scheduling.md §5.4) ...
     pub in_flight_tokens: usize,
     /// ... after a preemption, how many of those are stale (their tokens
-    /// still arrive) ...
+    /// still arrive).
     pub stale_tokens: usize,
-    /// ... and whether the stale share is dropped instead (a reset
-    /// preempted it and may resample those positions); kept through a
-    /// later preemption until that share has drained.
-    pub drop_stale: bool,
     /// Async scheduling: tokens sampled in flight that positions were
     /// already scheduled for (vLLM's `num_output_placeholders`).
     pub num_output_placeholders: usize,
-    /// Skipped by a waiting pass and not admitted since (vLLM's
-    /// `deferred_waiting`; only counted in the stats).
-    pub deferred: bool,
-    /// Admitted without prefix-cache hits, and not counted in the
-    /// prefix-cache stats.
-    pub skip_reading_prefix_cache: bool,
-    /// A structured-output request's grammar; `None` for the others.
-    pub grammar: Option<Grammar>,
-    /// Report its prefix hits as KV-cache events.
-    pub report_hits: bool,
-    /// Whether its last scheduled step left tokens to compute, as of that
-    /// step (vLLM's `is_prefill_chunk` attribute, which prefill holds read).
-    pub prefill_chunk: bool,
     /// The first `schedule()` call at which it may decode again (the decode
     /// stagger, §4.9).
     pub next_decode_step: u64,
-    /// A streaming session continues after a turn stops (cleared when its
-    /// grammar rejects a token).
-    pub resumable: bool,
+    /// The blocks it holds, one table per KV-cache group (all of one
+    /// length; a window group's past positions hold the null block). The
+    /// first is stored inline: no pointer to chase for one group.
+    pub tables: Tables,
+    /// Draft tokens for its next step (vLLM's `spec_token_ids`, §4.13).
+    pub drafts: Drafts,
+    pub stop: StopRules,
+    /// Tokens, `num_computed_tokens` and block hashes.
+    pub seq: Sequence,
+    // Cold: read at admission, preemption, finish.
+    /// The stop token (or pattern) that ended it.
+    pub stop_reason: Option<StopReason>,
+    pub priority: i64,
+    pub arrival_time: f64,
+    pub request_id: String,
     /// A streaming session's chunks not applied yet; `None` for a request
     /// that was not added as one.
     pub session: Option<SessionQueue>,
-    /// Draft tokens for its next step (vLLM's `spec_token_ids`, §4.13).
-    pub drafts: Drafts,
 }
+
+/// A request's block tables, one per KV-cache group, the first inline.
+pub type Tables = SmallVec<[BlockTable; 1]>;
 
 impl Request {
     /// A request as `add_request` queues it: waiting, nothing computed,
@@ -200,7 +216,7 @@ impl Request {
             priority: new.priority,
             arrival_time: new.arrival_time + 0.0, // -0.0 orders as 0.0, as in Python
             seq,
-            tables: vec![BlockTable::default(); num_groups],
+            tables: smallvec![BlockTable::default(); num_groups],
             status: RequestStatus::Waiting,
             stop_reason: None,
             num_preemptions: 0,
@@ -247,5 +263,35 @@ impl Request {
     /// such a step samples nothing, so gets no placeholder.
     pub fn is_prefill_chunk(&self) -> bool {
         self.seq.num_computed_tokens < self.num_tokens() + self.num_output_placeholders
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// What a decode step touches leads the struct (see `Request`); a
+    /// field added to the middle, or `repr(C)` dropped, shows here.
+    #[test]
+    fn a_decode_steps_fields_lead_the_request() {
+        // The sequence's token header and its three counts lead it.
+        let hot_end = offset_of!(Request, seq) + std::mem::size_of::<Vec<u32>>() + 3 * 8;
+        assert!(
+            hot_end <= 4 * 64,
+            "the hot fields end at byte {hot_end}, past four cache lines"
+        );
+        for cold in [
+            offset_of!(Request, stop_reason),
+            offset_of!(Request, priority),
+            offset_of!(Request, arrival_time),
+            offset_of!(Request, request_id),
+            offset_of!(Request, session),
+        ] {
+            assert!(
+                cold >= hot_end,
+                "a cold field at byte {cold}, inside the hot lines"
+            );
+        }
     }
 }

@@ -7,17 +7,19 @@ use crate::hash_chain::BlockHashChain;
 
 /// The token state of one request.
 #[derive(Clone, Debug)]
+#[repr(C)] // the tokens' header and counts first: a decode reads them (Request's layout)
 pub struct Sequence {
     tokens: Vec<u32>,
-    num_prompt_tokens: usize,
     /// Tokens whose KV is (or, this step, will be) in the cache.
     pub num_computed_tokens: usize,
-    hashes: BlockHashChain,
+    num_prompt_tokens: usize,
     /// Where a prefix this request shares with others ends, found at its
     /// last prefix lookup when a sliding-window group had not cached it (0
     /// for none): that group then keeps the blocks before it
     /// (docs/scheduling.md §7.13; vLLM's `shared_prefix_boundary`).
     pub shared_prefix_boundary: usize,
+    /// Last: only a block filling up reads past its length.
+    hashes: BlockHashChain,
 }
 
 impl Sequence {
