@@ -211,7 +211,10 @@ class FinishedRequest:
 
 class StepUpdate:
     """What one update_from_output reported: one record per request that
-    got tokens, in scheduling order."""
+    got tokens, in scheduling order (its arrays made when first read)."""
+
+    def __len__(self) -> int:
+        """The number of records."""
 
     @property
     def rows(self) -> NDArray[np.int32]:

@@ -182,6 +182,9 @@ class _TwinUpdate:
     finished: list[_FinishedRecord]
     spec_decoding_stats: Any
 
+    def __len__(self) -> int:
+        return len(self.rows)
+
     @classmethod
     def of(cls, out: UpdateOutput) -> _TwinUpdate:
         records = out.records

@@ -288,6 +288,8 @@ class StepUpdate(Protocol):
     finished: Sequence[FinishedRecord]
     spec_decoding_stats: Any  # vLLM's SpecDecodingStats fields; None without drafts
 
+    def __len__(self) -> int: ...  # records
+
 
 class FinishedRecord(Protocol):
     record: int
@@ -306,10 +308,7 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
 
     def __init__(self, step_req_ids: list[str], update: StepUpdate) -> None:
         self._step_req_ids = step_req_ids
-        self.rows = update.rows
-        self.tokens = update.tokens
-        self.token_offsets = update.token_offsets
-        self.cached_tokens = update.cached_tokens
+        self._update = update
         self.finished = {
             f.record: (f.finish_reason, f.stop_reason, f.session_continues) for f in update.finished
         }
@@ -318,9 +317,28 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
         #: ``num_accepted_tokens``, per position); None when none were.
         self.spec_decoding_stats = update.spec_decoding_stats
 
+    # The columns are read from the backend's update when first asked for:
+    # the core makes a NumPy array only then (most steps' callers read none).
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._update.rows
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._update.tokens
+
+    @property
+    def token_offsets(self) -> np.ndarray:
+        return self._update.token_offsets
+
+    @property
+    def cached_tokens(self) -> np.ndarray:
+        return self._update.cached_tokens
+
     @cached_property
     def req_ids(self) -> list[str]:
-        if len(self.rows) == len(self._step_req_ids):  # every row got tokens
+        if len(self._update) == len(self._step_req_ids):  # every row got tokens
             return self._step_req_ids
         return [self._step_req_ids[r] for r in self.rows.tolist()]
 
@@ -334,7 +352,7 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
         ]
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._update)
 
     def __iter__(self) -> Iterator[RequestUpdate]:
         # One conversion for all rows: per-row NumPy slicing costs ~1 µs each.

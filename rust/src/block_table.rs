@@ -8,9 +8,9 @@ use crate::block::BlockId;
 pub struct BlockTable {
     pub(crate) blocks: Vec<BlockId>,
     pub(crate) num_cached: usize,
-    /// A copy of the last block id (0 when empty): a decode step's slot
-    /// is in the last block, and reading it here spares a cache miss on the
-    /// table's heap array for every request in every step.
+    /// A copy of the last block id (0 when empty): a decode step's tokens
+    /// fall in the last block, and reading it here spares a cache miss on
+    /// the table's heap array for every request in every step.
     pub(crate) last: BlockId,
 }
 

@@ -209,24 +209,6 @@ impl KvCacheManager {
         )
     }
 
-    /// The KV-cache slot of position `pos` in a request's `table`:
-    /// `table[pos / bs] * bs + pos % bs` (shifts when `bs` is a power of 2).
-    #[inline]
-    pub fn slot_of(&self, table: &BlockTable, pos: usize) -> i64 {
-        let bs = self.block_size;
-        let (block, offset) = if bs.is_power_of_two() {
-            (pos >> bs.trailing_zeros(), pos & (bs - 1))
-        } else {
-            (pos / bs, pos % bs)
-        };
-        let id = if block + 1 == table.len() {
-            table.last
-        } else {
-            table.blocks[block]
-        };
-        id as i64 * bs as i64 + offset as i64
-    }
-
     /// Longest sequence.
     pub fn max_model_len(&self) -> usize {
         self.max_model_len

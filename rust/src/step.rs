@@ -133,11 +133,13 @@ step_columns! {
     new_block_ids: i32,
     /// Offsets into `new_block_ids` (rows · G + 1).
     new_block_offsets: i32,
-    /// Per scheduled token: its position.
+    /// Per scheduled token: its position. Made on read
+    /// ([`StepOutput::full_columns`]); empty in [`StepOutput::columns`].
     positions: i64,
     /// Per scheduled token: its KV-cache slot
     /// (`block_id * block_size + position % block_size`); with `G` groups,
-    /// `G` runs of the step's tokens, group by group.
+    /// `G` runs of the step's tokens, group by group. Made on read, as
+    /// `positions` is.
     slot_mapping: i64,
     /// Prefix sums of the token counts (rows + 1).
     query_start_loc: i32,
@@ -154,8 +156,19 @@ step_columns! {
 #[derive(Clone, Debug, Default)]
 pub struct StepOutput {
     pub entries: Vec<StepEntry>,
-    /// The entries as columns.
+    /// The entries as columns, except the per-token ones (`positions`,
+    /// `slot_mapping`), which [`Self::full_columns`] makes from `spans`:
+    /// a step of 8,192 prefill tokens writes 16 times fewer values, and
+    /// callers that never read them (the vLLM drop-in, whose runner
+    /// computes its own; a simulation) pay nothing for them.
     pub columns: StepColumns,
+    /// Per row and KV-cache group (row `i` group `g` owns
+    /// `span_blocks[span_offsets[i·G+g]..span_offsets[i·G+g+1]]`): the blocks
+    /// its scheduled tokens fall in, as the table held them this step.
+    pub(crate) span_blocks: Vec<BlockId>,
+    pub(crate) span_offsets: Vec<u32>,
+    pub(crate) block_size: usize,
+    pub(crate) num_groups: usize,
     /// Preempted since the previous step's output (sorted).
     pub preempted_req_ids: Vec<String>,
     /// Finished since the previous step's output (sorted).
@@ -185,8 +198,9 @@ pub struct StepOutput {
 }
 
 impl StepOutput {
-    /// An empty step with room for `rows` entries and `tokens` tokens.
-    pub(crate) fn with_capacity(rows: usize, tokens: usize) -> Self {
+    /// An empty step with room for `rows` entries, over `num_groups`
+    /// KV-cache groups of `block_size`-token blocks.
+    pub(crate) fn with_capacity(rows: usize, num_groups: usize, block_size: usize) -> Self {
         let c = StepColumns {
             req_slots: Vec::with_capacity(rows),
             num_scheduled: Vec::with_capacity(rows),
@@ -196,8 +210,8 @@ impl StepOutput {
             num_output_tokens: Vec::with_capacity(rows),
             new_block_ids: Vec::new(),
             new_block_offsets: Vec::with_capacity(rows + 1), // grows with groups
-            positions: Vec::with_capacity(tokens),
-            slot_mapping: Vec::with_capacity(tokens),
+            positions: Vec::new(),
+            slot_mapping: Vec::new(),
             query_start_loc: Vec::with_capacity(rows + 1),
             seq_lens: Vec::with_capacity(rows),
             num_spec_tokens: Vec::with_capacity(rows),
@@ -205,10 +219,15 @@ impl StepOutput {
         };
         let mut out = StepOutput {
             columns: c,
+            span_blocks: Vec::with_capacity(rows * num_groups),
+            span_offsets: Vec::with_capacity(rows * num_groups + 1),
+            block_size,
+            num_groups,
             ..Default::default()
         };
         out.columns.query_start_loc.push(0);
         out.columns.new_block_offsets.push(0);
+        out.span_offsets.push(0);
         out
     }
 
@@ -231,16 +250,10 @@ impl StepOutput {
         c.new_block_ids.extend(ids.iter().map(|&b| b as i32));
     }
 
-    /// One scheduled token of the row.
-    pub(crate) fn push_token(&mut self, position: usize, slot: i64) {
-        self.columns.positions.push(position as i64);
-        self.columns.slot_mapping.push(slot);
-    }
-
-    /// Another KV-cache group's slot for a token (after every row's group-0
-    /// slots).
-    pub(crate) fn push_slot(&mut self, slot: i64) {
-        self.columns.slot_mapping.push(slot);
+    /// One KV-cache group's blocks that the row's scheduled tokens fall in.
+    pub(crate) fn push_span(&mut self, blocks: &[BlockId]) {
+        self.span_blocks.extend_from_slice(blocks);
+        self.span_offsets.push(self.span_blocks.len() as u32);
     }
 
     /// Close a KV-cache group's new blocks in the row (all but the last
@@ -251,11 +264,61 @@ impl StepOutput {
     }
 
     /// Close the row; `seq_len` is where its tokens end.
-    pub(crate) fn end_entry(&mut self, seq_len: usize) {
+    pub(crate) fn end_entry(&mut self, seq_len: usize, num_tokens: usize) {
         let c = &mut self.columns;
         c.new_block_offsets.push(c.new_block_ids.len() as i32);
-        c.query_start_loc.push(c.positions.len() as i32);
+        let start = *c.query_start_loc.last().expect("starts with 0");
+        c.query_start_loc.push(start + num_tokens as i32);
         c.seq_lens.push(seq_len as i32);
+    }
+
+    /// The column called `name`, made from the rows' spans for the
+    /// per-token ones; None for no such column.
+    pub fn column(&self, name: &str) -> Option<Column> {
+        match name {
+            "positions" => Some(Column::I64(self.positions())),
+            "slot_mapping" => Some(Column::I64(self.slot_mapping())),
+            _ => self.columns.named(name),
+        }
+    }
+
+    /// Every column, the per-token ones made from the rows' spans.
+    pub fn full_columns(&self) -> StepColumns {
+        let mut c = self.columns.clone();
+        c.positions = self.positions();
+        c.slot_mapping = self.slot_mapping();
+        c
+    }
+
+    /// Per scheduled token: its position.
+    pub fn positions(&self) -> Vec<i64> {
+        let mut out = Vec::with_capacity(self.total_num_scheduled_tokens());
+        for e in &self.entries {
+            let start = e.num_computed_tokens as i64;
+            out.extend(start..start + e.num_tokens as i64);
+        }
+        out
+    }
+
+    /// Per scheduled token and KV-cache group: its KV-cache slot, group 0's
+    /// run of the step's tokens first.
+    pub fn slot_mapping(&self) -> Vec<i64> {
+        let bs = self.block_size;
+        let groups = self.num_groups;
+        let mut out = Vec::with_capacity(self.total_num_scheduled_tokens() * groups);
+        for g in 0..groups {
+            for (i, e) in self.entries.iter().enumerate() {
+                let k = i * groups + g;
+                let span = &self.span_blocks
+                    [self.span_offsets[k] as usize..self.span_offsets[k + 1] as usize];
+                let first_block = e.num_computed_tokens / bs;
+                for p in e.num_computed_tokens..e.num_computed_tokens + e.num_tokens {
+                    let id = span[p / bs - first_block];
+                    out.push(id as i64 * bs as i64 + (p % bs) as i64);
+                }
+            }
+        }
+        out
     }
 
     /// Tokens scheduled in all.

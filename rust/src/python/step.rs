@@ -9,7 +9,7 @@ use crate::request::StopReason;
 use crate::scheduler::{Scheduler, SchedulerStats};
 use crate::slab::Slot;
 use crate::spec_decode::SpecDecodingStats;
-use crate::step::{Column, Finished, StepOutput, UpdateOutput};
+use crate::step::{Column, Finished, StepOutput, UpdateOutput, UpdateRecord};
 use numpy::PyArray1;
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
@@ -46,7 +46,7 @@ impl PyStep {
     fn columns<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = self.columns.get_or_try_init(py, || -> PyResult<_> {
             let columns = PyDict::new(py);
-            for (name, c) in self.step.columns.clone().into_named() {
+            for (name, c) in self.step.full_columns().into_named() {
                 columns.set_item(name, column(py, c))?;
             }
             Ok(columns.unbind())
@@ -56,7 +56,7 @@ impl PyStep {
 
     /// One column as a fresh NumPy array (``columns()`` makes them all).
     fn column<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-        match self.step.columns.named(name) {
+        match self.step.column(name) {
             Some(c) => Ok(column(py, c)),
             None => Err(PyKeyError::new_err(format!(
                 "name {name:?} is not a step column (STEP_COLUMNS)"
@@ -103,21 +103,75 @@ impl PyStep {
 }
 
 /// What one `update_from_output` reported, in scheduling order: one record
-/// per request that got tokens.
-#[pyclass(name = "StepUpdate", module = "ironbatch._core", frozen, get_all)]
+/// per request that got tokens. Its columns become NumPy arrays when first
+/// read, as a step's do: a caller that only wants the finished requests
+/// (the façade's own bookkeeping) makes none.
+#[pyclass(name = "StepUpdate", module = "ironbatch._core", frozen)]
 pub struct PyStepUpdate {
-    /// Each record's row in the step.
-    rows: Py<PyAny>,
-    /// All records' tokens, flattened.
-    tokens: Py<PyAny>,
-    /// Record `i` owns `tokens[token_offsets[i]:token_offsets[i+1]]`.
-    token_offsets: Py<PyAny>,
-    /// Each record's tokens held in hash-cached blocks after the output.
-    cached_tokens: Py<PyAny>,
+    records: Vec<UpdateRecord>,
+    flat_tokens: Vec<u32>,
+    rows: PyOnceLock<Py<PyAny>>,
+    tokens: PyOnceLock<Py<PyAny>>,
+    token_offsets: PyOnceLock<Py<PyAny>>,
+    cached_tokens: PyOnceLock<Py<PyAny>>,
     /// The records whose request finished.
+    #[pyo3(get)]
     finished: Vec<Py<PyFinishedRequest>>,
     /// Drafts verified in this output (None when none were).
+    #[pyo3(get)]
     spec_decoding_stats: Option<Py<PySpecDecodingStats>>,
+}
+
+#[pymethods]
+impl PyStepUpdate {
+    /// Each record's row in the step.
+    #[getter]
+    fn rows(&self, py: Python<'_>) -> Py<PyAny> {
+        let records = &self.records;
+        self.rows
+            .get_or_init(py, || {
+                array(py, records.iter().map(|r| r.entry as i32).collect()).unbind()
+            })
+            .clone_ref(py)
+    }
+
+    /// All records' tokens, flattened.
+    #[getter]
+    fn tokens(&self, py: Python<'_>) -> Py<PyAny> {
+        self.tokens
+            .get_or_init(py, || array(py, self.flat_tokens.clone()).unbind())
+            .clone_ref(py)
+    }
+
+    /// Record `i` owns `tokens[token_offsets[i]:token_offsets[i+1]]`.
+    #[getter]
+    fn token_offsets(&self, py: Python<'_>) -> Py<PyAny> {
+        let records = &self.records;
+        self.token_offsets
+            .get_or_init(py, || {
+                let mut offsets = Vec::with_capacity(records.len() + 1);
+                offsets.push(0i64);
+                offsets.extend(records.iter().map(|r| r.tokens_end as i64));
+                array(py, offsets).unbind()
+            })
+            .clone_ref(py)
+    }
+
+    /// Each record's tokens held in hash-cached blocks after the output.
+    #[getter]
+    fn cached_tokens(&self, py: Python<'_>) -> Py<PyAny> {
+        let records = &self.records;
+        self.cached_tokens
+            .get_or_init(py, || {
+                array(py, records.iter().map(|r| r.cached_tokens as i64).collect()).unbind()
+            })
+            .clone_ref(py)
+    }
+
+    /// The number of records.
+    fn __len__(&self) -> usize {
+        self.records.len()
+    }
 }
 
 /// vLLM's `SpecDecodingStats` for one update.
@@ -278,24 +332,17 @@ pub(super) fn spec_decoding_stats(
 }
 
 impl PyStepUpdate {
-    /// The core's update as NumPy columns and finished records.
+    /// The core's update, its columns made on read, and finished records.
     pub(super) fn of(py: Python<'_>, out: UpdateOutput) -> PyResult<Self> {
-        let rows: Vec<i32> = out.records.iter().map(|rec| rec.entry as i32).collect();
-        let cached: Vec<i64> = out
-            .records
-            .iter()
-            .map(|rec| rec.cached_tokens as i64)
-            .collect();
-        let mut token_offsets = Vec::with_capacity(out.records.len() + 1);
-        token_offsets.push(0i64);
-        token_offsets.extend(out.records.iter().map(|rec| rec.tokens_end as i64));
         Ok(PyStepUpdate {
             spec_decoding_stats: spec_decoding_stats(py, out.spec_decoding_stats)?,
             finished: finished_records(py, out.finished)?,
-            rows: array(py, rows).unbind(),
-            tokens: array(py, out.tokens).unbind(),
-            token_offsets: array(py, token_offsets).unbind(),
-            cached_tokens: array(py, cached).unbind(),
+            records: out.records,
+            flat_tokens: out.tokens,
+            rows: PyOnceLock::new(),
+            tokens: PyOnceLock::new(),
+            token_offsets: PyOnceLock::new(),
+            cached_tokens: PyOnceLock::new(),
         })
     }
 }

@@ -10,10 +10,13 @@ impl Scheduler {
     /// Write the columns of `entries` and advance every scheduled request
     /// (optimistically, before the step runs).
     pub(super) fn finish_step(&mut self, entries: Vec<StepEntry>) -> StepOutput {
-        let total: usize = entries.iter().map(|e| e.num_tokens).sum();
-        debug_assert!(total <= self.config.max_num_batched_tokens);
+        debug_assert!(
+            entries.iter().map(|e| e.num_tokens).sum::<usize>()
+                <= self.config.max_num_batched_tokens
+        );
         debug_assert!(self.running.len() <= self.config.max_num_seqs);
-        let mut out = StepOutput::with_capacity(entries.len(), total);
+        let bs = self.kv.block_size();
+        let mut out = StepOutput::with_capacity(entries.len(), self.kv.groups().len(), bs);
         for e in &entries {
             let r = &mut self.requests[e.slot];
             out.push_entry(e, r.num_output_tokens() + r.num_output_placeholders);
@@ -28,11 +31,21 @@ impl Scheduler {
                     out.end_group();
                 }
             }
+            // The blocks its tokens fall in, per group: the per-token slots
+            // are made from these when read (StepOutput::slot_mapping).
             let end = e.num_computed_tokens + e.num_tokens;
-            for p in e.num_computed_tokens..end {
-                out.push_token(p, self.kv.slot_of(&r.tables[0], p));
+            let span = match e.num_tokens {
+                0 => 0..0,
+                _ => e.num_computed_tokens / bs..(end - 1) / bs + 1,
+            };
+            for table in r.tables.iter() {
+                if span.start + 1 == table.len() {
+                    out.push_span(&[table.last]); // a decode's: no table read
+                } else {
+                    out.push_span(&table.block_ids()[span.clone()]);
+                }
             }
-            out.end_entry(end);
+            out.end_entry(end, e.num_tokens);
             r.seq.num_computed_tokens += e.num_tokens;
             r.in_flight_tokens += e.num_tokens;
             r.prefill_chunk = r.is_prefill_chunk();
@@ -53,16 +66,6 @@ impl Scheduler {
                     if self.config.decode_stagger > 0 {
                         r.next_decode_step = self.current_step + self.config.decode_stagger as u64;
                     }
-                }
-            }
-        }
-        // The other KV-cache groups' slots follow group 0's, group by group,
-        // each in the tokens' order.
-        for g in 1..self.kv.groups().len() {
-            for e in &entries {
-                let table = &self.requests[e.slot].tables[g];
-                for p in e.num_computed_tokens..e.num_computed_tokens + e.num_tokens {
-                    out.push_slot(self.kv.slot_of(table, p));
                 }
             }
         }
