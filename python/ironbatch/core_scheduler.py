@@ -174,7 +174,7 @@ class CoreScheduler:
 
     def make_stats(self) -> SchedulerStats:
         """Counts and usage; takes the prefix-cache and preemption counters."""
-        s = self.core.make_stats()
+        s = self.make_core_stats()
         return SchedulerStats(
             num_running_reqs=s.num_running_reqs,
             num_waiting_reqs=s.num_waiting_reqs,
@@ -183,6 +183,11 @@ class CoreScheduler:
             prefix_cache_stats=s.prefix_cache_stats,
             num_preempted_reqs=s.num_preempted_reqs,
         )
+
+    def make_core_stats(self) -> _core.SchedulerStats:
+        """``make_stats`` as the core's own type (the same fields), for a
+        caller that converts it anyway: the vLLM drop-in, every step."""
+        return self.core.make_stats()
 
     @property
     def num_free_blocks(self) -> int:

@@ -320,10 +320,10 @@ class Scheduler(SchedulerInterface):
             finished_req_ids=set(step.finished_req_ids),
             free_encoder_mm_hashes=[],
             num_spec_tokens_to_schedule=self.num_spec_tokens,
+            has_structured_output_requests=step.has_structured_output_requests,
+            pending_structured_output_tokens=step.pending_structured_output_tokens,
+            skip_drafts=self.can_skip_drafts and not step.drafts_needed,
         )
-        output.has_structured_output_requests = step.has_structured_output_requests
-        output.pending_structured_output_tokens = step.pending_structured_output_tokens
-        output.skip_drafts = self.can_skip_drafts and not step.drafts_needed
         self._in_flight[id(output)] = (output, step, rows.slots)
         return output
 
@@ -630,7 +630,7 @@ class Scheduler(SchedulerInterface):
         if not self.log_stats:
             return None
         return scheduler_stats(
-            self._core.make_stats(),
+            self._core.make_core_stats(),
             self._kv_metrics.drain(),
             spec_decoding_stats,
             kv_connector_stats,
