@@ -30,7 +30,7 @@ def _rms_norm_kernel(
     HIDDEN: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
-    ROUND: tl.constexpr,  # round intermediates to the model dtype (not fp32)
+    ROUND: tl.constexpr,  # round intermediates to the model dtype (not for fp32)
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)

@@ -20,13 +20,7 @@ from ironbatch.kernels._common import check, check_cache
 
 #: Heads one program handles (q, k and v heads of one token alike).
 HEADS_PER_PROGRAM = 16
-
-
-@triton.jit
-def _round(x, dtype: tl.constexpr, ROUND: tl.constexpr):
-    if ROUND:
-        x = x.to(dtype).to(tl.float32)
-    return x
+_TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit
@@ -51,8 +45,10 @@ def _rope_and_cache_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     QK_NORM: tl.constexpr,
-    ROUND: tl.constexpr,
+    RT: tl.constexpr,  # rounding type: the model dtype, or fp32 (no rounding)
 ):
+    # x.to(RT).to(tl.float32) rounds x as the torch path rounds it; written
+    # out rather than as a helper, which the interpreter calls slowly.
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     half: tl.constexpr = HEAD_DIM // 2
@@ -76,14 +72,16 @@ def _rope_and_cache_kernel(
         kw2 = tl.load(k_norm_ptr + half + offs, mask=d_ok, other=0.0).to(tl.float32)[None, :]
         w1 = tl.where(is_q[:, None], qw1, kw1)
         w2 = tl.where(is_q[:, None], qw2, kw2)
-        y1 = _round(_round(x1 * inv, dtype, ROUND) * w1, dtype, ROUND)
-        y2 = _round(_round(x2 * inv, dtype, ROUND) * w2, dtype, ROUND)
+        y1 = ((x1 * inv).to(RT).to(tl.float32) * w1).to(RT).to(tl.float32)
+        y2 = ((x2 * inv).to(RT).to(tl.float32) * w2).to(RT).to(tl.float32)
     position = tl.load(positions_ptr + t)
     cs = cos_sin_ptr + position * stride_cos_sin
-    cos = _round(tl.load(cs + offs, mask=d_ok, other=0.0), dtype, ROUND)[None, :]
-    sin = _round(tl.load(cs + half + offs, mask=d_ok, other=0.0), dtype, ROUND)[None, :]
-    r1 = _round(_round(y1 * cos, dtype, ROUND) - _round(y2 * sin, dtype, ROUND), dtype, ROUND)
-    r2 = _round(_round(y2 * cos, dtype, ROUND) + _round(y1 * sin, dtype, ROUND), dtype, ROUND)
+    cos = tl.load(cs + offs, mask=d_ok, other=0.0).to(RT).to(tl.float32)[None, :]
+    sin = tl.load(cs + half + offs, mask=d_ok, other=0.0).to(RT).to(tl.float32)[None, :]
+    a1, b1 = (y1 * cos).to(RT).to(tl.float32), (y2 * sin).to(RT).to(tl.float32)
+    a2, b2 = (y2 * cos).to(RT).to(tl.float32), (y1 * sin).to(RT).to(tl.float32)
+    r1 = (a1 - b1).to(RT).to(tl.float32)
+    r2 = (a2 + b2).to(RT).to(tl.float32)
     # q stays in place for attention; k (rotated) and v go to the cache.
     q_mask = is_q[:, None] & d_ok[None, :]
     tl.store(row, r1.to(dtype), mask=q_mask)
@@ -185,6 +183,6 @@ def rope_and_cache(
         BLOCK_H=block_h,
         BLOCK_SIZE=block_size,
         QK_NORM=qk_norm,
-        ROUND=qkv.dtype != torch.float32,
+        RT=_TRITON_DTYPES[qkv.dtype],
     )
     return q

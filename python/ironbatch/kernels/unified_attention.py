@@ -47,10 +47,11 @@ INTERPRETER_TILE = 64
 def split_kv_scratch_numel(num_tokens: int, num_q_heads: int, head_dim: int) -> int:
     """fp32 elements of the split-KV scratch for ``num_tokens`` query rows:
     per (row, query head, segment) an accumulator of ``D_PAD`` plus its max
-    and sum. Preallocate this once and pass it as ``scratch`` so a decode
-    step allocates nothing (docs/kernels.md §2.3)."""
+    and sum, and per (row, query head) how many segments hold keys.
+    Preallocate this once and pass it as ``scratch`` so a decode step
+    allocates nothing (docs/kernels.md §2.3)."""
     d_pad = max(16, triton.next_power_of_2(head_dim))
-    return num_tokens * num_q_heads * NUM_SEGMENTS * (d_pad + 2)
+    return num_tokens * num_q_heads * (NUM_SEGMENTS * (d_pad + 2) + 1)
 
 
 @triton.jit
@@ -277,7 +278,7 @@ def _split_kv_kernel(
     k_cache_ptr,
     v_cache_ptr,
     acc_ptr,  # fp32 [T, Hq, NUM_SEGMENTS, D_PAD]
-    ml_ptr,  # fp32 [2, T, Hq, NUM_SEGMENTS]: running max, then running sum
+    ml_ptr,  # fp32 [2, T, Hq, NUM_SEGMENTS] maxima then sums, then [T, Hq] segments used
     cu_seqlens_q_ptr,
     seq_lens_ptr,
     block_table_ptr,
@@ -302,7 +303,9 @@ def _split_kv_kernel(
     IEEE: tl.constexpr,
 ):
     """Decode-only batches: segment g of sequence s's keys, for one KV head;
-    stores the segment's unnormalised accumulator, max and sum."""
+    stores the segment's unnormalised accumulator, max and sum (an empty
+    segment returns at once, storing nothing), and segment 0 how many
+    segments hold keys."""
     s = tl.program_id(0)
     kv_head = tl.program_id(1)
     g = tl.program_id(2)
@@ -312,6 +315,12 @@ def _split_kv_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + s)
     context_len = seq_len - q_len
+    kv_end = tl.minimum(seq_len, context_len + (BLOCK_M - 1) // G + 1)
+    tiles_per_segment = tl.cdiv(tl.cdiv(kv_end, TILE), NUM_SEGMENTS)
+    t_begin = g * tiles_per_segment * TILE
+    if t_begin >= kv_end:
+        return  # an empty segment: the reduce reads only the segments with keys
+    t_end = tl.minimum(t_begin + tiles_per_segment * TILE, kv_end)
     q, q_pos, row_ok, q_row, head, offs_d, d_ok = _load_query_rows(
         q_ptr,
         q_start,
@@ -328,10 +337,6 @@ def _split_kv_kernel(
         BLOCK_Q,
         UPCAST,
     )
-    kv_end = tl.minimum(seq_len, context_len + (BLOCK_M - 1) // G + 1)
-    tiles_per_segment = tl.cdiv(tl.cdiv(kv_end, TILE), NUM_SEGMENTS)
-    t_begin = g * tiles_per_segment * TILE
-    t_end = tl.minimum(t_begin + tiles_per_segment * TILE, kv_end)
     m_i, l_i, acc = _attend_tiles(
         q,
         q_pos,
@@ -355,11 +360,14 @@ def _split_kv_kernel(
         UPCAST,
         IEEE,
     )
-    # An empty segment stores m = -inf, l = 0: it weighs nothing in the reduce.
-    row = (q_row * NUM_Q_HEADS + head) * NUM_SEGMENTS + g
+    head_row = q_row * NUM_Q_HEADS + head
+    row = head_row * NUM_SEGMENTS + g
     tl.store(acc_ptr + row[:, None] * D_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
     tl.store(ml_ptr + row, m_i, mask=row_ok)
     tl.store(ml_ptr + num_rows + row, l_i, mask=row_ok)
+    if g == 0:  # how many segments hold keys (segments 0 .. used - 1)
+        used = tl.cdiv(tl.cdiv(kv_end, TILE), tiles_per_segment)
+        tl.store(ml_ptr + 2 * num_rows + head_row, tl.zeros_like(m_i) + used, mask=row_ok)
 
 
 @triton.jit
@@ -384,13 +392,15 @@ def _split_kv_reduce_kernel(
         return  # a padding row
     offs_g = tl.arange(0, NUM_SEGMENTS)
     offs_d = tl.arange(0, D_PAD)
-    row = (t * NUM_Q_HEADS + h) * NUM_SEGMENTS + offs_g
-    m = tl.load(ml_ptr + row)
-    sums = tl.load(ml_ptr + num_rows + row)
+    head_row = t * NUM_Q_HEADS + h
+    row = head_row * NUM_SEGMENTS + offs_g
+    live = offs_g < tl.load(ml_ptr + 2 * num_rows + head_row)  # segments that hold keys
+    m = tl.load(ml_ptr + row, mask=live, other=float("-inf"))
+    sums = tl.load(ml_ptr + num_rows + row, mask=live, other=0.0)
     m_max = tl.max(m, 0)
     w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
     den = tl.sum(w * sums, 0)
-    acc = tl.load(acc_ptr + row[:, None] * D_PAD + offs_d[None, :])
+    acc = tl.load(acc_ptr + row[:, None] * D_PAD + offs_d[None, :], mask=live[:, None], other=0.0)
     num = tl.sum(w[:, None] * acc, 0)
     out = num / tl.where(den == 0.0, 1.0, den)
     tl.store(
@@ -496,7 +506,7 @@ def unified_attention(
             f"got {scratch.dtype} with {scratch.numel()}",
         )
         acc = scratch[: rows * d_pad]
-        ml = scratch[rows * d_pad : rows * (d_pad + 2)]
+        ml = scratch[rows * d_pad : needed]  # maxima, sums, segments used
         _split_kv_kernel[(num_seqs, num_kv_heads, NUM_SEGMENTS)](
             q,
             k_cache,
