@@ -244,3 +244,23 @@ def test_captured_graphs_replay_from_the_static_buffers(
 def test_enforce_eager_must_be_a_bool(model_dir: Path) -> None:
     with pytest.raises(TypeError, match="enforce_eager must be a bool"):
         LLMEngine(EngineArgs(model=str(model_dir), enforce_eager="yes"))  # type: ignore[arg-type]
+
+
+def test_the_generate_command_takes_enforce_eager(
+    model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ironbatch.cli import main
+    from ironbatch.engine import llm_engine
+
+    made: list[bool] = []
+    real = llm_engine.LLMEngine.__init__
+
+    def spy(self: LLMEngine, args: EngineArgs) -> None:
+        made.append(args.enforce_eager)
+        real(self, args)
+
+    monkeypatch.setattr(llm_engine.LLMEngine, "__init__", spy)
+    argv = ["generate", "--model", str(model_dir), "--prompt", "ids:5,6,7", "--max-tokens", "3"]
+    assert main(argv) == 0 and main([*argv, "--enforce-eager"]) == 0
+    assert made == [False, True]
+    assert capsys.readouterr().out.count("[length]") == 2

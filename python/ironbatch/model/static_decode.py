@@ -47,9 +47,10 @@ class StaticDecode:
         self.steps: Counter[int] = Counter()
         self.graphs: cuda_graphs.DecodeGraphs | None = None
         if cuda_graphs.capture_available(device, attn.graph_capturable):
-            self.graphs = cuda_graphs.DecodeGraphs(
-                sizes, self._body, cuda_graphs.CudaCapturer(device), prepare=self._pad
-            )
+            with torch.inference_mode():  # as the runner's steps run
+                self.graphs = cuda_graphs.DecodeGraphs(
+                    sizes, self._body, cuda_graphs.CudaCapturer(device), prepare=self._pad
+                )
 
     def serves(self, out: SchedulerOutput) -> bool:
         """Whether ``out`` is a decode step: one token per row, no drafts."""
