@@ -18,6 +18,7 @@ whose request asked for them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,6 +56,10 @@ class StepSampler:
         self.settings = np.zeros((0, 4), dtype=np.float32)
         self.params: dict[int, tuple[SamplingParams, torch.Generator | None]] = {}
         self.upload = PinnedBuffer(4 * max_rows, torch.float32, device)
+        #: Seconds spent waiting for the tokens to reach the host, summed:
+        #: with nothing else waiting for the device, the step's device time
+        #: that its host work did not hide.
+        self.wait_seconds = 0.0
 
     def grow(self, n: int) -> None:
         """Room for slots below ``n``."""
@@ -99,7 +104,7 @@ class StepSampler:
         request in ``slots[j]`` with ``num_outputs[j]`` outputs so far);
         ``row_params(j)`` describes row ``j`` for the one-at-a-time path."""
         if self.all_plain(slots, num_outputs):
-            return StepDraws(logits.argmax(-1).cpu().numpy(), {})
+            return StepDraws(self._to_host(logits.argmax(-1)), {})
         batched = self.batched[slots] & (num_outputs >= self.min_tokens[slots])
         together = np.flatnonzero(batched)
         tokens_dev = None
@@ -118,7 +123,7 @@ class StepSampler:
             alone_tokens.append(token)
         tokens = np.full(len(slots), -1, dtype=np.int64)
         if tokens_dev is not None:
-            tokens[together] = tokens_dev.cpu().numpy()  # the step's one wait for the device
+            tokens[together] = self._to_host(tokens_dev)  # the step's one wait for the device
             for j in together[tokens[together] < 0].tolist():
                 errors[j] = sampler.failure(sampler.SamplingError(sampler.NO_CHOICE))
         tokens[alone] = alone_tokens
@@ -128,6 +133,12 @@ class StepSampler:
             rows = logits if len(asked) == len(slots) else logits[self._index(asked)]
             draws.logprobs = (asked, rows.log_softmax(-1))
         return draws
+
+    def _to_host(self, tokens: torch.Tensor) -> np.ndarray:
+        start = time.perf_counter()
+        host = tokens.cpu().numpy()
+        self.wait_seconds += time.perf_counter() - start
+        return host
 
     def _index(self, rows: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(rows).to(self.device)
