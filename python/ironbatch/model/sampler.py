@@ -149,13 +149,22 @@ def filter_top_k_top_p_min_p(
     )[0]
 
 
+def draw_from_logits(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of ``logits`` ``[R, V]`` (float, no NaN, no +inf;
+    best shifted so that the largest is 0: noise is lost against huge ones),
+    token ``i`` with probability ``softmax(logits[r])[i]``: the argmax of
+    ``logits - log E``, ``E`` i.i.d. Exp(1) (the Gumbel-max trick: equally,
+    the smallest of independent exponentials of rates ``p_i`` is ``i``'s
+    with probability ``p_i``). No softmax, no host sync, unlike a
+    multinomial. ``E`` is kept above 0, where ``log`` would win outright."""
+    noise = torch.empty_like(logits).exponential_(generator=generator)
+    noise.clamp_min_(torch.finfo(logits.dtype).tiny).log_()
+    return (logits - noise).argmax(-1)
+
+
 def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row of ``probs`` ``[R, V]``, token ``i`` with
-    probability ``probs[r, i]``: the argmax of ``probs / E``, ``E`` i.i.d.
-    Exp(1) (the smallest of independent exponentials of rates ``p_i`` is
-    ``i``'s with probability ``p_i``). No host sync, unlike a multinomial."""
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / noise.clamp_min_(torch.finfo(probs.dtype).tiny)).argmax(-1)
+    """``draw_from_logits`` given probabilities ``[R, V]`` (zeros never drawn)."""
+    return draw_from_logits(probs.log(), generator)
 
 
 @dataclass
@@ -168,6 +177,7 @@ class BatchParams:
     top_p: torch.Tensor  # fp32 [R]; 1.0: off
     min_p: torch.Tensor  # fp32 [R]; 0: off
     all_greedy: bool
+    any_greedy: bool
     use_top_k: bool
     use_top_p: bool
     use_min_p: bool
@@ -177,12 +187,21 @@ def sample_batch(
     logits: torch.Tensor, params: BatchParams, generator: torch.Generator
 ) -> torch.Tensor:
     """One token per row (int64 on the logits' device), -1 where the row has
-    no finite choice; greedy rows take their argmax. No host sync."""
-    x, ok = finite_rows(logits)
-    tokens = x.argmax(-1)
+    no finite choice; greedy rows take their argmax. As ``sample_row`` but in
+    few passes over the ``[R, V]`` logits (the vocabulary makes them large):
+    NaN becomes -inf and +inf the largest finite value, so +inf entries tie
+    at the row's maximum; each row is shifted by its maximum (the tied
+    entries to 0, where the noise splits the draw among them, and no noise
+    is lost to rounding against large logits); a greedy argmax takes the
+    first of them. No host sync."""
+    neg_inf = float("-inf")
+    x = torch.nan_to_num(logits, nan=neg_inf, posinf=torch.finfo(logits.dtype).max, neginf=neg_inf)
+    top = x.amax(-1, keepdim=True)
+    ok = top[:, 0] > neg_inf
+    tokens = x.argmax(-1) if params.any_greedy else None
     if not params.all_greedy:
         greedy = params.temperature < SAMPLING_EPS
-        scaled = x / torch.where(greedy, 1.0, params.temperature)[:, None]
+        scaled = (x - top).div_(torch.where(greedy, 1.0, params.temperature)[:, None])
         filtered = filter_rows(
             scaled,
             params.top_k,
@@ -192,8 +211,9 @@ def sample_batch(
             use_top_p=params.use_top_p,
             use_min_p=params.use_min_p,
         )
-        finite, _ = finite_rows(filtered)  # the filters keep at least one token
-        tokens = torch.where(greedy, tokens, draw(finite.softmax(-1), generator))
+        drawn = draw_from_logits(filtered, generator)
+        tokens = drawn if tokens is None else torch.where(greedy, tokens, drawn)
+    assert tokens is not None
     return torch.where(ok, tokens, -1)
 
 

@@ -155,12 +155,14 @@ class StepSampler:
         else:  # more rows than max_num_seqs: not from this engine's runner
             dev = torch.from_numpy(np.ascontiguousarray(settings.T)).to(self.device)
         temperature, top_k, top_p, min_p = settings.T
+        greedy = temperature < SAMPLING_EPS
         return sampler.BatchParams(
             temperature=dev[0],
             top_k=dev[1].long(),
             top_p=dev[2],
             min_p=dev[3],
-            all_greedy=bool((temperature < SAMPLING_EPS).all()),
+            all_greedy=bool(greedy.all()),
+            any_greedy=bool(greedy.any()),
             use_top_k=bool((top_k > 0).any()),
             use_top_p=bool((top_p < 1.0).any()),
             use_min_p=bool((min_p > 0.0).any()),
