@@ -314,10 +314,9 @@ def _points(batch: int, block_size: int, *choices: tuple[int, int, int]) -> list
 #: Launch choices (tile, warps, stages) tried at 128 x 4k (the 2D grid) and
 #: 8 x 4k (split-KV); the first of each is the default.
 SWEEP = [
-    *_points(128, 16, (32, 4, 3), (16, 4, 3), (64, 4, 3), (64, 8, 3)),
-    *_points(128, 16, (32, 8, 3), (32, 4, 2), (32, 4, 4), (64, 8, 4)),
+    *_points(128, 16, (32, 4, 3), (64, 4, 3), (64, 8, 3), (32, 8, 3), (32, 4, 4), (16, 4, 3)),
     *_points(128, 32, (32, 4, 3)),
-    *_points(8, 16, (32, 4, 3), (64, 4, 3), (64, 8, 3), (32, 4, 4)),
+    *_points(8, 16, (32, 4, 3), (64, 4, 3)),
 ]
 
 
