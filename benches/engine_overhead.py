@@ -40,6 +40,7 @@ def main() -> int:
             engine.add_request(
                 f"r{i}", {"prompt_token_ids": [3 + (i * 7 + k) % 2000 for k in range(64)]}, params
             )
+        engine.runner.sync_for_timings = True  # "forward" is device time here
         for _ in range(5):  # prefill, then a few decode steps
             engine.step()
         for t in (engine.timings, engine.runner.timings):

@@ -103,7 +103,7 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return log
 
 
-def run_and_check(b, dim, split_kv=None):
+def run_and_check(b, dim, split_kv=None, scratch=None):
     reshape_and_cache(b["key"], b["value"], b["k_cache"], b["v_cache"], b["slot_mapping"])
     out = torch.full_like(b["q"], float("nan"))  # poisoned: an unwritten element fails
     scale = 1 / math.sqrt(dim)
@@ -118,6 +118,7 @@ def run_and_check(b, dim, split_kv=None):
         scale,
         max_seqlen_q=int((b["cu"][1:] - b["cu"][:-1]).max()),
         split_kv=split_kv,
+        scratch=scratch,
     )
     want = reference_attention(
         b["q"], b["k_cache"], b["v_cache"], b["cu"], b["seq_lens"], b["table"], scale
@@ -147,6 +148,19 @@ def test_decode_split_and_2d_both_match(
     )
     run_and_check(b, 96, split_kv=split_kv)
     assert launches == ["_split_kv_kernel" if split_kv else "_unified_attention_kernel"]
+
+
+def test_split_kv_uses_the_scratch_it_is_given(launches: list[str]) -> None:
+    # A decode step that allocates nothing: the scratch, NaN-filled, is all
+    # the split path writes its partial results to (and sized to the byte).
+    b = make_batch([1, 1, 1], [3, 90, 260], group=4, dim=96, pad_rows=1, seed=17)
+    tokens, heads = b["q"].shape[:2]
+    scratch = torch.full((attention.split_kv_scratch_numel(tokens, heads, 96),), float("nan"))
+    run_and_check(b, 96, scratch=scratch)
+    assert launches == ["_split_kv_kernel"]
+    assert not torch.isnan(scratch[: 3 * heads * attention.NUM_SEGMENTS]).all()  # it was used
+    with pytest.raises(ValueError, match="scratch must be contiguous float32"):
+        run_and_check(b, 96, scratch=scratch[:-1])
 
 
 def test_decode_batches_that_fill_the_gpu_take_the_2d_kernel(launches: list[str]) -> None:

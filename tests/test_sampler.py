@@ -3,16 +3,23 @@ requests that reproduce whatever else is in the batch."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from ironbatch import SamplingParams  # noqa: E402
 from ironbatch.model.sampler import (  # noqa: E402
+    BatchParams,
     RowParams,
     apply_penalties,
+    draw,
+    filter_rows,
     filter_top_k_top_p_min_p,
     mask_min_tokens,
+    sample_batch,
     sample_row,
     sample_rows,
 )
@@ -144,3 +151,129 @@ def test_seeded_requests_reproduce_regardless_of_batch(tmp_path) -> None:
         .token_ids
     )
     assert differs != alone  # the seed matters (a 1-in-160^10 coincidence otherwise)
+
+
+def direct_kept(row: list[float], top_k: int, top_p: float, min_p: float) -> list[int]:
+    """The tokens the filters keep, computed directly (no ties in ``row``)."""
+    order = sorted(range(len(row)), key=lambda i: -row[i])
+    keep = order[:top_k] if 0 < top_k < len(row) else order
+    if top_p < 1.0:
+        weights = [math.exp(row[i]) for i in keep]
+        total, mass, kept = sum(weights), 0.0, []
+        for i, w in zip(keep, weights, strict=True):
+            if mass >= top_p:
+                break
+            kept.append(i)
+            mass += w / total
+        keep = kept
+    if min_p > 0.0:
+        weights = {i: math.exp(row[i]) for i in keep}
+        top = max(weights.values())
+        keep = [i for i in keep if weights[i] >= min_p * top]
+    return sorted(keep)
+
+
+def test_batched_filters_keep_each_rows_own_set() -> None:
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(7, 30, generator=g) * 2
+    top_k = [0, 3, 10, 30, 45, 4, 0]
+    top_p = [1.0, 1.0, 0.6, 0.9, 1.0, 0.5, 0.3]
+    min_p = [0.0, 0.2, 0.0, 0.05, 0.0, 0.1, 0.0]
+    got = filter_rows(
+        logits.clone(),
+        torch.tensor(top_k),
+        torch.tensor(top_p),
+        torch.tensor(min_p),
+    )
+    for r in range(7):
+        want = direct_kept(logits[r].tolist(), top_k[r], top_p[r], min_p[r])
+        assert kept(got[r]) == want, r
+
+
+def test_draws_follow_the_distribution() -> None:
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    gen = torch.Generator().manual_seed(0)
+    tokens = draw(probs.expand(40000, -1).contiguous(), gen)
+    freq = torch.bincount(tokens, minlength=5).float() / len(tokens)
+    assert freq[4] == 0  # a zero-probability token is never drawn
+    assert torch.allclose(freq, probs, atol=0.01), freq.tolist()
+
+
+def batch_params(temperature: list[float], top_k: list[int], top_p: list[float]) -> BatchParams:
+    return BatchParams(
+        temperature=torch.tensor(temperature),
+        top_k=torch.tensor(top_k),
+        top_p=torch.tensor(top_p),
+        min_p=torch.zeros(len(temperature)),
+        all_greedy=all(t == 0.0 for t in temperature),
+        any_greedy=any(t == 0.0 for t in temperature),
+        use_top_k=any(k > 0 for k in top_k),
+        use_top_p=any(p < 1.0 for p in top_p),
+        use_min_p=False,
+    )
+
+
+def test_a_batch_fails_only_rows_without_a_finite_choice() -> None:
+    gen = torch.Generator().manual_seed(1)
+    nan, inf = float("nan"), float("inf")
+    logits = torch.tensor(
+        [
+            [nan, nan, nan, nan],  # nothing to choose: -1
+            [0.0, inf, nan, inf],  # +inf entries share; NaN never wins
+            [0.0, inf, nan, inf],
+            [1.0, 5.0, 2.0, -1.0],
+            [float("-inf")] * 4,
+        ]
+    )
+    params = batch_params([0.0, 0.0, 0.9, 0.0, 0.9], [0, 0, 0, 0, 0], [1.0, 1.0, 1.0, 0.5, 1.0])
+    shared = set()
+    for _ in range(40):
+        tokens = sample_batch(logits, params, gen).tolist()
+        assert tokens[0] == -1 and tokens[4] == -1
+        assert tokens[1] == 1 and tokens[3] == 1  # greedy: the first of the +inf
+        shared.add(tokens[2])
+    assert shared == {1, 3}  # a draw: the +inf entries split it
+
+
+def test_the_step_sampler_draws_alone_only_what_needs_it(monkeypatch) -> None:
+    from ironbatch.model import sampler as sampler_module
+    from ironbatch.model.step_sampler import StepSampler
+
+    alone = []
+    real = sampler_module.sample_row
+
+    def counting(logits, row, gen):  # type: ignore[no-untyped-def]
+        alone.append(row.params)
+        return real(logits, row, gen)
+
+    monkeypatch.setattr(sampler_module, "sample_row", counting)
+    s = StepSampler(torch.device("cpu"), max_rows=8, seed=0)
+    s.grow(8)
+    kinds = [
+        SamplingParams(temperature=0.0),  # plain
+        SamplingParams(temperature=0.8, top_k=3),  # batched
+        SamplingParams(temperature=0.8, repetition_penalty=1.2),  # alone: a penalty
+        SamplingParams(temperature=0.0, logprobs=1),  # batched, with logprobs
+        SamplingParams(temperature=0.7, seed=11),  # alone: its own generator
+        SamplingParams(temperature=0.0, min_tokens=3),  # alone until 3 outputs
+    ]
+    for slot, params in enumerate(kinds):
+        s.begin_request(slot, params)
+    logits = torch.randn(6, 16, generator=torch.Generator().manual_seed(2))
+    slots = np.arange(6)
+
+    def rows(j: int) -> RowParams:
+        return row(kinds[j], [1, 2], [4] * int(num_outputs[j]))
+
+    num_outputs = np.array([5, 5, 5, 5, 5, 1])
+    draws = s.sample(logits, slots, num_outputs, rows)
+    assert [p for p in alone] == [kinds[2], kinds[4], kinds[5]]
+    assert draws.logprobs is not None and draws.logprobs[0].tolist() == [3]
+    assert torch.allclose(draws.logprobs[1], logits[3:4].log_softmax(-1))
+    assert draws.tokens[0] == int(logits[0].argmax()) and not draws.errors
+    alone.clear()
+    num_outputs = np.array([5, 5, 5, 5, 5, 5])
+    draws = s.sample(logits[[0, 1, 5]], np.array([0, 1, 5]), num_outputs[:3], rows)
+    assert alone == [] and draws.logprobs is None  # min_tokens reached; nobody asked
+    plain = s.sample(logits[[0, 5]], np.array([0, 5]), np.array([5, 5]), rows)
+    assert plain.tokens.tolist() == logits[[0, 5]].argmax(-1).tolist()

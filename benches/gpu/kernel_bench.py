@@ -1,8 +1,10 @@
 """The GPU check of ironbatch's Triton kernels, in one run: correctness
-against the torch reference (bf16, fp16, fp32), the bandwidth ceiling, decode
-attention against the roofline and torch SDPA (contiguous and gathered KV),
-a mixed prefill/decode batch, and the cache write. Prints a short table last
-and writes every row to a CSV.
+against the torch reference (bf16, fp16, fp32; the fused norm and RoPE
+kernels against the model's torch path in bf16), the bandwidth ceiling,
+decode attention against the roofline and torch SDPA (contiguous and
+gathered KV), a sweep of decode launch choices (tile, warps, stages, block
+size), a mixed prefill/decode batch, and the cache write. Prints a short
+table last and writes every row to a CSV.
 
     python benches/gpu/kernel_bench.py --out kernels.csv     # on the GPU
     TRITON_INTERPRET=1 python benches/gpu/kernel_bench.py --dry-run   # CPU, toy sizes
@@ -16,13 +18,20 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ironbatch.attention.paged_reference import reference_attention
+from ironbatch.attention.paged_reference import reference_attention, reference_reshape_and_cache
+from ironbatch.kernels import unified_attention as attention_module
 from ironbatch.kernels.reshape_and_cache import reshape_and_cache
-from ironbatch.kernels.unified_attention import unified_attention
+from ironbatch.kernels.rms_norm import rms_norm
+from ironbatch.kernels.rope_and_cache import rope_and_cache
+from ironbatch.kernels.unified_attention import LaunchConfig, unified_attention
+from ironbatch.model.config import RopeConfig
+from ironbatch.model.llama import RMSNorm
+from ironbatch.model.rope import RotaryEmbedding, rotate
 
 ROWS: list[dict[str, Any]] = []
 
@@ -141,6 +150,53 @@ def correctness(b: Bench) -> None:
     record(
         check="reshape_and_cache", dtype="bfloat16", max_abs_err="exact" if ok else "WRONG", ok=ok
     )
+    fused_kernels(b)
+
+
+def close(got: torch.Tensor, want: torch.Tensor, tol: float) -> tuple[str, bool]:
+    err = (got.float().cpu() - want.float().cpu()).abs().max().item()
+    return f"{err:.2e}", err <= tol * (1 + want.float().abs().max().item())
+
+
+def fused_kernels(b: Bench) -> None:
+    """The fused kernels against the model's torch path, in real bf16 (the
+    interpreter computes it in fp32): Qwen3-0.6B's and Llama-3.2-1B's shapes."""
+    dtype = torch.float32 if b.dry else torch.bfloat16
+    tol = 1e-5 if b.dry else 1.6e-2
+    g = torch.Generator(device="cpu").manual_seed(3)
+    for hidden in (64,) if b.dry else (1024, 2048):
+        x = torch.randn(64, hidden, generator=g).to(b.device, dtype)
+        residual = torch.randn(64, hidden, generator=g).to(b.device, dtype)
+        norm = RMSNorm(hidden, 1e-6).to(b.device, dtype)
+        want, want_residual = norm(x, residual)
+        got, got_residual = rms_norm(x.clone(), norm.weight.detach(), 1e-6, residual.clone())
+        err, ok = close(got, want, tol)
+        ok = ok and close(got_residual, want_residual, tol)[1]
+        record(check=f"rms_norm+residual {hidden}", dtype=str(dtype)[6:], max_abs_err=err, ok=ok)
+    shapes = [(4, 2, 16, True)] if b.dry else [(16, 8, 128, True), (32, 8, 64, False)]
+    for hq, hkv, d, qk_norm in shapes:
+        tokens = 64
+        rope = RotaryEmbedding(d, RopeConfig(theta=1e6)).to(b.device)
+        qkv = torch.randn(tokens, hq + 2 * hkv, d, generator=g).to(b.device, dtype)
+        positions = torch.randperm(4096, generator=g)[:tokens].to(b.device)
+        weights = [torch.rand(d, generator=g).to(b.device, dtype) + 0.5 for _ in range(2)]
+        q_norm, k_norm = weights if qk_norm else (None, None)
+        slots = (torch.randperm(63 * 16, generator=g)[:tokens] + 16).to(b.device)
+        kc = torch.zeros(64, 16, hkv, d, device=b.device, dtype=dtype)
+        vc, want_k, want_v = torch.zeros_like(kc), torch.zeros_like(kc), torch.zeros_like(kc)
+        qk = qkv[:, : hq + hkv]
+        if qk_norm:
+            normed = torch.nn.functional.rms_norm(qk.float(), (d,), eps=1e-6).to(dtype)
+            qk = torch.cat([q_norm.expand(hq, -1), k_norm.expand(hkv, -1)]) * normed
+        cos, sin = rope(positions)
+        qk = rotate(qk, cos.to(dtype), sin.to(dtype))
+        reference_reshape_and_cache(qk[:, hq:], qkv[:, hq + hkv :], want_k, want_v, slots)
+        table = rope.cos_sin_table(4096)
+        got = qkv.clone()
+        q = rope_and_cache(got, positions, table, kc, vc, slots, hq, q_norm, k_norm, 1e-6)
+        err, ok = close(q, qk[:, :hq], 2 * tol)
+        ok = ok and close(kc, want_k, 2 * tol)[1] and torch.equal(vc, want_v)
+        record(check=f"rope_and_cache {hq}:{hkv}x{d}", dtype=str(dtype)[6:], max_abs_err=err, ok=ok)
 
 
 def ceiling(b: Bench) -> float:
@@ -240,6 +296,70 @@ def sdpa_baselines(
     return res
 
 
+@dataclass(frozen=True)
+class SweepPoint:
+    batch: int
+    length: int
+    block_size: int
+    launch: LaunchConfig
+
+
+def _points(batch: int, block_size: int, *choices: tuple[int, int, int]) -> list[SweepPoint]:
+    return [
+        SweepPoint(batch, 4096, block_size, LaunchConfig(tile=t, num_warps=w, num_stages=st))
+        for t, w, st in choices
+    ]
+
+
+#: Launch choices (tile, warps, stages) tried at 128 x 4k (the 2D grid) and
+#: 8 x 4k (split-KV); the first of each is the default.
+SWEEP = [
+    *_points(128, 16, (32, 4, 3), (64, 4, 3), (64, 8, 3), (32, 8, 3), (32, 4, 4), (16, 4, 3)),
+    *_points(128, 32, (32, 4, 3)),
+    *_points(8, 16, (32, 4, 3), (64, 4, 3)),
+]
+
+
+def sweep(b: Bench, bw: float) -> list[dict[str, Any]]:
+    """Decode time for each launch choice (graph timing): what to set in
+    ``unified_attention.LAUNCH_2D`` / ``LAUNCH_SPLIT_KV`` after a GPU run."""
+    log("== decode launch sweep (bf16)")
+    hq, hkv, d = (8, 2, 64) if b.dry else (32, 8, 128)
+    dtype = torch.float32 if b.dry else torch.bfloat16
+    points = SWEEP
+    if b.dry:
+        points = [
+            SweepPoint(2, 64, 16, LaunchConfig(tile=16, num_warps=4, num_stages=3)),
+            SweepPoint(2, 64, 32, LaunchConfig(tile=64, num_warps=4, num_stages=3)),
+        ]
+    rows = []
+    for pt in points:
+        x = paged_batch(b, [1] * pt.batch, [pt.length] * pt.batch, hq, hkv, d, dtype, pt.block_size)
+        out = torch.empty_like(x["q"])
+        launch = pt.launch
+        kw = dict(tile=launch.tile, num_warps=launch.num_warps, num_stages=launch.num_stages)
+        t = b.time(lambda x=x, out=out, kw=kw: attend(x, out, **kw), graph=not b.dry)
+        esz = x["q"].element_size()
+        nbytes = pt.batch * pt.length * hkv * d * 2 * esz + pt.batch * hq * d * 2 * esz
+        split = pt.batch * hkv < attention_module.SPLIT_KV_BELOW_PROGRAMS
+        row = dict(
+            bench="decode_sweep",
+            B=pt.batch,
+            L=pt.length,
+            path="split" if split else "2d",
+            block=pt.block_size,
+            tile=launch.tile,
+            warps=launch.num_warps,
+            stages=launch.num_stages,
+            us_graph=f"{t * 1e6:.1f}",
+            roofline_pct=f"{100 * nbytes / t / bw:.0f}",
+        )
+        record(**row)
+        rows.append(row)
+        del x, out
+    return rows
+
+
 def mixed(b: Bench) -> None:
     log("== mixed batch: 64 decodes at 2k + one 512-token chunk at context 2k")
     if b.dry:
@@ -295,6 +415,7 @@ def main() -> int:
     correctness(b)
     bw = ceiling(b)
     table = decode(b, bw)
+    swept = sweep(b, bw)
     mixed(b)
     cache_write(b, bw)
     keys = sorted({k for r in ROWS for k in r})
@@ -311,6 +432,13 @@ def main() -> int:
         log(
             f"| {r['B']} | {r['L']} | {r['us']} | {r['us_graph']} | {r['roofline_pct']} | "
             f"{r.get('us_graph_2d', '')} | {r.get('sdpa_us', '')} | {r.get('gather_sdpa_us', '')} |"
+        )
+    log("\n| sweep: B | L | path | block | tile | warps | stages | µs (graph) | % roofline |")
+    log("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in swept:
+        log(
+            f"| {r['B']} | {r['L']} | {r['path']} | {r['block']} | {r['tile']} | {r['warps']} | "
+            f"{r['stages']} | {r['us_graph']} | {r['roofline_pct']} |"
         )
     bad = [r for r in ROWS if r.get("ok") is False]
     log(f"correctness: {'FAILED ' + str(bad) if bad else 'all checks passed'}")

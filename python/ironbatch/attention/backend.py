@@ -4,11 +4,19 @@ Per step the runner hands the backend the step's metadata once
 (``begin_step``); each layer then calls ``forward(layer, q, k, v)``, which
 writes the new K/V into that layer's paged cache through ``slot_mapping`` and
 attends over the cache. ``torch`` is the exact, simple reference (the CPU
-default); ``triton`` runs ``ironbatch.kernels``."""
+default); ``triton`` runs ``ironbatch.kernels``, and also offers
+``forward_qkv``: q/k norm, RoPE and the cache write fused in one kernel.
+
+A decode step of the runner's static path (``model/static_decode.py``)
+hands ``begin_step`` views of preallocated buffers. A backend whose
+``graph_capturable`` is true reads nothing else in ``forward`` and makes no
+host-side decision from values, so such a step can be captured in a CUDA
+graph and replayed with new buffer contents."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,10 +37,20 @@ class PagedAttention:
     """KV caches (per layer, ``[num_blocks, block_size, num_kv_heads,
     head_dim]``) and a backend to attend over them."""
 
+    #: Whether a decode step through this backend may be captured in a CUDA graph.
+    graph_capturable = False
+
     def __init__(
-        self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], scale: float
+        self,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+        scale: float,
+        *,
+        num_q_heads: int,
+        max_num_tokens: int,
     ) -> None:
         self.k_caches, self.v_caches, self.scale = k_caches, v_caches, scale
+        self.num_q_heads, self.max_num_tokens = num_q_heads, max_num_tokens
         self.meta: AttentionMetadata | None = None
 
     def begin_step(self, meta: AttentionMetadata) -> None:
@@ -105,36 +123,99 @@ class TorchPagedAttention(PagedAttention):
 
 
 class TritonPagedAttention(PagedAttention):
-    """``ironbatch.kernels``: reshape_and_cache then unified_attention."""
+    """``ironbatch.kernels``: reshape_and_cache (or the fused rope_and_cache)
+    then unified_attention. The split-KV scratch is allocated once, for the
+    largest decode batch that takes that path, and so is the attention
+    output, for the step's most tokens (shared by the layers: each output is
+    read by its o_proj before the next layer writes); the 2D or split-KV
+    choice is the kernel's, from the batch shape alone (no host sync). A
+    padding row's output is never written: it keeps an earlier row's finite
+    values."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    graph_capturable = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         if self.k_caches[0].device.type == "cpu":
             _use_triton_interpreter()
+        from ironbatch.kernels import unified_attention as attention
         from ironbatch.kernels.reshape_and_cache import reshape_and_cache
-        from ironbatch.kernels.unified_attention import unified_attention
+        from ironbatch.kernels.rope_and_cache import rope_and_cache
 
         self.reshape_and_cache = reshape_and_cache
-        self.unified_attention = unified_attention
+        self.rope_and_cache = rope_and_cache
+        self.unified_attention = attention.unified_attention
+        kc = self.k_caches[0]
+        heads_kv, dim = kc.shape[2], kc.shape[3]
+        # The split path serves decode batches of fewer sequences than this.
+        self.scratch_tokens = -(-attention.SPLIT_KV_BELOW_PROGRAMS // heads_kv)
+        self.scratch = torch.empty(
+            attention.split_kv_scratch_numel(self.scratch_tokens, self.num_q_heads, dim),
+            dtype=torch.float32,
+            device=kc.device,
+        )
+        self.out = torch.zeros(
+            self.max_num_tokens, self.num_q_heads, dim, dtype=kc.dtype, device=kc.device
+        )
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         meta = self.meta
         assert meta is not None
-        kc, vc = self.k_caches[layer], self.v_caches[layer]
-        self.reshape_and_cache(k, v, kc, vc, meta.slot_mapping)
-        out = torch.empty_like(q)
+        self.reshape_and_cache(k, v, self.k_caches[layer], self.v_caches[layer], meta.slot_mapping)
+        return self._attend(layer, q.contiguous())
+
+    def forward_qkv(
+        self,
+        layer: int,
+        qkv: torch.Tensor,
+        *,
+        num_q_heads: int,
+        positions: torch.Tensor,
+        cos_sin_table: torch.Tensor,
+        q_norm_weight: torch.Tensor | None,
+        k_norm_weight: torch.Tensor | None,
+        eps: float,
+    ) -> torch.Tensor:
+        """Attention from the fused projection ``qkv`` ``[T, Hq + 2·Hkv, D]``:
+        one kernel normalises (Qwen3) and rotates q and k and writes k and v
+        into the cache, then attention reads q in place."""
+        meta = self.meta
+        assert meta is not None
+        q = self.rope_and_cache(
+            qkv,
+            positions,
+            cos_sin_table,
+            self.k_caches[layer],
+            self.v_caches[layer],
+            meta.slot_mapping,
+            num_q_heads,
+            q_norm_weight,
+            k_norm_weight,
+            eps,
+        )
+        return self._attend(layer, q)
+
+    def _attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        meta = self.meta
+        assert meta is not None
+        tokens = q.shape[0]
+        if tokens <= len(self.out):
+            out = self.out[:tokens]
+        else:  # more than the step budget it was made for: a caller of its own
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self.unified_attention(
-            q.contiguous(),
-            kc,
-            vc,
+            q,
+            self.k_caches[layer],
+            self.v_caches[layer],
             out,
             meta.query_start_loc,
             meta.seq_lens,
             meta.block_table,
             self.scale,
             meta.max_seqlen_q,
+            scratch=self.scratch if q.shape[0] <= self.scratch_tokens else None,
         )
         return out
 

@@ -31,6 +31,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--seed", type=int)
     g.add_argument("--attention-backend", choices=["torch", "triton"])
     g.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly: no padded decode steps, no CUDA graphs (as vLLM's flag)",
+    )
+    g.add_argument(
         "--speculative-config",
         help="n-gram speculation as a JSON object of vLLM's keys, e.g. "
         '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}',
@@ -82,6 +87,7 @@ def _run(args: argparse.Namespace) -> int:
             args.seed,
             args.attention_backend,
             speculative_config=args.speculative_config,
+            enforce_eager=args.enforce_eager,
         )
     if args.command == "replay":
         from ironbatch.cli.replay import replay_main

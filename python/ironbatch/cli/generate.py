@@ -17,10 +17,16 @@ def generate_main(
     backend: str | None,
     *,
     speculative_config: str | None = None,
+    enforce_eager: bool = False,
 ) -> int:
     from ironbatch.engine import LLM
 
-    llm = LLM(model, attention_backend=backend, speculative_config=_speculative(speculative_config))
+    llm = LLM(
+        model,
+        attention_backend=backend,
+        speculative_config=_speculative(speculative_config),
+        enforce_eager=enforce_eager,
+    )
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
     inputs = [_parse(p) for p in prompts]
     for prompt, out in zip(prompts, llm.generate(inputs, params), strict=True):

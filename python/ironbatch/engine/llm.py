@@ -15,7 +15,8 @@ class LLM:
     settings are ``EngineArgs``' (``dtype``, ``block_size``, ``num_blocks``,
     ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
     ``enable_prefix_caching``, ``enable_chunked_prefill``, ``policy``,
-    ``attention_backend``, ``speculative_config`` (n-gram speculation, as
+    ``attention_backend``, ``enforce_eager`` (no padded static decode
+    steps, no CUDA graphs), ``speculative_config`` (n-gram speculation, as
     vLLM's ``{"method": "ngram", "num_speculative_tokens": k, ...}``), ...)."""
 
     def __init__(self, model: str, **kwargs: Any) -> None:

@@ -53,6 +53,9 @@ class EngineArgs:
     long_prefill_token_threshold: int = 0
     policy: str = "fcfs"
     attention_backend: str | None = None  # default: triton on CUDA, torch on CPU
+    # True: every step eager. False: decode steps run padded on static
+    # buffers, replayed as CUDA graphs on CUDA (captured at start-up).
+    enforce_eager: bool = False
     scheduler_backend: str = "rust"
     seed: int = 0
     # The most logprobs a request may ask for per token (-1: the vocabulary).
@@ -95,6 +98,9 @@ class LLMEngine:
         self.args = args
         # Checked before the model loads: a bad setting fails fast.
         self.speculative_config = SpeculativeConfig.of(args.speculative_config)
+        if not isinstance(args.enforce_eager, bool):
+            kind = type(args.enforce_eager).__name__
+            raise TypeError(f"enforce_eager must be a bool, got {kind}")
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model, self.model_config = load_model(args.model, args.dtype, device)
         self.tokenizer = load_tokenizer(args.model)
@@ -135,6 +141,9 @@ class LLMEngine:
             dtype=dtype,
             device=device,
             attention_backend=backend,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=batched,
+            enforce_eager=args.enforce_eager,
             seed=args.seed,
         )
         self.num_blocks, self.max_model_len, self.device = num_blocks, max_len, device

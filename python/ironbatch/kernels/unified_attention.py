@@ -9,6 +9,8 @@ is bottom-right: query ``i`` of a sequence sits at ``context_len + i``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -20,6 +22,36 @@ NUM_SEGMENTS = 16
 #: Split when a decode batch has fewer (sequence, KV head) programs than this,
 #: about the H200's 132 SMs: with fewer, the 2D grid leaves SMs idle.
 SPLIT_KV_BELOW_PROGRAMS = 128
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a kernel is launched on the GPU: keys per tile (the inner
+    dimension of ``P V``, so at least 16), warps per program, software
+    pipeline stages. ``benches/gpu/kernel_bench.py`` times alternatives
+    (its decode sweep) so a GPU run can pick these (docs/kernels.md §4.3)."""
+
+    tile: int
+    num_warps: int
+    num_stages: int
+
+
+#: The 2D grid (prefill, mixed, and decode batches that fill the GPU).
+LAUNCH_2D = LaunchConfig(tile=32, num_warps=4, num_stages=3)
+#: The split-KV decode kernel.
+LAUNCH_SPLIT_KV = LaunchConfig(tile=32, num_warps=4, num_stages=3)
+#: The interpreter's cost is per program-tile, so bigger tiles test faster.
+INTERPRETER_TILE = 64
+
+
+def split_kv_scratch_numel(num_tokens: int, num_q_heads: int, head_dim: int) -> int:
+    """fp32 elements of the split-KV scratch for ``num_tokens`` query rows:
+    per (row, query head, segment) an accumulator of ``D_PAD`` plus its max
+    and sum, and per (row, query head) how many segments hold keys.
+    Preallocate this once and pass it as ``scratch`` so a decode step
+    allocates nothing (docs/kernels.md §2.3)."""
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    return num_tokens * num_q_heads * (NUM_SEGMENTS * (d_pad + 2) + 1)
 
 
 @triton.jit
@@ -246,7 +278,7 @@ def _split_kv_kernel(
     k_cache_ptr,
     v_cache_ptr,
     acc_ptr,  # fp32 [T, Hq, NUM_SEGMENTS, D_PAD]
-    ml_ptr,  # fp32 [2, T, Hq, NUM_SEGMENTS]: running max, then running sum
+    ml_ptr,  # fp32 [2, T, Hq, NUM_SEGMENTS] maxima then sums, then [T, Hq] segments used
     cu_seqlens_q_ptr,
     seq_lens_ptr,
     block_table_ptr,
@@ -271,7 +303,9 @@ def _split_kv_kernel(
     IEEE: tl.constexpr,
 ):
     """Decode-only batches: segment g of sequence s's keys, for one KV head;
-    stores the segment's unnormalised accumulator, max and sum."""
+    stores the segment's unnormalised accumulator, max and sum (an empty
+    segment returns at once, storing nothing), and segment 0 how many
+    segments hold keys."""
     s = tl.program_id(0)
     kv_head = tl.program_id(1)
     g = tl.program_id(2)
@@ -281,6 +315,12 @@ def _split_kv_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + s)
     context_len = seq_len - q_len
+    kv_end = tl.minimum(seq_len, context_len + (BLOCK_M - 1) // G + 1)
+    tiles_per_segment = tl.cdiv(tl.cdiv(kv_end, TILE), NUM_SEGMENTS)
+    t_begin = g * tiles_per_segment * TILE
+    if t_begin >= kv_end:
+        return  # an empty segment: the reduce reads only the segments with keys
+    t_end = tl.minimum(t_begin + tiles_per_segment * TILE, kv_end)
     q, q_pos, row_ok, q_row, head, offs_d, d_ok = _load_query_rows(
         q_ptr,
         q_start,
@@ -297,10 +337,6 @@ def _split_kv_kernel(
         BLOCK_Q,
         UPCAST,
     )
-    kv_end = tl.minimum(seq_len, context_len + (BLOCK_M - 1) // G + 1)
-    tiles_per_segment = tl.cdiv(tl.cdiv(kv_end, TILE), NUM_SEGMENTS)
-    t_begin = g * tiles_per_segment * TILE
-    t_end = tl.minimum(t_begin + tiles_per_segment * TILE, kv_end)
     m_i, l_i, acc = _attend_tiles(
         q,
         q_pos,
@@ -324,11 +360,14 @@ def _split_kv_kernel(
         UPCAST,
         IEEE,
     )
-    # An empty segment stores m = -inf, l = 0: it weighs nothing in the reduce.
-    row = (q_row * NUM_Q_HEADS + head) * NUM_SEGMENTS + g
+    head_row = q_row * NUM_Q_HEADS + head
+    row = head_row * NUM_SEGMENTS + g
     tl.store(acc_ptr + row[:, None] * D_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
     tl.store(ml_ptr + row, m_i, mask=row_ok)
     tl.store(ml_ptr + num_rows + row, l_i, mask=row_ok)
+    if g == 0:  # how many segments hold keys (segments 0 .. used - 1)
+        used = tl.cdiv(tl.cdiv(kv_end, TILE), tiles_per_segment)
+        tl.store(ml_ptr + 2 * num_rows + head_row, tl.zeros_like(m_i) + used, mask=row_ok)
 
 
 @triton.jit
@@ -353,13 +392,15 @@ def _split_kv_reduce_kernel(
         return  # a padding row
     offs_g = tl.arange(0, NUM_SEGMENTS)
     offs_d = tl.arange(0, D_PAD)
-    row = (t * NUM_Q_HEADS + h) * NUM_SEGMENTS + offs_g
-    m = tl.load(ml_ptr + row)
-    sums = tl.load(ml_ptr + num_rows + row)
+    head_row = t * NUM_Q_HEADS + h
+    row = head_row * NUM_SEGMENTS + offs_g
+    live = offs_g < tl.load(ml_ptr + 2 * num_rows + head_row)  # segments that hold keys
+    m = tl.load(ml_ptr + row, mask=live, other=float("-inf"))
+    sums = tl.load(ml_ptr + num_rows + row, mask=live, other=0.0)
     m_max = tl.max(m, 0)
     w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
     den = tl.sum(w * sums, 0)
-    acc = tl.load(acc_ptr + row[:, None] * D_PAD + offs_d[None, :])
+    acc = tl.load(acc_ptr + row[:, None] * D_PAD + offs_d[None, :], mask=live[:, None], other=0.0)
     num = tl.sum(w[:, None] * acc, 0)
     out = num / tl.where(den == 0.0, 1.0, den)
     tl.store(
@@ -380,9 +421,10 @@ def unified_attention(
     scale: float,
     max_seqlen_q: int,
     tile: int | None = None,
-    num_warps: int = 4,
-    num_stages: int = 3,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     split_kv: bool | None = None,
+    scratch: torch.Tensor | None = None,
 ) -> None:
     """Attention of ``q`` (``[T, Hq, D]``) over the paged caches into ``out``.
 
@@ -393,7 +435,10 @@ def unified_attention(
     ``max_seqlen_q`` only selects a variant: decode-only batches (1) with
     fewer than ``SPLIT_KV_BELOW_PROGRAMS`` (sequence, KV head) pairs split
     each sequence's keys into ``NUM_SEGMENTS`` programs and reduce (spec
-    §2.3); ``split_kv`` forces either path."""
+    §2.3); ``split_kv`` forces either path. ``scratch`` (fp32, at least
+    ``split_kv_scratch_numel`` elements) is used by the split path instead
+    of allocating; ``tile``, ``num_warps`` and ``num_stages`` override the
+    path's ``LaunchConfig``."""
     check_cache(k_cache, v_cache)
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     check(
@@ -433,7 +478,6 @@ def unified_attention(
     block_m = 16 if g <= 16 else triton.next_power_of_2(g)
     block_q = block_m // g
     interp = interpreting()
-    tile = tile or (64 if interp else 32)
     d_pad = max(16, triton.next_power_of_2(head_dim))
     upcast = interp and q.dtype != torch.float32
     ieee = q.dtype == torch.float32
@@ -441,14 +485,28 @@ def unified_attention(
         # From the batch shape alone (results stay batch-invariant): decode
         # batches too small to fill the GPU with one program per KV head.
         split_kv = max_seqlen_q == 1 and num_seqs * num_kv_heads < SPLIT_KV_BELOW_PROGRAMS
+    launch = LAUNCH_SPLIT_KV if split_kv else LAUNCH_2D
+    tile = tile or (INTERPRETER_TILE if interp else launch.tile)
+    num_warps = num_warps or launch.num_warps
+    num_stages = num_stages or launch.num_stages
     if split_kv:
         check(
             max_seqlen_q == 1,
             f"split-KV serves decode-only batches, got max_seqlen_q = {max_seqlen_q}",
         )
         rows = q.shape[0] * num_q_heads * NUM_SEGMENTS
-        acc = torch.empty(rows * d_pad, dtype=torch.float32, device=q.device)
-        ml = torch.empty(2 * rows, dtype=torch.float32, device=q.device)
+        needed = split_kv_scratch_numel(q.shape[0], num_q_heads, head_dim)
+        if scratch is None:
+            scratch = torch.empty(needed, dtype=torch.float32, device=q.device)
+        check(
+            scratch.dtype == torch.float32
+            and scratch.is_contiguous()
+            and scratch.numel() >= needed,
+            f"scratch must be contiguous float32 with at least {needed} elements, "
+            f"got {scratch.dtype} with {scratch.numel()}",
+        )
+        acc = scratch[: rows * d_pad]
+        ml = scratch[rows * d_pad : needed]  # maxima, sums, segments used
         _split_kv_kernel[(num_seqs, num_kv_heads, NUM_SEGMENTS)](
             q,
             k_cache,

@@ -6,10 +6,14 @@ tokens of a step; attention goes through a paged backend.
 
 Checkpoint names are HF's; the loader fuses q/k/v into ``qkv_proj`` and
 gate/up into ``gate_up_proj`` (fewer, larger matmuls: fewer kernel launches
-per layer on a GPU)."""
+per layer on a GPU). The layers pass the residual stream beside the hidden
+states, so that with ``use_triton_kernels`` each norm adds the residual in
+the same launch, and q/k norm, RoPE and the KV-cache write are one launch
+(``ironbatch.kernels``); without it everything is plain torch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ironbatch.model.config import ModelConfig
-from ironbatch.model.rope import RotaryEmbedding, rotate
+from ironbatch.model.rope import RotaryEmbedding, StepRope, rotate
 
 
 class RMSNorm(nn.Module):
@@ -25,8 +29,21 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        # ironbatch.kernels.rms_norm.rms_norm once the model uses the kernels.
+        self.kernel: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``weight * norm(x + residual)`` and the residual stream after the
+        add (``x`` itself without a residual). The kernel works in place."""
+        if self.kernel is not None:
+            return self.kernel(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = x + residual
+        return self.normed(x), x
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
         # Normalised in fp32, scaled in the model dtype (as HF's Llama does).
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
@@ -49,21 +66,38 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.qk_norm = c.qk_norm
 
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: Any
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: StepRope, attn: Any) -> torch.Tensor:
         t, hq, hkv = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(t, hq + 2 * hkv, self.head_dim)
+        if rope.cos_sin_table is not None:  # one kernel: q/k norm, RoPE, K/V into the cache
+            q_norm, k_norm = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
+            out = attn.forward_qkv(
+                self.layer,
+                qkv,
+                num_q_heads=hq,
+                positions=rope.positions,
+                cos_sin_table=rope.cos_sin_table,
+                q_norm_weight=None if q_norm is None else q_norm.weight,
+                k_norm_weight=None if k_norm is None else k_norm.weight,
+                eps=0.0 if q_norm is None else q_norm.eps,
+            )
+        else:
+            qk = self.norm_and_rotate(qkv, rope)
+            out = attn.forward(self.layer, qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :])
+        return self.o_proj(out.reshape(t, hq * self.head_dim))
+
+    def norm_and_rotate(self, qkv: torch.Tensor, rope: StepRope) -> torch.Tensor:
+        """q and k of ``qkv``, normalised (Qwen3) and rotated, in plain torch."""
+        hq, hkv = self.num_heads, self.num_kv_heads
         qk = qkv[:, : hq + hkv]
         if self.qk_norm:  # per-head RMSNorm, q's and k's weights side by side
-            normed = F.rms_norm(qk.float(), (self.head_dim,), eps=self.q_norm.eps).to(x.dtype)
+            normed = F.rms_norm(qk.float(), (self.head_dim,), eps=self.q_norm.eps).to(qkv.dtype)
             weight = torch.cat(
                 [self.q_norm.weight.expand(hq, -1), self.k_norm.weight.expand(hkv, -1)]
             )
             qk = weight * normed
-        qk = rotate(qk, *rope)
-        out = attn.forward(self.layer, qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :])
-        return self.o_proj(out.reshape(t, hq * self.head_dim))
+        assert rope.cos is not None and rope.sin is not None
+        return rotate(qk, rope.cos, rope.sin)
 
 
 class MLP(nn.Module):
@@ -88,10 +122,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: Any
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: StepRope, attn: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's output and the residual stream before it is added
+        (the next norm adds it)."""
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, rope, attn)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -111,15 +149,34 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # With the Triton kernels: RoPE's fp32 cos/sin for every position.
+        self.cos_sin_table: torch.Tensor | None = None
+
+    def use_triton_kernels(self, max_positions: int) -> None:
+        """Run the norms (with the residual add) and q/k norm + RoPE + the
+        KV-cache write as ``ironbatch.kernels`` (the attention backend must
+        be ``triton``); positions stay below ``max_positions``."""
+        from ironbatch.kernels.rms_norm import rms_norm
+
+        self.cos_sin_table = self.model.rotary_emb.cos_sin_table(max_positions)
+        self.model.norm.kernel = rms_norm
+        for layer in self.model.layers:
+            layer.input_layernorm.kernel = rms_norm
+            layer.post_attention_layernorm.kernel = rms_norm
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Any) -> torch.Tensor:
         """Hidden states [T, hidden] for a step's flattened tokens."""
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(positions)  # once per step, for every layer
-        rope = (cos.to(x.dtype), sin.to(x.dtype))  # applied in the model dtype, as HF does
+        if self.cos_sin_table is not None:
+            rope = StepRope(positions, cos_sin_table=self.cos_sin_table)
+        else:
+            cos, sin = self.model.rotary_emb(positions)  # once per step, for every layer
+            # applied in the model dtype, as HF does
+            rope = StepRope(positions, cos=cos.to(x.dtype), sin=sin.to(x.dtype))
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, rope, attn)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, rope, attn)
+        return self.model.norm(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

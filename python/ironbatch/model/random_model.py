@@ -36,7 +36,10 @@ def write_random_llama(
     seed: int = 0,
     config: dict | None = None,
     dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
 ) -> Path:
+    """``device`` draws the weights there (a GPU draws a 1B model in a
+    moment; the values differ from the CPU's for the same seed)."""
     from safetensors.torch import save_file
 
     from ironbatch.model.config import load_model_config
@@ -44,11 +47,15 @@ def write_random_llama(
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config or DEMO_CONFIG, indent=2))
-    torch.manual_seed(seed)
+    if device == "cpu":
+        torch.manual_seed(seed)
+        gen = None
+    else:
+        gen = torch.Generator(device=device).manual_seed(seed)
     state = {
         name: torch.ones(shape, dtype=dtype)
         if name.endswith("norm.weight")
-        else (torch.randn(shape) * 0.05).to(dtype)
+        else (torch.randn(shape, generator=gen, device=device) * 0.05).to(dtype).cpu()
         for name, shape in hf_tensor_shapes(load_model_config(path)).items()
     }
     save_file(state, str(path / "model.safetensors"))

@@ -26,7 +26,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ironbatch.model.sampler import RowParams, processed_logits, sample_row, sampling_probs
+from ironbatch.model.sampler import (
+    RowParams,
+    failure,
+    processed_logits,
+    sample_row,
+    sampling_probs,
+)
 
 
 @dataclass
@@ -118,7 +124,7 @@ def verify_rows(
         try:
             got = verify_row(logits[start : start + m], row, row_drafts, generator)
         except Exception as e:  # noqa: BLE001 - any failure ends this row only
-            errors[i] = f"sampling failed: {type(e).__name__}: {e}"
+            errors[i] = failure(e)
         else:
             tokens += got
             counts[i] = len(got)

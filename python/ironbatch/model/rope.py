@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +38,26 @@ class RotaryEmbedding(torch.nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos()[:, None, :], emb.sin()[:, None, :]
+
+    def cos_sin_table(self, max_positions: int) -> torch.Tensor:
+        """fp32 ``[max_positions, head_dim]``: per position the cosines of the
+        ``head_dim / 2`` frequencies, then their sines (what the fused kernel
+        reads). The same fp32 products as ``forward``, so the same values."""
+        positions = torch.arange(max_positions, device=self.inv_freq.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        return torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
+
+
+@dataclass
+class StepRope:
+    """A step's rotary inputs, made once and shared by every layer: cos and
+    sin per token in the model dtype (the torch path), or the positions and
+    the precomputed fp32 table (the fused kernel)."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor | None = None  # [T, 1, D]
+    sin: torch.Tensor | None = None
+    cos_sin_table: torch.Tensor | None = None  # [max_positions, D]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

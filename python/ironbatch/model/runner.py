@@ -7,7 +7,11 @@ Per-request state lives in arrays indexed by the scheduler's request slot
 prompt length. A step's inputs are gathered from them with NumPy indexing
 (input ids at ``[slot, position]``, block-table rows), and sampled tokens are
 written back the same way, so nothing loops over requests on the way in;
-only new requests and rows whose table grew are touched one by one."""
+only new requests and rows whose table grew are touched one by one.
+
+Decode steps (one token per row, no drafts) take the graph-ready static
+path (``static_decode``: padded, on preallocated buffers, replayed as a CUDA
+graph on CUDA) unless ``enforce_eager``; every other step runs eagerly."""
 
 from __future__ import annotations
 
@@ -23,7 +27,9 @@ from ironbatch.model import kv_cache
 from ironbatch.model.config import ModelConfig
 from ironbatch.model.llama import LlamaForCausalLM
 from ironbatch.model.rejection_sampler import Verified, accept_greedy, verify_rows
-from ironbatch.model.sampler import RowParams, sample_rows
+from ironbatch.model.sampler import RowParams
+from ironbatch.model.static_decode import StaticDecode
+from ironbatch.model.step_sampler import StepSampler
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler_output import Kind, SchedulerOutput
 
@@ -40,6 +46,9 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         attention_backend: str,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enforce_eager: bool = False,
         seed: int = 0,
     ) -> None:
         if attention_backend not in BACKENDS:
@@ -49,31 +58,52 @@ class ModelRunner:
         self.model, self.config, self.device = model, config, device
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_blocks = -(-max_model_len // block_size)
-        k, v = kv_cache.allocate(config, num_blocks, block_size, dtype, device)
-        self.attn = BACKENDS[attention_backend](k, v, 1.0 / math.sqrt(config.head_dim))
+        # One block past the scheduler's: padding rows of static decode steps
+        # write their K/V there, and no sequence ever reads it.
+        k, v = kv_cache.allocate(config, num_blocks + 1, block_size, dtype, device)
+        self.scratch_block = num_blocks
+        self.attn = BACKENDS[attention_backend](
+            k,
+            v,
+            1.0 / math.sqrt(config.head_dim),
+            num_q_heads=config.num_heads,
+            max_num_tokens=max(max_num_batched_tokens, max_num_seqs),
+        )
+        if attention_backend == "triton":
+            model.use_triton_kernels(max_positions=max_model_len)
         self.tokens = np.zeros((0, max_model_len + 1), dtype=np.int64)
         self.tables = np.zeros((0, self.max_blocks), dtype=np.int32)
         self.table_lens = np.zeros(0, dtype=np.int32)
         self.prompt_lens = np.zeros(0, dtype=np.int32)
-        # Rows that sample by plain argmax (greedy, no penalties) once they
-        # have min_tokens outputs: the common case, decided without Python
-        # work per request.
-        self.plain = np.zeros(0, dtype=np.bool_)
-        self.min_tokens = np.zeros(0, dtype=np.int32)
-        self.params: dict[int, tuple[SamplingParams, torch.Generator | None]] = {}
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.sampler = StepSampler(device, max_rows=max_num_seqs, seed=seed)
         # Seconds spent per phase, summed over steps (see benches/engine_overhead.py).
         self.timings = {"prepare": 0.0, "forward": 0.0, "sample": 0.0}
+        # Wait for the device after the forward so "forward" holds its device
+        # time, not only its launches (for a breakdown; costs a stall a step).
+        self.sync_for_timings = False
+        self.static_decode = None  # enforce_eager: every step eager
+        if not enforce_eager:  # last: on CUDA this captures the decode graphs
+            self.static_decode = StaticDecode(
+                model,
+                self.attn,
+                max_num_seqs=max_num_seqs,
+                max_blocks=self.max_blocks,
+                scratch_slots=num_blocks * block_size + np.arange(max_num_seqs) % block_size,
+                hidden_size=config.hidden_size,
+                dtype=dtype,
+                device=device,
+            )
 
     def _grow(self, slot: int) -> None:
         if slot < len(self.table_lens):
             return
         n = max(slot + 1, 2 * len(self.table_lens), 16)
-        for name in ("tokens", "tables", "table_lens", "prompt_lens", "plain", "min_tokens"):
+        for name in ("tokens", "tables", "table_lens", "prompt_lens"):
             old = getattr(self, name)
             new = np.zeros((n, *old.shape[1:]), dtype=old.dtype)
             new[: len(old)] = old
             setattr(self, name, new)
+        self.sampler.grow(n)
 
     def begin_request(self, slot: int, prompt: list[int], params: SamplingParams) -> None:
         """A request scheduled for the first time in ``slot``. Its tokens and
@@ -82,18 +112,7 @@ class ModelRunner:
         self._grow(slot)
         self.tokens[slot, : len(prompt)] = prompt
         self.prompt_lens[slot] = len(prompt)
-        self.min_tokens[slot] = params.min_tokens
-        self.plain[slot] = (
-            params.greedy
-            and params.repetition_penalty == 1.0
-            and not params.presence_penalty
-            and not params.frequency_penalty
-            and params.logprobs is None
-        )
-        self.params[slot] = (params, None)
-        if params.seed is not None:
-            gen = torch.Generator(device=self.device).manual_seed(params.seed)
-            self.params[slot] = (params, gen)
+        self.sampler.begin_request(slot, params)
 
     def _update_tables(self, out: SchedulerOutput) -> None:
         if out.num_kv_cache_groups != 1:
@@ -132,8 +151,59 @@ class ModelRunner:
         t0 = time.perf_counter()
         self._update_tables(out)
         slots = out.req_slots.astype(np.int64)
-        rows = np.repeat(slots, out.num_scheduled)
         has_drafts = len(out.spec_token_ids) > 0
+        static = self.static_decode
+        if static is not None and static.serves(out):
+            t1 = time.perf_counter()
+            hidden = static.run(
+                input_ids=self.tokens[slots, out.positions],
+                positions=out.positions,
+                slot_mapping=out.slot_mapping,
+                seq_lens=out.seq_lens,
+                block_table=self.tables[slots],
+            )
+        else:
+            hidden, t1 = self._eager_forward(out, slots, has_drafts)
+        which = np.flatnonzero(out.samples)
+        if len(which) == 0:
+            self._clock(t0, t1, time.perf_counter(), None)
+            return result
+        if has_drafts:
+            t2 = self._verify(out, hidden, which, eos_token_ids, result)
+            self._clock(t0, t1, t2, time.perf_counter())
+            return result
+        last_rows = out.query_start_loc[1:][which] - 1
+        if last_rows[-1] == len(last_rows) - 1:  # rows 0, 1, ...: decode steps
+            logits = self.model.logits(hidden[: len(last_rows)])
+        else:
+            logits = self.model.logits(hidden[torch.from_numpy(last_rows).to(self.device).long()])
+        if self.sync_for_timings and logits.is_cuda:
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        rows_slots = slots[which]
+        seq_lens = out.seq_lens[which]
+        drawn = self.sampler.sample(
+            logits,
+            rows_slots,
+            seq_lens - self.prompt_lens[rows_slots],
+            lambda j: self._row(int(rows_slots[j]), int(seq_lens[j]), eos_token_ids),
+        )
+        tokens_np = drawn.tokens
+        if drawn.logprobs is not None:
+            result.logprobs = (which[drawn.logprobs[0]], drawn.logprobs[1])
+        result.errors = {int(which[j]): reason for j, reason in drawn.errors.items()}
+        result.sampled[which] = tokens_np
+        ok = tokens_np >= 0
+        self.tokens[rows_slots[ok], seq_lens[ok]] = tokens_np[ok]  # where the next token goes
+        self._clock(t0, t1, t2, time.perf_counter())
+        return result
+
+    def _eager_forward(
+        self, out: SchedulerOutput, slots: np.ndarray, has_drafts: bool
+    ) -> tuple[torch.Tensor, float]:
+        """The step's hidden states, its inputs made for it; and when the
+        inputs were ready."""
+        rows = np.repeat(slots, out.num_scheduled)
         if has_drafts:
             self._write_drafts(out, rows)
         input_ids = torch.from_numpy(self.tokens[rows, out.positions]).to(self.device)
@@ -150,42 +220,7 @@ class ModelRunner:
         )
         t1 = time.perf_counter()
         self.attn.begin_step(meta)
-        hidden = self.model(input_ids, positions, self.attn)
-        which = np.flatnonzero(out.samples)
-        if len(which) == 0:
-            self._clock(t0, t1, time.perf_counter(), None)
-            return result
-        if has_drafts:
-            t2 = self._verify(out, hidden, which, eos_token_ids, result)
-            self._clock(t0, t1, t2, time.perf_counter())
-            return result
-        last_rows = torch.from_numpy(out.query_start_loc[1:][which] - 1).to(self.device).long()
-        logits = self.model.logits(hidden[last_rows])
-        if logits.is_cuda:
-            torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        rows_slots = slots[which]
-        seq_lens = out.seq_lens[which]
-        plain = (
-            self.plain[rows_slots].all()
-            and (seq_lens - self.prompt_lens[rows_slots] >= self.min_tokens[rows_slots]).all()
-        )
-        if plain:
-            tokens_np = logits.argmax(-1).cpu().numpy()
-        else:
-            row_params = [
-                self._row(int(sl), int(n), eos_token_ids)
-                for sl, n in zip(rows_slots, seq_lens, strict=True)
-            ]
-            drawn = sample_rows(logits, row_params, self.generator)
-            tokens_np = drawn.tokens.cpu().numpy()
-            result.logprobs = (which, drawn.logprobs)
-            result.errors = {int(which[j]): reason for j, reason in drawn.errors.items()}
-        result.sampled[which] = tokens_np
-        ok = tokens_np >= 0
-        self.tokens[rows_slots[ok], seq_lens[ok]] = tokens_np[ok]  # where the next token goes
-        self._clock(t0, t1, t2, time.perf_counter())
-        return result
+        return self.model(input_ids, positions, self.attn), t1
 
     def _write_drafts(self, out: SchedulerOutput, rows: np.ndarray) -> None:
         """Put the step's drafts where its input ids are read: they are each
@@ -215,19 +250,15 @@ class ModelRunner:
         ends = out.query_start_loc[1:][which].astype(np.int64)
         logit_rows = np.repeat(ends - m, m) + _local(m)
         logits = self.model.logits(hidden[torch.from_numpy(logit_rows).to(self.device)])
-        if logits.is_cuda:
+        if self.sync_for_timings and logits.is_cuda:
             torch.cuda.synchronize()
         t2 = time.perf_counter()
         draft_rows = np.repeat(np.arange(n), out.num_spec_tokens)
         drafts = out.spec_token_ids.astype(np.int64)[out.samples[draft_rows].astype(bool)]
         rows_slots = out.req_slots[which].astype(np.int64)
         base = (out.seq_lens[which] - d).astype(np.int64)  # known tokens before the step
-        plain = (
-            self.plain[rows_slots].all()
-            and (base - self.prompt_lens[rows_slots] >= self.min_tokens[rows_slots]).all()
-        )
         verified: Verified
-        if plain:
+        if self.sampler.all_plain(rows_slots, base - self.prompt_lens[rows_slots]):
             verified = accept_greedy(logits.argmax(-1).cpu().numpy(), drafts, d)
         else:
             row_params = [
@@ -235,7 +266,7 @@ class ModelRunner:
                 for sl, b in zip(rows_slots, base, strict=True)
             ]
             per_row = [r.tolist() for r in np.split(drafts, np.cumsum(d)[:-1])]
-            verified = verify_rows(logits, row_params, per_row, self.generator)
+            verified = verify_rows(logits, row_params, per_row, self.sampler.generator)
             keep = _local(m) < np.repeat(verified.counts, m)
             logprobs = logits.log_softmax(-1)[torch.from_numpy(keep).to(self.device)]
             result.logprobs = (np.repeat(which, verified.counts), logprobs)
@@ -256,7 +287,7 @@ class ModelRunner:
             self.timings["sample"] += t3 - t2
 
     def _row(self, slot: int, seq_len: int, eos: tuple[int, ...]) -> RowParams:
-        params, gen = self.params[slot]
+        params, gen = self.sampler.params[slot]
         prompt_len = int(self.prompt_lens[slot])
         toks = self.tokens[slot]
         return RowParams(
