@@ -1,4 +1,5 @@
-"""The ``ironbatch`` command: ``demo``, ``generate``, ``replay`` and ``bench``."""
+"""The ``ironbatch`` command: ``demo``, ``generate``, ``replay``, ``bench``, ``simulate`` and
+``profile``."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="consecutive steps per scheduler before the next takes its turn",
     )
 
+    from ironbatch.cli import profile, simulate
+
+    simulate.add_parser(sub)
+    profile.add_parser(sub)
+
     args = parser.parse_args(argv)
     try:
         return _run(args)
@@ -83,6 +89,14 @@ def _run(args: argparse.Namespace) -> int:
             args.attention_backend,
             speculative_config=args.speculative_config,
         )
+    if args.command == "simulate":
+        from ironbatch.cli.simulate import simulate_main
+
+        return simulate_main(args)
+    if args.command == "profile":
+        from ironbatch.cli.profile import profile_main
+
+        return profile_main(args)
     if args.command == "replay":
         from ironbatch.cli.replay import replay_main
 

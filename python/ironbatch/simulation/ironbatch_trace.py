@@ -47,5 +47,7 @@ def read_ironbatch_trace(path: str | Path, name: str = "trace") -> Workload:
         literal_tokens=tokens,
         ids=tuple(d["request_id"] for d in kept),
         vocab_size=max(vocab, 4),
-        skipped={"aborted or without output": len(adds) - len(kept)} if len(kept) < len(adds) else {},
+        skipped={"aborted or without output": len(adds) - len(kept)}
+        if len(kept) < len(adds)
+        else {},
     )

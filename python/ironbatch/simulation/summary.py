@@ -36,7 +36,9 @@ def _stats(values: np.ndarray) -> dict[str, float]:
     if not len(v):
         return {"mean": float("nan"), **{f"p{p}": float("nan") for p in PERCENTILES}}
     qs = np.percentile(v, PERCENTILES)
-    return {"mean": float(v.mean()), **{f"p{p}": float(q) for p, q in zip(PERCENTILES, qs)}}
+    out = {"mean": float(v.mean())}
+    out.update({f"p{p}": float(q) for p, q in zip(PERCENTILES, qs, strict=True)})
+    return out
 
 
 def summarize(
