@@ -30,7 +30,8 @@ from ironbatch.bench.azure_trace import (
     CONV_GENERATED_QUANTILES,
     sample_length,
 )
-from ironbatch.simulation.workload import OWN_KEYS, PREFIX_GROUP_KEYS, Workload, from_segments
+from ironbatch.simulation.prefix_groups import choose_prefixes
+from ironbatch.simulation.workload import OWN_KEYS, Workload, from_segments
 
 ARRIVALS = ("poisson", "bursty")
 LENGTHS = ("azure-conv", "lognormal", "uniform", "fixed")
@@ -129,24 +130,22 @@ def synthetic_workload(spec: SyntheticSpec | str) -> Workload:
             else:
                 t += rng.gammavariate(shape, 1 / (shape * spec.rate))
         arrivals[i] = t
-    outputs = []
-    segments = []
-    for i in range(spec.requests):
-        prompt = _length(
-            rng, spec.prompt, spec.prompt_mean, spec.prompt_sigma, CONV_CONTEXT_QUANTILES
+    prompts, outputs = [], []
+    for _ in range(spec.requests):
+        prompts.append(
+            _length(rng, spec.prompt, spec.prompt_mean, spec.prompt_sigma, CONV_CONTEXT_QUANTILES)
         )
         outputs.append(
             _length(rng, spec.output, spec.output_mean, spec.output_sigma, CONV_GENERATED_QUANTILES)
         )
-        own = prompt
-        segs: list[tuple[int, int]] = []
-        if spec.prefix_groups and prompt > 1 and rng.random() < spec.prefix_share:
-            group = rng.randrange(spec.prefix_groups)
-            shared = min(spec.prefix_tokens, prompt - 1)
-            segs.append((PREFIX_GROUP_KEYS + group, shared))
-            own -= shared
-        segs.append((OWN_KEYS + i, own))
-        segments.append(segs)
+    chosen = choose_prefixes(
+        rng, prompts, groups=spec.prefix_groups, tokens=spec.prefix_tokens,
+        share=spec.prefix_share,
+    )  # fmt: skip
+    segments = []
+    for i, (prompt, prefix) in enumerate(zip(prompts, chosen, strict=True)):
+        own = prompt - (prefix[1] if prefix else 0)
+        segments.append([*([prefix] if prefix else []), (OWN_KEYS + i, own)])
     return from_segments(
         f"synthetic({spec.requests} requests, {spec.rate:g}/s {spec.arrivals})",
         arrival_s=arrivals,
