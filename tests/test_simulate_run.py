@@ -49,7 +49,8 @@ def test_a_runs_trace_replays_identical_on_the_python_twin(tmp_path: Path) -> No
         "prefix_tokens=96,seed=4"
     )
     trace = tmp_path / "run.jsonl"
-    settings = {**SYNC, "num_blocks": 120, "max_num_batched_tokens": 256, "max_num_seqs": 16}
+    settings = {**SYNC, "num_blocks": 120, "max_num_batched_tokens": 256, "max_num_seqs": 16,
+                "max_model_len": 1536}  # fmt: skip
     r = simulate(w, step_model=CLOCK, config=settings, trace=trace)
     assert r.summary["preemptions"] > 0 and r.summary["prefix_hit_rate"] > 0
     result = replay(trace, backend="python", level="blocks")

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from vllm_clock import run_vllm
 
 from ironbatch.bench.azure_trace import synthetic_trace_csv
 from ironbatch.simulation import load_step_model, load_workload, simulate
 from ironbatch.simulation.prefix_groups import with_prefix_groups
 from ironbatch.simulation.workload import Workload
+
+from vllm_clock import run_vllm
 
 CLOCK = load_step_model(
     "linear:intercept_s=0.006,per_prefill_token_s=2e-5,per_decode_token_s=1.5e-4,"
