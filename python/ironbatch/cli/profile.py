@@ -18,11 +18,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a smaller grid (a CPU, a smoke test)")
     p.add_argument("--repeats", type=int, default=3, help="timed steps per grid point")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="fit wall-clock seconds (a GPU, a dedicated machine) or this thread's CPU seconds "
+        "(a shared CPU; pair it with a single-threaded engine)",
+    )
+    p.add_argument("--threads", type=int, help="torch CPU threads (e.g. 1 on a shared machine)")
 
 
 def profile_main(args: argparse.Namespace) -> int:
     from ironbatch.simulation.profile import profile_engine
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     model = profile_engine(
         args.model,
         device=args.device,
@@ -30,6 +42,7 @@ def profile_main(args: argparse.Namespace) -> int:
         quick=args.quick,
         repeats=args.repeats,
         seed=args.seed,
+        clock=args.clock,
         log=lambda s: print(s, file=sys.stderr),
     )
     model.save(args.out)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 FEATURES = (
-    "num_requests", "num_prefill_tokens", "num_decode_tokens", "num_sampled",
+    "num_requests", "num_prefill_requests", "num_prefill_tokens", "num_decode_tokens", "num_sampled",
     "context_tokens", "attention_pairs",
 )  # fmt: skip
 
@@ -19,6 +19,7 @@ FEATURES = (
 @dataclass(frozen=True)
 class BatchShape:
     num_requests: int
+    num_prefill_requests: int
     num_prefill_tokens: int
     num_decode_tokens: int
     num_sampled: int
@@ -42,6 +43,7 @@ def batch_shape(num_tokens: Any, num_computed: Any, samples: Any) -> BatchShape:
         pairs += a * b + a * (a + 1.0) / 2.0
     return BatchShape(
         num_requests=len(n),
+        num_prefill_requests=int((~decode).sum()),
         num_prefill_tokens=int(n[~decode].sum()),
         num_decode_tokens=int(decode.sum()),
         num_sampled=int(s.sum()),

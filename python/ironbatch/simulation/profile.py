@@ -29,9 +29,14 @@ FEATURE_COEFFICIENTS = dict(zip(FEATURES, LINEAR_KEYS[1:], strict=True))
 
 @dataclass(frozen=True)
 class Sample:
+    """One timed step: the forward's and the whole step's seconds, on the
+    wall clock and in this thread's CPU time."""
+
     shape: BatchShape
     forward_s: float
     step_s: float
+    forward_cpu_s: float
+    step_cpu_s: float
 
 
 def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -60,32 +65,56 @@ class _TimedRunner:
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
-        self.last: tuple[BatchShape, float] | None = None
+        self.last: tuple[BatchShape, float, float] | None = None
 
     def execute(self, out: Any, eos_token_ids: Any) -> Any:
         shape = batch_shape(out.num_scheduled, out.num_computed_tokens, out.samples)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         result = self.runner.execute(out, eos_token_ids)
-        self.last = (shape, time.perf_counter() - t0)
+        self.last = (shape, time.perf_counter() - t0, time.thread_time() - c0)
         return result
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
 
 
-def _grid(quick: bool, max_len: int) -> list[dict[str, int]]:
-    """(decoders, context, prefill) points."""
-    batches = (1, 4, 16, 32) if quick else (1, 4, 16, 64, 128)
-    contexts = (32, 256) if quick else (64, 512, 2048)
-    prefills = (32, 256) if quick else (128, 512, 2048)
-    points = [{"decoders": b, "context": c, "prefill": 0} for b in batches for c in contexts]
-    points += [
-        {"decoders": b, "context": 32, "prefill": p} for b in (0, *batches[1:3]) for p in prefills
-    ]
-    return [p for p in points if p["context"] + 64 < max_len and p["prefill"] + 64 < max_len]
+@dataclass(frozen=True)
+class ProfileGrid:
+    """The batch shapes timed: decode batches of each size at each context
+    length (their prompts timed too, as whole-prompt steps), and prompts of
+    each length, in one request or split among ``new_requests``, alone and
+    beside ``mixed_batches`` decoders."""
+
+    decode_batches: tuple[int, ...] = (1, 4, 16, 64, 128)
+    contexts: tuple[int, ...] = (64, 512, 2048)
+    prefills: tuple[int, ...] = (128, 512, 2048)
+    mixed_batches: tuple[int, ...] = (4, 16)
+    new_requests: tuple[int, ...] = (1, 4)
+
+    def points(self, max_len: int) -> list[dict[str, int]]:
+        """(decoders, context, prefill, new) points that fit ``max_len``."""
+        pts = [
+            {"decoders": b, "context": c, "prefill": 0, "new": 0}
+            for b in self.decode_batches
+            for c in self.contexts
+        ]
+        pts += [
+            {"decoders": b, "context": 32, "prefill": p, "new": k}
+            for b in (0, *self.mixed_batches)
+            for p in self.prefills
+            for k in self.new_requests
+            if p >= k
+        ]
+        return [p for p in pts if p["context"] + 64 < max_len and p["prefill"] + 64 < max_len]
 
 
-def collect(engine: Any, *, quick: bool, repeats: int, seed: int) -> list[Sample]:
+FULL_GRID = ProfileGrid()
+QUICK_GRID = ProfileGrid(
+    decode_batches=(1, 4, 16, 32), contexts=(32, 256), prefills=(32, 256), mixed_batches=(4, 16)
+)
+
+
+def collect(engine: Any, *, grid: ProfileGrid, repeats: int, seed: int) -> list[Sample]:
     """Time the engine on the grid; every step is a sample."""
     from ironbatch.sampling_params import SamplingParams
 
@@ -100,11 +129,12 @@ def collect(engine: Any, *, quick: bool, repeats: int, seed: int) -> list[Sample
         return {"prompt_token_ids": rng.integers(3, vocab, n).tolist()}
 
     def step(record: bool) -> None:
-        t0 = time.perf_counter()
-        engine.step(final_only=True)
-        total = time.perf_counter() - t0
+        t0, c0 = time.perf_counter(), time.thread_time()
+        engine.step()  # streaming outputs, as a server steps
+        total, cpu = time.perf_counter() - t0, time.thread_time() - c0
         if record and timed.last is not None:
-            samples.append(Sample(timed.last[0], timed.last[1], total))
+            shape, forward, forward_cpu = timed.last
+            samples.append(Sample(shape, forward, total, forward_cpu, cpu))
         timed.last = None
 
     def drain(record: bool) -> None:
@@ -116,8 +146,8 @@ def collect(engine: Any, *, quick: bool, repeats: int, seed: int) -> list[Sample
         warm = SamplingParams(max_tokens=4, ignore_eos=True)
         engine.add_request(str(next(ids)), prompt(64), warm)
     drain(False)
-    for point in _grid(quick, engine.max_model_len):
-        b, c, p = point["decoders"], point["context"], point["prefill"]
+    for point in grid.points(engine.max_model_len):
+        b, c, p, k = point["decoders"], point["context"], point["prefill"], point["new"]
         for _ in range(b):
             engine.add_request(
                 str(next(ids)), prompt(c), SamplingParams(max_tokens=repeats + 2, ignore_eos=True)
@@ -125,8 +155,9 @@ def collect(engine: Any, *, quick: bool, repeats: int, seed: int) -> list[Sample
         if p:
             if b:
                 step(True)  # the decoders' prompts; the next step decodes them
-            once = SamplingParams(max_tokens=1, ignore_eos=True)
-            engine.add_request(str(next(ids)), prompt(p), once)
+            once = SamplingParams(max_tokens=2, ignore_eos=True)
+            for _ in range(k):
+                engine.add_request(str(next(ids)), prompt(p // k), once)
         drain(True)
     engine.runner = timed.runner
     return samples
@@ -143,23 +174,49 @@ def _quality(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
     }
 
 
-def fit_samples(samples: list[Sample], description: str) -> StepModel:
-    """The linear step model (and overhead) of ``samples``, with the fit."""
+def fit_robust(features: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``fit_linear`` after setting aside the samples the first fit misses
+    by more than three times its median relative error: steps another
+    process on a shared machine slowed down, not the engine's cost."""
+    coef = fit_linear(features, y)
+    predicted = np.column_stack([np.ones(len(y)), features]) @ coef
+    rel = np.abs(predicted - y) / y
+    keep = rel <= max(3 * float(np.median(rel)), 0.05)
+    if keep.sum() >= features.shape[1] + 2 and not keep.all():
+        coef = fit_linear(features[keep], y[keep])
+    return coef
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def fit_samples(samples: list[Sample], description: str, clock: str = "wall") -> StepModel:
+    """The linear step model (and overhead) of ``samples``, with the fit:
+    of wall-clock seconds, or (``clock="cpu"``) of this thread's CPU
+    seconds, which other processes on a shared machine do not inflate."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
     if len(samples) < len(FEATURES) + 2:
         raise ValueError(f"profile: {len(samples)} samples are too few to fit")
     x = np.array([[getattr(s.shape, f) for f in FEATURES] for s in samples], dtype=np.float64)
-    forward = np.array([s.forward_s for s in samples])
-    overhead = np.maximum(np.array([s.step_s for s in samples]) - forward, 1e-7)
-    coef = fit_linear(x, forward)
-    oc = fit_linear(x[:, :1], overhead)  # per step, per request
+    cpu = clock == "cpu"
+    forward = np.array([s.forward_cpu_s if cpu else s.forward_s for s in samples])
+    step = np.array([s.step_cpu_s if cpu else s.step_s for s in samples])
+    overhead = np.maximum(step - forward, 1e-7)
+    coef = fit_robust(x, forward)
+    oc = fit_robust(x[:, :1], overhead)  # per step, per request
     predicted = np.column_stack([np.ones(len(x)), x]) @ coef
     predicted_step = predicted + oc[0] + oc[1] * x[:, 0]
     fit = {
+        "clock": clock,
         "samples": len(samples),
+        # Above 1: other processes took the core during the profile.
+        "wall_over_cpu": sum(s.step_s for s in samples) / sum(s.step_cpu_s for s in samples),
         "forward": _quality(predicted, forward),
         "step": _quality(predicted_step, forward + overhead),
         "rows": [
             {**s.shape.as_dict(), "forward_s": s.forward_s, "step_s": s.step_s,
+             "forward_cpu_s": s.forward_cpu_s, "step_cpu_s": s.step_cpu_s,
              "predicted_step_s": float(p)}
             for s, p in zip(samples, predicted_step, strict=True)
         ],
@@ -184,13 +241,16 @@ def profile_engine(
     device: str | None = None,
     dtype: str = "auto",
     quick: bool = False,
+    grid: ProfileGrid | None = None,
     repeats: int = 3,
     seed: int = 0,
+    clock: str = "wall",
     engine_args: dict[str, Any] | None = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> StepModel:
     """Fit a step model of ``LLMEngine`` on ``model`` (default: the demo's
-    random-weight Llama) on this device."""
+    random-weight Llama) on this device; ``engine_args`` are EngineArgs
+    fields (the deployment's, so the engine profiled is the one simulated)."""
     import tempfile
 
     from ironbatch.engine import EngineArgs, LLMEngine
@@ -207,11 +267,27 @@ def profile_engine(
     args |= engine_args or {}
     engine = LLMEngine(EngineArgs(model=model, dtype=dtype, device=device, seed=seed, **args))
     log(f"profile: {model} on {engine.device} ({'quick ' if quick else ''}grid)")
-    samples = collect(engine, quick=quick, repeats=repeats, seed=seed)
-    where = engine.device.type
-    if where == "cpu":
-        where += f" ({platform.processor() or platform.machine()})"
-    result = fit_samples(samples, f"fitted: {model if tmp is None else 'demo model'} on {where}")
+    grid = grid or (QUICK_GRID if quick else FULL_GRID)
+    name = model if tmp is None else "demo model"
+    result = profile(engine, name, grid=grid, repeats=repeats, seed=seed, clock=clock)
     if tmp is not None:
         tmp.cleanup()
     return result
+
+
+def profile(
+    engine: Any,
+    name: str,
+    *,
+    grid: ProfileGrid = FULL_GRID,
+    repeats: int = 3,
+    seed: int = 0,
+    clock: str = "wall",
+) -> StepModel:
+    """Fit a step model of an engine already built (it is left idle, its
+    requests done): what ``profile_engine`` does once it has one."""
+    samples = collect(engine, grid=grid, repeats=repeats, seed=seed)
+    where = engine.device.type
+    if where == "cpu":
+        where += f" ({platform.processor() or platform.machine()})"
+    return fit_samples(samples, f"fitted ({clock} clock): {name} on {where}", clock)

@@ -35,6 +35,7 @@ FORMAT = "ironbatch-step-model/1"
 LINEAR_KEYS = (
     "intercept_s",
     "per_request_s",
+    "per_prefill_request_s",
     "per_prefill_token_s",
     "per_decode_token_s",
     "per_sampled_s",

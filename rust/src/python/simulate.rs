@@ -116,7 +116,8 @@ fn checked(time: StepTime) -> PyResult<PyStepTimeModel> {
 impl PyStepTimeModel {
     /// Seconds per unit of each part of the batch, summed.
     #[staticmethod]
-    #[pyo3(signature = (*, intercept_s=0.0, per_request_s=0.0, per_prefill_token_s=0.0,
+    #[pyo3(signature = (*, intercept_s=0.0, per_request_s=0.0, per_prefill_request_s=0.0,
+                        per_prefill_token_s=0.0,
                         per_decode_token_s=0.0, per_sampled_s=0.0, per_context_token_s=0.0,
                         per_attention_pair_s=0.0, overhead_per_step_s=0.0,
                         overhead_per_request_s=0.0))]
@@ -124,6 +125,7 @@ impl PyStepTimeModel {
     fn linear(
         intercept_s: f64,
         per_request_s: f64,
+        per_prefill_request_s: f64,
         per_prefill_token_s: f64,
         per_decode_token_s: f64,
         per_sampled_s: f64,
@@ -136,6 +138,7 @@ impl PyStepTimeModel {
             model: StepModel::Linear(LinearModel {
                 intercept_s,
                 per_request_s,
+                per_prefill_request_s,
                 per_prefill_token_s,
                 per_decode_token_s,
                 per_sampled_s,
@@ -186,11 +189,13 @@ impl PyStepTimeModel {
     }
 
     /// The model's seconds for a batch of this shape (0 for an empty one).
-    #[pyo3(signature = (*, num_requests, num_prefill_tokens, num_decode_tokens, num_sampled,
-                        context_tokens, attention_pairs))]
+    #[pyo3(signature = (*, num_requests, num_prefill_requests, num_prefill_tokens,
+                        num_decode_tokens, num_sampled, context_tokens, attention_pairs))]
+    #[allow(clippy::too_many_arguments)]
     fn model_s(
         &self,
         num_requests: usize,
+        num_prefill_requests: usize,
         num_prefill_tokens: usize,
         num_decode_tokens: usize,
         num_sampled: usize,
@@ -199,6 +204,7 @@ impl PyStepTimeModel {
     ) -> f64 {
         self.time.model_s(&BatchShape {
             num_requests,
+            num_prefill_requests,
             num_prefill_tokens,
             num_decode_tokens,
             num_sampled,

@@ -16,6 +16,9 @@ use crate::step::StepOutput;
 pub struct BatchShape {
     /// Requests scheduled.
     pub num_requests: usize,
+    /// Rows that are not decode rows (each has per-row work: a new
+    /// request's runner state, its attention metadata).
+    pub num_prefill_requests: usize,
     /// Tokens of rows that compute more than one token or sample none
     /// (prompt chunks, recomputation after a preemption).
     pub num_prefill_tokens: usize,
@@ -44,6 +47,7 @@ impl BatchShape {
                 s.num_decode_tokens += 1;
             } else {
                 s.num_prefill_tokens += n;
+                s.num_prefill_requests += 1;
             }
             s.num_sampled += e.samples as usize;
             s.context_tokens += c + n;
@@ -64,6 +68,7 @@ impl BatchShape {
 pub struct LinearModel {
     pub intercept_s: f64,
     pub per_request_s: f64,
+    pub per_prefill_request_s: f64,
     pub per_prefill_token_s: f64,
     pub per_decode_token_s: f64,
     pub per_sampled_s: f64,
@@ -136,6 +141,7 @@ impl StepTime {
                 for (field, v) in [
                     ("intercept_s", m.intercept_s),
                     ("per_request_s", m.per_request_s),
+                    ("per_prefill_request_s", m.per_prefill_request_s),
                     ("per_prefill_token_s", m.per_prefill_token_s),
                     ("per_decode_token_s", m.per_decode_token_s),
                     ("per_sampled_s", m.per_sampled_s),
@@ -180,6 +186,7 @@ impl StepTime {
             StepModel::Linear(m) => {
                 m.intercept_s
                     + m.per_request_s * s.num_requests as f64
+                    + m.per_prefill_request_s * s.num_prefill_requests as f64
                     + m.per_prefill_token_s * s.num_prefill_tokens as f64
                     + m.per_decode_token_s * s.num_decode_tokens as f64
                     + m.per_sampled_s * s.num_sampled as f64
