@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 FEATURES = (
-    "num_requests", "num_prefill_requests", "num_prefill_tokens", "num_decode_tokens", "num_sampled",
-    "context_tokens", "attention_pairs",
+    "num_requests", "num_prefill_requests", "num_prefill_tokens", "num_decode_tokens",
+    "num_sampled", "context_tokens", "attention_pairs",
 )  # fmt: skip
 
 

@@ -15,7 +15,6 @@ import numpy as np
 
 from ironbatch.simulation.workload import Workload
 
-
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
