@@ -141,6 +141,7 @@ def simulate(
         parse_settings(config),
         longest_request=int((prompts + w.output_tokens).max()),
         kv_bytes_per_token=model.kv_bytes_per_token,
+        kv_cache_bytes=model.kv_cache_bytes,
     )
     fits = prompts < settings["max_model_len"]
     if not fits.all():

@@ -5,7 +5,8 @@ scheduling, chunked prefill and prefix caching on, 256 sequences, an
 
 Two settings are derived when not given: ``max_model_len`` (the workload's
 longest prompt plus output, rounded up to a block) and ``num_blocks`` (from
-``kv_cache_gib`` and the step model's KV bytes per token, or else room for
+``kv_cache_gib`` and the step model's KV bytes per token; else what a
+roofline's device leaves for the KV cache, as vLLM sizes it; else room for
 ``max_num_seqs`` sequences of ``max_model_len`` tokens: nothing preempted).
 An unknown key, or a value of the wrong type, raises a ValueError naming
 it."""
@@ -94,6 +95,7 @@ def resolve(
     *,
     longest_request: int,
     kv_bytes_per_token: float | None,
+    kv_cache_bytes: float | None = None,
 ) -> dict[str, Any]:
     """Every key's value: given, derived, or the default."""
     s = {key: default for key, (_, default) in KEYS.items()} | dict(given)
@@ -110,7 +112,11 @@ def resolve(
             gib = s["kv_cache_gib"]
             if not gib > 0:
                 raise ValueError(f"config kv_cache_gib must be > 0, got {gib}")
-            s["num_blocks"] = int(gib * 2**30 // (bs * kv_bytes_per_token)) + 1
+            s["num_blocks"] = min(MAX_NUM_BLOCKS, int(gib * 2**30 // (bs * kv_bytes_per_token)) + 1)
+        elif kv_cache_bytes is not None and kv_bytes_per_token is not None:
+            # What the device leaves for the KV cache, as vLLM sizes it.
+            blocks = int(kv_cache_bytes // (bs * kv_bytes_per_token)) + 1
+            s["num_blocks"] = min(MAX_NUM_BLOCKS, blocks)
         else:
             per_seq = math.ceil(s["max_model_len"] / bs)
             s["num_blocks"] = min(MAX_NUM_BLOCKS, s["max_num_seqs"] * per_seq + 1)

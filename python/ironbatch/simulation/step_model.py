@@ -7,7 +7,8 @@ Three ways to name one (``--step-model``):
   ``llama-3.1-8b`` or a model directory's config.json; ``tp=`` tensor
   parallel ranks); ``bandwidth_efficiency``, ``flops_efficiency``,
   ``launch_us_per_layer``, ``overhead_ms`` and ``overhead_per_request_us``
-  override the assumptions.
+  override the assumptions; ``gpu_memory_utilization`` (vLLM's, 0.9) sizes
+  the KV cache from what the weights leave of the device's memory.
 - ``linear:key=value,...``: the linear model's coefficients by hand
   (``intercept_s``, ``per_decode_token_s``, ... and ``overhead_per_step_s``,
   ``overhead_per_request_s``).
@@ -58,6 +59,8 @@ DEFAULT = "roofline:h100,model=llama-3.1-8b"
 # input preparation, about a millisecond plus a little per request.
 ROOFLINE_OVERHEAD_S = 1e-3
 ROOFLINE_OVERHEAD_PER_REQUEST_S = 5e-6
+# vLLM's default share of device memory for weights, activations and KV.
+GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,10 @@ class StepModel:
     overhead_per_request_s: float = 0.0
     description: str = ""
     kv_bytes_per_token: float | None = None
+    #: The device memory left for the KV cache (a roofline: the device's
+    #: memory at vLLM's gpu_memory_utilization, less the weights), which
+    #: sizes the cache when neither num_blocks nor kv_cache_gib is given.
+    kv_cache_bytes: float | None = None
     fit: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -115,6 +122,8 @@ class StepModel:
         }
         if self.kv_bytes_per_token is not None:
             out["kv_bytes_per_token"] = self.kv_bytes_per_token
+        if self.kv_cache_bytes is not None:
+            out["kv_cache_bytes"] = self.kv_cache_bytes
         if self.fit:
             out["fit"] = self.fit
         return out
@@ -143,6 +152,7 @@ def _number(what: str, key: str, text: str) -> float:
 ROOFLINE_OPTIONS = (
     "model",
     "tp",
+    "gpu_memory_utilization",
     "bandwidth_efficiency",
     "flops_efficiency",
     "launch_us_per_layer",
@@ -172,6 +182,15 @@ def roofline(spec: str) -> StepModel:
             raise ValueError(f"roofline: {key} must be >= 0, got {v}")
         return v
 
+    utilization = option("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
+    if not 0 < utilization <= 1:
+        raise ValueError(f"roofline: gpu_memory_utilization must be in (0, 1], got {utilization}")
+    room = device.memory_bytes * utilization - shape.weight_bytes / tp
+    if room <= 0:
+        raise ValueError(
+            f"roofline: {shape.name}'s weights ({shape.weight_bytes / tp / 1e9:.1f} GB a rank) "
+            f"do not fit {device.name} at gpu_memory_utilization {utilization}; add tp="
+        )
     bw = option("bandwidth_efficiency", BANDWIDTH_EFFICIENCY)
     fl = option("flops_efficiency", FLOPS_EFFICIENCY)
     launch = option("launch_us_per_layer", LAUNCH_S_PER_LAYER * 1e6) * 1e-6
@@ -197,6 +216,7 @@ def roofline(spec: str) -> StepModel:
         * 1e-6,
         description=f"roofline: {shape.name} on {device.name}" + (f", tp={tp}" if tp > 1 else ""),
         kv_bytes_per_token=shape.kv_bytes_per_token / tp,
+        kv_cache_bytes=room,
     )
 
 
@@ -226,6 +246,7 @@ def from_json(data: dict[str, Any], source: str = "<json>") -> StepModel:
         raise ValueError(f"{source}: not an {FORMAT} file (format = {found!r})")
     overhead = data.get("overhead", {})
     kv = data.get("kv_bytes_per_token")
+    room = data.get("kv_cache_bytes")
     return StepModel(
         kind=data.get("kind", ""),
         coefficients=dict(data.get("coefficients", {})),
@@ -233,6 +254,7 @@ def from_json(data: dict[str, Any], source: str = "<json>") -> StepModel:
         overhead_per_request_s=overhead.get("per_request_s", 0.0),
         description=data.get("description", "") or source,
         kv_bytes_per_token=float(kv) if kv is not None else None,
+        kv_cache_bytes=float(room) if room is not None else None,
         fit=dict(data.get("fit", {})),
     )
 

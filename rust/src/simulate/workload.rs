@@ -43,8 +43,13 @@ fn mix(mut x: u64) -> u64 {
 
 /// Token `position` of segment `key`, in `[3, vocab_size)`.
 pub fn segment_token(key: u64, position: usize, vocab_size: u32) -> u32 {
+    token_of(mix(key), position, vocab_size)
+}
+
+/// [`segment_token`] with the key already mixed (once per segment).
+fn token_of(mixed_key: u64, position: usize, vocab_size: u32) -> u32 {
     let span = (vocab_size - FIRST_TOKEN) as u64;
-    FIRST_TOKEN + (mix(mix(key) ^ position as u64) % span) as u32
+    FIRST_TOKEN + (mix(mixed_key ^ position as u64) % span) as u32
 }
 
 fn rising(field: &str, offsets: &[usize], rows: usize, items: usize) -> Result<(), Error> {
