@@ -142,10 +142,8 @@ impl Workload {
     pub fn prompt_into(&self, i: usize, out: &mut Vec<u32>) {
         out.clear();
         for s in self.segment_offsets[i]..self.segment_offsets[i + 1] {
-            let key = self.segment_keys[s];
-            out.extend(
-                (0..self.segment_lengths[s]).map(|k| segment_token(key, k, self.vocab_size)),
-            );
+            let key = mix(self.segment_keys[s]); // once per segment
+            out.extend((0..self.segment_lengths[s]).map(|k| token_of(key, k, self.vocab_size)));
         }
         out.extend_from_slice(
             &self.literal_tokens[self.literal_offsets[i]..self.literal_offsets[i + 1]],
