@@ -8,7 +8,8 @@ configurations of the same workload (max_num_batched_tokens × KV-cache size
 × max_num_seqs) in ``--jobs`` processes, timed whole.
 
     python benches/simulate_speed.py                 # the table in benches/RESULTS.md
-    python benches/simulate_speed.py --trace /work/shared/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv
+    python benches/simulate_speed.py --sweep         # and the 100-configuration sweep
+    python benches/simulate_speed.py --trace AzureLLMInferenceTrace_conv.csv   # the real trace
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main() -> int:
     print(f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"commit {commit()}, {time.strftime('%Y-%m-%d')}")  # fmt: skip
     print(f"workload: {w.name}, {w.arrival_s[-1]:,.0f} s of arrivals")
-    print(f"| rate | simulated s | wall s | × real time | steps | steps/s | TTFT p50 / p99 ms |")
+    print("| rate | simulated s | wall s | × real time | steps | steps/s | TTFT p50 / p99 ms |")
     print("|---|---|---|---|---|---|---|")
     for speed in (float(s) for s in args.speeds.split(",")):
         walls, r = [], None
@@ -71,9 +72,9 @@ def main() -> int:
         s = r.summary
         wall = statistics.median(walls)
         ttft = s["latency_s"]["ttft"]
-        print(f"| {speed:g}× | {s['simulated_s']:,.0f} | {wall:.2f} | {s['simulated_s'] / wall:,.0f} "
-              f"| {s['steps']:,} | {s['steps'] / wall:,.0f} | {ttft['p50'] * 1e3:,.1f} / "
-              f"{ttft['p99'] * 1e3:,.1f} |")  # fmt: skip
+        print(f"| {speed:g}× | {s['simulated_s']:,.0f} | {wall:.2f} "
+              f"| {s['simulated_s'] / wall:,.0f} | {s['steps']:,} | {s['steps'] / wall:,.0f} "
+              f"| {ttft['p50'] * 1e3:,.1f} / {ttft['p99'] * 1e3:,.1f} |")  # fmt: skip
         sys.stdout.flush()
     if args.sweep:
         started = time.perf_counter()
