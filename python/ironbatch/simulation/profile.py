@@ -217,8 +217,8 @@ def fit_samples(samples: list[Sample], description: str, clock: str = "wall") ->
         "rows": [
             {**s.shape.as_dict(), "forward_s": s.forward_s, "step_s": s.step_s,
              "forward_cpu_s": s.forward_cpu_s, "step_cpu_s": s.step_cpu_s,
-             "predicted_step_s": float(p)}
-            for s, p in zip(samples, predicted_step, strict=True)
+             "predicted_step_s": float(p), "residual_s": float(m - p)}
+            for s, p, m in zip(samples, predicted_step, step, strict=True)
         ],
     }  # fmt: skip
     fit.update(fit["step"])
