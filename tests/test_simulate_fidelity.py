@@ -14,17 +14,21 @@ light (about two requests in a step), where a few percent of step-time error
 stays a few percent of latency instead of compounding in a queue; the
 profile runs right before the run, on the engine that then serves.
 
-Still, a process on the other core slows the engine's steps too (caches,
-memory bandwidth) without taking its core, so no clock of this process can
-tell. The test therefore measures the machine: it waits (up to 30 s) for a
-second in which other processes use at most 15% of the CPUs, runs a try (a
-profile and a run), and counts the try only if the others stayed under that
-during it; it tries at most twice, and if the machine was never quiet it is
-skipped, naming how busy it was. CI runs on a machine of its own, where
-every try counts."""
+Still, other processes slow the engine's steps (caches, memory bandwidth,
+the core itself when they outnumber the free ones), which no clock of this
+process can tell apart from the engine's own cost. So the test measures the
+machine (``machine_load``): it waits (up to 30 s) for a second in which the
+others leave a core free for the engine (they use at most
+``(cpus - 0.8) / cpus`` of the CPUs: 60% on two), runs a try (a profile and
+a run), and counts the try only if they stayed under that during it; it
+tries at most twice, and if the machine was never that quiet it is skipped,
+naming how busy it was. On this 2-core machine, tries with others at 52-54%
+of the CPUs came within 6% and 10%; with a core's worth of others or more
+(100%), 15-40% low. CI runs on a machine of its own, where every try counts."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -55,7 +59,9 @@ WORKLOAD = (
 TOLERANCE = 0.10
 
 
-QUIET = 0.15  # the most of the machine other processes may use during a try
+# The most of the machine other processes may use during a try: they leave
+# the engine a core.
+QUIET = ((os.cpu_count() or 1) - 0.8) / (os.cpu_count() or 1)
 
 
 def one_try(model_dir: Path) -> tuple[Fidelity, float]:
