@@ -25,6 +25,8 @@ CLASSES = [
     "SpecDecodingStats",
     "VllmStepRows",
     "VllmStepUpdate",
+    "SimWorkload",
+    "StepTimeModel",
 ]
 
 

@@ -3,7 +3,8 @@ core in Rust, with a plain-Python twin in :mod:`ironbatch.reference`.
 
 ``from ironbatch import LLM, SamplingParams`` reads as vLLM's does. The
 engine's names (``LLM``, ``LLMEngine``, ``EngineArgs``) load on first use, so
-``import ironbatch`` alone imports neither torch nor triton."""
+``import ironbatch`` alone imports neither torch nor triton. ``ironbatch.simulate``
+(the simulator, :mod:`ironbatch.simulation`) loads on first use too."""
 
 import importlib
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from ironbatch.scheduler_stats import SchedulerStats
 
 if TYPE_CHECKING:
     from ironbatch.engine import LLM, EngineArgs, LLMEngine
+    from ironbatch.simulation import simulate
 
 _ENGINE_NAMES = ("LLM", "LLMEngine", "EngineArgs")
 
@@ -27,6 +29,10 @@ def __getattr__(name: str) -> Any:
     if name in _ENGINE_NAMES:
         value = getattr(importlib.import_module("ironbatch.engine"), name)
         globals()[name] = value  # later lookups skip this function
+        return value
+    if name == "simulate":
+        value = importlib.import_module("ironbatch.simulation").simulate
+        globals()[name] = value
         return value
     raise AttributeError(f"module 'ironbatch' has no attribute {name!r}")
 
@@ -52,4 +58,5 @@ __all__ = [
     "SchedulerStats",
     "UpdateOutputs",
     "__version__",
+    "simulate",
 ]

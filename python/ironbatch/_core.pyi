@@ -466,3 +466,87 @@ def vllm_token_slices(
 def vllm_request_state(scheduler: Scheduler, slot: int) -> tuple[list[int], int]:
     """A live request's (tokens, num_computed_tokens), prompt first (for the
     vLLM drop-in)."""
+
+# --- ironbatch simulate (rust/src/python/simulate.rs) ---
+
+class SimWorkload:
+    """A workload's columns for the simulation loop (see
+    ``ironbatch.simulation.workload``)."""
+
+    def __init__(
+        self,
+        *,
+        arrival_s: NDArray[np.float64],
+        output_tokens: NDArray[np.int64],
+        segment_offsets: NDArray[np.int64],
+        segment_keys: NDArray[np.uint64],
+        segment_lengths: NDArray[np.int64],
+        literal_offsets: NDArray[np.int64],
+        literal_tokens: NDArray[np.int64],
+        vocab_size: int,
+    ) -> None: ...
+    def __len__(self) -> int: ...
+    def prompt_token_ids(self, index: int) -> list[int]:
+        """Request ``index``'s prompt, as the simulation adds it."""
+    def prompt_lengths(self) -> NDArray[np.int64]: ...
+
+class StepTimeModel:
+    """The simulation's clock: a step model and the engine's CPU overhead."""
+
+    @staticmethod
+    def linear(
+        *,
+        intercept_s: float = 0.0,
+        per_request_s: float = 0.0,
+        per_prefill_request_s: float = 0.0,
+        per_prefill_token_s: float = 0.0,
+        per_decode_token_s: float = 0.0,
+        per_sampled_s: float = 0.0,
+        per_context_token_s: float = 0.0,
+        per_attention_pair_s: float = 0.0,
+        overhead_per_step_s: float = 0.0,
+        overhead_per_request_s: float = 0.0,
+    ) -> StepTimeModel: ...
+    @staticmethod
+    def roofline(
+        *,
+        weight_bytes: float,
+        kv_bytes_per_token: float,
+        flops_per_token: float,
+        flops_per_attention_pair: float,
+        flops_per_sampled: float,
+        bytes_per_s: float,
+        flops_per_s: float,
+        fixed_s: float,
+        overhead_per_step_s: float = 0.0,
+        overhead_per_request_s: float = 0.0,
+    ) -> StepTimeModel: ...
+    def model_s(
+        self,
+        *,
+        num_requests: int,
+        num_prefill_requests: int,
+        num_prefill_tokens: int,
+        num_decode_tokens: int,
+        num_sampled: int,
+        context_tokens: int,
+        attention_pairs: float,
+    ) -> float:
+        """The model's seconds for a batch of this shape (0 when empty)."""
+    def overhead_s(self, num_requests: int) -> float:
+        """The engine's CPU seconds around a step of ``num_requests``."""
+
+def simulate(
+    *,
+    scheduler: Scheduler,
+    workload: SimWorkload,
+    step_model: StepTimeModel,
+    sampled_token: int = 5,
+    record_steps: bool = True,
+    record_decisions: bool = False,
+    max_steps: int | None = None,
+    trace_path: str | None = None,
+) -> dict[str, Any]:
+    """The whole run in Rust (GIL released): ``requests``, ``steps`` and
+    ``decisions`` as dicts of NumPy columns, ``num_steps``, ``end_s``,
+    ``finished``."""

@@ -31,6 +31,7 @@ pub mod scheduler;
 pub mod scheduler_config;
 pub mod sequence;
 pub mod session;
+pub mod simulate;
 pub mod slab;
 pub mod spec_decode;
 pub mod step;

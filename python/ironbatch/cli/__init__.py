@@ -1,4 +1,5 @@
-"""The ``ironbatch`` command: ``demo``, ``generate``, ``replay`` and ``bench``."""
+"""The ``ironbatch`` command: ``demo``, ``generate``, ``replay``, ``bench``, ``simulate`` and
+``profile``."""
 
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="consecutive steps per scheduler before the next takes its turn",
     )
 
+    from ironbatch.cli import profile, simulate
+
+    simulate.add_parser(sub)
+    profile.add_parser(sub)
+
     args = parser.parse_args(argv)
     try:
         return _run(args)
@@ -89,6 +95,14 @@ def _run(args: argparse.Namespace) -> int:
             speculative_config=args.speculative_config,
             enforce_eager=args.enforce_eager,
         )
+    if args.command == "simulate":
+        from ironbatch.cli.simulate import simulate_main
+
+        return simulate_main(args)
+    if args.command == "profile":
+        from ironbatch.cli.profile import profile_main
+
+        return profile_main(args)
     if args.command == "replay":
         from ironbatch.cli.replay import replay_main
 

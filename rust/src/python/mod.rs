@@ -9,6 +9,7 @@ mod kv_cache_manager;
 mod kv_events;
 mod prefix_cache_stats;
 mod scheduler;
+mod simulate;
 mod step;
 mod vllm;
 mod vllm_step_rows;
@@ -43,6 +44,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         columns.set_item(name, dtype)?;
     }
     m.add("STEP_COLUMNS", columns)?;
+    m.add_class::<simulate::PySimWorkload>()?;
+    m.add_class::<simulate::PyStepTimeModel>()?;
+    m.add_function(wrap_pyfunction!(simulate::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_update_from_runner_output, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_request_state, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_token_slices, m)?)?;

@@ -1,0 +1,146 @@
+"""``--report`` in a real browser: headless Chromium (Debian's package,
+installed here if missing; skipped with the reason only if it cannot be)
+loads the page from a file, with no network; it must run without a console
+error, and its screenshot must show charts, not a blank page."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ironbatch.simulation import simulate, synthetic_workload
+from ironbatch.simulation.report import write_sweep_report
+from ironbatch.simulation.sweep import run_sweep
+
+CLOCK = "linear:intercept_s=0.008,per_prefill_token_s=2e-5,per_decode_token_s=2e-4"
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        if path := shutil.which(name):
+            return path
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("no chromium, and apt-get cannot run here to install it")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        if done.returncode:
+            pytest.skip(f"chromium could not be installed: {' '.join(cmd)}: {done.stderr[-300:]}")
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("apt-get installed chromium, but it is not on PATH")
+    return path
+
+
+def headless(page: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=4000", *args,
+         page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _unfilter(kind: int, line: bytes, prior: bytearray, bpp: int) -> bytearray:
+    """One PNG scanline, unfiltered (PNG spec, 9: none, sub, up, average,
+    Paeth)."""
+    row = bytearray(line)
+    n = len(row)
+    if kind == 1:
+        for x in range(bpp, n):
+            row[x] = (row[x] + row[x - bpp]) & 255
+    elif kind == 2:
+        for x in range(n):
+            row[x] = (row[x] + prior[x]) & 255
+    elif kind == 3:
+        for x in range(n):
+            left = row[x - bpp] if x >= bpp else 0
+            row[x] = (row[x] + ((left + prior[x]) >> 1)) & 255
+    elif kind == 4:
+        for x in range(n):
+            left = row[x - bpp] if x >= bpp else 0
+            up = prior[x]
+            corner = prior[x - bpp] if x >= bpp else 0
+            pa, pb, pc = abs(up - corner), abs(left - corner), abs(left + up - 2 * corner)
+            pred = left if pa <= pb and pa <= pc else up if pb <= pc else corner
+            row[x] = (row[x] + pred) & 255
+    return row
+
+
+def png_pixels(path: Path) -> np.ndarray:
+    """An 8-bit RGB or RGBA PNG's pixels (what Chromium writes), decoded
+    with zlib: no imaging library needed."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    assert header is not None
+    width, height, depth, color, _, _, interlace = header
+    assert depth == 8 and color in (2, 6) and interlace == 0, header
+    bpp = 3 if color == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = 1 + width * bpp
+    prior = bytearray(width * bpp)
+    rows = []
+    for y in range(height):
+        line = raw[y * stride : (y + 1) * stride]
+        prior = _unfilter(line[0], line[1:], prior, bpp)
+        rows.append(bytes(prior))
+    pixels = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(height, width, bpp)
+    return pixels[:, :, :3]
+
+
+def check_page(page: Path, tmp_path: Path) -> np.ndarray:
+    """One browser run: the DOM after the scripts ran (the page marks its
+    body with its status and any error it caught) and a screenshot."""
+    shot = tmp_path / "shot.png"
+    done = headless(page, "--dump-dom", f"--screenshot={shot}", "--window-size=1000,1300")
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    body = done.stdout[done.stdout.index("<body") :].split(">", 1)[0]
+    assert 'data-status="ok"' in body and 'data-errors="0"' in body, body
+    console = [line for line in done.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert not console, console
+    pixels = png_pixels(shot)
+    not_white = (pixels < 240).any(axis=2).mean()
+    colours = len(np.unique(pixels.reshape(-1, 3)[::7], axis=0))
+    assert not_white > 0.02 and colours > 20, (not_white, colours)
+    return pixels
+
+
+def test_the_report_renders_without_errors(tmp_path: Path) -> None:
+    w = synthetic_workload("synthetic:requests=300,rate=10,prefix_groups=3,arrivals=bursty")
+    r = simulate(w, step_model=CLOCK, config={"max_num_seqs": 24}, slo="ttft=100ms")
+    r.write(tmp_path / "run", report=True)
+    page = tmp_path / "run" / "report.html"
+    html = page.read_text()
+    assert "http://" not in html and "https://" not in html  # nothing to fetch
+    pixels = check_page(page, tmp_path)
+    # The charts drawn, in their colours (far more pixels than the legend's
+    # swatches): decode bars and the running line (blue), prefill bars
+    # (orange), the KV-usage line (green).
+    flat = pixels.reshape(-1, 3).astype(int)
+    for rgb, least in (((0x2F, 0x6F, 0xDB), 2000), ((0xE0, 0x7B, 0x24), 500),
+                       ((0x2E, 0x9E, 0x5B), 500)):  # fmt: skip
+        drawn = int((np.abs(flat - rgb).sum(axis=1) < 30).sum())
+        assert drawn > least, (rgb, drawn)
+
+
+def test_the_sweep_report_renders_without_errors(tmp_path: Path) -> None:
+    w = synthetic_workload("synthetic:requests=80,rate=20,prompt_mean=200,output_mean=20")
+    sweep = run_sweep(w, [("max_num_seqs", [4, 16])], step_model=CLOCK, jobs=1)
+    page = write_sweep_report(tmp_path / "sweep.html", sweep)
+    check_page(page, tmp_path)
