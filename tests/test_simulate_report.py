@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import struct
 import subprocess
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from ironbatch.simulation import simulate, synthetic_workload
 from ironbatch.simulation.report import write_sweep_report
@@ -48,60 +47,10 @@ def headless(page: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def _unfilter(kind: int, line: bytes, prior: bytearray, bpp: int) -> bytearray:
-    """One PNG scanline, unfiltered (PNG spec, 9: none, sub, up, average,
-    Paeth)."""
-    row = bytearray(line)
-    n = len(row)
-    if kind == 1:
-        for x in range(bpp, n):
-            row[x] = (row[x] + row[x - bpp]) & 255
-    elif kind == 2:
-        for x in range(n):
-            row[x] = (row[x] + prior[x]) & 255
-    elif kind == 3:
-        for x in range(n):
-            left = row[x - bpp] if x >= bpp else 0
-            row[x] = (row[x] + ((left + prior[x]) >> 1)) & 255
-    elif kind == 4:
-        for x in range(n):
-            left = row[x - bpp] if x >= bpp else 0
-            up = prior[x]
-            corner = prior[x - bpp] if x >= bpp else 0
-            pa, pb, pc = abs(up - corner), abs(left - corner), abs(left + up - 2 * corner)
-            pred = left if pa <= pb and pa <= pc else up if pb <= pc else corner
-            row[x] = (row[x] + pred) & 255
-    return row
-
-
 def png_pixels(path: Path) -> np.ndarray:
-    """An 8-bit RGB or RGBA PNG's pixels (what Chromium writes), decoded
-    with zlib: no imaging library needed."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    pos, idat, header = 8, b"", None
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
-        body = data[pos + 8 : pos + 8 + length]
-        if kind == b"IHDR":
-            header = struct.unpack(">IIBBBBB", body)
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    assert header is not None
-    width, height, depth, color, _, _, interlace = header
-    assert depth == 8 and color in (2, 6) and interlace == 0, header
-    bpp = 3 if color == 2 else 4
-    raw = zlib.decompress(idat)
-    stride = 1 + width * bpp
-    prior = bytearray(width * bpp)
-    rows = []
-    for y in range(height):
-        line = raw[y * stride : (y + 1) * stride]
-        prior = _unfilter(line[0], line[1:], prior, bpp)
-        rows.append(bytes(prior))
-    pixels = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(height, width, bpp)
-    return pixels[:, :, :3]
+    """A screenshot's RGB pixels."""
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
 
 
 def check_page(page: Path, tmp_path: Path) -> np.ndarray:
