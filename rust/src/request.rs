@@ -236,6 +236,16 @@ impl Request {
         }
     }
 
+    /// A value read from each of the struct's hot lines (line 0's counters,
+    /// the first table, the stop rules, the sequence's counts), for a
+    /// pass that reads ahead to overlap their cache misses.
+    pub fn touch_hot_lines(&self) -> usize {
+        (self.next_decode_step as usize)
+            .wrapping_add(self.tables[0].len())
+            .wrapping_add(self.stop.max_tokens)
+            .wrapping_add(self.seq.num_computed_tokens)
+    }
+
     /// Prompt plus output tokens.
     pub fn num_tokens(&self) -> usize {
         self.seq.num_tokens()
