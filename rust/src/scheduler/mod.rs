@@ -16,6 +16,7 @@
 
 mod drafts;
 mod preemption;
+mod read_ahead;
 mod running_pass;
 mod session;
 mod step_columns;

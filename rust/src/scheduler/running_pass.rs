@@ -5,6 +5,7 @@
 
 use super::{Scheduler, StepDraft};
 use crate::kv_cache_manager::Admission;
+use crate::request::Request;
 use crate::scheduler_config::Policy;
 use crate::slab::Slot;
 use crate::spec_decode::Drafts;
@@ -13,7 +14,10 @@ use crate::step::{Kind, StepEntry};
 impl Scheduler {
     /// Schedule the running requests into `draft`.
     pub(super) fn schedule_running(&mut self, draft: &mut StepDraft) {
-        self.touch_running();
+        // The lines of every running request that the pass reads (at 256
+        // running, half the pass's time in a profile of the Azure replay was
+        // the first read of each request).
+        self.read_ahead(self.running.iter().copied(), Request::touch_hot_lines);
         // A drafter's own input slots (draft models, parallel drafting) come
         // out of the input budget beside each request's tokens.
         let draft_slots = self.config.num_draft_slots;
@@ -53,23 +57,6 @@ impl Scheduler {
                 None => break,
             }
         }
-    }
-
-    /// Read the lines of every running request that the pass reads, in a
-    /// loop whose iterations do not depend on each other, so the CPU has
-    /// many cache misses in flight at once. After another scheduler's step
-    /// (vLLM's in the same process, or the engine's) they are in L3 or
-    /// DRAM, and the pass's own long iterations would take those misses one
-    /// request at a time: at 256 running, half the pass's time in a profile
-    /// of the Azure replay was the first read of each request.
-    fn touch_running(&self) {
-        let mut sum = 0usize;
-        for &slot in &self.running {
-            if let Some(r) = self.requests.get(slot) {
-                sum = sum.wrapping_add(r.touch_hot_lines());
-            }
-        }
-        std::hint::black_box(sum);
     }
 
     /// Tokens the running request in `slot` gets this step; 0 to skip it.

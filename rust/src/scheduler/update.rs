@@ -40,7 +40,10 @@ impl Scheduler {
     ) -> Result<UpdateOutput, Error> {
         self.check_update(step, tokens, offsets)?;
         self.pending_steps.retain(|&s| s != step.step_id);
-        self.touch_ahead(step);
+        // Each scheduled request's last token, which the update appends after.
+        self.read_ahead(step.entries.iter().map(|e| e.slot), |r| {
+            r.seq.tokens().last().copied().unwrap_or(0) as usize
+        });
         let mut out = UpdateOutput::default();
         // Sized once: grown by doubling, they reallocated ~10 times a step
         // at 1,024 running requests.
@@ -180,19 +183,6 @@ impl Scheduler {
             session_continues: false,
         });
         Some(status_before)
-    }
-
-    /// Read each scheduled request's last token once, in a tight loop with
-    /// no dependencies between requests, so the CPU has many cache misses in
-    /// flight at once; the update loop then finds the lines cached.
-    fn touch_ahead(&self, step: &StepOutput) {
-        let mut sum = 0u32;
-        for e in &step.entries {
-            if let Some(r) = self.requests.get(e.slot) {
-                sum = sum.wrapping_add(r.seq.tokens().last().copied().unwrap_or(0));
-            }
-        }
-        std::hint::black_box(sum);
     }
 
     /// The whole output must fit the step before anything changes.
