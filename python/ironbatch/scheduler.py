@@ -33,6 +33,7 @@ from ironbatch.scheduler_output import SchedulerOutput, UpdateOutputs
 from ironbatch.scheduler_stats import SchedulerStats
 
 BACKENDS = {"rust": RustBackend, "python": PythonBackend}
+_INT64 = np.dtype(np.int64)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -85,6 +86,7 @@ class Scheduler:
         self.backend = backend
         self._core = BACKENDS[backend](scheduler_config, cache_config)
         self.requests: dict[str, Request] = {}  # unfinished requests, by id
+        self._lookup_request = self.requests.__getitem__  # made once: schedule() is hot
         self._in_use = threading.Lock()
 
     @_exclusive
@@ -113,7 +115,7 @@ class Scheduler:
         if not self._in_use.acquire(blocking=False):
             raise _concurrent_call("schedule")
         try:
-            return self._core.schedule(self.requests.__getitem__, throttle_prefills)
+            return self._core.schedule(self._lookup_request, throttle_prefills)
         finally:
             self._in_use.release()
 
@@ -174,7 +176,7 @@ class Scheduler:
             updates = self._core.update_from_output(
                 scheduler_output, _sampled(scheduler_output, sampled), accept
             )
-            for rid in updates.finished_req_ids:
+            for rid in updates.finished_req_ids:  # usually none
                 self.requests.pop(rid, None)
             return updates
         finally:
@@ -229,6 +231,10 @@ def _sampled(
     """Sampled tokens, checked: a mapping becomes (flat tokens, offsets per
     scheduled row); an aligned sequence becomes an int64 array (-1 = none)."""
     n = len(out.req_ids)
+    if type(sampled) is np.ndarray and sampled.dtype is _INT64 and sampled.shape == (n,):
+        # A model runner's own array, as the backends take it (they check
+        # its values).
+        return sampled, None
     if isinstance(sampled, Mapping):
         row = {rid: i for i, rid in enumerate(out.req_ids)}
         per_row: list[list[int]] = [[] for _ in range(n)]

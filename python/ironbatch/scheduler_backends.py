@@ -116,15 +116,7 @@ class RustBackend:
         self, lookup_request: Callable[[str], Any], throttle_prefills: bool
     ) -> SchedulerOutput:
         step = self.core.schedule(throttle_prefills)
-        return SchedulerOutput(
-            req_ids=step.req_ids,
-            column=step.column,
-            preempted_req_ids=set(step.preempted_req_ids),
-            finished_req_ids=set(step.finished_req_ids),
-            handle=step,
-            lookup_request=lookup_request,
-            num_kv_cache_groups=self.num_kv_cache_groups,
-        )
+        return SchedulerOutput(step, lookup_request, self.num_kv_cache_groups)
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: Sampled, accept: Accept | None
@@ -152,15 +144,29 @@ class RustBackend:
 
 @dataclass
 class _TwinStep:
-    """The twin's step with what the core's ``_core.Step`` reports about
-    grammars, ids for slots."""
+    """The twin's step in the shape of the core's ``_core.Step``
+    (``scheduler_output.StepHandle``): columns as NumPy arrays with the
+    core's dtypes, ids for slots."""
 
     step: StepOutput
+    columns: dict[str, np.ndarray]
+    req_ids: list[str]
     has_structured_output_requests: bool
     pending_structured_output_tokens: bool
     drafts_needed: bool
     grammar_released: list[str] = field(default_factory=list)
     grammar_failed: list[str] = field(default_factory=list)
+
+    @property
+    def preempted_req_ids(self) -> list[str]:
+        return self.step.preempted_req_ids
+
+    @property
+    def finished_req_ids(self) -> list[str]:
+        return self.step.finished_req_ids
+
+    def column(self, name: str) -> np.ndarray:
+        return self.columns[name]
 
 
 @dataclass
@@ -253,21 +259,15 @@ class PythonBackend:
         name = self.twin.request
         handle = _TwinStep(
             step,
+            columns,
+            [name(e.slot).request_id for e in step.entries],
             step.has_structured_output_requests,
             step.pending_structured_output_tokens,
             step.drafts_needed,
             [name(slot).request_id for slot in step.grammar_released],
             [name(slot).request_id for slot in step.grammar_failed],
         )
-        return SchedulerOutput(
-            req_ids=[name(e.slot).request_id for e in step.entries],
-            column=columns.__getitem__,
-            preempted_req_ids=set(step.preempted_req_ids),
-            finished_req_ids=set(step.finished_req_ids),
-            handle=handle,
-            lookup_request=lookup_request,
-            num_kv_cache_groups=self.num_kv_cache_groups,
-        )
+        return SchedulerOutput(handle, lookup_request, self.num_kv_cache_groups)
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: Sampled, accept: Accept | None

@@ -99,18 +99,39 @@ class StepColumns:
     num_spec_tokens: np.ndarray  # drafts scheduled: the row's last scheduled tokens
     spec_token_ids: np.ndarray  # flattened drafts in row order; -1 a placeholder
 
-    def __init__(self, column: Callable[[str], np.ndarray]) -> None:
-        # A column is made when first read (from the backend's step, by
-        # name), then kept: a caller that reads two columns pays for two,
-        # not fourteen (about 0.5 µs an array on the core).
-        self._column = column
-
-    def __getattr__(self, name: str) -> np.ndarray:
-        # Called only for attributes not set yet: a column's first read.
+    def __getattr__(self, name: str) -> Any:
+        # Called only for attributes not set yet. A column is made when first
+        # read (from the backend's step, by name), then kept: a caller that
+        # reads two columns pays for two, not fourteen (about 0.5 µs an array
+        # on the core).
         if name in STEP_COLUMNS:
-            value = self.__dict__[name] = self._column(name)
+            value = self.__dict__[name] = self._handle.column(name)
             return value
+        if name in _ID_SETS:
+            ids = self.__dict__[name] = set(getattr(self._handle, name))
+            return ids
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+# Made into sets from the backend's step when first read: most steps'
+# callers read neither, and most steps have none.
+_ID_SETS = frozenset({"preempted_req_ids", "finished_req_ids"})
+
+
+class StepHandle(Protocol):
+    """What a backend's step hands the API (the core's ``_core.Step``; the
+    twin's adapter in ``scheduler_backends``), by name."""
+
+    req_ids: list[str]  # the scheduled requests, in scheduling order
+    preempted_req_ids: Sequence[str]  # since the previous step (sorted)
+    finished_req_ids: Sequence[str]
+    has_structured_output_requests: bool
+    drafts_needed: bool
+    pending_structured_output_tokens: bool
+    grammar_released: Sequence[str]
+    grammar_failed: Sequence[str]
+
+    def column(self, name: str) -> np.ndarray: ...
 
 
 class SchedulerOutput(StepColumns):
@@ -118,26 +139,27 @@ class SchedulerOutput(StepColumns):
     preempted and finished ids, and vLLM-style per-request views built only
     when read."""
 
+    _handle: StepHandle
+    preempted_req_ids: set[str]  # preempted since the previous step
+    finished_req_ids: set[str]  # finished since the previous step
+
     def __init__(
         self,
-        *,
-        req_ids: list[str],
-        column: Callable[[str], np.ndarray],
-        preempted_req_ids: set[str],
-        finished_req_ids: set[str],
-        handle: Any,
+        step: StepHandle,
         lookup_request: Callable[[str], Any],
         num_kv_cache_groups: int = 1,
     ) -> None:
-        super().__init__(column)
+        # Four attributes, the rest read from the step when asked: this is
+        # every step's cost on the core's path.
+        self._handle = step  # the backend's step, for update_from_output
+        self.req_ids = step.req_ids
+        self._lookup_request = lookup_request
         #: KV-cache groups: each row's blocks come group by group.
         self.num_kv_cache_groups = num_kv_cache_groups
-        self.req_ids = req_ids
-        self.preempted_req_ids = preempted_req_ids
-        self.finished_req_ids = finished_req_ids
-        self.num_common_prefix_blocks = [0]  # vLLM 0.33 removed cascade attention
-        self._handle = handle  # the backend's step, for update_from_output
-        self._lookup_request = lookup_request
+
+    @property
+    def num_common_prefix_blocks(self) -> list[int]:
+        return [0]  # vLLM 0.33 removed cascade attention
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -309,13 +331,22 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
     def __init__(self, step_req_ids: list[str], update: StepUpdate) -> None:
         self._step_req_ids = step_req_ids
         self._update = update
-        self.finished = {
-            f.record: (f.finish_reason, f.stop_reason, f.session_continues) for f in update.finished
+
+    @cached_property
+    def finished(self) -> dict[int, tuple[str, int | str | None, bool]]:
+        """Record -> (finish reason, stop reason, whether a session goes on),
+        for the records whose request finished."""
+        return {
+            f.record: (f.finish_reason, f.stop_reason, f.session_continues)
+            for f in self._update.finished
         }
-        #: Drafts verified in this output (vLLM's ``SpecDecodingStats``
-        #: fields: ``num_drafts``, ``num_draft_tokens``,
-        #: ``num_accepted_tokens``, per position); None when none were.
-        self.spec_decoding_stats = update.spec_decoding_stats
+
+    @property
+    def spec_decoding_stats(self) -> Any:
+        """Drafts verified in this output (vLLM's ``SpecDecodingStats``
+        fields: ``num_drafts``, ``num_draft_tokens``,
+        ``num_accepted_tokens``, per position); None when none were."""
+        return self._update.spec_decoding_stats
 
     # The columns are read from the backend's update when first asked for:
     # the core makes a NumPy array only then (most steps' callers read none).
@@ -345,6 +376,8 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
     @property
     def finished_req_ids(self) -> list[str]:
         """Requests that ended (a session whose turn ended lives on)."""
+        if not self._update.finished:  # most updates: no records to read
+            return []
         return [
             self._step_req_ids[int(self.rows[rec])]
             for rec, (_, _, continues) in self.finished.items()
