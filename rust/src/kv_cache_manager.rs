@@ -348,6 +348,7 @@ impl KvCacheManager {
     /// reads any more (whether or not the allocation succeeds, as vLLM's
     /// does); nothing else changes on `None`.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn allocate(
         &mut self,
         tables: &mut [BlockTable],
@@ -363,8 +364,9 @@ impl KvCacheManager {
             watermark,
         } = admission;
         if self.single_full && hits.is_empty() && !full_sequence_must_fit && watermark == 0 {
-            // Fast path (most decode steps): the table already covers the
-            // new tokens, so nothing can be refused or allocated.
+            // Fast path (most decode steps), inlined into the running pass:
+            // the table already covers the new tokens, so nothing can be
+            // refused or allocated.
             let table = &mut tables[0];
             let computed = seq.num_computed_tokens.min(self.max_model_len);
             let slots = computed
@@ -376,11 +378,41 @@ impl KvCacheManager {
                     let upto = computed
                         .saturating_add(num_new_tokens)
                         .min(seq.num_tokens());
-                    self.cache_blocks(0, table, seq, upto);
+                    if upto >= (table.num_cached + 1) * self.block_size {
+                        self.cache_blocks(0, table, seq, upto); // a block just filled
+                    }
                 }
                 return Some(0);
             }
         }
+        self.allocate_growing(
+            tables,
+            seq,
+            num_new_tokens,
+            num_new_computed_tokens,
+            hits,
+            admission,
+            in_flight,
+        )
+    }
+
+    /// [`Self::allocate`] past its fast path: a table that grows, hits, an
+    /// admission gate, several groups.
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_growing(
+        &mut self,
+        tables: &mut [BlockTable],
+        seq: &Sequence,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
+        hits: &[Vec<BlockId>],
+        admission: Admission,
+        in_flight: usize,
+    ) -> Option<usize> {
+        let Admission {
+            full_sequence_must_fit,
+            watermark,
+        } = admission;
         let computed = seq
             .num_computed_tokens
             .saturating_add(num_new_computed_tokens)
@@ -540,6 +572,7 @@ impl KvCacheManager {
     /// Tokens the request holds in hash-cached blocks, as vLLM estimates
     /// them: per group, where its last held cached block ends; the least
     /// over the groups.
+    #[inline]
     pub fn num_cached_tokens(&self, tables: &[BlockTable]) -> usize {
         if !self.enable_caching {
             return 0;

@@ -23,6 +23,7 @@ pub enum Drafts {
 }
 
 impl Drafts {
+    #[inline]
     pub fn len(&self) -> usize {
         match self {
             Drafts::Tokens(t) => t.len(),
@@ -46,6 +47,7 @@ impl Drafts {
     }
 
     /// Append the drafts to a step column (-1 for a placeholder).
+    #[inline]
     pub fn write_to(&self, column: &mut Vec<i64>) {
         match self {
             Drafts::Tokens(t) => column.extend(t.iter().map(|&x| x as i64)),

@@ -207,10 +207,14 @@ impl Scheduler {
 
     /// Log the blocks the request in `slot` hash-cached from block `first`
     /// on (vLLM's `BlockStored`), when events are on.
+    #[inline]
     fn log_stored(&mut self, slot: Slot, first: usize) {
-        if !self.kv.events_enabled() {
-            return;
+        if self.kv.events_enabled() {
+            self.log_stored_event(slot, first);
         }
+    }
+
+    fn log_stored_event(&mut self, slot: Slot, first: usize) {
         let table = &self.requests[slot].tables[0];
         let cached = table.num_cached_blocks();
         if cached > first {

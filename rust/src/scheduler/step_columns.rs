@@ -34,15 +34,18 @@ impl Scheduler {
             // The blocks its tokens fall in, per group: the per-token slots
             // are made from these when read (StepOutput::slot_mapping).
             let end = e.num_computed_tokens + e.num_tokens;
-            let span = match e.num_tokens {
-                0 => 0..0,
-                _ => e.num_computed_tokens / bs..(end - 1) / bs + 1,
-            };
             for table in r.tables.iter() {
-                if span.start + 1 == table.len() {
-                    out.push_span(&[table.last]); // a decode's: no table read
+                let len = table.len();
+                if e.num_tokens > 0 && len > 0 && e.num_computed_tokens >= (len - 1) * bs {
+                    // Its tokens fall in the last block (a decode's): no
+                    // table read, no division.
+                    out.push_span(&[table.last]);
                 } else {
-                    out.push_span(&table.block_ids()[span.clone()]);
+                    let span = match e.num_tokens {
+                        0 => 0..0,
+                        _ => e.num_computed_tokens / bs..(end - 1) / bs + 1,
+                    };
+                    out.push_span(&table.block_ids()[span]);
                 }
             }
             out.end_entry(end, e.num_tokens);
