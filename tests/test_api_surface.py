@@ -23,6 +23,7 @@ CLASSES = [
     "FinishedRequest",
     "SchedulerStats",
     "SpecDecodingStats",
+    "VllmObjects",
     "VllmStepRows",
     "VllmStepUpdate",
     "SimWorkload",

@@ -7,8 +7,9 @@ vLLM: the drop-in's tests check the vLLM objects built from them."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -236,3 +237,294 @@ def test_step_column_names_its_error() -> None:
     assert step.columns() is step.columns()  # made once
     with pytest.raises(KeyError, match="not a step column"):
         step.column("nope")
+
+
+# --- VllmObjects: vLLM's per-step objects made in Rust -----------------------
+# Stand-ins with vLLM 0.33's field names (the drop-in's tests use vLLM's own
+# classes): the maker must give what each dataclass's __init__ gives.
+
+
+@dataclasses.dataclass
+class FakeCachedRequestData:
+    req_ids: list[str]
+    resumed_req_ids: set[str]
+    new_token_ids: list[list[int]]
+    all_token_ids: dict[str, list[int]]
+    new_block_ids: list[Any]
+    num_computed_tokens: list[int]
+    num_output_tokens: list[int]
+
+
+@dataclasses.dataclass
+class FakeSchedulerOutput:
+    scheduled_new_reqs: list[Any]
+    scheduled_cached_reqs: FakeCachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    scheduled_spec_decode_tokens: dict[str, list[int]]
+    scheduled_encoder_inputs: dict[str, list[int]]
+    finished_req_ids: set[str]
+    free_encoder_mm_hashes: list[str]
+    encoder_input_updates: dict[str, Any] = dataclasses.field(default_factory=dict)
+    preempted_req_ids: set[str] | None = None
+    has_structured_output_requests: bool = False
+    pending_structured_output_tokens: bool = False
+    num_spec_tokens_to_schedule: int = 0
+    num_common_prefix_blocks: list[int] = dataclasses.field(default_factory=list)
+    skip_drafts: bool = False
+
+
+@dataclasses.dataclass
+class FakePrefixCacheStats:
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+    hits_by_source: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class FakeSchedulerStats:
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_skipped_waiting_reqs: int = 0
+    num_kv_fetch_reqs_by_stage: dict[str, int] = dataclasses.field(default_factory=dict)
+    step_counter: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_stats: FakePrefixCacheStats = dataclasses.field(
+        default_factory=FakePrefixCacheStats
+    )
+    kv_cache_eviction_events: list[Any] = dataclasses.field(default_factory=list)
+    spec_decoding_stats: Any = None
+    kv_connector_stats: dict[str, Any] | None = None
+    waiting_lora_adapters: dict[str, int] = dataclasses.field(default_factory=dict)
+    cudagraph_stats: Any = None
+    perf_stats: Any = None
+
+
+class FakeEngineCoreOutput(NamedTuple):
+    request_id: str
+    new_token_ids: list[int]
+
+
+STAGES = ("queued", "loading")
+
+
+def objects(
+    groups: int = 1,
+    v2: bool = True,
+    spec: int = 0,
+    send_token_ids: bool = False,
+    cached_request_data: type = FakeCachedRequestData,
+) -> Any:
+    return _core.VllmObjects(
+        scheduler_output=FakeSchedulerOutput,
+        cached_request_data=cached_request_data,
+        scheduler_stats=FakeSchedulerStats,
+        prefix_cache_stats=FakePrefixCacheStats,
+        engine_core_output=FakeEngineCoreOutput,
+        kv_fetch_stages=STAGES,
+        num_kv_cache_groups=groups,
+        model_runner_v2=v2,
+        send_token_ids=send_token_ids,
+        num_speculative_tokens=spec,
+        can_skip_drafts=True,
+    )
+
+
+def same_as_init(made: Any) -> None:
+    """``made`` equals what its class's __init__ makes from its fields,
+    field for field and in the same order."""
+    cls = type(made)
+    fields = {f.name: getattr(made, f.name) for f in dataclasses.fields(cls) if f.init}
+    want = cls(**fields)
+    assert made == want
+    assert list(vars(made)) == list(vars(want))
+
+
+def expected_output(out: Any, rows_before: dict[str, Any], v2: bool, spec: int) -> dict[str, Any]:
+    """The SchedulerOutput the drop-in built in Python before the core made it."""
+    n = rows_before["num_running"]
+    resumed = [] if v2 else rows_before["resumed"]
+    cached = [*range(n), *resumed]
+    ids, blocks = rows_before["req_ids"], rows_before["block_ids"]
+    grown = set(rows_before["running_grown"])
+    return {
+        "cached": {
+            "req_ids": [ids[i] for i in cached],
+            "resumed_req_ids": {ids[i] for i in resumed},
+            "new_token_ids": [],
+            "all_token_ids": {},
+            "new_block_ids": [blocks[i] if i in grown or i >= n else None for i in cached],
+            "num_computed_tokens": [rows_before["computed"][i] for i in cached],
+            "num_output_tokens": [rows_before["num_output_tokens"][i] for i in cached],
+        },
+        "num_scheduled_tokens": list(rows_before["num_scheduled_tokens"].items()),
+        "total_num_scheduled_tokens": rows_before["total_num_scheduled_tokens"],
+        "scheduled_spec_decode_tokens": rows_before["spec"] if spec else {},
+        "preempted_req_ids": set(out.preempted_req_ids),
+        "finished_req_ids": set(out.finished_req_ids),
+        "num_spec_tokens_to_schedule": spec,
+        "skip_drafts": not out.drafts_needed,
+    }
+
+
+def made_output(so: Any) -> dict[str, Any]:
+    c = so.scheduled_cached_reqs
+    return {
+        "cached": dataclasses.asdict(c),
+        "num_scheduled_tokens": list(so.num_scheduled_tokens.items()),
+        "total_num_scheduled_tokens": so.total_num_scheduled_tokens,
+        "scheduled_spec_decode_tokens": so.scheduled_spec_decode_tokens,
+        "preempted_req_ids": so.preempted_req_ids,
+        "finished_req_ids": so.finished_req_ids,
+        "num_spec_tokens_to_schedule": so.num_spec_tokens_to_schedule,
+        "skip_drafts": so.skip_drafts,
+    }
+
+
+@pytest.mark.parametrize("v2", [False, True])
+@pytest.mark.parametrize("spec", [0, 2])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("seed", range(4))
+def test_objects_are_what_the_rows_say(seed: int, layout: str, spec: int, v2: bool) -> None:
+    """A twin pair on the core: one scheduled through the façade (the
+    columns), one through VllmObjects; every step's SchedulerOutput and
+    outputs must say what the columns say, and be what __init__ makes."""
+    rng = random.Random(seed)
+    a, b = make(seed, layout, spec), make(seed, layout, spec)
+    groups = 1 if LAYOUTS[layout] is None else len(LAYOUTS[layout])
+    maker = objects(groups, v2, spec)
+    next_id = 0
+    seen = {"resumed": 0, "grown": 0, "news": 0, "finished": 0}
+    for _ in range(200):
+        if rng.random() < 0.3:
+            n = rng.randrange(1, 5)
+            add_requests(a, random.Random(next_id), next_id, n)
+            add_requests(b, random.Random(next_id), next_id, n)
+            next_id += n
+        out_a = a.schedule()
+        rows = maker.schedule(b._core.core.core)
+        so = rows.output
+        want_rows = expected_rows(out_a, groups)
+        assert seen_rows(rows) == want_rows
+        assert made_output(so) == expected_output(out_a, want_rows, v2, spec)
+        assert so.scheduled_new_reqs == [] and so.encoder_input_updates == {}
+        same_as_init(so)
+        same_as_init(so.scheduled_cached_reqs)
+        news = bool(want_rows["new"] or want_rows["resumed"] or out_a.preempted_req_ids)
+        assert rows.has_news == news
+        seen["news"] += news
+        seen["resumed"] += bool(want_rows["resumed"])
+        seen["grown"] += bool(want_rows["running_grown"])
+        if spec and len(out_a):
+            drafts = {rid: [7] * rng.randrange(0, spec + 1) for rid in out_a.req_ids}
+            a.update_draft_token_ids(drafts)
+            b.update_draft_token_ids(drafts)
+        index, sampled = sampled_lists(out_a, rng, spec)
+        ua = a.update_from_output(out_a, {rid: sampled[index[rid]] for rid in out_a.req_ids})
+        ub = maker.update(
+            b._core.core.core, step=rows.step, req_id_to_index=index, sampled_token_ids=sampled
+        )
+        assert ub.outputs == [
+            FakeEngineCoreOutput(rid, toks)
+            for rid, toks in zip(ub.req_ids, ub.new_token_ids, strict=True)
+        ]
+        assert ub.req_ids == list(ua.req_ids)
+        seen["finished"] += len(ua.finished_req_ids)
+        for rid in ua.finished_req_ids:
+            b.requests.pop(rid, None)
+        stats_a, stats_b = (
+            a.make_stats(),
+            maker.scheduler_stats(
+                b._core.core.core,
+                kv_cache_eviction_events=[],
+                spec_decoding_stats=None,
+                kv_connector_stats=None,
+                cudagraph_stats=None,
+                perf_stats=None,
+            ),
+        )
+        same_as_init(stats_b)
+        same_as_init(stats_b.prefix_cache_stats)
+        assert stats_b.num_kv_fetch_reqs_by_stage == dict.fromkeys(STAGES, 0)
+        assert (stats_b.num_running_reqs, stats_b.num_waiting_reqs) == (
+            stats_a.num_running_reqs,
+            stats_a.num_waiting_reqs,
+        )
+        assert stats_b.kv_cache_usage == stats_a.kv_cache_usage
+        pa, pb = stats_a.prefix_cache_stats, stats_b.prefix_cache_stats
+        assert (pb.reset, pb.requests, pb.queries, pb.hits) == (
+            pa.reset,
+            pa.requests,
+            pa.queries,
+            pa.hits,
+        )
+    assert seen["news"] and seen["grown"] and seen["finished"]
+
+
+def test_objects_send_pipeline_stages_the_scheduled_tokens() -> None:
+    """Synchronous pipeline parallelism: each cached request's scheduled
+    tokens, cut at the known ones."""
+    s = make(1, "full", 0)
+    add_requests(s, random.Random(1), 0, 4)
+    maker = objects(1, v2=True, spec=0, send_token_ids=True)
+    core = s._core.core.core
+    for _ in range(12):
+        rows = maker.schedule(core)
+        cached = rows.output.scheduled_cached_reqs
+        for k in range(len(cached.req_ids)):
+            tokens, _ = _core.vllm_request_state(core, rows.slots[k])
+            start, n = rows.computed[k], rows.num_scheduled[k]
+            assert cached.new_token_ids[k] == tokens[start : start + n]
+        index = {rid: i for i, rid in enumerate(rows.req_ids)}
+        sampled = [[5] for _ in rows.req_ids]
+        maker.update(core, step=rows.step, req_id_to_index=index, sampled_token_ids=sampled)
+
+
+def test_fresh_defaults_are_fresh() -> None:
+    """Fields with a default_factory get a new value in every made object."""
+    s = make(0, "full", 0)
+    add_requests(s, random.Random(0), 0, 2)
+    maker = objects(1, v2=True, spec=0)
+    core = s._core.core.core
+    one = maker.schedule(core).output
+    two = maker.schedule(core).output  # a second step before the first's output
+    assert one.encoder_input_updates is not two.encoder_input_updates
+    assert one.num_common_prefix_blocks is not two.num_common_prefix_blocks
+    assert one.scheduled_new_reqs is not two.scheduled_new_reqs
+
+
+@dataclasses.dataclass
+class WithPostInit(FakeCachedRequestData):
+    def __post_init__(self) -> None:
+        pass
+
+
+@dataclasses.dataclass
+class MissingField:
+    req_ids: list[str]
+
+
+@pytest.mark.parametrize(
+    ("cls", "message"),
+    [
+        (WithPostInit, "has __post_init__"),
+        (MissingField, 'no field "resumed_req_ids"'),
+        (int, "not a dataclass"),
+    ],
+)
+def test_objects_refuse_a_class_they_cannot_make(cls: type, message: str) -> None:
+    with pytest.raises(TypeError, match=f"{cls.__qualname__}: {message}"):
+        objects(cached_request_data=cls)
+    objects()  # and the stand-ins themselves are fine
+
+
+def test_objects_refuse_a_required_field_they_do_not_set() -> None:
+    names = [f.name for f in dataclasses.fields(FakeCachedRequestData)]
+    new_required = dataclasses.make_dataclass("NewRequired", [*names, "extra"])
+    with pytest.raises(TypeError, match='NewRequired: field "extra" has no default and is not set'):
+        objects(cached_request_data=new_required)

@@ -1,6 +1,6 @@
 """Type stubs for ironbatch's Rust extension module (rust/src/python/)."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, SupportsIndex
 
 import numpy as np
@@ -234,8 +234,9 @@ class StepUpdate:
         """Drafts verified in this output; None when none were."""
 
 class VllmStepRows:
-    """What the vLLM drop-in reads of a step, as lists: running rows first,
-    then admissions (first ones and resumed ones, in scheduling order)."""
+    """What the vLLM drop-in reads of a step, as lists (made when first
+    read): running rows first, then admissions (first ones and resumed
+    ones, in scheduling order)."""
 
     def __init__(self, step: Step, num_groups: int) -> None: ...
     @property
@@ -272,10 +273,61 @@ class VllmStepRows:
     def num_groups(self) -> int: ...
     @property
     def step(self) -> Step: ...
+    @property
+    def output(self) -> Any:
+        """vLLM's SchedulerOutput, when ``VllmObjects.schedule`` made the rows."""
+    @property
+    def has_news(self) -> bool:
+        """An admission, a preemption, or a grammar released or failed."""
     def block_ids(self, i: int) -> tuple[list[int], ...]:
         """Row ``i``'s blocks, one list per KV-cache group."""
     def spec_decode_tokens(self) -> dict[str, list[int]]:
         """Each row with drafts: its drafts (-1 for a placeholder)."""
+
+class VllmObjects:
+    """vLLM's per-step objects for one drop-in (SchedulerOutput with its
+    CachedRequestData, EngineCoreOutputs, SchedulerStats), made from the
+    core's step: vLLM's classes, and the shape its model runner is sent."""
+
+    def __init__(
+        self,
+        *,
+        scheduler_output: type,
+        cached_request_data: type,
+        scheduler_stats: type,
+        prefix_cache_stats: type,
+        engine_core_output: Callable[[str, list[int]], Any],
+        kv_fetch_stages: Iterable[str],
+        num_kv_cache_groups: int,
+        model_runner_v2: bool,
+        send_token_ids: bool,
+        num_speculative_tokens: int,
+        can_skip_drafts: bool,
+    ) -> None: ...
+    def schedule(self, scheduler: Scheduler, throttle_prefills: bool = False) -> VllmStepRows:
+        """The core's next step; ``.output`` is vLLM's SchedulerOutput, all
+        but the admissions' NewRequestData (and V1's all_token_ids)."""
+    def update(
+        self,
+        scheduler: Scheduler,
+        *,
+        step: Step,
+        req_id_to_index: dict[str, int],
+        sampled_token_ids: list[list[int]],
+        accept: Callable[[str, list[int], int], bool] | None = None,
+    ) -> VllmStepUpdate:
+        """``vllm_update_from_runner_output``, each record's output made."""
+    def scheduler_stats(
+        self,
+        scheduler: Scheduler,
+        *,
+        kv_cache_eviction_events: list[Any],
+        spec_decoding_stats: Any,
+        kv_connector_stats: dict[str, Any] | None,
+        cudagraph_stats: Any,
+        perf_stats: Any,
+    ) -> Any:
+        """vLLM's SchedulerStats; takes (zeroes) the core's counters."""
 
 class VllmStepUpdate:
     """The vLLM drop-in's update: one record per request that got tokens,
@@ -292,6 +344,9 @@ class VllmStepUpdate:
     @property
     def new_token_ids(self) -> list[list[int]]:
         """Each record's tokens (the runner's own list where all were kept)."""
+    @property
+    def outputs(self) -> list[Any] | None:
+        """Each record's EngineCoreOutput, when ``VllmObjects.update`` made it."""
     @property
     def cached_tokens(self) -> list[int]: ...
     @property
@@ -457,11 +512,6 @@ def vllm_update_from_runner_output(
 ) -> VllmStepUpdate:
     """The vLLM drop-in's update: entry ``i`` gets
     ``sampled_token_ids[req_id_to_index[req_ids[i]]]``."""
-
-def vllm_token_slices(
-    scheduler: Scheduler, *, slots: list[int], starts: list[int], counts: list[int]
-) -> list[list[int]]:
-    """Each listed request's tokens ``starts[i]:starts[i] + counts[i]``."""
 
 def vllm_request_state(scheduler: Scheduler, slot: int) -> tuple[list[int], int]:
     """A live request's (tokens, num_computed_tokens), prompt first (for the

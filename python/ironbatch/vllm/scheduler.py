@@ -32,12 +32,13 @@ from vllm.outputs import RequestError
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
 from vllm.v1.core.sched.output import (
+    CachedRequestData,
     GrammarOutput,
     SchedulerOutput,
 )
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
-from vllm.v1.metrics.stats import SchedulerStats
+from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerStats
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
@@ -49,7 +50,6 @@ from ironbatch.vllm.engine_outputs import (
     FINISHED,
     attach_logprobs,
     error_output,
-    scheduler_stats,
 )
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
 from ironbatch.vllm.kv_events import KvEvents
@@ -148,13 +148,25 @@ class Scheduler(SchedulerInterface):
         self._take_kv_events = self._kv_events.enabled or self._kv_metrics.enabled
         self.requests: dict[str, Request] = {}  # unfinished, in arrival order
         self._mirror = RequestMirror(self._core, log_stats, vllm_config.num_hash_lookahead_tokens)
-        # Synchronous pipeline parallelism sends the first stage its tokens.
-        send_token_ids = self.use_pp and not sc.async_scheduling
-        self._runner_data = RunnerRequestData(
-            self._mirror, self.use_v2_model_runner, send_token_ids
+        self._runner_data = RunnerRequestData(self._mirror, self.use_v2_model_runner)
+        # vLLM's per-step objects, made by the core from its step: this
+        # engine's classes and the shape of what its model runner is sent.
+        self._objects = _core.VllmObjects(
+            scheduler_output=SchedulerOutput,
+            cached_request_data=CachedRequestData,
+            scheduler_stats=SchedulerStats,
+            prefix_cache_stats=PrefixCacheStats,
+            engine_core_output=EngineCoreOutput,
+            kv_fetch_stages=KV_FETCH_STAGES,
+            num_kv_cache_groups=self._num_kv_cache_groups,
+            model_runner_v2=self.use_v2_model_runner,
+            # Synchronous pipeline parallelism sends the first stage its tokens.
+            send_token_ids=self.use_pp and not sc.async_scheduling,
+            num_speculative_tokens=self.num_spec_tokens,
+            can_skip_drafts=self.can_skip_drafts,
         )
-        # Steps scheduled and not yet updated: id(output) -> (output, core step, slots).
-        self._in_flight: dict[int, tuple[SchedulerOutput, Any, list[int]]] = {}
+        # Steps scheduled and not yet updated: id(output) -> (output, its rows).
+        self._in_flight: dict[int, tuple[SchedulerOutput, StepRows]] = {}
         self._reset_preempted: set[str] = set()  # status already mirrored by a reset
         self._has_finished = False  # finished ids wait for the next schedule()
         self._rejected: list[tuple[Request, RequestError]] = []
@@ -303,47 +315,41 @@ class Scheduler(SchedulerInterface):
         data-parallel engine's prefill balancing holds prefills this step."""
         if self._structured.compiling:
             self._structured.report_compiled(self._core)
-        step = self._core.schedule(throttle_prefills)
+        # The core makes the SchedulerOutput; only what needs vLLM's Requests
+        # is added here, and a steady step has none of it.
+        rows = self._objects.schedule(self._core.core, throttle_prefills)
+        output = rows.output
         self._has_finished = False
-        rows = StepRows(step, self._num_kv_cache_groups)
-        self._mirror_step(step, rows)
+        if rows.has_news:
+            self._mirror_step(rows, output)
+            if rows.new or rows.resumed:
+                output.scheduled_new_reqs.extend(self._runner_data.new(rows))
+        if not self.use_v2_model_runner:
+            self._runner_data.add_unseen_token_ids(rows, output.scheduled_cached_reqs)
         if self._take_kv_events:
             self._drain_kv_events()
-        output = SchedulerOutput(
-            scheduled_new_reqs=self._runner_data.new(rows),
-            scheduled_cached_reqs=self._runner_data.cached(rows),
-            num_scheduled_tokens=rows.num_scheduled_tokens,
-            total_num_scheduled_tokens=rows.total_num_scheduled_tokens,
-            scheduled_spec_decode_tokens=rows.spec_decode_tokens() if self.num_spec_tokens else {},
-            scheduled_encoder_inputs={},
-            preempted_req_ids=set(step.preempted_req_ids),
-            finished_req_ids=set(step.finished_req_ids),
-            free_encoder_mm_hashes=[],
-            num_spec_tokens_to_schedule=self.num_spec_tokens,
-            has_structured_output_requests=step.has_structured_output_requests,
-            pending_structured_output_tokens=step.pending_structured_output_tokens,
-            skip_drafts=self.can_skip_drafts and not step.drafts_needed,
-        )
-        self._in_flight[id(output)] = (output, step, rows.slots)
+        self._in_flight[id(output)] = (output, rows)
         return output
 
-    def _mirror_step(self, step: Any, rows: StepRows) -> None:
+    def _mirror_step(self, rows: StepRows, output: SchedulerOutput) -> None:
         """Write what happened to vLLM's Requests: preemptions, admissions,
         and the tokens of resumed ones (the runner reinstalls them)."""
         now = time.monotonic()
+        step = rows.step
         for rid in step.grammar_released:
             self.requests[rid].status = RequestStatus.WAITING  # then maybe admitted
         for rid in step.grammar_failed:
             self._structured.note_failed(rid)
-        self._mirror_preemptions(step.preempted_req_ids, now)
+        self._mirror_preemptions(output.preempted_req_ids, now)
         mirror = self._mirror
+        slots, computed = rows.slots, rows.computed
         for i in rows.admitted:
-            slot = rows.slots[i]
-            mirror.admitted(mirror.by_slot[slot], slot, rows.computed[i], now)
+            slot = slots[i]
+            mirror.admitted(mirror.by_slot[slot], slot, computed[i], now)
         for i in rows.resumed:
-            mirror.sync(mirror.by_slot[rows.slots[i]], computed_too=False)
+            mirror.sync(mirror.by_slot[slots[i]], computed_too=False)
 
-    def _mirror_preemptions(self, preempted_req_ids: list[str], now: float) -> None:
+    def _mirror_preemptions(self, preempted_req_ids: set[str], now: float) -> None:
         for rid in preempted_req_ids:
             r = self.requests.get(rid)
             if r is None or rid in self._reset_preempted:
@@ -364,10 +370,11 @@ class Scheduler(SchedulerInterface):
                 "scheduler_output was not made by this scheduler's schedule(), "
                 "or its output was already applied"
             )
-        _, step, slots = entry
+        step = entry[1].step
         mro = model_runner_output
-        # Checked in full before anything changes: a refused output can be retried.
-        update = _core.vllm_update_from_runner_output(
+        # Checked in full before anything changes: a refused output can be
+        # retried. Each record's EngineCoreOutput comes made.
+        update = self._objects.update(
             self._core.core,
             step=step,
             req_id_to_index=mro.req_id_to_index,
@@ -377,7 +384,7 @@ class Scheduler(SchedulerInterface):
         del self._in_flight[key]
         if self._kv_events.enabled:
             # Before the finished are forgotten: their stores name their slots.
-            self._mirror_tokens(update, slots)
+            self._mirror_tokens(update)
         if self._take_kv_events:
             self._drain_kv_events()
         if out_of_step := self._structured.out_of_step:
@@ -385,11 +392,13 @@ class Scheduler(SchedulerInterface):
                 if (r := self.requests.get(rid)) is not None:
                     self._mirror.sync(r, computed_too=False)
             out_of_step.clear()
-        self._note_nans(mro.num_nans_in_logits)
-        outputs = self._outputs_by_client(slots, update, mro)
+        if mro.num_nans_in_logits:
+            self._note_nans(mro.num_nans_in_logits)
+        outputs = self._outputs_by_client(update, mro)
         if self._structured.errors:
             self._report_grammar_errors(outputs)
-        self._report_rejected(outputs)
+        if self._rejected:
+            self._report_rejected(outputs)
         self._kv_events.publish()
         spec_stats = None
         if self.log_stats and update.spec_decoding_stats is not None:
@@ -405,13 +414,13 @@ class Scheduler(SchedulerInterface):
         if self._kv_metrics.enabled:
             self._kv_metrics.feed(events)
 
-    def _mirror_tokens(self, update: Any, slots: list[int]) -> None:
+    def _mirror_tokens(self, update: Any) -> None:
         """Append each request's new tokens to its Request (KV events: its
         block hashes come from them). A structured-output request's were
         appended by the grammar check already."""
         by_slot = self._mirror.by_slot
-        for row, kept in zip(update.rows, update.new_token_ids, strict=True):
-            r = by_slot[slots[row]]
+        for slot, kept in zip(update.slots, update.new_token_ids, strict=True):
+            r = by_slot[slot]
             if r is not None and not r.use_structured_output:
                 r._all_token_ids.extend(kept)
                 r._output_token_ids.extend(kept)
@@ -423,33 +432,30 @@ class Scheduler(SchedulerInterface):
         for r in self.finish_requests(set(errors), RequestStatus.FINISHED_ERROR):
             outputs[r.client_index].append(error_output(r, errors.get(r.request_id)))
 
-    def _note_nans(self, num_nans_in_logits: dict[str, int] | None) -> None:
-        for rid, n in (num_nans_in_logits or {}).items():
+    def _note_nans(self, num_nans_in_logits: dict[str, int]) -> None:
+        for rid, n in num_nans_in_logits.items():
             if (r := self.requests.get(rid)) is not None:
                 r.num_nans_in_logits = n
                 self._mirror.mark_full(r)
 
-    def _outputs_by_client(
-        self, slots: list[int], update: Any, mro: Any
-    ) -> dict[int, list[EngineCoreOutput]]:
+    def _outputs_by_client(self, update: Any, mro: Any) -> dict[int, list[EngineCoreOutput]]:
         """One EngineCoreOutput per request that got tokens, by client. Most
-        carry only tokens; a finish, events, prefill stats and the like
-        (``RequestMirror.full_output_slots``) or logprobs fill in the rest."""
+        carry only tokens (the core made those); a finish, events, prefill
+        stats and the like (``RequestMirror.full_output_slots``) or logprobs
+        fill in the rest."""
         mirror = self._mirror
         only_client = mirror.only_client()  # before finishes forget requests
-        rows = update.rows
-        ends = {f.record: f for f in update.finished}
+        outs = update.outputs
+        finished = update.finished
         full = mirror.full_output_slots
-        if ends:
-            full = full.union(slots[rows[record]] for record in ends)
         logprobs = bool(
             mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict
         )
-        # Built a list at a time (a step's outputs are hundreds of tokens-only
-        # records), then completed and grouped where needed.
-        outs = list(map(EngineCoreOutput, update.req_ids, update.new_token_ids))
-        record_slots = update.slots
-        if full or logprobs:
+        if full or finished or logprobs:
+            record_slots = update.slots
+            ends = {f.record: f for f in finished}
+            if ends:
+                full = full.union(record_slots[record] for record in ends)
             cached_tokens = update.cached_tokens
             completed = range(len(outs)) if logprobs else update.records_of(list(full))
             for k in completed:
@@ -462,7 +468,7 @@ class Scheduler(SchedulerInterface):
                 outputs[only_client] = outs  # one client: the usual front end
         else:
             clients = mirror.client_of_slot
-            for slot, out in zip(record_slots, outs, strict=True):
+            for slot, out in zip(update.slots, outs, strict=True):
                 outputs[clients[slot]].append(out)
         return outputs
 
@@ -551,7 +557,7 @@ class Scheduler(SchedulerInterface):
                 "scheduler_output was not made by this scheduler's schedule(), "
                 "or its output was already applied"
             )
-        return self._structured.bitmask(entry[1], scheduler_output)
+        return self._structured.bitmask(entry[1].step, scheduler_output)
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         """Synchronous speculative decoding: drafts for the next step."""
@@ -629,13 +635,13 @@ class Scheduler(SchedulerInterface):
     ) -> SchedulerStats | None:
         if not self.log_stats:
             return None
-        return scheduler_stats(
-            self._core.make_core_stats(),
-            self._kv_metrics.drain(),
-            spec_decoding_stats,
-            kv_connector_stats,
-            cudagraph_stats,
-            perf_stats,
+        return self._objects.scheduler_stats(
+            self._core.core,
+            kv_cache_eviction_events=self._kv_metrics.drain(),
+            spec_decoding_stats=spec_decoding_stats,
+            kv_connector_stats=kv_connector_stats.to_dict() if kv_connector_stats else None,
+            cudagraph_stats=cudagraph_stats,
+            perf_stats=perf_stats,
         )
 
     @property

@@ -12,6 +12,7 @@ mod scheduler;
 mod simulate;
 mod step;
 mod vllm;
+mod vllm_objects;
 mod vllm_step_rows;
 mod vllm_step_update;
 
@@ -36,6 +37,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PySchedulerStats>()?;
     m.add_class::<step::PySpecDecodingStats>()?;
     m.add_class::<kv_events::PyKvEvent>()?;
+    m.add_class::<vllm_objects::PyVllmObjects>()?;
     m.add_class::<vllm_step_rows::PyVllmStepRows>()?;
     m.add_class::<vllm_step_update::PyVllmStepUpdate>()?;
     // The step's columns and their NumPy dtypes, named once (rust/src/step.rs).
@@ -49,6 +51,5 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_update_from_runner_output, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_request_state, m)?)?;
-    m.add_function(wrap_pyfunction!(vllm::vllm_token_slices, m)?)?;
     Ok(())
 }

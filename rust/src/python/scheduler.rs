@@ -88,6 +88,7 @@ fn repetition_rules(obj: &Bound<'_, PyAny>) -> PyResult<Repetition> {
 }
 
 /// A sampled token id; -1 (none) is handled by the caller.
+#[inline]
 pub(super) fn token(i: usize, t: i64) -> PyResult<u32> {
     u32::try_from(t).map_err(|_| {
         PyValueError::new_err(format!("sampled[{i}] = {t} is neither -1 nor a token id"))
@@ -95,6 +96,16 @@ pub(super) fn token(i: usize, t: i64) -> PyResult<u32> {
 }
 
 impl PyScheduler {
+    /// The core's next step, as Python sees it.
+    pub(super) fn schedule_step(
+        &mut self,
+        py: Python<'_>,
+        throttle_prefills: bool,
+    ) -> PyResult<PyStep> {
+        let step = self.core.schedule_throttled(throttle_prefills);
+        PyStep::of(py, step, &self.py_ids, &self.core)
+    }
+
     /// Apply checked tokens (entry `i` gets `tokens[offsets[i]..offsets[i+1]]`)
     /// and return the update as a Python object. `accept(request_id, kept,
     /// num_tokens)` judges each structured-output request's kept tokens
@@ -286,8 +297,7 @@ impl PyScheduler {
     /// (a data-parallel engine's prefill balancing).
     #[pyo3(signature = (throttle_prefills=false))]
     fn schedule(&mut self, py: Python<'_>, throttle_prefills: bool) -> PyResult<PyStep> {
-        let step = self.core.schedule_throttled(throttle_prefills);
-        PyStep::of(py, step, &self.py_ids, &self.core)
+        self.schedule_step(py, throttle_prefills)
     }
 
     /// Log KV-cache events from now on (docs/scheduling.md §7.12).

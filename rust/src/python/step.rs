@@ -27,9 +27,9 @@ pub struct PyStep {
     /// steps, and a NumPy array costs far more to make than to fill.
     columns: PyOnceLock<Py<PyDict>>,
     #[pyo3(get)]
-    preempted_req_ids: Vec<String>,
+    pub(super) preempted_req_ids: Vec<String>,
     #[pyo3(get)]
-    finished_req_ids: Vec<String>,
+    pub(super) finished_req_ids: Vec<String>,
     grammar_released: Vec<String>,
     grammar_failed: Vec<String>,
 }
@@ -37,6 +37,11 @@ pub struct PyStep {
 impl PyStep {
     pub(super) fn req_ids_list<'py>(&self, py: Python<'py>) -> &Bound<'py, PyList> {
         self.req_ids.bind(py)
+    }
+
+    /// The waiting pass released or failed a structured-output request.
+    pub(super) fn has_grammar_news(&self) -> bool {
+        !self.grammar_released.is_empty() || !self.grammar_failed.is_empty()
     }
 }
 

@@ -1,12 +1,12 @@
 //! What only the vLLM drop-in (`ironbatch.vllm.Scheduler`) calls: applying
 //! a vLLM `ModelRunnerOutput` without building arrays in Python first, and
-//! reading a live request's tokens back into vLLM's `Request` (all of them,
-//! or the slices a step schedules).
+//! reading a live request's tokens back into vLLM's `Request`.
 
 use super::scheduler::{token, PyScheduler};
 use super::step::PyStep;
 use super::vllm_step_update::PyVllmStepUpdate;
 use crate::slab::Slot;
+use crate::step::UpdateOutput;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -28,6 +28,21 @@ pub fn vllm_update_from_runner_output<'py>(
     sampled_token_ids: &Bound<'py, PyList>,
     accept: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<PyVllmStepUpdate> {
+    let (out, sampled_rows) =
+        apply_runner_output(scheduler, step, req_id_to_index, sampled_token_ids, accept)?;
+    PyVllmStepUpdate::of(py, out, step.get().req_ids_list(py), &sampled_rows, None)
+}
+
+/// [`vllm_update_from_runner_output`]'s work: the core's update, and each
+/// row's token list from the runner where it gave one.
+pub(super) fn apply_runner_output<'py>(
+    scheduler: &Bound<'py, PyScheduler>,
+    step: &Bound<'py, PyStep>,
+    req_id_to_index: &Bound<'py, PyDict>,
+    sampled_token_ids: &Bound<'py, PyList>,
+    accept: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(UpdateOutput, Vec<Option<Bound<'py, PyList>>>)> {
+    let py = scheduler.py();
     let mut scheduler = scheduler.borrow_mut();
     let step = step.get();
     let ids = step.req_ids_list(py);
@@ -80,7 +95,7 @@ pub fn vllm_update_from_runner_output<'py>(
         offsets.push(tokens.len());
     }
     let out = scheduler.apply(py, &step.step, &tokens, &offsets, accept)?;
-    PyVllmStepUpdate::of(py, out, ids, &sampled_rows)
+    Ok((out, sampled_rows))
 }
 
 /// A live request's tokens (prompt first) and `num_computed_tokens`, to
@@ -96,39 +111,4 @@ pub fn vllm_request_state(
         .request(slot)
         .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
     Ok((r.seq.tokens().to_vec(), r.seq.num_computed_tokens))
-}
-
-/// Each listed request's tokens `starts[i]..starts[i] + counts[i]`: what a
-/// step schedules for it, which vLLM sends the first pipeline stage under
-/// synchronous pipeline parallelism (`CachedRequestData.new_token_ids`).
-#[pyfunction]
-#[pyo3(signature = (scheduler, *, slots, starts, counts))]
-pub fn vllm_token_slices(
-    scheduler: &Bound<'_, PyScheduler>,
-    slots: Vec<Slot>,
-    starts: Vec<usize>,
-    counts: Vec<usize>,
-) -> PyResult<Vec<Vec<u32>>> {
-    let scheduler = scheduler.borrow();
-    if starts.len() != slots.len() || counts.len() != slots.len() {
-        return Err(PyValueError::new_err(format!(
-            "slots, starts and counts must be as long ({}, {}, {})",
-            slots.len(),
-            starts.len(),
-            counts.len()
-        )));
-    }
-    let mut out = Vec::with_capacity(slots.len());
-    for ((&slot, &start), &n) in slots.iter().zip(&starts).zip(&counts) {
-        let r = scheduler
-            .core
-            .request(slot)
-            .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
-        let tokens = r.seq.tokens();
-        // Scheduled positions past the known tokens (async placeholders)
-        // have no token yet; vLLM's slice stops at the known ones too.
-        let end = start.saturating_add(n).min(tokens.len());
-        out.push(tokens[start.min(end)..end].to_vec());
-    }
-    Ok(out)
 }
