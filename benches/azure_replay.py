@@ -3,7 +3,10 @@ synthetic one of the conversation trace's shape) through vLLM's own
 scheduler, the vLLM drop-in (``ironbatch.vllm.Scheduler``) and the core
 (``ironbatch.Scheduler``, backend "rust") in lockstep, checking that every
 step's decisions are identical, and time each scheduler's ``schedule()`` +
-``update_from_output()`` per step by running-request bucket.
+``update_from_output()`` per step by running-request bucket: under sync
+and async scheduling in one run (``--modes``), on the wall clock and in
+thread CPU time, median and p90, ending with one table of the medians and
+the ratios to vLLM's.
 
 The deployment: block size 16, max_model_len 8192, 256 sequences, an
 8,192-token budget (``--max-num-batched-tokens 2048`` for the smaller one),
@@ -15,7 +18,7 @@ the prompts and this mapping). Without vLLM installed the Python twin stands
 in for vLLM's scheduler (and there is no drop-in to time).
 
     python benches/azure_replay.py [--trace PATH | --synthetic N] [--seed S]
-        [--rate-scale X] [--step-ms MS] [--async-scheduling] [--max-steps N]
+        [--rate-scale X] [--step-ms MS] [--modes sync,async] [--max-steps N]
         [--max-num-batched-tokens 2048] [--num-blocks B] [--twin]
         [--lanes vllm,drop-in,core]
         [--buckets 16,64,128,192,256]
@@ -38,9 +41,9 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
 from ironbatch.bench.azure_trace import CONV_RATE_PER_S, read_trace, synthetic_trace  # noqa: E402
-from ironbatch.bench.lockstep import Lane, core_lane, replay, vllm_lane  # noqa: E402
-from ironbatch.bench.step_buckets import BUCKETS, bucket_table  # noqa: E402
-from ironbatch.bench.trace_workload import deployment  # noqa: E402
+from ironbatch.bench.lockstep import Lane, Replay, core_lane, replay, vllm_lane  # noqa: E402
+from ironbatch.bench.step_buckets import BUCKETS, bucket_table, ratio_table  # noqa: E402
+from ironbatch.bench.trace_workload import Deployment, deployment  # noqa: E402
 
 
 def buckets_arg(text: str) -> list[tuple[int, int]]:
@@ -52,6 +55,15 @@ def buckets_arg(text: str) -> list[tuple[int, int]]:
 
 
 LANE_NAMES = ("vllm", "drop-in", "core")
+MODES = ("sync", "async")
+
+
+def modes_arg(text: str) -> tuple[str, ...]:
+    """``async,sync`` -> ("sync", "async")."""
+    names = {x.strip() for x in text.split(",") if x.strip()}
+    if not names or names - set(MODES):
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(MODES)}, got {text!r}")
+    return tuple(m for m in MODES if m in names)
 
 
 def lanes_arg(text: str) -> tuple[str, ...]:
@@ -84,7 +96,13 @@ def main() -> int:
         "--rate-scale", type=float, default=1.0, help="multiply the arrival rate (2: twice)"
     )
     ap.add_argument("--step-ms", type=float, default=30.0, help="model time per step")
-    ap.add_argument("--async-scheduling", action="store_true")
+    ap.add_argument(
+        "--modes",
+        type=modes_arg,
+        default=("sync", "async"),
+        help="scheduling modes to replay, in turn (default: sync,async)",
+    )
+    ap.add_argument("--async-scheduling", action="store_true", help="async only (--modes async)")
     ap.add_argument("--max-steps", type=int, help="stop after N steps")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--num-blocks", type=int, help="KV-cache blocks (default: ample)")
@@ -112,63 +130,84 @@ def main() -> int:
             f"{CONV_RATE_PER_S} req/s before scaling)"
         )
     deploy = deployment(max_num_batched_tokens=a.max_num_batched_tokens, cache_blocks=a.num_blocks)
-    asy = a.async_scheduling
+    modes = ("async",) if a.async_scheduling else a.modes
     has_vllm = importlib.util.find_spec("vllm") is not None
-    core = core_lane(deploy, backend="rust", async_scheduling=asy)
-    lanes: list[Lane]
-    if has_vllm:
-        lanes = [
-            vllm_lane(deploy, kind="vllm", async_scheduling=asy),
-            vllm_lane(deploy, kind="ironbatch", async_scheduling=asy),
-            core,
-        ]
-        if a.twin:
-            lanes.append(core_lane(deploy, backend="python", async_scheduling=asy))
-        if a.lanes:
-            lanes = [lane for lane, name in zip(lanes, LANE_NAMES, strict=False) if name in a.lanes]
-    else:
-        print("vLLM is not installed: the Python twin stands in for it", file=sys.stderr)
-        lanes = [core_lane(deploy, backend="python", async_scheduling=asy), core]
-    load_before = load()
-    result = replay(
-        lanes,
-        rows,
-        deployment=deploy,
-        step_ms=a.step_ms,
-        rate_scale=a.rate_scale,
-        max_steps=a.max_steps,
-        log=lambda s: print(s, file=sys.stderr),
-    )
-    steps = len(result.scheduled)
     versions = ""
     if has_vllm:
         import vllm
 
         versions = f", vLLM {vllm.__version__}"
+    else:
+        print("vLLM is not installed: the Python twin stands in for it", file=sys.stderr)
     print(
         f"{what}, arrival rate ×{a.rate_scale:g}, {a.step_ms:g} ms of model time per step; "
         f"block 16, max_model_len {deploy.max_model_len}, max_num_seqs {deploy.max_num_seqs}, "
         f"max_num_batched_tokens {deploy.max_num_batched_tokens}, {deploy.num_blocks:,} blocks, "
-        f"prefix caching and chunked prefill on; {'async' if asy else 'sync'} scheduling"
-    )
-    print(
-        f"{steps:,} steps, identical decisions in every one ({', '.join(x.name for x in lanes)}); "
-        f"{result.requests_added:,} requests added, "
-        + ("all finished" if result.finished else f"stopped at step {steps:,}")
-        + f", peak {max(result.scheduled, default=0)} scheduled in a step; "
-        f"{result.wall_s:,.1f} s"
+        f"prefix caching and chunked prefill on"
     )
     print(
         f"{platform.machine()}, {platform.processor() or platform.system()}, Python "
-        f"{platform.python_version()}{versions}; before: {load_before}; after: {load()}"
+        f"{platform.python_version()}{versions}; {load()}"
     )
+    results: dict[str, Replay] = {}
+    for mode in modes:
+        lanes = make_lanes(deploy, mode == "async", has_vllm, a.twin, a.lanes)
+        result = replay(
+            lanes,
+            rows,
+            deployment=deploy,
+            step_ms=a.step_ms,
+            rate_scale=a.rate_scale,
+            max_steps=a.max_steps,
+            log=lambda s: print(s, file=sys.stderr),
+        )
+        results[mode] = result
+        steps = len(result.scheduled)
+        print()
+        print(
+            f"{mode} scheduling: {steps:,} steps, identical decisions in every one "
+            f"({', '.join(x.name for x in lanes)}); {result.requests_added:,} requests added, "
+            + ("all finished" if result.finished else f"stopped at step {steps:,}")
+            + f", peak {max(result.scheduled, default=0)} scheduled in a step; "
+            f"{result.wall_s:,.1f} s; after it: {load()}"
+        )
+        print(
+            "µs per step of schedule() + update_from_output() (the previous step's under "
+            "async), wall clock and thread CPU time, by requests scheduled in the step:"
+        )
+        print()
+        print(bucket_table(result, a.buckets))
+    print()
     print(
-        "µs per step of schedule() + update_from_output() (the previous step's under async), "
-        "wall clock and thread CPU time, by requests scheduled in the step:"
+        f"Median wall-clock µs per step and each lane's speed-up on the first ({', '.join(modes)}):"
     )
     print()
-    print(bucket_table(result, a.buckets))
+    print(ratio_table(results, a.buckets))
     return 0
+
+
+def make_lanes(
+    deploy: Deployment,
+    async_scheduling: bool,
+    has_vllm: bool,
+    twin: bool,
+    only: tuple[str, ...] | None,
+) -> list[Lane]:
+    """vLLM's scheduler, the drop-in and the core (and the twin if asked);
+    without vLLM, the twin stands in for it."""
+    core = core_lane(deploy, backend="rust", async_scheduling=async_scheduling)
+    if not has_vllm:
+        return [core_lane(deploy, backend="python", async_scheduling=async_scheduling), core]
+    lanes = [
+        vllm_lane(deploy, kind="vllm", async_scheduling=async_scheduling),
+        vllm_lane(deploy, kind="ironbatch", async_scheduling=async_scheduling),
+        core,
+    ]
+    if twin:
+        lanes.append(core_lane(deploy, backend="python", async_scheduling=async_scheduling))
+    if only:
+        lanes = [lane for lane, name in zip(lanes, LANE_NAMES, strict=False) if name in only]
+    return lanes
 
 
 if __name__ == "__main__":

@@ -5,8 +5,12 @@ timing is checked, only that the replay runs and the decisions agree."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +190,22 @@ def test_lockstep_replay_reports_a_divergence() -> None:
     rows = [TraceRequest(0.0, 30, 4) for _ in range(3)]
     with pytest.raises(DivergenceError, match=r"step 0: skewed .*\(req-2: 30 vs 31\)"):
         replay(lanes, rows, deployment=deploy)
+
+
+def test_the_script_replays_sync_and_async_in_one_run() -> None:
+    """benches/azure_replay.py runs both modes and ends with one ratio table
+    (the twin stands in for vLLM where vLLM is not installed)."""
+    import ironbatch
+
+    env = dict(os.environ, PYTHONPATH=str(Path(ironbatch.__file__).resolve().parents[1]))
+    script = Path(__file__).resolve().parents[1] / "benches" / "azure_replay.py"
+    args = ["--synthetic", "30", "--max-steps", "40", "--rate-scale", "8", "--lanes", "core"]
+    if importlib.util.find_spec("vllm") is None:
+        args = args[:-2]  # the twin and the core
+    run = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, env=env, check=True
+    )
+    out = run.stdout
+    assert "sync scheduling: 40 steps" in out and "async scheduling: 40 steps" in out
+    summary = out.split("speed-up on the first (sync, async):")[1]
+    assert "| 1–16 |" in summary and "| 193–256 |" in summary

@@ -7,7 +7,7 @@ scheduled nothing are left out."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -48,4 +48,33 @@ def bucket_table(replay: Replay, buckets: Sequence[tuple[int, int]] = BUCKETS) -
                 cells += [f"{p50:,.1f}", f"{p90:,.1f}"]
             cells += [f"{medians[0] / m:,.2f}×" for m in medians[1:]]
             lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ratio_table(replays: Mapping[str, Replay], buckets: Sequence[tuple[int, int]] = BUCKETS) -> str:
+    """One table for several replays of the same lanes (sync and async, by
+    name): per bucket, each replay's steps, each lane's median wall-clock µs
+    and the first lane's median as a multiple of each other lane's."""
+    names = list(replays)
+    lanes = [lane.name for lane in replays[names[0]].lanes]
+    head = ["running"]
+    for mode in names:
+        head += [f"{mode}: steps", *(f"{lane} (µs)" for lane in lanes)]
+        head += [f"**{lanes[0]} / {lane}**" for lane in lanes[1:]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for low, high in buckets:
+        cells = [_label(low, high)]
+        for mode in names:
+            r = replays[mode]
+            scheduled = np.asarray(r.scheduled)
+            mask = (scheduled >= low) & (scheduled <= high)
+            count = int(mask.sum())
+            cells.append(f"{count:,}")
+            if count == 0:
+                cells += ["–"] * (2 * len(lanes) - 1)
+                continue
+            medians = [float(np.median(np.asarray(lane.wall_ns)[mask])) / 1e3 for lane in r.lanes]
+            cells += [f"{m:,.1f}" for m in medians]
+            cells += [f"**{medians[0] / m:,.1f}×**" for m in medians[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
