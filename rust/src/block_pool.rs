@@ -37,7 +37,7 @@ impl BlockPool {
         Ok(BlockPool {
             blocks: vec![Block::default(); num_blocks],
             free_queue,
-            cached: PrefixCacheMap::default(),
+            cached: PrefixCacheMap::with_capacity(num_blocks),
             scratch_head: Vec::new(),
             scratch_tail: Vec::new(),
             events: KvEventLog::default(),
@@ -70,7 +70,7 @@ impl BlockPool {
     }
 
     /// The prefix-cache map's (hash, blocks) pairs.
-    pub fn cached_blocks(&self) -> impl Iterator<Item = (BlockHash, &[BlockId])> {
+    pub fn cached_blocks(&self) -> impl Iterator<Item = (BlockHash, Vec<BlockId>)> + '_ {
         self.cached.iter()
     }
 
@@ -98,6 +98,18 @@ impl BlockPool {
         debug_assert!(k <= self.num_free_blocks());
         let start = out.len();
         self.free_queue.popleft_n(k, out);
+        if k > 1 {
+            // Each cached block taken is a probe of the map to evict it:
+            // read the blocks, then their hashes' home slots, in loops whose
+            // reads overlap, before the loop that depends on them.
+            let taken = &out[start..];
+            let blocks = &self.blocks;
+            let held = taken
+                .iter()
+                .fold(0u32, |a, &id| a.wrapping_add(blocks[id as usize].ref_cnt));
+            let hashes = taken.iter().filter_map(|&id| blocks[id as usize].hash);
+            std::hint::black_box((held, self.cached.read_ahead(hashes)));
+        }
         for &id in &out[start..] {
             let block = &mut self.blocks[id as usize];
             if let Some(hash) = block.hash.take() {
@@ -173,6 +185,12 @@ impl BlockPool {
         debug_assert!(block.ref_cnt > 0 && block.hash.is_none() && id != NULL_BLOCK);
         block.hash = Some(hash);
         self.cached.insert(hash, id);
+    }
+
+    /// Read the map's slots for `hashes`, about to be cached, so that the
+    /// inserts that follow find them in cache (their misses overlap here).
+    pub(crate) fn read_ahead_map(&self, hashes: impl Iterator<Item = BlockHash>) {
+        std::hint::black_box(self.cached.read_ahead(hashes));
     }
 
     /// Forget every cached hash. Refused (returns false, changes nothing)

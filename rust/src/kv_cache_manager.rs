@@ -618,6 +618,10 @@ impl KvCacheManager {
                 }
                 _ => None,
             };
+            if full - start > 1 {
+                let keys = hashes[start..full].iter().map(|&h| group_key(h, g));
+                self.pool.read_ahead_map(keys);
+            }
             let fresh = table.blocks[start..full].iter().zip(&hashes[start..full]);
             for (i, (&block, &hash)) in (start..).zip(fresh) {
                 if block == NULL_BLOCK || mask.as_ref().is_some_and(|keep| !keep(i)) {

@@ -309,7 +309,7 @@ impl PyKvCacheManager {
         self.kv
             .pool()
             .cached_blocks()
-            .map(|(h, ids)| (h.0, ids.to_vec()))
+            .map(|(h, ids)| (h.0, ids))
             .collect()
     }
 

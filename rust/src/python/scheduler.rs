@@ -553,7 +553,7 @@ impl PyScheduler {
                 .map(|b| pool.block(b).map_or(0, |b| b.ref_cnt))
                 .collect::<Vec<_>>(),
         )?;
-        let mut cached: Vec<Vec<u32>> = pool.cached_blocks().map(|(_, ids)| ids.to_vec()).collect();
+        let mut cached: Vec<Vec<u32>> = pool.cached_blocks().map(|(_, ids)| ids).collect();
         cached.sort();
         d.set_item("cached_blocks", cached)?;
         Ok(d)
