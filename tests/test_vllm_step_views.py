@@ -147,12 +147,16 @@ def test_views_agree_with_columns_and_the_core_update(seed: int, layout: str, sp
     next_id = 0
     kinds_seen: set[str] = set()
     shared_lists = 0
+    known: dict[str, list[int]] = {}  # each request's tokens, prompt first
+    finished_seen = 0
     for _ in range(200):
         if rng.random() < 0.3:
             n = rng.randrange(1, 5)
             add_requests(a, random.Random(next_id), next_id, n)
             add_requests(b, random.Random(next_id), next_id, n)
             next_id += n
+            for rid, r in a.requests.items():
+                known.setdefault(rid, list(r.prompt_token_ids))
         out_a, out_b = a.schedule(), b.schedule()
         step = out_b._handle
         rows = _core.VllmStepRows(step, groups)
@@ -183,6 +187,14 @@ def test_views_agree_with_columns_and_the_core_update(seed: int, layout: str, sp
         assert ub.new_token_ids == kept
         assert ub.cached_tokens == ua.cached_tokens.tolist()
         assert [f.record for f in ub.finished] == sorted(ua.finished)
+        for record in ua:
+            known[record.request_id].extend(record.new_token_ids)
+        for f in ub.finished:
+            # A finished request's whole token list, as it ended.
+            tokens = known[ub.req_ids[f.record]]
+            assert (f.num_tokens, f.token_ids_from(0)) == (len(tokens), tokens)
+            assert f.token_ids_from(len(tokens) - 1) == tokens[-1:]
+            finished_seen += 1
         for k, row in enumerate(ub.rows):
             # The runner's own list where every sampled token was kept.
             runner_list = sampled[index[out_a.req_ids[row]]]
@@ -194,7 +206,7 @@ def test_views_agree_with_columns_and_the_core_update(seed: int, layout: str, sp
             a.finish_requests([victim])
             b.finish_requests([victim])
     assert {"new", "running_grown"} <= kinds_seen
-    assert shared_lists > 0
+    assert shared_lists > 0 and finished_seen > 0
 
 
 def test_records_of_finds_the_records_of_given_slots() -> None:
@@ -509,10 +521,16 @@ class MissingField:
     req_ids: list[str]
 
 
+Frozen = dataclasses.make_dataclass(
+    "Frozen", [f.name for f in dataclasses.fields(FakeCachedRequestData)], frozen=True
+)
+
+
 @pytest.mark.parametrize(
     ("cls", "message"),
     [
         (WithPostInit, "has __post_init__"),
+        (Frozen, "is frozen"),
         (MissingField, 'no field "resumed_req_ids"'),
         (int, "not a dataclass"),
     ],

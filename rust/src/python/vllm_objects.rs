@@ -10,8 +10,8 @@
 //! in declaration order (defaults in place) is copied, fields with a
 //! `default_factory` get a fresh value, the given fields are set, and the
 //! dict becomes a new instance's `__dict__`. For a dataclass without
-//! `__post_init__` or `__slots__` (checked when made) that is what
-//! `__init__` leaves, field for field and in the same order.
+//! `__post_init__` or `__slots__`, not frozen (checked when made), that is
+//! what `__init__` leaves, field for field and in the same order.
 
 use super::scheduler::PyScheduler;
 use super::step::PyStep;
@@ -54,6 +54,10 @@ impl Dataclass {
             if cls.hasattr(hook)? {
                 return refuse(format!("has {hook}, which a dict-made instance would miss"));
             }
+        }
+        let frozen = cls.getattr("__dataclass_params__")?.getattr("frozen")?;
+        if frozen.is_truthy()? {
+            return refuse("is frozen: its instances take no __dict__".into());
         }
         let missing = dataclasses.getattr("MISSING")?;
         let template = PyDict::new(py);
