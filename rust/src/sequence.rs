@@ -73,6 +73,12 @@ impl Sequence {
         self.hashes.extend(hasher, &self.tokens, block_size);
     }
 
+    /// The tokens, moved out (a finished request's, as it is freed); the
+    /// sequence is left with none.
+    pub fn take_tokens(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.tokens)
+    }
+
     /// Prompt plus output tokens.
     pub fn num_tokens(&self) -> usize {
         self.tokens.len()

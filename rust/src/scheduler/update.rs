@@ -64,11 +64,17 @@ impl Scheduler {
             } else {
                 stopped_waiting.push(e.slot);
             }
+            let was_resumable = self.requests[e.slot].resumable;
             let continues = self.end_turn(e.slot);
             if let Some(f) = out.finished.last_mut() {
+                let r = &mut self.requests[e.slot];
                 // A session's turn end resets what it computed to its frontier.
-                f.num_computed_tokens = self.requests[e.slot].seq.num_computed_tokens;
+                f.num_computed_tokens = r.seq.num_computed_tokens;
                 f.session_continues = continues;
+                if !was_resumable {
+                    // Freed below: its tokens move instead of being copied.
+                    f.token_ids = r.seq.take_tokens();
+                }
             }
             if continues {
                 // A streaming session: it waits for (or took) its next chunk.
@@ -178,7 +184,13 @@ impl Scheduler {
             request_id: r.request_id.clone(),
             status: r.status,
             stop_reason: r.stop_reason,
-            token_ids: r.seq.tokens().to_vec(),
+            // A session's turn may go on and change its tokens: copied as
+            // they ended. A request that ends gives its own up when freed.
+            token_ids: if r.resumable {
+                r.seq.tokens().to_vec()
+            } else {
+                Vec::new()
+            },
             num_computed_tokens: r.seq.num_computed_tokens,
             session_continues: false,
         });
