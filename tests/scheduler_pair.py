@@ -80,7 +80,7 @@ class SchedulerPair:
     def schedule(self, throttle_prefills: bool = False) -> None:
         twin = self.cores[1]  # what this step will hold, asked of the twin
         decoding = any(not twin.requests[s].prefill_chunk for s in twin.running)
-        self.events["prefill_held"] += twin.cadence.holds(throttle_prefills, decoding)
+        self.events["prefill_held"] += twin.cadence.holds(throttle_prefills, lambda: decoding)
         self.events["decode_staggered"] += sum(
             twin.current_step + 1 < twin.requests[s].next_decode_step for s in twin.running
         )

@@ -35,15 +35,16 @@ impl PrefillCadence {
     /// Whether this step holds prefills: asked by the engine (`throttle`) or
     /// due to the local cadence, and only while some running request decodes
     /// (there is decode work to fill the step) and the queue drained last
-    /// time.
-    pub fn holds(&self, throttle: bool, any_decoding: bool) -> bool {
-        if !any_decoding || self.capacity_bound {
+    /// time. `any_decoding` is asked last, only when the answer hangs on
+    /// it: it is a pass over every running request.
+    pub fn holds(&self, throttle: bool, any_decoding: impl FnOnce() -> bool) -> bool {
+        if self.capacity_bound {
             return false;
         }
         // This call becomes executed step `num_executed_steps + 1` if it
         // schedules anything.
         let since = self.num_executed_steps + 1 - self.last_prefill_step;
-        throttle || (self.interval > 1 && since < self.interval as i64)
+        (throttle || (self.interval > 1 && since < self.interval as i64)) && any_decoding()
     }
 
     /// After a waiting pass of a step that did not hold prefills: whether it
@@ -71,24 +72,26 @@ mod tests {
     #[test]
     fn the_local_cadence_holds_between_prefill_steps() {
         let mut c = PrefillCadence::new(3);
-        assert!(!c.holds(false, true)); // the first step is never held
+        assert!(!c.holds(false, || true)); // the first step is never held
         c.note_step(true, true); // step 1 carried prefill
-        assert!(c.holds(false, true)); // step 2: 1 since
-        assert!(!c.holds(false, false)); // nothing decodes: no reason to hold
+        assert!(c.holds(false, || true)); // step 2: 1 since
+        assert!(!c.holds(false, || false)); // nothing decodes: no reason to hold
         c.note_step(true, false);
-        assert!(c.holds(false, true)); // step 3: 2 since
+        assert!(c.holds(false, || true)); // step 3: 2 since
         c.note_step(true, false);
-        assert!(!c.holds(false, true)); // step 4: 3 since, released
+        assert!(!c.holds(false, || true)); // step 4: 3 since, released
         c.note_release(5, 1); // the release left 4 waiting: capacity-bound
-        assert!(!c.holds(true, true)); // no holding, even when the engine asks
+        assert!(!c.holds(true, || true)); // no holding, even when the engine asks
         c.note_release(1, 1);
-        assert!(c.holds(true, true));
+        assert!(c.holds(true, || true));
     }
 
     #[test]
     fn without_a_cadence_only_the_engine_holds() {
         let c = PrefillCadence::new(1);
-        assert!(!c.holds(false, true));
-        assert!(c.holds(true, true));
+        assert!(!c.holds(false, || true));
+        assert!(c.holds(true, || true));
+        // Nothing hangs on whether anyone decodes: the pass is not made.
+        assert!(!c.holds(false, || unreachable!("asked needlessly")));
     }
 }

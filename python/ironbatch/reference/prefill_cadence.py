@@ -8,6 +8,8 @@ one budget per interval."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class PrefillCadence:
     """The cadence's state across steps."""
@@ -24,16 +26,18 @@ class PrefillCadence:
         #: Steps that scheduled any token.
         self.num_executed_steps = 0
 
-    def holds(self, throttle: bool, any_decoding: bool) -> bool:
+    def holds(self, throttle: bool, any_decoding: Callable[[], bool]) -> bool:
         """Whether this step holds prefills: asked by the engine
         (``throttle``) or due to the local cadence, and only while some
-        running request decodes and the queue drained last time."""
-        if not any_decoding or self.capacity_bound:
+        running request decodes and the queue drained last time.
+        ``any_decoding`` is asked last, only when the answer hangs on it: it
+        is a pass over every running request."""
+        if self.capacity_bound:
             return False
         # This call becomes executed step num_executed_steps + 1 if it
         # schedules anything.
         since = self.num_executed_steps + 1 - self.last_prefill_step
-        return throttle or (self.interval > 1 and since < self.interval)
+        return (throttle or (self.interval > 1 and since < self.interval)) and any_decoding()
 
     def note_release(self, num_waiting: int, num_skipped: int) -> None:
         """After a waiting pass of a step that did not hold prefills: whether

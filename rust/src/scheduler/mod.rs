@@ -439,8 +439,8 @@ impl Scheduler {
     /// local cadence says so (§4.11).
     pub fn schedule_throttled(&mut self, throttle_prefills: bool) -> StepOutput {
         self.current_step += 1;
-        let requests = &self.requests;
-        let any_decoding = self.running.iter().any(|&s| !requests[s].prefill_chunk);
+        let (requests, running) = (&self.requests, &self.running);
+        let any_decoding = || running.iter().any(|&s| !requests[s].prefill_chunk);
         let hold_prefills = self.cadence.holds(throttle_prefills, any_decoding);
         let c = &self.config;
         let mut draft = StepDraft {

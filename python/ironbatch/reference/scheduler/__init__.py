@@ -358,8 +358,10 @@ class Scheduler:
         asks (``throttle_prefills``, vLLM's DP prefill balancing) or the local
         cadence says so (docs/scheduling.md §4.11)."""
         self.current_step += 1
-        any_decoding = any(not self.requests[s].prefill_chunk for s in self.running)
-        hold_prefills = self.cadence.holds(throttle_prefills, any_decoding)
+        hold_prefills = self.cadence.holds(
+            throttle_prefills,
+            lambda: any(not self.requests[s].prefill_chunk for s in self.running),
+        )
         c = self.config
         draft = StepDraft(
             token_budget=0 if self._pause == Pause.ALL else c.max_num_scheduled_tokens,
