@@ -31,6 +31,9 @@ pub struct StepEntry {
     pub num_computed_tokens: usize,
     /// The step reaches the request's last known token, so it samples.
     pub samples: bool,
+    /// Output tokens before this step, placeholders included (written as
+    /// the step ends).
+    pub num_output_tokens: usize,
     /// Where this step's blocks start in the table (0: the whole table).
     pub(crate) block_start: usize,
     /// The drafts scheduled: the last `drafts.len()` of its `num_tokens`
@@ -77,12 +80,12 @@ macro_rules! column_of {
     };
 }
 
-/// Declares the step's columns once: the struct, their names in order, and
-/// their hand-off. Adding a column is one line here (and its value in
-/// `StepOutput`'s push methods); Python reads the names and dtypes from
+/// Declares the step's columns once: the struct, their names in order,
+/// how each is made from a step's entries, and their hand-off. Adding a
+/// column is one line here; Python reads the names and dtypes from
 /// `_core.STEP_COLUMNS`.
 macro_rules! step_columns {
-    ($($(#[doc = $doc:expr])* $name:ident: $ty:ident,)*) => {
+    ($($(#[doc = $doc:expr])* $name:ident: $ty:ident = $make:expr,)*) => {
         /// A step's decisions as columns, for the model runner: one row per
         /// scheduled request in scheduling order, except where a field says
         /// otherwise.
@@ -100,11 +103,21 @@ macro_rules! step_columns {
             pub fn into_named(self) -> Vec<(&'static str, Column)> {
                 vec![$((stringify!($name), column_of!($ty, self.$name))),*]
             }
+        }
 
-            /// A copy of the column called `name`; None for no such column.
-            pub fn named(&self, name: &str) -> Option<Column> {
+        impl StepOutput {
+            /// Every column, made from the entries.
+            pub fn full_columns(&self) -> StepColumns {
+                StepColumns {
+                    $($name: ($make)(self),)*
+                }
+            }
+
+            /// The column called `name`, made from the entries; None for
+            /// no such column.
+            pub fn column(&self, name: &str) -> Option<Column> {
                 match name {
-                    $(stringify!($name) => Some(column_of!($ty, self.$name.clone())),)*
+                    $(stringify!($name) => Some(column_of!($ty, ($make)(self))),)*
                     _ => None,
                 }
             }
@@ -114,54 +127,55 @@ macro_rules! step_columns {
 
 step_columns! {
     /// The request's slot: its stable row while it lives.
-    req_slots: i32,
+    req_slots: i32 = |s: &StepOutput| s.per_row(|e| e.slot as i32),
     /// Tokens scheduled for it this step.
-    num_scheduled: i32,
+    num_scheduled: i32 = |s: &StepOutput| s.per_row(|e| e.num_tokens as i32),
     /// Tokens computed before this step (the prefix hit for new and
     /// resumed requests).
-    num_computed_tokens: i32,
+    num_computed_tokens: i32 = |s: &StepOutput| s.per_row(|e| e.num_computed_tokens as i32),
     /// How it entered the step: a [`Kind`] as `u8`.
-    kinds: u8,
+    kinds: u8 = |s: &StepOutput| s.per_row(|e| e.kind as u8),
     /// The step reaches its last known token, so it samples one.
-    samples: bool,
+    samples: bool = |s: &StepOutput| s.per_row(|e| e.samples),
     /// Output tokens before this step, placeholders included (what vLLM's
     /// model runner is told as `num_output_tokens`).
-    num_output_tokens: i32,
+    num_output_tokens: i32 = |s: &StepOutput| s.per_row(|e| e.num_output_tokens as i32),
     /// Whole tables for new and resumed requests, new blocks for running
     /// ones, flattened per row and KV-cache group: with `G` groups, row `i`
     /// group `g` owns `new_block_ids[offsets[i·G+g]..offsets[i·G+g+1]]`.
-    new_block_ids: i32,
+    new_block_ids: i32 = |s: &StepOutput| s.new_block_ids.clone(),
     /// Offsets into `new_block_ids` (rows · G + 1).
-    new_block_offsets: i32,
-    /// Per scheduled token: its position. Made on read
-    /// ([`StepOutput::full_columns`]); empty in [`StepOutput::columns`].
-    positions: i64,
+    new_block_offsets: i32 = |s: &StepOutput| s.new_block_offsets.clone(),
+    /// Per scheduled token: its position.
+    positions: i64 = StepOutput::positions,
     /// Per scheduled token: its KV-cache slot
     /// (`block_id * block_size + position % block_size`); with `G` groups,
-    /// `G` runs of the step's tokens, group by group. Made on read, as
-    /// `positions` is.
-    slot_mapping: i64,
+    /// `G` runs of the step's tokens, group by group.
+    slot_mapping: i64 = StepOutput::slot_mapping,
     /// Prefix sums of the token counts (rows + 1).
-    query_start_loc: i32,
+    query_start_loc: i32 = StepOutput::query_start_loc,
     /// `num_computed_tokens + num_scheduled` per row.
-    seq_lens: i32,
+    seq_lens: i32 = |s: &StepOutput| s.per_row(|e| (e.num_computed_tokens + e.num_tokens) as i32),
     /// Draft tokens scheduled per row: the last ones of its scheduled tokens.
-    num_spec_tokens: i32,
+    num_spec_tokens: i32 = |s: &StepOutput| s.per_row(|e| e.drafts.len() as i32),
     /// The scheduled drafts, flattened in row order (-1: a placeholder
     /// for a draft the runner proposes itself, under async scheduling).
-    spec_token_ids: i64,
+    spec_token_ids: i64 = StepOutput::spec_token_ids,
 }
 
 /// One step's decisions, in scheduling order, and the model runner's inputs.
 #[derive(Clone, Debug, Default)]
 pub struct StepOutput {
     pub entries: Vec<StepEntry>,
-    /// The entries as columns, except the per-token ones (`positions`,
-    /// `slot_mapping`), which [`Self::full_columns`] makes from `spans`:
-    /// a step of 8,192 prefill tokens writes 16 times fewer values, and
-    /// callers that never read them (the vLLM drop-in, whose runner
-    /// computes its own; a simulation) pay nothing for them.
-    pub columns: StepColumns,
+    /// Whole tables for new and resumed requests, new blocks for running
+    /// ones (the `new_block_ids` column), and where each row's and group's
+    /// start (`new_block_offsets`): the one part of the columns the entries
+    /// do not hold. Every other column is made from the entries when read
+    /// ([`Self::column`]): a step writes one entry per row, not fourteen
+    /// columns, and a caller that reads none (the vLLM drop-in, whose
+    /// runner computes its own; a simulation) pays nothing for them.
+    pub(crate) new_block_ids: Vec<i32>,
+    pub(crate) new_block_offsets: Vec<i32>,
     /// Per row and KV-cache group (row `i` group `g` owns
     /// `span_blocks[span_offsets[i·G+g]..span_offsets[i·G+g+1]]`): the blocks
     /// its scheduled tokens fall in, as the table held them this step.
@@ -201,53 +215,29 @@ impl StepOutput {
     /// An empty step with room for `rows` entries, over `num_groups`
     /// KV-cache groups of `block_size`-token blocks.
     pub(crate) fn with_capacity(rows: usize, num_groups: usize, block_size: usize) -> Self {
-        let c = StepColumns {
-            req_slots: Vec::with_capacity(rows),
-            num_scheduled: Vec::with_capacity(rows),
-            num_computed_tokens: Vec::with_capacity(rows),
-            kinds: Vec::with_capacity(rows),
-            samples: Vec::with_capacity(rows),
-            num_output_tokens: Vec::with_capacity(rows),
-            new_block_ids: Vec::new(),
-            new_block_offsets: Vec::with_capacity(rows + 1), // grows with groups
-            positions: Vec::new(),
-            slot_mapping: Vec::new(),
-            query_start_loc: Vec::with_capacity(rows + 1),
-            seq_lens: Vec::with_capacity(rows),
-            num_spec_tokens: Vec::with_capacity(rows),
-            spec_token_ids: Vec::new(),
-        };
         let mut out = StepOutput {
-            columns: c,
+            entries: Vec::new(),
+            new_block_offsets: Vec::with_capacity(rows * num_groups + 1),
             span_blocks: Vec::with_capacity(rows * num_groups),
             span_offsets: Vec::with_capacity(rows * num_groups + 1),
             block_size,
             num_groups,
             ..Default::default()
         };
-        out.columns.query_start_loc.push(0);
-        out.columns.new_block_offsets.push(0);
+        out.new_block_offsets.push(0);
         out.span_offsets.push(0);
         out
     }
 
-    /// Start a row: the entry's fields.
-    pub(crate) fn push_entry(&mut self, e: &StepEntry, num_output_tokens: usize) {
-        let c = &mut self.columns;
-        c.req_slots.push(e.slot as i32);
-        c.num_scheduled.push(e.num_tokens as i32);
-        c.num_computed_tokens.push(e.num_computed_tokens as i32);
-        c.kinds.push(e.kind as u8);
-        c.samples.push(e.samples);
-        c.num_output_tokens.push(num_output_tokens as i32);
-        c.num_spec_tokens.push(e.drafts.len() as i32);
-        e.drafts.write_to(&mut c.spec_token_ids);
+    /// The row's new blocks in one KV-cache group.
+    pub(crate) fn push_new_blocks(&mut self, ids: &[BlockId]) {
+        self.new_block_ids.extend(ids.iter().map(|&b| b as i32));
     }
 
-    /// The row's new blocks.
-    pub(crate) fn push_new_blocks(&mut self, ids: &[BlockId]) {
-        let c = &mut self.columns;
-        c.new_block_ids.extend(ids.iter().map(|&b| b as i32));
+    /// Close the row's new blocks in one KV-cache group (every group's,
+    /// the last included).
+    pub(crate) fn end_group(&mut self) {
+        self.new_block_offsets.push(self.new_block_ids.len() as i32);
     }
 
     /// One KV-cache group's blocks that the row's scheduled tokens fall in.
@@ -256,38 +246,31 @@ impl StepOutput {
         self.span_offsets.push(self.span_blocks.len() as u32);
     }
 
-    /// Close a KV-cache group's new blocks in the row (all but the last
-    /// group's; `end_entry` closes the last).
-    pub(crate) fn end_group(&mut self) {
-        let c = &mut self.columns;
-        c.new_block_offsets.push(c.new_block_ids.len() as i32);
+    /// One value per row.
+    fn per_row<T>(&self, value: impl Fn(&StepEntry) -> T) -> Vec<T> {
+        self.entries.iter().map(value).collect()
     }
 
-    /// Close the row; `seq_len` is where its tokens end.
-    pub(crate) fn end_entry(&mut self, seq_len: usize, num_tokens: usize) {
-        let c = &mut self.columns;
-        c.new_block_offsets.push(c.new_block_ids.len() as i32);
-        let start = *c.query_start_loc.last().expect("starts with 0");
-        c.query_start_loc.push(start + num_tokens as i32);
-        c.seq_lens.push(seq_len as i32);
-    }
-
-    /// The column called `name`, made from the rows' spans for the
-    /// per-token ones; None for no such column.
-    pub fn column(&self, name: &str) -> Option<Column> {
-        match name {
-            "positions" => Some(Column::I64(self.positions())),
-            "slot_mapping" => Some(Column::I64(self.slot_mapping())),
-            _ => self.columns.named(name),
+    /// Prefix sums of the rows' token counts, from 0.
+    pub fn query_start_loc(&self) -> Vec<i32> {
+        let mut out = Vec::with_capacity(self.entries.len() + 1);
+        let mut sum = 0i32;
+        out.push(sum);
+        for e in &self.entries {
+            sum += e.num_tokens as i32;
+            out.push(sum);
         }
+        out
     }
 
-    /// Every column, the per-token ones made from the rows' spans.
-    pub fn full_columns(&self) -> StepColumns {
-        let mut c = self.columns.clone();
-        c.positions = self.positions();
-        c.slot_mapping = self.slot_mapping();
-        c
+    /// The rows' scheduled drafts, flattened in row order (-1 for a
+    /// placeholder).
+    pub fn spec_token_ids(&self) -> Vec<i64> {
+        let mut out = Vec::new();
+        for e in &self.entries {
+            e.drafts.write_to(&mut out);
+        }
+        out
     }
 
     /// Per scheduled token: its position.
@@ -329,9 +312,9 @@ impl StepOutput {
     /// Row `i`'s block ids in KV-cache group `g` (whole table or new
     /// blocks), for a step of `num_groups` groups.
     pub fn group_block_ids_of(&self, i: usize, g: usize, num_groups: usize) -> &[i32] {
-        let c = &self.columns;
         let k = i * num_groups + g;
-        &c.new_block_ids[c.new_block_offsets[k] as usize..c.new_block_offsets[k + 1] as usize]
+        let offsets = &self.new_block_offsets;
+        &self.new_block_ids[offsets[k] as usize..offsets[k + 1] as usize]
     }
 
     /// Row `i`'s block ids, for a step of one KV-cache group.

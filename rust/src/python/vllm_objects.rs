@@ -258,8 +258,8 @@ impl PyVllmObjects {
             new_block_ids.append(rows.blocks_of(py, i)?)?;
         }
         let computed = PyList::new(py, cached_rows().map(|i| entries[i].num_computed_tokens))?;
-        let outputs = &step.step.columns.num_output_tokens;
-        let num_output_tokens = PyList::new(py, cached_rows().map(|i| outputs[i]))?;
+        let num_output_tokens =
+            PyList::new(py, cached_rows().map(|i| entries[i].num_output_tokens))?;
         self.cached_request_data.make(
             py,
             &[

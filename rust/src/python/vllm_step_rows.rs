@@ -66,7 +66,7 @@ impl PyVllmStepRows {
         let rows_of =
             |kind: Kind| (num_running..entries.len()).filter(move |&i| entries[i].kind == kind);
         let g = num_groups.max(1);
-        let offsets = &s.step.columns.new_block_offsets;
+        let offsets = &s.step.new_block_offsets;
         if offsets.len() != entries.len() * g + 1 {
             return Err(PyIndexError::new_err(format!(
                 "num_groups {num_groups} does not match the step's block offsets ({} for {} rows)",
@@ -100,7 +100,7 @@ impl PyVllmStepRows {
 
     /// The running rows whose block table grew this step.
     pub(super) fn grown(&self) -> impl Iterator<Item = usize> + '_ {
-        let offsets = &self.step.get().step.columns.new_block_offsets;
+        let offsets = &self.step.get().step.new_block_offsets;
         let g = self.num_groups;
         (0..self.num_running).filter(move |&i| offsets[i * g] != offsets[(i + 1) * g])
     }
@@ -173,14 +173,8 @@ impl PyVllmStepRows {
     /// Output tokens before the step, placeholders included.
     #[getter]
     fn num_output_tokens(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
-        let values = self
-            .step
-            .get()
-            .step
-            .columns
-            .num_output_tokens
-            .iter()
-            .copied();
+        let entries = &self.step.get().step.entries;
+        let values = entries.iter().map(|e| e.num_output_tokens);
         list_once(&self.num_output_tokens, py, values)
     }
 
@@ -214,15 +208,14 @@ impl PyVllmStepRows {
     pub(super) fn spec_decode_tokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let step = &self.step.get().step;
         let ids = self.req_ids.bind(py);
-        let all = &step.columns.spec_token_ids;
         let out = PyDict::new(py);
-        let mut start = 0;
-        for (i, &n) in step.columns.num_spec_tokens.iter().enumerate() {
-            let end = start + n as usize;
-            if n > 0 {
-                out.set_item(ids.get_item(i)?, PyList::new(py, &all[start..end])?)?;
+        let mut drafts = Vec::new();
+        for (i, e) in step.entries.iter().enumerate() {
+            if !e.drafts.is_empty() {
+                drafts.clear();
+                e.drafts.write_to(&mut drafts);
+                out.set_item(ids.get_item(i)?, PyList::new(py, &drafts)?)?;
             }
-            start = end;
         }
         Ok(out)
     }

@@ -155,6 +155,7 @@ impl Scheduler {
             kind,
             num_computed_tokens: computed,
             samples: computed + n >= r.num_tokens(),
+            num_output_tokens: 0, // written as the step ends
             block_start: match kind {
                 Kind::Running => r.tables[0].len() - grown,
                 Kind::New | Kind::Resumed => 0,

@@ -27,7 +27,7 @@ fn drafts_are_scheduled_and_rejected_ones_rolled_back() {
     let out = s.schedule();
     assert_eq!(out.entries[0].num_tokens, 4);
     assert_eq!(out.entries[0].drafts, Drafts::Tokens(vec![60, 61, 62]));
-    assert_eq!(out.columns.spec_token_ids, vec![60, 61, 62]);
+    assert_eq!(out.full_columns().spec_token_ids, vec![60, 61, 62]);
     // One draft accepted, plus the token sampled after it.
     let u = s.update_from_output(&out, &[60, 70], &[0, 2]).unwrap();
     let stats = u.spec_decoding_stats.unwrap();

@@ -9,7 +9,7 @@ use crate::step::{StepEntry, StepOutput};
 impl Scheduler {
     /// Write the columns of `entries` and advance every scheduled request
     /// (optimistically, before the step runs).
-    pub(super) fn finish_step(&mut self, entries: Vec<StepEntry>) -> StepOutput {
+    pub(super) fn finish_step(&mut self, mut entries: Vec<StepEntry>) -> StepOutput {
         debug_assert!(
             entries.iter().map(|e| e.num_tokens).sum::<usize>()
                 <= self.config.max_num_batched_tokens
@@ -17,19 +17,16 @@ impl Scheduler {
         debug_assert!(self.running.len() <= self.config.max_num_seqs);
         let bs = self.kv.block_size();
         let mut out = StepOutput::with_capacity(entries.len(), self.kv.groups().len(), bs);
-        for e in &entries {
+        for e in &mut entries {
             let r = &mut self.requests[e.slot];
-            out.push_entry(e, r.num_output_tokens() + r.num_output_placeholders);
+            e.num_output_tokens = r.num_output_tokens() + r.num_output_placeholders;
             // Each group's new blocks (the whole table for an admission),
             // group by group.
-            let last = r.tables.len() - 1;
-            for (g, table) in r.tables.iter().enumerate() {
+            for table in r.tables.iter() {
                 if e.block_start < table.len() {
                     out.push_new_blocks(&table.block_ids()[e.block_start..]);
                 }
-                if g < last {
-                    out.end_group();
-                }
+                out.end_group();
             }
             // The blocks its tokens fall in, per group: the per-token slots
             // are made from these when read (StepOutput::slot_mapping).
@@ -48,7 +45,6 @@ impl Scheduler {
                     out.push_span(&table.block_ids()[span]);
                 }
             }
-            out.end_entry(end, e.num_tokens);
             r.seq.num_computed_tokens += e.num_tokens;
             r.in_flight_tokens += e.num_tokens;
             r.prefill_chunk = r.is_prefill_chunk();

@@ -358,7 +358,7 @@ fn async_placeholders_stop_at_max_tokens() {
     let s_b = s.schedule();
     let first = &s_b.entries[0];
     assert_eq!((first.num_tokens, first.num_computed_tokens), (1, 20));
-    assert_eq!(s_b.columns.num_output_tokens, vec![1]); // one placeholder
+    assert_eq!(s_b.full_columns().num_output_tokens, vec![1]); // one placeholder
     let up = s.update_from_output(&s_a, &[5], &[0, 1]).unwrap();
     assert!(up.finished.is_empty());
     // Step B samples the second and last token: nothing left to schedule.
