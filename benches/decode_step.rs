@@ -5,14 +5,13 @@
 //! model's host work or another scheduler's step). The Python façade's
 //! share is what `benches/cold_step.py` adds on top.
 //!
-//!     cargo bench --bench decode_step [-- RUNNING [STEPS]]
+//!     cargo bench --bench decode_step [-- RUNNING [STEPS [EVICT_KIB]]]
 
 use ironbatch::{KvCacheConfig, NewRequest, Policy, Scheduler, SchedulerConfig, StopRules};
 use std::time::Instant;
 
 const BLOCK_SIZE: usize = 16;
 const PROMPT: usize = 512;
-const EVICT_BYTES: usize = 2 << 20;
 
 fn scheduler(running: usize) -> Scheduler {
     let max_model_len = 8192;
@@ -99,6 +98,8 @@ fn main() {
         .filter_map(|a| a.parse::<usize>().ok());
     let running = args.next().unwrap_or(1024);
     let steps = args.next().unwrap_or(2000);
+    // 2 MiB: L2 holds none of the step's lines; past 32 MiB, nor does L3.
+    let evict_kib = args.next().unwrap_or(2048);
     let mut s = scheduler(running);
     for i in 0..running {
         s.add_request(request(i)).expect("a valid request");
@@ -108,7 +109,7 @@ fn main() {
     while step(&mut s, &mut tokens, &mut offsets) < running
         || s.request(0).unwrap().seq.num_computed_tokens < PROMPT
     {}
-    let mut buffer = vec![1u64; EVICT_BYTES / 8];
+    let mut buffer = vec![1u64; evict_kib * 1024 / 8];
     let (mut warm, mut cold) = (Vec::new(), Vec::new());
     for k in 0..steps {
         let evict = k % 2 == 1;
