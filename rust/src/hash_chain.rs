@@ -7,6 +7,7 @@ use crate::block_hash::{block_hash, BlockHash, BlockHasher, ChainKey, ExtraKey};
 /// The hashes of a token sequence's full blocks, in block order, and the
 /// chain key the next full block will be hashed under.
 #[derive(Clone, Debug, Default)]
+#[repr(C)] // the hashes' header first: every appended token reads its length
 pub struct BlockHashChain {
     hashes: Vec<BlockHash>,
     next_key: ChainKey,

@@ -92,7 +92,9 @@ pub struct StopRules {
     /// Tokens that stop the request (honoured even with `ignore_eos`).
     pub stop_token_ids: Vec<u32>,
     /// Stop on a repeating output pattern, once `min_tokens` are out.
-    pub repetition: Option<Repetition>,
+    /// Boxed: few requests set it, and unboxed it would push the sequence's
+    /// hash count, which every decode reads, out of the hot lines.
+    pub repetition: Option<Box<Repetition>>,
 }
 
 /// What a client submits, as the core stores it.
@@ -287,8 +289,8 @@ mod layout_tests {
     /// field added to the middle, or `repr(C)` dropped, shows here.
     #[test]
     fn a_decode_steps_fields_lead_the_request() {
-        // The sequence's token header and its three counts lead it.
-        let hot_end = offset_of!(Request, seq) + std::mem::size_of::<Vec<u32>>() + 3 * 8;
+        // The sequence's token header, counts and hash count lead it.
+        let hot_end = offset_of!(Request, seq) + Sequence::HOT_END;
         assert_eq!(
             std::mem::align_of::<Request>(),
             64,

@@ -7,22 +7,29 @@ use crate::hash_chain::BlockHashChain;
 
 /// The token state of one request.
 #[derive(Clone, Debug)]
-#[repr(C)] // the tokens' header and counts first: a decode reads them (Request's layout)
+#[repr(C)] // what a decode reads first, in order (Request's layout)
 pub struct Sequence {
     tokens: Vec<u32>,
     /// Tokens whose KV is (or, this step, will be) in the cache.
     pub num_computed_tokens: usize,
     num_prompt_tokens: usize,
+    /// Every appended token checks its hash count (the chain's leading
+    /// `Vec`); only a block filling up reads past it.
+    hashes: BlockHashChain,
     /// Where a prefix this request shares with others ends, found at its
     /// last prefix lookup when a sliding-window group had not cached it (0
     /// for none): that group then keeps the blocks before it
     /// (docs/scheduling.md §7.13; vLLM's `shared_prefix_boundary`).
     pub shared_prefix_boundary: usize,
-    /// Last: only a block filling up reads past its length.
-    hashes: BlockHashChain,
 }
 
 impl Sequence {
+    /// Where the part a decode reads ends: the tokens' header, the counts
+    /// and the hash chain's `Vec` header (held by Request's layout test).
+    #[cfg(test)]
+    pub(crate) const HOT_END: usize =
+        std::mem::offset_of!(Sequence, hashes) + std::mem::size_of::<Vec<BlockHash>>();
+
     /// A sequence of `prompt` tokens, with the hashes of its full blocks.
     pub fn new(
         prompt: Vec<u32>,

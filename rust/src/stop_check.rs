@@ -146,7 +146,7 @@ mod tests {
         };
         assert!(!repeats(&[1, 2, 3, 1, 2, 3], &long));
         let mut r = request(100, vec![]);
-        r.stop.repetition = Some(rules);
+        r.stop.repetition = Some(Box::new(rules));
         r.stop.min_tokens = 5;
         for k in 1..=5 {
             append(&mut r, 9);

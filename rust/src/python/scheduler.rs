@@ -274,7 +274,10 @@ impl PyScheduler {
                 min_tokens: count("min_tokens", min_tokens)?,
                 eos_token_id,
                 stop_token_ids: u32_list("stop_token_ids", stop_token_ids)?,
-                repetition: repetition_detection.map(repetition_rules).transpose()?,
+                repetition: repetition_detection
+                    .map(repetition_rules)
+                    .transpose()?
+                    .map(Box::new),
             },
             priority,
             arrival_time,
