@@ -145,8 +145,9 @@ pub fn check_turn(new: &NewRequest) -> Result<(), Error> {
 /// Laid out hot first (`repr(C)` keeps the order; the default layout sorts
 /// fields by alignment): everything a decode step reads or writes (flags,
 /// in-flight counts, the first block table inline, drafts, stop rules, the
-/// token header and counts) lies in the struct's first four cache lines
-/// (256 bytes), and the rest (ids, priority, a session's queue) after them.
+/// token header, counts and hash count) lies in the struct's first four
+/// cache lines (256 bytes), and the rest (ids, priority, a session's queue)
+/// after them.
 /// At 1,024 running requests a step's passes cannot keep requests in L1
 /// between them, so each line a request spreads over is one more miss per
 /// pass. Aligned to a line, so those 256 bytes are four lines, not five
