@@ -192,6 +192,60 @@ def test_lockstep_replay_reports_a_divergence() -> None:
         replay(lanes, rows, deployment=deploy)
 
 
+class _Clock:
+    """A fake clock: reading thread CPU time costs 1,000 ns, as a system
+    call does; reading the wall clock costs nothing."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def wall(self) -> int:
+        return self.now
+
+    def thread_cpu(self) -> int:
+        self.now += 1_000
+        return self.now
+
+
+class _FixedCostDriver:
+    """A driver whose calls take fixed fake times: schedule 100 ns, the
+    model 10,000 ns (not timed), update 200 ns."""
+
+    def __init__(self, clock: _Clock, async_scheduling: bool) -> None:
+        self.clock = clock
+        self.async_scheduling = async_scheduling
+        self.pending: tuple[Any, Any] | None = None
+        self.name = "fixed"
+
+    def schedule(self) -> list[tuple[str, int]]:
+        self.clock.now += 100
+        return []
+
+    def run_model(self, out: Any) -> None:
+        self.clock.now += 10_000
+
+    def update(self, out: Any, result: Any) -> None:
+        self.clock.now += 200
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_lanes_wall_time_leaves_out_the_cost_of_reading_the_clocks(
+    monkeypatch: pytest.MonkeyPatch, async_scheduling: bool
+) -> None:
+    """Only schedule() and update() are in a step's wall time: not the
+    model, and not the CPU clock's own reads (system calls that cost more
+    than a fast scheduler's step)."""
+    clock = _Clock()
+    monkeypatch.setattr("ironbatch.bench.lockstep.time.perf_counter_ns", clock.wall)
+    monkeypatch.setattr("ironbatch.bench.lockstep.time.thread_time_ns", clock.thread_cpu)
+    lane = Lane("fixed", _FixedCostDriver(clock, async_scheduling), lambda out: out, "core")  # type: ignore[arg-type]
+    for _ in range(3):
+        lane.step()
+    # Async: the first step has no output to apply yet.
+    assert lane.wall_ns == ([100, 300, 300] if async_scheduling else [300, 300, 300])
+    assert all(cpu >= wall for cpu, wall in zip(lane.cpu_ns, lane.wall_ns, strict=True))
+
+
 def test_the_script_replays_sync_and_async_in_one_run() -> None:
     """benches/azure_replay.py runs both modes and ends with one ratio table
     (the twin stands in for vLLM where vLLM is not installed)."""

@@ -76,21 +76,25 @@ class Lane:
         ``update_from_output()`` for this step, or under async scheduling
         for the one before."""
         d = self.driver
-        w0 = time.perf_counter_ns()
+        # The wall clock inside the CPU clock: reading thread CPU time is a
+        # system call (0.7 µs warm, 1 µs cold here), and four of them inside
+        # the wall windows added 3–4 µs to every lane's step; reading the
+        # wall clock costs 70 ns and stays out of the windows' edges.
         c0 = time.thread_time_ns()
+        w0 = time.perf_counter_ns()
         out = d.schedule()
-        c1 = time.thread_time_ns()
         w1 = time.perf_counter_ns()
+        c1 = time.thread_time_ns()
         result = d.run_model(out)
         applied: tuple[Any, Any] | None = (out, result)
         if d.async_scheduling:
             applied, d.pending = d.pending, (out, result)
-        w2 = time.perf_counter_ns()
         c2 = time.thread_time_ns()
+        w2 = time.perf_counter_ns()
         if applied is not None:
             d.update(*applied)
-        c3 = time.thread_time_ns()
         w3 = time.perf_counter_ns()
+        c3 = time.thread_time_ns()
         self.wall_ns.append(w1 - w0 + w3 - w2)
         self.cpu_ns.append(c1 - c0 + c3 - c2)
         return self.decisions(out)
