@@ -190,6 +190,8 @@ class FinishedRequest:
     @property
     def record(self) -> int: ...
     @property
+    def request_id(self) -> str: ...
+    @property
     def finish_reason(self) -> str:
         """ "stop", "length", "abort" or "error"."""
     @property

@@ -172,6 +172,7 @@ class _TwinStep:
 @dataclass
 class _FinishedRecord:
     record: int
+    request_id: str
     finish_reason: str
     stop_reason: int | None
     session_continues: bool
@@ -201,7 +202,11 @@ class _TwinUpdate:
             cached_tokens=np.array([r.cached_tokens for r in records], dtype=np.int64),
             finished=[
                 _FinishedRecord(
-                    f.record, f.status.finish_reason or "error", f.stop_reason, f.session_continues
+                    f.record,
+                    f.request_id,
+                    f.status.finish_reason or "error",
+                    f.stop_reason,
+                    f.session_continues,
                 )
                 for f in out.finished
             ],

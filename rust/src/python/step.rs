@@ -200,6 +200,9 @@ pub struct PySpecDecodingStats {
 pub struct PyFinishedRequest {
     /// Its record in the update.
     record: usize,
+    /// Its id: what the façade forgets it by, without reading the step's
+    /// rows.
+    request_id: String,
     /// vLLM's finish reason: "stop", "length", "abort" or "error".
     finish_reason: &'static str,
     /// The stop token that ended it, `"repetition_detected"` for a
@@ -303,6 +306,7 @@ pub(super) fn finished_records(
         .map(|f| {
             let record = PyFinishedRequest {
                 record: f.record,
+                request_id: f.request_id,
                 finish_reason: f.status.finish_reason().unwrap_or("error"),
                 stop_reason: f.stop_reason.map(|s| stop_reason(py, s)),
                 token_ids: f.token_ids,
