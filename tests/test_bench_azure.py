@@ -5,6 +5,7 @@ timing is checked, only that the replay runs and the decisions agree."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import io
 import os
@@ -190,6 +191,25 @@ def test_lockstep_replay_reports_a_divergence() -> None:
     rows = [TraceRequest(0.0, 30, 4) for _ in range(3)]
     with pytest.raises(DivergenceError, match=r"step 0: skewed .*\(req-2: 30 vs 31\)"):
         replay(lanes, rows, deployment=deploy)
+
+
+def test_a_replay_freezes_the_heap_it_starts_with_as_vllms_engine_does() -> None:
+    """Collections during the replay skip what existed before it (as after
+    vLLM's EngineCore start-up), and the heap is unfrozen after it."""
+    deploy = deployment(max_num_batched_tokens=2048, cache_blocks=2000)
+    lane = core_lane(deploy, backend="rust", async_scheduling=False)
+    frozen_during: list[int] = []
+    schedule = lane.driver.schedule
+
+    def schedule_noting_the_frozen_heap() -> Any:
+        frozen_during.append(gc.get_freeze_count())
+        return schedule()
+
+    lane.driver.schedule = schedule_noting_the_frozen_heap  # type: ignore[method-assign]
+    assert gc.get_freeze_count() == 0
+    replay([lane], [TraceRequest(0.0, 40, 3)], deployment=deploy)
+    assert len(frozen_during) == 3 and min(frozen_during) > 0
+    assert gc.get_freeze_count() == 0
 
 
 class _Clock:

@@ -17,6 +17,7 @@ does, when called."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -180,50 +181,59 @@ def replay(
         raise ValueError("replay needs at least one lane")
     lanes = list(lanes)
     due = arrival_steps(rows, step_ms=step_ms, rate_scale=rate_scale)
-    out = Replay(lanes)
-    started = time.perf_counter()
-    clock = 0  # the model-time step about to run
-    next_row = 0
-    unfinished = 0
-    executed = 0
-    while max_steps is None or executed < max_steps:
-        if unfinished == 0:
-            if next_row == len(rows):
-                out.finished = True
-                break
-            clock = max(clock, due[next_row])  # idle until the next arrival
-        while next_row < len(rows) and due[next_row] <= clock:
-            for lane in lanes:  # a Request each: schedulers keep theirs
-                lane.driver.add(
-                    trace_request(
-                        next_row,
-                        rows[next_row],
-                        max_model_len=deployment.max_model_len,
-                        rate_scale=rate_scale,
+    # As vLLM's EngineCore does once built (vllm.utils.gc_utils
+    # .freeze_gc_heap): what exists now (the lanes, the imports) is left out
+    # of every collection, so the oldest generation's collections, which
+    # land in whichever lane's step is timed, scan only what serving made.
+    gc.collect()
+    gc.freeze()
+    try:
+        out = Replay(lanes)
+        started = time.perf_counter()
+        clock = 0  # the model-time step about to run
+        next_row = 0
+        unfinished = 0
+        executed = 0
+        while max_steps is None or executed < max_steps:
+            if unfinished == 0:
+                if next_row == len(rows):
+                    out.finished = True
+                    break
+                clock = max(clock, due[next_row])  # idle until the next arrival
+            while next_row < len(rows) and due[next_row] <= clock:
+                for lane in lanes:  # a Request each: schedulers keep theirs
+                    lane.driver.add(
+                        trace_request(
+                            next_row,
+                            rows[next_row],
+                            max_model_len=deployment.max_model_len,
+                            rate_scale=rate_scale,
+                        )
                     )
+                next_row += 1
+            first = executed % len(lanes)
+            decided: list[Decisions] = [[] for _ in lanes]
+            for i in [*range(first, len(lanes)), *range(first)]:
+                decided[i] = lanes[i].step()
+            check_same(lanes, decided, clock)
+            counts = [lane.unfinished() for lane in lanes]
+            if len(set(counts)) > 1:
+                names = ", ".join(f"{lane.name} {n}" for lane, n in zip(lanes, counts, strict=True))
+                raise DivergenceError(f"step {clock}: unfinished requests differ: {names}")
+            unfinished = counts[0]
+            out.scheduled.append(len(decided[0]))
+            executed += 1
+            clock += 1
+            if log_every and executed % log_every == 0:
+                log(
+                    f"step {executed} (model time {clock * step_ms / 1000:,.1f} s): "
+                    f"{len(decided[0])} scheduled, {unfinished} unfinished, "
+                    f"{next_row}/{len(rows)} requests added, "
+                    f"{time.perf_counter() - started:,.1f} s"
                 )
-            next_row += 1
-        first = executed % len(lanes)
-        decided: list[Decisions] = [[] for _ in lanes]
-        for i in [*range(first, len(lanes)), *range(first)]:
-            decided[i] = lanes[i].step()
-        check_same(lanes, decided, clock)
-        counts = [lane.unfinished() for lane in lanes]
-        if len(set(counts)) > 1:
-            names = ", ".join(f"{lane.name} {n}" for lane, n in zip(lanes, counts, strict=True))
-            raise DivergenceError(f"step {clock}: unfinished requests differ: {names}")
-        unfinished = counts[0]
-        out.scheduled.append(len(decided[0]))
-        executed += 1
-        clock += 1
-        if log_every and executed % log_every == 0:
-            log(
-                f"step {executed} (model time {clock * step_ms / 1000:,.1f} s): "
-                f"{len(decided[0])} scheduled, {unfinished} unfinished, "
-                f"{next_row}/{len(rows)} requests added, "
-                f"{time.perf_counter() - started:,.1f} s"
-            )
-    out.requests_added = next_row
-    out.last_step = clock
-    out.wall_s = time.perf_counter() - started
-    return out
+        out.requests_added = next_row
+        out.last_step = clock
+        out.wall_s = time.perf_counter() - started
+        return out
+    finally:
+        gc.unfreeze()  # a replay run in-process (tests) leaves the heap as it was
