@@ -6,7 +6,10 @@ core from the API's configurations, calls it with keyword arguments only,
 and hands back the core's named types (``_core.Step``, ``_core.StepUpdate``)
 and the API's ``SchedulerStats``. What only the drop-in calls (applying a
 vLLM ``ModelRunnerOutput``, reading a request back) is in ``_core`` under
-``vllm_*`` names and used from ``ironbatch.vllm``."""
+``vllm_*`` names and used from ``ironbatch.vllm``. The two calls of every
+step are made on the built core itself (``.core``) by the façade's backend
+and the drop-in's ``VllmObjects``: a Python frame between them and the
+core cost 1-3 µs of a cold step."""
 
 from __future__ import annotations
 

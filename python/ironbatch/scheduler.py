@@ -85,6 +85,10 @@ class Scheduler:
         self.cache_config = cache_config
         self.backend = backend
         self._core = BACKENDS[backend](scheduler_config, cache_config)
+        # A step's two calls, bound once (the core's own methods on "rust").
+        self._schedule_step = self._core.schedule_step
+        self._apply_tokens = self._core.apply_tokens
+        self._num_kv_cache_groups = cache_config.num_kv_cache_groups
         self.requests: dict[str, Request] = {}  # unfinished requests, by id
         self._lookup_request = self.requests.__getitem__  # made once: schedule() is hot
         self._in_use = threading.Lock()
@@ -115,7 +119,11 @@ class Scheduler:
         if not self._in_use.acquire(blocking=False):
             raise _concurrent_call("schedule")
         try:
-            return self._core.schedule(self._lookup_request, throttle_prefills)
+            return SchedulerOutput(
+                self._schedule_step(throttle_prefills),
+                self._lookup_request,
+                self._num_kv_cache_groups,
+            )
         finally:
             self._in_use.release()
 
@@ -171,14 +179,24 @@ class Scheduler:
                     "scheduler_output must be a SchedulerOutput, got "
                     f"{type(scheduler_output).__name__}"
                 )
-            if accept is not None and not callable(accept):
-                raise TypeError(f"accept must be callable, got {type(accept).__name__}")
-            updates = self._core.update_from_output(
-                scheduler_output, _sampled(scheduler_output, sampled), accept
+            check = None
+            if accept is not None:
+                if not callable(accept):
+                    raise TypeError(f"accept must be callable, got {type(accept).__name__}")
+                check = self._core.checker(accept)
+            if type(sampled) is np.ndarray and sampled.dtype is _INT64 and sampled.ndim == 1:
+                # A model runner's own array, as the backends take it (they
+                # check its length and values).
+                flat, offsets = sampled, None
+            else:
+                flat, offsets = _sampled(scheduler_output, sampled)
+            update = self._apply_tokens(
+                step=scheduler_output._handle, token_ids=flat, offsets=offsets, accept=check
             )
-            for rid in updates.finished_req_ids:  # usually none
-                self.requests.pop(rid, None)
-            return updates
+            for f in update.finished:  # usually none
+                if not f.session_continues:
+                    self.requests.pop(f.request_id, None)
+            return UpdateOutputs(scheduler_output.req_ids, update)
         finally:
             self._in_use.release()
 
@@ -231,10 +249,6 @@ def _sampled(
     """Sampled tokens, checked: a mapping becomes (flat tokens, offsets per
     scheduled row); an aligned sequence becomes an int64 array (-1 = none)."""
     n = len(out.req_ids)
-    if type(sampled) is np.ndarray and sampled.dtype is _INT64 and sampled.shape == (n,):
-        # A model runner's own array, as the backends take it (they check
-        # its values).
-        return sampled, None
     if isinstance(sampled, Mapping):
         row = {rid: i for i, rid in enumerate(out.req_ids)}
         per_row: list[list[int]] = [[] for _ in range(n)]

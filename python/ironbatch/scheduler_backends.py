@@ -1,9 +1,14 @@
 """The two engines behind ``Scheduler``: the Rust core (through
 ``CoreScheduler``) and the Python twin, adapted to one interface
-(add_request, schedule, update_from_output, finish_requests,
+(add_request, schedule_step, apply_tokens, checker, finish_requests,
 reset_prefix_cache, make_stats, num_free_blocks, debug_state). Both produce
-the same columns (``STEP_COLUMNS``) and the same update shape, so the API
-above them has one code path."""
+the same step and update shapes (``StepHandle``, ``StepUpdate``), so the API
+above them has one code path.
+
+The two calls of every step, ``schedule_step`` and ``apply_tokens``, are the
+core's own methods on the Rust backend, bound once: a step crosses no Python
+frame of ours between the API and the core. Cold, as a scheduler's step is
+in an engine, each such frame cost 1-3 µs (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from ironbatch.core_scheduler import CoreScheduler
 from ironbatch.reference.request import NewRequest, Repetition, StopRules
 from ironbatch.reference.step import StepOutput, UpdateOutput
 from ironbatch.request import Request
-from ironbatch.scheduler_output import STEP_COLUMNS, SchedulerOutput, UpdateOutputs
+from ironbatch.scheduler_output import STEP_COLUMNS
 from ironbatch.scheduler_stats import SchedulerStats
 
 # (flat tokens, offsets per scheduled row), or (one token per row, None)
@@ -78,12 +83,22 @@ def repetition(params: Any) -> Repetition | None:
     return Repetition(params.min_pattern_size, params.max_pattern_size, params.min_count)
 
 
+# schedule_step(throttle_prefills): the step's handle (``StepHandle``).
+ScheduleStep = Callable[[bool], Any]
+# apply_tokens(*, step, token_ids, offsets, accept): the update
+# (``StepUpdate``); ``token_ids`` and ``offsets`` as ``Sampled`` holds them,
+# ``accept`` as the backend's ``checker`` made it.
+ApplyTokens = Callable[..., Any]
+
+
 class RustBackend:
     """The Rust core."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
         self.core = CoreScheduler(scheduler_config, cache_config)
-        self.num_kv_cache_groups = cache_config.num_kv_cache_groups
+        self.schedule_step: ScheduleStep = self.core.core.schedule
+        # The core checks the tokens' count against the step and each value.
+        self.apply_tokens: ApplyTokens = self.core.core.update_from_output
 
     def add_request(self, request: Request) -> None:
         p = request.sampling_params
@@ -112,19 +127,10 @@ class RustBackend:
     def update_draft_token_ids(self, drafts: DraftTokenIds) -> None:
         self.core.update_draft_token_ids(drafts.request_ids, drafts.tokens, drafts.offsets)
 
-    def schedule(
-        self, lookup_request: Callable[[str], Any], throttle_prefills: bool
-    ) -> SchedulerOutput:
-        step = self.core.schedule(throttle_prefills)
-        return SchedulerOutput(step, lookup_request, self.num_kv_cache_groups)
-
-    def update_from_output(
-        self, out: SchedulerOutput, sampled: Sampled, accept: Accept | None
-    ) -> UpdateOutputs:
-        flat, offsets = sampled
-        check = None if accept is None else (lambda rid, kept, _n: judge(accept, rid, kept))
-        update = self.core.update_from_output(out._handle, flat, offsets, check)
-        return UpdateOutputs(out.req_ids, update)
+    @staticmethod
+    def checker(accept: Accept) -> Callable[[str, list[int], int], bool]:
+        """``accept`` as the core asks it: by request id, with the count."""
+        return lambda request_id, kept, _num_tokens: judge(accept, request_id, kept)
 
     def finish_requests(self, request_ids: list[str], status: str) -> None:
         self.core.finish_requests(request_ids, status)
@@ -220,7 +226,6 @@ class PythonBackend:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
         self.twin = reference.Scheduler(scheduler_config, cache_config)
-        self.num_kv_cache_groups = cache_config.num_kv_cache_groups
 
     def add_request(self, request: Request) -> None:
         p = request.sampling_params
@@ -253,16 +258,14 @@ class PythonBackend:
     def update_draft_token_ids(self, drafts: DraftTokenIds) -> None:
         self.twin.update_draft_token_ids(drafts.request_ids, drafts.tokens, drafts.offsets)
 
-    def schedule(
-        self, lookup_request: Callable[[str], Any], throttle_prefills: bool
-    ) -> SchedulerOutput:
+    def schedule_step(self, throttle_prefills: bool) -> _TwinStep:
         step: StepOutput = self.twin.schedule_throttled(throttle_prefills)
         columns = {
             name: np.array(getattr(step.columns, name), dtype=dtype)
             for name, dtype in STEP_COLUMNS.items()
         }
         name = self.twin.request
-        handle = _TwinStep(
+        return _TwinStep(
             step,
             columns,
             [name(e.slot).request_id for e in step.entries],
@@ -272,13 +275,27 @@ class PythonBackend:
             [name(slot).request_id for slot in step.grammar_released],
             [name(slot).request_id for slot in step.grammar_failed],
         )
-        return SchedulerOutput(handle, lookup_request, self.num_kv_cache_groups)
 
-    def update_from_output(
-        self, out: SchedulerOutput, sampled: Sampled, accept: Accept | None
-    ) -> UpdateOutputs:
-        flat, offsets = sampled
+    @staticmethod
+    def checker(accept: Accept) -> Callable[[int, Any, list[int]], bool]:
+        """``accept`` as the twin asks it: by slot and request."""
+        return lambda _slot, request, kept: judge(accept, request.request_id, kept)
+
+    def apply_tokens(
+        self,
+        *,
+        step: _TwinStep,
+        token_ids: np.ndarray,
+        offsets: np.ndarray | None,
+        accept: Callable[[int, Any, list[int]], bool] | None,
+    ) -> _TwinUpdate:
+        flat = token_ids
         if offsets is None:  # one token per row, -1 for none
+            n = len(step.req_ids)
+            if len(flat) != n:  # as the core words it
+                raise ValueError(
+                    f"sampled has {len(flat)} entries; the step scheduled {n} requests"
+                )
             if flat.size and (flat.min() < -1 or flat.max() > 2**32 - 1):
                 bad = int(np.flatnonzero((flat < -1) | (flat > 2**32 - 1))[0])
                 raise ValueError(f"sampled[{bad}] = {flat[bad]} is neither -1 nor a token id")
@@ -288,17 +305,13 @@ class PythonBackend:
             np.cumsum(given, out=offsets[1:])
         else:
             tokens = flat.tolist()
-        step = out._handle.step
         if accept is None:
-            update = self.twin.update_from_output(step, tokens, offsets.tolist())
+            update = self.twin.update_from_output(step.step, tokens, offsets.tolist())
         else:
             update = self.twin.update_from_output_checked(
-                step,
-                tokens,
-                offsets.tolist(),
-                lambda _slot, r, kept: judge(accept, r.request_id, kept),
+                step.step, tokens, offsets.tolist(), accept
             )
-        return UpdateOutputs(out.req_ids, _TwinUpdate.of(update))
+        return _TwinUpdate.of(update)
 
     def finish_requests(self, request_ids: list[str], status: str) -> None:
         self.twin.finish_requests(request_ids, reference.RequestStatus[status])
