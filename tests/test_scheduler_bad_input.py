@@ -72,6 +72,15 @@ def test_bad_requests_are_refused_before_the_scheduler(build: Any, exc: type, ma
         build()
 
 
+def test_prompt_tokens_become_python_ints() -> None:
+    """What the checks accept (NumPy ints, bools, any sequence) is kept as
+    plain ints, as the loop that names a bad item would keep it."""
+    for given in ([np.int64(5), np.uint32(7), 2**32 - 1, True], (5, 7, 2**32 - 1, 1)):
+        tokens = Request("x", given).prompt_token_ids
+        assert tokens == [5, 7, 2**32 - 1, 1]
+        assert [type(t) for t in tokens] == [int] * 4
+
+
 @pytest.mark.parametrize(
     ("kwargs", "exc", "match"),
     [
