@@ -128,6 +128,10 @@ def test_bad_update_from_output(busy: Scheduler) -> None:
     unchanged(busy, lambda: busy.update_from_output(out, {"a": [-5]}), ValueError, "sampled")
     unchanged(busy, lambda: busy.update_from_output(out, {"a": ["x"]}), TypeError, "sampled")
     unchanged(busy, lambda: busy.update_from_output(out, [5]), ValueError, "2 requests")
+    # A runner's own int64 array goes to the backend unchecked; both word
+    # a wrong length alike.
+    short = "sampled has 1 entries; the step scheduled 2 requests"
+    unchanged(busy, lambda: busy.update_from_output(out, np.array([5])), ValueError, short)
     unchanged(busy, lambda: busy.update_from_output(out, [5, 5]), ValueError, "last known")
     unchanged(busy, lambda: busy.update_from_output(out, [5, -2]), ValueError, "sampled")
     unchanged(
