@@ -63,11 +63,20 @@ impl BlockHashChain {
     /// Hash every full block of `tokens` not hashed yet whose lookahead
     /// tokens are known too. `tokens` is the whole known sequence; a partly
     /// filled last block gets no hash.
+    #[inline]
     pub fn extend(&mut self, hasher: &BlockHasher, tokens: &[u32], block_size: usize) {
-        let lookahead = hasher.lookahead();
-        if tokens.len() < (self.hashes.len() + 1) * block_size + lookahead {
+        if tokens.len() < (self.hashes.len() + 1) * block_size + hasher.lookahead() {
             return; // no new full block: the common case, without a division
         }
+        self.hash_new_blocks(hasher, tokens, block_size);
+    }
+
+    /// [`Self::extend`] past its check, out of line: one decode in a
+    /// block's worth gets here, so the check alone is inlined into each
+    /// token's append.
+    #[inline(never)]
+    fn hash_new_blocks(&mut self, hasher: &BlockHasher, tokens: &[u32], block_size: usize) {
+        let lookahead = hasher.lookahead();
         let full = (tokens.len() - lookahead) / block_size;
         for k in self.hashes.len()..full {
             let message = &tokens[k * block_size..(k + 1) * block_size + lookahead];

@@ -399,6 +399,9 @@ impl KvCacheManager {
     /// [`Self::allocate`] past its fast path: a table that grows, hits, an
     /// admission gate, several groups.
     #[allow(clippy::too_many_arguments)]
+    // Out of line, so that `allocate` (its fast path) is inlined into the
+    // running pass: ~50 instructions less per decode (callgrind).
+    #[inline(never)]
     fn allocate_growing(
         &mut self,
         tables: &mut [BlockTable],

@@ -48,7 +48,9 @@ impl Scheduler {
                     draft.entries.push(entry);
                     draft.token_budget -= n;
                     draft.input_budget -= n + draft_slots;
-                    draft.drafts_needed |= !self.drafts_unused(slot, computed, n);
+                    // One request that verifies drafts is enough to know.
+                    draft.drafts_needed =
+                        draft.drafts_needed || !self.drafts_unused(slot, computed, n);
                     i += 1;
                 }
                 // It preempted itself. Under priority, running[i] is now the
@@ -117,7 +119,12 @@ impl Scheduler {
     ) -> Option<usize> {
         loop {
             let r = &mut self.requests[slot];
-            let first = r.tables[0].num_cached_blocks();
+            // Where newly cached blocks start, for a KV-cache event.
+            let first = if self.kv.events_enabled() {
+                r.tables[0].num_cached_blocks()
+            } else {
+                0
+            };
             let admission = Admission::default();
             let in_flight = r.in_flight_tokens;
             if let Some(grown) =
@@ -139,6 +146,7 @@ impl Scheduler {
     /// A step entry for the request in `slot`: `n` tokens after `computed`,
     /// its table grown by `grown` blocks (new and resumed entries report the
     /// whole table).
+    #[inline] // once per scheduled request: out of line, ~50 instructions each
     pub(super) fn entry(
         &self,
         slot: Slot,

@@ -20,19 +20,16 @@ impl Scheduler {
         for e in &mut entries {
             let r = &mut self.requests[e.slot];
             e.num_output_tokens = r.num_output_tokens() + r.num_output_placeholders;
-            // Each group's new blocks (the whole table for an admission),
-            // group by group.
+            let end = e.num_computed_tokens + e.num_tokens;
             for table in r.tables.iter() {
-                if e.block_start < table.len() {
+                // Each group's new blocks (the whole table for an admission).
+                let len = table.len();
+                if e.block_start < len {
                     out.push_new_blocks(&table.block_ids()[e.block_start..]);
                 }
                 out.end_group();
-            }
-            // The blocks its tokens fall in, per group: the per-token slots
-            // are made from these when read (StepOutput::slot_mapping).
-            let end = e.num_computed_tokens + e.num_tokens;
-            for table in r.tables.iter() {
-                let len = table.len();
+                // The blocks its tokens fall in: the per-token slots are
+                // made from these when read (StepOutput::slot_mapping).
                 if e.num_tokens > 0 && len > 0 && e.num_computed_tokens >= (len - 1) * bs {
                     // Its tokens fall in the last block (a decode's): no
                     // table read, no division.
