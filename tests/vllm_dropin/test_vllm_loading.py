@@ -151,6 +151,37 @@ def test_unsupported_request_is_finished_with_an_error() -> None:
     assert by_id["good"].new_token_ids == [5]
 
 
+@pytest.mark.parametrize("log_stats", [True, False], ids=["stats", "no-stats"])
+def test_waiting_requests_stay_out_of_the_per_step_output_check(log_stats: bool) -> None:
+    """Every step's outputs are checked against the slots whose next output
+    carries more than tokens; a waiting request has no output, so it joins
+    that set only when admitted (with a long queue, the set would otherwise
+    cost the step time in proportion to the queue). Its first output still
+    carries what vLLM's does: prefill stats and, with stats on, its events."""
+    outputs = {}
+    for kind in ("vllm", "ironbatch"):
+        s = vllm_setup.make_scheduler(kind, max_num_seqs=1, log_stats=log_stats)
+        for rid in ("a", "b"):
+            s.add_request(vllm_setup.make_request(rid, range(3, 20), 1))
+        so = s.schedule()
+        assert list(so.num_scheduled_tokens) == ["a"]
+        if kind == "ironbatch":
+            mirror = s._mirror
+            assert mirror.full_output_slots == {mirror.slot_of["a"]}
+        first = s.update_from_output(so, vllm_setup.runner_output(so, {"a": [5]}))
+        so = s.schedule()  # "a" finished at max_tokens=1: "b" is admitted
+        assert list(so.num_scheduled_tokens) == ["b"]
+        second = s.update_from_output(so, vllm_setup.runner_output(so, {"b": [6]}))
+        outputs[kind] = [o for ecos in (first, second) for o in ecos[0].outputs]
+    for ours, theirs in zip(outputs["ironbatch"], outputs["vllm"], strict=True):
+        assert ours.request_id == theirs.request_id
+        assert (ours.prefill_stats is None) == (theirs.prefill_stats is None)
+        assert ours.prefill_stats is not None
+        ours_events = [e.type for e in ours.events or ()]
+        assert ours_events == [e.type for e in theirs.events or ()]
+        assert bool(ours_events) == log_stats
+
+
 def test_bad_input_gets_a_clear_error_and_changes_nothing() -> None:
     s = vllm_setup.make_scheduler("ironbatch")
     s.add_request(vllm_setup.make_request("a", range(3, 20), 4))
