@@ -17,9 +17,14 @@ are added before the next one (python/ironbatch/bench/trace_workload.py has
 the prompts and this mapping). Without vLLM installed the Python twin stands
 in for vLLM's scheduler (and there is no drop-in to time).
 
+``--floor`` adds the object floor (python/ironbatch/bench/vllm_floor.py):
+a lane that only builds the objects vLLM's engine reads, replayed from
+vLLM's own, after an untimed pass through vLLM's scheduler that records
+them: the least any scheduler behind vLLM's interface can cost a step.
+
     python benches/azure_replay.py [--trace PATH | --synthetic N] [--seed S]
         [--rate-scale X] [--step-ms MS] [--modes sync,async] [--max-steps N]
-        [--max-num-batched-tokens 2048] [--num-blocks B] [--twin]
+        [--max-num-batched-tokens 2048] [--num-blocks B] [--twin] [--floor]
         [--lanes vllm,drop-in,core]
         [--buckets 16,64,128,192,256]
 
@@ -108,6 +113,12 @@ def main() -> int:
     ap.add_argument("--num-blocks", type=int, help="KV-cache blocks (default: ample)")
     ap.add_argument("--twin", action="store_true", help="also time the (slow) Python twin")
     ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the object floor: vLLM's objects built from its recorded ones "
+        "(needs vLLM; a first, untimed pass records them)",
+    )
+    ap.add_argument(
         "--lanes",
         type=lanes_arg,
         help="run only these of vllm,drop-in,core (to profile one, e.g. under py-spy)",
@@ -132,6 +143,8 @@ def main() -> int:
     deploy = deployment(max_num_batched_tokens=a.max_num_batched_tokens, cache_blocks=a.num_blocks)
     modes = ("async",) if a.async_scheduling else a.modes
     has_vllm = importlib.util.find_spec("vllm") is not None
+    if a.floor and not has_vllm:
+        ap.error("--floor needs vLLM installed")
     versions = ""
     if has_vllm:
         import vllm
@@ -152,6 +165,19 @@ def main() -> int:
     results: dict[str, Replay] = {}
     for mode in modes:
         lanes = make_lanes(deploy, mode == "async", has_vllm, a.twin, a.lanes)
+        if a.floor:
+            from ironbatch.bench.vllm_floor import floor_lane, record
+
+            print(f"{mode}: recording vLLM's objects for the floor", file=sys.stderr)
+            recording = record(
+                rows,
+                deployment=deploy,
+                async_scheduling=mode == "async",
+                step_ms=a.step_ms,
+                rate_scale=a.rate_scale,
+                max_steps=a.max_steps,
+            )
+            lanes.append(floor_lane(recording, async_scheduling=mode == "async"))
         result = replay(
             lanes,
             rows,
