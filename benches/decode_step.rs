@@ -5,7 +5,10 @@
 //! model's host work or another scheduler's step). The Python façade's
 //! share is what `benches/cold_step.py` adds on top.
 //!
-//!     cargo bench --bench decode_step [-- RUNNING [STEPS [EVICT_KIB]]]
+//!     cargo bench --bench decode_step [-- RUNNING [STEPS [EVICT_KIB [EVICT_EVERY]]]]
+//!
+//! Every `EVICT_EVERY`-th step is a cold one (default 2: warm and cold in
+//! turn; 1: every step cold, as `decode_instructions.sh` counts misses).
 
 use ironbatch::{KvCacheConfig, NewRequest, Policy, Scheduler, SchedulerConfig, StopRules};
 use std::time::Instant;
@@ -100,6 +103,7 @@ fn main() {
     let steps = args.next().unwrap_or(2000);
     // 2 MiB: L2 holds none of the step's lines; past 32 MiB, nor does L3.
     let evict_kib = args.next().unwrap_or(2048);
+    let evict_every = args.next().unwrap_or(2).max(1);
     let mut s = scheduler(running);
     for i in 0..running {
         s.add_request(request(i)).expect("a valid request");
@@ -112,7 +116,7 @@ fn main() {
     let mut buffer = vec![1u64; evict_kib * 1024 / 8];
     let (mut warm, mut cold) = (Vec::new(), Vec::new());
     for k in 0..steps {
-        let evict = k % 2 == 1;
+        let evict = k % evict_every == evict_every - 1;
         if evict {
             let mut sum = 0u64;
             for v in buffer.iter_mut() {
@@ -129,6 +133,9 @@ fn main() {
     }
     for v in [&mut warm, &mut cold] {
         v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            v.push(f64::NAN); // every step cold (or none): no median to show
+        }
     }
     println!("| running | warm median (p90) µs | cold median (p90) µs | warm ns/request |");
     println!("|---|---|---|---|");
