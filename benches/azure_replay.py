@@ -20,7 +20,8 @@ in for vLLM's scheduler (and there is no drop-in to time).
 ``--floor`` adds the object floor (python/ironbatch/bench/vllm_floor.py):
 a lane that only builds the objects vLLM's engine reads, replayed from
 vLLM's own, after an untimed pass through vLLM's scheduler that records
-them: the least any scheduler behind vLLM's interface can cost a step.
+them: an estimate of the least any scheduler behind vLLM's interface can
+cost a step.
 
     python benches/azure_replay.py [--trace PATH | --synthetic N] [--seed S]
         [--rate-scale X] [--step-ms MS] [--modes sync,async] [--max-steps N]
@@ -177,7 +178,7 @@ def main() -> int:
                 rate_scale=a.rate_scale,
                 max_steps=a.max_steps,
             )
-            lanes.append(floor_lane(recording, async_scheduling=mode == "async"))
+            lanes.append(floor_lane(recording))
         result = replay(
             lanes,
             rows,

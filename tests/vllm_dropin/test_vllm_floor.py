@@ -29,17 +29,15 @@ STEPS = 150
 
 
 @pytest.fixture(scope="module", params=["sync", "async"])
-def recording(request: pytest.FixtureRequest) -> tuple[bool, Recording]:
-    async_scheduling = request.param == "async"
-    rec = record(
+def rec(request: pytest.FixtureRequest) -> Recording:
+    return record(
         ROWS,
         deployment=DEPLOY,
-        async_scheduling=async_scheduling,
+        async_scheduling=request.param == "async",
         step_ms=30.0,
         rate_scale=8.0,
         max_steps=STEPS,
     )
-    return async_scheduling, rec
 
 
 def _containers(so: Any) -> list[Any]:
@@ -66,9 +64,8 @@ def _containers(so: Any) -> list[Any]:
 
 
 def test_the_recording_holds_admissions_decodes_and_finishes(
-    recording: tuple[bool, Recording],
+    rec: Recording,
 ) -> None:
-    _, rec = recording
     assert len(rec.outputs) == len(rec.unfinished) == STEPS
     assert any(so.scheduled_new_reqs for so in rec.outputs)
     assert any(
@@ -79,8 +76,7 @@ def test_the_recording_holds_admissions_decodes_and_finishes(
     )
 
 
-def test_scheduler_outputs_are_built_equal_and_afresh(recording: tuple[bool, Recording]) -> None:
-    _, rec = recording
+def test_scheduler_outputs_are_built_equal_and_afresh(rec: Recording) -> None:
     for so in rec.outputs:
         built = build_scheduler_output(so)
         assert built == so
@@ -88,8 +84,7 @@ def test_scheduler_outputs_are_built_equal_and_afresh(recording: tuple[bool, Rec
             assert mine is not theirs, f"{type(theirs).__name__} shared with vLLM's output"
 
 
-def test_engine_core_outputs_are_built_equal_and_afresh(recording: tuple[bool, Recording]) -> None:
-    _, rec = recording
+def test_engine_core_outputs_are_built_equal_and_afresh(rec: Recording) -> None:
     for update in rec.updates:
         built = build_engine_core_outputs(update)
         assert built == update
@@ -103,11 +98,10 @@ def test_engine_core_outputs_are_built_equal_and_afresh(recording: tuple[bool, R
                     assert a.prefill_stats is not b.prefill_stats
 
 
-def test_the_floor_replays_in_lockstep_with_vllm(recording: tuple[bool, Recording]) -> None:
-    async_scheduling, rec = recording
+def test_the_floor_replays_in_lockstep_with_vllm(rec: Recording) -> None:
     lanes = [
-        vllm_lane(DEPLOY, kind="vllm", async_scheduling=async_scheduling),
-        floor_lane(rec, async_scheduling=async_scheduling),
+        vllm_lane(DEPLOY, kind="vllm", async_scheduling=rec.async_scheduling),
+        floor_lane(rec),
     ]
     # Diverging decisions or unfinished counts would raise DivergenceError.
     out = replay(lanes, ROWS, deployment=DEPLOY, rate_scale=8.0, max_steps=STEPS)

@@ -38,6 +38,7 @@ class Recording:
     ``schedule()``'s SchedulerOutput, each ``update_from_output()``'s
     outputs by client, and its unfinished requests after each step."""
 
+    async_scheduling: bool
     outputs: list[Any] = field(default_factory=list)
     updates: list[dict[int, Any]] = field(default_factory=list)
     unfinished: list[int] = field(default_factory=list)
@@ -67,6 +68,8 @@ class _Recorder:
         return self.driver.run_model(out)
 
     def update(self, out: Any, result: Any) -> None:
+        # vLLM's scheduler itself, not the driver's update, which drops the
+        # outputs; a replay's deployment has no drafts for it to hand over.
         self.recording.updates.append(self.driver.sched.update_from_output(out, result))
 
     def get_num_unfinished_requests(self) -> int:
@@ -86,7 +89,7 @@ def record(
 ) -> Recording:
     """Replay ``rows`` through vLLM's scheduler alone, keeping its objects."""
     vllm = vllm_lane(deployment, kind="vllm", async_scheduling=async_scheduling)
-    rec = Recording()
+    rec = Recording(async_scheduling)
     lane = Lane(vllm.name, _Recorder(vllm.driver, rec), vllm_decisions, "vllm")
     replay(
         [lane],
@@ -195,8 +198,8 @@ class FloorDriver:
     name = "floor"
     pending: tuple[Any, Any] | None = None
 
-    def __init__(self, recording: Recording, async_scheduling: bool) -> None:
-        self.async_scheduling = async_scheduling
+    def __init__(self, recording: Recording) -> None:
+        self.async_scheduling = recording.async_scheduling
         self.recording = recording
         self.sched = self  # the lane asks its driver's sched for the unfinished
         self.scheduled = 0
@@ -225,7 +228,7 @@ class FloorDriver:
         return n
 
 
-def floor_lane(recording: Recording, *, async_scheduling: bool) -> Lane:
-    """The object floor as a lockstep lane; replay it over the recording's
-    trace, with the recording's mode, or it runs out of steps."""
-    return Lane("floor", FloorDriver(recording, async_scheduling), vllm_decisions, "vllm")
+def floor_lane(recording: Recording) -> Lane:
+    """The object floor as a lockstep lane, in the recording's scheduling
+    mode; replay it over the recording's trace, or it runs out of steps."""
+    return Lane("floor", FloorDriver(recording), vllm_decisions, "vllm")
