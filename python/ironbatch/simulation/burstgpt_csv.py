@@ -10,8 +10,11 @@ from __future__ import annotations
 import csv
 import math
 import os
+from collections.abc import Iterable
 from typing import IO
 
+from ironbatch.reference.limits import MAX_MODEL_LEN
+from ironbatch.simulation.text_lines import TextLines
 from ironbatch.simulation.workload import Workload, from_lengths
 
 COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -25,19 +28,21 @@ def _count(text: str, where: str) -> int:
         raise ValueError(f"{where}: expected a non-negative integer, got {text!r}") from None
     if not (math.isfinite(value) and value >= 0 and value == int(value)):
         raise ValueError(f"{where}: expected a non-negative integer, got {text!r}")
+    if value > MAX_MODEL_LEN:
+        raise ValueError(
+            f"{where}: {text.strip()} tokens is more than a request can have (at most "
+            f"{MAX_MODEL_LEN:,}, max_model_len's limit)"
+        )
     return int(value)
 
 
-def read_burstgpt_csv(
-    source: str | os.PathLike[str] | IO[str], name: str = "burstgpt"
-) -> Workload:
+def read_burstgpt_csv(source: str | os.PathLike[str] | IO[str], name: str = "burstgpt") -> Workload:
     if isinstance(source, (str, os.PathLike)):
-        with open(source, newline="", encoding="utf-8") as f:
-            return _read(f, os.fspath(source), name)
+        return _read(TextLines(source), os.fspath(source), name)
     return _read(source, str(getattr(source, "name", "<csv>")), name)
 
 
-def _read(f: IO[str], path: str, name: str) -> Workload:
+def _read(f: Iterable[str], path: str, name: str) -> Workload:
     reader = csv.reader(f)
     header = [h.strip().lstrip("\ufeff") for h in next(reader, [])]
     missing = [c for c in COLUMNS if c not in header]
@@ -69,9 +74,7 @@ def _read(f: IO[str], path: str, name: str) -> Workload:
             )
         previous = t
         prompt = _count(row[col["Request tokens"]], f"{path}: line {line}, column Request tokens")
-        output = _count(
-            row[col["Response tokens"]], f"{path}: line {line}, column Response tokens"
-        )
+        output = _count(row[col["Response tokens"]], f"{path}: line {line}, column Response tokens")
         if prompt == 0 or output == 0:
             failed += 1
             continue

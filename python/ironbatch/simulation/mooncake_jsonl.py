@@ -8,22 +8,26 @@ remainder), and tokens past the listed blocks are the request's own."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
+from collections.abc import Iterable
 from typing import IO, Any
 
+from ironbatch.reference.limits import MAX_MODEL_LEN
+from ironbatch.simulation.text_lines import TextLines, json_object
 from ironbatch.simulation.workload import OWN_KEYS, PREFIX_GROUP_KEYS, Workload, from_segments
 
 MOONCAKE_BLOCK_TOKENS = 512
+# Milliseconds: a timestamp past 2^53 would lose its last digits as seconds.
+MAX_TIMESTAMP_MS = 2**53
 
 
-def _int(obj: dict[str, Any], key: str, where: str) -> int:
+def _int(obj: dict[str, Any], key: str, where: str, most: int = MAX_MODEL_LEN) -> int:
     if key not in obj:
         raise ValueError(f"{where}: missing {key!r}")
     v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{where}: {key} must be an integer >= 0, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= most:
+        raise ValueError(f"{where}: {key} must be an integer in [0, {most:,}], got {v!r:.40}")
     return v
 
 
@@ -35,12 +39,11 @@ def read_mooncake_jsonl(
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
     if isinstance(source, (str, os.PathLike)):
-        with open(source, encoding="utf-8") as f:
-            return _read(f, os.fspath(source), name, block_tokens)
+        return _read(TextLines(source), os.fspath(source), name, block_tokens)
     return _read(source, str(getattr(source, "name", "<jsonl>")), name, block_tokens)
 
 
-def _read(f: IO[str], path: str, name: str, block_tokens: int) -> Workload:
+def _read(f: Iterable[str], path: str, name: str, block_tokens: int) -> Workload:
     arrivals: list[float] = []
     outputs: list[int] = []
     segments: list[list[tuple[int, int]]] = []
@@ -51,13 +54,8 @@ def _read(f: IO[str], path: str, name: str, block_tokens: int) -> Workload:
         if not line.strip():
             continue
         where = f"{path}: line {line_number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not JSON ({e})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{where}: expected an object, got {type(obj).__name__}")
-        t = _int(obj, "timestamp", where)
+        obj = json_object(line, where)
+        t = _int(obj, "timestamp", where, MAX_TIMESTAMP_MS)
         length = _int(obj, "input_length", where)
         output = _int(obj, "output_length", where)
         ids = obj.get("hash_ids", [])

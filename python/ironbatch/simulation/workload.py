@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ironbatch import _core
+from ironbatch.reference.limits import MAX_MODEL_LEN
 
 # Key spaces that cannot meet: a request's own tokens, the synthetic
 # generator's shared-prefix groups, and everything below (Mooncake's hash
@@ -49,6 +50,10 @@ class Workload:
     skipped: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Whole numbers in range, as the core reads them: a fractional token
+        # count is refused, not truncated. The core checks the structure.
+        for name, kind, most in _COLUMNS:
+            object.__setattr__(self, name, _column(name, getattr(self, name), kind, most))
         if not self.ids:
             object.__setattr__(self, "ids", tuple(str(i) for i in range(len(self.arrival_s))))
         if len(self.ids) != len(self.arrival_s):
@@ -138,6 +143,43 @@ class Workload:
         return self.to_core().prompt_token_ids(index)
 
 
+# Each column: its dtype kind and the largest value it may hold.
+_COLUMNS = (
+    ("arrival_s", "f", None),
+    ("output_tokens", "i", MAX_MODEL_LEN),
+    ("segment_offsets", "i", None),
+    ("segment_keys", "u", None),
+    ("segment_lengths", "i", MAX_MODEL_LEN),
+    ("literal_offsets", "i", None),
+    ("literal_tokens", "i", None),
+)
+_DTYPES = {"f": np.float64, "i": np.int64, "u": np.uint64}
+
+
+def _column(name: str, values: object, kind: str, most: int | None) -> np.ndarray:
+    a = np.asarray(values)
+    if a.ndim != 1:
+        raise ValueError(f"Workload {name} must be one-dimensional, got shape {a.shape}")
+    if a.dtype.kind not in "iuf":
+        raise TypeError(f"Workload {name} must hold numbers that fit 64 bits, got dtype {a.dtype}")
+    if kind == "f":
+        return a.astype(np.float64)
+    if a.dtype.kind == "f":
+        bad = ~np.isfinite(a) | (a != np.round(a)) | (np.abs(a) >= 2.0**63)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"Workload {name}[{i}] = {a[i].item()!r} is not a whole number")
+    if len(a) and (a < 0).any():
+        i = int(np.argmax(a < 0))
+        raise ValueError(f"Workload {name}[{i}] = {a[i].item()!r} must be >= 0")
+    if most is not None and len(a) and (a > most).any():
+        i = int(np.argmax(a > most))
+        raise ValueError(
+            f"Workload {name}[{i}] = {a[i].item()!r} is more than a request holds ({most:,})"
+        )
+    return a.astype(_DTYPES[kind])
+
+
 def _with_arrivals(w: Workload, arrival_s: np.ndarray) -> Workload:
     return Workload(
         name=w.name,
@@ -192,11 +234,11 @@ def from_segments(
     counts = np.fromiter((len(s) for s in segments), dtype=np.int64, count=len(segments))
     flat = [pair for s in segments for pair in s]
     keys = np.array([k for k, _ in flat], dtype=np.uint64)
-    lengths = np.array([n for _, n in flat], dtype=np.int64)
+    lengths = _column("segment_lengths", [n for _, n in flat], "i", MAX_MODEL_LEN)
     return Workload(
         name=name,
-        arrival_s=np.asarray(arrival_s, dtype=np.float64),
-        output_tokens=np.asarray(output_tokens, dtype=np.int64),
+        arrival_s=np.asarray(arrival_s),
+        output_tokens=np.asarray(output_tokens),
         segment_offsets=_offsets(counts),
         segment_keys=keys,
         segment_lengths=lengths,
@@ -219,12 +261,12 @@ def from_lengths(
 ) -> Workload:
     """A workload of prompts that share nothing: one segment of its own per
     request (traces that record lengths only: Azure, BurstGPT)."""
-    prompts = np.asarray(prompt_tokens, dtype=np.int64)
+    prompts = _column("prompt_tokens", prompt_tokens, "i", MAX_MODEL_LEN)
     n = len(prompts)
     return Workload(
         name=name,
-        arrival_s=np.asarray(arrival_s, dtype=np.float64),
-        output_tokens=np.asarray(output_tokens, dtype=np.int64),
+        arrival_s=np.asarray(arrival_s),
+        output_tokens=np.asarray(output_tokens),
         segment_offsets=np.arange(n + 1, dtype=np.int64),
         segment_keys=(OWN_KEYS + np.arange(n, dtype=np.uint64)).astype(np.uint64),
         segment_lengths=prompts,
