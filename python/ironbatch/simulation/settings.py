@@ -8,8 +8,9 @@ longest prompt plus output, rounded up to a block) and ``num_blocks`` (from
 ``kv_cache_gib`` and the step model's KV bytes per token; else what a
 roofline's device leaves for the KV cache, as vLLM sizes it; else room for
 ``max_num_seqs`` sequences of ``max_model_len`` tokens: nothing preempted).
-An unknown key, or a value of the wrong type, raises a ValueError naming
-it."""
+An unknown key, a value of the wrong type or out of its range (RANGES:
+infinite and NaN numbers never) raises a ValueError naming it; a derived
+value the scheduler cannot take is explained in ``feasibility``."""
 
 from __future__ import annotations
 
@@ -19,7 +20,13 @@ from typing import Any
 
 from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.core_scheduler import CoreScheduler
-from ironbatch.reference.limits import MAX_NUM_BLOCKS
+from ironbatch.reference.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_BLOCKS,
+    MAX_NUM_SEQS,
+)
 
 # Each key's type and default (None: derived or off).
 KEYS: dict[str, tuple[type, Any]] = {
@@ -42,6 +49,49 @@ KEYS: dict[str, tuple[type, Any]] = {
     "enable_prefix_caching": (bool, True),
 }
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+# Each number's accepted range: (lowest, highest, whether the lowest is
+# excluded). The scheduler's own limits, so a value passes here exactly when
+# the core would take it.
+RANGES: dict[str, tuple[float, float, bool]] = {
+    "max_num_seqs": (1, MAX_NUM_SEQS, False),
+    "max_num_batched_tokens": (1, MAX_NUM_BATCHED_TOKENS, False),
+    "max_model_len": (2, MAX_MODEL_LEN, False),
+    "long_prefill_token_threshold": (0, MAX_MODEL_LEN, False),
+    "max_num_scheduled_tokens": (1, MAX_NUM_BATCHED_TOKENS, False),
+    "max_num_active_seqs": (1, MAX_NUM_SEQS, False),
+    "watermark": (0.0, 1.0, False),
+    "prefill_schedule_interval": (1, 2**31 - 1, False),
+    "block_size": (1, MAX_BLOCK_SIZE, False),
+    "num_blocks": (2, MAX_NUM_BLOCKS, False),
+    # A pebibyte: beyond any deployment, and far inside a float's range.
+    "kv_cache_gib": (0.0, float(2**20), True),
+}
+POLICIES = ("fcfs", "priority")
+
+
+def _in_range(key: str, value: Any) -> Any:
+    if key == "policy" and value not in POLICIES:
+        raise ValueError(f"config policy must be one of {POLICIES}, got {value!r}")
+    if key not in RANGES:
+        return value
+    lo, hi, open_lo = RANGES[key]
+    above_lo = value > lo if open_lo else value >= lo
+    # watermark is a share of the cache: 1 would hold every block back.
+    below_hi = value < hi if key == "watermark" else value <= hi
+    if not (math.isfinite(value) and above_lo and below_hi):
+        span = span_text(lo, hi, open_lo=open_lo, open_hi=key == "watermark")
+        kind = "a finite number" if KEYS[key][0] is float else "an integer"
+        raise ValueError(f"config {key} must be {kind} in {span}, got {value!r}")
+    return value
+
+
+def span_text(lo: float, hi: float, *, open_lo: bool = False, open_hi: bool = False) -> str:
+    """An accepted range as messages write it: ``[1, 2,048]``, ``(0, 1]``."""
+
+    def num(v: float) -> str:
+        return f"{int(v):,}" if float(v).is_integer() else f"{v:g}"
+
+    return f"{'(' if open_lo else '['}{num(lo)}, {num(hi)}{')' if open_hi else ']'}"
 
 
 def _value(key: str, raw: Any) -> Any:
@@ -63,9 +113,10 @@ def _value(key: str, raw: Any) -> Any:
         return text
     try:
         return kind(text)
-    except ValueError:
-        raise ValueError(f"config {key} must be a{'n int' if kind is int else ' number'}, "
-                         f"got {raw!r}") from None
+    except (ValueError, OverflowError):
+        raise ValueError(
+            f"config {key} must be a{'n int' if kind is int else ' number'}, got {raw!r}"
+        ) from None
 
 
 def parse_settings(items: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
@@ -73,6 +124,11 @@ def parse_settings(items: Mapping[str, Any] | Iterable[str] | None) -> dict[str,
     only the keys given, their values converted."""
     if items is None:
         return {}
+    if isinstance(items, (str, bytes)) or not isinstance(items, (Mapping, Iterable)):
+        raise TypeError(
+            f"config must be a mapping of vLLM's setting names to values or a list of "
+            f"'key=value' strings, got {items!r:.60}"
+        )
     pairs: list[tuple[str, Any]] = []
     if isinstance(items, Mapping):
         pairs = list(items.items())
@@ -86,7 +142,7 @@ def parse_settings(items: Mapping[str, Any] | Iterable[str] | None) -> dict[str,
     for key, value in pairs:
         if key not in KEYS:
             raise ValueError(f"config: unknown key {key!r}; the keys are {sorted(KEYS)}")
-        out[key] = _value(key, value)
+        out[key] = _in_range(key, _value(key, value))
     return out
 
 
@@ -101,7 +157,8 @@ def resolve(
     s = {key: default for key, (_, default) in KEYS.items()} | dict(given)
     bs = s["block_size"]
     if s["max_model_len"] is None:
-        s["max_model_len"] = max(2, bs * math.ceil(longest_request / bs))
+        rounded = bs * math.ceil(longest_request / bs)
+        s["max_model_len"] = min(MAX_MODEL_LEN, max(2, rounded))
     if s["num_blocks"] is None:
         if s["kv_cache_gib"] is not None:
             if kv_bytes_per_token is None:
@@ -110,8 +167,6 @@ def resolve(
                     "token (a roofline model, or a fitted one that records it); give num_blocks"
                 )
             gib = s["kv_cache_gib"]
-            if not gib > 0:
-                raise ValueError(f"config kv_cache_gib must be > 0, got {gib}")
             s["num_blocks"] = min(MAX_NUM_BLOCKS, int(gib * 2**30 // (bs * kv_bytes_per_token)) + 1)
         elif kv_cache_bytes is not None and kv_bytes_per_token is not None:
             # What the device leaves for the KV cache, as vLLM sizes it.

@@ -16,6 +16,11 @@ def parse_slo(spec: str | Mapping[str, float] | None) -> dict[str, float]:
     """``"ttft=0.5,tpot=50ms"`` or ``{"ttft": 0.5}`` as ``{metric: seconds}``."""
     if spec is None:
         return {}
+    if not isinstance(spec, (str, Mapping)):
+        raise TypeError(
+            f"slo must be a string like 'ttft=500ms,tpot=50ms' or a mapping of metric to "
+            f"seconds, got {spec!r}"
+        )
     items = spec.items() if isinstance(spec, Mapping) else _pairs(spec)
     out: dict[str, float] = {}
     for key, raw in items:
@@ -36,6 +41,9 @@ def _pairs(spec: str) -> list[tuple[str, str]]:
 
 
 def _seconds(key: str, raw: object) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        raise TypeError(f"slo: {key} must be seconds (a number) or a time like '500ms', "
+                        f"got {raw!r}")  # fmt: skip
     text = str(raw).strip()
     scale = 1.0
     if text.endswith("ms"):
@@ -47,7 +55,7 @@ def _seconds(key: str, raw: object) -> float:
     except ValueError:
         raise ValueError(f"slo: {key} must be a time like 0.5, 500ms or 2s, got {raw!r}") from None
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"slo: {key} must be > 0, got {raw!r}")
+        raise ValueError(f"slo: {key} must be a finite time > 0, got {raw!r}")
     return value
 
 

@@ -18,6 +18,7 @@ Three ways to name one (``--step-model``):
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,10 @@ ROOFLINE_OVERHEAD_S = 1e-3
 ROOFLINE_OVERHEAD_PER_REQUEST_S = 5e-6
 # vLLM's default share of device memory for weights, activations and KV.
 GPU_MEMORY_UTILIZATION = 0.9
+# The most any linear coefficient or overhead may charge (an hour a token,
+# a step or a request): far beyond any engine, and small enough that no run
+# of int32-sized batches can overflow the clock.
+MAX_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,28 @@ class StepModel:
         for k, v in self.coefficients.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"step model coefficient {k} must be a number, got {v!r}")
+        seconds = dict(self.coefficients) if self.kind == "linear" else {}
+        seconds |= {"overhead_per_step_s": self.overhead_per_step_s,
+                    "overhead_per_request_s": self.overhead_per_request_s}  # fmt: skip
+        for k, v in seconds.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"{self.kind} step model: {k} must be a number, got {v!r}")
+            if not (math.isfinite(v) and 0 <= v <= MAX_SECONDS):
+                raise ValueError(
+                    f"{self.kind} step model: {k} must be a number of seconds in "
+                    f"[0, {MAX_SECONDS:g}], got {v!r}"
+                )
+        if self.kind == "linear" and not any(seconds.values()):
+            raise ValueError(
+                "linear step model: every coefficient is 0 (or none was given), so every step "
+                "would take no time; give at least one, e.g. "
+                "linear:intercept_s=0.005,per_decode_token_s=1e-4"
+            )
+        for k in ("kv_bytes_per_token", "kv_cache_bytes"):
+            v = getattr(self, k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not (math.isfinite(v) and v > 0)):  # fmt: skip
+                raise ValueError(f"step model {k} must be a finite number > 0, got {v!r}")
         self.to_core()  # every value checked where the clock reads it
 
     def to_core(self) -> _core.StepTimeModel:
@@ -144,11 +171,19 @@ def _key_values(body: str, what: str) -> dict[str, str]:
 
 def _number(what: str, key: str, text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise ValueError(f"{what}: {key} must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{what}: {key} must be a finite number, got {text!r}")
+    return value
 
 
+# Shares of a peak, in (0, 1]; and the other options' largest values (a
+# second a layer's launches, an hour a step or a request).
+SHARES = ("gpu_memory_utilization", "bandwidth_efficiency", "flops_efficiency")
+ROOFLINE_MAX = {"launch_us_per_layer": 1e6, "overhead_ms": 3.6e6, "overhead_per_request_us": 3.6e9}
+MAX_TP = 4096
 ROOFLINE_OPTIONS = (
     "model",
     "tp",
@@ -172,19 +207,19 @@ def roofline(spec: str) -> StepModel:
         raise ValueError(f"roofline: unknown keys {unknown}; the keys are {list(ROOFLINE_OPTIONS)}")
     shape = model_shape(options.get("model", "llama-3.1-8b"))
     tp_text = options.get("tp", "1")
-    if not tp_text.isdigit() or int(tp_text) < 1:
-        raise ValueError(f"roofline: tp must be an integer >= 1, got {tp_text!r}")
+    if not (tp_text.isascii() and tp_text.isdigit()) or not 1 <= int(tp_text) <= MAX_TP:
+        raise ValueError(f"roofline: tp must be an integer in [1, {MAX_TP}], got {tp_text!r}")
     tp = int(tp_text)
 
     def option(key: str, default: float) -> float:
         v = _number("roofline", key, options[key]) if key in options else default
-        if not v >= 0:
-            raise ValueError(f"roofline: {key} must be >= 0, got {v}")
+        share = key in SHARES
+        lo, hi = ("(0", "1]") if share else ("[0", f"{ROOFLINE_MAX[key]:g}]")
+        if not ((0 < v <= 1) if share else (0 <= v <= ROOFLINE_MAX[key])):
+            raise ValueError(f"roofline: {key} must be in {lo}, {hi}, got {options[key]}")
         return v
 
     utilization = option("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
-    if not 0 < utilization <= 1:
-        raise ValueError(f"roofline: gpu_memory_utilization must be in (0, 1], got {utilization}")
     room = device.memory_bytes * utilization - shape.weight_bytes / tp
     if room <= 0:
         raise ValueError(
@@ -239,24 +274,45 @@ def linear(spec: str) -> StepModel:
     )
 
 
+def _field(data: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any,
+           source: str, what: str) -> Any:  # fmt: skip
+    v = data.get(key, default)
+    if v is not default and (isinstance(v, bool) or not isinstance(v, kinds)):
+        raise ValueError(f"{source}: {key} must be {what}, got {json.dumps(v)[:60]}")
+    return v
+
+
 def from_json(data: dict[str, Any], source: str = "<json>") -> StepModel:
-    """A step model from its JSON form (``StepModel.to_json``)."""
+    """A step model from its JSON form (``StepModel.to_json``); a field of
+    the wrong shape is a ValueError naming ``source`` and the field."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
         raise ValueError(f"{source}: not an {FORMAT} file (format = {found!r})")
-    overhead = data.get("overhead", {})
-    kv = data.get("kv_bytes_per_token")
-    room = data.get("kv_cache_bytes")
-    return StepModel(
-        kind=data.get("kind", ""),
-        coefficients=dict(data.get("coefficients", {})),
-        overhead_per_step_s=overhead.get("per_step_s", 0.0),
-        overhead_per_request_s=overhead.get("per_request_s", 0.0),
-        description=data.get("description", "") or source,
-        kv_bytes_per_token=float(kv) if kv is not None else None,
-        kv_cache_bytes=float(room) if room is not None else None,
-        fit=dict(data.get("fit", {})),
-    )
+    number = (int, float)
+    kind = _field(data, "kind", (str,), "", source, f"one of {sorted(KINDS)}")
+    coefficients = _field(data, "coefficients", (dict,), {}, source, "an object of numbers")
+    overhead = _field(data, "overhead", (dict,), {}, source, "an object of per_step_s, "
+                      "per_request_s")  # fmt: skip
+    try:
+        return StepModel(
+            kind=kind,
+            coefficients=dict(coefficients),
+            overhead_per_step_s=_field(
+                overhead, "per_step_s", number, 0.0, source, "a number (overhead.per_step_s)"
+            ),  # fmt: skip
+            overhead_per_request_s=_field(
+                overhead, "per_request_s", number, 0.0, source, "a number (overhead.per_request_s)"
+            ),  # fmt: skip
+            description=_field(data, "description", (str,), "", source, "a string") or source,
+            kv_bytes_per_token=_field(
+                data, "kv_bytes_per_token", number, None, source, "a number"
+            ),  # fmt: skip
+            kv_cache_bytes=_field(data, "kv_cache_bytes", number, None, source, "a number"),
+            fit=dict(_field(data, "fit", (dict,), {}, source, "an object")),
+        )
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        raise ValueError(message if message.startswith(source) else f"{source}: {e}") from None
 
 
 def load_step_model(spec: str | os.PathLike[str] | StepModel | None) -> StepModel:
@@ -264,6 +320,11 @@ def load_step_model(spec: str | os.PathLike[str] | StepModel | None) -> StepMode
     DEFAULT."""
     if isinstance(spec, StepModel):
         return spec
+    if spec is not None and not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(
+            "step_model must be a StepModel, 'roofline:DEVICE,...', 'linear:...' or a JSON "
+            f"file's path, got {type(spec).__name__}"
+        )
     text = DEFAULT if spec is None else os.fspath(spec)
     if text.startswith("roofline:"):
         return roofline(text)
@@ -275,7 +336,13 @@ def load_step_model(spec: str | os.PathLike[str] | StepModel | None) -> StepMode
             f"step model {text!r}: neither roofline:DEVICE,..., linear:... nor a JSON file"
         )
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{text}: not JSON ({e})") from None
+        raise ValueError(f"{text}: line {e.lineno}, column {e.colno}: not JSON ({e.msg})") from None
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"{text}: not a UTF-8 JSON file (a step model from ironbatch profile)"
+        ) from None
+    except OSError as e:
+        raise ValueError(f"{text}: cannot read the file ({e.strerror or e})") from None
     return from_json(data, text)

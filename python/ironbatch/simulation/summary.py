@@ -3,6 +3,7 @@ the scheduler's counts; and the table the terminal shows."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -86,19 +87,39 @@ def summarize(
     return summary
 
 
-def _ms(v: float) -> str:
-    return "-" if v != v else f"{v * 1e3:,.1f}"
+def json_ready(obj: Any) -> Any:
+    """``obj`` as strict JSON takes it: NumPy scalars as Python numbers, NaN
+    and infinities as None (JSON has neither), tuples as lists."""
+    if isinstance(obj, Mapping):
+        return {str(k): json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [json_ready(v) for v in obj.tolist()]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v * 1e3:,.1f}"
+
+
+COLUMNS = ("mean", "p50", "p90", "p99")
 
 
 def format_summary(summary: Mapping[str, Any], title: str = "") -> str:
-    """The terminal table: latencies in ms, then throughput and goodput."""
+    """The terminal table: latencies in ms (each column as wide as its
+    widest value), then throughput and goodput."""
     lines = [title] if title else []
-    header = f"{'ms':<8}" + "".join(f"{h:>11}" for h in ("mean", "p50", "p90", "p99"))
-    lines.append(header)
+    cells = {k: [_ms(summary["latency_s"][k][c]) for c in COLUMNS] for k in LATENCIES}
+    widths = [max(len(h), *(len(cells[k][i]) for k in LATENCIES)) for i, h in enumerate(COLUMNS)]
+    lines.append("ms   " + "".join(f"  {h:>{w}}" for h, w in zip(COLUMNS, widths, strict=True)))
     for key in LATENCIES:
-        s = summary["latency_s"][key]
-        row = "".join(f"{_ms(s[c]):>11}" for c in ("mean", "p50", "p90", "p99"))
-        lines.append(f"{key.upper():<8}{row}")
+        row = "".join(f"  {v:>{w}}" for v, w in zip(cells[key], widths, strict=True))
+        lines.append(f"{key.upper():<5}{row}")
     t = summary["throughput"]
     g = summary["goodput"]
     lines.append(
@@ -116,8 +137,11 @@ def format_summary(summary: Mapping[str, Any], title: str = "") -> str:
     lines.append(
         f"prefix-cache hits {summary['prefix_hit_rate'] * 100:.1f}% of prompt tokens, "
         f"{summary['preemptions']:,} preemptions"
-        + (f", peak KV usage {summary['peak_kv_usage'] * 100:.1f}%" if "peak_kv_usage" in summary
-           else "")
+        + (
+            f", peak KV usage {summary['peak_kv_usage'] * 100:.1f}%"
+            if "peak_kv_usage" in summary
+            else ""
+        )
     )
     lines.append(
         f"simulated {summary['simulated_s']:,.1f} s in {summary['wall_s']:,.2f} s of wall time "

@@ -30,7 +30,9 @@ from ironbatch.bench.azure_trace import (
     CONV_GENERATED_QUANTILES,
     sample_length,
 )
+from ironbatch.reference.limits import MAX_MODEL_LEN
 from ironbatch.simulation.prefix_groups import choose_prefixes
+from ironbatch.simulation.settings import span_text
 from ironbatch.simulation.workload import OWN_KEYS, Workload, from_segments
 
 ARRIVALS = ("poisson", "bursty")
@@ -59,27 +61,44 @@ class SyntheticSpec:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"synthetic: {name} {why}, got {getattr(self, name)!r}")
 
-        if self.requests < 1:
-            raise bad("requests", "must be >= 1")
-        for name in ("rate", "burstiness", "prompt_mean", "output_mean"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                raise bad(name, "must be a finite number > 0")
-        for name in ("prompt_sigma", "output_sigma"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v >= 0):
-                raise bad(name, "must be a finite number >= 0")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "int" and (isinstance(v, bool) or not isinstance(v, int)):
+                raise TypeError(f"synthetic: {f.name} must be an int, got {v!r}")
+            if f.type == "float" and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise TypeError(f"synthetic: {f.name} must be a number, got {v!r}")
+            if f.type == "str" and not isinstance(v, str):
+                raise TypeError(f"synthetic: {f.name} must be a string, got {v!r}")
+        for f in fields(self):
+            if f.name not in RANGES:
+                continue
+            v, (lo, hi) = getattr(self, f.name), RANGES[f.name]
+            positive = f.name in POSITIVE
+            if not (math.isfinite(v) and (v > lo if positive else v >= lo) and v <= hi):
+                kind = "an integer" if f.type == "int" else "a finite number"
+                raise bad(f.name, f"must be {kind} in {span_text(lo, hi, open_lo=positive)}")
         if self.arrivals not in ARRIVALS:
             raise bad("arrivals", f"must be one of {ARRIVALS}")
         for name in ("prompt", "output"):
             if getattr(self, name) not in LENGTHS:
                 raise bad(name, f"must be one of {LENGTHS}")
-        if self.prefix_groups < 0:
-            raise bad("prefix_groups", "must be >= 0")
-        if self.prefix_tokens < 1:
-            raise bad("prefix_tokens", "must be >= 1")
-        if not 0 <= self.prefix_share <= 1:
-            raise bad("prefix_share", "must be in [0, 1]")
+
+
+# Each number's accepted range. The bounds keep every draw finite and every
+# length inside a request's (max_model_len's limit; draws are checked too).
+RANGES: dict[str, tuple[float, float]] = {
+    "requests": (1, 10_000_000),
+    "rate": (1e-6, 1e9),
+    "burstiness": (0.01, 100),
+    "prompt_mean": (0, 2**30),
+    "prompt_sigma": (0, 5),
+    "output_mean": (0, 2**30),
+    "output_sigma": (0, 5),
+    "prefix_groups": (0, 1_000_000),
+    "prefix_tokens": (1, MAX_MODEL_LEN),
+    "prefix_share": (0, 1),
+}
+POSITIVE = ("prompt_mean", "output_mean")
 
 
 def parse_synthetic(text: str) -> SyntheticSpec:
@@ -98,9 +117,10 @@ def parse_synthetic(text: str) -> SyntheticSpec:
         kind = types[key]
         try:
             values[key] = int(raw) if kind == "int" else float(raw) if kind == "float" else raw
-        except ValueError:
-            raise ValueError(f"synthetic: {key} must be a{'n int' if kind == 'int' else ' number'}"
-                             f", got {raw!r}") from None
+        except (ValueError, OverflowError):
+            raise ValueError(
+                f"synthetic: {key} must be a{'n int' if kind == 'int' else ' number'}, got {raw!r}"
+            ) from None
     return SyntheticSpec(**values)  # type: ignore[arg-type]
 
 
@@ -138,6 +158,14 @@ def synthetic_workload(spec: SyntheticSpec | str) -> Workload:
         outputs.append(
             _length(rng, spec.output, spec.output_mean, spec.output_sigma, CONV_GENERATED_QUANTILES)
         )
+    for what, lengths in (("prompt", prompts), ("output", outputs)):
+        longest = max(lengths)
+        if longest > MAX_MODEL_LEN:
+            raise ValueError(
+                f"synthetic: {what}_mean={getattr(spec, what + '_mean'):g} with "
+                f"{what}_sigma={getattr(spec, what + '_sigma'):g} drew a {what} of {longest:,} "
+                f"tokens, more than a request can have ({MAX_MODEL_LEN:,}); lower them"
+            )
     chosen = choose_prefixes(
         rng, prompts, groups=spec.prefix_groups, tokens=spec.prefix_tokens,
         share=spec.prefix_share,
