@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ironbatch.simulation.summary import json_ready
+
 # Above these, the page gets a thinned copy (said on the page).
 MAX_STEP_POINTS = 20_000
 MAX_REQUESTS = 20_000
@@ -60,7 +62,10 @@ def _run(result: Any) -> dict[str, Any]:
     note = ""
     if n > MAX_REQUESTS:
         rows = np.linspace(0, n - 1, MAX_REQUESTS).round().astype(np.int64)
-        note = f"{MAX_REQUESTS:,} of {n:,} requests shown, evenly spaced in arrival order."
+        note = (
+            f"{MAX_REQUESTS:,} of {n:,} requests shown (about 1 in {n / MAX_REQUESTS:,.0f}, "
+            "evenly spaced in arrival order)"
+        )
     return {
         "name": result.workload,
         "summary": result.summary,
@@ -96,24 +101,13 @@ def _default(v: Any) -> Any:
     raise TypeError(f"cannot write {type(v).__name__} into the report")
 
 
-def _finite(obj: Any) -> Any:
-    """The summary with NaN and infinities as None."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def write_report(path: str | Path, results: Sequence[Any]) -> Path:
     """The page for one run (``results[0]``)."""
     result = results[0]
     payload = {
         "title": f"ironbatch simulate: {result.workload}",
         "subtitle": f"{result.step_model} — {_settings_line(result.settings)}",
-        "runs": [_finite(_run(r)) for r in results],
+        "runs": [json_ready(_run(r)) for r in results],
         "sweep": None,
     }
     out = Path(path)
@@ -122,21 +116,26 @@ def write_report(path: str | Path, results: Sequence[Any]) -> Path:
 
 
 def write_sweep_report(path: str | Path, sweep: Any) -> Path:
-    """The page for a sweep: its table and every point's CDFs."""
-    from ironbatch.simulation.sweep import METRIC_COLUMNS
+    """The page for a sweep: its table (an infeasible point's reason in its
+    row) and every feasible point's CDFs."""
+    from ironbatch.simulation.sweep_table import setting_text
 
-    rows = sweep.rows
-    swept = [k for k in rows[0] if k not in METRIC_COLUMNS] if rows else []
+    swept = sweep.swept_keys
+    columns = swept + sweep.columns
+    rows = []
+    for r in sweep.rows:
+        row = {k: setting_text(r[k]) for k in swept} | {c: r[c] for c in sweep.columns}
+        rows.append(row | {"infeasible": r["infeasible"]})
     runs = [
-        {"name": ", ".join(f"{k}={p.swept[k]}" for k in swept), "summary": p.summary,
-         "cdf": p.cdf}
-        for p in sweep.points
+        {"name": ", ".join(f"{k}={setting_text(p.swept[k])}" for k in swept),
+         "summary": p.summary, "cdf": p.cdf}
+        for p in sweep.points if not p.infeasible
     ]  # fmt: skip
     payload = {
         "title": f"ironbatch simulate --sweep: {sweep.workload}",
         "subtitle": sweep.step_model,
-        "runs": _finite(runs),
-        "sweep": {"columns": swept + list(METRIC_COLUMNS), "rows": _finite(rows)},
+        "runs": json_ready(runs),
+        "sweep": {"columns": columns, "swept": swept, "rows": json_ready(rows)},
     }
     out = Path(path)
     out.write_text(render(payload), encoding="utf-8")
