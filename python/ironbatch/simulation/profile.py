@@ -235,6 +235,44 @@ def fit_samples(samples: list[Sample], description: str, clock: str = "wall") ->
     )
 
 
+# A fit worse than either is not a model of this engine: the simulator would
+# charge steps times they did not take.
+MIN_R2 = 0.9
+MAX_MEDIAN_ERROR = 0.15
+# Wall time over CPU time inside the steps above which other processes were
+# taking the CPU.
+BUSY_MACHINE = 1.2
+
+
+def fit_problems(fit: dict[str, Any]) -> list[str]:
+    """Why the fit ``fit_samples`` recorded is too poor to simulate with
+    (empty when it is good enough): what is off, and the likely cause."""
+    problems = []
+    if fit["r2"] < MIN_R2:
+        problems.append(f"R^2 is {fit['r2']:.2f} (at least {MIN_R2} is a usable fit): the batch "
+                        "shape explains little of how step times vary")  # fmt: skip
+    if fit["median_abs_rel_error"] > MAX_MEDIAN_ERROR:
+        problems.append(f"the median error is {fit['median_abs_rel_error']:.1%} (at most "
+                        f"{MAX_MEDIAN_ERROR:.0%} is usable)")  # fmt: skip
+    if not problems:
+        return []
+    busy = fit.get("wall_over_cpu", 1.0)
+    if fit.get("clock") == "wall" and busy > BUSY_MACHINE:
+        problems.append(
+            f"likely cause: other processes took the CPU during the profile (wall time was "
+            f"{busy:.1f}x the CPU time); profile on a quiet machine, or pass --clock cpu "
+            "--threads 1"
+        )
+    elif fit["samples"] < 60:
+        problems.append(f"likely cause: only {fit['samples']} timed steps; raise --repeats "
+                        "or drop --quick")  # fmt: skip
+    else:
+        problems.append("likely cause: noisy step times (a shared or throttled device); "
+                        "profile on a quiet machine, raise --repeats, or on a CPU pass "
+                        "--clock cpu --threads 1")  # fmt: skip
+    return problems
+
+
 def profile_engine(
     model: str | None,
     *,
