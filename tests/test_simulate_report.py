@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ironbatch.simulation import simulate, synthetic_workload
+from ironbatch.simulation import report, simulate, synthetic_workload
 from ironbatch.simulation.report import write_sweep_report
 from ironbatch.simulation.sweep import run_sweep
 
@@ -53,12 +53,14 @@ def png_pixels(path: Path) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
 
 
-def check_page(page: Path, tmp_path: Path) -> np.ndarray:
+def check_page(page: Path, tmp_path: Path, dom: list[str] | None = None) -> np.ndarray:
     """One browser run: the DOM after the scripts ran (the page marks its
     body with its status and any error it caught) and a screenshot."""
     shot = tmp_path / "shot.png"
     done = headless(page, "--dump-dom", f"--screenshot={shot}", "--window-size=1000,1300")
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    if dom is not None:
+        dom.append(done.stdout)
     body = done.stdout[done.stdout.index("<body") :].split(">", 1)[0]
     assert 'data-status="ok"' in body and 'data-errors="0"' in body, body
     console = [line for line in done.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
@@ -90,6 +92,24 @@ def test_the_report_renders_without_errors(tmp_path: Path) -> None:
 
 def test_the_sweep_report_renders_without_errors(tmp_path: Path) -> None:
     w = synthetic_workload("synthetic:requests=80,rate=20,prompt_mean=200,output_mean=20")
-    sweep = run_sweep(w, [("max_num_seqs", [4, 16])], step_model=CLOCK, jobs=1)
+    axes = [("max_num_seqs", [4, 16]), ("num_blocks", [5, 2000])]
+    sweep = run_sweep(w, axes, step_model=CLOCK, jobs=1)
     page = write_sweep_report(tmp_path / "sweep.html", sweep)
-    check_page(page, tmp_path)
+    dom: list[str] = []
+    check_page(page, tmp_path, dom)
+    # The wide table scrolls in its box; an infeasible point's reason is in its row.
+    assert '<div class="scroll"><table>' in dom[0]
+    assert dom[0].count('class="infeasible"') == 2 and "the KV cache is too small" in dom[0]
+    assert "(2 infeasible)" in dom[0]
+
+
+def test_a_thinned_request_strip_says_so_on_the_chart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(report, "MAX_REQUESTS", 100)
+    r = simulate(synthetic_workload("synthetic:requests=300,rate=50"), step_model=CLOCK)
+    r.write(tmp_path, report=True)
+    dom: list[str] = []
+    check_page(tmp_path / "report.html", tmp_path, dom)
+    heading = dom[0][dom[0].index("Requests: queued, prefill, decode") :].split("</h2>")[0]
+    assert "100 of 300 requests shown" in heading
