@@ -1,5 +1,6 @@
 """Shared fixtures: every KV-cache test runs against the Rust core and the
-plain-Python twin alike."""
+plain-Python twin alike; the random-workload suites draw their workloads
+from this run's seed (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import importlib.util  # noqa: E402
+import random  # noqa: E402
+import secrets  # noqa: E402
 import types  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -29,3 +33,77 @@ if importlib.util.find_spec("vllm") is None:
 def backend(request: pytest.FixtureRequest) -> types.ModuleType:
     """The module holding ``KVCacheManager`` and ``BlockPool`` for one backend."""
     return BACKENDS[request.param]
+
+
+# -- this run's seed and size (docs/testing.md) -------------------------------
+
+SEED_LIMIT = 2**32
+_SEED = pytest.StashKey[int]()
+_FULL = pytest.StashKey[bool]()
+
+
+def _env_seed() -> int | None:
+    text = os.environ.get("IRONBATCH_SEED", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) >= SEED_LIMIT:
+        raise pytest.UsageError(
+            f"IRONBATCH_SEED={text!r}: expected a whole number from 0 to {SEED_LIMIT - 1}"
+        )
+    return int(text)
+
+
+def _env_full() -> bool:
+    text = os.environ.get("IRONBATCH_FULL", "").strip()
+    if text not in ("", "0", "1"):
+        raise pytest.UsageError(f"IRONBATCH_FULL={text!r}: expected 1 (full size) or 0")
+    return text == "1"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Reads IRONBATCH_SEED (else draws a seed) and IRONBATCH_FULL once per
+    run. First, so that Hypothesis takes the same seed unless
+    --hypothesis-seed says otherwise."""
+    seed = _env_seed()
+    config.stash[_SEED] = secrets.randbelow(SEED_LIMIT) if seed is None else seed
+    config.stash[_FULL] = _env_full()
+    if getattr(config.option, "hypothesis_seed", "absent") is None:
+        config.option.hypothesis_seed = str(config.stash[_SEED])
+
+
+def _seed_line(config: pytest.Config) -> str:
+    size = "full size" if config.stash[_FULL] else "per-run size (IRONBATCH_FULL=1: full)"
+    seed = config.stash[_SEED]
+    return f"ironbatch seed {seed}, {size}; replay with IRONBATCH_SEED={seed}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _seed_line(config)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    # Again at the end, where a failure's log is read.
+    terminalreporter.write_line(_seed_line(terminalreporter.config))
+
+
+@pytest.fixture
+def full_size(request: pytest.FixtureRequest) -> bool:
+    """Whether this run is the full-size one (IRONBATCH_FULL=1)."""
+    return request.config.stash[_FULL]
+
+
+@pytest.fixture
+def workload_seeds(request: pytest.FixtureRequest) -> Callable[[int, int], list[int]]:
+    """``workload_seeds(per_run, full)``: this run's workload seeds for the
+    requesting test file, ``per_run`` of them, or ``full`` at full size.
+    They follow from the run's seed and the file's name, so every test of a
+    file gets the same list, and IRONBATCH_SEED gives it again."""
+    config = request.config
+    suite = request.path.name
+
+    def draw(per_run: int, full: int) -> list[int]:
+        rng = random.Random(f"{config.stash[_SEED]}:{suite}")
+        return [rng.randrange(SEED_LIMIT) for _ in range(full if config.stash[_FULL] else per_run)]
+
+    return draw

@@ -3,7 +3,8 @@ with prefix hits, chunked allocation, decode tokens, frees, removals, resets,
 statistics, rejected calls) drive the Rust core and the Python twin side by
 side. Every answer must be identical, as must the whole visible state (block
 ids, free-queue order, reference counts, cached blocks), and both must keep
-the KV-cache invariants of docs/scheduling.md §10 after every call."""
+the KV-cache invariants of docs/scheduling.md §10 after every call.
+Hypothesis draws from the run's seed (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 import ironbatch
@@ -58,9 +60,12 @@ class KvDifferential(RuleBasedStateMachine):
         assert r == p, (name, args, kwargs, r, p)
         return r
 
-    def pick(self, data: st.DataObject, where: Any = None) -> str | None:
-        candidates = [r for r in self.live if where is None or where(r)]
+    def pick(self, data: st.DataObject, where: Any) -> str | None:
+        candidates = [r for r in self.live if where(r)]
         return data.draw(st.sampled_from(candidates)) if candidates else None
+
+    def any_live(self, data: st.DataObject) -> str:
+        return data.draw(st.sampled_from(self.live))
 
     def remaining(self, rid: str) -> int:
         return self.twin.num_tokens(rid) - self.twin.num_computed_tokens(rid)
@@ -86,7 +91,7 @@ class KvDifferential(RuleBasedStateMachine):
     @rule(data=st.data(), extra=st.lists(st.integers(0, 60), min_size=1, max_size=8))
     def add_sibling(self, data: st.DataObject, extra: list[int]) -> None:
         """A request that shares a live request's prefix, so lookups hit."""
-        source = self.pick(data)
+        source = self.any_live(data)
         tokens = self.tokens[source]
         keep = data.draw(st.integers(0, len(tokens)))
         rid = f"r{self.next_id}"
@@ -140,13 +145,13 @@ class KvDifferential(RuleBasedStateMachine):
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
         """Preemption: blocks back to the pool, the request stays."""
-        rid = self.pick(data)
+        rid = self.any_live(data)
         self.both("free", rid)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def remove(self, data: st.DataObject) -> None:
-        rid = self.pick(data)
+        rid = self.any_live(data)
         self.both("remove_request", rid)
         self.live.remove(rid)
 
@@ -174,7 +179,7 @@ class KvDifferential(RuleBasedStateMachine):
     def rejected_hits(self, data: st.DataObject, bogus: list[int]) -> None:
         """Hits that are not the request's cached blocks are refused, alike,
         with nothing changed (the invariants and state checks follow)."""
-        rid = self.pick(data)
+        rid = self.any_live(data)
         hits, _ = self.twin.get_computed_blocks(rid)
         if bogus == hits[: len(bogus)]:
             return
@@ -210,10 +215,13 @@ class KvDifferential(RuleBasedStateMachine):
                 assert set(kv.block_ref_cnts()) == {0}
 
 
-KvDifferential.TestCase.settings = settings(
-    max_examples=300,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-test_kv_differential = KvDifferential.TestCase
+def test_kv_differential(full_size: bool) -> None:
+    run_state_machine_as_test(
+        KvDifferential,
+        settings=settings(
+            max_examples=1500 if full_size else 300,
+            stateful_step_count=60,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
