@@ -252,7 +252,11 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(300))]
+        // 300 cases, or PROPTEST_CASES where that asks for more (full size).
+        #![proptest_config(ProptestConfig {
+            cases: ProptestConfig::default().cases.max(300),
+            ..ProptestConfig::default()
+        })]
         #[test]
         fn agrees_with_a_list_in_insertion_order(
             ops in proptest::collection::vec(
