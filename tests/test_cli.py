@@ -62,8 +62,8 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
         (TRACES[2].read_bytes(), "-"),
         (gz.read_bytes(), "-"),
     ):
-        done = subprocess.run([script, "replay", arg], input=stdin_bytes, capture_output=True)
-        assert done.returncode == 0 and b"1 of 1 identical" in done.stdout, done.stderr
+        raw = subprocess.run([script, "replay", arg], input=stdin_bytes, capture_output=True)
+        assert raw.returncode == 0 and b"1 of 1 identical" in raw.stdout, raw.stderr
     done = subprocess.run([script, "nonsense"], capture_output=True, text=True)
     assert done.returncode == 2 and "invalid choice" in done.stderr
 
@@ -80,3 +80,28 @@ def test_replay_reports_broken_traces_and_goes_on(
     assert main(["replay", str(truncated), str(mistyped), str(TRACES[1])]) == 1
     out = capsys.readouterr().out
     assert out.count("cannot replay") == 2 and "1 of 3 identical" in out
+
+
+def test_replay_json_is_strict_and_names_the_difference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = TRACES[0].read_text().splitlines()
+    step = json.loads(lines[4])
+    step["num_free_blocks"] += 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines[:4] + [json.dumps(step)] + lines[5:]) + "\n")
+    assert main(["replay", "--json", str(TRACES[1]), str(bad)]) == 1
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in --json")
+
+    doc = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert (doc["traces"], doc["identical"], doc["level"]) == (2, 1, "blocks")
+    same, differs = doc["results"]
+    assert same == {"path": str(TRACES[1]), "identical": True, "steps": same["steps"]}
+    assert (differs["identical"], differs["step"], differs["field"]) == (
+        False,
+        3,
+        "num_free_blocks",
+    )
+    assert differs["recorded"] == differs["replayed"] + 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ironbatch.trace import replay
+from ironbatch.trace import TraceError, replay
 
 from scheduler_helpers import BACKENDS
 
@@ -111,3 +111,55 @@ def test_replay_streams_the_trace(tmp_path: Path) -> None:
     zipped.write_bytes(gzip.compress(TRACES[0].read_bytes()))
     assert replay(zipped).identical
     assert replay(zipped).steps == len(lines) - 1
+
+
+def _step_lines(path: Path, edit) -> Path:  # type: ignore[no-untyped-def]
+    """The first trace with its second step record edited as a dict."""
+    lines = TRACES[0].read_text().splitlines()
+    step = json.loads(lines[2])
+    edit(step)
+    path.write_text("\n".join([*lines[:2], json.dumps(step), *lines[3:]]) + "\n")
+    return path
+
+
+def test_a_file_that_is_not_a_trace_is_named_with_its_line(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("\n# ironbatch\n")
+    with pytest.raises(TraceError, match=r"README.md: line 2, column 1: not JSON") as e:
+        replay(readme)
+    assert "ironbatch-trace/1 trace is JSON lines, a header first" in str(e.value)
+    binary = tmp_path / "a.out"
+    binary.write_bytes(b"\x7fELF\x00\x01")
+    with pytest.raises(TraceError, match=r"a.out: line 1: a NUL byte"):
+        replay(binary)
+    with pytest.raises(TraceError, match=r"nope.jsonl: cannot open \(No such file"):
+        replay(tmp_path / "nope.jsonl")
+    with pytest.raises(TraceError, match=r"cannot open \(Is a directory"):
+        replay(tmp_path)
+
+
+def test_a_bad_step_is_named_with_its_line_and_key(tmp_path: Path) -> None:
+    missing = _step_lines(tmp_path / "m.jsonl", lambda s: s.pop("abort"))
+    with pytest.raises(TraceError, match=r"m.jsonl: line 3: the step lacks 'abort'"):
+        replay(missing)
+    nested = _step_lines(tmp_path / "n.jsonl", lambda s: s["schedule"].pop("preempted"))
+    with pytest.raises(TraceError, match=r"n.jsonl: line 3: the step lacks 'preempted'"):
+        replay(nested)
+    lines = TRACES[0].read_text().splitlines()
+    (tmp_path / "j.jsonl").write_text("\n".join([*lines[:3], "{oops", *lines[4:]]) + "\n")
+    with pytest.raises(TraceError, match=r"j.jsonl: line 4, column 2: not JSON"):
+        replay(tmp_path / "j.jsonl")
+
+
+def test_a_truncated_gzip_trace_is_named(tmp_path: Path) -> None:
+    whole = gzip.compress(TRACES[0].read_bytes())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) * 2 // 3])
+    with pytest.raises(TraceError, match=r"cut.jsonl.gz: after line \d+: the gzip stream is"):
+        replay(cut)
+
+
+def test_on_step_is_called_once_a_step(tmp_path: Path) -> None:
+    calls: list[None] = []
+    result = replay(TRACES[0], on_step=lambda: calls.append(None))
+    assert result.identical and len(calls) == result.steps

@@ -7,6 +7,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ironbatch.cli.options import add_json_flag
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ironbatch", description=__doc__)
@@ -46,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("traces", nargs="+", help="trace files (.jsonl, .jsonl.gz, or - for stdin)")
     p.add_argument("--backend", choices=["rust", "python"], default="rust")
     p.add_argument("--level", choices=["decisions", "blocks"], default="blocks")
+    add_json_flag(p, "every trace's result and the count identical")
 
     b = sub.add_parser("bench", help="time schedule() + update_from_output() per step")
     b.add_argument(
@@ -106,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "replay":
         from ironbatch.cli.replay import replay_main
 
-        return replay_main(args.traces, args.backend, args.level)
+        return replay_main(args.traces, args.backend, args.level, as_json=args.json)
     from ironbatch.cli.bench import bench_main
 
     return bench_main(args.workloads.split(","), args.steps, args.backends.split(","), args.turn)

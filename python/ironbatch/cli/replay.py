@@ -1,23 +1,38 @@
-"""``ironbatch replay``: one line per trace, exit status 1 on any difference."""
+"""``ironbatch replay``: one line per trace (or ``--json``), exit status 1 on
+any difference or any trace that cannot be replayed."""
 
 from __future__ import annotations
 
-from ironbatch.trace import replay
+from pathlib import Path
+from typing import Any
+
+from ironbatch.cli.options import progress, to_json
+from ironbatch.trace import TraceError, replay
 
 
-def replay_main(paths: list[str], backend: str, level: str) -> int:
+def replay_main(paths: list[str], backend: str, level: str, as_json: bool = False) -> int:
     different = 0
+    results: list[dict[str, Any]] = []
     for path in paths:
         try:
-            result = replay(path, backend=backend, level=level)
-        # A bad file is reported and the next one replayed: unreadable or
-        # truncated (OSError, EOFError), not JSON or not a trace (ValueError,
-        # KeyError), a field of the wrong type (TypeError).
-        except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
-            print(f"{path}: cannot replay: {e}")
+            with progress(None, Path(path).name) as bar:
+                result = replay(path, backend=backend, level=level, on_step=bar.update)
+        # A bad file is reported and the next one replayed; the error names
+        # the file and the line.
+        except TraceError as e:
             different += 1
+            results.append({"path": path, "identical": False, "error": str(e)})
+            if not as_json:
+                print(f"cannot replay {e}")
             continue
-        print(result)
         different += not result.identical
-    print(f"{len(paths) - different} of {len(paths)} identical at {level} level ({backend})")
+        results.append(result.as_dict())
+        if not as_json:
+            print(result)
+    identical = len(paths) - different
+    if as_json:
+        summary = {"level": level, "backend": backend, "identical": identical}
+        print(to_json(summary | {"traces": len(paths), "results": results}))
+    else:
+        print(f"{identical} of {len(paths)} identical at {level} level ({backend})")
     return 1 if different else 0

@@ -3,21 +3,17 @@ difference from the recorded decisions, or that there is none."""
 
 from __future__ import annotations
 
-import gzip
-import io
-import json
-import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
 from ironbatch.scheduler_output import SchedulerOutput
+from ironbatch.trace.reading import Trace, field_error, open_trace
 from ironbatch.trace.speculation import (
     SPEC_STATS,
     SPEC_TOKENS,
@@ -27,7 +23,6 @@ from ironbatch.trace.speculation import (
 )
 
 LEVELS = ("decisions", "blocks")
-FORMAT = "ironbatch-trace/1"
 
 
 @dataclass
@@ -43,6 +38,14 @@ class ReplayResult:
     def identical(self) -> bool:
         return self.field is None
 
+    def as_dict(self) -> dict[str, Any]:
+        """For ``--json``: the fields, and whether the replay was identical."""
+        d: dict[str, Any] = {"path": self.path, "identical": self.identical, "steps": self.steps}
+        if not self.identical:
+            d |= {"step": self.step, "field": self.field}
+            d |= {"recorded": self.expected, "replayed": self.actual}
+        return d
+
     def __str__(self) -> str:
         if self.identical:
             return f"{self.path}: identical ({self.steps} steps)"
@@ -50,42 +53,6 @@ class ReplayResult:
             f"{self.path}: step {self.step}: {self.field} differs\n"
             f"  recorded: {self.expected}\n  replayed: {self.actual}"
         )
-
-
-@contextmanager
-def open_trace(path: str | Path) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
-    """A trace's header and its step records, read one line at a time, so
-    memory does not grow with the number of steps. ``path`` is a ``.jsonl``
-    file, a gzip-compressed ``.jsonl.gz`` one, or ``-`` for standard input."""
-    with _open_text(path) as f:
-        first = f.readline()
-        if not first.strip():
-            raise ValueError(f"{path}: empty file, not an {FORMAT} trace")
-        header = json.loads(first)
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            found = header.get("format") if isinstance(header, dict) else None
-            raise ValueError(f"{path}: not an {FORMAT} trace (format = {found!r})")
-        yield header, (json.loads(line) for line in f if line.strip())
-
-
-@contextmanager
-def _open_text(path: str | Path) -> Iterator[IO[str]]:
-    """Text lines from a file or standard input, gunzipped when the bytes
-    start with gzip's magic (whatever the name says)."""
-    with ExitStack() as stack:
-        if str(path) == "-":
-            raw: IO[bytes] = sys.stdin.buffer
-        else:
-            raw = stack.enter_context(open(path, "rb"))
-        buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
-        if buffered.peek(2)[:2] == b"\x1f\x8b":
-            yield stack.enter_context(gzip.open(buffered, "rt", encoding="utf-8"))
-        else:
-            text = io.TextIOWrapper(buffered, encoding="utf-8")
-            try:
-                yield text
-            finally:
-                text.detach()  # the file (or stdin) stays its owner's to close
 
 
 def build_scheduler(config: dict[str, Any], backend: str) -> Scheduler:
@@ -176,61 +143,87 @@ def trace_request(d: dict[str, Any]) -> Request:
     )
 
 
-def replay(path: str | Path, backend: str = "rust", level: str = "blocks") -> ReplayResult:
+def replay(
+    path: str | Path,
+    backend: str = "rust",
+    level: str = "blocks",
+    on_step: Callable[[], None] | None = None,
+) -> ReplayResult:
     """Replay one trace; ``level`` "blocks" also compares block ids and free
-    counts, "decisions" only what was scheduled, preempted and output."""
+    counts, "decisions" only what was scheduled, preempted and output.
+    ``on_step`` is called after each step replayed (a progress bar). A file
+    that cannot be replayed raises ``TraceError`` (a ValueError) naming the
+    file and the line."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    with open_trace(path) as (header, steps):
-        return _replay_steps(str(path), header, steps, backend, level == "blocks")
+    trace = open_trace(path)
+    return _replay_steps(str(path), trace, backend, level == "blocks", on_step)
 
 
 def _replay_steps(
-    path: str, header: dict[str, Any], steps: Iterator[dict[str, Any]], backend: str, blocks: bool
+    path: str,
+    trace: Trace,
+    backend: str,
+    blocks: bool,
+    on_step: Callable[[], None] | None,
 ) -> ReplayResult:
-    sched = build_scheduler(header["config"], backend)
+    try:
+        sched = build_scheduler(trace.header["config"], backend)
+    except (KeyError, TypeError, ValueError) as e:
+        raise field_error(path, trace.header_line, e, "the header's config") from None
     n = 0
-    for n, rec in enumerate(steps, 1):
-        step = rec["step"]
-
-        def differs(
-            field: str, expected: Any, actual: Any, n: int = n, step: int = step
-        ) -> ReplayResult:
-            return ReplayResult(path, n, step, field, expected, actual)
-
-        # Drafts first: vLLM's engine hands them over right after the
-        # previous step's output, before it takes in new requests.
-        if drafts := step_drafts(rec):
-            sched.update_draft_token_ids(drafts)
-        for d in rec["add"]:
-            sched.add_request(trace_request(d))
-        for rid in rec["abort"]:
-            sched.finish_requests([rid])
-        out = sched.schedule()
-        want = rec["schedule"]
-        got = scheduled_entries(out) if blocks else [list(e)[:4] for e in out.entries()]
-        expected = want["scheduled"]
-        if not blocks:
-            expected = [e[:4] for e in expected]
-        if got != expected:
-            return differs("scheduled", expected, got)
-        if sorted(out.preempted_req_ids) != want["preempted"]:
-            return differs("preempted", want["preempted"], sorted(out.preempted_req_ids))
-        if sorted(out.finished_req_ids) != want["finished"]:
-            return differs("finished", want["finished"], sorted(out.finished_req_ids))
-        if SPEC_TOKENS in want and (spec := scheduled_spec_tokens(out)) != want[SPEC_TOKENS]:
-            return differs(SPEC_TOKENS, want[SPEC_TOKENS], spec)
-        updates = sched.update_from_output(out, {rid: toks for rid, toks in rec["sampled"]})
-        got_outputs = [
-            [u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason] for u in updates
-        ]
-        if got_outputs != rec["outputs"]:
-            return differs("outputs", rec["outputs"], got_outputs)
-        if (
-            SPEC_STATS in rec
-            and (stats := stats_record(updates.spec_decoding_stats)) != rec[SPEC_STATS]
-        ):
-            return differs(SPEC_STATS, rec[SPEC_STATS], stats)
-        if blocks and sched.num_free_blocks != rec["num_free_blocks"]:
-            return differs("num_free_blocks", rec["num_free_blocks"], sched.num_free_blocks)
+    for n, (line, rec) in enumerate(trace.steps, 1):
+        try:
+            result = _replay_step(path, n, sched, rec, blocks)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise field_error(path, line, e) from None
+        if result is not None:
+            return result
+        if on_step is not None:
+            on_step()
     return ReplayResult(path, n)
+
+
+def _replay_step(
+    path: str, n: int, sched: Scheduler, rec: dict[str, Any], blocks: bool
+) -> ReplayResult | None:
+    """One step record: the difference it shows, or None."""
+    step = rec["step"]
+
+    def differs(field: str, expected: Any, actual: Any) -> ReplayResult:
+        return ReplayResult(path, n, step, field, expected, actual)
+
+    # Drafts first: vLLM's engine hands them over right after the
+    # previous step's output, before it takes in new requests.
+    if drafts := step_drafts(rec):
+        sched.update_draft_token_ids(drafts)
+    for d in rec["add"]:
+        sched.add_request(trace_request(d))
+    for rid in rec["abort"]:
+        sched.finish_requests([rid])
+    out = sched.schedule()
+    want = rec["schedule"]
+    got = scheduled_entries(out) if blocks else [list(e)[:4] for e in out.entries()]
+    expected = want["scheduled"]
+    if not blocks:
+        expected = [e[:4] for e in expected]
+    if got != expected:
+        return differs("scheduled", expected, got)
+    if sorted(out.preempted_req_ids) != want["preempted"]:
+        return differs("preempted", want["preempted"], sorted(out.preempted_req_ids))
+    if sorted(out.finished_req_ids) != want["finished"]:
+        return differs("finished", want["finished"], sorted(out.finished_req_ids))
+    if SPEC_TOKENS in want and (spec := scheduled_spec_tokens(out)) != want[SPEC_TOKENS]:
+        return differs(SPEC_TOKENS, want[SPEC_TOKENS], spec)
+    updates = sched.update_from_output(out, {rid: toks for rid, toks in rec["sampled"]})
+    got_outputs = [[u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason] for u in updates]
+    if got_outputs != rec["outputs"]:
+        return differs("outputs", rec["outputs"], got_outputs)
+    if (
+        SPEC_STATS in rec
+        and (stats := stats_record(updates.spec_decoding_stats)) != rec[SPEC_STATS]
+    ):
+        return differs(SPEC_STATS, rec[SPEC_STATS], stats)
+    if blocks and sched.num_free_blocks != rec["num_free_blocks"]:
+        return differs("num_free_blocks", rec["num_free_blocks"], sched.num_free_blocks)
+    return None
