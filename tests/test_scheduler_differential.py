@@ -118,12 +118,15 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         return EOS if x < 0.05 else 7 if x < 0.08 else 9 if x < 0.4 else rng.randrange(3, VOCAB)
 
     k = config["num_speculative_tokens"]
+    padded = rng.random() < 0.5
 
     def accepted(rid: str, drafts: list[int]) -> int:
-        # Synchronous padding (-1) is always rejected; real drafts, and the
-        # async runner's own, are accepted in any number.
+        # Synchronous padding (-1: a prefix hit's padded step, ngram_gpu's
+        # empty slots) is always rejected, so at most the drafts before it
+        # are accepted; the async runner's own are accepted in any number.
         if -1 in drafts and not config["async_scheduling"]:
-            return 0
+            pair.events["spec_empty_slots_verified"] += padded
+            return rng.randint(0, drafts.index(-1))
         return rng.randint(0, len(drafts))
 
     def propose(step_req_ids: list[str]) -> None:
@@ -137,6 +140,8 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             for rid in step_req_ids
             if rng.random() < 0.9
         }
+        if padded:  # ngram_gpu's shape: k drafts, -1 where it found none
+            drafts = {rid: d + [-1] * (k - len(d)) for rid, d in drafts.items()}
         pair.update_draft_token_ids(drafts)
 
     def apply_oldest() -> None:
@@ -147,6 +152,10 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     for _ in range(steps):
         for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
             plen = rng.randint(1, max_len - 1)
+            if not config["enable_chunked_prefill"]:
+                # Unchunked, a prompt and a drafter's input slots must fit
+                # one step's budget, or it waits forever (vLLM too).
+                plen = min(plen, config["max_num_batched_tokens"] - config["num_draft_slots"])
             shared = rng.randint(0, plen)
             tokens = rng.choice(prefixes)[:shared] + [
                 rng.randrange(3, VOCAB) for _ in range(plen - shared)
@@ -201,7 +210,10 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         if config["async_scheduling"]:
             apply = n > 2 or (n == 2 and rng.random() < 0.8)
         else:
-            apply = n > 2 or rng.random() < 0.7
+            # With drafts, one at a time: vLLM schedules a synchronous step
+            # before the last one's output only under pipeline parallelism,
+            # which it does not combine with speculation.
+            apply = n > 2 or rng.random() < 0.7 or k > 0
         if apply:
             apply_oldest()
     while pair.in_flight:
@@ -235,6 +247,7 @@ def test_seeded_workloads_agree() -> None:
     cadence = ("prefill_held", "decode_staggered")
     sessions = ("session_turns", "sessions_waiting", "kv_holding_admitted")
     spec = ("spec_scheduled", "spec_accepted", "spec_rejected", "spec_padded", "drafts_skippable")
+    spec += ("spec_empty_slots_verified",)
     kv = ("kv_stored", "kv_removed", "kv_cleared", "kv_allocated", "kv_accessed")
     hybrid = ("window_freed", "hybrid_hit", "hybrid_hit_nulls", "shared_boundary")
     for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions, *spec, *hybrid):

@@ -39,11 +39,35 @@ def test_drafts_are_verified_and_rejections_rolled_back(backend: str) -> None:
     assert s.update_from_output(out, {"a": [71]}).spec_decoding_stats is None
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padded_drafts_are_kept_scheduled_and_counted_as_vllm_does(backend: str) -> None:
+    # vLLM 0.33's ngram_gpu proposer pads the slots it found no match for
+    # with -1; vLLM's scheduler schedules them as drafts, counts them in the
+    # stats, and the verification rejects them.
+    s = decoding(backend, k=4)
+    s.update_draft_token_ids({"a": [60, 61, -1, -1]})
+    out = s.schedule()
+    assert out.num_scheduled.tolist() == [5]
+    assert out.spec_token_ids.tolist() == [60, 61, -1, -1]
+    stats = s.update_from_output(out, {"a": [60, 61, 70]}).spec_decoding_stats
+    assert (stats.num_draft_tokens, stats.num_accepted_tokens) == (4, 2)
+    assert list(stats.num_draft_tokens_per_pos) == [1, 1, 1, 1]
+    row = s.debug_state()["requests"]["a"]
+    assert (row["num_tokens"], row["num_computed_tokens"]) == (9, 8)
+    # A request with nothing but padding still verifies k slots.
+    s.update_draft_token_ids({"a": [-1, -1, -1, -1]})
+    out = s.schedule()
+    assert out.num_scheduled.tolist() == [5]
+
+
 @pytest.mark.parametrize(
     ("drafts", "error", "match"),
     [
         ({"a": [1, 2, 3, 4]}, ValueError, "more than num_speculative_tokens=3"),
-        ({"a": [-1]}, ValueError, "token_ids"),
+        ({"a": [5, -2]}, ValueError, r"draft_token_ids\['a'\]\[1\] = -2 is outside \[-1, "),
+        ({"a": [2**32]}, ValueError, r"draft_token_ids\['a'\]\[0\] = 4294967296 is outside"),
+        ({"a": 7}, TypeError, r"draft_token_ids\['a'\] must be a sequence of ints, got int"),
+        ({"a": [1.5]}, TypeError, r"draft_token_ids\['a'\]\[0\] must be an int"),
         ([("a", [1])], TypeError, "must be a mapping"),
     ],
 )

@@ -150,8 +150,10 @@ class Scheduler:
         §4.13), as vLLM's engine hands them over after each step's output:
         each replaces what its request had; ids that finished meanwhile are
         skipped, and a request whose last step was a prefill chunk gets
-        none. Refused (ValueError, nothing changed) for more than
-        ``num_speculative_tokens`` drafts or a token outside uint32."""
+        none. A token is an id, or -1 for a slot the proposer left empty
+        (vLLM's ``ngram_gpu`` padding: scheduled and counted as a draft,
+        always rejected). Refused (ValueError, nothing changed) for more
+        than ``num_speculative_tokens`` drafts or any other token."""
         if not isinstance(draft_token_ids, Mapping):
             raise TypeError(
                 f"draft_token_ids must be a mapping, got {type(draft_token_ids).__name__}"

@@ -23,6 +23,7 @@ import numpy as np
 from ironbatch import reference
 from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.core_scheduler import CoreScheduler
+from ironbatch.reference.args import draft_list
 from ironbatch.reference.request import NewRequest, Repetition, StopRules
 from ironbatch.reference.step import StepOutput, UpdateOutput
 from ironbatch.request import Request
@@ -50,7 +51,9 @@ class DraftTokenIds:
             if not isinstance(rid, str):
                 raise TypeError(f"draft_token_ids keys must be str, got {type(rid).__name__}")
             request_ids.append(rid)
-            tokens.extend(ids)
+            # Checked here, so that an error names the request as the
+            # caller wrote it, not a position in the joined column.
+            tokens.extend(draft_list(f"draft_token_ids[{rid!r}]", ids))
             offsets.append(len(tokens))
         return cls(request_ids, tokens, offsets)
 

@@ -7,6 +7,13 @@
 //! them as extra tokens of a decode step and, when the step's output comes
 //! back, rolls back the positions of the drafts that were rejected.
 
+/// A draft slot the proposer left empty: vLLM's `ngram_gpu` proposer hands
+/// over `k` drafts per request and pads the ones it found no match for with
+/// -1. vLLM's scheduler keeps the padding as drafts (scheduled, counted in
+/// the stats, always rejected) and strips it only before a grammar sees the
+/// drafts (docs/scheduling.md §4.13).
+pub const DRAFT_PADDING: i64 = -1;
+
 /// A request's drafts for its next step (vLLM's `spec_token_ids`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 // A tag byte, not the Vec capacity's niche: a decode asks `len` about five
@@ -14,8 +21,8 @@
 #[repr(u8)]
 pub enum Drafts {
     /// Proposed tokens (synchronous scheduling: the runner hands them over
-    /// after each step's output). Empty: none.
-    Tokens(Vec<u32>),
+    /// after each step's output): token ids, or `DRAFT_PADDING`. Empty: none.
+    Tokens(Vec<i64>),
     /// Async scheduling: `k` positions reserved for drafts the runner
     /// proposes while this step runs; the scheduler never sees their ids
     /// (vLLM's `[-1] * k`).
@@ -53,7 +60,7 @@ impl Drafts {
     #[inline]
     pub fn write_to(&self, column: &mut Vec<i64>) {
         match self {
-            Drafts::Tokens(t) => column.extend(t.iter().map(|&x| x as i64)),
+            Drafts::Tokens(t) => column.extend_from_slice(t),
             Drafts::Placeholders(k) => column.extend(std::iter::repeat_n(-1, *k)),
             Drafts::None => {}
         }

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: A draft slot the proposer left empty: vLLM's ``ngram_gpu`` proposer hands
+#: over ``k`` drafts per request and pads those it found no match for with -1
+#: (docs/scheduling.md §4.13).
+DRAFT_PADDING = -1
+
 
 @dataclass(frozen=True)
 class Drafts:
     """A request's drafts for its next step (vLLM's ``spec_token_ids``):
-    proposed ``tokens`` (synchronous scheduling), or under async scheduling
+    proposed ``tokens`` (synchronous scheduling; token ids, or
+    ``DRAFT_PADDING`` where vLLM's ``ngram_gpu`` proposer found no match:
+    vLLM keeps the padding as drafts, scheduled, counted and always
+    rejected, and strips it only before a grammar sees them), or under async scheduling
     ``placeholders`` positions for drafts the runner proposes while the step
     runs (vLLM's ``[-1] * k``). ``Drafts()`` is none."""
 

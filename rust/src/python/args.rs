@@ -32,21 +32,39 @@ pub fn count(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<usize> {
 /// PyO3's own conversion; only a failure walks the items to name the
 /// culprit.
 pub fn u32_list(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    not_text(field, obj)?;
+    if let Ok(v) = obj.extract::<Vec<u32>>() {
+        return Ok(v);
+    }
+    Err(list_error(field, obj, 0))
+}
+
+/// A sequence of draft tokens: token ids, or -1 for a draft slot the
+/// proposer left empty (`spec_decode::DRAFT_PADDING`).
+pub fn draft_list(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    not_text(field, obj)?;
+    let lowest = crate::spec_decode::DRAFT_PADDING;
+    if let Ok(v) = obj.extract::<Vec<i64>>() {
+        if v.iter().all(|t| (lowest..=u32::MAX as i64).contains(t)) {
+            return Ok(v);
+        }
+    }
+    Err(list_error(field, obj, lowest))
+}
+
+fn not_text(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
         return Err(PyTypeError::new_err(format!(
             "{field} must be a sequence of ints, got {}",
             type_name(obj)
         )));
     }
-    if let Ok(v) = obj.extract::<Vec<u32>>() {
-        return Ok(v);
-    }
-    Err(u32_list_error(field, obj))
+    Ok(())
 }
 
-/// Walk the items to name the first bad one.
-fn u32_list_error(field: &str, obj: &Bound<'_, PyAny>) -> PyErr {
-    match first_bad_item(field, obj) {
+/// Walk the items to name the first bad one (ints in `[lowest, u32::MAX]`).
+fn list_error(field: &str, obj: &Bound<'_, PyAny>, lowest: i64) -> PyErr {
+    match first_bad_item(field, obj, lowest) {
         Err(e) => e,
         Ok(()) => PyTypeError::new_err(format!(
             "{field} must be a sequence of ints, got {}",
@@ -55,7 +73,7 @@ fn u32_list_error(field: &str, obj: &Bound<'_, PyAny>) -> PyErr {
     }
 }
 
-fn first_bad_item(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+fn first_bad_item(field: &str, obj: &Bound<'_, PyAny>, lowest: i64) -> PyResult<()> {
     let items = obj.try_iter().map_err(|_| {
         PyTypeError::new_err(format!(
             "{field} must be a sequence of ints, got {}",
@@ -65,7 +83,7 @@ fn first_bad_item(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     for (i, item) in items.enumerate() {
         let item = item?;
         let in_range = match item.extract::<i64>() {
-            Ok(v) => (0..=u32::MAX as i64).contains(&v),
+            Ok(v) => (lowest..=u32::MAX as i64).contains(&v),
             Err(_) if item.is_instance_of::<PyInt>() => false, // beyond i64
             Err(_) => {
                 return Err(PyTypeError::new_err(format!(
@@ -76,7 +94,7 @@ fn first_bad_item(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
         };
         if !in_range {
             return Err(PyValueError::new_err(format!(
-                "{field}[{i}] = {} is outside [0, {}]",
+                "{field}[{i}] = {} is outside [{lowest}, {}]",
                 item.repr()?,
                 u32::MAX
             )));

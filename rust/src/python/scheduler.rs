@@ -6,7 +6,7 @@
 //! passed in (kept per slot), so a step creates no Python object per
 //! request. Every call takes keyword arguments and returns named types.
 
-use super::args::{count, u32_list};
+use super::args::{count, draft_list, u32_list};
 use super::kv_events::PyKvEvent;
 use super::step::{PySchedulerStats, PyStep, PyStepUpdate};
 use crate::attention_group::{AttentionKind, GroupSpec};
@@ -340,7 +340,7 @@ impl PyScheduler {
         token_ids: &Bound<'_, PyAny>,
         offsets: Vec<i64>,
     ) -> PyResult<()> {
-        let tokens = u32_list("token_ids", token_ids)?;
+        let tokens = draft_list("token_ids", token_ids)?;
         let offsets = offsets
             .iter()
             .map(|&o| {

@@ -5,7 +5,7 @@
 use super::Scheduler;
 use crate::error::Error;
 use crate::slab::Slot;
-use crate::spec_decode::Drafts;
+use crate::spec_decode::{Drafts, DRAFT_PADDING};
 
 impl Scheduler {
     /// Whether drafts proposed after this step for the request in `slot`,
@@ -28,15 +28,28 @@ impl Scheduler {
     /// `tokens[offsets[i]..offsets[i + 1]]`, replacing any it had. Ids of
     /// requests that finished meanwhile are skipped, and a request whose
     /// last step was a prefill chunk gets none (its drafts would follow
-    /// tokens it has not computed). Checked first: an `Err` changes nothing.
+    /// tokens it has not computed). A token is an id or `DRAFT_PADDING`
+    /// (kept as a draft, as vLLM keeps it). Checked first: an `Err` changes
+    /// nothing.
     pub fn update_draft_token_ids<S: AsRef<str>>(
         &mut self,
         request_ids: &[S],
-        tokens: &[u32],
+        tokens: &[i64],
         offsets: &[usize],
     ) -> Result<(), Error> {
         let k = self.config.num_speculative_tokens;
         let n = request_ids.len();
+        if let Some(i) = tokens
+            .iter()
+            .position(|&t| t != DRAFT_PADDING && !(0..=i64::from(u32::MAX)).contains(&t))
+        {
+            return Err(Error::invalid(format!(
+                "draft_token_ids: token {} (at {i}) is neither a token id in [0, {}] nor \
+                 {DRAFT_PADDING}, the padding of an empty draft slot",
+                tokens[i],
+                u32::MAX
+            )));
+        }
         if offsets.len() != n + 1 || offsets[0] != 0 || offsets[n] != tokens.len() {
             return Err(Error::invalid(format!(
                 "draft_token_ids: offsets must rise from 0 to {} over {} requests",

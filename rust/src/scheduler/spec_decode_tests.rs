@@ -5,7 +5,7 @@
 
 use super::tests::{add, sampled, scheduler, Setup};
 use super::Scheduler;
-use crate::spec_decode::Drafts;
+use crate::spec_decode::{Drafts, DRAFT_PADDING};
 
 fn speculating(k: usize) -> Scheduler {
     scheduler(Setup {
@@ -14,13 +14,20 @@ fn speculating(k: usize) -> Scheduler {
     })
 }
 
-#[test]
-fn drafts_are_scheduled_and_rejected_ones_rolled_back() {
-    let mut s = speculating(3);
+/// A speculating scheduler whose request "a" (prompt 1..=5) has sampled its
+/// first token, 50, and decodes next.
+fn decoding(k: usize) -> Scheduler {
+    let mut s = speculating(k);
     add(&mut s, "a", 1..=5);
     let out = s.schedule();
     let (t, o) = sampled(&s, &out, |_| Some(50));
     s.update_from_output(&out, &t, &o).unwrap();
+    s
+}
+
+#[test]
+fn drafts_are_scheduled_and_rejected_ones_rolled_back() {
+    let mut s = decoding(3);
     s.update_draft_token_ids(&["a"], &[60, 61, 62], &[0, 3])
         .unwrap();
     // The decode verifies three drafts: four tokens, the drafts last.
@@ -76,6 +83,36 @@ fn drafts_beyond_max_model_len_are_cut_and_too_many_refused() {
     let out = s.schedule();
     assert_eq!(out.entries[0].num_tokens, 2);
     assert_eq!(out.entries[0].drafts, Drafts::Tokens(vec![60]));
+}
+
+#[test]
+fn padded_drafts_are_scheduled_counted_and_rejected_as_vllm_keeps_them() {
+    // ngram_gpu hands over k drafts, -1 where it found no match; vLLM
+    // schedules all k and counts them as drafts.
+    let mut s = decoding(4);
+    s.update_draft_token_ids(&["a"], &[10, 11, DRAFT_PADDING, DRAFT_PADDING], &[0, 4])
+        .unwrap();
+    let out = s.schedule();
+    assert_eq!(out.entries[0].num_tokens, 5);
+    assert_eq!(out.full_columns().spec_token_ids, vec![10, 11, -1, -1]);
+    // Both real drafts accepted; the padding cannot be.
+    let u = s.update_from_output(&out, &[10, 11, 70], &[0, 3]).unwrap();
+    let stats = u.spec_decoding_stats.unwrap();
+    assert_eq!((stats.num_draft_tokens, stats.num_accepted_tokens), (4, 2));
+    assert_eq!(stats.num_draft_tokens_per_pos, vec![1, 1, 1, 1]);
+    let r = s.request(out.entries[0].slot).unwrap();
+    assert_eq!((r.num_tokens(), r.seq.num_computed_tokens), (9, 8));
+}
+
+#[test]
+fn a_negative_draft_other_than_the_padding_is_refused_and_changes_nothing() {
+    let mut s = decoding(4);
+    s.update_draft_token_ids(&["a"], &[7], &[0, 1]).unwrap();
+    for bad in [-2, i64::from(u32::MAX) + 1] {
+        let e = s.update_draft_token_ids(&["a"], &[10, bad], &[0, 2]);
+        assert!(e.unwrap_err().to_string().contains("nor -1"), "{bad}");
+    }
+    assert_eq!(s.schedule().full_columns().spec_token_ids, vec![7]);
 }
 
 #[test]

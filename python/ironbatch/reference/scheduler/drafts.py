@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ironbatch.reference.args import u32_list
+from ironbatch.reference.args import draft_list
 from ironbatch.reference.error import debug_str
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
 
@@ -38,8 +38,9 @@ def update_draft_token_ids(
     ``tokens[offsets[i]:offsets[i + 1]]``, replacing any it had. Ids of
     requests that finished meanwhile are skipped, and a request whose last
     step was a prefill chunk gets none (its drafts would follow tokens it has
-    not computed). Checked first: a ``ValueError`` changes nothing."""
-    tokens = u32_list("token_ids", tokens)
+    not computed). A token is an id or ``DRAFT_PADDING`` (kept as a draft,
+    as vLLM keeps it). Checked first: a ``ValueError`` changes nothing."""
+    tokens = draft_list("token_ids", tokens)
     k = s.config.num_speculative_tokens
     n = len(request_ids)
     if len(offsets) != n + 1 or offsets[0] != 0 or offsets[n] != len(tokens):
