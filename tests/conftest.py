@@ -11,12 +11,11 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import importlib.util  # noqa: E402
-import random  # noqa: E402
 import secrets  # noqa: E402
 import types  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 
 import pytest  # noqa: E402
+from seeded import SEED_LIMIT, Workloads  # noqa: E402
 
 import ironbatch  # noqa: E402
 import ironbatch.reference  # noqa: E402
@@ -37,7 +36,6 @@ def backend(request: pytest.FixtureRequest) -> types.ModuleType:
 
 # -- this run's seed and size (docs/testing.md) -------------------------------
 
-SEED_LIMIT = 2**32
 _SEED = pytest.StashKey[int]()
 _FULL = pytest.StashKey[bool]()
 
@@ -94,16 +92,7 @@ def full_size(request: pytest.FixtureRequest) -> bool:
 
 
 @pytest.fixture
-def workload_seeds(request: pytest.FixtureRequest) -> Callable[[int, int], list[int]]:
-    """``workload_seeds(per_run, full)``: this run's workload seeds for the
-    requesting test file, ``per_run`` of them, or ``full`` at full size.
-    They follow from the run's seed and the file's name, so every test of a
-    file gets the same list, and IRONBATCH_SEED gives it again."""
+def workloads(request: pytest.FixtureRequest) -> Workloads:
+    """This run's workload seeds and sizes for the requesting test file."""
     config = request.config
-    suite = request.path.name
-
-    def draw(per_run: int, full: int) -> list[int]:
-        rng = random.Random(f"{config.stash[_SEED]}:{suite}")
-        return [rng.randrange(SEED_LIMIT) for _ in range(full if config.stash[_FULL] else per_run)]
-
-    return draw
+    return Workloads(config.stash[_SEED], config.stash[_FULL], request.path.name)

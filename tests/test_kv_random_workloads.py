@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pytest
+from seeded import Workloads
 
 import ironbatch
 import ironbatch.reference
@@ -112,8 +112,8 @@ def run_workload(seed: int) -> Run:
     return Run(seen, answers)
 
 
-def test_random_workloads_agree(workload_seeds: Callable[[int, int], list[int]]) -> None:
-    seeds = workload_seeds(WORKLOADS, FULL_WORKLOADS)
+def test_random_workloads_agree(workloads: Workloads) -> None:
+    seeds = workloads.seeds(WORKLOADS, FULL_WORKLOADS)
     seen: Counter = Counter()
     for seed in seeds:
         seen += run_workload(seed).seen
@@ -124,13 +124,11 @@ def test_random_workloads_agree(workload_seeds: Callable[[int, int], list[int]])
 
 
 @pytest.mark.parametrize("index", [0, 1])
-def test_a_seed_fixes_every_answer(
-    workload_seeds: Callable[[int, int], list[int]], index: int
-) -> None:
+def test_a_seed_fixes_every_answer(workloads: Workloads, index: int) -> None:
     """A failing seed can be rerun: two runs of one seed, each with fresh
     managers (and so fresh secret hash keys), give the same answers to every
     call, block ids included; another seed gives others."""
-    seed = workload_seeds(WORKLOADS, FULL_WORKLOADS)[index]
+    seed = workloads.seeds(WORKLOADS, FULL_WORKLOADS)[index]
     first = run_workload(seed).answers
     assert run_workload(seed).answers == first
     assert run_workload(seed + 1).answers != first

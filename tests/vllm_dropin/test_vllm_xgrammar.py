@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("xgrammar")
 
+from seeded import Workloads  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
 
@@ -102,10 +102,8 @@ def run_workload(seed: int, tokenizer: str, steps: int = 80) -> Counter:
     return pair.events
 
 
-def test_real_grammars_agree_with_vllm(
-    tokenizer_dir: str, workload_seeds: Callable[[int, int], list[int]]
-) -> None:
-    seeds = workload_seeds(WORKLOADS, FULL_WORKLOADS)
+def test_real_grammars_agree_with_vllm(tokenizer_dir: str, workloads: Workloads) -> None:
+    seeds = workloads.seeds(WORKLOADS, FULL_WORKLOADS)
     events: Counter = Counter()
     for seed in seeds:
         events += run_workload(seed, tokenizer_dir)
