@@ -3,7 +3,8 @@ workloads: arrivals with shared prefixes, aborts, sampled tokens with EOS
 and stop tokens, tight and ample KV caches, both policies, chunked prefill
 on and off, sync and async scheduling (output placeholders), and outputs
 applied late (a second schedule() in flight).
-Seeded runs go deep; the hypothesis state machine explores and shrinks."""
+Seeded runs go deep; the hypothesis state machine explores and shrinks;
+both draw from the run's seed (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from collections import Counter
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from seeded import Workloads
 
 from ironbatch import KVCacheGroup, RepetitionDetectionParams
 
@@ -21,6 +30,8 @@ from scheduler_pair import SchedulerPair
 VOCAB = 40
 EOS = 2
 REPEATS = RepetitionDetectionParams(max_pattern_size=2, min_count=3)
+WORKLOADS = 20  # per run (more while an event is short); FULL_WORKLOADS with IRONBATCH_FULL=1
+FULL_WORKLOADS = 60
 
 
 def random_groups(rng: random.Random, bs: int) -> tuple[KVCacheGroup, ...] | None:
@@ -238,20 +249,24 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     return pair.events
 
 
-def test_seeded_workloads_agree() -> None:
-    events: Counter = Counter()
-    for seed in range(60):
-        events += run_seed(seed)
+def test_seeded_workloads_agree(workloads: Workloads) -> None:
     seen = ("preempted", "hit", "resumed", "finished", "abort", "placeholders", "skipped")
     grammar = ("grammar_released", "grammar_failed", "grammar_rejected", "grammar_pending")
     cadence = ("prefill_held", "decode_staggered")
     sessions = ("session_turns", "sessions_waiting", "kv_holding_admitted")
-    spec = ("spec_scheduled", "spec_accepted", "spec_rejected", "spec_padded", "drafts_skippable")
+    spec: tuple[str, ...] = ("spec_scheduled", "spec_accepted", "spec_rejected", "spec_padded")
+    spec += ("drafts_skippable",)
     spec += ("spec_empty_slots_verified",)
     kv = ("kv_stored", "kv_removed", "kv_cleared", "kv_allocated", "kv_accessed")
     hybrid = ("window_freed", "hybrid_hit", "hybrid_hit_nulls", "shared_boundary")
-    for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions, *spec, *hybrid):
-        assert events[what] >= 20, (what, events)
+    # Each at least 20 times per 60 workloads.
+    needs = {
+        what: workloads.scaled(20, WORKLOADS, FULL_WORKLOADS)
+        for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions, *spec, *hybrid)
+    }
+    events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
+    for what, n in needs.items():
+        assert events[what] >= n, (what, events)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -315,10 +330,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.pair.check()
 
 
-SchedulerMachine.TestCase.settings = settings(
-    max_examples=120,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-test_scheduler_machine = SchedulerMachine.TestCase
+def test_scheduler_machine(full_size: bool) -> None:
+    run_state_machine_as_test(
+        SchedulerMachine,
+        settings=settings(
+            max_examples=600 if full_size else 120,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
