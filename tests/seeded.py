@@ -8,6 +8,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 SEED_LIMIT = 2**32
 # A suite whose run misses an event it counts runs more workloads, up to
@@ -60,3 +61,21 @@ class Workloads:
     def _stream(self, part: str, n: int) -> list[int]:
         rng = random.Random(f"{self.run_seed}:{self.suite}:{part}")
         return [rng.randrange(SEED_LIMIT) for _ in range(n)]
+
+
+def run_machine(machine: Any, examples: int, full_examples: int, steps: int, full: bool) -> None:
+    """A Hypothesis state machine, ``examples`` runs (``full_examples`` at
+    full size) of ``steps`` steps; Hypothesis takes the run's seed."""
+    # Here, not at the top: the drop-in's venv has no Hypothesis.
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=full_examples if full else examples,
+            stateful_step_count=steps,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -18,8 +18,8 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
+from seeded import run_machine
 
 import ironbatch
 import ironbatch.reference
@@ -216,12 +216,4 @@ class KvDifferential(RuleBasedStateMachine):
 
 
 def test_kv_differential(full_size: bool) -> None:
-    run_state_machine_as_test(
-        KvDifferential,
-        settings=settings(
-            max_examples=1500 if full_size else 300,
-            stateful_step_count=60,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
+    run_machine(KvDifferential, 300, 1500, steps=60, full=full_size)

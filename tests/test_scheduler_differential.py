@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -19,9 +18,8 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
-from seeded import Workloads
+from seeded import Workloads, run_machine
 
 from ironbatch import KVCacheGroup, RepetitionDetectionParams
 
@@ -331,12 +329,4 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 def test_scheduler_machine(full_size: bool) -> None:
-    run_state_machine_as_test(
-        SchedulerMachine,
-        settings=settings(
-            max_examples=600 if full_size else 120,
-            stateful_step_count=40,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
+    run_machine(SchedulerMachine, 120, 600, steps=40, full=full_size)
