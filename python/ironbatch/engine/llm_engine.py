@@ -107,8 +107,11 @@ class LLMEngine:
         c = self.model_config
         dtype = resolve_dtype(args.dtype, c)
         max_len = args.max_model_len or c.max_position_embeddings
-        num_blocks = args.num_blocks or kv_cache.num_blocks_for(
-            self._kv_budget(device), c, args.block_size, dtype
+        # None derives the count; 0 or any other value CacheConfig checks.
+        num_blocks = (
+            args.num_blocks
+            if args.num_blocks is not None
+            else kv_cache.num_blocks_for(self._kv_budget(device), c, args.block_size, dtype)
         )
         chunked = args.enable_chunked_prefill
         batched = args.max_num_batched_tokens or (
