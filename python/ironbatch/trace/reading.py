@@ -12,7 +12,7 @@ import io
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, NamedTuple, cast
+from typing import IO, Any, cast
 
 from ironbatch.simulation.text_lines import GZIP_MAGIC, TextLines, _lines, _reason, json_object
 
@@ -47,54 +47,63 @@ class TraceLines(TextLines):
             raise ValueError(f"{self.where()}: cannot read the input ({_reason(e)})") from None
 
 
-class Trace(NamedTuple):
-    header: dict[str, Any]
-    header_line: int
-    #: ``(line number, step record)`` pairs; a bad line raises ``TraceError``
-    #: when it is reached.
-    steps: Iterator[tuple[int, dict[str, Any]]]
+class Trace:
+    """A trace opened: its header, read now, and ``steps``, its
+    ``(line number, step record)`` pairs, read lazily (a bad line raises
+    ``TraceError`` when it is reached). ``close()`` closes the file."""
 
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        if self.path != "-":
+            try:  # here, not in the lines' reader, whose message counts lines
+                open(path, "rb").close()
+            except OSError as e:
+                raise TraceError(f"{path}: cannot open ({e.strerror or e})") from None
+        self._lines = TraceLines(path)
+        self._it = iter(self._lines)
+        try:
+            self.header = self._read_header()
+        except BaseException:
+            self.close()
+            raise
+        self.header_line = self._lines.line
+        self.steps = self._records()
 
-def open_trace(path: str | Path) -> Trace:
-    """The trace's header, read now, and its step records, read lazily."""
-    if str(path) != "-":
-        try:  # here, not in the lines' reader, whose message counts lines
-            open(path, "rb").close()
-        except OSError as e:
-            raise TraceError(f"{path}: cannot open ({e.strerror or e})") from None
-    lines = TraceLines(path)
-    it = iter(lines)
-    try:
-        first = next((line for line in it if line.strip()), None)
-    except ValueError as e:  # unreadable, not text, a broken gzip stream
-        raise TraceError(str(e)) from None
-    if first is None:
-        raise TraceError(f"{path}: empty file, not an {FORMAT} trace")
-    try:
-        header = json_object(first, lines.where())
-    except ValueError as e:
-        raise TraceError(f"{e}; an {FORMAT} trace is JSON lines, a header first ({DOC})") from None
-    if header.get("format") != FORMAT:
-        raise TraceError(
-            f"{lines.where()}: not an {FORMAT} trace (the header's format is "
-            f"{header.get('format')!r}; {DOC})"
-        )
-    if not isinstance(header.get("config"), dict):
-        raise TraceError(f"{lines.where()}: the header needs a 'config' object ({DOC})")
-    return Trace(header, lines.line, _records(lines, it))
-
-
-def _records(lines: TraceLines, it: Iterator[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    try:
-        for line in it:
-            if line.strip():
-                yield lines.line, json_object(line, lines.where())
-    except ValueError as e:
-        raise TraceError(str(e)) from None
-    finally:
-        close = getattr(it, "close", None)
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
         if close is not None:  # a replay that stops early closes the file now
             close()
+
+    def _read_header(self) -> dict[str, Any]:
+        try:
+            first = next((line for line in self._it if line.strip()), None)
+        except ValueError as e:  # unreadable, not text, a broken gzip stream
+            raise TraceError(str(e)) from None
+        where = self._lines.where()
+        if first is None:
+            raise TraceError(f"{self.path}: empty file, not an {FORMAT} trace ({DOC})")
+        try:
+            header = json_object(first, where)
+        except ValueError as e:
+            raise TraceError(
+                f"{e}; an {FORMAT} trace is JSON lines, a header first ({DOC})"
+            ) from None
+        if header.get("format") != FORMAT:
+            raise TraceError(
+                f"{where}: not an {FORMAT} trace (the header's format is "
+                f"{header.get('format')!r}; {DOC})"
+            )
+        if not isinstance(header.get("config"), dict):
+            raise TraceError(f"{where}: the header needs a 'config' object ({DOC})")
+        return header
+
+    def _records(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        try:
+            for line in self._it:
+                if line.strip():
+                    yield self._lines.line, json_object(line, self._lines.where())
+        except ValueError as e:
+            raise TraceError(str(e)) from None
 
 
 def field_error(path: str, line: int, e: Exception, within: str = "the step") -> TraceError:

@@ -4,6 +4,7 @@ difference from the recorded decisions, or that there is none."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
 from ironbatch.scheduler_output import SchedulerOutput
-from ironbatch.trace.reading import Trace, field_error, open_trace
+from ironbatch.trace.reading import Trace, field_error
 from ironbatch.trace.speculation import (
     SPEC_STATS,
     SPEC_TOKENS,
@@ -23,6 +24,7 @@ from ironbatch.trace.speculation import (
 )
 
 LEVELS = ("decisions", "blocks")
+BACKENDS = ("rust", "python")
 
 
 @dataclass
@@ -144,44 +146,52 @@ def trace_request(d: dict[str, Any]) -> Request:
 
 
 def replay(
-    path: str | Path,
+    trace: str | Path | Trace,
     backend: str = "rust",
     level: str = "blocks",
     on_step: Callable[[], None] | None = None,
 ) -> ReplayResult:
-    """Replay one trace; ``level`` "blocks" also compares block ids and free
-    counts, "decisions" only what was scheduled, preempted and output.
-    ``on_step`` is called after each step replayed (a progress bar). A file
-    that cannot be replayed raises ``TraceError`` (a ValueError) naming the
-    file and the line."""
+    """Replay one trace (a path, ``-`` for standard input, or a ``Trace``
+    already opened, which this closes); ``level`` "blocks" also compares
+    block ids and free counts, "decisions" only what was scheduled,
+    preempted and output. ``on_step`` is called after each step replayed (a
+    progress bar). A file that cannot be replayed raises ``TraceError`` (a
+    ValueError) naming the file and the line."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    trace = open_trace(path)
-    return _replay_steps(str(path), trace, backend, level == "blocks", on_step)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    opened = trace if isinstance(trace, Trace) else Trace(trace)
+    with closing(opened):
+        sched = trace_scheduler(opened, backend)
+        return _replay_steps(opened, sched, level == "blocks", on_step)
+
+
+def trace_scheduler(trace: Trace, backend: str) -> Scheduler:
+    """The scheduler the header's config describes; a config it cannot take
+    is the header line's ``TraceError``."""
+    try:
+        return build_scheduler(trace.header["config"], backend)
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise field_error(trace.path, trace.header_line, e, "the header's config") from None
 
 
 def _replay_steps(
-    path: str,
-    trace: Trace,
-    backend: str,
-    blocks: bool,
-    on_step: Callable[[], None] | None,
+    trace: Trace, sched: Scheduler, blocks: bool, on_step: Callable[[], None] | None
 ) -> ReplayResult:
-    try:
-        sched = build_scheduler(trace.header["config"], backend)
-    except (KeyError, TypeError, ValueError) as e:
-        raise field_error(path, trace.header_line, e, "the header's config") from None
     n = 0
     for n, (line, rec) in enumerate(trace.steps, 1):
         try:
-            result = _replay_step(path, n, sched, rec, blocks)
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise field_error(path, line, e) from None
+            result = _replay_step(trace.path, n, sched, rec, blocks)
+        # What a record of the wrong shape raises (OverflowError: a count the
+        # core's integers cannot hold).
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError) as e:
+            raise field_error(trace.path, line, e) from None
         if result is not None:
             return result
         if on_step is not None:
             on_step()
-    return ReplayResult(path, n)
+    return ReplayResult(trace.path, n)
 
 
 def _replay_step(
