@@ -102,8 +102,9 @@ def kv_layout(rng: random.Random, bs: int, hybrid: bool) -> dict:
 # Speculative methods, each as often as drawn here: n-gram (no drafter of its
 # own), EAGLE and EAGLE-3 (lookahead KV slots, block hashes over the next
 # token), MTP (the same, on a DeepSeek-shaped target with MLA) and a draft
-# model (lookahead slots, and a drafting slot per request in the budget).
-SPEC_METHODS = ("ngram", "ngram", "eagle", "eagle3", "mtp", "draft_model")
+# model (lookahead slots, and a drafting slot per request in the budget);
+# n-gram on the GPU hands over k drafts, -1 in the slots it could not fill.
+SPEC_METHODS = ("ngram", "ngram_gpu", "eagle", "eagle3", "mtp", "draft_model")
 
 
 def speculation(rng: random.Random, pp: int) -> dict:
@@ -113,7 +114,7 @@ def speculation(rng: random.Random, pp: int) -> dict:
         k = rng.choice([1, 2, 3, 5])
         method = rng.choice(SPEC_METHODS)
         spec: dict = {"method": method, "num_speculative_tokens": k}
-        if method == "ngram":
+        if method in ("ngram", "ngram_gpu"):
             spec.update(prompt_lookup_max=3, prompt_lookup_min=1)
         settings: dict = {"speculative_config": spec}
         if method == "mtp":
@@ -375,6 +376,7 @@ def test_random_workloads_agree_with_vllm(chunk: int) -> None:
         "spec_drafts",
         "spec_accepted",
         "spec_verified",
+        "spec_empty_slots",
     ):
         assert events[what] >= 10, (what, events)
     # A reset succeeds only with nothing held (or everything preempted): rarer.

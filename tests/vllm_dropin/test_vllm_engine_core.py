@@ -103,7 +103,13 @@ class FakeExecutor(StandInExecutor):
             state.num_computed += n
             if state.num_computed >= state.prefill_len:
                 sampled[rid] = [self.token_fn(rid, state.num_computed)]
-        ids = list(scheduler_output.num_scheduled_tokens)
+        return self._hand_over(list(scheduler_output.num_scheduled_tokens), sampled, non_block)
+
+    def _hand_over(
+        self, ids: list[str], sampled: dict[str, list[int]], non_block: bool
+    ) -> ModelRunnerOutput | None | Future[ModelRunnerOutput | None]:
+        """What ``execute_model`` returns: None, with the step's samples kept
+        for ``sample_tokens``; with nothing scheduled, the empty output now."""
         output: ModelRunnerOutput | None = None
         if ids:
             self.pending = ModelRunnerOutput(

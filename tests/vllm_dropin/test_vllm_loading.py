@@ -223,3 +223,32 @@ def test_ngram_speculation_keeps_the_drop_in(async_scheduling: bool) -> None:
     s.add_request(vllm_setup.make_request("a", range(3, 20), 8))
     so = s.schedule()
     assert so.num_scheduled_tokens == {"a": 17} and so.num_spec_tokens_to_schedule == 3
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_gpu_ngram_speculation_keeps_the_drop_in(async_scheduling: bool) -> None:
+    spec = {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    vc, kvc = vllm_setup.vllm_config(
+        CLS, async_scheduling=async_scheduling, speculative_config=spec
+    )
+    s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
+    assert type(s) is ironbatch.vllm.Scheduler
+
+
+@pytest.mark.parametrize(
+    "method", ["suffix", "dflash", "dspark", "custom_class", "extract_hidden_states"]
+)
+def test_unproven_speculative_methods_fall_back_and_say_which(
+    method: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A method no differential test has shown the core is vLLM's to
+    schedule. vLLM builds these only with their drafters (a package, a
+    model) that this machine lacks, so an n-gram config stands in with the
+    method's name: the name is all the check reads first."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    vc, kvc = vllm_setup.vllm_config(CLS, speculative_config=spec)
+    object.__setattr__(vc.speculative_config, "method", method)
+    with caplog.at_level(logging.WARNING, logger="ironbatch.vllm"):
+        s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
+    assert type(s) is VllmScheduler
+    assert f"the {method!r} speculative method" in caplog.text

@@ -160,6 +160,9 @@ class VllmPair:
         # Speculative decoding: drafts the proposer hands over, verified by
         # the runner, which accepts a random number of them.
         self.num_spec_tokens: int = self.vllm.vllm_config.num_speculative_tokens
+        spec = self.vllm.vllm_config.speculative_config
+        # vLLM's GPU n-gram proposer hands over k drafts, -1 where it found none.
+        self.padded_drafts = spec is not None and spec.method == "ngram_gpu"
         # EngineCore's block hasher covers this many tokens after each block.
         self.hash_lookahead: int = self.vllm.vllm_config.num_hash_lookahead_tokens
         self.async_scheduling = bool(settings.get("async_scheduling"))
@@ -375,6 +378,9 @@ class VllmPair:
         proposer hands them over."""
         k = self.num_spec_tokens
         drafts = [[self.choose() for _ in range(self.rng.randint(0, k))] for _ in req_ids]
+        if self.padded_drafts:
+            drafts = [d + [-1] * (k - len(d)) for d in drafts]
+            self.events["spec_empty_slots"] += sum(d.count(-1) for d in drafts)
         return DraftTokenIds(req_ids=list(req_ids), draft_token_ids=drafts)
 
     def verified(self, a: SchedulerOutput, rid: str, choose: Callable[[], int]) -> list[int]:
@@ -383,7 +389,8 @@ class VllmPair:
         always rejected) and one token of its own."""
         drafts = a.scheduled_spec_decode_tokens.get(rid, [])
         if -1 in drafts and not self.async_scheduling:
-            accepted = 0
+            # Never a -1 (a prefix hit's padded step, a proposer's empty slot).
+            accepted = self.rng.randint(0, drafts.index(-1))
         else:
             accepted = self.rng.randint(0, len(drafts))
         self.events["spec_drafts"] += len(drafts)

@@ -128,6 +128,7 @@ DRAFT_ARCHITECTURES: dict[str, str | None] = {
     "mtp": None,
     "draft_model": None,
     "ngram": None,
+    "ngram_gpu": None,
 }
 
 

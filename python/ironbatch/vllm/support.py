@@ -12,6 +12,17 @@ from typing import Any
 
 VLLM_VERSION = "0.33.0"  # the scheduler whose decisions the core makes
 
+# Speculative methods whose scheduling the differential test proves equal to
+# vLLM's (tests/vllm_dropin/test_vllm_differential.py draws each): n-gram
+# lookup on the CPU and on the GPU (k drafts padded with -1), EAGLE, EAGLE-3,
+# MTP (vLLM names every model's MTP "mtp") and a draft model. Another method
+# (suffix decoding, DFlash, DSpark, a custom proposer, hidden-state
+# extraction) may hand over drafts of a shape no test has shown the core, so
+# it uses vLLM's scheduler until one does.
+PROVEN_SPECULATIVE_METHODS = frozenset(
+    {"ngram", "ngram_gpu", "eagle", "eagle3", "mtp", "draft_model"}
+)
+
 
 def unsupported_config(
     vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int | None
@@ -42,6 +53,11 @@ def unsupported_config(
     )
     observed = c.kv_events_config is not None and c.kv_events_config.enable_kv_cache_events
     checks: list[tuple[bool, str]] = [
+        (
+            spec is not None and spec.method not in PROVEN_SPECULATIVE_METHODS,
+            f"the {getattr(spec, 'method', None)!r} speculative method (proven: "
+            f"{', '.join(sorted(PROVEN_SPECULATIVE_METHODS))})",
+        ),
         (c.lora_config is not None, "LoRA"),
         (
             # Multi-module MTP never ends a prefill chunk within K tokens of
