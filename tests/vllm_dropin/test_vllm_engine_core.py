@@ -74,6 +74,7 @@ class FakeExecutor(StandInExecutor):
         self.received: list[dict[str, Any]] = []  # each SchedulerOutput, as received
         self.pending: ModelRunnerOutput | None = None
         self.token_fn: TokenFn = token_for
+        self.seen: Counter[str] = Counter()  # what a subclass counts as it runs
 
     # -- start-up: what profiling and KV-cache allocation would report ---------
 
@@ -217,12 +218,19 @@ class Run:
     # What the engine derived from its scheduler: the attention block size
     # it reports to the front-end, and its KV-cache group metadata.
     engine_facts: tuple[Any, ...] = ()
+    # What the executor counted as it ran (its ``seen``).
+    runner_counts: Counter[str] = dataclasses.field(default_factory=Counter)
 
 
 def run_engine(
-    scheduler_cls: str | None, async_scheduling: bool, token_fn: TokenFn = token_for
+    scheduler_cls: str | None,
+    async_scheduling: bool,
+    token_fn: TokenFn = token_for,
+    executor_class: type[FakeExecutor] | None = None,
+    **settings: Any,
 ) -> Run:
-    """The workload through a fresh EngineCore with the fake executor."""
+    """The workload through a fresh EngineCore with the fake executor (or
+    ``executor_class``); ``settings`` go to vLLM's config."""
     config, _ = vllm_config(
         scheduler_cls,
         block_size=BLOCK_SIZE,
@@ -230,14 +238,18 @@ def run_engine(
         max_num_seqs=16,
         max_num_batched_tokens=128,
         async_scheduling=async_scheduling,
+        **settings,
     )
-    engine = EngineCore(config, executor_class=FakeExecutor, log_stats=True)
+    engine = EngineCore(config, executor_class=executor_class or FakeExecutor, log_stats=True)
     try:
         run = _drive(engine, async_scheduling, token_fn)
         run.engine_facts = (
             engine.vllm_config.cache_config.effective_attention_block_size,
             engine.get_kv_cache_group_metadata(),
         )
+        executor = engine.model_executor
+        assert isinstance(executor, FakeExecutor)
+        run.runner_counts = executor.seen
         return run
     finally:
         engine.shutdown()

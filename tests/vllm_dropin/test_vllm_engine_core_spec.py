@@ -18,22 +18,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
-import vllm.envs  # noqa: E402
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
-from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 
-from ironbatch.vllm.harness import vllm_config  # noqa: E402
-
 from test_vllm_engine_core import (  # noqa: E402
-    BLOCK_SIZE,
-    MAX_MODEL_LEN,
     FakeExecutor,
     Run,
     RunnerRequest,
-    _drive,
     assert_same_runs,
-    token_for,
+    run_engine,
 )
 from vllm_pair import scheduler_output_view  # noqa: E402
 
@@ -51,7 +44,6 @@ class NgramGpuExecutor(FakeExecutor):
     def _init_executor(self) -> None:
         super()._init_executor()
         self.proposable: dict[str, int] = {}  # request -> computed, after the last step
-        self.seen: Counter[str] = Counter()
 
     def execute_model(  # type: ignore[override]
         self, scheduler_output: SchedulerOutput, non_block: bool = False
@@ -118,14 +110,11 @@ class NgramGpuExecutor(FakeExecutor):
         return DraftTokenIds(req_ids=ids, draft_token_ids=drafts)
 
 
-def run_speculating(scheduler_cls: str | None, async_scheduling: bool) -> tuple[Run, Counter]:
-    config, _ = vllm_config(
+def run_speculating(scheduler_cls: str | None, async_scheduling: bool) -> Run:
+    return run_engine(
         scheduler_cls,
-        block_size=BLOCK_SIZE,
-        max_model_len=MAX_MODEL_LEN,
-        max_num_seqs=16,
-        max_num_batched_tokens=128,
-        async_scheduling=async_scheduling,
+        async_scheduling,
+        executor_class=NgramGpuExecutor,
         speculative_config={
             "method": "ngram_gpu",
             "num_speculative_tokens": K,
@@ -133,19 +122,6 @@ def run_speculating(scheduler_cls: str | None, async_scheduling: bool) -> tuple[
             "prompt_lookup_min": 1,
         },
     )
-    engine = EngineCore(config, executor_class=NgramGpuExecutor, log_stats=True)
-    try:
-        run = _drive(engine, async_scheduling, token_for)
-        run.engine_facts = (
-            engine.vllm_config.cache_config.effective_attention_block_size,
-            engine.get_kv_cache_group_metadata(),
-        )
-        executor = engine.model_executor
-        assert isinstance(executor, NgramGpuExecutor)
-        return run, executor.seen
-    finally:
-        engine.shutdown()
-        vllm.envs.disable_envs_cache()
 
 
 def spec_stats(run: Run) -> Counter[str]:
@@ -163,8 +139,9 @@ def spec_stats(run: Run) -> Counter[str]:
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_engine_core_runs_padded_ngram_gpu_drafts_like_vllm(async_scheduling: bool) -> None:
-    ours, ours_seen = run_speculating("ironbatch.vllm.Scheduler", async_scheduling)
-    theirs, theirs_seen = run_speculating(None, async_scheduling)
+    ours = run_speculating("ironbatch.vllm.Scheduler", async_scheduling)
+    theirs = run_speculating(None, async_scheduling)
+    ours_seen, theirs_seen = ours.runner_counts, theirs.runner_counts
     assert ours.scheduler_module == "ironbatch.vllm.scheduler"
     assert theirs.scheduler_module.startswith("vllm.v1.core.sched.")
     # The workload really verifies drafts, padded ones among them (sync),
