@@ -138,6 +138,14 @@ def test_bad_update_from_output(busy: Scheduler) -> None:
         busy, lambda: busy.update_from_output(out, np.array([5.0, -1.0])), TypeError, "sampled"
     )
     unchanged(busy, lambda: busy.update_from_output(None, {}), TypeError, "scheduler_output")
+    # Speculation off: a decode samples one token, never more.
+    unchanged(
+        busy,
+        lambda: busy.update_from_output(out, {"a": [5, 6, 8]}),
+        ValueError,
+        r"sampled\['a'\]: 3 tokens, but the step scheduled 0 drafts for it, "
+        "so it samples at most 1",
+    )
     updates = busy.update_from_output(out, np.array([5, -1]))
     assert [u.request_id for u in updates] == ["a"]
     unchanged(busy, lambda: busy.update_from_output(out, {}), ValueError, "already applied")
@@ -155,9 +163,28 @@ def test_an_output_belongs_to_its_scheduler(backend: str) -> None:
 
 def test_finish_requests_input(busy: Scheduler) -> None:
     unchanged(busy, lambda: busy.finish_requests([1]), TypeError, "request_ids")
+    for nothing in (None, 5):
+        unchanged(
+            busy,
+            lambda nothing=nothing: busy.finish_requests(nothing),  # type: ignore[misc]
+            TypeError,
+            "request_ids must be a request id or an iterable of them, got "
+            + type(nothing).__name__,
+        )
     before = busy.debug_state()
     busy.finish_requests(["nope"])  # unknown ids are ignored, as vLLM does
     assert busy.debug_state() == before
     busy.finish_requests("c")
     assert "c" not in busy.debug_state()["requests"]
     busy.add_request(req("c", [9, 9]))  # a finished id may be used again
+
+
+@pytest.mark.parametrize("flag", ["no", 1, None, np.bool_(True)])
+def test_throttle_prefills_is_a_bool_on_both_backends(busy: Scheduler, flag: Any) -> None:
+    """The twin would take any truthy value as True; both refuse alike."""
+    unchanged(
+        busy,
+        lambda: busy.schedule(throttle_prefills=flag),
+        TypeError,
+        f"throttle_prefills must be a bool, got {type(flag).__name__}",
+    )

@@ -85,13 +85,21 @@ def test_bad_drafts_are_refused_alike_and_change_nothing(
     assert messages[0] == messages[1]
 
 
-def test_too_many_sampled_tokens_for_the_drafts_are_refused() -> None:
+@pytest.mark.parametrize("drafts", [[60], []], ids=["one draft", "none"])
+def test_too_many_sampled_tokens_for_the_drafts_are_refused(drafts: list[int]) -> None:
+    """A step samples at most one token after the drafts it scheduled: more
+    is refused naming the request, and changes nothing, on both backends
+    (the core's own check, by row, is its unit test's)."""
     for backend in BACKENDS:
         s = decoding(backend, k=1)
-        s.update_draft_token_ids({"a": [60]})
+        s.update_draft_token_ids({"a": drafts})
         out = s.schedule()
-        with pytest.raises(ValueError, match="at most one more"):
+        before = s.debug_state()
+        most = len(drafts) + 1
+        with pytest.raises(ValueError, match=rf"sampled\['a'\]: 3 tokens.*samples at most {most}"):
             s.update_from_output(out, {"a": [60, 61, 62]})
+        assert s.debug_state() == before
+        s.update_from_output(out, {"a": [60] * most})  # the most it may take
 
 
 # What a drafter with its own forward pass adds (docs/scheduling.md §4.13):

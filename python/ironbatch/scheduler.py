@@ -115,6 +115,11 @@ class Scheduler:
         """One step. ``throttle_prefills`` holds prefill work back this step,
         as a data-parallel engine asks its ranks to (docs/scheduling.md
         §4.11)."""
+        if throttle_prefills is not False and throttle_prefills is not True:
+            # Both backends alike (the twin would take any truthy value).
+            raise TypeError(
+                f"throttle_prefills must be a bool, got {type(throttle_prefills).__name__}"
+            )
         # The guard inline, not through _exclusive: this is the hot path.
         if not self._in_use.acquire(blocking=False):
             raise _concurrent_call("schedule")
@@ -209,7 +214,15 @@ class Scheduler:
         """End requests from outside (an abort, or ``FINISHED_STOPPED`` for a
         stop string), freeing them in the order given; unknown and finished
         ids are ignored."""
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        if isinstance(request_ids, str):
+            ids = [request_ids]
+        elif isinstance(request_ids, Iterable):
+            ids = list(request_ids)
+        else:
+            raise TypeError(
+                "request_ids must be a request id or an iterable of them, got "
+                f"{type(request_ids).__name__}"
+            )
         for rid in ids:
             if not isinstance(rid, str):
                 raise TypeError(f"request_ids must hold str, got {type(rid).__name__}")
@@ -258,6 +271,13 @@ def _sampled(
             if rid not in row:
                 raise ValueError(f"sampled: request {rid!r} was not scheduled in this step")
             per_row[row[rid]] = u32_list(f"sampled[{rid!r}]", tokens)
+            # The backends check this too, by row; here it names the request.
+            drafts = int(out.num_spec_tokens[row[rid]])
+            if len(per_row[row[rid]]) > drafts + 1:
+                raise ValueError(
+                    f"sampled[{rid!r}]: {len(per_row[row[rid]])} tokens, but the step "
+                    f"scheduled {drafts} drafts for it, so it samples at most {drafts + 1}"
+                )
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum([len(t) for t in per_row], out=offsets[1:])
         flat = np.fromiter(

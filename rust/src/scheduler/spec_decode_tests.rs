@@ -86,6 +86,29 @@ fn drafts_beyond_max_model_len_are_cut_and_too_many_refused() {
 }
 
 #[test]
+fn more_tokens_than_one_after_the_drafts_are_refused_and_change_nothing() {
+    // With one draft scheduled a step samples at most two tokens; with none
+    // (a plain decode, speculation on or off), at most one.
+    for drafts in [vec![60], vec![]] {
+        let mut s = decoding(1);
+        s.update_draft_token_ids(&["a"], &drafts, &[0, drafts.len()])
+            .unwrap();
+        let out = s.schedule();
+        let before = s.request(out.entries[0].slot).unwrap().num_tokens();
+        let most = drafts.len() + 1;
+        let tokens = vec![60; most + 1];
+        let err = s
+            .update_from_output(&out, &tokens, &[0, most + 1])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("samples at most {most}")), "{err}");
+        assert_eq!(s.request(out.entries[0].slot).unwrap().num_tokens(), before);
+        s.update_from_output(&out, &tokens[..most], &[0, most])
+            .unwrap();
+    }
+}
+
+#[test]
 fn padded_drafts_are_scheduled_counted_and_rejected_as_vllm_keeps_them() {
     // ngram_gpu hands over k drafts, -1 where it found no match; vLLM
     // schedules all k and counts them as drafts.

@@ -226,10 +226,15 @@ impl Scheduler {
         }
         for (i, e) in step.entries.iter().enumerate() {
             let got = offsets[i + 1] - offsets[i];
-            if !e.drafts.is_empty() && got > e.drafts.len() + 1 {
+            // A step samples one token after the drafts it verified: a
+            // runner handing back more would grow the request by tokens no
+            // step computed.
+            if got > e.drafts.len() + 1 {
                 return Err(Error::invalid(format!(
-                    "sampled: entry {i} got {got} tokens for {} drafts (at most one more)",
-                    e.drafts.len()
+                    "sampled: entry {i} got {got} tokens, but its step scheduled {} drafts, \
+                     so it samples at most {}",
+                    e.drafts.len(),
+                    e.drafts.len() + 1
                 )));
             }
             if got > 0 && !e.samples {

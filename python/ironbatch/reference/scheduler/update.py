@@ -169,9 +169,12 @@ def check_update(s: Scheduler, step: StepOutput, tokens: list[int], offsets: lis
         raise ValueError("sampled: offsets must rise from 0 to the number of tokens")
     for i, e in enumerate(step.entries):
         got = offsets[i + 1] - offsets[i]
-        if e.drafts and got > len(e.drafts) + 1:
+        # A step samples one token after the drafts it verified: a runner
+        # handing back more would grow the request by tokens no step computed.
+        if got > len(e.drafts) + 1:
             raise ValueError(
-                f"sampled: entry {i} got {got} tokens for {len(e.drafts)} drafts (at most one more)"
+                f"sampled: entry {i} got {got} tokens, but its step scheduled "
+                f"{len(e.drafts)} drafts, so it samples at most {len(e.drafts) + 1}"
             )
         if got > 0 and not e.samples:
             raise ValueError(
