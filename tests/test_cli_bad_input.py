@@ -171,12 +171,20 @@ def test_the_installed_command_exits_2(args: list[str], says: str) -> None:
     assert done.stdout == ""
 
 
-def test_llm_refuses_zero_blocks(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ("num_blocks", r"num_blocks must be in \[2, 16777216\], got 0"),
+        ("max_model_len", r"max_model_len must be in \[2, \d+\], got 0"),
+        ("max_num_batched_tokens", r"max_num_batched_tokens must be in \[1, \d+\], got 0"),
+    ],
+)
+def test_llm_refuses_zero_sizes(tmp_path: Path, setting: str, says: str) -> None:
     """0 is not 'work it out' (None is): it is refused with the range."""
     pytest.importorskip("torch")
     from ironbatch.engine import LLM
     from ironbatch.model.random_model import write_random_llama
 
     write_random_llama(tmp_path)
-    with pytest.raises(ValueError, match=r"num_blocks must be in \[2, 16777216\], got 0"):
-        LLM(str(tmp_path), num_blocks=0)
+    with pytest.raises(ValueError, match=says):
+        LLM(str(tmp_path), **{setting: 0})

@@ -106,7 +106,9 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(args.model)
         c = self.model_config
         dtype = resolve_dtype(args.dtype, c)
-        max_len = args.max_model_len or c.max_position_embeddings
+        # None derives it from the model; 0 or any other value
+        # SchedulerConfig checks (0 is refused there, with the range).
+        max_len = c.max_position_embeddings if args.max_model_len is None else args.max_model_len
         # None derives the count; 0 or any other value CacheConfig checks.
         num_blocks = (
             args.num_blocks
@@ -114,8 +116,12 @@ class LLMEngine:
             else kv_cache.num_blocks_for(self._kv_budget(device), c, args.block_size, dtype)
         )
         chunked = args.enable_chunked_prefill
-        batched = args.max_num_batched_tokens or (
-            max(2048, args.max_num_seqs) if chunked else max(max_len, args.max_num_seqs)
+        batched = (
+            args.max_num_batched_tokens
+            if args.max_num_batched_tokens is not None
+            else max(2048, args.max_num_seqs)
+            if chunked
+            else max(max_len, args.max_num_seqs)
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
