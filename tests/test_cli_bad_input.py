@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,33 @@ def test_llm_refuses_zero_sizes(tmp_path: Path, setting: str, says: str) -> None
     write_random_llama(tmp_path)
     with pytest.raises(ValueError, match=says):
         LLM(str(tmp_path), **{setting: 0})
+
+
+@pytest.mark.parametrize(
+    ("command", "missing"),
+    [
+        (["demo", "--requests", "2"], "torch"),
+        (["generate", "--model", "random", "--prompt", "ids:1,2,3"], "torch"),
+        (["profile", "--out", "{tmp}/fit.json"], "torch"),
+        (["demo", "--requests", "2"], "safetensors"),
+    ],
+)
+def test_engine_commands_without_the_engine_extra_say_how_to_get_it(
+    tmp_path: Path, command: list[str], missing: str
+) -> None:
+    """A base install (no torch, tokenizers, safetensors, tqdm) runs
+    simulate, replay and bench; the engine's commands say what to install,
+    on one line, instead of a traceback."""
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    code = (
+        "import sys\n"
+        f"sys.modules[{missing!r}] = None  # as if not installed\n"
+        "from ironbatch.cli import main\n"
+        f"sys.exit(main({args!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1, done
+    line = f"ironbatch {command[0]}: needs the engine's dependencies ({missing} is not installed)"
+    assert done.stderr.startswith(line) and len(done.stderr.splitlines()) == 1, done.stderr
+    assert 'pip install ".[engine]"' in done.stderr
+    assert done.stdout == ""

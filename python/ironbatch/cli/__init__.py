@@ -28,10 +28,25 @@ def build_parser() -> Parser:
     return parser
 
 
+# What ``pip install "ironbatch[engine]"`` adds (pyproject.toml): a base
+# install simulates, replays and benches without them.
+ENGINE_MODULES = frozenset({"torch", "safetensors", "tokenizers", "tqdm"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
+    except ModuleNotFoundError as e:
+        package = (e.name or "").partition(".")[0]
+        if package not in ENGINE_MODULES:
+            raise
+        print(
+            f"ironbatch {args.command}: needs the engine's dependencies ({package} is not "
+            'installed): install the engine extra, pip install ".[engine]" (docs/install.md)',
+            file=sys.stderr,
+        )
+        return 1
     # What an option's value makes the command refuse, on one line.
     except (ValueError, TypeError) as e:
         print(f"ironbatch {args.command}: {e}", file=sys.stderr)
