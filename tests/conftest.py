@@ -15,10 +15,11 @@ import secrets  # noqa: E402
 import types  # noqa: E402
 
 import pytest  # noqa: E402
-from seeded import SEED_LIMIT, Workloads  # noqa: E402
 
 import ironbatch  # noqa: E402
 import ironbatch.reference  # noqa: E402
+
+from seeded import SEED_LIMIT, Workloads  # noqa: E402
 
 BACKENDS = {"rust": ironbatch, "python": ironbatch.reference}
 

@@ -19,12 +19,12 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from seeded import run_machine
 
 import ironbatch
 import ironbatch.reference
 
 from kv_invariants import check_kv_invariants
+from seeded import run_machine
 
 # A few prompts that share prefixes of different lengths, so lookups hit.
 _BASE = [(7 * i) % 50 for i in range(200)]

@@ -12,12 +12,12 @@ from collections import Counter
 from typing import Any, NamedTuple
 
 import pytest
-from seeded import Workloads
 
 import ironbatch
 import ironbatch.reference
 
 from kv_invariants import check_kv_invariants
+from seeded import Workloads
 
 WORKLOADS = 40  # per run; FULL_WORKLOADS with IRONBATCH_FULL=1
 FULL_WORKLOADS = 200

@@ -19,11 +19,11 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from seeded import Workloads, run_machine
 
 from ironbatch import KVCacheGroup, RepetitionDetectionParams
 
 from scheduler_pair import SchedulerPair
+from seeded import Workloads, run_machine
 
 VOCAB = 40
 EOS = 2

@@ -24,13 +24,16 @@ from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
 import vllm_setup  # noqa: E402
 from fake_grammar import REJECTED, THINK_END  # noqa: E402
+from seeded import Workloads  # noqa: E402
 from vllm_pair import VllmPair  # noqa: E402
 
 VOCAB = 60
 EOS = vllm_setup.EOS
 STOP = 7
 REPEATS = RepetitionDetectionParams(max_pattern_size=2, min_count=3)
-WORKLOADS = 1040  # at least 500 per CI run, and 200 for each feature (tested below)
+# Workloads per run and at full size (IRONBATCH_FULL=1), in CHUNKS tests of
+# their own: each chunk draws its seeds from the run's seed.
+WORKLOADS, FULL_WORKLOADS = 312, 1040
 CHUNKS = 13
 
 
@@ -296,6 +299,7 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
         if rid in pair.vllm.requests:
             pair.add_chunk(rid, [0], resumable=False)
     # Pipeline parallelism spaces a request's decodes pp steps apart.
+    idle = 0
     for _ in range(30 * max_len * pp):
         if not pair.vllm.has_requests() and not pair.in_flight:
             break
@@ -303,81 +307,130 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
             step()
         else:
             pair.update_oldest(choose)
+        idle = idle + 1 if not pair.vllm.running and not scheduled_any(pair) else 0
+        if idle > interval + 3 and stalled_sessions(pair):
+            # vLLM's own deadlock, reproduced: sessions that hold their blocks
+            # between turns, with too few blocks left for any of them to
+            # extend, and nothing running to preempt. Their clients give up.
+            pair.events["sessions_stalled"] += 1
+            pair.abort(stalled_sessions(pair))
+            idle = 0
     assert not pair.vllm.has_requests() and not pair.in_flight, "no progress"
     return pair.events
 
 
-def test_each_feature_gets_200_workloads() -> None:
-    """The workloads draw their settings and features from their seed: each
-    feature the drop-in covers gets at least 200 of them per run."""
+def scheduled_any(pair: VllmPair) -> bool:
+    """Whether a step still in flight scheduled tokens (its output changes something)."""
+    return any(a.total_num_scheduled_tokens for a, _, _ in pair.in_flight)
+
+
+def stalled_sessions(pair: VllmPair) -> list[str]:
+    """The waiting requests that hold KV blocks, when all are streaming
+    sessions between turns (none when another kind holds blocks: a stall of
+    that kind is a failure)."""
+    holders = list(pair.vllm.kv_holding_waiting)
+    if not holders or any(r.streaming_queue is None for r in holders):
+        return []
+    return [r.request_id for r in holders]
+
+
+def drawn_features(seed: int) -> Counter:
+    """The features a workload's seed draws (its settings and Features),
+    one count each, named as the tests below name them."""
+    rng = random.Random(seed)
+    s = random_settings(rng)
+    f = workload_features(rng, s)
+    drawn = {
+        "structured outputs": f.grammars,
+        "streaming sessions": f.sessions,
+        "KV-cache events": "kv_events_config" in s,
+        "KV-cache metrics": "observability_config" in s,
+        "pipeline parallelism": s["pipeline_parallel_size"] > 1,
+        "data parallelism": s["data_parallel_size"] > 1,
+        "local prefill cadence": s["data_parallel_size"] == 1
+        and s["prefill_schedule_interval"] > 1,
+        "async scheduling": s["async_scheduling"],
+        "priority policy": s["policy"] == "priority",
+        "MLA": s["mla"],
+        "window KV-cache groups": s["kv_layout"] != "full",
+        "speculative decoding": "speculative_config" in s,
+    }
+    if s["kv_layout"] != "full":
+        drawn[f"layout: {s['kv_layout']}"] = True
+    if "speculative_config" in s:
+        drawn[f"speculation: {s['speculative_config']['method']}"] = True
+    return Counter({f"feature: {k}": 1 for k, v in drawn.items() if v})
+
+
+# What 1,040 workloads draw at least, on average: each feature 200, each
+# speculative method and window layout 40, speculation and window groups 300.
+FEATURE_SHARES = {"feature: speculative decoding": 300, "feature: window KV-cache groups": 300}
+
+
+def feature_need(name: str) -> int:
+    """How many of 1,040 workloads draw the feature ``name``, at least."""
+    return FEATURE_SHARES.get(name, 40 if ": " in name.removeprefix("feature: ") else 200)
+
+
+LAYOUTS = ("gpt-oss", "gemma3", "llama4")
+FEATURES = [
+    *(f"feature: {k}" for k in ("structured outputs", "streaming sessions", "KV-cache events")),
+    *(f"feature: {k}" for k in ("KV-cache metrics", "pipeline parallelism", "data parallelism")),
+    *(f"feature: {k}" for k in ("local prefill cadence", "async scheduling", "priority policy")),
+    *(f"feature: {k}" for k in ("MLA", "window KV-cache groups", "speculative decoding")),
+    *(f"feature: layout: {k}" for k in LAYOUTS),
+    *(f"feature: speculation: {m}" for m in SPEC_METHODS),
+]
+
+
+def test_each_feature_gets_its_share_of_workloads(workloads: Workloads) -> None:
+    """The workloads draw their settings and features from their seed: over
+    ten times the full size's seeds (cheap: nothing runs), each feature
+    comes at least its share of 1,040 (``feature_need``), so a run of any
+    size draws each about that often. The chunks below make sure this run
+    really ran each."""
     counts: Counter = Counter()
-    for seed in range(WORKLOADS):
-        rng = random.Random(seed)
-        s = random_settings(rng)
-        f = workload_features(rng, s)
-        counts["structured outputs"] += f.grammars
-        counts["streaming sessions"] += f.sessions
-        counts["KV-cache events"] += "kv_events_config" in s
-        counts["KV-cache metrics"] += "observability_config" in s
-        counts["pipeline parallelism"] += s["pipeline_parallel_size"] > 1
-        counts["data parallelism"] += s["data_parallel_size"] > 1
-        counts["local prefill cadence"] += (
-            s["data_parallel_size"] == 1 and s["prefill_schedule_interval"] > 1
-        )
-        counts["async scheduling"] += s["async_scheduling"]
-        counts["priority policy"] += s["policy"] == "priority"
-        counts["MLA"] += s["mla"]
-        counts["window KV-cache groups"] += s["kv_layout"] != "full"
-        if s["kv_layout"] != "full":
-            counts[f"layout: {s['kv_layout']}"] += 1
-        counts["speculative decoding"] += "speculative_config" in s
-        if "speculative_config" in s:
-            counts[f"speculation: {s['speculative_config']['method']}"] += 1
-    # Each speculative method in at least 40 workloads, each other feature in 200.
-    assert min(counts.values()) >= 40, counts
-    assert min(v for k, v in counts.items() if ":" not in k) >= 200, counts
-    assert counts["speculative decoding"] >= 300, counts
-    assert counts["window KV-cache groups"] >= 300, counts
+    for seed in workloads.seeds(10 * FULL_WORKLOADS, 10 * FULL_WORKLOADS, "features"):
+        counts += drawn_features(seed)
+    assert set(counts) == set(FEATURES), counts
+    for name in FEATURES:
+        assert counts[name] >= 10 * feature_need(name), (name, counts)
+
+
+# Events each chunk of 80 workloads must see at least 10 times (fewer, in
+# proportion, in a smaller chunk), and KV-cache resets at least once: a reset
+# succeeds only with nothing held (or everything preempted), so it is rarer.
+EVENTS = (
+    *("preempted", "prefix_hits", "finished", "aborted", "placeholders", "skipped"),
+    *("paused", "repetition", "skip_reading", "masked_rows", "masks_deferred"),
+    *("grammar_failed", "grammar_rejected", "reasoning_ended"),
+    *("kv_BlockStored", "kv_BlockRemoved", "kv_evictions"),
+    *("throttled", "decode_staggered", "pp_token_ids", "session_turns", "session_chunks"),
+    *("spec_drafts", "spec_accepted", "spec_verified", "spec_empty_slots"),
+)
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
-def test_random_workloads_agree_with_vllm(chunk: int) -> None:
-    events: Counter = Counter()
-    per_chunk = WORKLOADS // CHUNKS
-    for seed in range(chunk * per_chunk, (chunk + 1) * per_chunk):
-        events += run_workload(seed)
-    # The workloads must really exercise what they claim to.
-    for what in (
-        "preempted",
-        "prefix_hits",
-        "finished",
-        "aborted",
-        "placeholders",
-        "skipped",
-        "paused",
-        "repetition",
-        "skip_reading",
-        "masked_rows",
-        "masks_deferred",
-        "grammar_failed",
-        "grammar_rejected",
-        "reasoning_ended",
-        "kv_BlockStored",
-        "kv_BlockRemoved",
-        "kv_evictions",
-    ):
-        assert events[what] >= 10, (what, events)
-    for what in (
-        "throttled",
-        "decode_staggered",
-        "pp_token_ids",
-        "session_turns",
-        "session_chunks",
-        "spec_drafts",
-        "spec_accepted",
-        "spec_verified",
-        "spec_empty_slots",
-    ):
-        assert events[what] >= 10, (what, events)
-    # A reset succeeds only with nothing held (or everything preempted): rarer.
-    assert events["kv_AllBlocksCleared"] >= 1, events
+def test_random_workloads_agree_with_vllm(chunk: int, workloads: Workloads) -> None:
+    per_run, full = WORKLOADS // CHUNKS, FULL_WORKLOADS // CHUNKS
+    size = workloads.size(per_run, full)
+    needs = {what: workloads.scaled(10, per_run, full) for what in EVENTS}
+    needs["kv_AllBlocksCleared"] = 1
+    # The workloads must really run what they claim to: each feature in its
+    # share of them (``feature_need`` of 1,040) ...
+    for name in FEATURES:
+        if name.count(": ") == 1:
+            needs[name] = -(-feature_need(name) * size // FULL_WORKLOADS)
+    # ... and each chunk one speculative method and one window layout of its
+    # own (rarer: all of them in every chunk would run twice its workloads),
+    # 3 of 80 workloads, so a run covers each in two chunks or more.
+    own = (SPEC_METHODS[chunk % len(SPEC_METHODS)], LAYOUTS[chunk % len(LAYOUTS)])
+    needs[f"feature: speculation: {own[0]}"] = workloads.scaled(3, per_run, full)
+    needs[f"feature: layout: {own[1]}"] = workloads.scaled(3, per_run, full)
+
+    def run(seed: int) -> Counter:
+        return run_workload(seed) + drawn_features(seed) + Counter(workloads=1)
+
+    events = workloads.run_covering(run, needs, per_run, full, part=f"chunk {chunk}")
+    for what, n in needs.items():
+        assert events[what] >= n, (what, n, events)

@@ -19,11 +19,11 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("xgrammar")
 
-from seeded import Workloads  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
 
 import vllm_setup  # noqa: E402
+from seeded import Workloads  # noqa: E402
 from vllm_pair import VllmPair  # noqa: E402
 
 EOS = vllm_setup.EOS  # "</s>" below
