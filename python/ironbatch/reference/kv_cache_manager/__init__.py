@@ -1,0 +1,276 @@
+"""The KV-cache manager (docs/scheduling.md §7.5–7.10): prefix lookups, slot
+allocation with the admission gate, hash caching at allocation time, and
+freeing.
+
+It owns the block pool; requests own their ``BlockTable`` and ``Sequence``
+and lend them to each call (the id-keyed registry over it is
+``kv_cache_registry.KVCacheManager``). ``allocate_slots`` checks every
+argument before anything changes, so a ``ValueError`` (bad input) or a
+``None`` (too few free blocks) leaves the pool, the map and the table exactly
+as they were.
+
+Here: the manager, its lookups, freeing, stats and events; ``config`` holds
+its settings' checks, ``allocation`` the allocation path, ``caching`` the
+hash caching (the core's modules). Their functions take the manager as
+their first argument and share its state attributes (``_pool``,
+``_block_size``, ...); callers outside this package use the methods."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from ironbatch.reference.attention_group import FULL, GroupSpec
+from ironbatch.reference.block import NULL_BLOCK, Block
+from ironbatch.reference.block_hash import BlockHasher
+from ironbatch.reference.block_pool import BlockPool
+from ironbatch.reference.block_table import BlockTable
+from ironbatch.reference.kv_cache_manager import allocation, caching
+from ironbatch.reference.kv_cache_manager.allocation import Admission
+from ironbatch.reference.kv_cache_manager.config import check_groups, validate
+from ironbatch.reference.kv_events import KvEvent
+from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
+from ironbatch.reference.prefix_hit import PrefixHit, find_longest_hit, lookup_groups
+from ironbatch.reference.sequence import Sequence
+
+__all__ = ["Admission", "KvCacheManager", "check_groups"]
+
+
+class KvCacheManager:
+    """The paged KV cache's bookkeeping."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_prefix_caching: bool,
+        hasher: BlockHasher | None = None,
+        *,
+        num_lookahead_tokens: int = 0,
+        num_hash_lookahead_tokens: int = 0,
+        groups: Seq[GroupSpec] = (FULL,),
+        sparse_retention: bool = True,
+    ) -> None:
+        """A manager over a fresh pool, hashing under a random secret key
+        unless ``hasher`` is given (fixed keys make tests reproducible).
+        ``num_lookahead_tokens`` KV slots are reserved past each
+        allocation's tokens (an EAGLE, MTP or draft-model drafter writes
+        there); each block's hash covers ``num_hash_lookahead_tokens``
+        tokens after it (docs/scheduling.md §7.4). ``groups`` are the
+        KV-cache groups in vLLM's order (its layers' first appearance), all
+        of ``block_size``; under ``sparse_retention`` (vLLM's default
+        ``prefix_cache_retention_interval = 0``) sliding-window groups cache
+        only the blocks a later request can resume from."""
+        validate(
+            num_blocks,
+            block_size,
+            max_model_len,
+            num_lookahead_tokens,
+            num_hash_lookahead_tokens,
+            groups,
+        )
+        self._pool = BlockPool(num_blocks)
+        self._block_size = block_size
+        self._max_model_len = max_model_len
+        self._enable_caching = bool(enable_prefix_caching)
+        self._lookahead = num_lookahead_tokens
+        self._groups = list(groups)
+        #: The order groups are asked for prefix hits in.
+        self._lookup = lookup_groups([g.kind for g in self._groups])
+        #: One full-attention group: the common case, on the fast paths.
+        self._single_full = len(self._groups) == 1 and self._groups[0].kind.is_full()
+        self._sparse_retention = bool(sparse_retention)
+        hasher = BlockHasher() if hasher is None else hasher
+        self._hasher = hasher.with_lookahead(num_hash_lookahead_tokens)
+        self._stats = PrefixCacheStats()
+
+    @property
+    def hasher(self) -> BlockHasher:
+        """The hasher every request of this cache must use for its chain."""
+        return self._hasher
+
+    @property
+    def pool(self) -> BlockPool:
+        """The block pool, for inspection."""
+        return self._pool
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def groups(self) -> list[GroupSpec]:
+        """The KV-cache groups."""
+        return self._groups
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self._enable_caching
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks (cached-but-unreferenced ones included)."""
+        return self._pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests."""
+        return self._pool.usage
+
+    def slot_of(self, table: BlockTable, pos: int) -> int:
+        """The KV-cache slot of position ``pos`` in a request's ``table``."""
+        bs = self._block_size
+        return table.blocks[pos // bs].block_id * bs + pos % bs
+
+    def get_computed_blocks(self, seq: Sequence) -> tuple[list[Block], int]:
+        """The longest cached prefix of ``seq`` in whole blocks, capped at
+        ``num_tokens - 1`` tokens so the last token is always computed (Q12):
+        the hit blocks and the hit token count. Changes nothing."""
+        if not self._enable_caching:
+            return [], 0
+        max_hit_blocks = max(seq.num_tokens - 1, 0) // self._block_size
+        hits = []
+        for block_hash in seq.block_hashes[:max_hit_blocks]:
+            block = self._pool.get_cached_block(block_hash)
+            if block is None:
+                break  # chained hashes: once one block misses, every later one does
+            hits.append(block)
+        return hits, len(hits) * self._block_size
+
+    def find_hit(self, seq: Sequence) -> PrefixHit:
+        """The longest prefix hit valid for every group (docs/scheduling.md
+        §7.5), capped at ``num_tokens - 1`` tokens so the last token is
+        always computed (Q12), with each group's blocks (the null block
+        where a window needs none), ``tokens / bs`` of them. Changes
+        nothing."""
+        num_groups = len(self._groups)
+        if not self._enable_caching:
+            return PrefixHit(blocks=[[] for _ in range(num_groups)])
+        if self._single_full:
+            hits, tokens = self.get_computed_blocks(seq)
+            return PrefixHit(tokens, 0, [hits])
+        return find_longest_hit(
+            self._pool,
+            self._lookup,
+            seq.block_hashes,
+            max(seq.num_tokens - 1, 0),
+            self._block_size,
+            num_groups,
+        )
+
+    def allocate_slots(
+        self,
+        table: BlockTable,
+        seq: Sequence,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: list[int],
+        full_sequence_must_fit: bool,
+    ) -> int | None:
+        """Make room for ``num_new_tokens`` more tokens of ``seq``, after
+        taking the ``new_computed_blocks`` prefix hits (covering
+        ``num_new_computed_tokens``).
+
+        Returns how many new blocks the table grew by (its last ones), None
+        when too few blocks are free, and raises ``ValueError`` for arguments
+        no correct scheduler passes; nothing changes unless it returns a
+        count. With ``full_sequence_must_fit`` the whole known sequence must
+        fit too (the admission gate, Q13). One full-attention group only."""
+        return allocation.allocate_slots(
+            self,
+            table,
+            seq,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            full_sequence_must_fit,
+        )
+
+    def allocate(
+        self,
+        tables: list[BlockTable],
+        seq: Sequence,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        hits: list[list[Block]],
+        admission: Admission,
+        in_flight: int,
+    ) -> int | None:
+        """``allocate_slots`` over every group's table, with arguments the
+        caller guarantees (the scheduler's own): the number of new blocks
+        per group, or None. ``hits`` holds one list per group (or none);
+        ``in_flight`` of the computed tokens are still being computed.
+        Before the step's own check, window groups give back the blocks no
+        position reads any more (whether or not the allocation succeeds, as
+        vLLM's does); nothing else changes on None."""
+        return allocation.allocate(
+            self, tables, seq, num_new_tokens, num_new_computed_tokens, hits, admission, in_flight
+        )
+
+    def cache_full_blocks(self, tables: list[BlockTable], seq: Sequence, upto: int) -> None:
+        """Hash-cache every group's full blocks up to token ``upto``, when
+        prefix caching is on; the async update caches the blocks its tokens
+        filled."""
+        caching.cache_full_blocks(self, tables, seq, upto)
+
+    def num_cached_tokens(self, tables: list[BlockTable]) -> int:
+        """Tokens the request holds in hash-cached blocks, as vLLM estimates
+        them: per group, where its last held cached block ends; the least
+        over the groups."""
+        return caching.num_cached_tokens(self, tables)
+
+    def free(self, tables: list[BlockTable]) -> None:
+        """Release every group's table, in group order, each last block
+        first: unhashed blocks go to the head of the free queue, cached ones
+        to the tail (docs/scheduling.md §7.9, Q2); null positions hold
+        nothing."""
+        for table in tables:
+            self._pool.release([b for b in reversed(table.blocks) if b.block_id != NULL_BLOCK])
+            table.blocks.clear()
+            table.num_cached = 0
+
+    def record_prefix_cache_stats(
+        self, num_tokens: int, num_hit_tokens: int, preempted: bool
+    ) -> None:
+        """Count one admission (docs/scheduling.md §7.10); only with prefix
+        caching on."""
+        if self._enable_caching:
+            self._stats.record(num_tokens, num_hit_tokens, preempted)
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Take the counters, leaving zeros."""
+        stats, self._stats = self._stats, PrefixCacheStats()
+        return stats
+
+    def enable_events(self) -> None:
+        """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
+        self._pool.events.enable()
+
+    def enable_lifecycle_events(self) -> None:
+        """Log blocks' lives (residency metrics) from now on."""
+        self._pool.events.enable_lifecycle()
+
+    @property
+    def events_enabled(self) -> bool:
+        """Whether KV-cache events (routers') are logged."""
+        return self._pool.events.enabled
+
+    def log_event(self, event: KvEvent) -> None:
+        """Log an event the caller knows of (stores and hits: only the caller
+        knows whose table it is)."""
+        self._pool.events.push(event)
+
+    def take_events(self) -> list[KvEvent]:
+        """The events since last taken, oldest first."""
+        return self._pool.events.take()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash if no block is held; returns whether it did."""
+        done = self._pool.reset_prefix_cache()
+        if done:
+            self._stats.reset = True
+        return done

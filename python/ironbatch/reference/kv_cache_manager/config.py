@@ -1,0 +1,48 @@
+"""The KV-cache manager's settings and their checks (docs/scheduling.md §2,
+§2.1, §7.13): every field in range, the first bad one named, in the core's
+``KvCacheConfig::validate`` order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, SlidingWindow
+from ironbatch.reference.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_KV_CACHE_GROUPS,
+    MAX_MODEL_LEN,
+    MAX_NUM_BLOCKS,
+    check_range,
+)
+
+
+def validate(
+    num_blocks: int,
+    block_size: int,
+    max_model_len: int,
+    num_lookahead_tokens: int,
+    num_hash_lookahead_tokens: int,
+    groups: Seq[GroupSpec],
+) -> None:
+    """Check every setting of a ``KvCacheManager``, naming the first bad one."""
+    check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
+    check_range("max_model_len", max_model_len, 1, MAX_MODEL_LEN)
+    check_range("num_blocks", num_blocks, 2, MAX_NUM_BLOCKS)
+    check_range("num_lookahead_tokens", num_lookahead_tokens, 0, max_model_len)
+    # A block's hash covers at most the next block.
+    check_range("num_hash_lookahead_tokens", num_hash_lookahead_tokens, 0, block_size)
+    check_groups(groups, num_hash_lookahead_tokens)
+
+
+def check_groups(groups: Seq[GroupSpec], num_hash_lookahead_tokens: int) -> None:
+    """The KV-cache groups' rules, after the cache's sizes (the core's
+    ``KvCacheConfig::validate`` order): how many, each window and chunk in
+    range, and no hash lookahead across several groups."""
+    check_range("kv_cache_groups", len(groups), 1, MAX_KV_CACHE_GROUPS)
+    for g in groups:
+        if isinstance(g.kind, SlidingWindow):
+            check_range("sliding_window", g.kind.window, 1, MAX_MODEL_LEN)
+        elif isinstance(g.kind, ChunkedLocal):
+            check_range("attention_chunk_size", g.kind.chunk, 1, MAX_MODEL_LEN)
+    if len(groups) > 1 and num_hash_lookahead_tokens > 0:
+        raise ValueError("num_hash_lookahead_tokens must be 0 with several KV-cache groups")

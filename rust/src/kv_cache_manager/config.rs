@@ -1,0 +1,95 @@
+//! The KV-cache manager's settings and their checks (docs/scheduling.md §2,
+//! §2.1, §7.13): every field in range, the first bad one named.
+
+use crate::attention_group::{AttentionKind, GroupSpec};
+use crate::error::Error;
+use crate::limits::{
+    check_range, MAX_BLOCK_SIZE, MAX_KV_CACHE_GROUPS, MAX_MODEL_LEN, MAX_NUM_BLOCKS,
+};
+
+/// The KV-cache settings the manager needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvCacheConfig {
+    /// Blocks in the pool, the reserved null block included.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Longest sequence; allocation never covers positions past it.
+    pub max_model_len: usize,
+    /// Prefix-cache lookups and hash caching.
+    pub enable_prefix_caching: bool,
+    /// KV slots reserved past a request's scheduled tokens, for a drafter
+    /// with its own forward pass (vLLM's `num_lookahead_tokens`: EAGLE,
+    /// MTP and draft models write their drafts' KV there); 0 otherwise.
+    pub num_lookahead_tokens: usize,
+    /// Tokens after each block that its hash covers (vLLM's
+    /// `num_hash_lookahead_tokens`, §7.4); 0 otherwise.
+    pub num_hash_lookahead_tokens: usize,
+    /// The KV-cache groups, in vLLM's order (its layers' first appearance),
+    /// all of `block_size` (§7.13); one full-attention group for most models.
+    pub groups: Vec<GroupSpec>,
+    /// Sliding-window groups cache only the blocks a later request can
+    /// resume from (vLLM's `prefix_cache_retention_interval = 0`, its
+    /// default); false caches them all (`None`).
+    pub sparse_retention: bool,
+}
+
+impl KvCacheConfig {
+    /// A cache without speculative-decoding lookahead.
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        max_model_len: usize,
+        enable_prefix_caching: bool,
+    ) -> Self {
+        KvCacheConfig {
+            num_blocks,
+            block_size,
+            max_model_len,
+            enable_prefix_caching,
+            num_lookahead_tokens: 0,
+            num_hash_lookahead_tokens: 0,
+            groups: vec![GroupSpec::FULL],
+            sparse_retention: true,
+        }
+    }
+
+    /// Check every field, naming the first bad one.
+    pub fn validate(&self) -> Result<(), Error> {
+        check_range("block_size", self.block_size, 1, MAX_BLOCK_SIZE)?;
+        check_range("max_model_len", self.max_model_len, 1, MAX_MODEL_LEN)?;
+        check_range("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)?;
+        check_range(
+            "num_lookahead_tokens",
+            self.num_lookahead_tokens,
+            0,
+            self.max_model_len,
+        )?;
+        // A block's hash covers at most the next block (vLLM requires the
+        // block size to hold the prefill lookahead it equals).
+        check_range(
+            "num_hash_lookahead_tokens",
+            self.num_hash_lookahead_tokens,
+            0,
+            self.block_size,
+        )?;
+        check_range("kv_cache_groups", self.groups.len(), 1, MAX_KV_CACHE_GROUPS)?;
+        for g in &self.groups {
+            match g.kind {
+                AttentionKind::Full => {}
+                AttentionKind::SlidingWindow { window } => {
+                    check_range("sliding_window", window, 1, MAX_MODEL_LEN)?;
+                }
+                AttentionKind::ChunkedLocal { chunk } => {
+                    check_range("attention_chunk_size", chunk, 1, MAX_MODEL_LEN)?;
+                }
+            }
+        }
+        if self.groups.len() > 1 && self.num_hash_lookahead_tokens > 0 {
+            return Err(Error::invalid(
+                "num_hash_lookahead_tokens must be 0 with several KV-cache groups",
+            ));
+        }
+        Ok(())
+    }
+}

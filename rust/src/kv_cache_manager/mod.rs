@@ -1,0 +1,235 @@
+//! The KV-cache manager (docs/scheduling.md §7.5–7.10): prefix lookups, slot allocation
+//! with the admission gate, hash caching at allocation time, and freeing.
+//!
+//! It owns the block pool; requests own their [`BlockTable`] and
+//! [`Sequence`] and lend them to each call. Every argument is checked before
+//! anything changes, so an `Err` (bad input) or `Ok(None)` (not enough free
+//! blocks) leaves the pool, the map and the table exactly as they were.
+//!
+//! Here: the manager, its lookups, freeing, stats and events; `config` holds
+//! its settings, `allocation` the allocation path, `caching` the hash caching.
+
+mod allocation;
+mod caching;
+mod config;
+
+#[cfg(test)]
+mod tests;
+
+pub use allocation::Admission;
+pub use config::KvCacheConfig;
+
+use crate::attention_group::GroupSpec;
+use crate::block::{BlockId, NULL_BLOCK};
+use crate::block_hash::BlockHasher;
+use crate::block_pool::BlockPool;
+use crate::block_table::BlockTable;
+use crate::error::Error;
+use crate::kv_events::KvEvent;
+use crate::prefix_cache_stats::PrefixCacheStats;
+use crate::prefix_hit::{find_longest_hit, lookup_groups, LookupGroup, PrefixHit};
+use crate::sequence::Sequence;
+
+/// The paged KV cache's bookkeeping.
+#[derive(Clone, Debug)]
+pub struct KvCacheManager {
+    pool: BlockPool,
+    block_size: usize,
+    max_model_len: usize,
+    enable_caching: bool,
+    /// KV slots reserved past each allocation's tokens.
+    lookahead: usize,
+    groups: Vec<GroupSpec>,
+    /// The order groups are asked for prefix hits in.
+    lookup: Vec<LookupGroup>,
+    /// One full-attention group: the common case, on the fast paths.
+    single_full: bool,
+    sparse_retention: bool,
+    hasher: BlockHasher,
+    stats: PrefixCacheStats,
+}
+
+impl KvCacheManager {
+    /// A manager over a fresh pool, hashing under a random secret key.
+    pub fn new(config: &KvCacheConfig) -> Result<Self, Error> {
+        Self::with_hasher(config, BlockHasher::new_random()?)
+    }
+
+    /// A manager hashing with `hasher`'s key (fixed keys make tests
+    /// reproducible) and the config's hash lookahead.
+    pub fn with_hasher(config: &KvCacheConfig, hasher: BlockHasher) -> Result<Self, Error> {
+        config.validate()?;
+        Ok(KvCacheManager {
+            pool: BlockPool::new(config.num_blocks)?,
+            block_size: config.block_size,
+            max_model_len: config.max_model_len,
+            enable_caching: config.enable_prefix_caching,
+            lookahead: config.num_lookahead_tokens,
+            groups: config.groups.clone(),
+            lookup: lookup_groups(&config.groups.iter().map(|g| g.kind).collect::<Vec<_>>()),
+            single_full: config.groups.len() == 1 && config.groups[0].kind.is_full(),
+            sparse_retention: config.sparse_retention,
+            hasher: hasher.with_lookahead(config.num_hash_lookahead_tokens),
+            stats: PrefixCacheStats::default(),
+        })
+    }
+
+    /// The hasher every request of this cache must use for its chain.
+    pub fn hasher(&self) -> &BlockHasher {
+        &self.hasher
+    }
+
+    /// The block pool, for inspection.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The KV-cache groups.
+    pub fn groups(&self) -> &[GroupSpec] {
+        &self.groups
+    }
+
+    /// The longest prefix hit valid for every group (docs/scheduling.md
+    /// §7.5, §7.13), capped at `num_tokens − 1` tokens so the last token is
+    /// always computed (Q12): `hits[g]` gets group `g`'s blocks (null where
+    /// a window needs none), `tokens / bs` of them. Changes nothing.
+    pub fn find_hit(&self, seq: &Sequence, hits: &mut [Vec<BlockId>]) -> PrefixHit {
+        for h in hits.iter_mut() {
+            h.clear();
+        }
+        if !self.enable_caching {
+            return PrefixHit::default();
+        }
+        if self.single_full {
+            let tokens = self.get_computed_blocks(seq, &mut hits[0]);
+            return PrefixHit {
+                tokens,
+                shared_prefix_boundary: 0,
+            };
+        }
+        find_longest_hit(
+            &self.pool,
+            &self.lookup,
+            seq.block_hashes(),
+            seq.num_tokens().saturating_sub(1),
+            self.block_size,
+            hits,
+        )
+    }
+
+    /// Longest sequence.
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    /// Whether prefix caching is on.
+    pub fn enable_prefix_caching(&self) -> bool {
+        self.enable_caching
+    }
+
+    /// Free blocks (cached-but-unreferenced ones included).
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free_blocks()
+    }
+
+    /// Fraction of usable blocks held by requests.
+    pub fn usage(&self) -> f64 {
+        self.pool.usage()
+    }
+
+    /// The longest cached prefix of `seq` in whole blocks, capped at
+    /// `num_tokens − 1` tokens so the last token is always computed (Q12).
+    /// Appends the hit blocks to `out` and returns the hit token count.
+    /// Changes nothing.
+    pub fn get_computed_blocks(&self, seq: &Sequence, out: &mut Vec<BlockId>) -> usize {
+        if !self.enable_caching {
+            return 0;
+        }
+        let max_hit_blocks = seq.num_tokens().saturating_sub(1) / self.block_size;
+        let start = out.len();
+        for &hash in seq.block_hashes().iter().take(max_hit_blocks) {
+            match self.pool.get_cached_block(hash) {
+                Some(b) => out.push(b),
+                // Chained hashes: once one block misses, every later one does.
+                None => break,
+            }
+        }
+        (out.len() - start) * self.block_size
+    }
+
+    /// Release every group's table, in group order, each last block first:
+    /// unhashed blocks go to the head of the free queue, cached ones to the
+    /// tail (docs/scheduling.md §7.9, Q2); null positions hold nothing.
+    pub fn free(&mut self, tables: &mut [BlockTable]) {
+        for table in tables.iter_mut() {
+            self.pool.release(
+                table
+                    .blocks
+                    .iter()
+                    .rev()
+                    .copied()
+                    .filter(|&b| b != NULL_BLOCK),
+            );
+            table.blocks.clear();
+            table.sync_last();
+            table.num_cached = 0;
+        }
+    }
+
+    /// Count one admission (docs/scheduling.md §7.10); only with prefix caching on.
+    pub fn record_prefix_cache_stats(
+        &mut self,
+        num_tokens: usize,
+        num_hit_tokens: usize,
+        preempted: bool,
+    ) {
+        if self.enable_caching {
+            self.stats.record(num_tokens, num_hit_tokens, preempted);
+        }
+    }
+
+    /// Take the counters, leaving zeros.
+    pub fn make_prefix_cache_stats(&mut self) -> PrefixCacheStats {
+        std::mem::take(&mut self.stats)
+    }
+
+    /// Log KV-cache events from now on (docs/scheduling.md §7.12).
+    pub fn enable_events(&mut self) {
+        self.pool.events.enable();
+    }
+
+    /// Log blocks' lives (residency metrics) from now on.
+    pub fn enable_lifecycle_events(&mut self) {
+        self.pool.events.enable_lifecycle();
+    }
+
+    /// Whether KV-cache events (routers') are logged.
+    pub fn events_enabled(&self) -> bool {
+        self.pool.events.enabled()
+    }
+
+    /// Log an event the caller knows of (stores and hits: only the caller
+    /// knows whose table it is).
+    pub fn log_event(&mut self, event: KvEvent) {
+        self.pool.events.push(event);
+    }
+
+    /// The events since last taken, oldest first.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.pool.events.take()
+    }
+
+    /// Forget every cached hash if no block is held; returns whether it did.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        let done = self.pool.reset_prefix_cache();
+        if done {
+            self.stats.reset = true;
+        }
+        done
+    }
+}
