@@ -14,10 +14,11 @@ objects are written only when something happens to them, or on
 ``sync_requests()`` (``request_mirror.py``). The core hashes blocks
 itself; vLLM's ``Request.block_hashes`` are brought up to date only where
 vLLM's hashes are seen (KV-cache events, a streaming session's next chunk).
-The SchedulerOutput's
-request data is built in ``runner_request_data.py``, the grammar hand-off
-in ``structured_outputs.py``, the outputs' common parts in
-``engine_outputs.py``."""
+The SchedulerOutput's request data is built in ``runner_request_data.py``,
+the grammar hand-off in ``structured_outputs.py``, a streaming session's
+chunks are taken in ``sessions.py``, and ``update_from_output``'s
+EngineCoreOutputs are built in ``step_outputs.py`` (their common parts in
+``engine_outputs.py``)."""
 
 from __future__ import annotations
 
@@ -40,25 +41,25 @@ from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerStats
 from vllm.v1.outputs import DraftTokenIds
-from vllm.v1.request import Request, RequestStatus, StreamingUpdate
-from vllm.v1.spec_decode.metrics import SpecDecodingStats
+from vllm.v1.request import Request, RequestStatus
 
 from ironbatch import _core
 from ironbatch._core import VllmStepRows as StepRows
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
-from ironbatch.vllm.engine_outputs import (
-    FINISHED,
-    attach_logprobs,
-    error_output,
-)
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
 from ironbatch.vllm.kv_events import KvEvents
 from ironbatch.vllm.kv_metrics import KvMetrics
 from ironbatch.vllm.request_mirror import RequestMirror
 from ironbatch.vllm.runner_request_data import RunnerRequestData
-from ironbatch.vllm.sessions import continue_session
+from ironbatch.vllm.sessions import add_session_chunk
 from ironbatch.vllm.settings import core_scheduler
 from ironbatch.vllm.speculation import Speculation
+from ironbatch.vllm.step_outputs import (
+    engine_core_outputs,
+    outputs_by_client,
+    report_grammar_errors,
+    report_rejected,
+)
 from ironbatch.vllm.structured_outputs import StructuredOutputs
 from ironbatch.vllm.support import unsupported_config, unsupported_request
 
@@ -182,7 +183,7 @@ class Scheduler(SchedulerInterface):
         rid = request.request_id
         existing = self.requests.get(rid)
         if existing is not None:
-            self._add_session_chunk(existing, request)
+            add_session_chunk(self, existing, request)
             return
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
@@ -218,47 +219,6 @@ class Scheduler(SchedulerInterface):
             report_hits=request.kv_cache_report_mode == "full",
             resumable=request.resumable,
         )
-
-    def _add_session_chunk(self, session: Request, chunk: Request) -> None:
-        """The next input chunk of a streaming session (or, not resumable,
-        the end of its input), as vLLM takes it: applied at once to a session
-        waiting for input, queued otherwise; the end of input ends a waiting
-        session as aborted, with no output of its own."""
-        rid = session.request_id
-        if session.streaming_queue is None:
-            raise ValueError(f"request_id {rid!r} is already in the scheduler")
-        update = StreamingUpdate.from_request(chunk)
-        waiting_for_input = session.status == RequestStatus.WAITING_FOR_STREAMING_REQ
-        if waiting_for_input and update is None:
-            self.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
-            return
-        if waiting_for_input:
-            self._mirror.sync(session)  # the turn's tokens, before the chunk extends them
-        self._core_add(chunk)  # checked there: a refused chunk changes nothing
-        if waiting_for_input:
-            self._continue_session(session, update)
-        else:
-            session.streaming_queue.append(update)
-
-    def _continue_session(self, r: Request, update: StreamingUpdate) -> None:
-        continue_session(r, update, self.block_size)
-        if self.log_stats:
-            r.record_event(EngineCoreEventType.QUEUED)
-            self._mirror.mark_full(r)
-
-    def _end_turn(self, r: Request, slot: int) -> None:
-        """A streaming session's turn ended and it goes on (the core decided):
-        it takes its next chunk if one is queued, else waits for one."""
-        if r.streaming_queue:
-            self._continue_session(r, r.streaming_queue.popleft())
-        else:
-            r.status = RequestStatus.WAITING_FOR_STREAMING_REQ
-        if r.stop_reason is not None:
-            self._mirror.full_output_slots.add(slot)  # every later output carries it
-        tokens, r.num_computed_tokens = _core.vllm_request_state(self._core.core, slot)
-        if len(tokens) != r.num_tokens:  # never expected: the core's tokens rule
-            logger.error("session %s: tokens out of step with the core", r.request_id)
-            self._mirror.set_tokens(r, tokens)
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self.requests
@@ -394,16 +354,16 @@ class Scheduler(SchedulerInterface):
             out_of_step.clear()
         if mro.num_nans_in_logits:
             self._note_nans(mro.num_nans_in_logits)
-        outputs = self._outputs_by_client(update, mro)
+        outputs = outputs_by_client(self, update, mro)
         if self._structured.errors:
-            self._report_grammar_errors(outputs)
+            report_grammar_errors(self, outputs)
         if self._rejected:
-            self._report_rejected(outputs)
+            report_rejected(self, outputs)
         self._kv_events.publish()
         spec_stats = None
         if self.log_stats and update.spec_decoding_stats is not None:
             spec_stats = Speculation.stats(scheduler_output, step, update)
-        return self._engine_core_outputs(outputs, spec_stats, mro.cudagraph_stats)
+        return engine_core_outputs(self, outputs, spec_stats, mro.cudagraph_stats)
 
     def _drain_kv_events(self) -> None:
         """Hand the core's KV-cache events to their users: routers' events to
@@ -425,124 +385,11 @@ class Scheduler(SchedulerInterface):
                 r._all_token_ids.extend(kept)
                 r._output_token_ids.extend(kept)
 
-    def _report_grammar_errors(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
-        """End the requests whose grammar failed to compile, after the
-        step's outputs, in vLLM's order (a set's)."""
-        errors = self._structured.take_errors()
-        for r in self.finish_requests(set(errors), RequestStatus.FINISHED_ERROR):
-            outputs[r.client_index].append(error_output(r, errors.get(r.request_id)))
-
     def _note_nans(self, num_nans_in_logits: dict[str, int]) -> None:
         for rid, n in num_nans_in_logits.items():
             if (r := self.requests.get(rid)) is not None:
                 r.num_nans_in_logits = n
                 self._mirror.mark_full(r)
-
-    def _outputs_by_client(self, update: Any, mro: Any) -> dict[int, list[EngineCoreOutput]]:
-        """One EngineCoreOutput per request that got tokens, by client. Most
-        carry only tokens (the core made those); a finish, events, prefill
-        stats and the like (``RequestMirror.full_output_slots``) or logprobs
-        fill in the rest."""
-        mirror = self._mirror
-        only_client = mirror.only_client()  # before finishes forget requests
-        outs = update.outputs
-        finished = update.finished
-        full = mirror.full_output_slots
-        logprobs = bool(
-            mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict
-        )
-        if full or finished or logprobs:
-            record_slots = update.slots
-            ends = {f.record: f for f in finished}
-            if ends:
-                full = full.union(record_slots[record] for record in ends)
-            cached_tokens = update.cached_tokens
-            completed = range(len(outs)) if logprobs else update.records_of(list(full))
-            for k in completed:
-                self._complete(
-                    outs[k], record_slots[k], ends.get(k), cached_tokens[k], mro, logprobs
-                )
-        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
-        if only_client is not None:
-            if outs:
-                outputs[only_client] = outs  # one client: the usual front end
-        else:
-            clients = mirror.client_of_slot
-            for slot, out in zip(update.slots, outs, strict=True):
-                outputs[clients[slot]].append(out)
-        return outputs
-
-    def _complete(
-        self,
-        out: EngineCoreOutput,
-        slot: int,
-        end: Any,
-        cached_tokens: int,
-        mro: Any,
-        logprobs: bool,
-    ) -> None:
-        """The rest of an output: finish, events, prefill stats, logprobs.
-        ``end`` is the core's FinishedRequest when the request finished."""
-        r = self._mirror.by_slot[slot]
-        assert r is not None
-        if end is not None:
-            r.stop_reason = end.stop_reason
-            self._mirror.finish_tokens(r, end)
-            status, out.finish_reason = FINISHED[end.finish_reason]
-            out.stop_reason = r.stop_reason
-            if end.session_continues:
-                self._end_turn(r, slot)
-            else:
-                if r.resumable and r.streaming_queue:
-                    r.streaming_queue.popleft()  # the end of its input, taken
-                r.status, r.num_computed_tokens = status, end.num_computed_tokens
-                self._forget(r)
-        if r.prefill_stats is not None:
-            out.prefill_stats, r.prefill_stats = r.prefill_stats, None
-            out.prefill_stats.finalize(cached_tokens)
-        if r.events:
-            out.events = r.take_events()
-        if r.trace_headers is not None:
-            out.trace_headers = r.trace_headers
-        if r.num_nans_in_logits:
-            out.num_nans_in_logits = r.num_nans_in_logits
-        if r.stop_reason is not None:  # a session's: sticky across its turns
-            out.stop_reason = r.stop_reason
-        quiet = r.trace_headers is None and not r.num_nans_in_logits and r.stop_reason is None
-        if end is None and quiet:
-            self._mirror.full_output_slots.discard(slot)
-        if logprobs:
-            attach_logprobs(out, r, mro, len(out.new_token_ids))
-
-    def _report_rejected(self, outputs: dict[int, list[EngineCoreOutput]]) -> None:
-        for r, error in self._rejected:
-            outputs[r.client_index].append(error_output(r, error))
-        self._rejected.clear()
-
-    def _engine_core_outputs(
-        self,
-        outputs: dict[int, list[EngineCoreOutput]],
-        spec_decoding_stats: SpecDecodingStats | None,
-        cudagraph_stats: Any,
-    ) -> dict[int, EngineCoreOutputs]:
-        result = {client: EngineCoreOutputs(outputs=outs) for client, outs in outputs.items()}
-        finished = self.finished_req_ids_dict
-        if finished:
-            for client, ids in finished.items():
-                if (eco := result.get(client)) is not None:
-                    eco.finished_requests = ids
-                else:
-                    result[client] = EngineCoreOutputs(finished_requests=ids)
-            finished.clear()
-        stats = self.make_stats(
-            spec_decoding_stats=spec_decoding_stats, cudagraph_stats=cudagraph_stats
-        )
-        if stats is not None:
-            # Stats go to one front-end only, even in a step without outputs.
-            if (eco := next(iter(result.values()), None)) is None:
-                result[0] = eco = EngineCoreOutputs()
-            eco.scheduler_stats = stats
-        return result
 
     def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
         """The grammar masks for the structured-output requests that sample
