@@ -70,7 +70,7 @@ def random_config(rng: random.Random) -> dict:
     need = -(-max_model_len // bs) * (1 if groups is None else len(groups))
     tight = rng.random() < 0.6
     blocks = rng.randint(need + 1, 2 * need + 2) if tight else rng.randint(4 * need, 8 * need)
-    return dict(
+    config = dict(
         block_size=bs,
         num_blocks=blocks,
         max_model_len=max_model_len,
@@ -102,6 +102,15 @@ def random_config(rng: random.Random) -> dict:
         kv_cache_groups=groups,
         sparse_retention=rng.random() < 0.7,
     )
+    # With drafts, an admission with only its last token left is padded to
+    # 1 + k tokens, and vLLM rather waits than schedules it unpadded: a step
+    # budget below that holds it at the head for ever (vLLM 0.33 too). Raised
+    # after the draws, so each seed draws what it drew before.
+    step = 1 + config["num_speculative_tokens"]
+    if config["max_num_scheduled_tokens"] is not None:
+        config["max_num_scheduled_tokens"] = max(config["max_num_scheduled_tokens"], step)
+    config["max_num_batched_tokens"] = max(batched, step + config["num_draft_slots"])
+    return config
 
 
 def run_seed(seed: int, steps: int = 120) -> Counter:
@@ -234,11 +243,17 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     for rid in sorted(pair.sessions):  # every session's input ends
         if rid in pair.rust.requests:
             pair.add(rid, [0])
-    # A decode stagger of k spaces each request's decodes k steps apart.
-    for _ in range(40 * max_len * (1 + config["decode_stagger"])):
-        if not pair.rust.has_unfinished_requests():
+    # A decode stagger of k spaces each request's decodes k steps apart; a
+    # step that schedules nothing is progress lost, and many in a row a stall.
+    # (One request at a time, a long queue takes many steps: the bound is
+    # per request left.)
+    stagger = config["decode_stagger"]
+    idle = 0
+    for _ in range(40 * max_len * (1 + stagger) * (1 + len(pair.rust.requests))):
+        if not pair.rust.has_unfinished_requests() or idle > 8 + 4 * stagger:
             break
         pair.schedule()
+        idle = 0 if pair.in_flight[-1][0].req_ids else idle + 1
         apply_oldest()
         for rid in pair.failed_grammars():
             pair.finish(rid, "FINISHED_ERROR")
