@@ -42,7 +42,7 @@ fn main() {
         let prompt: Vec<u32> = (0..TOKENS as u32)
             .map(|k| round.wrapping_mul(2_654_435_761) ^ k)
             .collect();
-        let seq = Sequence::new(prompt, None, kv.hasher(), BLOCK_SIZE);
+        let seq = Sequence::new(prompt, &[], kv.hasher(), BLOCK_SIZE);
         let evict = round % 2 == 1;
         if evict {
             let mut sum = 0u64;

@@ -35,6 +35,7 @@ fn scheduler(running: usize) -> Scheduler {
         decode_stagger: 0,
         num_speculative_tokens: 0,
         num_draft_slots: 0,
+        max_loras: None,
         cache: KvCacheConfig::new(
             running * (max_model_len / BLOCK_SIZE) + 1,
             BLOCK_SIZE,
@@ -60,6 +61,7 @@ fn request(i: usize) -> NewRequest {
         priority: 0,
         arrival_time: i as f64,
         cache_salt: None,
+        lora: None,
         skip_reading_prefix_cache: false,
         structured_output: false,
         report_hits: false,

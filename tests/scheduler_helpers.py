@@ -8,6 +8,7 @@ from typing import Any
 from ironbatch import (
     CacheConfig,
     KVCacheGroup,
+    LoRARequest,
     RepetitionDetectionParams,
     Request,
     SamplingParams,
@@ -57,7 +58,9 @@ def req(
     skip_reading_prefix_cache: bool = False,
     structured_output: bool = False,
     resumable: bool = False,
+    lora: int | None = None,
 ) -> Request:
+    """A request; ``lora`` is an adapter's id (its name and path follow from it)."""
     return Request(
         rid,
         list(tokens),
@@ -74,6 +77,7 @@ def req(
         arrival_time=arrival,
         structured_output=structured_output,
         resumable=resumable,
+        lora_request=None if lora is None else LoRARequest(f"adapter-{lora}", lora, f"/a/{lora}"),
     )
 
 

@@ -134,10 +134,29 @@ class SchedulerPair:
             1 for e, n in zip(r.entries(), spec_counts, strict=True) if n and e.kind != "running"
         )
         self.events["skipped"] += sum(1 for r in rows if r["deferred"])
+        self.events["lora_capped"] += self.lora_capped()
         self.in_flight.append((r, p))
         self.check()
         self.count_groups(before, r)
         check_windows_after_step(self.groups, state, r.req_ids, self.bs)
+
+    def lora_capped(self) -> int:
+        """Waiting requests skipped for an adapter past ``max_loras`` (the
+        running batch holds that many others) after a step, and the cap
+        held (docs/scheduling.md §4.14)."""
+        twin = self.cores[1]
+        max_loras = twin.config.max_loras
+        if max_loras is None:
+            return 0
+        running = {twin.requests[s].lora_id for s in twin.running} - {None}
+        assert len(running) <= max_loras, running
+        if len(running) < max_loras:
+            return 0
+        return sum(
+            1
+            for r in map(twin.requests.__getitem__, twin.ids.values())
+            if r.deferred and r.lora_id is not None and r.lora_id not in running
+        )
 
     def count_groups(self, before: dict[str, Any], out: Any) -> None:
         """Events of hybrid caches: window blocks given back, admissions

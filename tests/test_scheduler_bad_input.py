@@ -8,7 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ironbatch import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
+from ironbatch import (
+    CacheConfig,
+    LoRARequest,
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+)
 
 from scheduler_helpers import BACKENDS, make, req
 
@@ -65,6 +72,14 @@ def test_add_request_rejections(busy: Scheduler, make_request: Any, exc: type, m
         (lambda: SamplingParams(min_tokens=-1), ValueError, "min_tokens"),
         (lambda: SamplingParams(max_tokens="8"), TypeError, "max_tokens"),
         (lambda: SamplingParams(stop_token_ids=[3, -3]), ValueError, "stop_token_ids"),
+        (lambda: Request("x", [1], lora_request="adapter"), TypeError, "lora_int_id"),
+        (lambda: LoRARequest("a", 0, "/a"), ValueError, r"lora_int_id must be in \[1, "),
+        (lambda: LoRARequest("a", -1, "/a"), ValueError, "lora_int_id"),
+        (lambda: LoRARequest("a", 2**32, "/a"), ValueError, "lora_int_id"),
+        (lambda: LoRARequest("a", True, "/a"), TypeError, "lora_int_id must be an int"),
+        (lambda: LoRARequest("a", "1", "/a"), TypeError, "lora_int_id must be an int"),
+        (lambda: LoRARequest(7, 1, "/a"), TypeError, "lora_name must be a str"),
+        (lambda: LoRARequest("a", 1, None), TypeError, "lora_path must be a str"),
     ],
 )
 def test_bad_requests_are_refused_before_the_scheduler(build: Any, exc: type, match: str) -> None:
@@ -96,6 +111,8 @@ def test_prompt_tokens_become_python_ints() -> None:
         ({"long_prefill_token_threshold": -1}, ValueError, "long_prefill_token_threshold"),
         ({"policy": "lifo"}, ValueError, "policy"),
         ({"max_num_seqs": 2.5}, TypeError, "max_num_seqs"),
+        ({"max_loras": 0}, ValueError, "max_loras"),
+        ({"max_loras": 1.5}, TypeError, "max_loras"),
     ],
 )
 def test_bad_scheduler_config(kwargs: dict, exc: type, match: str) -> None:
@@ -188,3 +205,56 @@ def test_throttle_prefills_is_a_bool_on_both_backends(busy: Scheduler, flag: Any
         TypeError,
         f"throttle_prefills must be a bool, got {type(flag).__name__}",
     )
+
+
+@pytest.mark.parametrize(
+    ("lora", "exc", "match"),
+    [
+        (object(), TypeError, "has no lora_int_id"),
+        (
+            type("L", (), {"lora_int_id": 0, "lora_name": "a", "lora_path": ""})(),
+            ValueError,
+            ">= 1",
+        ),
+        (
+            type("L", (), {"lora_int_id": 2**32, "lora_name": "a", "lora_path": ""})(),
+            ValueError,
+            "lora_int_id",
+        ),
+        (
+            type("L", (), {"lora_int_id": 1, "lora_name": b"a", "lora_path": ""})(),
+            TypeError,
+            "lora_name",
+        ),
+    ],
+)
+def test_the_core_binding_names_a_bad_adapter(lora: Any, exc: type, match: str) -> None:
+    """Past the API's checks (the drop-in hands the core vLLM's own
+    LoRARequest), the binding names the field and changes nothing."""
+    s = make(
+        "rust",
+        num_blocks=12,
+        max_model_len=64,
+        max_num_batched_tokens=40,
+        max_num_seqs=2,
+        max_loras=2,
+    )
+    s.add_request(req("a", range(20), lora=1))
+    s.update_from_output(s.schedule(), {"a": [7]})
+
+    def call() -> None:
+        s._core.core.add_request(
+            request_id="x",
+            prompt_token_ids=[1, 2],
+            max_tokens=4,
+            min_tokens=0,
+            eos_token_id=None,
+            stop_token_ids=[],
+            repetition_detection=None,
+            priority=0,
+            arrival_time=0.0,
+            cache_salt=None,
+            lora_request=lora,
+        )
+
+    unchanged(s, call, exc, match)

@@ -110,6 +110,8 @@ def random_config(rng: random.Random) -> dict:
     if config["max_num_scheduled_tokens"] is not None:
         config["max_num_scheduled_tokens"] = max(config["max_num_scheduled_tokens"], step)
     config["max_num_batched_tokens"] = max(batched, step + config["num_draft_slots"])
+    # LoRA in half the workloads, 1 to 4 adapters a batch (drawn last).
+    config["max_loras"] = rng.choice([None, None, 1, 2, 3, 4])
     return config
 
 
@@ -137,6 +139,12 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
 
     k = config["num_speculative_tokens"]
     padded = rng.random() < 0.5
+    # Up to 8 adapters, more than max_loras in most workloads; a fifth of
+    # the requests take the base model.
+    adapters = rng.randint(1, 8) if config["max_loras"] else 0
+
+    def adapter() -> int | None:
+        return rng.randint(1, adapters) if adapters and rng.random() < 0.8 else None
 
     def accepted(rid: str, drafts: list[int]) -> int:
         # Synchronous padding (-1: a prefix hit's padded step, ngram_gpu's
@@ -192,6 +200,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
                 resumable=sessions_fit and len(pair.sessions) < 3 and rng.random() < 0.3,
                 priority=rng.randint(0, 3),
                 arrival=float(next_id // 3),
+                lora=adapter(),
             ):
                 live.append(rid)
         # Streaming sessions get their next chunks at any time (queued while
@@ -272,10 +281,13 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     spec += ("spec_empty_slots_verified",)
     kv = ("kv_stored", "kv_removed", "kv_cleared", "kv_allocated", "kv_accessed")
     hybrid = ("window_freed", "hybrid_hit", "hybrid_hit_nulls", "shared_boundary")
+    lora = ("lora_capped",)
     # Each at least 20 times per 60 workloads.
     needs = {
         what: workloads.scaled(20, WORKLOADS, FULL_WORKLOADS)
-        for what in (*seen, "repetition", *grammar, *kv, *cadence, *sessions, *spec, *hybrid)
+        for what in (
+            *(*seen, "repetition", *grammar, *kv, *cadence, *sessions, *spec, *hybrid, *lora),
+        )
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ironbatch._core import BlockPool, KVCacheManager, PrefixCacheStats, __version__
 from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
+from ironbatch.lora import LoRARequest
 from ironbatch.outputs import CompletionOutput, RequestOutput
 from ironbatch.request import Request
 from ironbatch.sampling_params import RepetitionDetectionParams, SamplingParams
@@ -46,6 +47,7 @@ __all__ = [
     "KVCacheGroup",
     "KVCacheManager",
     "LLMEngine",
+    "LoRARequest",
     "PrefixCacheStats",
     "Request",
     "RequestOutput",

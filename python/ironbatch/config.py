@@ -76,6 +76,10 @@ class SchedulerConfig:
     num_lookahead_tokens: int = 0
     num_hash_lookahead_tokens: int = 0
     num_draft_slots: int = 0
+    # Distinct LoRA adapters one step's batch may hold (vLLM's max_loras;
+    # docs/scheduling.md §4.14): a request bringing one more waits. None =
+    # no cap (adapters still key the prefix cache).
+    max_loras: int | None = None
 
     def __post_init__(self) -> None:
         _int("max_model_len", self.max_model_len, 2, MAX_MODEL_LEN)
@@ -102,6 +106,8 @@ class SchedulerConfig:
         _int("num_lookahead_tokens", self.num_lookahead_tokens, 0, self.max_model_len)
         _int("num_hash_lookahead_tokens", self.num_hash_lookahead_tokens, 0, MAX_BLOCK_SIZE)
         _int("num_draft_slots", self.num_draft_slots, 0, self.num_speculative_tokens)
+        if self.max_loras is not None:
+            _int("max_loras", self.max_loras, 1, MAX_NUM_SEQS)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         check_scheduler(self)  # the rules between fields, as the core checks them

@@ -70,6 +70,7 @@ class CoreScheduler:
             enable_prefix_caching=c.enable_prefix_caching,
             kv_cache_groups=binding_groups(c.kv_cache_groups),
             sparse_retention=c.sparse_retention,
+            max_loras=c.max_loras,
         )
 
     def add_request(
@@ -89,6 +90,7 @@ class CoreScheduler:
         structured_output: bool = False,
         report_hits: bool = False,
         resumable: bool = False,
+        lora_request: Any = None,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it
         lives). ``eos_token_id`` is None when there is none or it is
@@ -99,7 +101,9 @@ class CoreScheduler:
         grammar compiled (docs/scheduling.md §4.10); ``report_hits`` logs its
         prefix hits as KV-cache events (vLLM's ``kv_cache_report_mode="full"``);
         ``resumable`` makes it a streaming-input session, whose later chunks
-        come under the same id (docs/scheduling.md §4.12)."""
+        come under the same id (docs/scheduling.md §4.12); ``lora_request``
+        (None, or anything with vLLM's ``LoRARequest`` fields) is its adapter
+        (§4.14)."""
         return self.core.add_request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -115,6 +119,7 @@ class CoreScheduler:
             structured_output=structured_output,
             report_hits=report_hits,
             resumable=resumable,
+            lora_request=lora_request,
         )
 
     def has_request(self, request_id: str) -> bool:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
+from ironbatch.lora import LoRARequest, check_lora_request
 from ironbatch.reference.args import u32_list
 from ironbatch.reference.limits import utf8_str
 from ironbatch.sampling_params import SamplingParams
@@ -19,7 +21,9 @@ class Request:
     ``update_from_output(..., accept=...)`` checks its tokens
     (docs/scheduling.md §4.10). ``resumable``: one input chunk of a
     streaming session; its later chunks come as requests with the same id,
-    and one that is not resumable ends the input (§4.12)."""
+    and one that is not resumable ends the input (§4.12). ``lora_request``:
+    its LoRA adapter (``ironbatch.LoRARequest`` or vLLM's), counted against
+    ``SchedulerConfig.max_loras`` and keying its prefix-cache blocks (§4.14)."""
 
     def __init__(
         self,
@@ -32,6 +36,7 @@ class Request:
         cache_salt: str | None = None,
         structured_output: bool = False,
         resumable: bool = False,
+        lora_request: LoRARequest | Any = None,
     ) -> None:
         self.request_id = utf8_str("request_id", request_id)
         self.prompt_token_ids = u32_list("prompt_token_ids", prompt_token_ids)
@@ -67,6 +72,9 @@ class Request:
         if not isinstance(resumable, bool):
             raise TypeError(f"resumable must be a bool, got {type(resumable).__name__}")
         self.resumable = resumable
+        if lora_request is not None:
+            check_lora_request(lora_request)
+        self.lora_request = lora_request
 
     def __repr__(self) -> str:
         return (

@@ -23,6 +23,7 @@ import numpy as np
 from ironbatch import reference
 from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.core_scheduler import CoreScheduler
+from ironbatch.lora import lora_adapter
 from ironbatch.reference.args import draft_list
 from ironbatch.reference.request import NewRequest, Repetition, StopRules
 from ironbatch.reference.step import StepOutput, UpdateOutput
@@ -120,6 +121,7 @@ class RustBackend:
             skip_reading_prefix_cache=p.skip_reading_prefix_cache,
             structured_output=request.structured_output,
             resumable=request.resumable,
+            lora_request=request.lora_request,
         )
 
     def has_request(self, request_id: str) -> bool:
@@ -250,6 +252,7 @@ class PythonBackend:
                 skip_reading_prefix_cache=p.skip_reading_prefix_cache,
                 structured_output=request.structured_output,
                 resumable=request.resumable,
+                lora=lora_adapter(request.lora_request),
             )
         )
 

@@ -1,11 +1,11 @@
 //! Block hashes (docs/scheduling.md §7.4) as a keyed chain: each full block's 256-bit
 //! chain key is BLAKE3 keyed by its parent's chain key, over the block's
 //! tokens; the first key is derived from a secret per-cache key and the
-//! request's extra keys (such as `cache_salt`). The prefix-cache map uses
+//! request's extra keys (`cache_salt`, a LoRA adapter). The prefix-cache map uses
 //! the first 128 bits.
 //!
 //! ```text
-//! key[-1] = BLAKE3_keyed(secret, "ironbatch-root" ‖ count:u32 ‖ (tag:u8 ‖ len:u32 ‖ bytes)*)
+//! key[-1] = BLAKE3_keyed(secret, "ironbatch-root" ‖ count:u32 ‖ (tag:u8 ‖ (len:u32 ‖ bytes)+)*)
 //! key[k]  = BLAKE3_keyed(key[k−1], tokens of block k, then the H tokens after it,
 //!                         as u32 little-endian)
 //! hash[k] = the first 16 bytes of key[k]
@@ -27,6 +27,7 @@
 //! tagged and length-prefixed in the root.
 
 use crate::error::Error;
+use smallvec::{smallvec, SmallVec};
 
 /// The 128-bit hash of one full block and everything before it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -36,24 +37,30 @@ pub struct BlockHash(pub u128);
 /// derived.
 pub type ChainKey = [u8; 32];
 
-/// Extra inputs to a request's hashes besides its tokens. Later features add
-/// LoRA adapters and multimodal items; each variant has its own tag.
+/// Extra inputs to a request's hashes besides its tokens; each variant has
+/// its own tag, and its parts are length-prefixed. Multimodal items come
+/// later.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum ExtraKey<'a> {
     /// Isolates a request's prefix-cache entries.
     CacheSalt(&'a str),
+    /// A LoRA adapter's name and path (vLLM keys every block by both):
+    /// the same tokens under another adapter are other KV.
+    Lora { name: &'a str, path: &'a str },
 }
 
 impl ExtraKey<'_> {
     fn tag(&self) -> u8 {
         match self {
             ExtraKey::CacheSalt(_) => 1,
+            ExtraKey::Lora { .. } => 2,
         }
     }
 
-    fn bytes(&self) -> &[u8] {
+    fn parts(&self) -> SmallVec<[&[u8]; 2]> {
         match self {
-            ExtraKey::CacheSalt(s) => s.as_bytes(),
+            ExtraKey::CacheSalt(s) => smallvec![s.as_bytes()],
+            ExtraKey::Lora { name, path } => smallvec![name.as_bytes(), path.as_bytes()],
         }
     }
 }
@@ -113,8 +120,10 @@ impl BlockHasher {
         h.update(&(extras.len() as u32).to_le_bytes());
         for e in extras {
             h.update(&[e.tag()]);
-            h.update(&(e.bytes().len() as u32).to_le_bytes());
-            h.update(e.bytes());
+            for part in e.parts() {
+                h.update(&(part.len() as u32).to_le_bytes());
+                h.update(part);
+            }
         }
         *h.finalize().as_bytes()
     }

@@ -16,12 +16,10 @@ pub struct BlockHashChain {
 }
 
 impl BlockHashChain {
-    /// An empty chain rooted in the hasher's secret and `cache_salt`.
-    pub fn new(hasher: &BlockHasher, cache_salt: Option<&str>) -> Self {
-        let next_key = match cache_salt {
-            Some(salt) => hasher.root(&[ExtraKey::CacheSalt(salt)]),
-            None => hasher.root(&[]),
-        };
+    /// An empty chain rooted in the hasher's secret and the request's
+    /// extra keys (its `cache_salt`, its LoRA adapter).
+    pub fn new(hasher: &BlockHasher, extras: &[ExtraKey<'_>]) -> Self {
+        let next_key = hasher.root(extras);
         BlockHashChain {
             hashes: Vec::new(),
             next_key,
@@ -94,10 +92,10 @@ mod tests {
     fn incremental_equals_at_once() {
         let h = BlockHasher::with_key([1; 32]);
         let tokens: Vec<u32> = (0..70).collect();
-        let mut all = BlockHashChain::new(&h, None);
+        let mut all = BlockHashChain::new(&h, &[]);
         all.extend(&h, &tokens, 16);
         assert_eq!(all.hashes().len(), 4);
-        let mut step = BlockHashChain::new(&h, None);
+        let mut step = BlockHashChain::new(&h, &[]);
         for n in 0..=tokens.len() {
             step.extend(&h, &tokens[..n], 16);
             assert_eq!(step.hashes().len(), n / 16);
@@ -109,13 +107,13 @@ mod tests {
     fn truncate_then_extend_equals_hashing_the_new_tokens() {
         let h = BlockHasher::with_key([1; 32]);
         let old: Vec<u32> = (0..64).collect();
-        let mut chain = BlockHashChain::new(&h, Some("s"));
+        let mut chain = BlockHashChain::new(&h, &[ExtraKey::CacheSalt("s")]);
         chain.extend(&h, &old, 16);
         let mut new = old[..47].to_vec();
         new.extend(100..120);
         chain.truncate(47 / 16, &h, &old, 16);
         chain.extend(&h, &new, 16);
-        let mut fresh = BlockHashChain::new(&h, Some("s"));
+        let mut fresh = BlockHashChain::new(&h, &[ExtraKey::CacheSalt("s")]);
         fresh.extend(&h, &new, 16);
         assert_eq!(chain.hashes(), fresh.hashes());
     }
@@ -124,7 +122,7 @@ mod tests {
     fn a_lookahead_hash_waits_for_and_covers_the_next_tokens() {
         let h = BlockHasher::with_key([1; 32]).with_lookahead(2);
         let tokens: Vec<u32> = (0..40).collect();
-        let mut step = BlockHashChain::new(&h, None);
+        let mut step = BlockHashChain::new(&h, &[]);
         for n in 0..=tokens.len() {
             step.extend(&h, &tokens[..n], 16);
             assert_eq!(step.hashes().len(), n.saturating_sub(2) / 16, "{n} tokens");
@@ -132,13 +130,13 @@ mod tests {
         // The same 32 tokens, a different 33rd: block 0 equal, block 1 not.
         let mut other = tokens.clone();
         other[32] = 999;
-        let mut chain = BlockHashChain::new(&h, None);
+        let mut chain = BlockHashChain::new(&h, &[]);
         chain.extend(&h, &other, 16);
         assert_eq!(chain.hashes()[0], step.hashes()[0]);
         assert_ne!(chain.hashes()[1], step.hashes()[1]);
         // Without a lookahead, the same tokens hash otherwise.
         let plain = BlockHasher::with_key([1; 32]);
-        let mut p = BlockHashChain::new(&plain, None);
+        let mut p = BlockHashChain::new(&plain, &[]);
         p.extend(&plain, &tokens, 16);
         assert_ne!(p.hashes()[0], step.hashes()[0]);
     }
@@ -147,7 +145,7 @@ mod tests {
     fn truncate_keeps_lookahead_hashes_as_they_were() {
         let h = BlockHasher::with_key([1; 32]).with_lookahead(1);
         let old: Vec<u32> = (0..50).collect();
-        let mut chain = BlockHashChain::new(&h, None);
+        let mut chain = BlockHashChain::new(&h, &[]);
         chain.extend(&h, &old, 16);
         let kept = chain.hashes()[..2].to_vec();
         chain.truncate(2, &h, &old, 16);
@@ -157,7 +155,7 @@ mod tests {
         new.extend(100..120);
         chain.clear();
         chain.extend(&h, &new, 16);
-        let mut fresh = BlockHashChain::new(&h, None);
+        let mut fresh = BlockHashChain::new(&h, &[]);
         fresh.extend(&h, &new, 16);
         assert_eq!(chain.hashes(), fresh.hashes());
         assert_ne!(chain.hashes()[1], kept[1]);
@@ -167,11 +165,39 @@ mod tests {
     fn salt_changes_every_block() {
         let h = BlockHasher::with_key([1; 32]);
         let tokens: Vec<u32> = (0..32).collect();
-        let mut plain = BlockHashChain::new(&h, None);
-        let mut salted = BlockHashChain::new(&h, Some("A"));
+        let mut plain = BlockHashChain::new(&h, &[]);
+        let mut salted = BlockHashChain::new(&h, &[ExtraKey::CacheSalt("A")]);
         plain.extend(&h, &tokens, 16);
         salted.extend(&h, &tokens, 16);
         assert_ne!(plain.hashes()[0], salted.hashes()[0]);
         assert_ne!(plain.hashes()[1], salted.hashes()[1]);
+    }
+
+    #[test]
+    fn an_adapter_changes_every_block_by_its_name_and_its_path() {
+        let h = BlockHasher::with_key([1; 32]);
+        let tokens: Vec<u32> = (0..32).collect();
+        let chain = |extras: &[ExtraKey<'_>]| {
+            let mut c = BlockHashChain::new(&h, extras);
+            c.extend(&h, &tokens, 16);
+            c.hashes().to_vec()
+        };
+        let lora = |name, path| ExtraKey::Lora { name, path };
+        let a = chain(&[lora("a", "/p")]);
+        assert_eq!(a, chain(&[lora("a", "/p")]));
+        for other in [
+            chain(&[]),
+            chain(&[lora("b", "/p")]),
+            chain(&[lora("a", "/q")]),
+        ] {
+            assert_ne!(a[0], other[0]);
+            assert_ne!(a[1], other[1]);
+        }
+        // Parts are length-prefixed: ("ab", "") is not ("a", "b").
+        assert_ne!(chain(&[lora("ab", "")]), chain(&[lora("a", "b")]));
+        // A salt and an adapter are keys apart, in either combination.
+        let both = chain(&[lora("a", "/p"), ExtraKey::CacheSalt("s")]);
+        assert_ne!(both, a);
+        assert_ne!(both, chain(&[ExtraKey::CacheSalt("s")]));
     }
 }

@@ -21,6 +21,7 @@ pub mod hash_chain;
 pub mod kv_cache_manager;
 pub mod kv_events;
 pub mod limits;
+pub mod lora;
 pub mod prefill_cadence;
 pub mod prefix_cache_map;
 pub mod prefix_cache_stats;

@@ -1,10 +1,12 @@
 //! A request as the scheduler tracks it (docs/scheduling.md §3): its tokens and KV state,
 //! its stopping rules, and where it is in its life.
 
+use crate::block_hash::ExtraKey;
 use crate::block_table::BlockTable;
 use crate::error::Error;
 use crate::grammar::Grammar;
 use crate::limits::{check_range, MAX_TOKENS};
+use crate::lora::LoraAdapter;
 use crate::sequence::Sequence;
 use crate::session::SessionQueue;
 use crate::spec_decode::Drafts;
@@ -108,6 +110,8 @@ pub struct NewRequest {
     /// Seconds; ties in priority go to the earlier arrival.
     pub arrival_time: f64,
     pub cache_salt: Option<String>,
+    /// Its LoRA adapter; `None` for the base model.
+    pub lora: Option<LoraAdapter>,
     /// Never read prefix-cache hits (vLLM sets it for requests that want
     /// prompt logprobs, which a hit would leave uncomputed); its blocks are
     /// still cached for others.
@@ -121,6 +125,24 @@ pub struct NewRequest {
     /// One chunk of a streaming-input session (vLLM's `resumable`): later
     /// chunks come as requests with the same id.
     pub resumable: bool,
+}
+
+impl NewRequest {
+    /// What its block hashes are keyed by besides its tokens: its adapter
+    /// and its `cache_salt`.
+    pub fn hash_keys(&self) -> SmallVec<[ExtraKey<'_>; 2]> {
+        let mut keys = SmallVec::new();
+        if let Some(lora) = &self.lora {
+            keys.push(ExtraKey::Lora {
+                name: &lora.name,
+                path: &lora.path,
+            });
+        }
+        if let Some(salt) = &self.cache_salt {
+            keys.push(ExtraKey::CacheSalt(salt));
+        }
+        keys
+    }
 }
 
 /// The rules of one turn (a request, or a session's chunk): `max_tokens` in
@@ -206,6 +228,8 @@ pub struct Request {
     /// A streaming session's chunks not applied yet; `None` for a request
     /// that was not added as one.
     pub session: Option<SessionQueue>,
+    /// Its LoRA adapter's id (what `max_loras` counts); `None` for the base model.
+    pub lora_id: Option<u32>,
 }
 
 /// A request's block tables, one per KV-cache group, the first inline.
@@ -238,6 +262,7 @@ impl Request {
             resumable: new.resumable,
             session: new.resumable.then(SessionQueue::new),
             drafts: Drafts::None,
+            lora_id: new.lora.map(|lora| lora.id),
         }
     }
 

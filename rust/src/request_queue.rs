@@ -175,7 +175,7 @@ mod tests {
             stop_token_ids: vec![],
             repetition: None,
         };
-        let seq = Sequence::new(vec![1], None, &BlockHasher::with_key([0; 32]), 16);
+        let seq = Sequence::new(vec![1], &[], &BlockHasher::with_key([0; 32]), 16);
         let new = NewRequest {
             request_id: id.into(),
             prompt_token_ids: vec![],
@@ -183,6 +183,7 @@ mod tests {
             priority,
             arrival_time,
             cache_salt: None,
+            lora: None,
             skip_reading_prefix_cache: false,
             structured_output: false,
             report_hits: false,

@@ -63,6 +63,10 @@ pub struct SchedulerConfig {
     /// parallel drafting); charged to `max_num_batched_tokens` beside the
     /// request's own tokens, never to the token budget (§4.13).
     pub num_draft_slots: usize,
+    /// Distinct LoRA adapters a step's batch may hold (vLLM's `max_loras`,
+    /// §4.14); `None`: no cap (vLLM's scheduler without a LoRA config
+    /// checks none; adapters still key the hashes).
+    pub max_loras: Option<usize>,
     pub cache: KvCacheConfig,
 }
 
@@ -123,6 +127,9 @@ impl SchedulerConfig {
             0,
             c.num_speculative_tokens,
         )?;
+        if let Some(max_loras) = c.max_loras {
+            check_range("max_loras", max_loras, 1, MAX_NUM_SEQS)?;
+        }
         if c.max_num_batched_tokens < c.max_num_seqs {
             return invalid(format!(
                 "max_num_batched_tokens ({}) must be >= max_num_seqs ({})",

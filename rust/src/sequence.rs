@@ -2,7 +2,7 @@
 //! of them have (or this step will have) KV in the cache, and the hash
 //! chain of its full blocks.
 
-use crate::block_hash::{BlockHash, BlockHasher};
+use crate::block_hash::{BlockHash, BlockHasher, ExtraKey};
 use crate::hash_chain::BlockHashChain;
 
 /// The token state of one request.
@@ -33,11 +33,11 @@ impl Sequence {
     /// A sequence of `prompt` tokens, with the hashes of its full blocks.
     pub fn new(
         prompt: Vec<u32>,
-        cache_salt: Option<&str>,
+        extras: &[ExtraKey<'_>],
         hasher: &BlockHasher,
         block_size: usize,
     ) -> Self {
-        let mut hashes = BlockHashChain::new(hasher, cache_salt);
+        let mut hashes = BlockHashChain::new(hasher, extras);
         hashes.extend(hasher, &prompt, block_size);
         Sequence {
             num_prompt_tokens: prompt.len(),

@@ -76,7 +76,7 @@ mod tests {
             stop_token_ids,
             repetition: None,
         };
-        let seq = Sequence::new(vec![9; 4], None, &BlockHasher::with_key([0; 32]), 4);
+        let seq = Sequence::new(vec![9; 4], &[], &BlockHasher::with_key([0; 32]), 4);
         let new = NewRequest {
             request_id: "r".into(),
             prompt_token_ids: vec![],
@@ -84,6 +84,7 @@ mod tests {
             priority: 0,
             arrival_time: 0.0,
             cache_salt: None,
+            lora: None,
             skip_reading_prefix_cache: false,
             structured_output: false,
             report_hits: false,

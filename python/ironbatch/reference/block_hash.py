@@ -1,10 +1,10 @@
 """Block hashes (docs/scheduling.md §7.4) as a keyed chain: each full
 block's 256-bit chain key is a keyed hash, keyed by its parent's chain key,
 over the block's tokens; the first key comes from a secret per-cache key and
-the request's extra keys (such as ``cache_salt``). The prefix-cache map uses
+the request's extra keys (``cache_salt``, a LoRA adapter). The prefix-cache map uses
 the first 128 bits.
 
-    key[-1] = H_secret("ironbatch-root" | count:u32 | (tag:u8 | len:u32 | bytes)*)
+    key[-1] = H_secret("ironbatch-root" | count:u32 | (tag:u8 | (len:u32 | bytes)+)*)
     key[k]  = H_key[k-1](tokens of block k as u32 little-endian)
     hash[k] = the first 16 bytes of key[k]
 
@@ -29,20 +29,36 @@ ROOT_TAG = b"ironbatch-root"
 @dataclass(frozen=True)
 class CacheSalt:
     """An extra key that isolates a request's prefix-cache entries (the
-    core's ``ExtraKey::CacheSalt``). Later features add LoRA adapters and
-    multimodal items, each with a tag of its own."""
+    core's ``ExtraKey::CacheSalt``). Each kind of extra key has a tag of its
+    own; multimodal items come later."""
 
     salt: str
 
     def tag(self) -> int:
         return 1
 
-    def bytes(self) -> bytes:
-        return self.salt.encode()
+    def parts(self) -> list[bytes]:
+        return [self.salt.encode()]
+
+
+@dataclass(frozen=True)
+class LoraKey:
+    """A LoRA adapter's name and path (the core's ``ExtraKey::Lora``; vLLM
+    keys every block by both): the same tokens under another adapter are
+    other KV."""
+
+    name: str
+    path: str
+
+    def tag(self) -> int:
+        return 2
+
+    def parts(self) -> list[bytes]:
+        return [self.name.encode(), self.path.encode()]
 
 
 #: Extra inputs to a request's hashes besides its tokens.
-ExtraKey = CacheSalt
+ExtraKey = CacheSalt | LoraKey
 
 
 class BlockHasher:
@@ -72,8 +88,9 @@ class BlockHasher:
         h = hashlib.blake2b(key=self._secret, digest_size=32)
         h.update(ROOT_TAG + struct.pack("<I", len(extras)))
         for e in extras:
-            data = e.bytes()
-            h.update(struct.pack("<BI", e.tag(), len(data)) + data)
+            h.update(struct.pack("<B", e.tag()))
+            for part in e.parts():
+                h.update(struct.pack("<I", len(part)) + part)
         return h.digest()
 
     def next(self, parent: bytes, tokens: list[int]) -> bytes:

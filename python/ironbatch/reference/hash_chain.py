@@ -4,17 +4,20 @@ it), extended as tokens arrive."""
 
 from __future__ import annotations
 
-from ironbatch.reference.block_hash import BlockHasher, CacheSalt, block_hash
+from collections.abc import Sequence
+
+from ironbatch.reference.block_hash import BlockHasher, ExtraKey, block_hash
 
 
 class BlockHashChain:
     """The hashes of a token sequence's full blocks, in block order, and the
     chain key the next full block will be hashed under."""
 
-    def __init__(self, hasher: BlockHasher, cache_salt: str | None) -> None:
-        """An empty chain rooted in the hasher's secret and ``cache_salt``."""
+    def __init__(self, hasher: BlockHasher, extras: Sequence[ExtraKey]) -> None:
+        """An empty chain rooted in the hasher's secret and the request's
+        extra keys (its ``cache_salt``, its LoRA adapter)."""
         self._hashes: list[int] = []
-        self.next_key = hasher.root([] if cache_salt is None else [CacheSalt(cache_salt)])
+        self.next_key = hasher.root(extras)
         #: The key the first block is hashed under, to hash again from the start.
         self._root = self.next_key
 

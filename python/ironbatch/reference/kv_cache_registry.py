@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ironbatch.reference.args import count, u32_list
+from ironbatch.reference.block_hash import CacheSalt
 from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.error import debug_str, duplicate_request, unknown_request
 from ironbatch.reference.kv_cache_manager import KvCacheManager
@@ -59,7 +60,8 @@ class KVCacheManager:
         if not prompt:
             raise ValueError("prompt_token_ids must not be empty")
         self._check_len("prompt_token_ids", len(prompt))
-        seq = Sequence(prompt, cache_salt, self.kv.hasher, self.kv.block_size)
+        extras = [] if cache_salt is None else [CacheSalt(cache_salt)]
+        seq = Sequence(prompt, extras, self.kv.hasher, self.kv.block_size)
         self._requests[request_id] = _Entry(seq)
 
     def append_token_ids(self, request_id: str, token_ids: Iterable[int]) -> None:

@@ -7,9 +7,11 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from ironbatch.reference.block_hash import CacheSalt, ExtraKey, LoraKey
 from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.grammar import Grammar
 from ironbatch.reference.limits import MAX_TOKENS, check_range
+from ironbatch.reference.lora import LoraAdapter
 from ironbatch.reference.sequence import Sequence
 from ironbatch.reference.session import SessionQueue
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
@@ -98,6 +100,8 @@ class NewRequest:
     #: Seconds; ties in priority go to the earlier arrival.
     arrival_time: float = 0.0
     cache_salt: str | None = None
+    #: Its LoRA adapter; None for the base model.
+    lora: LoraAdapter | None = None
     #: Never read prefix-cache hits (vLLM sets it for requests that want
     #: prompt logprobs, which a hit would leave uncomputed); its blocks are
     #: still cached for others.
@@ -111,6 +115,17 @@ class NewRequest:
     #: One chunk of a streaming-input session (vLLM's ``resumable``): later
     #: chunks come as requests with the same id.
     resumable: bool = False
+
+
+def hash_keys(new: NewRequest) -> list[ExtraKey]:
+    """What its block hashes are keyed by besides its tokens: its adapter
+    and its ``cache_salt``."""
+    keys: list[ExtraKey] = []
+    if new.lora is not None:
+        keys.append(LoraKey(new.lora.name, new.lora.path))
+    if new.cache_salt is not None:
+        keys.append(CacheSalt(new.cache_salt))
+    return keys
 
 
 def check_turn(new: NewRequest) -> None:
@@ -180,6 +195,8 @@ class Request:
     session: SessionQueue | None = None
     #: Draft tokens for its next step (vLLM's ``spec_token_ids``, §4.13).
     drafts: Drafts = NO_DRAFTS
+    #: Its LoRA adapter's id (what ``max_loras`` counts); None for the base model.
+    lora_id: int | None = None
 
     @classmethod
     def waiting(cls, new: NewRequest, seq: Sequence, num_groups: int) -> Request:
@@ -199,6 +216,7 @@ class Request:
             report_hits=new.report_hits,
             resumable=new.resumable,
             session=SessionQueue() if new.resumable else None,
+            lora_id=None if new.lora is None else new.lora.id,
         )
 
     @property

@@ -87,6 +87,10 @@ class SchedulerSettings:
     #: The KV-cache groups, in vLLM's order; one full-attention group for
     #: most models.
     kv_cache_groups: tuple[GroupSpec, ...] = (FULL,)
+    #: Distinct LoRA adapters a step's batch may hold (vLLM's ``max_loras``,
+    #: §4.14); None: no cap (vLLM's scheduler without a LoRA config checks
+    #: none; adapters still key the hashes).
+    max_loras: int | None = None
     #: Sliding-window groups cache only the blocks a later request can
     #: resume from (vLLM's ``prefix_cache_retention_interval = 0``, its
     #: default); False caches them all.
@@ -128,6 +132,7 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         num_lookahead_tokens=getattr(c, "num_lookahead_tokens", 0),
         num_hash_lookahead_tokens=getattr(c, "num_hash_lookahead_tokens", 0),
         kv_cache_groups=group_specs(getattr(cache_config, "kv_cache_groups", None)),
+        max_loras=getattr(c, "max_loras", None),
         sparse_retention=getattr(cache_config, "sparse_retention", True),
     )
 
@@ -183,6 +188,8 @@ def validate(c: SchedulerSettings) -> None:
     check_range("decode_stagger", c.decode_stagger, 0, MAX_NUM_SEQS)
     check_range("num_speculative_tokens", c.num_speculative_tokens, 0, c.max_model_len)
     check_range("num_draft_slots", c.num_draft_slots, 0, c.num_speculative_tokens)
+    if c.max_loras is not None:
+        check_range("max_loras", c.max_loras, 1, MAX_NUM_SEQS)
 
 
 def check_scheduler(c: Any) -> None:

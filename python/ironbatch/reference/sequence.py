@@ -4,7 +4,7 @@ its full blocks."""
 
 from __future__ import annotations
 
-from ironbatch.reference.block_hash import BlockHasher
+from ironbatch.reference.block_hash import BlockHasher, ExtraKey
 from ironbatch.reference.hash_chain import BlockHashChain
 
 
@@ -12,7 +12,7 @@ class Sequence:
     """The token state of one request."""
 
     def __init__(
-        self, prompt: list[int], cache_salt: str | None, hasher: BlockHasher, block_size: int
+        self, prompt: list[int], extras: list[ExtraKey], hasher: BlockHasher, block_size: int
     ) -> None:
         """A sequence of ``prompt`` tokens, with the hashes of its full blocks."""
         self._tokens = list(prompt)
@@ -24,7 +24,7 @@ class Sequence:
         #: for none): that group then keeps the blocks before it (vLLM's
         #: ``shared_prefix_boundary``).
         self.shared_prefix_boundary = 0
-        self._hashes = BlockHashChain(hasher, cache_salt)
+        self._hashes = BlockHashChain(hasher, extras)
         self._hashes.extend(hasher, self._tokens, block_size)
 
     def append(self, tokens: list[int], hasher: BlockHasher, block_size: int) -> None:

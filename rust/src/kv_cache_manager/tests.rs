@@ -19,7 +19,7 @@ struct Admitted {
 }
 
 fn admit(kv: &mut KvCacheManager, tokens: Vec<u32>) -> Admitted {
-    let seq = Sequence::new(tokens, None, kv.hasher(), BS);
+    let seq = Sequence::new(tokens, &[], kv.hasher(), BS);
     let mut hits = vec![];
     let hit_tokens = kv.get_computed_blocks(&seq, &mut hits);
     let mut table = BlockTable::default();
@@ -92,7 +92,7 @@ fn k6_a_refused_allocation_changes_nothing() {
     assert_eq!(kv.num_free_blocks(), 4);
     let seq = Sequence::new(
         common(&(3000..3040).collect::<Vec<_>>()),
-        None,
+        &[],
         kv.hasher(),
         BS,
     );
@@ -113,13 +113,13 @@ fn k6_a_refused_allocation_changes_nothing() {
 fn hits_must_be_the_requests_own_cached_blocks() {
     let mut kv = manager(11);
     let _a = admit(&mut kv, common(&[1]));
-    let seq = Sequence::new((0..40).collect(), None, kv.hasher(), BS);
+    let seq = Sequence::new((0..40).collect(), &[], kv.hasher(), BS);
     let mut table = BlockTable::default();
     // Cached blocks, but of another prompt: refused, nothing changes.
     let got = kv.allocate_slots(&mut table, &seq, 8, 32, &[1, 2], false);
     assert!(matches!(got, Err(Error::InvalidArgument(_))));
     // More hits than the request has full blocks.
-    let short = Sequence::new(common(&[]), None, kv.hasher(), BS);
+    let short = Sequence::new(common(&[]), &[], kv.hasher(), BS);
     let got = kv.allocate_slots(&mut table, &short, 1, 48, &[1, 2, 3], false);
     assert!(got.is_err());
     assert!(table.is_empty());

@@ -9,7 +9,7 @@ use crate::block_table::BlockTable;
 use crate::error::Error;
 use crate::kv_cache_manager::{KvCacheConfig, KvCacheManager};
 use crate::sequence::Sequence;
-use crate::{cdiv, BlockHash};
+use crate::{cdiv, BlockHash, ExtraKey};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
@@ -91,7 +91,8 @@ impl PyKvCacheManager {
             return Err(PyValueError::new_err("prompt_token_ids must not be empty"));
         }
         self.check_len("prompt_token_ids", prompt.len())?;
-        let seq = Sequence::new(prompt, cache_salt, self.kv.hasher(), self.kv.block_size());
+        let keys: Vec<ExtraKey<'_>> = cache_salt.map(ExtraKey::CacheSalt).into_iter().collect();
+        let seq = Sequence::new(prompt, &keys, self.kv.hasher(), self.kv.block_size());
         self.requests.insert(
             request_id.to_owned(),
             Entry {

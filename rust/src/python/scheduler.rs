@@ -11,6 +11,7 @@ use super::kv_events::PyKvEvent;
 use super::step::{PySchedulerStats, PyStep, PyStepUpdate};
 use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::kv_cache_manager::KvCacheConfig;
+use crate::lora::LoraAdapter;
 use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopRules};
 use crate::scheduler::{Pause, Scheduler};
 use crate::scheduler_config::{Policy, SchedulerConfig};
@@ -159,7 +160,7 @@ impl PyScheduler {
                         prefill_schedule_interval, decode_stagger,
                         num_speculative_tokens=None, num_lookahead_tokens=None,
                         num_hash_lookahead_tokens=None, num_draft_slots=None,
-                        kv_cache_groups=None, sparse_retention=true))]
+                        kv_cache_groups=None, sparse_retention=true, max_loras=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_num_seqs: &Bound<'_, PyAny>,
@@ -185,6 +186,7 @@ impl PyScheduler {
         num_draft_slots: Option<&Bound<'_, PyAny>>,
         kv_cache_groups: Option<Vec<(String, usize, Option<usize>)>>,
         sparse_retention: bool,
+        max_loras: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let groups = match kv_cache_groups {
             None => vec![GroupSpec::FULL],
@@ -222,6 +224,7 @@ impl PyScheduler {
             decode_stagger: count("decode_stagger", decode_stagger)?,
             num_speculative_tokens: optional("num_speculative_tokens", num_speculative_tokens)?,
             num_draft_slots: optional("num_draft_slots", num_draft_slots)?,
+            max_loras: max_loras.map(|v| count("max_loras", v)).transpose()?,
             cache: KvCacheConfig {
                 num_blocks: count("num_blocks", num_blocks)?,
                 block_size: count("block_size", block_size)?,
@@ -247,7 +250,8 @@ impl PyScheduler {
     #[pyo3(signature = (*, request_id, prompt_token_ids, max_tokens, min_tokens, eos_token_id,
                         stop_token_ids, repetition_detection, priority, arrival_time,
                         cache_salt, skip_reading_prefix_cache=false,
-                        structured_output=false, report_hits=false, resumable=false))]
+                        structured_output=false, report_hits=false, resumable=false,
+                        lora_request=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -265,6 +269,7 @@ impl PyScheduler {
         structured_output: bool,
         report_hits: bool,
         resumable: bool,
+        lora_request: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Slot> {
         let new = NewRequest {
             request_id: request_id.to_str()?.to_owned(),
@@ -282,6 +287,7 @@ impl PyScheduler {
             priority,
             arrival_time,
             cache_salt,
+            lora: lora_request.map(lora_adapter).transpose()?,
             skip_reading_prefix_cache,
             structured_output,
             report_hits,
@@ -561,4 +567,33 @@ impl PyScheduler {
         d.set_item("cached_blocks", cached)?;
         Ok(d)
     }
+}
+
+/// A request's LoRA adapter from anything with vLLM's `LoRARequest`
+/// attributes (`lora_int_id`, `lora_name`, `lora_path`).
+fn lora_adapter(lora: &Bound<'_, PyAny>) -> PyResult<LoraAdapter> {
+    let field = |name: &str| {
+        lora.getattr(name).map_err(|_| {
+            PyTypeError::new_err(format!(
+                "lora_request must have vLLM's LoRARequest fields (lora_int_id, lora_name, \
+                 lora_path); it has no {name}"
+            ))
+        })
+    };
+    let text = |name: &str| -> PyResult<String> {
+        field(name)?
+            .extract()
+            .map_err(|_| PyTypeError::new_err(format!("lora_request.{name} must be a str")))
+    };
+    let id = count("lora_request.lora_int_id", &field("lora_int_id")?)?;
+    Ok(LoraAdapter {
+        id: u32::try_from(id).map_err(|_| {
+            PyValueError::new_err(format!(
+                "lora_request.lora_int_id must be in [1, {}], got {id}",
+                u32::MAX
+            ))
+        })?,
+        name: text("lora_name")?,
+        path: text("lora_path")?,
+    })
 }

@@ -24,6 +24,8 @@ mod update;
 mod waiting_pass;
 
 #[cfg(test)]
+mod lora_tests;
+#[cfg(test)]
 mod spec_decode_tests;
 #[cfg(test)]
 mod tests;
@@ -305,7 +307,7 @@ impl Scheduler {
         self.check_new_request(&new)?;
         let seq = Sequence::new(
             std::mem::take(&mut new.prompt_token_ids),
-            new.cache_salt.as_deref(),
+            &new.hash_keys(),
             self.kv.hasher(),
             self.kv.block_size(),
         );
@@ -368,6 +370,11 @@ impl Scheduler {
             return Err(Error::invalid(format!(
                 "prompt_token_ids of request {id:?} has {len} tokens; it must be shorter than \
                  max_model_len ({max_len})"
+            )));
+        }
+        if new.lora.as_ref().is_some_and(|lora| lora.id == 0) {
+            return Err(Error::invalid(format!(
+                "lora_request.lora_int_id of request {id:?} must be >= 1, got 0"
             )));
         }
         check_turn(new)

@@ -19,6 +19,7 @@ pub(super) struct Setup {
     pub(super) num_lookahead_tokens: usize,
     pub(super) num_hash_lookahead_tokens: usize,
     pub(super) num_draft_slots: usize,
+    pub(super) max_loras: Option<usize>,
 }
 
 impl Default for Setup {
@@ -34,6 +35,7 @@ impl Default for Setup {
             num_lookahead_tokens: 0,
             num_hash_lookahead_tokens: 0,
             num_draft_slots: 0,
+            max_loras: None,
         }
     }
 }
@@ -56,6 +58,7 @@ pub(super) fn scheduler(s: Setup) -> Scheduler {
         decode_stagger: 0,
         num_speculative_tokens: s.num_speculative_tokens,
         num_draft_slots: s.num_draft_slots,
+        max_loras: s.max_loras,
         cache: KvCacheConfig {
             num_lookahead_tokens: s.num_lookahead_tokens,
             num_hash_lookahead_tokens: s.num_hash_lookahead_tokens,
@@ -79,6 +82,7 @@ pub(super) fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewR
         priority: 0,
         arrival_time: 0.0,
         cache_salt: None,
+        lora: None,
         skip_reading_prefix_cache: false,
         structured_output: false,
         report_hits: false,

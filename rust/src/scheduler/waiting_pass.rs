@@ -8,6 +8,7 @@ use crate::block::BlockId;
 use crate::grammar::Reached;
 use crate::kv_cache_manager::Admission;
 use crate::kv_events::KvEvent;
+use crate::lora::LoraBatch;
 use crate::prefix_hit::PrefixHit;
 use crate::request::RequestStatus;
 use crate::slab::Slot;
@@ -27,6 +28,15 @@ impl Scheduler {
     /// admissions are paused: then only requests holding KV blocks are.
     pub(super) fn schedule_waiting(&mut self, draft: &mut StepDraft, admit_new: bool) {
         let mut skipped = Skipped::default();
+        // The adapters of every running request, scheduled this step or not
+        // (they can join a later batch), before any admission (§4.14).
+        let mut loras = self.config.max_loras.map(|max_loras| {
+            let running = self
+                .running
+                .iter()
+                .filter_map(|&s| self.requests[s].lora_id);
+            LoraBatch::of_running(max_loras, running)
+        });
         while draft.token_budget > 0 {
             let from_kv = !self.kv_holding.is_empty();
             let queue = if from_kv {
@@ -72,8 +82,19 @@ impl Scheduler {
                 self.skip(slot, from_kv, &mut skipped);
                 continue;
             }
+            // A new adapter past max_loras waits for a step with room for it.
+            let lora = self.requests[slot].lora_id;
+            if let (Some(batch), Some(id)) = (&loras, lora) {
+                if !batch.admits(id) {
+                    self.skip(slot, from_kv, &mut skipped);
+                    continue;
+                }
+            }
             if !self.admit(slot, from_kv, draft) {
                 break; // it stays at the head
+            }
+            if let (Some(batch), Some(id)) = (&mut loras, lora) {
+                batch.add(id);
             }
         }
         // Skipped requests go back to the head of their queue, in their

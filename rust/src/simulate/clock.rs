@@ -224,6 +224,7 @@ impl Run<'_> {
                 priority: 0,
                 arrival_time: w.arrival_s[i],
                 cache_salt: None,
+                lora: None,
                 skip_reading_prefix_cache: false,
                 structured_output: false,
                 report_hits: false,

@@ -32,7 +32,13 @@ from ironbatch.reference.kv_cache_manager import KvCacheManager
 from ironbatch.reference.kv_events import KvEvent, Stored
 from ironbatch.reference.prefill_cadence import PrefillCadence
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
-from ironbatch.reference.request import NewRequest, Request, RequestStatus, check_turn
+from ironbatch.reference.request import (
+    NewRequest,
+    Request,
+    RequestStatus,
+    check_turn,
+    hash_keys,
+)
 from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import (
     drafts,
@@ -228,7 +234,7 @@ class Scheduler:
             session.add_session_chunk(self, slot, new)
             return slot
         self.check_new_request(new)
-        seq = Sequence(new.prompt_token_ids, new.cache_salt, self.kv.hasher, self.kv.block_size)
+        seq = Sequence(new.prompt_token_ids, hash_keys(new), self.kv.hasher, self.kv.block_size)
         r = Request.waiting(new, seq, len(self.kv.groups))
         slot = self.requests.insert(r)
         self.ids[r.request_id] = slot
@@ -304,6 +310,10 @@ class Scheduler:
             raise ValueError(
                 f"prompt_token_ids of request {debug_str(rid)} has {n} tokens; it must be "
                 f"shorter than max_model_len ({max_len})"
+            )
+        if new.lora is not None and new.lora.id == 0:
+            raise ValueError(
+                f"lora_request.lora_int_id of request {debug_str(rid)} must be >= 1, got 0"
             )
         check_turn(new)
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ironbatch.reference.kv_cache_manager import Admission
 from ironbatch.reference.kv_events import Hit
+from ironbatch.reference.lora import LoraBatch
 from ironbatch.reference.prefix_hit import PrefixHit
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler.drafts import drafts_unused
@@ -34,6 +35,12 @@ def schedule_waiting(s: Scheduler, draft: StepDraft, admit_new: bool) -> None:
     this step and not everything is paused). ``admit_new`` is False when
     admissions are paused: then only requests holding KV blocks are."""
     skipped = Skipped()
+    # The adapters of every running request, scheduled this step or not (they
+    # can join a later batch), before any admission (§4.14).
+    loras = None
+    if s.config.max_loras is not None:
+        running = (s.requests[r].lora_id for r in s.running)
+        loras = LoraBatch(s.config.max_loras, (i for i in running if i is not None))
     while draft.token_budget > 0:
         from_kv = not s.kv_holding_queue.is_empty()
         if from_kv:
@@ -67,8 +74,15 @@ def schedule_waiting(s: Scheduler, draft: StepDraft, admit_new: bool) -> None:
         if output_in_flight(s, slot):
             skip(s, slot, from_kv, skipped)
             continue
+        # A new adapter past max_loras waits for a step with room for it.
+        lora = r.lora_id
+        if loras is not None and lora is not None and not loras.admits(lora):
+            skip(s, slot, from_kv, skipped)
+            continue
         if not admit(s, slot, from_kv, draft):
             break  # it stays at the head
+        if loras is not None and lora is not None:
+            loras.add(lora)
     # Skipped requests go back to the head of their queue, in their order (Q11).
     for slot in reversed(skipped.kv_holding):
         s.kv_holding_queue.prepend(slot, s.requests)
