@@ -18,7 +18,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.config import KVEventsConfig, ObservabilityConfig  # noqa: E402
+from vllm.config import KVEventsConfig, LoRAConfig, ObservabilityConfig  # noqa: E402
+from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import RepetitionDetectionParams  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
@@ -82,6 +83,7 @@ def random_settings(rng: random.Random) -> dict:
         settings.update(kv_metrics(rng))
         settings.update(speculation(rng, pp))
     settings.update(kv_layout(rng, bs, hybrid))
+    settings.update(lora(rng))  # last: the draws before it stay each seed's
     # Every group holds blocks of its own: the same tightness per group.
     settings["num_blocks"] = (blocks - 1) * GROUPS[settings["kv_layout"]] + 1
     return settings
@@ -123,6 +125,14 @@ def speculation(rng: random.Random, pp: int) -> dict:
         if method == "mtp":
             settings.update(target="deepseek_mtp", mla=True)
         return settings
+    return {}
+
+
+def lora(rng: random.Random) -> dict:
+    """LoRA adapters on in some workloads, at most 1 to 4 in a step's batch
+    (vLLM's max_loras); the workload draws up to 8 adapters."""
+    if rng.random() < 0.3:
+        return {"lora_config": LoRAConfig(max_loras=rng.randint(1, 4), max_lora_rank=8)}
     return {}
 
 
@@ -192,6 +202,16 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     per_group = (settings["num_blocks"] - 1) // groups
     capacity = min(max_len, per_group * settings["block_size"] - room)
     prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
+    # LoRA: up to 8 adapters, more than max_loras in most workloads; most
+    # requests take one, the rest the base model.
+    adapters = rng.randint(1, 8) if "lora_config" in settings else 0
+
+    def adapter() -> LoRARequest | None:
+        if not adapters or rng.random() < 0.2:
+            return None
+        i = rng.randint(1, adapters)
+        return LoRARequest(f"adapter-{i}", i, f"/adapters/{i}")
+
     live: list[str] = []
     next_id = 0
 
@@ -256,6 +276,7 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
                 # KV-aware routers may ask for every hit as BlockStored.
                 extra_args={"kv_cache_report_mode": "full"} if rng.random() < 0.15 else None,
                 resumable=resumable,
+                lora_request=adapter(),
             )
             live.append(rid)
             if resumable:
@@ -354,6 +375,7 @@ def drawn_features(seed: int) -> Counter:
         "MLA": s["mla"],
         "window KV-cache groups": s["kv_layout"] != "full",
         "speculative decoding": "speculative_config" in s,
+        "LoRA": "lora_config" in s,
     }
     if s["kv_layout"] != "full":
         drawn[f"layout: {s['kv_layout']}"] = True
@@ -378,6 +400,7 @@ FEATURES = [
     *(f"feature: {k}" for k in ("KV-cache metrics", "pipeline parallelism", "data parallelism")),
     *(f"feature: {k}" for k in ("local prefill cadence", "async scheduling", "priority policy")),
     *(f"feature: {k}" for k in ("MLA", "window KV-cache groups", "speculative decoding")),
+    "feature: LoRA",
     *(f"feature: layout: {k}" for k in LAYOUTS),
     *(f"feature: speculation: {m}" for m in SPEC_METHODS),
 ]
@@ -407,6 +430,7 @@ EVENTS = (
     *("kv_BlockStored", "kv_BlockRemoved", "kv_evictions"),
     *("throttled", "decode_staggered", "pp_token_ids", "session_turns", "session_chunks"),
     *("spec_drafts", "spec_accepted", "spec_verified", "spec_empty_slots"),
+    *("lora_capped",),
 )
 
 

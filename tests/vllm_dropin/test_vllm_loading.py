@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 pytest.importorskip("vllm")
 
@@ -53,13 +54,12 @@ def test_scheduler_cls_as_a_class_object() -> None:
 @pytest.mark.parametrize(
     ("overrides", "why"),
     [
-        ({"lora_config": LoRAConfig(max_loras=2, max_lora_rank=8)}, "LoRA"),
         (
             {"observability_config": ObservabilityConfig(enable_mfu_metrics=True)},
             "MFU metrics",
         ),
     ],
-    ids=["lora", "mfu-metrics"],
+    ids=["mfu-metrics"],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unsupported_config_falls_back_to_vllm_and_says_why(
@@ -133,12 +133,42 @@ def test_kv_events_keep_the_drop_in_and_publish_like_vllm() -> None:
     s.shutdown()
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_lora_engages_with_max_loras(async_scheduling: bool) -> None:
+    """LoRA is the core's (docs/scheduling.md §4.14): the drop-in engages,
+    with vLLM's max_loras."""
+    lora = LoRAConfig(max_loras=1, max_lora_rank=8)
+    s = vllm_setup.make_scheduler("ironbatch", async_scheduling=async_scheduling, lora_config=lora)
+    assert type(s).__module__ == "ironbatch.vllm.scheduler"
+    for i, rid in enumerate(("a", "b")):
+        lora = LoRARequest(f"adapter-{rid}", i + 1, f"/adapters/{rid}")
+        s.add_request(
+            vllm_setup.make_request(rid, range(3, 20), 4, arrival_time=i, lora_request=lora)
+        )
+    assert s.schedule().num_scheduled_tokens == {"a": 17}  # b's adapter would be a second
+
+
+def test_an_adapter_without_a_lora_config_is_scheduled_as_vllm_does() -> None:
+    """vLLM's scheduler checks max_loras only with a LoRA config (its
+    engine's input processor refuses such a request before); the drop-in
+    schedules it as vLLM's scheduler does."""
+    for backend in ("vllm", "ironbatch"):
+        s = vllm_setup.make_scheduler(backend)
+        for i, rid in enumerate(("a", "b")):
+            lora = LoRARequest(f"adapter-{rid}", i + 1, f"/adapters/{rid}")
+            s.add_request(
+                vllm_setup.make_request(rid, range(3, 20), 4, arrival_time=i, lora_request=lora)
+            )
+        # Both admitted, and b shares no prefix with a's other adapter.
+        assert s.schedule().num_scheduled_tokens == {"a": 17, "b": 17}, backend
+
+
 def test_unsupported_request_is_finished_with_an_error() -> None:
-    """A LoRA request under a configuration that did not announce LoRA:
-    refused with a request-level error, never scheduled."""
+    """A request with prompt embeddings (not the core's yet): refused with a
+    request-level error, never scheduled."""
     s = vllm_setup.make_scheduler("ironbatch")
     bad = vllm_setup.make_request("bad", range(3, 20), 4)
-    bad.lora_request = LoRARequest("adapter", 1, "/nonexistent")
+    bad.prompt_embeds = torch.zeros(17, 8)
     s.add_request(bad)
     s.add_request(vllm_setup.make_request("good", range(3, 20), 4))
     assert s.has_requests() and not s.has_request("bad")
@@ -147,7 +177,7 @@ def test_unsupported_request_is_finished_with_an_error() -> None:
     outs = s.update_from_output(so, vllm_setup.runner_output(so, {"good": [5]}))
     by_id = {o.request_id: o for o in outs[0].outputs}
     assert by_id["bad"].finish_reason == FinishReason.ERROR
-    assert "LoRA" in by_id["bad"].error.message
+    assert "prompt embeddings" in by_id["bad"].error.message
     assert by_id["good"].new_token_ids == [5]
 
 

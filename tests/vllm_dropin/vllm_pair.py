@@ -283,10 +283,26 @@ class VllmPair:
             1 for d in a.scheduled_new_reqs if self.made[d.req_id][0].skip_reading_prefix_cache
         )
         self.events["skipped"] += len(self.vllm.deferred_waiting)
+        self.events["lora_capped"] += self.lora_capped()
         self.events["placeholders"] += sum(
             1 for r in self.vllm.requests.values() if r.num_output_placeholders > 1
         )
         self.check_requests()
+
+    def lora_capped(self) -> int:
+        """Waiting requests skipped for an adapter past ``max_loras`` (the
+        running batch holds that many others) after a step."""
+        lc = self.vllm.vllm_config.lora_config
+        if lc is None:
+            return 0
+        running = {r.lora_request.lora_int_id for r in self.vllm.running if r.lora_request}
+        if len(running) < lc.max_loras:
+            return 0
+        return sum(
+            1
+            for r in self.vllm.deferred_waiting
+            if r.lora_request and r.lora_request.lora_int_id not in running
+        )
 
     def take_masks(self, a: SchedulerOutput, b: SchedulerOutput) -> None:
         """Both schedulers' grammar masks for a step: the same rows, the

@@ -348,6 +348,7 @@ def make_request(
     client_index: int = 0,
     resumable: bool = False,
     hash_lookahead_tokens: int = 0,
+    lora_request: Any = None,
     **sampling: Any,
 ) -> Request:
     """A vLLM Request as EngineCore builds it (block hasher included, its
@@ -367,4 +368,5 @@ def make_request(
         cache_salt=cache_salt,
         client_index=client_index,
         resumable=resumable,
+        lora_request=lora_request,
     )

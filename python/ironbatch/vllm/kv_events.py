@@ -104,14 +104,15 @@ class KvEvents:
                 )
                 lookahead_token_ids.append(r.all_token_ids[end : end + lookahead])
             extra_keys.append(keys)
+        lora = r.lora_request
         return BlockStored(
             block_hashes=[maybe_convert_block_hash(h) for h in hashes[first : first + n]],
             parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first else None,
             token_ids=r.all_token_ids[first * bs : (first + n) * bs],
             block_size=bs,
-            lora_id=None,
+            lora_id=None if lora is None else lora.adapter_id,
             medium=MEDIUM_GPU,
-            lora_name=None,
+            lora_name=None if lora is None else lora.name,
             extra_keys=to_event_extra_keys(extra_keys),
             group_idx=0,
             kv_cache_spec_kind=self.spec_kind,

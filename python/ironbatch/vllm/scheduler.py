@@ -218,6 +218,7 @@ class Scheduler(SchedulerInterface):
             structured_output=request.use_structured_output,
             report_hits=request.kv_cache_report_mode == "full",
             resumable=request.resumable,
+            lora_request=request.lora_request,
         )
 
     def has_request(self, request_id: str) -> bool:

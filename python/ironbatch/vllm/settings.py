@@ -17,6 +17,7 @@ def core_scheduler(vllm_config: Any, kv_cache_config: Any, block_size: int) -> C
     scheduler (and so the core) runs with whatever it was given."""
     sc = vllm_config.scheduler_config
     spec = vllm_config.speculative_config
+    lora = vllm_config.lora_config
     return CoreScheduler(
         SchedulerConfig(
             max_model_len=vllm_config.model_config.max_model_len,
@@ -39,6 +40,7 @@ def core_scheduler(vllm_config: Any, kv_cache_config: Any, block_size: int) -> C
             num_lookahead_tokens=vllm_config.num_lookahead_tokens,
             num_hash_lookahead_tokens=vllm_config.num_hash_lookahead_tokens,
             num_draft_slots=0 if spec is None else spec.max_num_new_slots_for_drafting,
+            max_loras=None if lora is None else lora.max_loras,
         ),
         CacheConfig(
             num_blocks=kv_cache_config.num_blocks,

@@ -58,7 +58,6 @@ def unsupported_config(
             f"the {getattr(spec, 'method', None)!r} speculative method (proven: "
             f"{', '.join(sorted(PROVEN_SPECULATIVE_METHODS))})",
         ),
-        (c.lora_config is not None, "LoRA"),
         (
             # Multi-module MTP never ends a prefill chunk within K tokens of
             # the prompt's end and re-prefills K-1 of them.
@@ -130,7 +129,6 @@ def unsupported_request(request: Any) -> str | None:
     checks: list[tuple[bool, str]] = [
         (sp is None or request.pooling_params is not None, "pooling"),
         (bool(request.mm_features), "multimodal inputs"),
-        (request.lora_request is not None, "LoRA"),
         (request.prompt_embeds is not None, "prompt embeddings"),
     ]
     return next((why for bad, why in checks if bad), None)
