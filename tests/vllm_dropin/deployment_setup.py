@@ -57,6 +57,7 @@ from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_bac
 from vllm.distributed.utils import get_pp_indices  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.entrypoints.common.cli_args import make_arg_parser  # noqa: E402
+from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase  # noqa: E402
 from vllm.model_executor.model_loader.utils import get_model_architecture  # noqa: E402
 from vllm.model_executor.models.utils import extract_layer_index  # noqa: E402
@@ -784,6 +785,7 @@ def _request(
 ) -> EngineCoreRequest:
     """An EngineCoreRequest as vLLM's input processor hands it to the engine."""
     resumable = kw.pop("resumable", False)
+    lora_request = kw.pop("lora_request", None)
     sp = SamplingParams(max_tokens=max_tokens, **kw)
     if sp.structured_outputs is not None:
         sp.structured_outputs._backend = "xgrammar"  # what the processor resolves "auto" to
@@ -795,18 +797,20 @@ def _request(
         sampling_params=sp,
         pooling_params=None,
         arrival_time=arrival,
-        lora_request=None,
+        lora_request=lora_request,
         cache_salt=None,
         data_parallel_rank=None,
         resumable=resumable,
     )
 
 
-def workload() -> dict[int, list[tuple[str, Any]]]:
-    """Arrivals and aborts by tick."""
+def workload(lora: bool = False) -> dict[int, list[tuple[str, Any]]]:
+    """Arrivals and aborts by tick; with LoRA on, three requests under two
+    adapters as well (at --max-loras 1, the second adapter's waits while the
+    first adapter's later request overtakes it)."""
     shared = _prompt(1, 48)
     json_schema = StructuredOutputsParams(json={"type": "object"})
-    return {
+    plan = {
         0: [
             ("add", _request("plain-0", shared + _prompt(2, 10), 12, 0.0)),
             ("add", _request("logprobs-1", _prompt(3, 37), 4, 0.0, prompt_logprobs=2)),
@@ -826,6 +830,14 @@ def workload() -> dict[int, list[tuple[str, Any]]]:
         ],
         16: [("add", _request("stream-3", _prompt(10, 3), 2, 16.0))],
     }
+    if lora:
+        adapter = {i: LoRARequest(f"adapter-{i}", i, f"/adapters/{i}") for i in (1, 2)}
+        plan[2] = [
+            ("add", _request("lora-6", _prompt(11, 20), 10, 2.0, lora_request=adapter[1])),
+            ("add", _request("lora-7", _prompt(12, 20), 4, 2.0, lora_request=adapter[2])),
+        ]
+        plan[3] = [("add", _request("lora-8", _prompt(13, 9), 4, 3.0, lora_request=adapter[1]))]
+    return plan
 
 
 def _plain(value: Any) -> Any:
@@ -924,6 +936,7 @@ class Engine:
             "num_speculative_tokens": vc.num_speculative_tokens,
             "num_lookahead_tokens": vc.num_lookahead_tokens,
             "num_hash_lookahead_tokens": vc.num_hash_lookahead_tokens,
+            "max_loras": None if vc.lora_config is None else vc.lora_config.max_loras,
         }
 
     def shutdown(self) -> None:
@@ -952,7 +965,13 @@ def _exercised(e: Engine) -> dict[str, int]:
     seen: Counter[str] = Counter()
     sc = e.engine.vllm_config.scheduler_config
     cap = sc.max_num_scheduled_tokens or sc.max_num_batched_tokens
+    admitted: set[str] = set()
     for so in e.executor.received:
+        # lora-8 arrives after lora-7: admitted first only past its skip.
+        for d in so["scheduled_new_reqs"]:
+            seen["lora_overtaken"] += d["req_id"] == "lora-8" and "lora-7" not in admitted
+            seen["lora_requests"] += d["lora_request"] is not None
+            admitted.add(d["req_id"])
         seen["steps"] += 1
         seen["steps_at_token_cap"] += so["total_num_scheduled_tokens"] == cap
         seen["max_step_tokens"] = max(seen["max_step_tokens"], so["total_num_scheduled_tokens"])
@@ -1032,7 +1051,7 @@ def _run_workload(theirs: Engine, ours: Engine) -> dict[str, Any]:
     """The workload through both engines, tick by tick (arrivals and aborts
     first, then one engine step each, as EngineCoreProc's loop does), until
     both have drained; then the first difference, if any."""
-    plan = workload()
+    plan = workload(lora=theirs.engine.vllm_config.lora_config is not None)
     last = max(plan)
     drained = False
     for tick in range(300):  # it drains in about 30

@@ -195,6 +195,15 @@ TABLE = [
         exercises=("spec_drafts",),
     ),
     Deployment(
+        # One adapter a batch: a second adapter's request waits while the
+        # first's later one overtakes it.
+        "lora-max-loras-1",
+        "llama-3.1-8b",
+        ["--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"],
+        {"max_loras": 1},
+        exercises=("lora_requests", "lora_overtaken"),
+    ),
+    Deployment(
         "scheduler-options",
         "llama-3.1-8b",
         ["--prefill-schedule-interval", "4", "--watermark", "0.05"]
