@@ -10,6 +10,7 @@ README shows how):
 
     python benches/compare_vllm.py [--steps 100] [--turn 1] [--async-scheduling]
                                    [--workloads decode-256,...] [--no-twin]
+                                   [--spec ngram | --layout gpt-oss | --lora]
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def main() -> int:
         help="also: json-64, json-256 (a third of the requests with a JSON schema), "
         "kv-events-64, kv-events-256 (KV-cache events published), ngram3-64, ngram3-256, "
         "ngram5-64, ngram5-256 (n-gram speculative decoding, k drafts a step), gpt-oss-64, "
-        "gpt-oss-256 (a sliding-window group beside full attention, 4k-token contexts)",
+        "gpt-oss-256 (a sliding-window group beside full attention, 4k-token contexts), "
+        "lora-64, lora-256 (8 adapters, max_loras 4: half the requests run, half wait)",
     )
     ap.add_argument(
         "--spec",
@@ -48,6 +50,11 @@ def main() -> int:
         choices=["gpt-oss"],
         help="time a hybrid KV cache (gpt-oss: a 128-token window beside full attention) "
         "at 64 and 256 running requests with 4k-token contexts",
+    )
+    ap.add_argument(
+        "--lora",
+        action="store_true",
+        help="time LoRA (8 adapters, max_loras 4) at 64 and 256 running requests",
     )
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--turn", type=int, default=1)
@@ -62,6 +69,8 @@ def main() -> int:
         a.workloads = "decode-256,ngram3-64,ngram3-256,ngram5-64,ngram5-256"
     if a.layout:
         a.workloads = "decode-256,gpt-oss-64,gpt-oss-256"
+    if a.lora:
+        a.workloads = "decode-256,lora-64,lora-256"
     asy = a.async_scheduling
     drivers = [
         lambda w: IronbatchDriver(w, "rust", asy),

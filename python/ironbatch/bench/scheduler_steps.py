@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
+from ironbatch.lora import LoRARequest
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
@@ -55,6 +56,10 @@ class Workload:
     # of `window` tokens, then full attention, as vLLM groups gpt-oss).
     kv_layout: str = "full"
     window: int = 128
+    # LoRA: request i takes adapter i % lora_adapters + 1 (0: none), at most
+    # max_loras of them in a step's batch; the rest wait, skipped each step.
+    lora_adapters: int = 0
+    max_loras: int | None = None
 
     @property
     def num_groups(self) -> int:
@@ -80,12 +85,16 @@ class Workload:
         # Distinct prompts (no prefix sharing): the cost of the scheduling
         # itself, not of cache hits.
         prompt = [(i * 7919 + k) % 30000 + 3 for k in range(self.prompt_len)]
+        adapter = i % self.lora_adapters + 1 if self.lora_adapters else None
         return Request(
             f"req-{i}",
             prompt,
             SamplingParams(max_tokens=self.max_tokens, ignore_eos=True),
             eos_token_id=2,
             arrival_time=float(i),
+            lora_request=None
+            if adapter is None
+            else LoRARequest(f"adapter-{adapter}", adapter, f"/adapters/{adapter}"),
         )
 
 
@@ -111,6 +120,10 @@ WORKLOADS = {
         # then, and takes blocks for both groups.
         Workload("gpt-oss-64", 64, 8192, 64, 4096, kv_layout="gpt-oss"),
         Workload("gpt-oss-256", 256, 8192, 256, 4096, kv_layout="gpt-oss"),
+        # 8 adapters, 4 a batch: half the requests run (decoding), the other
+        # half wait and are skipped by every step's waiting pass.
+        Workload("lora-64", 64, 2048, 128, 32, lora_adapters=8, max_loras=4),
+        Workload("lora-256", 256, 2048, 512, 32, lora_adapters=8, max_loras=4),
     ]
 }
 
@@ -189,6 +202,7 @@ class IronbatchDriver(TimedDriver):
                 max_num_seqs=workload.max_num_seqs,
                 max_num_batched_tokens=workload.max_num_batched_tokens,
                 async_scheduling=async_scheduling,
+                max_loras=workload.max_loras,
             ),
             CacheConfig(
                 num_blocks=workload.num_blocks,

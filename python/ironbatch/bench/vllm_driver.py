@@ -16,7 +16,8 @@ from concurrent.futures import Future  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402
-from vllm.config import KVEventsConfig, SpeculativeConfig  # noqa: E402
+from vllm.config import KVEventsConfig, LoRAConfig, SpeculativeConfig  # noqa: E402
+from vllm.lora.request import LoRARequest as VllmLoRARequest  # noqa: E402
 from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
@@ -82,6 +83,11 @@ class MaskBackend:
         return torch.zeros((max_num_seqs, 4096), dtype=torch.int32)  # a 128k vocabulary
 
 
+def vllm_lora(lora: Any) -> VllmLoRARequest:
+    """vLLM's LoRARequest for ironbatch's."""
+    return VllmLoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path)
+
+
 def request(d: dict[str, Any], block_size: int, hash_lookahead_tokens: int = 0) -> Request:
     """vLLM's Request for an ironbatch-trace/1 request object, its block
     hashes covering ``hash_lookahead_tokens`` after each block (the engine's
@@ -99,6 +105,7 @@ def request(d: dict[str, Any], block_size: int, hash_lookahead_tokens: int = 0) 
         arrival_time=d.get("arrival_time", 0.0),
         priority=d.get("priority", 0),
         structured_outputs=d.get("structured_outputs"),
+        lora_request=d.get("lora_request"),
     )
 
 
@@ -173,6 +180,8 @@ class VllmDriver(TimedDriver):
             )
         if workload.kv_layout != "full":
             extras.update(kv_layout=workload.kv_layout, window=workload.window)
+        if workload.max_loras is not None:
+            extras["lora_config"] = LoRAConfig(max_loras=workload.max_loras, max_lora_rank=8)
         if workload.kv_events:  # published to a null publisher: the work, not the socket
             extras["kv_events_config"] = KVEventsConfig(
                 enable_kv_cache_events=True, publisher="null"
@@ -212,6 +221,7 @@ class VllmDriver(TimedDriver):
                 "arrival_time": r.arrival_time,
                 "priority": r.priority,
                 "structured_outputs": JSON_SCHEMA if structured else None,
+                "lora_request": None if r.lora_request is None else vllm_lora(r.lora_request),
             },
             self.bs,
         )
