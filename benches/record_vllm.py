@@ -14,10 +14,13 @@ the five drawn per seed). With ``--layout LAYOUT`` vLLM's KV cache is a
 hybrid model's: gpt-oss's (a sliding window, then full attention), Gemma 3's
 (five sliding windows, then full attention) or Llama 4's (three chunked-local
 groups, then full attention), or ``mixed`` (one drawn per seed), with the
-window or chunk and vLLM's window retention drawn per seed.
+window or chunk and vLLM's window retention drawn per seed. With ``--lora``,
+vLLM's LoRA config (max_loras 1 to 4) and most requests under one of up to
+8 adapters (``lora_request`` in each request object, ``max_loras`` in the
+config).
 
     python benches/record_vllm.py OUTDIR --seeds 100-119 [--big]
-        [--spec METHOD [--k K] | --layout LAYOUT]
+        [--spec METHOD [--k K] | --layout LAYOUT] [--lora]
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm.config import SpeculativeConfig
+from vllm.config import LoRAConfig, SpeculativeConfig
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
@@ -196,10 +199,13 @@ def record(
     num_speculative_tokens: int = 0,
     method: str = "ngram",
     layout: str | None = None,
+    lora: bool = False,
 ) -> list[dict[str, Any]]:
     """The trace of ``seed``: its header, then one line per step. ``layout``
     (one of LAYOUTS, or ``mixed``): a hybrid KV cache, its window drawn per
-    seed; None (the default) one full-attention group."""
+    seed; None (the default) one full-attention group. ``lora``: vLLM's
+    LoRA config with max_loras 1-4, and most requests under one of up to 8
+    adapters (drawn apart, so the rest of the trace is as without)."""
     if method not in SPEC_METHODS:
         raise ValueError(f"method must be one of {SPEC_METHODS}, got {method!r}")
     if layout is not None and num_speculative_tokens:
@@ -228,6 +234,13 @@ def record(
             eos_token_id=EOS,
             vocab_size=VOCAB,
         )
+    lora_rng = random.Random(f"ironbatch-record-lora-{seed}")
+    adapters = 0
+    if lora:
+        # Written only for LoRA traces, so other traces stay as they were.
+        cfg["max_loras"] = lora_rng.randint(1, 4)
+        adapters = lora_rng.randint(cfg["max_loras"] + 1, 8)
+        extras["lora_config"] = LoRAConfig(max_loras=cfg["max_loras"], max_lora_rank=8)
     sched = vs.build(cfg, **extras, **hybrid)
     vc = sched.vllm_config
     if sched.block_size != cfg["block_size"]:
@@ -258,6 +271,14 @@ def record(
         room = num_speculative_tokens + vc.num_lookahead_tokens
         capacity = (cfg["num_blocks"] - 1) * cfg["block_size"] - room
     reqs = draw_requests(rng, cfg, big, capacity)
+    for r in reqs:
+        if adapters and lora_rng.random() < 0.8:
+            i = lora_rng.randint(1, adapters)
+            r["lora_request"] = {
+                "lora_int_id": i,
+                "lora_name": f"adapter-{i}",
+                "lora_path": f"/adapters/{i}",
+            }
     by_id = {r["request_id"]: r for r in reqs}
     # EngineCore's block hasher covers this many tokens after each block.
     hash_lookahead = vc.num_hash_lookahead_tokens
@@ -271,6 +292,8 @@ def record(
         header["speculative_method"] = method  # informational, as recorded_with
     if hybrid:
         header["kv_layout"] = hybrid["kv_layout"]  # informational too
+    if lora:
+        header["lora_adapters"] = adapters  # informational too
     header["config"] = cfg
     lines: list[dict[str, Any]] = [header]
     drafts: list[list[Any]] = []  # given after the previous step's output
@@ -425,6 +448,11 @@ def main() -> int:
         help="a hybrid model's KV-cache groups (mixed: one layout drawn per seed), the window"
         " or chunk and the window retention drawn per seed",
     )
+    ap.add_argument(
+        "--lora",
+        action="store_true",
+        help="LoRA on (max_loras 1-4 drawn per seed), most requests under one of up to 8 adapters",
+    )
     a = ap.parse_args()
     if a.k is not None and (a.spec is None or a.k < 1):
         ap.error("--k needs --spec and must be at least 1")
@@ -435,7 +463,9 @@ def main() -> int:
     for seed in range(lo, hi + 1):
         k = (a.k or draw_num_speculative_tokens(seed)) if a.spec else 0
         method = draw_method(seed) if a.spec == "mixed" else a.spec or "ngram"
-        lines = record(seed, a.big, num_speculative_tokens=k, method=method, layout=a.layout)
+        lines = record(
+            seed, a.big, num_speculative_tokens=k, method=method, layout=a.layout, lora=a.lora
+        )
         path = a.outdir / f"{a.prefix}-{seed:04d}.jsonl"
         path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
         pre = sum(len(x["schedule"]["preempted"]) for x in lines[1:])

@@ -4,6 +4,7 @@ replay reports a real difference."""
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 from pathlib import Path
@@ -27,12 +28,17 @@ DATA = Path(__file__).parent / "data"
 # hybrid KV caches, block ids per KV-cache group, the window drawn per seed:
 # --layout gpt-oss (seeds 705, 706, 725, 728, 736, 739), gemma3 (743, 746,
 # 761, 767) and llama4 (801, 810, 818, 819), and one --big each, gzipped
-# (gpt-oss 900, gemma3 913, llama4 936).
+# (gpt-oss 900, gemma3 913, llama4 936); recorded-lora/: 11 with LoRA
+# (--lora: max_loras 1-4, up to 8 adapters), seeds 1000, 1002, 1005, 1008,
+# 1009, 1010, 1011, 1013, 1016 and 1019, each chosen because its replay
+# changes without the cap and without the adapters (tested below), and one
+# --big, gzipped (1101).
 TRACES = sorted((DATA / "traces").glob("*.jsonl"))
 RECORDED = sorted((DATA / "recorded").glob("*.jsonl"))
 SPEC = sorted((DATA / "recorded-spec").glob("*.jsonl*"))
 HYBRID = sorted((DATA / "recorded-hybrid").glob("*.jsonl*"))
-ALL = TRACES + RECORDED + SPEC + HYBRID
+LORA = sorted((DATA / "recorded-lora").glob("*.jsonl*"))
+ALL = TRACES + RECORDED + SPEC + HYBRID + LORA
 
 
 def test_the_traces_are_there() -> None:
@@ -40,6 +46,7 @@ def test_the_traces_are_there() -> None:
     assert len(RECORDED) == 32
     assert len(SPEC) == 39
     assert len(HYBRID) == 17
+    assert len(LORA) == 11
 
 
 def _lines(path: Path) -> list[str]:
@@ -163,3 +170,45 @@ def test_on_step_is_called_once_a_step(tmp_path: Path) -> None:
     calls: list[None] = []
     result = replay(TRACES[0], on_step=lambda: calls.append(None))
     assert result.identical and len(calls) == result.steps
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("path", LORA, ids=[p.name.split(".")[0] for p in LORA])
+def test_a_lora_trace_needs_the_cap_and_the_adapters(
+    tmp_path: Path, path: Path, backend: str
+) -> None:
+    """Each LoRA trace replays identical only with vLLM's rules: without
+    max_loras (no skip) or without the requests' adapters (no hash keys, no
+    skip) its replay differs from what vLLM recorded."""
+    lines = _lines(path)
+    header, steps = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
+    uncapped = copy.deepcopy(header)
+    del uncapped["config"]["max_loras"]
+    base_model = copy.deepcopy(steps)
+    for step in base_model:
+        for added in step["add"]:
+            added.pop("lora_request", None)
+    for i, (h, s) in enumerate(((uncapped, steps), (header, base_model))):
+        out = tmp_path / f"changed-{i}.jsonl"
+        out.write_text("\n".join(json.dumps(x) for x in [h, *s]) + "\n")
+        assert not replay(out, backend=backend, level="blocks").identical, (i, path.name)
+
+
+@pytest.mark.parametrize(
+    ("lora", "match"),
+    [
+        ("adapter-1", "lora_request must be an object or null, got str"),
+        ({"lora_name": "a"}, "lora_request needs lora_int_id"),
+        ({"lora_name": "a", "lora_int_id": 0}, r"lora_int_id must be in \[1, "),
+        ({"lora_name": 3, "lora_int_id": 1}, "lora_name must be a str"),
+    ],
+)
+def test_a_bad_lora_request_names_its_line(tmp_path: Path, lora: object, match: str) -> None:
+    lines = _lines(LORA[0])
+    steps = [json.loads(x) for x in lines[1:]]
+    first = next(i for i, s in enumerate(steps) if s["add"])
+    steps[first]["add"][0]["lora_request"] = lora
+    out = tmp_path / "bad-lora.jsonl"
+    out.write_text("\n".join([lines[0], *(json.dumps(s) for s in steps)]) + "\n")
+    with pytest.raises(TraceError, match=rf"bad-lora.jsonl: line {first + 2}: .*{match}"):
+        replay(out)

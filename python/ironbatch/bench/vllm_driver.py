@@ -84,7 +84,10 @@ class MaskBackend:
 
 
 def vllm_lora(lora: Any) -> VllmLoRARequest:
-    """vLLM's LoRARequest for ironbatch's."""
+    """vLLM's LoRARequest for ironbatch's, or for a trace's request object's
+    ``lora_request``."""
+    if isinstance(lora, dict):
+        return VllmLoRARequest(lora["lora_name"], lora["lora_int_id"], lora.get("lora_path", ""))
     return VllmLoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path)
 
 
@@ -105,7 +108,7 @@ def request(d: dict[str, Any], block_size: int, hash_lookahead_tokens: int = 0) 
         arrival_time=d.get("arrival_time", 0.0),
         priority=d.get("priority", 0),
         structured_outputs=d.get("structured_outputs"),
-        lora_request=d.get("lora_request"),
+        lora_request=vllm_lora(d["lora_request"]) if d.get("lora_request") else None,
     )
 
 
@@ -221,7 +224,7 @@ class VllmDriver(TimedDriver):
                 "arrival_time": r.arrival_time,
                 "priority": r.priority,
                 "structured_outputs": JSON_SCHEMA if structured else None,
-                "lora_request": None if r.lora_request is None else vllm_lora(r.lora_request),
+                "lora_request": r.lora_request,
             },
             self.bs,
         )

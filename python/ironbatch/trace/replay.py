@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
+from ironbatch.lora import LoRARequest
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
@@ -73,6 +74,8 @@ def build_scheduler(config: dict[str, Any], backend: str) -> Scheduler:
             num_lookahead_tokens=config.get("num_lookahead_tokens", 0),
             num_hash_lookahead_tokens=config.get("num_hash_lookahead_tokens", 0),
             num_draft_slots=config.get("num_draft_slots", 0),
+            # Optional: only LoRA traces cap adapters.
+            max_loras=config.get("max_loras"),
         ),
         CacheConfig(
             num_blocks=config["num_blocks"],
@@ -142,7 +145,21 @@ def trace_request(d: dict[str, Any]) -> Request:
         priority=d.get("priority", 0),
         arrival_time=d.get("arrival_time", 0.0),
         cache_salt=d.get("cache_salt"),
+        lora_request=lora_request(d.get("lora_request")),
     )
+
+
+def lora_request(d: Any) -> LoRARequest | None:
+    """A request object's ``lora_request`` (an object with vLLM's field
+    names, or null) as the scheduler takes it."""
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise TypeError(f"lora_request must be an object or null, got {type(d).__name__}")
+    missing = [k for k in ("lora_int_id", "lora_name") if k not in d]
+    if missing:
+        raise KeyError(f"lora_request needs {', '.join(missing)}")
+    return LoRARequest(d["lora_name"], d["lora_int_id"], d.get("lora_path", ""))
 
 
 def replay(
