@@ -364,6 +364,72 @@ _LLAMA_4_SCOUT = {
     "bos_token_id": 200000,
     "eos_token_id": 200008,
 }
+# Gemma 3 12B as published: the text model above behind a SigLIP vision tower.
+_GEMMA_3_12B_VISION = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "text_config": {k: v for k, v in _GEMMA_3_12B.items() if k != "architectures"},
+    "vision_config": {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 1152,
+        "intermediate_size": 4304,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "image_size": 896,
+        "patch_size": 14,
+        "vision_use_head": False,
+    },
+    "mm_tokens_per_image": 256,
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "image_token_index": 262144,
+    "torch_dtype": "bfloat16",
+    "eos_token_id": 1,
+}
+# Qwen2.5-VL 7B: a vision tower beside a Qwen2 language model (M-RoPE).
+_QWEN2_5_VL_7B = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 28,
+    "vocab_size": 152064,
+    "max_position_embeddings": 128000,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "hidden_act": "silu",
+    "sliding_window": 32768,
+    "use_sliding_window": False,
+    "max_window_layers": 28,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "vision_token_id": 151654,
+    "vision_config": {
+        "depth": 32,
+        "hidden_act": "silu",
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "in_chans": 3,
+        "out_hidden_size": 3584,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "spatial_patch_size": 14,
+        "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+        "tokens_per_second": 2,
+        "temporal_patch_size": 2,
+    },
+}
 MODELS: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": _LLAMA_3_1_8B,
     "llama-3.1-8b-eagle3": _LLAMA_3_1_8B_EAGLE3,
@@ -374,6 +440,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "gpt-oss-20b": _GPT_OSS_20B,
     "gemma-3-12b": _GEMMA_3_12B,
     "llama-4-scout": _LLAMA_4_SCOUT,
+    "qwen2.5-vl-7b": _QWEN2_5_VL_7B,
+    "gemma-3-12b-vision": _GEMMA_3_12B_VISION,
 }
 
 # -- the tokenizer every model folder gets -----------------------------------------
@@ -937,6 +1005,8 @@ class Engine:
             "num_lookahead_tokens": vc.num_lookahead_tokens,
             "num_hash_lookahead_tokens": vc.num_hash_lookahead_tokens,
             "max_loras": None if vc.lora_config is None else vc.lora_config.max_loras,
+            "is_multimodal_model": bool(mc.is_multimodal_model),
+            "supports_multimodal_inputs": bool(mc.supports_multimodal_inputs),
         }
 
     def shutdown(self) -> None:

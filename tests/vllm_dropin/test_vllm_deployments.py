@@ -204,6 +204,31 @@ TABLE = [
         exercises=("lora_requests", "lora_overtaken"),
     ),
     Deployment(
+        # A vision model served for text: images and videos turned off, so
+        # no request carries an encoder input and vLLM schedules it as text.
+        "qwen2.5-vl-7b-images-off",
+        "qwen2.5-vl-7b",
+        ["--limit-mm-per-prompt", json.dumps({"image": 0, "video": 0})],
+        {"is_multimodal_model": True, "supports_multimodal_inputs": False},
+    ),
+    Deployment(
+        # Gemma 3 with images off: six KV-cache groups, scheduled as text.
+        "gemma-3-12b-vision-images-off",
+        "gemma-3-12b-vision",
+        ["--limit-mm-per-prompt", json.dumps({"image": 0})],
+        {
+            "is_multimodal_model": True,
+            "supports_multimodal_inputs": False,
+            "kv_groups": ["SlidingWindowSpec"] * 5 + ["FullAttentionSpec"],
+        },
+    ),
+    Deployment(
+        "qwen2.5-vl-7b-language-model-only",
+        "qwen2.5-vl-7b",
+        ["--language-model-only"],
+        {"is_multimodal_model": True, "supports_multimodal_inputs": False},
+    ),
+    Deployment(
         "scheduler-options",
         "llama-3.1-8b",
         ["--prefill-schedule-interval", "4", "--watermark", "0.05"]

@@ -87,7 +87,10 @@ def unsupported_config(
             pc.decode_context_parallel_size > 1 or pc.prefill_context_parallel_size > 1,
             "context parallelism",
         ),
-        (mc.is_multimodal_model or mc.supports_multimodal_inputs, "multimodal inputs"),
+        # A multimodal model with every modality turned off (a prompt limit
+        # of 0, --language-model-only) is scheduled as text: vLLM gives it no
+        # encoder budget and no request an encoder input.
+        (mc.supports_multimodal_inputs, "multimodal inputs"),
         (mc.is_encoder_decoder, "an encoder-decoder model"),
         (mc.runner_type != "generate" or mc.is_diffusion, f"the {mc.runner_type!r} runner"),
         (bool(mc.enable_prompt_embeds), "prompt embeddings"),
