@@ -309,8 +309,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_tokens=st.integers(1, 10),
         priority=st.integers(0, 2),
         ignore_eos=st.booleans(),
+        adapter=st.integers(0, 6),  # 0: the base model
     )
-    def add(self, plen: int, shared: int, max_tokens: int, priority: int, ignore_eos: bool) -> None:
+    def add(
+        self, plen: int, shared: int, max_tokens: int, priority: int, ignore_eos: bool, adapter: int
+    ) -> None:
         plen = min(plen, self.config["max_model_len"])  # == max_model_len is refused alike
         base = [(5 * i) % 31 + 3 for i in range(plen)]
         tokens = base[: min(shared, plen)] + [
@@ -325,6 +328,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             priority=priority,
             ignore_eos=ignore_eos,
             arrival=float(self.next_id // 2),
+            lora=adapter or None,
         ):
             self.live.append(rid)
 
