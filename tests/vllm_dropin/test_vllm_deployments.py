@@ -51,7 +51,7 @@ FLAVORS = {
 
 
 class Deployment(NamedTuple):
-    """One row: a model shape (a key of ``deployment_setup.MODELS``), the
+    """One row: a model shape (a key of ``deployment_models.MODELS``), the
     ``vllm serve`` flags, what the built engine must show for the row to be
     what it says, and what the workload must go through on it."""
 
