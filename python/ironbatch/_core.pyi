@@ -420,8 +420,10 @@ class Scheduler:
         num_draft_slots: SupportsIndex | None = None,
         kv_cache_groups: Sequence[tuple[str, int, int | None]] | None = None,
         sparse_retention: bool = True,
+        max_loras: SupportsIndex | None = None,
     ) -> None:
-        """``kv_cache_groups``: the KV-cache groups in vLLM's order, each
+        """``max_loras``: distinct LoRA adapters a step's batch may hold
+        (None: no cap). ``kv_cache_groups``: the KV-cache groups in vLLM's order, each
         ``(kind, size, admission_cap_blocks)`` with kind "full" (size
         ignored), "sliding_window" (size: the window) or "chunked_local"
         (size: the chunk), all of ``block_size``, sharing the pool; None is
@@ -445,8 +447,11 @@ class Scheduler:
         structured_output: bool = False,
         report_hits: bool = False,
         resumable: bool = False,
+        lora_request: Any = None,
     ) -> int:
-        """Queue a request; returns its slot (its stable row while it lives)."""
+        """Queue a request; returns its slot (its stable row while it lives).
+        ``lora_request``: None, or anything with vLLM's ``LoRARequest``
+        fields (``lora_int_id`` >= 1, ``lora_name``, ``lora_path``)."""
     def schedule(self) -> Step: ...
     def update_from_output(
         self,
