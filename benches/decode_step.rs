@@ -36,6 +36,7 @@ fn scheduler(running: usize) -> Scheduler {
         num_speculative_tokens: 0,
         num_draft_slots: 0,
         max_loras: None,
+        encoder: None,
         cache: KvCacheConfig::new(
             running * (max_model_len / BLOCK_SIZE) + 1,
             BLOCK_SIZE,
@@ -62,6 +63,7 @@ fn request(i: usize) -> NewRequest {
         arrival_time: i as f64,
         cache_salt: None,
         lora: None,
+        mm_inputs: Vec::new(),
         skip_reading_prefix_cache: false,
         structured_output: false,
         report_hits: false,

@@ -9,6 +9,7 @@ from ironbatch import (
     CacheConfig,
     KVCacheGroup,
     LoRARequest,
+    MultimodalInput,
     RepetitionDetectionParams,
     Request,
     SamplingParams,
@@ -59,8 +60,10 @@ def req(
     structured_output: bool = False,
     resumable: bool = False,
     lora: int | None = None,
+    images: Sequence[MultimodalInput] = (),
 ) -> Request:
-    """A request; ``lora`` is an adapter's id (its name and path follow from it)."""
+    """A request; ``lora`` is an adapter's id (its name and path follow from
+    it); ``images`` its multimodal inputs."""
     return Request(
         rid,
         list(tokens),
@@ -78,6 +81,7 @@ def req(
         structured_output=structured_output,
         resumable=resumable,
         lora_request=None if lora is None else LoRARequest(f"adapter-{lora}", lora, f"/a/{lora}"),
+        mm_features=list(images) or None,
     )
 
 

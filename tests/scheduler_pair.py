@@ -28,6 +28,7 @@ class SchedulerPair:
         self.in_flight: list[tuple[Any, Any]] = []  # outputs not yet applied, oldest first
         self.events: Counter = Counter()
         self._failed_grammars: list[str] = []
+        self._encoder_mismatches: list[str] = []
         self.sessions: set[str] = set()  # ids added as streaming sessions
         # KV-cache events, compared after every call (the backends' cores).
         self.cores = (self.rust._core.core, self.twin._core.twin)
@@ -135,10 +136,42 @@ class SchedulerPair:
         )
         self.events["skipped"] += sum(1 for r in rows if r["deferred"])
         self.events["lora_capped"] += self.lora_capped()
+        self.compare_encoder(r, p)
         self.in_flight.append((r, p))
         self.check()
         self.count_groups(before, r)
         check_windows_after_step(self.groups, state, r.req_ids, self.bs)
+
+    def compare_encoder(self, r: Any, p: Any) -> None:
+        """The same encoder inputs, evictions and mismatches; the twin's
+        encoder cache within its size and its counts consistent."""
+        assert r.scheduled_encoder_inputs == p.scheduled_encoder_inputs
+        assert r.free_encoder_mm_hashes == p.free_encoder_mm_hashes
+        assert r.encoder_mismatch_req_ids == p.encoder_mismatch_req_ids
+        self._encoder_mismatches = r.encoder_mismatch_req_ids
+        cache = self.cores[1].encoder_cache
+        problem = cache.check_invariants()
+        assert problem is None, problem
+        self.events["encoder_inputs"] += sum(map(len, r.scheduled_encoder_inputs.values()))
+        self.events["encoder_evicted"] += len(r.free_encoder_mm_hashes)
+        self.events["encoder_mismatch"] += len(r.encoder_mismatch_req_ids)
+        # A request with images that got less than it was behind by, its
+        # cut before an image (budget, cache, unchunked).
+        twin = self.cores[1]
+        for e in r.entries():
+            slot = twin.slot_of(e.request_id)
+            if slot is None:
+                continue
+            t = twin.requests[slot]
+            if t.mm_inputs and any(
+                m.offset == e.num_computed_tokens + e.num_tokens for m in t.mm_inputs
+            ):
+                self.events["encoder_cut"] += 1
+
+    def encoder_mismatches(self) -> list[str]:
+        """The requests the last schedule() found reusing an image id."""
+        found, self._encoder_mismatches = self._encoder_mismatches, []
+        return found
 
     def lora_capped(self) -> int:
         """Waiting requests skipped for an adapter past ``max_loras`` (the

@@ -20,7 +20,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ironbatch import KVCacheGroup, RepetitionDetectionParams
+from ironbatch import KVCacheGroup, MultimodalInput, RepetitionDetectionParams
 
 from scheduler_pair import SchedulerPair
 from seeded import Workloads, run_machine
@@ -110,9 +110,59 @@ def random_config(rng: random.Random) -> dict:
     if config["max_num_scheduled_tokens"] is not None:
         config["max_num_scheduled_tokens"] = max(config["max_num_scheduled_tokens"], step)
     config["max_num_batched_tokens"] = max(batched, step + config["num_draft_slots"])
-    # LoRA in half the workloads, 1 to 4 adapters a batch (drawn last).
+    # LoRA in half the workloads, 1 to 4 adapters a batch (drawn late).
     config["max_loras"] = rng.choice([None, None, 1, 2, 3, 4])
+    # A vision model's encoder in some: a budget and a cache from about one
+    # image to several, images never split in some, an EAGLE-style drafter's
+    # read-ahead in some.
+    if rng.random() < 0.4:
+        compute = rng.choice([8, 16, 40, 96])
+        config["encoder_compute_budget"] = compute
+        config["encoder_cache_size"] = rng.choice([compute, 2 * compute, 5 * compute])
+        config["disable_chunked_mm_input"] = (
+            config["long_prefill_token_threshold"] == 0 and rng.random() < 0.3
+        )
+        config["drafter_read_ahead"] = rng.choice([0, 0, 1])
     return config
+
+
+def image_pool(rng: random.Random, config: dict) -> list[MultimodalInput]:
+    """Up to 8 identifiers, each with its placeholders (and in some, break
+    tokens that take no embedding), from one token to what the encoder can
+    ever take (its budget, its cache, unchunked the step's budget), around
+    the block size; one id also comes with another size now and then (a
+    client reusing an id for other content)."""
+    most = min(config["encoder_compute_budget"], config["encoder_cache_size"])
+    if config["disable_chunked_mm_input"]:
+        # What one step gives a request: its token budget, its input budget
+        # less a drafter's slots.
+        room = config["max_num_batched_tokens"] - config["num_draft_slots"]
+        most = min(most, room, config["max_num_scheduled_tokens"] or room)
+    bs = config["block_size"]
+    pool = []
+    for i in range(rng.randint(1, 8)):
+        length = max(1, min(most, rng.choice([1, bs - 1, bs, bs + 1, most, rng.randint(1, most)])))
+        mask = [0 < k < length - 1 for k in range(length)] if length > 2 and i % 3 == 0 else None
+        pool.append(MultimodalInput(0, length, f"img-{i}", mask))
+    if most > 1 and rng.random() < 0.3:
+        pool.append(MultimodalInput(0, most - 1 if pool[0].length == most else most, "img-0"))
+    return pool
+
+
+def place_images(
+    rng: random.Random, pool: list[MultimodalInput], tokens: list[int]
+) -> list[MultimodalInput]:
+    """Up to five images from ``pool`` in ``tokens`` (as placeholders), in order."""
+    images: list[MultimodalInput] = []
+    pos = rng.randint(0, 4)
+    for _ in range(rng.choice([0, 1, 1, 2, 3, 5])):
+        item = rng.choice(pool)
+        if pos + item.length >= len(tokens):
+            break
+        tokens[pos : pos + item.length] = [5] * item.length
+        images.append(MultimodalInput(pos, item.length, item.identifier, item.is_embed))
+        pos += item.length + rng.randint(0, 6)
+    return images
 
 
 def run_seed(seed: int, steps: int = 120) -> Counter:
@@ -145,6 +195,8 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
 
     def adapter() -> int | None:
         return rng.randint(1, adapters) if adapters and rng.random() < 0.8 else None
+
+    pool = image_pool(rng, config) if "encoder_compute_budget" in config else []
 
     def accepted(rid: str, drafts: list[int]) -> int:
         # Synchronous padding (-1: a prefix hit's padded step, ngram_gpu's
@@ -188,6 +240,8 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             ]
             rid = f"q{next_id}"
             next_id += 1
+            resumable = sessions_fit and len(pair.sessions) < 3 and rng.random() < 0.3
+            images = place_images(rng, pool, tokens) if pool and not resumable else []
             if pair.add(
                 rid,
                 tokens,
@@ -197,10 +251,11 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
                 repetition=REPEATS if rng.random() < 0.2 else None,
                 skip_reading_prefix_cache=rng.random() < 0.15,
                 structured_output=rng.random() < 0.2,
-                resumable=sessions_fit and len(pair.sessions) < 3 and rng.random() < 0.3,
+                resumable=resumable,
                 priority=rng.randint(0, 3),
                 arrival=float(next_id // 3),
                 lora=adapter(),
+                images=images,
             ):
                 live.append(rid)
         # Streaming sessions get their next chunks at any time (queued while
@@ -226,6 +281,8 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             if row["grammar"] == "COMPILING" and rng.random() < 0.3:
                 pair.report_grammar(rid, compiled=rng.random() < 0.85)
         for rid in pair.failed_grammars():
+            pair.finish(rid, "FINISHED_ERROR")
+        for rid in pair.encoder_mismatches():
             pair.finish(rid, "FINISHED_ERROR")
         if rng.random() < 0.02:
             pair.reset_prefix_cache(reset_running_requests=rng.random() < 0.5)
@@ -264,7 +321,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         pair.schedule()
         idle = 0 if pair.in_flight[-1][0].req_ids else idle + 1
         apply_oldest()
-        for rid in pair.failed_grammars():
+        for rid in pair.failed_grammars() + pair.encoder_mismatches():
             pair.finish(rid, "FINISHED_ERROR")
     assert not pair.rust.has_unfinished_requests(), "no progress"
     assert pair.rust.num_free_blocks == config["num_blocks"] - 1
@@ -282,11 +339,23 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     kv = ("kv_stored", "kv_removed", "kv_cleared", "kv_allocated", "kv_accessed")
     hybrid = ("window_freed", "hybrid_hit", "hybrid_hit_nulls", "shared_boundary")
     lora = ("lora_capped",)
+    images = ("encoder_inputs", "encoder_evicted", "encoder_cut", "encoder_mismatch")
     # Each at least 20 times per 60 workloads.
     needs = {
         what: workloads.scaled(20, WORKLOADS, FULL_WORKLOADS)
         for what in (
-            *(*seen, "repetition", *grammar, *kv, *cadence, *sessions, *spec, *hybrid, *lora),
+            *(
+                *seen,
+                "repetition",
+                *grammar,
+                *kv,
+                *cadence,
+                *sessions,
+                *spec,
+                *hybrid,
+                *lora,
+                *images,
+            ),
         )
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ironbatch._core import BlockPool, KVCacheManager, PrefixCacheStats, __version__
 from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from ironbatch.lora import LoRARequest
+from ironbatch.multimodal import MultimodalInput
 from ironbatch.outputs import CompletionOutput, RequestOutput
 from ironbatch.request import Request
 from ironbatch.sampling_params import RepetitionDetectionParams, SamplingParams
@@ -48,6 +49,7 @@ __all__ = [
     "KVCacheManager",
     "LLMEngine",
     "LoRARequest",
+    "MultimodalInput",
     "PrefixCacheStats",
     "Request",
     "RequestOutput",

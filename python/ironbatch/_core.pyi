@@ -164,6 +164,15 @@ class Step:
     @property
     def grammar_failed(self) -> list[str]:
         """Ids the waiting pass found failed (still held), in order reached."""
+    @property
+    def scheduled_encoder_inputs(self) -> list[tuple[str, list[int]]]:
+        """Per request scheduled with encoder inputs: its id and their indices."""
+    @property
+    def free_encoder_mm_hashes(self) -> list[str]:
+        """Encoder-cache entries evicted since the previous step."""
+    @property
+    def encoder_mismatch(self) -> list[str]:
+        """Ids whose item reuses a cached identifier with other embeddings."""
 
 class KvEvent:
     """One KV-cache event (docs/scheduling.md §7.12)."""
@@ -421,9 +430,16 @@ class Scheduler:
         kv_cache_groups: Sequence[tuple[str, int, int | None]] | None = None,
         sparse_retention: bool = True,
         max_loras: SupportsIndex | None = None,
+        encoder_compute_budget: SupportsIndex | None = None,
+        encoder_cache_size: SupportsIndex | None = None,
+        disable_chunked_mm_input: bool = False,
+        drafter_read_ahead: SupportsIndex | None = None,
     ) -> None:
         """``max_loras``: distinct LoRA adapters a step's batch may hold
-        (None: no cap). ``kv_cache_groups``: the KV-cache groups in vLLM's order, each
+        (None: no cap). ``encoder_compute_budget`` and ``encoder_cache_size``
+        (both or neither): a multimodal model's encoder limits, in
+        embeddings (docs/scheduling.md §4.15). ``kv_cache_groups``: the
+        KV-cache groups in vLLM's order, each
         ``(kind, size, admission_cap_blocks)`` with kind "full" (size
         ignored), "sliding_window" (size: the window) or "chunked_local"
         (size: the chunk), all of ``block_size``, sharing the pool; None is
@@ -448,10 +464,14 @@ class Scheduler:
         report_hits: bool = False,
         resumable: bool = False,
         lora_request: Any = None,
+        mm_features: Any = None,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it lives).
         ``lora_request``: None, or anything with vLLM's ``LoRARequest``
-        fields (``lora_int_id`` >= 1, ``lora_name``, ``lora_path``)."""
+        fields (``lora_int_id`` >= 1, ``lora_name``, ``lora_path``).
+        ``mm_features``: None, or items with vLLM's ``MultiModalFeatureSpec``
+        fields (``identifier``; ``mm_position`` with ``offset``, ``length``,
+        ``is_embed``) or ``ironbatch.MultimodalInput``'s."""
     def schedule(self) -> Step: ...
     def update_from_output(
         self,
@@ -503,6 +523,8 @@ class Scheduler:
     @property
     def kv_cache_usage(self) -> float: ...
     def reset_prefix_cache(self, *, reset_running_requests: bool) -> bool: ...
+    def reset_encoder_cache(self) -> None:
+        """Forget every encoder output (after a weight update)."""
     def make_stats(self) -> SchedulerStats: ...
     def get_num_unfinished_requests(self) -> int: ...
     def debug_state(self) -> dict[str, Any]: ...
@@ -523,6 +545,12 @@ def vllm_update_from_runner_output(
 def vllm_request_state(scheduler: Scheduler, slot: int) -> tuple[list[int], int]:
     """A live request's (tokens, num_computed_tokens), prompt first (for the
     vLLM drop-in)."""
+
+def vllm_confirmed_tokens(scheduler: Scheduler, slot: int) -> int:
+    """A live request's num_computed_tokens less its tokens in flight."""
+
+def vllm_encoder_cache_state(scheduler: Scheduler) -> dict[str, Any]:
+    """The encoder cache as vLLM's EncoderCacheManager holds it (tests)."""
 
 # --- ironbatch simulate (rust/src/python/simulate.rs) ---
 

@@ -80,6 +80,17 @@ class SchedulerConfig:
     # docs/scheduling.md §4.14): a request bringing one more waits. None =
     # no cap (adapters still key the prefix cache).
     max_loras: int | None = None
+    # A multimodal model's encoder (vLLM's MultiModalBudget; docs/scheduling.md
+    # §4.15), in embeddings: what one step may encode and what the encoder
+    # cache holds. Both None = a text model, which refuses mm_features.
+    encoder_compute_budget: int | None = None
+    encoder_cache_size: int | None = None
+    # Never split an item's placeholders across steps.
+    disable_chunked_mm_input: bool = False
+    # Tokens past a step that an EAGLE-style drafter reads (vLLM's
+    # num_prefill_lookahead_tokens: 1 with such a drafter): the encoder
+    # inputs they fall in run in the step too.
+    drafter_read_ahead: int = 0
 
     def __post_init__(self) -> None:
         _int("max_model_len", self.max_model_len, 2, MAX_MODEL_LEN)
@@ -108,6 +119,16 @@ class SchedulerConfig:
         _int("num_draft_slots", self.num_draft_slots, 0, self.num_speculative_tokens)
         if self.max_loras is not None:
             _int("max_loras", self.max_loras, 1, MAX_NUM_SEQS)
+        if (self.encoder_compute_budget is None) != (self.encoder_cache_size is None):
+            raise ValueError(
+                "encoder_compute_budget and encoder_cache_size go together: give both "
+                "(a multimodal model) or neither (a text model)"
+            )
+        if self.encoder_compute_budget is not None and self.encoder_cache_size is not None:
+            _int("encoder_compute_budget", self.encoder_compute_budget, 1, MAX_NUM_BATCHED_TOKENS)
+            _int("encoder_cache_size", self.encoder_cache_size, 1, MAX_MODEL_LEN)
+        _bool("disable_chunked_mm_input", self.disable_chunked_mm_input)
+        _int("drafter_read_ahead", self.drafter_read_ahead, 0, 1)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         check_scheduler(self)  # the rules between fields, as the core checks them

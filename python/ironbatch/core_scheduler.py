@@ -46,6 +46,7 @@ class CoreScheduler:
         if cache_config.num_blocks is None:
             raise ValueError("num_blocks must be set to build a scheduler, got None")
         c = settings(scheduler_config, cache_config)  # defaults resolved as the twin does
+        self._has_encoder = c.encoder is not None
         self.core = _core.Scheduler(
             max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens,
@@ -71,6 +72,10 @@ class CoreScheduler:
             kv_cache_groups=binding_groups(c.kv_cache_groups),
             sparse_retention=c.sparse_retention,
             max_loras=c.max_loras,
+            encoder_compute_budget=None if c.encoder is None else c.encoder.compute_budget,
+            encoder_cache_size=None if c.encoder is None else c.encoder.cache_size,
+            disable_chunked_mm_input=c.encoder is not None and c.encoder.disable_chunked_mm_input,
+            drafter_read_ahead=0 if c.encoder is None else c.encoder.drafter_read_ahead,
         )
 
     def add_request(
@@ -91,6 +96,7 @@ class CoreScheduler:
         report_hits: bool = False,
         resumable: bool = False,
         lora_request: Any = None,
+        mm_features: Any = None,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it
         lives). ``eos_token_id`` is None when there is none or it is
@@ -103,7 +109,8 @@ class CoreScheduler:
         ``resumable`` makes it a streaming-input session, whose later chunks
         come under the same id (docs/scheduling.md §4.12); ``lora_request``
         (None, or anything with vLLM's ``LoRARequest`` fields) is its adapter
-        (§4.14)."""
+        (§4.14); ``mm_features`` (None, or items with vLLM's
+        ``MultiModalFeatureSpec`` fields) its images (§4.15)."""
         return self.core.add_request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -120,7 +127,17 @@ class CoreScheduler:
             report_hits=report_hits,
             resumable=resumable,
             lora_request=lora_request,
+            mm_features=mm_features,
         )
+
+    @property
+    def has_encoder(self) -> bool:
+        """Whether it schedules multimodal inputs (an encoder budget is set)."""
+        return self._has_encoder
+
+    def reset_encoder_cache(self) -> None:
+        """Forget every encoder output (after a weight update; §4.15)."""
+        self.core.reset_encoder_cache()
 
     def has_request(self, request_id: str) -> bool:
         """Whether ``request_id`` is a live request."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ironbatch.lora import LoRARequest, check_lora_request
+from ironbatch.multimodal import MultimodalInput, check_mm_features
 from ironbatch.reference.args import u32_list
 from ironbatch.reference.limits import utf8_str
 from ironbatch.sampling_params import SamplingParams
@@ -23,7 +24,11 @@ class Request:
     streaming session; its later chunks come as requests with the same id,
     and one that is not resumable ends the input (§4.12). ``lora_request``:
     its LoRA adapter (``ironbatch.LoRARequest`` or vLLM's), counted against
-    ``SchedulerConfig.max_loras`` and keying its prefix-cache blocks (§4.14)."""
+    ``SchedulerConfig.max_loras`` and keying its prefix-cache blocks (§4.14).
+    ``mm_features``: its images (audio, video) as ``ironbatch.MultimodalInput``
+    (or vLLM's ``MultiModalFeatureSpec``), sorted by position; the scheduler
+    needs ``SchedulerConfig.encoder_compute_budget`` and
+    ``encoder_cache_size`` to take them (§4.15)."""
 
     def __init__(
         self,
@@ -37,6 +42,7 @@ class Request:
         structured_output: bool = False,
         resumable: bool = False,
         lora_request: LoRARequest | Any = None,
+        mm_features: Sequence[MultimodalInput | Any] | None = None,
     ) -> None:
         self.request_id = utf8_str("request_id", request_id)
         self.prompt_token_ids = u32_list("prompt_token_ids", prompt_token_ids)
@@ -75,6 +81,7 @@ class Request:
         if lora_request is not None:
             check_lora_request(lora_request)
         self.lora_request = lora_request
+        self.mm_features = [] if mm_features is None else check_mm_features(mm_features)
 
     def __repr__(self) -> str:
         return (

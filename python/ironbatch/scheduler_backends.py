@@ -24,6 +24,7 @@ from ironbatch import reference
 from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.core_scheduler import CoreScheduler
 from ironbatch.lora import lora_adapter
+from ironbatch.multimodal import mm_inputs
 from ironbatch.reference.args import draft_list
 from ironbatch.reference.request import NewRequest, Repetition, StopRules
 from ironbatch.reference.step import StepOutput, UpdateOutput
@@ -122,6 +123,7 @@ class RustBackend:
             structured_output=request.structured_output,
             resumable=request.resumable,
             lora_request=request.lora_request,
+            mm_features=request.mm_features or None,
         )
 
     def has_request(self, request_id: str) -> bool:
@@ -168,6 +170,9 @@ class _TwinStep:
     drafts_needed: bool
     grammar_released: list[str] = field(default_factory=list)
     grammar_failed: list[str] = field(default_factory=list)
+    scheduled_encoder_inputs: list[tuple[str, list[int]]] = field(default_factory=list)
+    free_encoder_mm_hashes: list[str] = field(default_factory=list)
+    encoder_mismatch: list[str] = field(default_factory=list)
 
     @property
     def preempted_req_ids(self) -> list[str]:
@@ -253,6 +258,7 @@ class PythonBackend:
                 structured_output=request.structured_output,
                 resumable=request.resumable,
                 lora=lora_adapter(request.lora_request),
+                mm_inputs=mm_inputs(request.mm_features),
             )
         )
 
@@ -281,6 +287,9 @@ class PythonBackend:
             step.drafts_needed,
             [name(slot).request_id for slot in step.grammar_released],
             [name(slot).request_id for slot in step.grammar_failed],
+            [(name(x.slot).request_id, list(x.input_ids)) for x in step.scheduled_encoder_inputs],
+            list(step.free_encoder_mm_hashes),
+            [name(slot).request_id for slot in step.encoder_mismatch],
         )
 
     @staticmethod

@@ -130,6 +130,9 @@ class StepHandle(Protocol):
     pending_structured_output_tokens: bool
     grammar_released: Sequence[str]
     grammar_failed: Sequence[str]
+    scheduled_encoder_inputs: Sequence[tuple[str, list[int]]]
+    free_encoder_mm_hashes: Sequence[str]
+    encoder_mismatch: Sequence[str]
 
     def column(self, name: str) -> np.ndarray: ...
 
@@ -198,6 +201,27 @@ class SchedulerOutput(StepColumns):
         """Requests this step's waiting pass found their grammar failed;
         they stay held until the caller ends them (``FINISHED_ERROR``)."""
         return list(self._handle.grammar_failed)
+
+    # Multimodal inputs (docs/scheduling.md §4.15), read when asked.
+
+    @property
+    def scheduled_encoder_inputs(self) -> dict[str, list[int]]:
+        """Request id -> the indices of its ``mm_features`` whose encoder
+        runs this step (vLLM's field), in scheduling order."""
+        return dict(self._handle.scheduled_encoder_inputs)
+
+    @property
+    def free_encoder_mm_hashes(self) -> list[str]:
+        """Encoder-cache entries evicted since the previous step, by
+        identifier: the runner drops them (vLLM's field)."""
+        return list(self._handle.free_encoder_mm_hashes)
+
+    @property
+    def encoder_mismatch_req_ids(self) -> list[str]:
+        """Requests whose item reuses a cached identifier with another
+        number of embeddings: nothing was scheduled for them; the caller
+        ends them (``FINISHED_ERROR``), as vLLM does."""
+        return list(self._handle.encoder_mismatch)
 
     def __len__(self) -> int:
         return len(self.req_ids)

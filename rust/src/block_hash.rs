@@ -143,6 +143,39 @@ impl BlockHasher {
     }
 }
 
+/// One multimodal input in a block, as the block's hash keys it: where its
+/// placeholders start relative to the block's first token (negative when
+/// it began in an earlier block), and its identifier. vLLM keys a block by
+/// the same pair, so equal placeholder tokens of other images, or of the
+/// same image elsewhere in the block, are other KV.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MmKey<'a> {
+    pub relative_offset: i64,
+    pub identifier: &'a str,
+}
+
+impl BlockHasher {
+    /// [`Self::next`] for a block that holds multimodal placeholders: the
+    /// keys follow the tokens in the message, counted and length-prefixed
+    /// (a plain block's message is exactly its tokens, so never the same).
+    pub fn next_with_mm(&self, parent: &ChainKey, tokens: &[u32], keys: &[MmKey<'_>]) -> ChainKey {
+        if keys.is_empty() {
+            return self.next(parent, tokens);
+        }
+        let mut h = blake3::Hasher::new_keyed(parent);
+        for t in tokens {
+            h.update(&t.to_le_bytes());
+        }
+        h.update(&(keys.len() as u32).to_le_bytes());
+        for k in keys {
+            h.update(&k.relative_offset.to_le_bytes());
+            h.update(&(k.identifier.len() as u32).to_le_bytes());
+            h.update(k.identifier.as_bytes());
+        }
+        *h.finalize().as_bytes()
+    }
+}
+
 /// The map's 128-bit hash of a chain key.
 pub fn block_hash(key: &ChainKey) -> BlockHash {
     let mut first = [0u8; 16];
@@ -186,6 +219,30 @@ mod tests {
                 assert_ne!(distinct[i], distinct[j], "inputs {i} and {j} collide");
             }
         }
+    }
+
+    #[test]
+    fn multimodal_keys_tell_images_and_places_apart() {
+        let h = hasher();
+        let root = h.root(&[]);
+        let tokens = [5u32; 4];
+        let at = |relative_offset, identifier| MmKey {
+            relative_offset,
+            identifier,
+        };
+        let distinct = [
+            h.next(&root, &tokens),
+            h.next_with_mm(&root, &tokens, &[at(0, "a")]),
+            h.next_with_mm(&root, &tokens, &[at(0, "b")]),
+            h.next_with_mm(&root, &tokens, &[at(-1, "a")]),
+            h.next_with_mm(&root, &tokens, &[at(0, "a"), at(2, "b")]),
+        ];
+        for i in 0..distinct.len() {
+            for j in 0..i {
+                assert_ne!(distinct[i], distinct[j], "keys {i} and {j} collide");
+            }
+        }
+        assert_eq!(h.next_with_mm(&root, &tokens, &[]), h.next(&root, &tokens));
     }
 
     #[test]

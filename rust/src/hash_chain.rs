@@ -2,7 +2,18 @@
 //! block of its known tokens (and the hasher's lookahead tokens after it),
 //! extended as tokens arrive.
 
-use crate::block_hash::{block_hash, BlockHash, BlockHasher, ChainKey, ExtraKey};
+use crate::block_hash::{block_hash, BlockHash, BlockHasher, ChainKey, ExtraKey, MmKey};
+use crate::multimodal::MultimodalInput;
+use smallvec::SmallVec;
+
+/// Where a multimodal input's placeholders lie, for the hashes of the
+/// blocks they fall in.
+#[derive(Clone, Debug)]
+struct MmSpan {
+    offset: usize,
+    end: usize,
+    identifier: Box<str>,
+}
 
 /// The hashes of a token sequence's full blocks, in block order, and the
 /// chain key the next full block will be hashed under.
@@ -13,6 +24,8 @@ pub struct BlockHashChain {
     next_key: ChainKey,
     /// The key the first block is hashed under, to hash again from the start.
     root: ChainKey,
+    /// The request's multimodal inputs, sorted; `None` for text.
+    mm: Option<Box<[MmSpan]>>,
 }
 
 impl BlockHashChain {
@@ -24,7 +37,31 @@ impl BlockHashChain {
             hashes: Vec::new(),
             next_key,
             root: next_key,
+            mm: None,
         }
+    }
+
+    /// Key every block by the multimodal inputs it holds (§7.4), hashing
+    /// `tokens` again from the root.
+    pub fn key_by_mm(
+        &mut self,
+        inputs: &[MultimodalInput],
+        hasher: &BlockHasher,
+        tokens: &[u32],
+        block_size: usize,
+    ) {
+        self.mm = (!inputs.is_empty()).then(|| {
+            inputs
+                .iter()
+                .map(|m| MmSpan {
+                    offset: m.offset,
+                    end: m.end(),
+                    identifier: m.identifier.as_str().into(),
+                })
+                .collect()
+        });
+        self.clear();
+        self.extend(hasher, tokens, block_size);
     }
 
     /// The hashes so far.
@@ -78,7 +115,23 @@ impl BlockHashChain {
         let full = (tokens.len() - lookahead) / block_size;
         for k in self.hashes.len()..full {
             let message = &tokens[k * block_size..(k + 1) * block_size + lookahead];
-            self.next_key = hasher.next(&self.next_key, message);
+            self.next_key = match &self.mm {
+                None => hasher.next(&self.next_key, message),
+                Some(spans) => {
+                    // The lookahead tokens' items key the block too (vLLM's
+                    // lookahead extra keys).
+                    let (start, end) = (k * block_size, (k + 1) * block_size + lookahead);
+                    let keys: SmallVec<[MmKey<'_>; 2]> = spans
+                        .iter()
+                        .filter(|m| m.offset < end && start < m.end)
+                        .map(|m| MmKey {
+                            relative_offset: m.offset as i64 - start as i64,
+                            identifier: &m.identifier,
+                        })
+                        .collect();
+                    hasher.next_with_mm(&self.next_key, message, &keys)
+                }
+            };
             self.hashes.push(block_hash(&self.next_key));
         }
     }

@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::grammar::Grammar;
 use crate::limits::{check_range, MAX_TOKENS};
 use crate::lora::LoraAdapter;
+use crate::multimodal::MultimodalInput;
 use crate::sequence::Sequence;
 use crate::session::SessionQueue;
 use crate::spec_decode::Drafts;
@@ -112,6 +113,8 @@ pub struct NewRequest {
     pub cache_salt: Option<String>,
     /// Its LoRA adapter; `None` for the base model.
     pub lora: Option<LoraAdapter>,
+    /// Its images (audio, video), sorted by position (§4.15).
+    pub mm_inputs: Vec<MultimodalInput>,
     /// Never read prefix-cache hits (vLLM sets it for requests that want
     /// prompt logprobs, which a hit would leave uncomputed); its blocks are
     /// still cached for others.
@@ -230,6 +233,8 @@ pub struct Request {
     pub session: Option<SessionQueue>,
     /// Its LoRA adapter's id (what `max_loras` counts); `None` for the base model.
     pub lora_id: Option<u32>,
+    /// Its multimodal inputs, sorted by position (empty for text).
+    pub mm_inputs: Box<[MultimodalInput]>,
 }
 
 /// A request's block tables, one per KV-cache group, the first inline.
@@ -263,6 +268,7 @@ impl Request {
             session: new.resumable.then(SessionQueue::new),
             drafts: Drafts::None,
             lora_id: new.lora.map(|lora| lora.id),
+            mm_inputs: new.mm_inputs.into_boxed_slice(),
         }
     }
 
@@ -332,6 +338,7 @@ mod layout_tests {
             offset_of!(Request, arrival_time),
             offset_of!(Request, request_id),
             offset_of!(Request, session),
+            offset_of!(Request, mm_inputs),
         ] {
             assert!(
                 cold >= hot_end,

@@ -184,6 +184,7 @@ mod tests {
             arrival_time,
             cache_salt: None,
             lora: None,
+            mm_inputs: Vec::new(),
             skip_reading_prefix_cache: false,
             structured_output: false,
             report_hits: false,

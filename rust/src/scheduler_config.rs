@@ -67,7 +67,26 @@ pub struct SchedulerConfig {
     /// §4.14); `None`: no cap (vLLM's scheduler without a LoRA config
     /// checks none; adapters still key the hashes).
     pub max_loras: Option<usize>,
+    /// The encoder's limits, for a model that takes images or audio
+    /// (§4.15); `None`: a text model, which refuses multimodal inputs.
+    pub encoder: Option<EncoderConfig>,
     pub cache: KvCacheConfig,
+}
+
+/// The encoder's limits (vLLM's `MultiModalBudget`), in embeddings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncoderConfig {
+    /// Embeddings the encoder may compute in one step (vLLM's
+    /// `encoder_compute_budget`: at least one largest item).
+    pub compute_budget: usize,
+    /// Embeddings the encoder cache holds (at least one largest item).
+    pub cache_size: usize,
+    /// Never split an item's placeholders across steps.
+    pub disable_chunked_mm_input: bool,
+    /// Tokens past a step's range that an EAGLE-style drafter reads (vLLM's
+    /// `num_prefill_lookahead_tokens`: 1 for such a drafter, else 0): the
+    /// encoder inputs those fall in run in the step too.
+    pub drafter_read_ahead: usize,
 }
 
 fn invalid(msg: String) -> Result<(), Error> {
@@ -129,6 +148,16 @@ impl SchedulerConfig {
         )?;
         if let Some(max_loras) = c.max_loras {
             check_range("max_loras", max_loras, 1, MAX_NUM_SEQS)?;
+        }
+        if let Some(e) = &c.encoder {
+            check_range(
+                "encoder_compute_budget",
+                e.compute_budget,
+                1,
+                MAX_NUM_BATCHED_TOKENS,
+            )?;
+            check_range("encoder_cache_size", e.cache_size, 1, MAX_MODEL_LEN)?;
+            check_range("drafter_read_ahead", e.drafter_read_ahead, 0, 1)?;
         }
         if c.max_num_batched_tokens < c.max_num_seqs {
             return invalid(format!(

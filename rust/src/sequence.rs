@@ -4,6 +4,7 @@
 
 use crate::block_hash::{BlockHash, BlockHasher, ExtraKey};
 use crate::hash_chain::BlockHashChain;
+use crate::multimodal::MultimodalInput;
 
 /// The token state of one request.
 #[derive(Clone, Debug)]
@@ -46,6 +47,17 @@ impl Sequence {
             hashes,
             shared_prefix_boundary: 0,
         }
+    }
+
+    /// Key its block hashes by its multimodal inputs too, hashing again.
+    pub fn key_by_mm(
+        &mut self,
+        inputs: &[MultimodalInput],
+        hasher: &BlockHasher,
+        block_size: usize,
+    ) {
+        self.hashes
+            .key_by_mm(inputs, hasher, &self.tokens, block_size);
     }
 
     /// Append output tokens, hashing every block they complete.

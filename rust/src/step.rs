@@ -3,6 +3,7 @@
 
 use crate::block::BlockId;
 use crate::request::{RequestStatus, StopReason};
+use crate::scheduler::ScheduledEncoderInputs;
 use crate::slab::Slot;
 use crate::spec_decode::{Drafts, SpecDecodingStats};
 
@@ -205,6 +206,16 @@ pub struct StepOutput {
     /// Requests this step's waiting pass reached whose grammar failed to
     /// compile, in the order reached (still held; the caller ends them).
     pub grammar_failed: Vec<Slot>,
+    /// The encoder inputs the runner computes this step, per request in
+    /// scheduling order (vLLM's `scheduled_encoder_inputs`).
+    pub scheduled_encoder_inputs: Vec<ScheduledEncoderInputs>,
+    /// Encoder-cache entries evicted since the previous step (vLLM's
+    /// `free_encoder_mm_hashes`): the runner drops them.
+    pub free_encoder_mm_hashes: Vec<String>,
+    /// Requests whose encoder input has an identifier the cache holds with
+    /// another number of embeddings; nothing was scheduled for them and
+    /// the caller ends them with an error.
+    pub encoder_mismatch: Vec<Slot>,
     /// Identifies the scheduler and step, so an output is applied once,
     /// to the scheduler that made it.
     pub(crate) scheduler_id: u64,

@@ -12,9 +12,11 @@ Reading order: ``block`` → ``free_queue`` → ``block_hash`` / ``hash_chain`` 
 sliding windows, chunked local attention) → ``kv_cache_manager`` (the core's
 manager over tables and sequences) →
 ``kv_cache_registry`` (the id-keyed ``KVCacheManager`` users call) →
-``request`` / ``request_queue`` / ``slab`` / ``stop_check`` → ``step`` →
-``scheduler_config`` → ``scheduler`` (``running_pass`` → ``preemption`` →
-``waiting_pass`` → ``step_columns`` → ``update``). ``limits``, ``error`` and
+``multimodal`` / ``encoder_cache`` (images: their placeholders and the
+encoder's cache) → ``request`` / ``request_queue`` / ``slab`` / ``stop_check``
+→ ``step`` → ``scheduler_config`` → ``scheduler`` (``running_pass`` →
+``encoder_inputs`` → ``preemption`` → ``waiting_pass`` → ``step_columns`` →
+``update``). ``limits``, ``error`` and
 ``args`` hold the shared checks and messages.
 """
 

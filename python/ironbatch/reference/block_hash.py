@@ -2,10 +2,12 @@
 block's 256-bit chain key is a keyed hash, keyed by its parent's chain key,
 over the block's tokens; the first key comes from a secret per-cache key and
 the request's extra keys (``cache_salt``, a LoRA adapter). The prefix-cache map uses
-the first 128 bits.
+the first 128 bits. A block holding multimodal placeholders adds, after
+its tokens, each input's offset relative to the block and its identifier.
 
     key[-1] = H_secret("ironbatch-root" | count:u32 | (tag:u8 | (len:u32 | bytes)+)*)
-    key[k]  = H_key[k-1](tokens of block k as u32 little-endian)
+    key[k]  = H_key[k-1](tokens of block k as u32 little-endian
+                         [| count:u32 | (offset:i64 | len:u32 | identifier)*])
     hash[k] = the first 16 bytes of key[k]
 
 With a secret root the chain is a pseudo-random function, so a crafted
@@ -61,6 +63,18 @@ class LoraKey:
 ExtraKey = CacheSalt | LoraKey
 
 
+@dataclass(frozen=True)
+class MmKey:
+    """One multimodal input in a block, as the block's hash keys it: where
+    its placeholders start relative to the block's first token (negative
+    when it began in an earlier block), and its identifier. vLLM keys a
+    block by the same pair, so equal placeholder tokens of other images, or
+    of the same image elsewhere in the block, are other KV."""
+
+    relative_offset: int
+    identifier: str
+
+
 class BlockHasher:
     """Holds a cache's secret key and hash lookahead; all requests of one
     cache share it so that equal prefixes hash equal."""
@@ -98,6 +112,20 @@ class BlockHasher:
         return hashlib.blake2b(
             struct.pack(f"<{len(tokens)}I", *tokens), key=parent, digest_size=32
         ).digest()
+
+    def next_with_mm(self, parent: bytes, tokens: list[int], keys: Sequence[MmKey]) -> bytes:
+        """``next`` for a block that holds multimodal placeholders: the keys
+        follow the tokens in the message, counted and length-prefixed (a
+        plain block's message is exactly its tokens, so never the same)."""
+        if not keys:
+            return self.next(parent, tokens)
+        h = hashlib.blake2b(key=parent, digest_size=32)
+        h.update(struct.pack(f"<{len(tokens)}I", *tokens))
+        h.update(struct.pack("<I", len(keys)))
+        for k in keys:
+            identifier = k.identifier.encode()
+            h.update(struct.pack("<qI", k.relative_offset, len(identifier)) + identifier)
+        return h.digest()
 
 
 def block_hash(key: bytes) -> int:

@@ -5,8 +5,20 @@ it), extended as tokens arrive."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from ironbatch.reference.block_hash import BlockHasher, ExtraKey, block_hash
+from ironbatch.reference.block_hash import BlockHasher, ExtraKey, MmKey, block_hash
+from ironbatch.reference.multimodal import MultimodalInput
+
+
+@dataclass(frozen=True)
+class MmSpan:
+    """Where a multimodal input's placeholders lie, for the hashes of the
+    blocks they fall in."""
+
+    offset: int
+    end: int
+    identifier: str
 
 
 class BlockHashChain:
@@ -20,6 +32,21 @@ class BlockHashChain:
         self.next_key = hasher.root(extras)
         #: The key the first block is hashed under, to hash again from the start.
         self._root = self.next_key
+        #: The request's multimodal inputs, sorted; None for text.
+        self._mm: tuple[MmSpan, ...] | None = None
+
+    def key_by_mm(
+        self,
+        inputs: Sequence[MultimodalInput],
+        hasher: BlockHasher,
+        tokens: list[int],
+        block_size: int,
+    ) -> None:
+        """Key every block by the multimodal inputs it holds (§7.4), hashing
+        ``tokens`` again from the root."""
+        self._mm = tuple(MmSpan(m.offset, m.end(), m.identifier) for m in inputs) or None
+        self.clear()
+        self.extend(hasher, tokens, block_size)
 
     def hashes(self) -> list[int]:
         """The hashes so far."""
@@ -54,5 +81,17 @@ class BlockHashChain:
             return  # no new full block: the common case
         for k in range(len(self._hashes), (len(tokens) - lookahead) // block_size):
             message = tokens[k * block_size : (k + 1) * block_size + lookahead]
-            self.next_key = hasher.next(self.next_key, message)
+            if self._mm is None:
+                self.next_key = hasher.next(self.next_key, message)
+            else:
+                # An input is in the block when their ranges overlap.
+                # The lookahead tokens' items key the block too (vLLM's
+                # lookahead extra keys).
+                start, end = k * block_size, (k + 1) * block_size + lookahead
+                keys = [
+                    MmKey(m.offset - start, m.identifier)
+                    for m in self._mm
+                    if m.offset < end and start < m.end
+                ]
+                self.next_key = hasher.next_with_mm(self.next_key, message, keys)
             self._hashes.append(block_hash(self.next_key))

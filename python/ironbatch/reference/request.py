@@ -12,6 +12,7 @@ from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.grammar import Grammar
 from ironbatch.reference.limits import MAX_TOKENS, check_range
 from ironbatch.reference.lora import LoraAdapter
+from ironbatch.reference.multimodal import MultimodalInput
 from ironbatch.reference.sequence import Sequence
 from ironbatch.reference.session import SessionQueue
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
@@ -102,6 +103,8 @@ class NewRequest:
     cache_salt: str | None = None
     #: Its LoRA adapter; None for the base model.
     lora: LoraAdapter | None = None
+    #: Its images (audio, video), sorted by position (§4.15).
+    mm_inputs: list[MultimodalInput] = field(default_factory=list)
     #: Never read prefix-cache hits (vLLM sets it for requests that want
     #: prompt logprobs, which a hit would leave uncomputed); its blocks are
     #: still cached for others.
@@ -197,6 +200,8 @@ class Request:
     drafts: Drafts = NO_DRAFTS
     #: Its LoRA adapter's id (what ``max_loras`` counts); None for the base model.
     lora_id: int | None = None
+    #: Its multimodal inputs, sorted by position (empty for text).
+    mm_inputs: tuple[MultimodalInput, ...] = ()
 
     @classmethod
     def waiting(cls, new: NewRequest, seq: Sequence, num_groups: int) -> Request:
@@ -217,6 +222,7 @@ class Request:
             resumable=new.resumable,
             session=SessionQueue() if new.resumable else None,
             lora_id=None if new.lora is None else new.lora.id,
+            mm_inputs=tuple(new.mm_inputs),
         )
 
     @property

@@ -37,6 +37,23 @@ class Policy(enum.Enum):
 
 
 @dataclass(frozen=True)
+class EncoderConfig:
+    """The encoder's limits (vLLM's ``MultiModalBudget``), in embeddings."""
+
+    #: Embeddings the encoder may compute in one step (vLLM's
+    #: ``encoder_compute_budget``: at least one largest item).
+    compute_budget: int
+    #: Embeddings the encoder cache holds (at least one largest item).
+    cache_size: int
+    #: Never split an item's placeholders across steps.
+    disable_chunked_mm_input: bool = False
+    #: Tokens past a step's range that an EAGLE-style drafter reads (vLLM's
+    #: ``num_prefill_lookahead_tokens``: 1 for such a drafter, else 0): the
+    #: encoder inputs those fall in run in the step too.
+    drafter_read_ahead: int = 0
+
+
+@dataclass(frozen=True)
 class SchedulerSettings:
     """What the scheduler runs with, every optional setting resolved: the
     twin of the core's ``SchedulerConfig`` struct, field for field. Both
@@ -91,6 +108,9 @@ class SchedulerSettings:
     #: §4.14); None: no cap (vLLM's scheduler without a LoRA config checks
     #: none; adapters still key the hashes).
     max_loras: int | None = None
+    #: The encoder's limits, for a model that takes images or audio (§4.15);
+    #: None: a text model, which refuses multimodal inputs.
+    encoder: EncoderConfig | None = None
     #: Sliding-window groups cache only the blocks a later request can
     #: resume from (vLLM's ``prefix_cache_retention_interval = 0``, its
     #: default); False caches them all.
@@ -133,7 +153,29 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         num_hash_lookahead_tokens=getattr(c, "num_hash_lookahead_tokens", 0),
         kv_cache_groups=group_specs(getattr(cache_config, "kv_cache_groups", None)),
         max_loras=getattr(c, "max_loras", None),
+        encoder=encoder_config(c),
         sparse_retention=getattr(cache_config, "sparse_retention", True),
+    )
+
+
+def encoder_config(c: Any) -> EncoderConfig | None:
+    """The API's encoder settings (read by attribute): None for a text model
+    (no ``encoder_compute_budget``). A budget needs a cache size, as the
+    binding requires."""
+    budget = getattr(c, "encoder_compute_budget", None)
+    if budget is None:
+        return None
+    size = getattr(c, "encoder_cache_size", None)
+    if size is None:
+        raise ValueError(
+            "encoder_compute_budget and encoder_cache_size go together: give both "
+            "(a multimodal model) or neither (a text model)"
+        )
+    return EncoderConfig(
+        compute_budget=budget,
+        cache_size=size,
+        disable_chunked_mm_input=getattr(c, "disable_chunked_mm_input", False),
+        drafter_read_ahead=getattr(c, "drafter_read_ahead", 0),
     )
 
 
@@ -190,6 +232,11 @@ def validate(c: SchedulerSettings) -> None:
     check_range("num_draft_slots", c.num_draft_slots, 0, c.num_speculative_tokens)
     if c.max_loras is not None:
         check_range("max_loras", c.max_loras, 1, MAX_NUM_SEQS)
+    if c.encoder is not None:
+        e = c.encoder
+        check_range("encoder_compute_budget", e.compute_budget, 1, MAX_NUM_BATCHED_TOKENS)
+        check_range("encoder_cache_size", e.cache_size, 1, MAX_MODEL_LEN)
+        check_range("drafter_read_ahead", e.drafter_read_ahead, 0, 1)
 
 
 def check_scheduler(c: Any) -> None:

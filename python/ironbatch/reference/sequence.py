@@ -4,8 +4,11 @@ its full blocks."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
+
 from ironbatch.reference.block_hash import BlockHasher, ExtraKey
 from ironbatch.reference.hash_chain import BlockHashChain
+from ironbatch.reference.multimodal import MultimodalInput
 
 
 class Sequence:
@@ -26,6 +29,10 @@ class Sequence:
         self.shared_prefix_boundary = 0
         self._hashes = BlockHashChain(hasher, extras)
         self._hashes.extend(hasher, self._tokens, block_size)
+
+    def key_by_mm(self, inputs: Seq[MultimodalInput], hasher: BlockHasher, block_size: int) -> None:
+        """Key its block hashes by its multimodal inputs too, hashing again."""
+        self._hashes.key_by_mm(inputs, hasher, self._tokens, block_size)
 
     def append(self, tokens: list[int], hasher: BlockHasher, block_size: int) -> None:
         """Append output tokens, hashing every block they complete."""

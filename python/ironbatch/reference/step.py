@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts, SpecDecodingStats
+
+if TYPE_CHECKING:
+    # The scheduler's, as in the core (importing it here would be circular).
+    from ironbatch.reference.scheduler.encoder_inputs import ScheduledEncoderInputs
 
 
 class Kind(enum.IntEnum):
@@ -136,6 +140,16 @@ class StepOutput:
     #: Requests this step's waiting pass reached whose grammar failed to
     #: compile, in the order reached (still held; the caller ends them).
     grammar_failed: list[int] = field(default_factory=list)
+    #: The encoder inputs the runner computes this step, per request in
+    #: scheduling order (vLLM's ``scheduled_encoder_inputs``).
+    scheduled_encoder_inputs: list[ScheduledEncoderInputs] = field(default_factory=list)
+    #: Encoder-cache entries evicted since the previous step (vLLM's
+    #: ``free_encoder_mm_hashes``): the runner drops them.
+    free_encoder_mm_hashes: list[str] = field(default_factory=list)
+    #: Requests whose encoder input has an identifier the cache holds with
+    #: another number of embeddings; nothing was scheduled for them and the
+    #: caller ends them with an error.
+    encoder_mismatch: list[int] = field(default_factory=list)
     #: Identify the scheduler and the step, so an output is applied once,
     #: to the scheduler that made it.
     scheduler_id: int = 0

@@ -8,6 +8,7 @@ mod errors;
 mod kv_cache_manager;
 mod kv_events;
 mod prefix_cache_stats;
+mod request_extras;
 mod scheduler;
 mod simulate;
 mod step;
@@ -51,5 +52,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_update_from_runner_output, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_request_state, m)?)?;
+    m.add_function(wrap_pyfunction!(vllm::vllm_confirmed_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(vllm::vllm_encoder_cache_state, m)?)?;
     Ok(())
 }

@@ -8,13 +8,13 @@
 
 use super::args::{count, draft_list, u32_list};
 use super::kv_events::PyKvEvent;
+use super::request_extras::{lora_adapter, mm_inputs};
 use super::step::{PySchedulerStats, PyStep, PyStepUpdate};
 use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::kv_cache_manager::KvCacheConfig;
-use crate::lora::LoraAdapter;
 use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopRules};
 use crate::scheduler::{Pause, Scheduler};
-use crate::scheduler_config::{Policy, SchedulerConfig};
+use crate::scheduler_config::{EncoderConfig, Policy, SchedulerConfig};
 use crate::slab::Slot;
 use crate::step::{StepOutput, UpdateOutput};
 use numpy::PyReadonlyArray1;
@@ -160,7 +160,9 @@ impl PyScheduler {
                         prefill_schedule_interval, decode_stagger,
                         num_speculative_tokens=None, num_lookahead_tokens=None,
                         num_hash_lookahead_tokens=None, num_draft_slots=None,
-                        kv_cache_groups=None, sparse_retention=true, max_loras=None))]
+                        kv_cache_groups=None, sparse_retention=true, max_loras=None,
+                        encoder_compute_budget=None, encoder_cache_size=None,
+                        disable_chunked_mm_input=false, drafter_read_ahead=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_num_seqs: &Bound<'_, PyAny>,
@@ -187,6 +189,10 @@ impl PyScheduler {
         kv_cache_groups: Option<Vec<(String, usize, Option<usize>)>>,
         sparse_retention: bool,
         max_loras: Option<&Bound<'_, PyAny>>,
+        encoder_compute_budget: Option<&Bound<'_, PyAny>>,
+        encoder_cache_size: Option<&Bound<'_, PyAny>>,
+        disable_chunked_mm_input: bool,
+        drafter_read_ahead: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let groups = match kv_cache_groups {
             None => vec![GroupSpec::FULL],
@@ -201,6 +207,22 @@ impl PyScheduler {
             None => Ok(0),
         };
         let max_model_len = count("max_model_len", max_model_len)?;
+        // A multimodal model's encoder: both limits, or neither (a text model).
+        let encoder = match (encoder_compute_budget, encoder_cache_size) {
+            (None, None) => None,
+            (Some(budget), Some(size)) => Some(EncoderConfig {
+                compute_budget: count("encoder_compute_budget", budget)?,
+                cache_size: count("encoder_cache_size", size)?,
+                disable_chunked_mm_input,
+                drafter_read_ahead: optional("drafter_read_ahead", drafter_read_ahead)?,
+            }),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "encoder_compute_budget and encoder_cache_size go together: give both \
+                     (a multimodal model) or neither (a text model)",
+                ))
+            }
+        };
         let config = SchedulerConfig {
             max_num_seqs: count("max_num_seqs", max_num_seqs)?,
             max_num_batched_tokens: count("max_num_batched_tokens", max_num_batched_tokens)?,
@@ -225,6 +247,7 @@ impl PyScheduler {
             num_speculative_tokens: optional("num_speculative_tokens", num_speculative_tokens)?,
             num_draft_slots: optional("num_draft_slots", num_draft_slots)?,
             max_loras: max_loras.map(|v| count("max_loras", v)).transpose()?,
+            encoder,
             cache: KvCacheConfig {
                 num_blocks: count("num_blocks", num_blocks)?,
                 block_size: count("block_size", block_size)?,
@@ -251,7 +274,7 @@ impl PyScheduler {
                         stop_token_ids, repetition_detection, priority, arrival_time,
                         cache_salt, skip_reading_prefix_cache=false,
                         structured_output=false, report_hits=false, resumable=false,
-                        lora_request=None))]
+                        lora_request=None, mm_features=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -270,6 +293,7 @@ impl PyScheduler {
         report_hits: bool,
         resumable: bool,
         lora_request: Option<&Bound<'_, PyAny>>,
+        mm_features: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Slot> {
         let new = NewRequest {
             request_id: request_id.to_str()?.to_owned(),
@@ -288,6 +312,7 @@ impl PyScheduler {
             arrival_time,
             cache_salt,
             lora: lora_request.map(lora_adapter).transpose()?,
+            mm_inputs: mm_features.map(mm_inputs).transpose()?.unwrap_or_default(),
             skip_reading_prefix_cache,
             structured_output,
             report_hits,
@@ -438,6 +463,11 @@ impl PyScheduler {
         self.core.reset_prefix_cache(reset_running_requests)
     }
 
+    /// Forget every encoder output (after a weight update).
+    fn reset_encoder_cache(&mut self) {
+        self.core.reset_encoder_cache();
+    }
+
     /// Counts and usage; takes the counters.
     fn make_stats(&mut self) -> PySchedulerStats {
         self.core.make_stats().into()
@@ -567,33 +597,4 @@ impl PyScheduler {
         d.set_item("cached_blocks", cached)?;
         Ok(d)
     }
-}
-
-/// A request's LoRA adapter from anything with vLLM's `LoRARequest`
-/// attributes (`lora_int_id`, `lora_name`, `lora_path`).
-fn lora_adapter(lora: &Bound<'_, PyAny>) -> PyResult<LoraAdapter> {
-    let field = |name: &str| {
-        lora.getattr(name).map_err(|_| {
-            PyTypeError::new_err(format!(
-                "lora_request must have vLLM's LoRARequest fields (lora_int_id, lora_name, \
-                 lora_path); it has no {name}"
-            ))
-        })
-    };
-    let text = |name: &str| -> PyResult<String> {
-        field(name)?
-            .extract()
-            .map_err(|_| PyTypeError::new_err(format!("lora_request.{name} must be a str")))
-    };
-    let id = count("lora_request.lora_int_id", &field("lora_int_id")?)?;
-    Ok(LoraAdapter {
-        id: u32::try_from(id).map_err(|_| {
-            PyValueError::new_err(format!(
-                "lora_request.lora_int_id must be in [1, {}], got {id}",
-                u32::MAX
-            ))
-        })?,
-        name: text("lora_name")?,
-        path: text("lora_path")?,
-    })
 }

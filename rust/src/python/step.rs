@@ -32,6 +32,19 @@ pub struct PyStep {
     pub(super) finished_req_ids: Vec<String>,
     grammar_released: Vec<String>,
     grammar_failed: Vec<String>,
+    /// The encoder inputs the runner computes this step, by request id in
+    /// scheduling order (vLLM's `scheduled_encoder_inputs`).
+    #[pyo3(get)]
+    pub(super) scheduled_encoder_inputs: Vec<(String, Vec<u32>)>,
+    /// Encoder-cache entries evicted since the previous step (vLLM's
+    /// `free_encoder_mm_hashes`).
+    #[pyo3(get)]
+    pub(super) free_encoder_mm_hashes: Vec<String>,
+    /// Requests whose encoder input reuses a cached identifier with another
+    /// number of embeddings: nothing was scheduled for them; end them with
+    /// an error.
+    #[pyo3(get)]
+    encoder_mismatch: Vec<String>,
 }
 
 impl PyStep {
@@ -289,6 +302,13 @@ impl PyStep {
             finished_req_ids: std::mem::take(&mut step.finished_req_ids),
             grammar_released: step.grammar_released.iter().filter_map(id_of).collect(),
             grammar_failed: step.grammar_failed.iter().filter_map(id_of).collect(),
+            scheduled_encoder_inputs: step
+                .scheduled_encoder_inputs
+                .iter()
+                .filter_map(|s| Some((id_of(&s.slot)?, s.input_ids.clone())))
+                .collect(),
+            free_encoder_mm_hashes: std::mem::take(&mut step.free_encoder_mm_hashes),
+            encoder_mismatch: step.encoder_mismatch.iter().filter_map(id_of).collect(),
             step,
             req_ids: ids.unbind(),
             columns: PyOnceLock::new(),

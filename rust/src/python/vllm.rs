@@ -112,3 +112,47 @@ pub fn vllm_request_state(
         .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
     Ok((r.seq.tokens().to_vec(), r.seq.num_computed_tokens))
 }
+
+/// A live request's `num_computed_tokens` less its tokens still in flight
+/// (placeholders or scheduled positions, whichever are more): the progress
+/// its outputs have confirmed, which vLLM's V2 model runner frees encoder
+/// inputs by.
+#[pyfunction]
+pub fn vllm_confirmed_tokens(scheduler: &Bound<'_, PyScheduler>, slot: Slot) -> PyResult<i64> {
+    let scheduler = scheduler.borrow();
+    let r = scheduler
+        .core
+        .request(slot)
+        .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
+    let in_flight = r.num_output_placeholders.max(r.in_flight_tokens);
+    Ok(r.seq.num_computed_tokens as i64 - in_flight as i64)
+}
+
+/// The encoder cache as vLLM's `EncoderCacheManager` holds it, for the
+/// drop-in's differential test: free and freeable embeddings, each entry's
+/// referencing request ids (sorted), and the eviction order.
+#[pyfunction]
+pub fn vllm_encoder_cache_state<'py>(
+    py: Python<'py>,
+    scheduler: &Bound<'py, PyScheduler>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let scheduler = scheduler.borrow();
+    let core = &scheduler.core;
+    let cache = core.encoder_cache();
+    let d = PyDict::new(py);
+    let (free, freeable) = cache.num_free();
+    d.set_item("num_free_slots", free)?;
+    d.set_item("num_freeable_slots", freeable)?;
+    let cached = PyDict::new(py);
+    for (identifier, refs) in cache.entries() {
+        let mut ids: Vec<&str> = refs
+            .iter()
+            .filter_map(|&s| core.request(s).map(|r| r.request_id.as_str()))
+            .collect();
+        ids.sort_unstable();
+        cached.set_item(identifier, ids)?;
+    }
+    d.set_item("cached", cached)?;
+    d.set_item("freeable", cache.eviction_order().collect::<Vec<_>>())?;
+    Ok(d)
+}

@@ -348,6 +348,11 @@ impl PyVllmObjects {
             PyDict::new(py)
         };
         let ids_set = |ids: &[String]| PySet::new(py, ids);
+        // vLLM's `scheduled_encoder_inputs`: request id -> input indices.
+        let encoder_inputs = PyDict::new(py);
+        for (id, inputs) in &step.scheduled_encoder_inputs {
+            encoder_inputs.set_item(id, inputs)?;
+        }
         let flags = &step.step;
         let skip_drafts = self.shape.can_skip_drafts && !flags.drafts_needed;
         let output = self.scheduler_output.make(
@@ -360,10 +365,10 @@ impl PyVllmObjects {
                     .into_pyobject(py)?
                     .into_any(),
                 spec.into_any(),
-                PyDict::new(py).into_any(),
+                encoder_inputs.into_any(),
                 ids_set(&step.preempted_req_ids)?.into_any(),
                 ids_set(&step.finished_req_ids)?.into_any(),
-                PyList::empty(py).into_any(),
+                PyList::new(py, &step.free_encoder_mm_hashes)?.into_any(),
                 self.shape
                     .num_speculative_tokens
                     .into_pyobject(py)?

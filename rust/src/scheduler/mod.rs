@@ -15,6 +15,7 @@
 //! reused the slot.
 
 mod drafts;
+mod encoder_inputs;
 mod preemption;
 mod read_ahead;
 mod running_pass;
@@ -24,6 +25,8 @@ mod update;
 mod waiting_pass;
 
 #[cfg(test)]
+mod encoder_tests;
+#[cfg(test)]
 mod lora_tests;
 #[cfg(test)]
 mod spec_decode_tests;
@@ -31,9 +34,11 @@ mod spec_decode_tests;
 mod tests;
 
 use crate::block::BlockId;
+use crate::encoder_cache::EncoderCache;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
 use crate::kv_events::KvEvent;
+use crate::multimodal::check_inputs;
 use crate::prefill_cadence::PrefillCadence;
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::request::{check_turn, NewRequest, Request, RequestStatus};
@@ -42,6 +47,7 @@ use crate::scheduler_config::{Policy, SchedulerConfig};
 use crate::sequence::Sequence;
 use crate::slab::{Slab, Slot};
 use crate::step::{StepEntry, StepOutput};
+pub use encoder_inputs::ScheduledEncoderInputs;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,6 +112,13 @@ struct StepDraft {
     /// Some request scheduled this step (even if preempted later in it)
     /// may verify the drafts proposed after it (§4.13).
     drafts_needed: bool,
+    /// Embeddings the encoder may still compute this step (§4.15).
+    encoder_budget: usize,
+    /// The encoder inputs scheduled so far, by request.
+    encoder_inputs: Vec<ScheduledEncoderInputs>,
+    /// Requests whose encoder inputs disagree with the cache (the caller
+    /// ends them).
+    encoder_mismatch: Vec<Slot>,
 }
 
 /// vLLM 0.33's V1 scheduler.
@@ -144,6 +157,8 @@ pub struct Scheduler {
     current_step: u64,
     /// When prefills wait (§4.11).
     cadence: PrefillCadence,
+    /// Which encoder outputs the model runner holds (§4.15).
+    encoder: EncoderCache,
 }
 
 impl Scheduler {
@@ -158,6 +173,7 @@ impl Scheduler {
         };
         let (waiting, kv_holding) = (queue(), queue());
         let cadence = PrefillCadence::new(config.prefill_schedule_interval);
+        let encoder = EncoderCache::new(config.encoder.as_ref().map_or(0, |e| e.cache_size));
         Ok(Scheduler {
             config,
             kv,
@@ -178,12 +194,18 @@ impl Scheduler {
             hits: vec![Vec::new(); num_groups],
             current_step: 0,
             cadence,
+            encoder,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
+    }
+
+    /// The encoder cache's bookkeeping, for inspection.
+    pub fn encoder_cache(&self) -> &EncoderCache {
+        &self.encoder
     }
 
     /// The KV-cache manager, for inspection.
@@ -305,12 +327,15 @@ impl Scheduler {
             return self.add_session_chunk(slot, new).map(|()| slot);
         }
         self.check_new_request(&new)?;
-        let seq = Sequence::new(
+        let mut seq = Sequence::new(
             std::mem::take(&mut new.prompt_token_ids),
             &new.hash_keys(),
             self.kv.hasher(),
             self.kv.block_size(),
         );
+        if !new.mm_inputs.is_empty() {
+            seq.key_by_mm(&new.mm_inputs, self.kv.hasher(), self.kv.block_size());
+        }
         let request = Request::waiting(new, seq, self.kv.groups().len());
         let id = request.request_id.clone();
         let slot = self.requests.insert(request);
@@ -372,6 +397,21 @@ impl Scheduler {
                  max_model_len ({max_len})"
             )));
         }
+        if !new.mm_inputs.is_empty() {
+            if self.config.encoder.is_none() {
+                return Err(Error::invalid(format!(
+                    "mm_features of request {id:?}: this scheduler has no encoder (a text \
+                     model); configure its encoder budget and cache size"
+                )));
+            }
+            if new.resumable {
+                return Err(Error::invalid(format!(
+                    "mm_features of request {id:?}: a streaming session with multimodal \
+                     inputs is not supported"
+                )));
+            }
+            check_inputs(id, &new.mm_inputs, len)?;
+        }
         if new.lora.as_ref().is_some_and(|lora| lora.id == 0) {
             return Err(Error::invalid(format!(
                 "lora_request.lora_int_id of request {id:?} must be >= 1, got 0"
@@ -429,6 +469,7 @@ impl Scheduler {
 
     /// Free a finished request's blocks and slot; the next step reports it.
     fn free_request(&mut self, slot: Slot) {
+        self.release_all_encoded(slot);
         let mut r = self.requests.remove(slot);
         self.num_deferred -= r.deferred as usize;
         self.kv.free(&mut r.tables);
@@ -466,6 +507,9 @@ impl Scheduler {
             running_prefill: false,
             running_scheduled: false,
             drafts_needed: false,
+            encoder_budget: c.encoder.as_ref().map_or(0, |e| e.compute_budget),
+            encoder_inputs: Vec::new(),
+            encoder_mismatch: Vec::new(),
         };
         self.schedule_running(&mut draft);
         draft.running_scheduled = !draft.entries.is_empty();
@@ -482,6 +526,9 @@ impl Scheduler {
         let scheduled_any = !draft.entries.is_empty();
         self.cadence.note_step(scheduled_any, draft.carried_prefill);
         let mut out = self.finish_step(draft.entries);
+        out.scheduled_encoder_inputs = draft.encoder_inputs;
+        out.encoder_mismatch = draft.encoder_mismatch;
+        out.free_encoder_mm_hashes = self.encoder.take_freed();
         out.drafts_needed = draft.drafts_needed;
         out.grammar_released = draft.grammar_released;
         out.grammar_failed = draft.grammar_failed;
@@ -518,6 +565,13 @@ impl Scheduler {
             }
         }
         self.kv.reset_prefix_cache()
+    }
+
+    /// Forget every encoder output (vLLM's `reset_encoder_cache`, after a
+    /// weight update): the cache starts empty, running requests hold no
+    /// references, and no eviction is reported for the entries dropped.
+    pub fn reset_encoder_cache(&mut self) {
+        self.encoder = EncoderCache::new(self.encoder.size());
     }
 
     /// Counts and usage; takes (and zeroes) the prefix-cache and preemption

@@ -42,6 +42,7 @@ impl Scheduler {
                 let refund = draft.entries.remove(e).num_tokens;
                 draft.token_budget += refund;
                 draft.input_budget += refund + self.config.num_draft_slots;
+                self.refund_encoder_inputs(victim, draft);
             }
         }
         victim
@@ -53,6 +54,7 @@ impl Scheduler {
     /// delivered, but it keeps the request waiting until it drains;
     /// `drop_stale` (a reset) discards that share instead.
     pub(super) fn preempt(&mut self, slot: Slot, drop_stale: bool) {
+        self.release_all_encoded(slot);
         let r = &mut self.requests[slot];
         self.kv.free(&mut r.tables);
         r.status = RequestStatus::Preempted;

@@ -39,8 +39,16 @@ impl Scheduler {
                 continue;
             }
             let computed = self.requests[slot].seq.num_computed_tokens;
+            // Cut before an image the encoder cannot run this step (§4.15).
+            let plan = self.plan_encoder_inputs(slot, computed, n, draft);
+            let n = plan.num_tokens;
+            if n == 0 {
+                i += 1;
+                continue;
+            }
             match self.allocate_or_preempt(slot, n, &mut i, draft) {
                 Some(grown) => {
+                    self.commit_encoder_plan(slot, plan, draft);
                     draft.carried_prefill |= self.requests[slot].prefill_chunk;
                     draft.running_prefill |= self.requests[slot].prefill_chunk;
                     let mut entry = self.entry(slot, n, Kind::Running, computed, grown);

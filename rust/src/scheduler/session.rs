@@ -23,6 +23,12 @@ impl Scheduler {
             return Err(Error::DuplicateRequest(id.clone()));
         }
         check_turn(&new)?;
+        if !new.mm_inputs.is_empty() {
+            return Err(Error::invalid(format!(
+                "mm_features of session {id:?}'s next chunk: a streaming session with \
+                 multimodal inputs is not supported"
+            )));
+        }
         // vLLM asserts later when a turn would have nothing to compute.
         if new.resumable && new.prompt_token_ids.is_empty() {
             return Err(Error::invalid(format!(

@@ -7,6 +7,7 @@ use super::*;
 use crate::kv_cache_manager::KvCacheConfig;
 use crate::kv_events::KvEvent;
 use crate::request::{StopReason, StopRules};
+use crate::scheduler_config::EncoderConfig;
 
 pub(super) struct Setup {
     pub(super) num_blocks: usize,
@@ -20,6 +21,7 @@ pub(super) struct Setup {
     pub(super) num_hash_lookahead_tokens: usize,
     pub(super) num_draft_slots: usize,
     pub(super) max_loras: Option<usize>,
+    pub(super) encoder: Option<EncoderConfig>,
 }
 
 impl Default for Setup {
@@ -36,6 +38,7 @@ impl Default for Setup {
             num_hash_lookahead_tokens: 0,
             num_draft_slots: 0,
             max_loras: None,
+            encoder: None,
         }
     }
 }
@@ -59,6 +62,7 @@ pub(super) fn scheduler(s: Setup) -> Scheduler {
         num_speculative_tokens: s.num_speculative_tokens,
         num_draft_slots: s.num_draft_slots,
         max_loras: s.max_loras,
+        encoder: s.encoder,
         cache: KvCacheConfig {
             num_lookahead_tokens: s.num_lookahead_tokens,
             num_hash_lookahead_tokens: s.num_hash_lookahead_tokens,
@@ -83,6 +87,7 @@ pub(super) fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewR
         arrival_time: 0.0,
         cache_salt: None,
         lora: None,
+        mm_inputs: Vec::new(),
         skip_reading_prefix_cache: false,
         structured_output: false,
         report_hits: false,

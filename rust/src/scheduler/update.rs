@@ -3,6 +3,7 @@
 //! structured-output request, against its grammar), finished requests are
 //! freed in scheduling order, and (async) placeholders are resolved.
 
+use super::encoder_inputs::release_encoded;
 use super::Scheduler;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
@@ -123,6 +124,7 @@ impl Scheduler {
             }
         }
         if sampled.is_empty() {
+            release_encoded(&mut self.encoder, e.slot, r);
             return None; // a prefill chunk: no output
         }
         let num_drafts = e.drafts.len();
@@ -139,6 +141,7 @@ impl Scheduler {
                 .get_or_insert_with(|| SpecDecodingStats::new(num_spec_tokens))
                 .observe(num_drafts, accepted);
         }
+        release_encoded(&mut self.encoder, e.slot, r);
         let status_before = r.status;
         let had_placeholders = r.num_output_placeholders > 0;
         let start = out.tokens.len();

@@ -15,6 +15,15 @@ use crate::slab::Slot;
 use crate::spec_decode::Drafts;
 use crate::step::Kind;
 
+/// What became of the request at the head of its queue.
+enum Admit {
+    Admitted,
+    /// It cannot be admitted now; the pass ends with it at the head.
+    Blocked,
+    /// Nothing of it fits this step; the pass goes on without it.
+    Skipped,
+}
+
 /// The requests a pass skipped, by the queue they go back to.
 #[derive(Default)]
 struct Skipped {
@@ -90,8 +99,14 @@ impl Scheduler {
                     continue;
                 }
             }
-            if !self.admit(slot, from_kv, draft) {
-                break; // it stays at the head
+            match self.admit(slot, from_kv, draft) {
+                Admit::Admitted => {}
+                Admit::Blocked => break, // it stays at the head
+                Admit::Skipped => {
+                    // Its encoder input does not fit this step (§4.15).
+                    self.skip(slot, from_kv, &mut skipped);
+                    continue;
+                }
             }
             if let (Some(batch), Some(id)) = (&mut loras, lora) {
                 batch.add(id);
@@ -160,7 +175,7 @@ impl Scheduler {
     /// holders'), after its prefix hits; false when it cannot be admitted
     /// now (the pass ends there). A session between turns holds its KV
     /// cache: it continues from there, without a lookup.
-    fn admit(&mut self, slot: Slot, from_kv: bool, draft: &mut StepDraft) -> bool {
+    fn admit(&mut self, slot: Slot, from_kv: bool, draft: &mut StepDraft) -> Admit {
         let c = &self.config;
         let (chunked, gate) = (c.enable_chunked_prefill, c.scheduler_reserve_full_isl);
         // Headroom kept free for those already running (none when alone).
@@ -206,7 +221,7 @@ impl Scheduler {
         // token (full hits): the pass ends at the first with prompt to compute.
         let prompt_left = hit_tokens + 1 < r.num_tokens();
         if draft.hold_prefills && prompt_left {
-            return false;
+            return Admit::Blocked;
         }
         let mut n = r.num_tokens() - hit_tokens;
         // With speculative decoding, an admission with only its last token
@@ -223,7 +238,7 @@ impl Scheduler {
             && hit_tokens + k + 2 <= c.max_model_len
         {
             if 1 + k > budget {
-                return false; // rather not schedule it than unpadded
+                return Admit::Blocked; // rather not schedule it than unpadded
             }
             n = 1 + k;
             padded = true;
@@ -232,9 +247,16 @@ impl Scheduler {
             n = draft.threshold;
         }
         if !chunked && n > budget {
-            return false; // without chunking, the head blocks the queue (Q6)
+            return Admit::Blocked; // without chunking, the head blocks the queue (Q6)
         }
         n = n.min(budget);
+        // Cut before an image the encoder cannot run this step.
+        let plan = self.plan_encoder_inputs(slot, hit_tokens, n, draft);
+        if plan.num_tokens == 0 {
+            return Admit::Skipped;
+        }
+        let n = plan.num_tokens;
+        let r = &mut self.requests[slot];
         // A session's computed tokens are in its table already.
         let (new_hit_tokens, first) = if lookup {
             (hit_tokens, num_hit_blocks)
@@ -255,7 +277,9 @@ impl Scheduler {
             admission,
             r.in_flight_tokens,
         ) else {
-            return false;
+            // Its references to cached encoder outputs go too.
+            self.release_all_encoded(slot);
+            return Admit::Blocked;
         };
         // Counted on admission only (Q15), after a lookup, and never for a
         // request that does not read the cache.
@@ -283,6 +307,7 @@ impl Scheduler {
         draft.token_budget -= n;
         draft.input_budget -= n + draft_slots;
         draft.drafts_needed |= !self.drafts_unused(slot, hit_tokens, n);
-        true
+        self.commit_encoder_plan(slot, plan, draft);
+        Admit::Admitted
     }
 }

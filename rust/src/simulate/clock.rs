@@ -225,6 +225,7 @@ impl Run<'_> {
                 arrival_time: w.arrival_s[i],
                 cache_salt: None,
                 lora: None,
+                mm_inputs: Vec::new(),
                 skip_reading_prefix_cache: false,
                 structured_output: false,
                 report_hits: false,

@@ -25,6 +25,7 @@ fn config(async_scheduling: bool) -> SchedulerConfig {
         num_speculative_tokens: 0,
         num_draft_slots: 0,
         max_loras: None,
+        encoder: None,
         cache: KvCacheConfig {
             num_blocks: 64,
             block_size: 16,

@@ -27,9 +27,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ironbatch.reference.encoder_cache import EncoderCache
 from ironbatch.reference.error import debug_str, duplicate_request
 from ironbatch.reference.kv_cache_manager import KvCacheManager
 from ironbatch.reference.kv_events import KvEvent, Stored
+from ironbatch.reference.multimodal import check_inputs
 from ironbatch.reference.prefill_cadence import PrefillCadence
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
 from ironbatch.reference.request import (
@@ -42,12 +44,14 @@ from ironbatch.reference.request import (
 from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import (
     drafts,
+    encoder_inputs,
     preemption,
     running_pass,
     session,
     update,
     waiting_pass,
 )
+from ironbatch.reference.scheduler.encoder_inputs import ScheduledEncoderInputs
 from ironbatch.reference.scheduler.step_columns import finish_step
 from ironbatch.reference.scheduler_config import SchedulerSettings, settings, validate
 from ironbatch.reference.sequence import Sequence
@@ -55,7 +59,7 @@ from ironbatch.reference.slab import Slab
 from ironbatch.reference.spec_decode import Drafts
 from ironbatch.reference.step import StepEntry, StepOutput, UpdateOutput
 
-__all__ = ["Pause", "Scheduler", "SchedulerStats", "StepDraft"]
+__all__ = ["Pause", "ScheduledEncoderInputs", "Scheduler", "SchedulerStats", "StepDraft"]
 
 # Tells one scheduler's steps from another's (the core's global counter).
 _NEXT_SCHEDULER_ID = itertools.count(1)
@@ -121,6 +125,13 @@ class StepDraft:
     #: Some request scheduled this step (even if preempted later in it) may
     #: verify the drafts proposed after it (§4.13).
     drafts_needed: bool = False
+    #: Embeddings the encoder may still compute this step (§4.15).
+    encoder_budget: int = 0
+    #: The encoder inputs scheduled so far, by request.
+    encoder_inputs: list[ScheduledEncoderInputs] = field(default_factory=list)
+    #: Requests whose encoder inputs disagree with the cache (the caller
+    #: ends them).
+    encoder_mismatch: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -171,8 +182,15 @@ class Scheduler:
         self.current_step = 0
         #: When prefills wait (docs/scheduling.md §4.11).
         self.cadence = PrefillCadence(c.prefill_schedule_interval)
+        #: Which encoder outputs the model runner holds (§4.15).
+        self.encoder = EncoderCache(0 if c.encoder is None else c.encoder.cache_size)
 
     # -- inspection -----------------------------------------------------------
+
+    @property
+    def encoder_cache(self) -> EncoderCache:
+        """The encoder cache's bookkeeping, for inspection."""
+        return self.encoder
 
     def request(self, slot: int) -> Request | None:
         """The live request in ``slot``."""
@@ -228,13 +246,16 @@ class Scheduler:
         §4.12). Refused (``ValueError``, nothing changed): a live duplicate
         id, an empty prompt, a prompt of ``max_model_len`` or more tokens,
         ``max_tokens`` outside ``[1, MAX_TOKENS]``, ``min_tokens >
-        max_tokens``, a NaN arrival time."""
+        max_tokens``, a NaN arrival time, multimodal inputs without an encoder
+        (or in a session, or breaking ``check_inputs``)."""
         slot = self.ids.get(new.request_id)
         if slot is not None:
             session.add_session_chunk(self, slot, new)
             return slot
         self.check_new_request(new)
         seq = Sequence(new.prompt_token_ids, hash_keys(new), self.kv.hasher, self.kv.block_size)
+        if new.mm_inputs:
+            seq.key_by_mm(new.mm_inputs, self.kv.hasher, self.kv.block_size)
         r = Request.waiting(new, seq, len(self.kv.groups))
         slot = self.requests.insert(r)
         self.ids[r.request_id] = slot
@@ -311,6 +332,18 @@ class Scheduler:
                 f"prompt_token_ids of request {debug_str(rid)} has {n} tokens; it must be "
                 f"shorter than max_model_len ({max_len})"
             )
+        if new.mm_inputs:
+            if self.config.encoder is None:
+                raise ValueError(
+                    f"mm_features of request {debug_str(rid)}: this scheduler has no encoder "
+                    "(a text model); configure its encoder budget and cache size"
+                )
+            if new.resumable:
+                raise ValueError(
+                    f"mm_features of request {debug_str(rid)}: a streaming session with "
+                    "multimodal inputs is not supported"
+                )
+            check_inputs(rid, new.mm_inputs, n)
         if new.lora is not None and new.lora.id == 0:
             raise ValueError(
                 f"lora_request.lora_int_id of request {debug_str(rid)} must be >= 1, got 0"
@@ -351,6 +384,7 @@ class Scheduler:
 
     def free_request(self, slot: int) -> None:
         """Free a finished request's blocks and slot; the next step reports it."""
+        encoder_inputs.release_all_encoded(self, slot)
         r = self.requests.remove(slot)
         self.num_deferred -= r.deferred
         self.kv.free(r.tables)
@@ -378,6 +412,7 @@ class Scheduler:
             input_budget=c.max_num_batched_tokens,
             threshold=self.long_prefill_threshold(),
             hold_prefills=hold_prefills,
+            encoder_budget=0 if c.encoder is None else c.encoder.compute_budget,
         )
         running_pass.schedule_running(self, draft)
         draft.running_scheduled = bool(draft.entries)
@@ -391,6 +426,9 @@ class Scheduler:
                 self.cadence.note_release(num_waiting, self.num_deferred)
         self.cadence.note_step(bool(draft.entries), draft.carried_prefill)
         out = finish_step(self, draft.entries)
+        out.scheduled_encoder_inputs = draft.encoder_inputs
+        out.encoder_mismatch = draft.encoder_mismatch
+        out.free_encoder_mm_hashes = self.encoder.take_freed()
         out.drafts_needed = draft.drafts_needed
         out.grammar_released = draft.grammar_released
         out.grammar_failed = draft.grammar_failed

@@ -7,6 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.request import RequestStatus
+from ironbatch.reference.scheduler.encoder_inputs import (
+    refund_encoder_inputs,
+    release_all_encoded,
+)
 from ironbatch.reference.scheduler_config import Policy
 from ironbatch.reference.spec_decode import NO_DRAFTS
 
@@ -39,6 +43,7 @@ def take_victim(s: Scheduler, current: int, cursor: int, draft: StepDraft) -> tu
                 refund = draft.entries.pop(k).num_tokens
                 draft.token_budget += refund
                 draft.input_budget += refund + s.config.num_draft_slots
+                refund_encoder_inputs(s, victim, draft)
                 break
     return victim, cursor
 
@@ -49,6 +54,7 @@ def preempt(s: Scheduler, slot: int, drop_stale: bool) -> None:
     Its output in flight becomes stale (docs/scheduling.md §5.4): still
     delivered, but it keeps the request waiting until it drains;
     ``drop_stale`` (a reset) discards that share instead."""
+    release_all_encoded(s, slot)
     r = s.requests[slot]
     s.kv.free(r.tables)
     r.status = RequestStatus.PREEMPTED

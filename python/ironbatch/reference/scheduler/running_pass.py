@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ironbatch.reference.kv_cache_manager import Admission
 from ironbatch.reference.scheduler.drafts import drafts_unused
+from ironbatch.reference.scheduler.encoder_inputs import commit_encoder_plan, plan_encoder_inputs
 from ironbatch.reference.scheduler.preemption import preempt, take_victim
 from ironbatch.reference.scheduler_config import Policy
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
@@ -39,8 +40,15 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
             i += 1
             continue
         computed = s.requests[slot].seq.num_computed_tokens
+        # Cut before an image the encoder cannot run this step (§4.15).
+        plan = plan_encoder_inputs(s, slot, computed, n, draft)
+        n = plan.num_tokens
+        if n == 0:
+            i += 1
+            continue
         grown, i = allocate_or_preempt(s, slot, n, i, draft)
         if grown is not None:
+            commit_encoder_plan(s, slot, plan, draft)
             draft.carried_prefill |= s.requests[slot].prefill_chunk
             draft.running_prefill |= s.requests[slot].prefill_chunk
             e = entry(s, slot, n, Kind.RUNNING, computed, grown)

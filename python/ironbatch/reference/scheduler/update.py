@@ -13,6 +13,7 @@ from ironbatch.reference.kv_cache_manager import KvCacheManager
 from ironbatch.reference.kv_events import Stored
 from ironbatch.reference.request import Request, RequestStatus
 from ironbatch.reference.scheduler import session, waiting_pass
+from ironbatch.reference.scheduler.encoder_inputs import release_encoded
 from ironbatch.reference.spec_decode import SpecDecodingStats
 from ironbatch.reference.step import Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord
 from ironbatch.reference.stop_check import check_stop
@@ -102,6 +103,7 @@ def apply_output(
         if r.drop_stale:
             return None  # a reset preempted it: discarded (docs/scheduling.md §5.4)
     if not sampled:
+        release_encoded(s.encoder, e.slot, r)
         return None  # a prefill chunk: no output
     num_drafts = len(e.drafts)
     if num_drafts > 0:
@@ -115,6 +117,7 @@ def apply_output(
         if out.spec_decoding_stats is None:
             out.spec_decoding_stats = SpecDecodingStats.new(s.config.num_speculative_tokens)
         out.spec_decoding_stats.observe(num_drafts, accepted)
+    release_encoded(s.encoder, e.slot, r)
     status_before = r.status
     had_placeholders = r.num_output_placeholders > 0
     start = len(out.tokens)

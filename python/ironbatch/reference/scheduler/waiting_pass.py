@@ -5,6 +5,7 @@ allow, each with its longest cached prefix. Requests that hold KV blocks
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -14,12 +15,27 @@ from ironbatch.reference.lora import LoraBatch
 from ironbatch.reference.prefix_hit import PrefixHit
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler.drafts import drafts_unused
+from ironbatch.reference.scheduler.encoder_inputs import (
+    commit_encoder_plan,
+    plan_encoder_inputs,
+    release_all_encoded,
+)
 from ironbatch.reference.scheduler.running_pass import entry
 from ironbatch.reference.spec_decode import Drafts
 from ironbatch.reference.step import Kind
 
 if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler, StepDraft
+
+
+class Admit(enum.Enum):
+    """What became of the request at the head of its queue."""
+
+    ADMITTED = enum.auto()
+    #: It cannot be admitted now; the pass ends with it at the head.
+    BLOCKED = enum.auto()
+    #: Nothing of it fits this step; the pass goes on without it.
+    SKIPPED = enum.auto()
 
 
 @dataclass
@@ -79,8 +95,13 @@ def schedule_waiting(s: Scheduler, draft: StepDraft, admit_new: bool) -> None:
         if loras is not None and lora is not None and not loras.admits(lora):
             skip(s, slot, from_kv, skipped)
             continue
-        if not admit(s, slot, from_kv, draft):
+        admitted = admit(s, slot, from_kv, draft)
+        if admitted is Admit.BLOCKED:
             break  # it stays at the head
+        if admitted is Admit.SKIPPED:
+            # Its encoder input does not fit this step (§4.15).
+            skip(s, slot, from_kv, skipped)
+            continue
         if loras is not None and lora is not None:
             loras.add(lora)
     # Skipped requests go back to the head of their queue, in their order (Q11).
@@ -131,10 +152,11 @@ def defer(s: Scheduler, slot: int) -> None:
         s.num_deferred += 1
 
 
-def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
+def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     """Admit the request at the head of its queue (``from_kv``: the KV
-    holders'), after its prefix hits; False when it cannot be admitted now
-    (the pass ends there). A session between turns holds its KV cache: it
+    holders'), after its prefix hits; BLOCKED when it cannot be admitted now
+    (the pass ends there), SKIPPED when its encoder inputs leave it nothing
+    this step (the pass goes on). A session between turns holds its KV cache: it
     continues from there, without a lookup."""
     c = s.config
     # Headroom kept free for those already running (none when alone).
@@ -161,7 +183,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
     # (full hits): the pass ends at the first with prompt to compute.
     prompt_left = hit_tokens + 1 < r.num_tokens
     if draft.hold_prefills and prompt_left:
-        return False
+        return Admit.BLOCKED
     n = r.num_tokens - hit_tokens
     # With speculative decoding, an admission with only its last token left
     # is padded to a whole draft step (placeholder drafts the runner
@@ -178,14 +200,19 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
         and hit_tokens + k + 2 <= c.max_model_len
     ):
         if 1 + k > budget:
-            return False  # rather not schedule it than unpadded
+            return Admit.BLOCKED  # rather not schedule it than unpadded
         n = 1 + k
         padded = True
     if 0 < draft.threshold < n:
         n = draft.threshold
     if not c.enable_chunked_prefill and n > budget:
-        return False  # without chunking, the head blocks the queue (Q6)
+        return Admit.BLOCKED  # without chunking, the head blocks the queue (Q6)
     n = min(n, budget)
+    # Cut before an image the encoder cannot run this step.
+    plan = plan_encoder_inputs(s, slot, hit_tokens, n, draft)
+    if plan.num_tokens == 0:
+        return Admit.SKIPPED
+    n = plan.num_tokens
     # A session's computed tokens are in its table already.
     new_hit_tokens, first = (
         (hit_tokens, num_hit_blocks) if lookup else (0, r.tables[0].num_cached_blocks())
@@ -200,7 +227,9 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
         r.in_flight_tokens,
     )
     if grown is None:
-        return False
+        # Its references to cached encoder outputs go too.
+        release_all_encoded(s, slot)
+        return Admit.BLOCKED
     # Counted on admission only (Q15), after a lookup, and never for a request
     # that does not read the cache.
     if lookup and not r.skip_reading_prefix_cache:
@@ -221,4 +250,5 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> bool:
     draft.token_budget -= n
     draft.input_budget -= n + draft_slots
     draft.drafts_needed |= not drafts_unused(s, slot, hit_tokens, n)
-    return True
+    commit_encoder_plan(s, slot, plan, draft)
+    return Admit.ADMITTED

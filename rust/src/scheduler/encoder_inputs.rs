@@ -1,0 +1,198 @@
+//! Which encoder inputs a step runs (docs/scheduling.md §4.15; vLLM's
+//! `_try_schedule_encoder_inputs`): an image's embeddings must be in the
+//! encoder cache before the step that computes any of its placeholder
+//! tokens, and the encoder runs an image whole (its attention is
+//! bidirectional). So a request's tokens this step are cut just before the
+//! first image that does not fit the step's encoder budget or the cache;
+//! with `disable_chunked_mm_input`, also before an image the step would
+//! only partly cover.
+
+use super::{Scheduler, StepDraft};
+use crate::encoder_cache::EncoderCache;
+use crate::multimodal::inputs_in_window;
+use crate::request::Request;
+use crate::slab::Slot;
+use smallvec::SmallVec;
+
+/// The encoder's share of one request's step.
+#[derive(Debug, Default)]
+pub(super) struct EncoderPlan {
+    /// Inputs the encoder runs for it (vLLM's `scheduled_encoder_inputs`).
+    pub scheduled: SmallVec<[u32; 2]>,
+    /// Inputs whose identifier an earlier input of this step runs already:
+    /// they reference that entry.
+    pub duplicates: SmallVec<[u32; 2]>,
+    /// Its tokens, after the cuts.
+    pub num_tokens: usize,
+    /// Embeddings the scheduled inputs take from the step's budget.
+    pub num_embeds: usize,
+}
+
+/// A request's encoder inputs run this step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledEncoderInputs {
+    pub slot: Slot,
+    /// Indices into its inputs, ascending.
+    pub input_ids: Vec<u32>,
+}
+
+impl Scheduler {
+    /// Plan the encoder inputs of `n` tokens after `computed` for the
+    /// request in `slot`. Inputs the cache holds already are referenced
+    /// now, and entries evicted to make room are gone, whether or not the
+    /// request is scheduled (as in vLLM). An identifier the cache holds with
+    /// another number of embeddings (a client reusing an id for other
+    /// content) schedules nothing and ends the request with an error.
+    pub(super) fn plan_encoder_inputs(
+        &mut self,
+        slot: Slot,
+        computed: usize,
+        n: usize,
+        draft: &mut StepDraft,
+    ) -> EncoderPlan {
+        let mut plan = EncoderPlan {
+            num_tokens: n,
+            ..Default::default()
+        };
+        let inputs = &self.requests[slot].mm_inputs;
+        let Some(encoder) = &self.config.encoder else {
+            return plan;
+        };
+        if n == 0 || inputs.is_empty() {
+            return plan;
+        }
+        let shift = encoder.drafter_read_ahead;
+        let window_end = computed + n + shift;
+        let mut budget = draft.encoder_budget;
+        for i in inputs_in_window(inputs, computed, window_end) {
+            let m = &inputs[i];
+            let num_embeds = m.num_embeds();
+            if encoder.disable_chunked_mm_input
+                && computed <= m.offset
+                && computed + plan.num_tokens < m.end()
+            {
+                // Not split: stop before it (and before the drafter's read
+                // of its first placeholder).
+                plan.num_tokens = m.offset.saturating_sub(computed + shift);
+                break;
+            }
+            let earlier = plan
+                .scheduled
+                .iter()
+                .find(|&&j| inputs[j as usize].identifier == m.identifier);
+            if let Some(&j) = earlier {
+                if inputs[j as usize].num_embeds() != num_embeds {
+                    return self.mismatch(slot, draft);
+                }
+                plan.duplicates.push(i as u32);
+                continue;
+            }
+            if let Some(cached) = self.encoder.cached_num_embeds(&m.identifier) {
+                if cached != num_embeds {
+                    return self.mismatch(slot, draft);
+                }
+            }
+            if self.encoder.reference_cached(slot, inputs, i as u32) {
+                continue;
+            }
+            if !self.encoder.make_room(num_embeds, budget, plan.num_embeds) {
+                // Its tokens wait for a step with room; a prefix hit past
+                // its start leaves nothing to schedule before it.
+                plan.num_tokens = if computed < m.offset {
+                    plan.num_tokens.min(m.offset - computed)
+                } else {
+                    0
+                };
+                break;
+            }
+            let start = computed.saturating_sub(m.offset);
+            let end = m.length.min(window_end - m.offset);
+            if m.embeds_in(start, end).is_empty() {
+                continue; // the step covers none of its embeddings
+            }
+            plan.num_embeds += num_embeds;
+            budget -= num_embeds;
+            plan.scheduled.push(i as u32);
+        }
+        plan
+    }
+
+    /// A cached identifier with another embedding count: nothing this step,
+    /// and the caller ends the request (vLLM's `encoder_cache_mismatch_reqs`).
+    fn mismatch(&mut self, slot: Slot, draft: &mut StepDraft) -> EncoderPlan {
+        if !draft.encoder_mismatch.contains(&slot) {
+            draft.encoder_mismatch.push(slot);
+        }
+        EncoderPlan::default()
+    }
+
+    /// Take cache space for a scheduled request's planned inputs and its
+    /// budget from the step's.
+    pub(super) fn commit_encoder_plan(
+        &mut self,
+        slot: Slot,
+        plan: EncoderPlan,
+        draft: &mut StepDraft,
+    ) {
+        if plan.scheduled.is_empty() && plan.duplicates.is_empty() {
+            return;
+        }
+        let inputs = &self.requests[slot].mm_inputs;
+        for &id in &plan.scheduled {
+            self.encoder.allocate(slot, inputs, id);
+        }
+        for &id in &plan.duplicates {
+            self.encoder.reference_cached(slot, inputs, id);
+        }
+        if !plan.scheduled.is_empty() {
+            draft.encoder_budget -= plan.num_embeds;
+            draft.encoder_inputs.push(ScheduledEncoderInputs {
+                slot,
+                input_ids: plan.scheduled.to_vec(),
+            });
+        }
+    }
+
+    /// A victim scheduled earlier this step gives its encoder inputs' share
+    /// of the budget back (the cache space stays taken until it frees).
+    pub(super) fn refund_encoder_inputs(&mut self, victim: Slot, draft: &mut StepDraft) {
+        let Some(k) = draft.encoder_inputs.iter().position(|s| s.slot == victim) else {
+            return;
+        };
+        let taken = draft.encoder_inputs.remove(k);
+        let inputs = &self.requests[victim].mm_inputs;
+        let refund: usize = taken
+            .input_ids
+            .iter()
+            .map(|&id| inputs[id as usize].num_embeds())
+            .sum();
+        draft.encoder_budget += refund;
+    }
+
+    /// Drop every encoder-cache reference of the request in `slot`.
+    pub(super) fn release_all_encoded(&mut self, slot: Slot) {
+        let inputs = &self.requests[slot].mm_inputs;
+        if !inputs.is_empty() {
+            self.encoder.release_all(slot, inputs);
+        }
+    }
+}
+
+/// After a step ran: release the inputs of request `r` (in `slot`) whose
+/// placeholders are all computed: in its KV cache now, and past any draft
+/// that a rejection could roll back into (vLLM's `_free_encoder_inputs`).
+pub(super) fn release_encoded(cache: &mut EncoderCache, slot: Slot, r: &Request) {
+    if r.mm_inputs.is_empty() {
+        return;
+    }
+    let done = r
+        .seq
+        .num_computed_tokens
+        .saturating_sub(r.num_output_placeholders);
+    let held: SmallVec<[u32; 4]> = cache.held(slot).into();
+    for id in held {
+        if r.mm_inputs[id as usize].end() <= done {
+            cache.release(slot, &r.mm_inputs, id);
+        }
+    }
+}

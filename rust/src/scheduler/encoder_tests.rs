@@ -1,0 +1,235 @@
+//! Multimodal scenarios (docs/scheduling.md §4.15): the encoder budget and
+//! cache cutting a step's tokens, shared cache entries, their release and
+//! eviction, and images keying the prefix cache.
+
+use super::tests::{new_request, sampled, scheduler, Setup};
+use super::Scheduler;
+use crate::multimodal::MultimodalInput;
+use crate::scheduler_config::EncoderConfig;
+use crate::RequestStatus;
+
+fn with_encoder(budget: usize, compute: usize, cache: usize, whole: bool) -> Scheduler {
+    scheduler(Setup {
+        budget,
+        max_num_seqs: 8,
+        encoder: Some(EncoderConfig {
+            compute_budget: compute,
+            cache_size: cache,
+            disable_chunked_mm_input: whole,
+            drafter_read_ahead: 0,
+        }),
+        ..Setup::default()
+    })
+}
+
+fn add_with(s: &mut Scheduler, id: &str, prompt: Vec<u32>, images: &[(usize, usize, &str)]) {
+    let mut r = new_request(id, prompt, 40);
+    r.mm_inputs = images
+        .iter()
+        .map(|&(offset, length, identifier)| MultimodalInput::new(offset, length, identifier))
+        .collect();
+    s.add_request(r).unwrap();
+}
+
+/// One step, applied: per request scheduled, its id, tokens and the
+/// encoder inputs run for it; and the entries evicted.
+struct Stepped {
+    rows: Vec<(String, usize, Vec<u32>)>,
+    freed: Vec<String>,
+    mismatch: Vec<String>,
+}
+
+fn step(s: &mut Scheduler) -> Stepped {
+    let out = s.schedule();
+    let name = |slot| s.request(slot).unwrap().request_id.clone();
+    let rows = out
+        .entries
+        .iter()
+        .map(|e| {
+            let inputs = out
+                .scheduled_encoder_inputs
+                .iter()
+                .find(|x| x.slot == e.slot)
+                .map_or(vec![], |x| x.input_ids.clone());
+            (name(e.slot), e.num_tokens, inputs)
+        })
+        .collect();
+    let mismatch = out
+        .encoder_mismatch
+        .iter()
+        .map(|&slot| name(slot))
+        .collect();
+    let freed = out.free_encoder_mm_hashes.clone();
+    let (tokens, offsets) = sampled(s, &out, |_| Some(100));
+    s.update_from_output(&out, &tokens, &offsets).unwrap();
+    s.encoder_cache().check_invariants().unwrap();
+    Stepped {
+        rows,
+        freed,
+        mismatch,
+    }
+}
+
+fn row(id: &str, n: usize, inputs: &[u32]) -> (String, usize, Vec<u32>) {
+    (id.into(), n, inputs.to_vec())
+}
+
+#[test]
+fn an_image_straddling_a_chunk_boundary_runs_whole_in_the_first_chunk() {
+    // 100-token prompt, an image at 40..70, 50 tokens a step.
+    let mut s = with_encoder(50, 1000, 1000, false);
+    add_with(&mut s, "r", (0..100).collect(), &[(40, 30, "img")]);
+    assert_eq!(step(&mut s).rows, [row("r", 50, &[0])]);
+    // Its embeddings wait in the cache for positions 50..70: nothing re-runs.
+    assert_eq!(step(&mut s).rows, [row("r", 50, &[])]);
+    assert_eq!(
+        s.encoder_cache().num_used(),
+        30,
+        "kept (unreferenced) for reuse"
+    );
+}
+
+#[test]
+fn without_chunked_mm_input_the_chunk_stops_before_the_image() {
+    let mut s = with_encoder(50, 1000, 1000, true);
+    add_with(&mut s, "r", (0..100).collect(), &[(40, 30, "img")]);
+    assert_eq!(step(&mut s).rows, [row("r", 40, &[])]);
+    assert_eq!(step(&mut s).rows, [row("r", 50, &[0])]);
+    assert_eq!(step(&mut s).rows, [row("r", 10, &[])]);
+}
+
+#[test]
+fn the_encoder_budget_cuts_the_second_request_before_its_image() {
+    // Room for one 30-embedding image a step.
+    let mut s = with_encoder(200, 30, 1000, false);
+    add_with(&mut s, "a", (0..60).collect(), &[(10, 30, "x")]);
+    add_with(&mut s, "b", (100..160).collect(), &[(20, 30, "y")]);
+    add_with(&mut s, "c", (200..260).collect(), &[(0, 30, "z")]);
+    // b gets the 20 tokens before its image; c, whose image comes first,
+    // is skipped for this step.
+    assert_eq!(step(&mut s).rows, [row("a", 60, &[0]), row("b", 20, &[])]);
+    assert_eq!(s.request_counts(), (2, 1));
+    // Next step b's image runs; c still waits for budget.
+    assert_eq!(step(&mut s).rows, [row("a", 1, &[]), row("b", 40, &[0])]);
+    assert_eq!(
+        step(&mut s).rows,
+        [row("a", 1, &[]), row("b", 1, &[]), row("c", 60, &[0])]
+    );
+}
+
+#[test]
+fn a_shared_image_runs_once_and_its_entry_outlives_the_first_request() {
+    let mut s = with_encoder(200, 1000, 1000, false);
+    add_with(&mut s, "a", (0..40).collect(), &[(8, 16, "same")]);
+    add_with(&mut s, "b", (50..90).collect(), &[(4, 16, "same")]);
+    // a runs it; b, later in the same step, references a's entry.
+    assert_eq!(step(&mut s).rows, [row("a", 40, &[0]), row("b", 40, &[])]);
+    s.finish_requests(&["a", "b"], RequestStatus::FinishedAborted);
+    add_with(&mut s, "c", (100..140).collect(), &[(0, 16, "same")]);
+    assert_eq!(step(&mut s).rows, [row("c", 40, &[])], "still cached");
+}
+
+#[test]
+fn the_cache_evicts_the_oldest_unreferenced_entry_and_says_so() {
+    let mut s = with_encoder(200, 100, 40, false);
+    add_with(&mut s, "a", (0..40).collect(), &[(0, 20, "p")]);
+    add_with(&mut s, "b", (50..90).collect(), &[(0, 20, "q")]);
+    step(&mut s); // both encoded; the cache is full
+                  // Both computed past their images: released, kept, evictable.
+    add_with(&mut s, "c", (100..140).collect(), &[(0, 20, "r")]);
+    let third = step(&mut s);
+    assert_eq!(third.rows.last().unwrap(), &row("c", 40, &[0]));
+    assert_eq!(third.freed, ["p"]);
+}
+
+#[test]
+fn a_full_cache_of_referenced_entries_makes_the_request_wait() {
+    // A cache of 30 embeddings; 50 tokens a request a step.
+    let mut s = scheduler(Setup {
+        budget: 200,
+        max_num_seqs: 8,
+        threshold: 50,
+        encoder: Some(EncoderConfig {
+            compute_budget: 100,
+            cache_size: 30,
+            disable_chunked_mm_input: false,
+            drafter_read_ahead: 0,
+        }),
+        ..Setup::default()
+    });
+    add_with(&mut s, "a", (0..150).collect(), &[(20, 30, "p")]);
+    add_with(&mut s, "b", (200..260).collect(), &[(0, 30, "q")]);
+    // a's image fills the cache while a's step computes it: b, whose image
+    // comes first, is skipped.
+    let first = step(&mut s);
+    assert_eq!(first.rows, [row("a", 50, &[0])]);
+    assert_eq!(s.request_counts(), (1, 1));
+    // a is past its image: its entry is evicted for b's.
+    let second = step(&mut s);
+    assert_eq!(second.rows, [row("a", 50, &[]), row("b", 50, &[0])]);
+    assert_eq!(second.freed, ["p"]);
+}
+
+#[test]
+fn images_key_the_prefix_cache() {
+    let mut s = with_encoder(200, 1000, 1000, false);
+    let prompt: Vec<u32> = vec![7; 48]; // placeholder tokens: all the same
+    add_with(&mut s, "a", prompt.clone(), &[(0, 32, "cat")]);
+    add_with(&mut s, "k", prompt.clone(), &[(0, 12, "kit")]);
+    step(&mut s);
+    add_with(&mut s, "same", prompt.clone(), &[(0, 32, "cat")]);
+    add_with(&mut s, "other", prompt.clone(), &[(0, 32, "dog")]);
+    add_with(&mut s, "moved", prompt.clone(), &[(16, 32, "cat")]);
+    // The same image, two tokens on, within the same first block.
+    add_with(&mut s, "shifted", prompt, &[(2, 12, "kit")]);
+    let out = s.schedule();
+    let hits: Vec<(String, usize)> = out
+        .entries
+        .iter()
+        .filter(|e| e.kind != crate::step::Kind::Running)
+        .map(|e| {
+            (
+                s.request(e.slot).unwrap().request_id.clone(),
+                e.num_computed_tokens,
+            )
+        })
+        .collect();
+    assert_eq!(
+        hits,
+        [
+            ("same".into(), 32),
+            ("other".into(), 0),
+            ("moved".into(), 0),
+            ("shifted".into(), 0)
+        ]
+    );
+}
+
+#[test]
+fn an_identifier_reused_with_other_embeddings_ends_the_request() {
+    let mut s = with_encoder(200, 1000, 1000, false);
+    add_with(&mut s, "a", (0..40).collect(), &[(0, 16, "id")]);
+    step(&mut s);
+    add_with(&mut s, "b", (50..90).collect(), &[(0, 20, "id")]);
+    let stepped = step(&mut s);
+    assert_eq!(stepped.mismatch, ["b"]);
+    assert!(stepped.rows.iter().all(|(id, _, _)| id != "b"));
+}
+
+#[test]
+fn bad_inputs_are_refused_and_change_nothing() {
+    let mut s = with_encoder(200, 1000, 1000, false);
+    let mut r = new_request("r", (0..20).collect(), 4);
+    r.mm_inputs = vec![MultimodalInput::new(10, 20, "x")];
+    let e = s.add_request(r).unwrap_err().to_string();
+    assert!(
+        e.contains("mm_features[0]") && e.contains("past the prompt"),
+        "{e}"
+    );
+    assert_eq!(s.num_unfinished_requests(), 0);
+    let mut text = scheduler(Setup::default());
+    let mut r = new_request("r", (0..20).collect(), 4);
+    r.mm_inputs = vec![MultimodalInput::new(0, 4, "x")];
+    let e = text.add_request(r).unwrap_err().to_string();
+    assert!(e.contains("no encoder"), "{e}");
+}
