@@ -61,6 +61,11 @@ from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase  # noqa: E402
 from vllm.model_executor.model_loader.utils import get_model_architecture  # noqa: E402
 from vllm.model_executor.models.utils import extract_layer_index  # noqa: E402
+from vllm.multimodal.inputs import (  # noqa: E402
+    MultiModalFeatureSpec,
+    MultiModalKwargsItem,
+    PlaceholderRange,
+)
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.usage.usage_lib import UsageContext  # noqa: E402
 from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
@@ -122,14 +127,33 @@ def write_tokenizer(path: str) -> None:
         json.dump(config, f)
 
 
+# Qwen2-VL's image processor settings (the real model's): what vLLM's
+# MultiModalBudget reads to size the encoder's budget and cache.
+_QWEN2_VL_IMAGE_PROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen2_5_VLProcessor",
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+}
+
+
 def write_model(root: str, name: str) -> str:
-    """The folder ``vllm serve`` is pointed at for ``name``."""
+    """The folder ``vllm serve`` is pointed at for ``name`` (a Qwen2.5-VL's
+    with its image processor's settings too)."""
     path = os.path.join(root, name)
     if not os.path.isdir(path):
         os.makedirs(path)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(MODELS[name], f)
         write_tokenizer(path)
+        if MODELS[name]["model_type"] == "qwen2_5_vl":
+            with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
+                json.dump(_QWEN2_VL_IMAGE_PROCESSOR, f)
     return path
 
 
@@ -497,6 +521,7 @@ def _request(
     """An EngineCoreRequest as vLLM's input processor hands it to the engine."""
     resumable = kw.pop("resumable", False)
     lora_request = kw.pop("lora_request", None)
+    mm = [_image(*m) for m in kw.pop("mm", ())]
     sp = SamplingParams(max_tokens=max_tokens, **kw)
     if sp.structured_outputs is not None:
         sp.structured_outputs._backend = "xgrammar"  # what the processor resolves "auto" to
@@ -504,7 +529,7 @@ def _request(
     return EngineCoreRequest(
         request_id=rid,
         prompt_token_ids=prompt,
-        mm_features=None,
+        mm_features=mm or None,
         sampling_params=sp,
         pooling_params=None,
         arrival_time=arrival,
@@ -515,10 +540,22 @@ def _request(
     )
 
 
-def workload(lora: bool = False) -> dict[int, list[tuple[str, Any]]]:
+def _image(identifier: str, offset: int, length: int) -> MultiModalFeatureSpec:
+    """An image as vLLM's input processor hands it over (its tensors left
+    out: nothing here runs the vision tower)."""
+    return MultiModalFeatureSpec(
+        data=MultiModalKwargsItem.dummy(),
+        modality="image",
+        identifier=identifier,
+        mm_position=PlaceholderRange(offset=offset, length=length),
+    )
+
+
+def workload(lora: bool = False, images: bool = False) -> dict[int, list[tuple[str, Any]]]:
     """Arrivals and aborts by tick; with LoRA on, three requests under two
     adapters as well (at --max-loras 1, the second adapter's waits while the
-    first adapter's later request overtakes it)."""
+    first adapter's later request overtakes it); with images, three requests
+    with images, one of them shared, one straddling a chunk boundary."""
     shared = _prompt(1, 48)
     json_schema = StructuredOutputsParams(json={"type": "object"})
     plan = {
@@ -548,6 +585,12 @@ def workload(lora: bool = False) -> dict[int, list[tuple[str, Any]]]:
             ("add", _request("lora-7", _prompt(12, 20), 4, 2.0, lora_request=adapter[2])),
         ]
         plan[3] = [("add", _request("lora-8", _prompt(13, 9), 4, 3.0, lora_request=adapter[1]))]
+    if images:
+        plan[2] = [
+            ("add", _request("image-6", _prompt(14, 300), 6, 2.0, mm=[("cat", 10, 256)])),
+            ("add", _request("image-7", _prompt(15, 80), 6, 2.0, mm=[("dog", 4, 64)])),
+        ]
+        plan[6] = [("add", _request("image-8", _prompt(16, 300), 4, 6.0, mm=[("cat", 30, 256)]))]
     return plan
 
 
@@ -684,6 +727,7 @@ def _exercised(e: Engine) -> dict[str, int]:
         for d in so["scheduled_new_reqs"]:
             seen["lora_overtaken"] += d["req_id"] == "lora-8" and "lora-7" not in admitted
             seen["lora_requests"] += d["lora_request"] is not None
+            seen["image_requests"] += bool(d["mm_features"])
             admitted.add(d["req_id"])
         seen["steps"] += 1
         seen["steps_at_token_cap"] += so["total_num_scheduled_tokens"] == cap
@@ -698,6 +742,7 @@ def _exercised(e: Engine) -> dict[str, int]:
         seen["preempted"] += len(so["preempted_req_ids"] or ())
         seen["new_token_ids_to_first_stage"] += bool(so["scheduled_cached_reqs"]["new_token_ids"])
         seen["spec_drafts"] += sum(len(d) for d in so["scheduled_spec_decode_tokens"].values())
+        seen["encoder_inputs"] += sum(map(len, so["scheduled_encoder_inputs"].values()))
     for g in e.executor.grammar:
         seen["masked_rows"] += 0 if g is None else len(g[0])
     for _, view, events, reasoning in e.steps:
@@ -764,7 +809,10 @@ def _run_workload(theirs: Engine, ours: Engine) -> dict[str, Any]:
     """The workload through both engines, tick by tick (arrivals and aborts
     first, then one engine step each, as EngineCoreProc's loop does), until
     both have drained; then the first difference, if any."""
-    plan = workload(lora=theirs.engine.vllm_config.lora_config is not None)
+    vc = theirs.engine.vllm_config
+    plan = workload(
+        lora=vc.lora_config is not None, images=vc.model_config.supports_multimodal_inputs
+    )
     last = max(plan)
     drained = False
     for tick in range(300):  # it drains in about 30

@@ -223,6 +223,15 @@ TABLE = [
         },
     ),
     Deployment(
+        # Images on: vLLM's encoder budget and cache from the model's image
+        # processor; two requests share an image, one straddles a chunk.
+        "qwen2.5-vl-7b-images",
+        "qwen2.5-vl-7b",
+        ["--max-num-batched-tokens", "128"],
+        {"is_multimodal_model": True, "supports_multimodal_inputs": True},
+        exercises=("image_requests", "encoder_inputs"),
+    ),
+    Deployment(
         "qwen2.5-vl-7b-language-model-only",
         "qwen2.5-vl-7b",
         ["--language-model-only"],

@@ -18,8 +18,14 @@ import pytest
 
 pytest.importorskip("vllm")
 
+import torch  # noqa: E402
 from vllm.config import KVEventsConfig, LoRAConfig, ObservabilityConfig  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.multimodal.inputs import (  # noqa: E402
+    MultiModalFeatureSpec,
+    MultiModalKwargsItem,
+    PlaceholderRange,
+)
 from vllm.sampling_params import RepetitionDetectionParams  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
@@ -83,7 +89,8 @@ def random_settings(rng: random.Random) -> dict:
         settings.update(kv_metrics(rng))
         settings.update(speculation(rng, pp))
     settings.update(kv_layout(rng, bs, hybrid))
-    settings.update(lora(rng))  # last: the draws before it stay each seed's
+    settings.update(lora(rng))  # late: the draws before it stay each seed's
+    settings.update(multimodal(rng, settings))
     # Every group holds blocks of its own: the same tightness per group.
     settings["num_blocks"] = (blocks - 1) * GROUPS[settings["kv_layout"]] + 1
     return settings
@@ -134,6 +141,19 @@ def lora(rng: random.Random) -> dict:
     if rng.random() < 0.3:
         return {"lora_config": LoRAConfig(max_loras=rng.randint(1, 4), max_lora_rank=8)}
     return {}
+
+
+def multimodal(rng: random.Random, settings: dict) -> dict:
+    """A vision model (Qwen2.5-VL's shape) in some workloads, with an
+    encoder budget and cache from about one image to several, and
+    --disable-chunked-mm-input in some (not with a long-prefill cap, under
+    which vLLM itself never schedules an image longer than the cap)."""
+    if rng.random() >= 0.3 or settings.get("target") == "deepseek_mtp":
+        return {}
+    compute = rng.choice([8, 24, 48, 96])
+    cache = rng.choice([compute, 2 * compute, 4 * compute])
+    whole = settings["long_prefill_token_threshold"] == 0 and rng.random() < 0.3
+    return {"target": "vision", "mm_budget": (compute, cache), "disable_chunked_mm_input": whole}
 
 
 def kv_metrics(rng: random.Random) -> dict:
@@ -212,6 +232,25 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
         i = rng.randint(1, adapters)
         return LoRARequest(f"adapter-{i}", i, f"/adapters/{i}")
 
+    # Images: a pool of identifiers, each with its placeholder count (and,
+    # in some, break tokens that take no embedding), shared across requests.
+    vision = settings.get("target") == "vision"
+    images = image_pool(rng, settings, step_room(pair)) if vision else []
+
+    def with_images(prompt: list[int]) -> tuple[list[int], list[MultiModalFeatureSpec]]:
+        if not images:
+            return prompt, []
+        features: list[MultiModalFeatureSpec] = []
+        pos = rng.randint(0, 4)
+        for _ in range(rng.choice([0, 1, 1, 2, 3])):
+            identifier, length, mask = rng.choice(images)
+            if pos + length >= len(prompt):
+                break
+            prompt[pos : pos + length] = [IMAGE] * length
+            features.append(image_feature(identifier, pos, length, mask))
+            pos += length + rng.randint(0, 6)
+        return prompt, features
+
     live: list[str] = []
     next_id = 0
 
@@ -259,6 +298,7 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
             ]
             rid = f"r{next_id}"
             next_id += 1
+            prompt, features = with_images(prompt) if not resumable else (prompt, [])
             pair.add(
                 rid,
                 prompt,
@@ -277,6 +317,7 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
                 extra_args={"kv_cache_report_mode": "full"} if rng.random() < 0.15 else None,
                 resumable=resumable,
                 lora_request=adapter(),
+                mm_features=features,
             )
             live.append(rid)
             if resumable:
@@ -340,6 +381,55 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     return pair.events
 
 
+IMAGE = 5  # the placeholder token (the scheduler never reads its value)
+
+
+def step_room(pair: VllmPair) -> int:
+    """The most tokens one request can get in a step: the token budget, and
+    the input budget less a drafter's slots."""
+    vc = pair.vllm.vllm_config
+    sc, spec = vc.scheduler_config, vc.speculative_config
+    slots = 0 if spec is None else spec.max_num_new_slots_for_drafting
+    scheduled = sc.max_num_scheduled_tokens or sc.max_num_batched_tokens
+    return min(scheduled, sc.max_num_batched_tokens - slots)
+
+
+def image_pool(
+    rng: random.Random, settings: dict, room: int
+) -> list[tuple[str, int, list[bool] | None]]:
+    """Identifiers with their placeholder counts, around the block size and
+    the encoder budget, never past what vLLM can ever encode (the budget,
+    the cache and, unchunked, what one step gives a request: ``room``;
+    vLLM checks only the batch budget, and an image past a drafter's share
+    of it never runs)."""
+    compute, cache = settings["mm_budget"]
+    most = min(compute, cache)
+    if settings["disable_chunked_mm_input"]:
+        most = min(most, room)
+    bs = settings["block_size"]
+    pool = []
+    for i in range(rng.randint(2, 8)):
+        length = max(1, min(most, rng.choice([1, bs - 1, bs, bs + 1, most, rng.randint(1, most)])))
+        # Some items frame their embeddings with tokens that take none.
+        mask = [0 < k < length - 1 for k in range(length)] if length > 2 and i % 3 == 0 else None
+        pool.append((f"img-{i}", length, mask))
+    return pool
+
+
+def image_feature(
+    identifier: str, offset: int, length: int, mask: list[bool] | None
+) -> MultiModalFeatureSpec:
+    """An image as vLLM's processor hands it over (its data a stand-in the
+    V2 runner's updates carry)."""
+    is_embed = None if mask is None else torch.tensor(mask)
+    return MultiModalFeatureSpec(
+        data=MultiModalKwargsItem({}),
+        modality="image",
+        identifier=identifier,
+        mm_position=PlaceholderRange(offset=offset, length=length, is_embed=is_embed),
+    )
+
+
 def scheduled_any(pair: VllmPair) -> bool:
     """Whether a step still in flight scheduled tokens (its output changes something)."""
     return any(a.total_num_scheduled_tokens for a, _, _ in pair.in_flight)
@@ -376,6 +466,7 @@ def drawn_features(seed: int) -> Counter:
         "window KV-cache groups": s["kv_layout"] != "full",
         "speculative decoding": "speculative_config" in s,
         "LoRA": "lora_config" in s,
+        "images": s.get("target") == "vision",
     }
     if s["kv_layout"] != "full":
         drawn[f"layout: {s['kv_layout']}"] = True
@@ -401,6 +492,7 @@ FEATURES = [
     *(f"feature: {k}" for k in ("local prefill cadence", "async scheduling", "priority policy")),
     *(f"feature: {k}" for k in ("MLA", "window KV-cache groups", "speculative decoding")),
     "feature: LoRA",
+    "feature: images",
     *(f"feature: layout: {k}" for k in LAYOUTS),
     *(f"feature: speculation: {m}" for m in SPEC_METHODS),
 ]
@@ -430,7 +522,7 @@ EVENTS = (
     *("kv_BlockStored", "kv_BlockRemoved", "kv_evictions"),
     *("throttled", "decode_staggered", "pp_token_ids", "session_turns", "session_chunks"),
     *("spec_drafts", "spec_accepted", "spec_verified", "spec_empty_slots"),
-    *("lora_capped",),
+    *("lora_capped", "encoder_inputs", "encoder_evicted"),
 )
 
 

@@ -2,7 +2,8 @@
 state lives outside the core: each test breaks the drop-in one way (a grammar
 that is not advanced, a KV-cache event dropped, events reordered, a draft
 lost, acceptance miscounted, a drafter's settings not passed on, drafting
-never skipped, window KV-cache groups passed on wrong) and checks
+never skipped, window KV-cache groups passed on wrong, an encoder budget
+or cache short by one, images' data updates lost) and checks
 that the random workloads of test_vllm_differential fail within a few seeds."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 
 import ironbatch.vllm.settings as settings  # noqa: E402
 from ironbatch.config import KVCacheGroup, SchedulerConfig  # noqa: E402
+from ironbatch.vllm.encoder_inputs import EncoderInputs  # noqa: E402
 from ironbatch.vllm.kv_events import KvEvents  # noqa: E402
 from ironbatch.vllm.scheduler import Scheduler  # noqa: E402
 from ironbatch.vllm.speculation import Speculation  # noqa: E402
@@ -146,4 +148,32 @@ def test_window_groups_passed_on_wrong_are_caught(
         )
 
     monkeypatch.setattr(settings, "kv_cache_groups", wrong)
+    assert caught()
+
+
+@pytest.mark.parametrize("mutation", ["compute budget", "cache size"])
+def test_an_encoder_budget_short_by_one_is_caught(
+    monkeypatch: pytest.MonkeyPatch, mutation: str
+) -> None:
+    """The core told the vision model's encoder budget or cache one
+    embedding short: an image as large as the budget never runs, or the
+    cache evicts (or refuses) a step early."""
+    budget_of = settings.encoder_budget
+
+    def short(vllm_config: Any, mm_registry: Any) -> tuple[int | None, int | None]:
+        compute, cache = budget_of(vllm_config, mm_registry)
+        if compute is None or cache is None:
+            return compute, cache
+        if mutation == "compute budget":
+            return max(1, compute - 1), cache
+        return compute, max(1, cache - 1)
+
+    monkeypatch.setattr(settings, "encoder_budget", short)
+    assert caught()
+
+
+def test_image_data_not_sent_again_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model runner V2's ``encoder_input_updates`` left empty: the worker
+    never learns which images it may drop."""
+    monkeypatch.setattr(EncoderInputs, "updates", lambda self, *args: {})
     assert caught()

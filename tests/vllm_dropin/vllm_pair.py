@@ -284,6 +284,9 @@ class VllmPair:
         )
         self.events["skipped"] += len(self.vllm.deferred_waiting)
         self.events["lora_capped"] += self.lora_capped()
+        self.events["encoder_inputs"] += sum(map(len, a.scheduled_encoder_inputs.values()))
+        self.events["encoder_evicted"] += len(a.free_encoder_mm_hashes)
+        self.events["encoder_updates"] += len(a.encoder_input_updates)
         self.events["placeholders"] += sum(
             1 for r in self.vllm.requests.values() if r.num_output_placeholders > 1
         )
@@ -442,3 +445,12 @@ class VllmPair:
         assert a.has_finished_requests() == b.has_finished_requests()
         assert a.has_requests() == b.has_requests()
         assert a.get_kv_cache_usage() == b.get_kv_cache_usage()
+        if b._multimodal:
+            ecm = a.encoder_cache_manager
+            expected = {
+                "num_free_slots": ecm.num_free_slots,
+                "num_freeable_slots": ecm.num_freeable_slots,
+                "cached": {k: sorted(v) for k, v in ecm.cached.items()},
+                "freeable": list(ecm.freeable),
+            }
+            assert _core.vllm_encoder_cache_state(b._core.core) == expected

@@ -5,12 +5,13 @@ tests and ``benches/compare_vllm.py`` use to drive vLLM's scheduler and
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import random
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -73,9 +74,16 @@ DEFAULTS: dict[str, Any] = {
     "data_parallel_size": 1,
     # A local tokenizer folder (for grammars over it); None: no tokenizer.
     "tokenizer": None,
-    # The target model's shape: "llama", or "deepseek_mtp" (DeepSeek-V3's,
-    # with MTP layers, for the "mtp" speculative method).
+    # The target model's shape: "llama", "deepseek_mtp" (DeepSeek-V3's,
+    # with MTP layers, for the "mtp" speculative method) or "vision"
+    # (Qwen2.5-VL's: images beside a Llama-like language model).
     "target": "llama",
+    # For "vision": the encoder's compute budget and cache size, in
+    # embeddings, as vLLM's MultiModalBudget would derive them from the
+    # model's processor (which needs files this offline config lacks).
+    "mm_budget": (64, 128),
+    # vLLM's --disable-chunked-mm-input.
+    "disable_chunked_mm_input": False,
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
 EXTRAS = (
@@ -179,6 +187,71 @@ def tiny_mtp_model_dir(num_mtp_layers: int = 1) -> str:
     return _config_dir("ironbatch-tiny-deepseek-", config)
 
 
+# A tiny Qwen2.5-VL: a small vision tower beside the tiny Llama's shapes.
+_TINY_VISION: dict[str, Any] = _TINY_LLAMA | {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    "image_token_id": 31000,
+    "video_token_id": 31001,
+    "vision_start_token_id": 31002,
+    "vision_end_token_id": 31003,
+    "vision_token_id": 31004,
+    "vision_config": {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 64,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "window_size": 112,
+        "fullatt_block_indexes": [0],
+        "tokens_per_second": 2,
+        "temporal_patch_size": 2,
+        "in_chans": 3,
+    },
+}
+
+
+@functools.cache
+def tiny_vision_model_dir() -> str:
+    """A folder with a small Qwen2.5-VL config.json."""
+    return _config_dir("ironbatch-tiny-vision-", _TINY_VISION)
+
+
+class FixedMultiModalBudget:
+    """Stands in for vLLM's ``MultiModalBudget`` where the model's processor
+    cannot be built (no processor files offline): the same two numbers the
+    scheduler reads from it, as given."""
+
+    budget: tuple[int, int] = (0, 0)
+
+    def __init__(self, vllm_config: Any, mm_registry: Any, **_: Any) -> None:
+        self.encoder_compute_budget, self.encoder_cache_size = self.budget
+        self.mm_max_toks_per_item = {"image": self.encoder_compute_budget}
+
+
+@contextlib.contextmanager
+def fixed_mm_budget(budget: tuple[int, int] | None) -> Iterator[None]:
+    """vLLM's scheduler module (where both vLLM's scheduler and the drop-in
+    look it up) reads ``budget`` as the encoder's, inside the block."""
+    if budget is None:
+        yield
+        return
+    from vllm.v1.core.sched import scheduler as vllm_scheduler
+
+    real = vllm_scheduler.MultiModalBudget
+    vllm_scheduler.MultiModalBudget = type(  # type: ignore[misc]
+        "FixedMultiModalBudget", (FixedMultiModalBudget,), {"budget": budget}
+    )
+    try:
+        yield
+    finally:
+        vllm_scheduler.MultiModalBudget = real  # type: ignore[misc]
+
+
 def speculative_config(
     spec: dict[str, Any], model_config: ModelConfig, parallel_config: ParallelConfig
 ) -> SpeculativeConfig:
@@ -208,9 +281,11 @@ def vllm_config(
     unknown = set(cfg) - set(DEFAULTS) - set(EXTRAS)
     if unknown:
         raise TypeError(f"unknown settings {sorted(unknown)}")
-    if cfg["target"] not in ("llama", "deepseek_mtp"):
-        raise ValueError(f"target must be 'llama' or 'deepseek_mtp', got {cfg['target']!r}")
-    model_dir = tiny_model_dir() if cfg["target"] == "llama" else tiny_mtp_model_dir()
+    dirs = {"llama": tiny_model_dir, "deepseek_mtp": tiny_mtp_model_dir}
+    dirs["vision"] = tiny_vision_model_dir
+    if cfg["target"] not in dirs:
+        raise ValueError(f"target must be one of {sorted(dirs)}, got {cfg['target']!r}")
+    model_dir = dirs[cfg["target"]]()
     sc = SchedulerConfig(
         max_num_seqs=cfg["max_num_seqs"],
         max_num_batched_tokens=cfg["max_num_batched_tokens"],
@@ -226,11 +301,12 @@ def vllm_config(
         long_prefill_token_threshold_adaptive=cfg["long_prefill_token_threshold_adaptive"],
         watermark=cfg["watermark"],
         prefill_schedule_interval=cfg["prefill_schedule_interval"],
+        disable_chunked_mm_input=cfg["disable_chunked_mm_input"],
     )
     mc = ModelConfig(
         model=model_dir,
         tokenizer=cfg["tokenizer"] or model_dir,
-        dtype="float16" if cfg["target"] == "llama" else "bfloat16",
+        dtype="bfloat16" if cfg["target"] == "deepseek_mtp" else "float16",
         seed=42,
         max_model_len=cfg["max_model_len"],
         skip_tokenizer_init=cfg["tokenizer"] is None,
@@ -327,7 +403,9 @@ def make_scheduler(kind: str, **settings: Any) -> Any:
     cls_path = "ironbatch.vllm.Scheduler" if kind == "ironbatch" else None
     vc, kvc = vllm_config(cls_path, **settings)
     log_stats = settings.get("log_stats", DEFAULTS["log_stats"])
-    return construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc, log_stats)
+    vision = settings.get("target") == "vision"
+    with fixed_mm_budget(settings.get("mm_budget", DEFAULTS["mm_budget"]) if vision else None):
+        return construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc, log_stats)
 
 
 @functools.cache
@@ -349,6 +427,7 @@ def make_request(
     resumable: bool = False,
     hash_lookahead_tokens: int = 0,
     lora_request: Any = None,
+    mm_features: Sequence[Any] | None = None,
     **sampling: Any,
 ) -> Request:
     """A vLLM Request as EngineCore builds it (block hasher included, its
@@ -369,4 +448,5 @@ def make_request(
         client_index=client_index,
         resumable=resumable,
         lora_request=lora_request,
+        mm_features=list(mm_features) if mm_features else None,
     )

@@ -16,9 +16,12 @@ from ironbatch.vllm.request_mirror import RequestMirror
 class RunnerRequestData:
     """Builds both from a step's rows."""
 
-    def __init__(self, mirror: RequestMirror, use_v2_model_runner: bool) -> None:
+    def __init__(self, mirror: RequestMirror, use_v2_model_runner: bool, uses_mrope: bool) -> None:
         self.mirror = mirror
         self.use_v2_model_runner = use_v2_model_runner
+        # An image behind a prefix hit is sent without its tensors; an
+        # M-RoPE model (Qwen2-VL) keeps the ones its positions need.
+        self.uses_mrope = uses_mrope
         # Model runner V1 gets all_token_ids for a request it did not see
         # in the previous step.
         self.prev_step_req_ids: set[str] = set()
@@ -34,7 +37,10 @@ class RunnerRequestData:
         for i in new_rows:
             r = by_slot[slots[i]]
             tokens = r._all_token_ids if v2 else None
-            out.append(NewRequestData.from_request(r, rows.block_ids(i), tokens))
+            data = NewRequestData.from_request(
+                r, rows.block_ids(i), tokens, uses_mrope=self.uses_mrope
+            )
+            out.append(data)
         return out
 
     def add_unseen_token_ids(self, rows: StepRows, cached: CachedRequestData) -> None:

@@ -46,6 +46,7 @@ from vllm.v1.request import Request, RequestStatus
 from ironbatch import _core
 from ironbatch._core import VllmStepRows as StepRows
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
+from ironbatch.vllm.encoder_inputs import EncoderInputs
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
 from ironbatch.vllm.kv_events import KvEvents
 from ironbatch.vllm.kv_metrics import KvMetrics
@@ -57,13 +58,16 @@ from ironbatch.vllm.speculation import Speculation
 from ironbatch.vllm.step_outputs import (
     engine_core_outputs,
     outputs_by_client,
-    report_grammar_errors,
     report_rejected,
+    report_request_errors,
 )
 from ironbatch.vllm.structured_outputs import StructuredOutputs
 from ironbatch.vllm.support import unsupported_config, unsupported_request
 
 logger = logging.getLogger("ironbatch.vllm")
+
+
+_MM_SESSIONS = "multimodal inputs in a streaming session yet"
 
 
 class Scheduler(SchedulerInterface):
@@ -134,7 +138,7 @@ class Scheduler(SchedulerInterface):
         self.ec_connector = None
         # vLLM's engine checked the cache holds a max_model_len sequence;
         # its scheduler (and so the core) runs with whatever it was given.
-        self._core = core_scheduler(vllm_config, kv_cache_config, block_size)
+        self._core = core_scheduler(vllm_config, kv_cache_config, block_size, mm_registry)
         # What EngineCore reads of vLLM's KV-cache manager (group block sizes).
         self.kv_cache_manager = KVCacheManagerView(kv_cache_config, block_size, self._core)
         # KV-cache events for KV-aware routers (--kv-events-config).
@@ -149,7 +153,9 @@ class Scheduler(SchedulerInterface):
         self._take_kv_events = self._kv_events.enabled or self._kv_metrics.enabled
         self.requests: dict[str, Request] = {}  # unfinished, in arrival order
         self._mirror = RequestMirror(self._core, log_stats, vllm_config.num_hash_lookahead_tokens)
-        self._runner_data = RunnerRequestData(self._mirror, self.use_v2_model_runner)
+        self._runner_data = RunnerRequestData(
+            self._mirror, self.use_v2_model_runner, vllm_config.model_config.uses_mrope
+        )
         # vLLM's per-step objects, made by the core from its step: this
         # engine's classes and the shape of what its model runner is sent.
         self._objects = _core.VllmObjects(
@@ -173,6 +179,10 @@ class Scheduler(SchedulerInterface):
         self._rejected: list[tuple[Request, RequestError]] = []
         self._structured = StructuredOutputs(structured_output_manager, self.requests)
         self._speculation = Speculation(self._core, self.requests, self._structured)
+        # Images and audio (docs/scheduling.md §4.15): only a model with an
+        # encoder pays for their bookkeeping.
+        self._multimodal = self._core.has_encoder
+        self._encoder = EncoderInputs(self._core.core, self.requests, self.use_v2_model_runner)
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
             defaultdict(set) if include_finished_set else None
         )
@@ -183,23 +193,38 @@ class Scheduler(SchedulerInterface):
         rid = request.request_id
         existing = self.requests.get(rid)
         if existing is not None:
+            if request.mm_features:
+                # Not yet: images in a session's later chunk. The session
+                # ends with the reason rather than losing them silently.
+                self.finish_requests([rid], RequestStatus.FINISHED_ERROR)
+                self._reject(existing, "ironbatch.vllm.Scheduler does not support " + _MM_SESSIONS)
+                return
             add_session_chunk(self, existing, request)
             return
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED)
         why = unsupported_request(request)
         if why is not None:
-            request.status = RequestStatus.FINISHED_ERROR
-            message = f"ironbatch.vllm.Scheduler does not support {why} yet"
-            self._rejected.append((request, RequestError("validation_error", message)))
+            self._reject(request, f"ironbatch.vllm.Scheduler does not support {why} yet")
             return
-        slot = self._core_add(request)
+        try:
+            slot = self._core_add(request)
+        except ValueError as e:
+            # The core refused it (its fields do not fit together, e.g. an
+            # image past its prompt): it alone ends, with the core's reason.
+            self._reject(request, str(e))
+            return
         if request.resumable:
             request.streaming_queue = deque()  # its chunks not applied yet
         if request.use_structured_output:
             self._structured.track(request)
         self._mirror.add(request, slot)
         self.requests[rid] = request
+
+    def _reject(self, request: Request, message: str) -> None:
+        """End a request at admission with an error output."""
+        request.status = RequestStatus.FINISHED_ERROR
+        self._rejected.append((request, RequestError("validation_error", message)))
 
     def _core_add(self, request: Request) -> int:
         sp = request.sampling_params
@@ -219,6 +244,7 @@ class Scheduler(SchedulerInterface):
             report_hits=request.kv_cache_report_mode == "full",
             resumable=request.resumable,
             lora_request=request.lora_request,
+            mm_features=request.mm_features or None,
         )
 
     def has_request(self, request_id: str) -> bool:
@@ -258,6 +284,7 @@ class Scheduler(SchedulerInterface):
         rid = request.request_id
         del self.requests[rid]
         self._structured.forget(rid)
+        self._encoder.forget(rid)
         self._mirror.remove(rid)
         self._has_finished = True
         if self.finished_req_ids_dict is not None:
@@ -285,6 +312,14 @@ class Scheduler(SchedulerInterface):
             self._mirror_step(rows, output)
             if rows.new or rows.resumed:
                 output.scheduled_new_reqs.extend(self._runner_data.new(rows))
+        if self._multimodal:
+            self._encoder.mismatch.update(rows.step.encoder_mismatch)
+            output.encoder_input_updates = self._encoder.updates(
+                output.num_scheduled_tokens,
+                output.scheduled_new_reqs,
+                output.scheduled_encoder_inputs,
+                self._mirror.slot_of,
+            )
         if not self.use_v2_model_runner:
             self._runner_data.add_unseen_token_ids(rows, output.scheduled_cached_reqs)
         if self._take_kv_events:
@@ -316,6 +351,7 @@ class Scheduler(SchedulerInterface):
             if r is None or rid in self._reset_preempted:
                 continue
             self._mirror.preempted(r, now)
+            self._encoder.forget(rid)
         self._reset_preempted.clear()
 
     # -- update_from_output() -------------------------------------------------
@@ -356,8 +392,8 @@ class Scheduler(SchedulerInterface):
         if mro.num_nans_in_logits:
             self._note_nans(mro.num_nans_in_logits)
         outputs = outputs_by_client(self, update, mro)
-        if self._structured.errors:
-            report_grammar_errors(self, outputs)
+        if self._structured.errors or self._encoder.mismatch:
+            report_request_errors(self, outputs)
         if self._rejected:
             report_rejected(self, outputs)
         self._kv_events.publish()
@@ -452,6 +488,7 @@ class Scheduler(SchedulerInterface):
             now = time.monotonic()
             for r in reversed(running):
                 self._mirror.preempted(r, now)
+                self._encoder.forget(r.request_id)
                 self._reset_preempted.add(r.request_id)
             # Preempted and resumed in one step: the runner must reinstall them.
             self._runner_data.prev_step_req_ids.clear()
@@ -465,7 +502,7 @@ class Scheduler(SchedulerInterface):
         return done  # no connector to reset
 
     def reset_encoder_cache(self) -> None:
-        pass  # no encoder inputs here
+        self._core.core.reset_encoder_cache()
 
     def get_request_counts(self) -> tuple[int, int]:
         return self._core.request_counts()

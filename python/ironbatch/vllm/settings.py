@@ -11,13 +11,16 @@ from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from ironbatch.core_scheduler import CoreScheduler
 
 
-def core_scheduler(vllm_config: Any, kv_cache_config: Any, block_size: int) -> CoreScheduler:
+def core_scheduler(
+    vllm_config: Any, kv_cache_config: Any, block_size: int, mm_registry: Any
+) -> CoreScheduler:
     """The core scheduler vLLM's scheduler would be for this engine. vLLM's
     engine checked that the cache holds a ``max_model_len`` sequence; its
     scheduler (and so the core) runs with whatever it was given."""
     sc = vllm_config.scheduler_config
     spec = vllm_config.speculative_config
     lora = vllm_config.lora_config
+    compute_budget, cache_size = encoder_budget(vllm_config, mm_registry)
     return CoreScheduler(
         SchedulerConfig(
             max_model_len=vllm_config.model_config.max_model_len,
@@ -41,6 +44,10 @@ def core_scheduler(vllm_config: Any, kv_cache_config: Any, block_size: int) -> C
             num_hash_lookahead_tokens=vllm_config.num_hash_lookahead_tokens,
             num_draft_slots=0 if spec is None else spec.max_num_new_slots_for_drafting,
             max_loras=None if lora is None else lora.max_loras,
+            encoder_compute_budget=compute_budget,
+            encoder_cache_size=cache_size,
+            disable_chunked_mm_input=sc.disable_chunked_mm_input,
+            drafter_read_ahead=vllm_config.num_prefill_lookahead_tokens if compute_budget else 0,
         ),
         CacheConfig(
             num_blocks=kv_cache_config.num_blocks,
@@ -52,6 +59,22 @@ def core_scheduler(vllm_config: Any, kv_cache_config: Any, block_size: int) -> C
             sparse_retention=kv_cache_config.prefix_cache_retention_interval is not None,
         ),
     )
+
+
+def encoder_budget(vllm_config: Any, mm_registry: Any) -> tuple[int | None, int | None]:
+    """The encoder's compute budget and cache size, in embeddings, as vLLM's
+    scheduler takes them from the model's processor (``MultiModalBudget``);
+    (None, None) for a text model, or a multimodal one with every modality
+    turned off (vLLM's budget is then 0: no request carries an image)."""
+    if not vllm_config.model_config.supports_multimodal_inputs:
+        return None, None
+    # Looked up where vLLM's scheduler looks it up, so both read one budget.
+    from vllm.v1.core.sched import scheduler as vllm_scheduler
+
+    budget = vllm_scheduler.MultiModalBudget(vllm_config, mm_registry)
+    if budget.encoder_compute_budget == 0:
+        return None, None
+    return budget.encoder_compute_budget, budget.encoder_cache_size
 
 
 def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGroup, ...] | None:

@@ -98,11 +98,14 @@ def _complete(
         attach_logprobs(out, r, mro, len(out.new_token_ids))
 
 
-def report_grammar_errors(s: Scheduler, outputs: dict[int, list[EngineCoreOutput]]) -> None:
-    """End the requests whose grammar failed to compile, after the
-    step's outputs, in vLLM's order (a set's)."""
+def report_request_errors(s: Scheduler, outputs: dict[int, list[EngineCoreOutput]]) -> None:
+    """End the requests whose grammar failed to compile or whose image came
+    back under a cached identifier with other content, after the step's
+    outputs, in vLLM's order (a set's)."""
     errors = s._structured.take_errors()
-    for r in s.finish_requests(set(errors), RequestStatus.FINISHED_ERROR):
+    ids = set(errors) | s._encoder.mismatch
+    s._encoder.mismatch.clear()
+    for r in s.finish_requests(ids, RequestStatus.FINISHED_ERROR):
         outputs[r.client_index].append(error_output(r, errors.get(r.request_id)))
 
 

@@ -87,11 +87,16 @@ def unsupported_config(
             pc.decode_context_parallel_size > 1 or pc.prefill_context_parallel_size > 1,
             "context parallelism",
         ),
-        # A multimodal model with every modality turned off (a prompt limit
-        # of 0, --language-model-only) is scheduled as text: vLLM gives it no
-        # encoder budget and no request an encoder input.
-        (mc.supports_multimodal_inputs, "multimodal inputs"),
+        # Images and audio run through the core's encoder budget and cache
+        # (docs/scheduling.md §4.15); a multimodal model with every modality
+        # off is scheduled as text. Not yet: cross-attention models (Whisper)
+        # and encoder-only deployments, whose rules differ.
         (mc.is_encoder_decoder, "an encoder-decoder model"),
+        (c.is_mm_encoder_only, "an encoder-only multimodal deployment (mm_encoder_only)"),
+        (
+            mc.supports_multimodal_inputs and c.num_prefill_lookahead_tokens > 1,
+            "multimodal inputs with multi-module MTP",
+        ),
         (mc.runner_type != "generate" or mc.is_diffusion, f"the {mc.runner_type!r} runner"),
         (bool(mc.enable_prompt_embeds), "prompt embeddings"),
         (bool(mc.return_sampling_mask), "sampling masks"),
@@ -131,7 +136,10 @@ def unsupported_request(request: Any) -> str | None:
     sp = request.sampling_params
     checks: list[tuple[bool, str]] = [
         (sp is None or request.pooling_params is not None, "pooling"),
-        (bool(request.mm_features), "multimodal inputs"),
         (request.prompt_embeds is not None, "prompt embeddings"),
+        (
+            request.resumable and bool(request.mm_features),
+            "multimodal inputs in a streaming session",
+        ),
     ]
     return next((why for bad, why in checks if bad), None)
