@@ -10,7 +10,7 @@ README shows how):
 
     python benches/compare_vllm.py [--steps 100] [--turn 1] [--async-scheduling]
                                    [--workloads decode-256,...] [--no-twin]
-                                   [--spec ngram | --layout gpt-oss | --lora]
+                                   [--spec ngram | --layout gpt-oss | --lora | --vision]
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def main() -> int:
         "kv-events-64, kv-events-256 (KV-cache events published), ngram3-64, ngram3-256, "
         "ngram5-64, ngram5-256 (n-gram speculative decoding, k drafts a step), gpt-oss-64, "
         "gpt-oss-256 (a sliding-window group beside full attention, 4k-token contexts), "
-        "lora-64, lora-256 (8 adapters, max_loras 4: half the requests run, half wait)",
+        "lora-64, lora-256 (8 adapters, max_loras 4: half the requests run, half wait), "
+        "vision-64, vision-256 (1 to 3 images a request, requests arriving and finishing)",
     )
     ap.add_argument(
         "--spec",
@@ -56,6 +57,11 @@ def main() -> int:
         action="store_true",
         help="time LoRA (8 adapters, max_loras 4) at 64 and 256 running requests",
     )
+    ap.add_argument(
+        "--vision",
+        action="store_true",
+        help="time a vision model (1 to 3 images a request) at 64 and 256 running requests",
+    )
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--turn", type=int, default=1)
     ap.add_argument("--no-twin", action="store_true", help="skip the (slow) Python twin")
@@ -71,6 +77,8 @@ def main() -> int:
         a.workloads = "decode-256,gpt-oss-64,gpt-oss-256"
     if a.lora:
         a.workloads = "decode-256,lora-64,lora-256"
+    if a.vision:
+        a.workloads = "decode-256,vision-64,vision-256"
     asy = a.async_scheduling
     drivers = [
         lambda w: IronbatchDriver(w, "rust", asy),

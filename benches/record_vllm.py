@@ -20,7 +20,7 @@ vLLM's LoRA config (max_loras 1 to 4) and most requests under one of up to
 config).
 
     python benches/record_vllm.py OUTDIR --seeds 100-119 [--big]
-        [--spec METHOD [--k K] | --layout LAYOUT] [--lora]
+        [--spec METHOD [--k K] | --layout LAYOUT] [--lora] [--images]
 """
 
 from __future__ import annotations
@@ -200,6 +200,7 @@ def record(
     method: str = "ngram",
     layout: str | None = None,
     lora: bool = False,
+    images: bool = False,
 ) -> list[dict[str, Any]]:
     """The trace of ``seed``: its header, then one line per step. ``layout``
     (one of LAYOUTS, or ``mixed``): a hybrid KV cache, its window drawn per
@@ -241,6 +242,16 @@ def record(
         cfg["max_loras"] = lora_rng.randint(1, 4)
         adapters = lora_rng.randint(cfg["max_loras"] + 1, 8)
         extras["lora_config"] = LoRAConfig(max_loras=cfg["max_loras"], max_lora_rank=8)
+    image_rng = random.Random(f"ironbatch-record-images-{seed}")
+    if images:
+        # A vision model (a tiny Qwen2.5-VL); its encoder budget and cache,
+        # as its processor would give them, drawn per seed and written only
+        # for image traces, so other traces stay as they were.
+        cfg["encoder_compute_budget"] = image_rng.choice([16, 32, 64])
+        cfg["encoder_cache_size"] = cfg["encoder_compute_budget"] * image_rng.choice([1, 2])
+        extras.update(
+            target="vision", mm_budget=(cfg["encoder_compute_budget"], cfg["encoder_cache_size"])
+        )
     sched = vs.build(cfg, **extras, **hybrid)
     vc = sched.vllm_config
     if sched.block_size != cfg["block_size"]:
@@ -279,6 +290,8 @@ def record(
                 "lora_name": f"adapter-{i}",
                 "lora_path": f"/adapters/{i}",
             }
+    if images:
+        place_images(image_rng, reqs, cfg)
     by_id = {r["request_id"]: r for r in reqs}
     # EngineCore's block hasher covers this many tokens after each block.
     hash_lookahead = vc.num_hash_lookahead_tokens
@@ -315,6 +328,11 @@ def record(
             line["abort"].append(victim)
         so = sched.schedule()
         line["schedule"] = decisions(sched, so, per_group=bool(hybrid))
+        if images:  # vLLM's dict: request id -> the images it encodes
+            line["schedule"]["encoder_inputs"] = [
+                [rid, list(ids)] for rid, ids in so.scheduled_encoder_inputs.items()
+            ]
+            line["schedule"]["free_encoder_mm_hashes"] = list(so.free_encoder_mm_hashes)
         if spec is not None:  # vLLM's dict, in scheduling order
             scheduled_drafts = so.scheduled_spec_decode_tokens
             line["schedule"]["spec_tokens"] = [
@@ -427,6 +445,33 @@ def propose(
     return given
 
 
+def place_images(rng: random.Random, reqs: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
+    """Up to three images in most requests' prompts (their placeholders
+    overwrite prompt tokens), from a pool of up to six identifiers, so that
+    requests share images; each image from one token to as long as the
+    encoder can ever take, and short enough for the prompts."""
+    most = min(cfg["encoder_compute_budget"], cfg["encoder_cache_size"], 48)
+    bs = cfg["block_size"]
+    pool = [
+        (f"img-{i}", max(1, min(most, rng.choice([1, bs, bs + 3, most, rng.randint(1, most)]))))
+        for i in range(rng.randint(2, 6))
+    ]
+    for r in reqs:
+        prompt, features, pos = r["prompt_token_ids"], [], rng.randint(0, 4)
+        for _ in range(rng.choice([0, 1, 2, 2, 3])):
+            identifier, length = rng.choice(pool)
+            if pos + length >= len(prompt):
+                break
+            prompt[pos : pos + length] = [IMAGE_TOKEN] * length
+            features.append({"offset": pos, "length": length, "identifier": identifier})
+            pos += length + rng.randint(0, 8)
+        if features:
+            r["mm_features"] = features
+
+
+IMAGE_TOKEN = 5  # an image's placeholder token (the scheduler never reads it)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir", type=Path)
@@ -453,7 +498,15 @@ def main() -> int:
         action="store_true",
         help="LoRA on (max_loras 1-4 drawn per seed), most requests under one of up to 8 adapters",
     )
+    ap.add_argument(
+        "--images",
+        action="store_true",
+        help="a vision model (its encoder budget and cache drawn per seed), most requests with"
+        " up to three images from a shared pool",
+    )
     a = ap.parse_args()
+    if a.images and (a.spec or a.layout or a.lora):
+        ap.error("--images records a plain vision model: not with --spec, --layout or --lora")
     if a.k is not None and (a.spec is None or a.k < 1):
         ap.error("--k needs --spec and must be at least 1")
     if a.layout and a.spec:
@@ -464,7 +517,13 @@ def main() -> int:
         k = (a.k or draw_num_speculative_tokens(seed)) if a.spec else 0
         method = draw_method(seed) if a.spec == "mixed" else a.spec or "ngram"
         lines = record(
-            seed, a.big, num_speculative_tokens=k, method=method, layout=a.layout, lora=a.lora
+            seed,
+            a.big,
+            num_speculative_tokens=k,
+            method=method,
+            layout=a.layout,
+            lora=a.lora,
+            images=a.images,
         )
         path = a.outdir / f"{a.prefix}-{seed:04d}.jsonl"
         path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))

@@ -32,13 +32,19 @@ DATA = Path(__file__).parent / "data"
 # (--lora: max_loras 1-4, up to 8 adapters), seeds 1000, 1002, 1005, 1008,
 # 1009, 1010, 1011, 1013, 1016 and 1019, each chosen because its replay
 # changes without the cap and without the adapters (tested below), and one
-# --big, gzipped (1101).
+# --big, gzipped (1101); recorded-images/: 11 of a vision model (--images:
+# its encoder budget 16-64 and cache 1-2 times that, up to three images a
+# request from a shared pool), seeds 1201, 1202, 1204, 1205, 1206, 1210,
+# 1217, 1222, 1223 and 1225, each chosen because its replay changes without
+# the images and without the encoder's limits (tested below), and one --big,
+# gzipped (1301).
 TRACES = sorted((DATA / "traces").glob("*.jsonl"))
 RECORDED = sorted((DATA / "recorded").glob("*.jsonl"))
 SPEC = sorted((DATA / "recorded-spec").glob("*.jsonl*"))
 HYBRID = sorted((DATA / "recorded-hybrid").glob("*.jsonl*"))
 LORA = sorted((DATA / "recorded-lora").glob("*.jsonl*"))
-ALL = TRACES + RECORDED + SPEC + HYBRID + LORA
+IMAGES = sorted((DATA / "recorded-images").glob("*.jsonl*"))
+ALL = TRACES + RECORDED + SPEC + HYBRID + LORA + IMAGES
 
 
 def test_the_traces_are_there() -> None:
@@ -47,6 +53,7 @@ def test_the_traces_are_there() -> None:
     assert len(SPEC) == 39
     assert len(HYBRID) == 17
     assert len(LORA) == 11
+    assert len(IMAGES) == 11
 
 
 def _lines(path: Path) -> list[str]:
@@ -194,6 +201,63 @@ def test_a_lora_trace_needs_the_cap_and_the_adapters(
         assert not replay(out, backend=backend, level="blocks").identical, (i, path.name)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("path", IMAGES, ids=[p.name.split(".")[0] for p in IMAGES])
+def test_an_image_trace_needs_the_images_and_the_encoder_limits(
+    tmp_path: Path, path: Path, backend: str
+) -> None:
+    """Each image trace replays identical at block level only with vLLM's
+    encoder rules: without its images (no cuts before them, no image keys
+    in the hashes) or without the encoder's limits (no budget or cache
+    cuts), the blocks scheduled differ from what vLLM recorded. The
+    recorded encoder inputs are left out, so only the blocks can tell."""
+    lines = _lines(path)
+    header, steps = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
+    for step in steps:
+        del step["schedule"]["encoder_inputs"], step["schedule"]["free_encoder_mm_hashes"]
+    text = copy.deepcopy(header)
+    del text["config"]["encoder_compute_budget"], text["config"]["encoder_cache_size"]
+    no_images = copy.deepcopy(steps)
+    for step in no_images:
+        for added in step["add"]:
+            added.pop("mm_features", None)
+    unlimited = copy.deepcopy(header)
+    unlimited["config"]["encoder_compute_budget"] = 10**6
+    unlimited["config"]["encoder_cache_size"] = 10**6
+    for i, (h, s) in enumerate(((header, steps), (text, no_images), (unlimited, steps))):
+        out = tmp_path / f"changed-{i}.jsonl"
+        out.write_text("\n".join(json.dumps(x) for x in [h, *s]) + "\n")
+        identical = replay(out, backend=backend, level="blocks").identical
+        assert identical == (i == 0), (i, path.name)
+
+
+@pytest.mark.parametrize(
+    ("features", "match"),
+    [
+        ("img", "mm_features must be a list or null, got str"),
+        ([{"offset": 0, "length": 4}], r"mm_features\[0\] needs identifier"),
+        ([{"offset": -1, "length": 4, "identifier": "a"}], "offset must be >= 0, got -1"),
+        ([{"offset": 0, "length": 9999, "identifier": "a"}], "ends past the prompt"),
+    ],
+)
+def test_a_bad_image_names_its_line(tmp_path: Path, features: object, match: str) -> None:
+    out, line = _first_request_with(IMAGES[0], "mm_features", features, tmp_path)
+    with pytest.raises(TraceError, match=rf"{out.name}: line {line}: .*{match}"):
+        replay(out)
+
+
+def _first_request_with(trace: Path, key: str, value: object, tmp_path: Path) -> tuple[Path, int]:
+    """A copy of ``trace`` whose first added request has ``key`` set to
+    ``value``, and the line that request is on."""
+    lines = _lines(trace)
+    steps = [json.loads(x) for x in lines[1:]]
+    first = next(i for i, s in enumerate(steps) if s["add"])
+    steps[first]["add"][0][key] = value
+    out = tmp_path / f"bad-{key}.jsonl"
+    out.write_text("\n".join([lines[0], *(json.dumps(s) for s in steps)]) + "\n")
+    return out, first + 2
+
+
 @pytest.mark.parametrize(
     ("lora", "match"),
     [
@@ -204,11 +268,6 @@ def test_a_lora_trace_needs_the_cap_and_the_adapters(
     ],
 )
 def test_a_bad_lora_request_names_its_line(tmp_path: Path, lora: object, match: str) -> None:
-    lines = _lines(LORA[0])
-    steps = [json.loads(x) for x in lines[1:]]
-    first = next(i for i, s in enumerate(steps) if s["add"])
-    steps[first]["add"][0]["lora_request"] = lora
-    out = tmp_path / "bad-lora.jsonl"
-    out.write_text("\n".join([lines[0], *(json.dumps(s) for s in steps)]) + "\n")
-    with pytest.raises(TraceError, match=rf"bad-lora.jsonl: line {first + 2}: .*{match}"):
+    out, line = _first_request_with(LORA[0], "lora_request", lora, tmp_path)
+    with pytest.raises(TraceError, match=rf"{out.name}: line {line}: .*{match}"):
         replay(out)

@@ -28,9 +28,12 @@ import numpy as np
 
 from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from ironbatch.lora import LoRARequest
+from ironbatch.multimodal import MultimodalInput
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
+
+TOKEN = 5
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,12 @@ class Workload:
     # max_loras of them in a step's batch; the rest wait, skipped each step.
     lora_adapters: int = 0
     max_loras: int | None = None
+    # Images: request i carries 1 + i % images_per_request of them (0: none),
+    # each `image_tokens` placeholders; every fourth request's first image is
+    # one shared by all of those (the encoder cache serves it). The encoder's
+    # budget and cache are vLLM's defaults: max_num_batched_tokens each.
+    images_per_request: int = 0
+    image_tokens: int = 128
 
     @property
     def num_groups(self) -> int:
@@ -81,10 +90,33 @@ class Workload:
         window = KVCacheGroup(kind="sliding_window", size=self.window, admission_cap_blocks=cap)
         return (window, KVCacheGroup(kind="full"))
 
+    @property
+    def encoder_budget(self) -> int | None:
+        """The encoder's compute budget and cache size (None: text)."""
+        return self.max_num_batched_tokens if self.images_per_request else None
+
+    def images(self, i: int) -> list[MultimodalInput]:
+        """Request i's images, spread over its prompt."""
+        if not self.images_per_request:
+            return []
+        n = 1 + i % self.images_per_request
+        gap = self.prompt_len // n
+        return [
+            MultimodalInput(
+                k * gap + 8,
+                self.image_tokens,
+                "shared" if k == 0 and i % 4 == 0 else f"img-{i}-{k}",
+            )
+            for k in range(n)
+        ]
+
     def request(self, i: int) -> Request:
         # Distinct prompts (no prefix sharing): the cost of the scheduling
         # itself, not of cache hits.
         prompt = [(i * 7919 + k) % 30000 + 3 for k in range(self.prompt_len)]
+        images = self.images(i)
+        for m in images:
+            prompt[m.offset : m.offset + m.length] = [TOKEN] * m.length
         adapter = i % self.lora_adapters + 1 if self.lora_adapters else None
         return Request(
             f"req-{i}",
@@ -95,6 +127,7 @@ class Workload:
             lora_request=None
             if adapter is None
             else LoRARequest(f"adapter-{adapter}", adapter, f"/adapters/{adapter}"),
+            mm_features=images or None,
         )
 
 
@@ -124,10 +157,25 @@ WORKLOADS = {
         # half wait and are skipped by every step's waiting pass.
         Workload("lora-64", 64, 2048, 128, 32, lora_adapters=8, max_loras=4),
         Workload("lora-256", 256, 2048, 512, 32, lora_adapters=8, max_loras=4),
+        # A vision model: 1 to 3 images of 128 placeholders per 512-token
+        # prompt, requests arriving and finishing, so every step encodes
+        # some, cuts chunks before others and frees the cache.
+        *(
+            Workload(
+                f"vision-{n}",
+                n,
+                2048,
+                n * 7 // 8,
+                512,
+                arrivals_per_step=n // 64,
+                max_tokens=64,
+                max_model_len=2048,
+                images_per_request=3,
+            )
+            for n in (64, 256)
+        ),
     ]
 }
-
-TOKEN = 5
 
 
 class Driver(Protocol):
@@ -203,6 +251,8 @@ class IronbatchDriver(TimedDriver):
                 max_num_batched_tokens=workload.max_num_batched_tokens,
                 async_scheduling=async_scheduling,
                 max_loras=workload.max_loras,
+                encoder_compute_budget=workload.encoder_budget,
+                encoder_cache_size=workload.encoder_budget,
             ),
             CacheConfig(
                 num_blocks=workload.num_blocks,

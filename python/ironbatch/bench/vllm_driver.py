@@ -18,6 +18,7 @@ import torch  # noqa: E402
 import vllm  # noqa: E402
 from vllm.config import KVEventsConfig, LoRAConfig, SpeculativeConfig  # noqa: E402
 from vllm.lora.request import LoRARequest as VllmLoRARequest  # noqa: E402
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
 from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
@@ -109,6 +110,25 @@ def request(d: dict[str, Any], block_size: int, hash_lookahead_tokens: int = 0) 
         priority=d.get("priority", 0),
         structured_outputs=d.get("structured_outputs"),
         lora_request=vllm_lora(d["lora_request"]) if d.get("lora_request") else None,
+        mm_features=[vllm_feature(m) for m in d.get("mm_features") or ()],
+    )
+
+
+def vllm_feature(m: Any) -> MultiModalFeatureSpec:
+    """vLLM's MultiModalFeatureSpec for an image given by offset, length,
+    identifier and optional is_embed (ironbatch's MultimodalInput, or a
+    trace's dict of those keys)."""
+    get = m.get if isinstance(m, dict) else lambda k, default=None: getattr(m, k, default)
+    mask = get("is_embed")
+    return MultiModalFeatureSpec(
+        data=None,
+        modality="image",
+        identifier=get("identifier"),
+        mm_position=PlaceholderRange(
+            offset=get("offset"),
+            length=get("length"),
+            is_embed=None if mask is None else torch.tensor(list(mask)),
+        ),
     )
 
 
@@ -185,6 +205,8 @@ class VllmDriver(TimedDriver):
             extras.update(kv_layout=workload.kv_layout, window=workload.window)
         if workload.max_loras is not None:
             extras["lora_config"] = LoRAConfig(max_loras=workload.max_loras, max_lora_rank=8)
+        if workload.encoder_budget is not None:
+            extras.update(target="vision", mm_budget=(workload.encoder_budget,) * 2)
         if workload.kv_events:  # published to a null publisher: the work, not the socket
             extras["kv_events_config"] = KVEventsConfig(
                 enable_kv_cache_events=True, publisher="null"
@@ -225,6 +247,7 @@ class VllmDriver(TimedDriver):
                 "priority": r.priority,
                 "structured_outputs": JSON_SCHEMA if structured else None,
                 "lora_request": r.lora_request,
+                "mm_features": r.mm_features,
             },
             self.bs,
         )

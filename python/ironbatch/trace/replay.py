@@ -11,6 +11,7 @@ from typing import Any
 
 from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from ironbatch.lora import LoRARequest
+from ironbatch.multimodal import MultimodalInput
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
@@ -58,6 +59,12 @@ class ReplayResult:
         )
 
 
+# In an image trace's "schedule": the images each request encodes, and the
+# encoder-cache entries evicted since the previous step.
+ENCODER_INPUTS = "encoder_inputs"
+FREED_IMAGES = "free_encoder_mm_hashes"
+
+
 def build_scheduler(config: dict[str, Any], backend: str) -> Scheduler:
     return Scheduler(
         SchedulerConfig(
@@ -76,6 +83,10 @@ def build_scheduler(config: dict[str, Any], backend: str) -> Scheduler:
             num_draft_slots=config.get("num_draft_slots", 0),
             # Optional: only LoRA traces cap adapters.
             max_loras=config.get("max_loras"),
+            # Optional: only image traces have an encoder.
+            encoder_compute_budget=config.get("encoder_compute_budget"),
+            encoder_cache_size=config.get("encoder_cache_size"),
+            disable_chunked_mm_input=config.get("disable_chunked_mm_input", False),
         ),
         CacheConfig(
             num_blocks=config["num_blocks"],
@@ -94,15 +105,11 @@ def kv_cache_groups(config: dict[str, Any]) -> tuple[KVCacheGroup, ...] | None:
     """The config's ``kv_cache_groups`` as the scheduler takes them; None
     (one full-attention group) when the key is missing. Keys a group object
     does not define are ignored, as everywhere in the format."""
-    groups = config.get("kv_cache_groups")
+    groups = objects("kv_cache_groups", config.get("kv_cache_groups"))
     if groups is None:
         return None
-    if not isinstance(groups, list):
-        raise TypeError(f"kv_cache_groups must be a list, got {type(groups).__name__}")
     out = []
-    for i, g in enumerate(groups):
-        if not isinstance(g, dict):
-            raise TypeError(f"kv_cache_groups[{i}] must be an object, got {type(g).__name__}")
+    for g in groups:
         out.append(
             KVCacheGroup(
                 kind=g["kind"],
@@ -146,7 +153,37 @@ def trace_request(d: dict[str, Any]) -> Request:
         arrival_time=d.get("arrival_time", 0.0),
         cache_salt=d.get("cache_salt"),
         lora_request=lora_request(d.get("lora_request")),
+        mm_features=mm_features(d.get("mm_features")),
     )
+
+
+def objects(name: str, value: Any) -> list[dict[str, Any]] | None:
+    """``value`` checked as a list of objects (null: None), its items named
+    ``name[i]`` in the error."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise TypeError(f"{name} must be a list or null, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise TypeError(f"{name}[{i}] must be an object, got {type(item).__name__}")
+    return value
+
+
+def mm_features(items: Any) -> list[MultimodalInput] | None:
+    """A request object's ``mm_features`` (a list of objects with
+    ``offset``, ``length``, ``identifier`` and optional ``is_embed``, or
+    null) as the scheduler takes them."""
+    features = objects("mm_features", items)
+    if features is None:
+        return None
+    out = []
+    for i, m in enumerate(features):
+        missing = [k for k in ("offset", "length", "identifier") if k not in m]
+        if missing:
+            raise KeyError(f"mm_features[{i}] needs {', '.join(missing)}")
+        out.append(MultimodalInput(m["offset"], m["length"], m["identifier"], m.get("is_embed")))
+    return out
 
 
 def lora_request(d: Any) -> LoRARequest | None:
@@ -242,6 +279,12 @@ def _replay_step(
         return differs("finished", want["finished"], sorted(out.finished_req_ids))
     if SPEC_TOKENS in want and (spec := scheduled_spec_tokens(out)) != want[SPEC_TOKENS]:
         return differs(SPEC_TOKENS, want[SPEC_TOKENS], spec)
+    if ENCODER_INPUTS in want:
+        encoded = [[rid, ids] for rid, ids in out.scheduled_encoder_inputs.items()]
+        if encoded != want[ENCODER_INPUTS]:
+            return differs(ENCODER_INPUTS, want[ENCODER_INPUTS], encoded)
+        if out.free_encoder_mm_hashes != want[FREED_IMAGES]:
+            return differs(FREED_IMAGES, want[FREED_IMAGES], out.free_encoder_mm_hashes)
     updates = sched.update_from_output(out, {rid: toks for rid, toks in rec["sampled"]})
     got_outputs = [[u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason] for u in updates]
     if got_outputs != rec["outputs"]:

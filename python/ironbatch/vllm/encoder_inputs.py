@@ -8,6 +8,7 @@ with multimodal inputs cost anything here."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from vllm.v1.core.sched.output import NewRequestData
@@ -49,20 +50,22 @@ class EncoderInputs:
         if not self.use_v2_model_runner:
             return {}
         for new in new_reqs:
+            # (Re)installed: the worker holds the items sent with their data.
             if new.mm_features:
                 self.pending[new.req_id] = {
                     i for i, f in enumerate(new.mm_features) if _sendable(f.data)
                 }
         if not self.pending:
             return {}
+        # Only a request that encodes this step or whose worker holds items
+        # can get an update; a step scheduled 256 of them without news.
+        held = (r for r, p in self.pending.items() if p and r not in scheduled)
         updates: dict[str, dict[int, Any]] = {}
-        for rid in num_scheduled_tokens:
+        for rid in itertools.chain(scheduled, held):
             pending = self.pending.get(rid)
-            if pending is None:
+            if pending is None or rid not in num_scheduled_tokens:
                 continue
             encoding = scheduled.get(rid, ())
-            if not pending and not encoding:
-                continue
             features = self.requests[rid].mm_features
             for i in encoding:
                 data = features[i].data
