@@ -6,8 +6,9 @@
 //! written down in docs/scheduling.md; docs/architecture.md maps the parts.
 //!
 //! The core is plain Rust: no Python, no clock, no model. The PyO3 bindings
-//! live in [`python`] behind the `python` feature, so `cargo test` runs
-//! without an interpreter.
+//! live in the `python` module, behind the `python` feature (so the docs
+//! built without it do not link there), and `cargo test` runs without an
+//! interpreter.
 
 pub mod attention_group;
 pub mod block;
