@@ -371,6 +371,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.pair = SchedulerPair(**self.config)
         self.live: list[str] = []
         self.next_id = 0
+        # Images from a pool, where the config has an encoder; elsewhere a
+        # request with one is refused, alike by both.
+        budget = self.config.get("encoder_compute_budget")
+        self.images = image_pool(self.rng, self.config) if budget else []
 
     @rule(
         plen=st.integers(1, 200),
@@ -379,9 +383,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         priority=st.integers(0, 2),
         ignore_eos=st.booleans(),
         adapter=st.integers(0, 6),  # 0: the base model
+        with_images=st.booleans(),
     )
     def add(
-        self, plen: int, shared: int, max_tokens: int, priority: int, ignore_eos: bool, adapter: int
+        self,
+        plen: int,
+        shared: int,
+        max_tokens: int,
+        priority: int,
+        ignore_eos: bool,
+        adapter: int,
+        with_images: bool,
     ) -> None:
         plen = min(plen, self.config["max_model_len"])  # == max_model_len is refused alike
         base = [(5 * i) % 31 + 3 for i in range(plen)]
@@ -390,6 +402,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         ]
         rid = f"h{self.next_id}"
         self.next_id += 1
+        pool = self.images or [MultimodalInput(0, 4, "no-encoder")]
+        images = place_images(self.rng, pool, tokens) if with_images else []
         if self.pair.add(
             rid,
             tokens,
@@ -398,6 +412,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             ignore_eos=ignore_eos,
             arrival=float(self.next_id // 2),
             lora=adapter or None,
+            images=images,
         ):
             self.live.append(rid)
 
