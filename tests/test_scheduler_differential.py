@@ -135,9 +135,11 @@ def image_pool(rng: random.Random, config: dict) -> list[MultimodalInput]:
     most = min(config["encoder_compute_budget"], config["encoder_cache_size"])
     if config["disable_chunked_mm_input"]:
         # What one step gives a request: its token budget, its input budget
-        # less a drafter's slots.
+        # less a drafter's slots; less one with a drafter's read-ahead, which
+        # stops a chunk a token before an image it cannot cover (vLLM too).
         room = config["max_num_batched_tokens"] - config["num_draft_slots"]
-        most = min(most, room, config["max_num_scheduled_tokens"] or room)
+        room = min(room, config["max_num_scheduled_tokens"] or room)
+        most = min(most, room - config["drafter_read_ahead"])
     bs = config["block_size"]
     pool = []
     for i in range(rng.randint(1, 8)):

@@ -385,13 +385,15 @@ IMAGE = 5  # the placeholder token (the scheduler never reads its value)
 
 
 def step_room(pair: VllmPair) -> int:
-    """The most tokens one request can get in a step: the token budget, and
-    the input budget less a drafter's slots."""
+    """The most tokens an unchunked image can take in a step: the token
+    budget, and the input budget less a drafter's slots; less one more with
+    an EAGLE-style drafter, whose read-ahead stops a chunk a token before an
+    image it cannot cover, which then needs its length plus that token."""
     vc = pair.vllm.vllm_config
     sc, spec = vc.scheduler_config, vc.speculative_config
     slots = 0 if spec is None else spec.max_num_new_slots_for_drafting
     scheduled = sc.max_num_scheduled_tokens or sc.max_num_batched_tokens
-    return min(scheduled, sc.max_num_batched_tokens - slots)
+    return min(scheduled, sc.max_num_batched_tokens - slots) - vc.num_prefill_lookahead_tokens
 
 
 def image_pool(
