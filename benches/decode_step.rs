@@ -64,6 +64,7 @@ fn request(i: usize) -> NewRequest {
         cache_salt: None,
         lora: None,
         mm_inputs: Vec::new(),
+        prompt_embeds_digests: None,
         skip_reading_prefix_cache: false,
         structured_output: false,
         report_hits: false,

@@ -61,9 +61,11 @@ def req(
     resumable: bool = False,
     lora: int | None = None,
     images: Sequence[MultimodalInput] = (),
+    prompt_embeds: Any = None,
 ) -> Request:
     """A request; ``lora`` is an adapter's id (its name and path follow from
-    it); ``images`` its multimodal inputs."""
+    it); ``images`` its multimodal inputs; ``prompt_embeds`` its prompt as
+    embeddings."""
     return Request(
         rid,
         list(tokens),
@@ -82,6 +84,7 @@ def req(
         resumable=resumable,
         lora_request=None if lora is None else LoRARequest(f"adapter-{lora}", lora, f"/a/{lora}"),
         mm_features=list(images) or None,
+        prompt_embeds=prompt_embeds,
     )
 
 

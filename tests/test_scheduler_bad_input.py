@@ -11,6 +11,7 @@ import pytest
 from ironbatch import (
     CacheConfig,
     LoRARequest,
+    MultimodalInput,
     Request,
     SamplingParams,
     Scheduler,
@@ -47,6 +48,11 @@ def unchanged(s: Scheduler, call: Any, exc: type, match: str) -> None:
         (lambda: req("a", [1, 2]), ValueError, "already"),
         (lambda: req("x", range(64)), ValueError, "max_model_len"),
         (lambda: req("x", range(1000)), ValueError, "max_model_len"),
+        (
+            lambda: req("x", range(8), images=[MultimodalInput(0, 4, "img")]),
+            ValueError,
+            r'mm_features of request "x": this scheduler has no encoder',
+        ),
     ],
 )
 def test_add_request_rejections(busy: Scheduler, make_request: Any, exc: type, match: str) -> None:
@@ -80,11 +86,61 @@ def test_add_request_rejections(busy: Scheduler, make_request: Any, exc: type, m
         (lambda: LoRARequest("a", "1", "/a"), TypeError, "lora_int_id must be an int"),
         (lambda: LoRARequest(7, 1, "/a"), TypeError, "lora_name must be a str"),
         (lambda: LoRARequest("a", 1, None), TypeError, "lora_path must be a str"),
+        (lambda: MultimodalInput(0, 0, "a"), ValueError, r"MultimodalInput.length must be >= 1"),
+        (lambda: MultimodalInput(-1, 2, "a"), ValueError, r"MultimodalInput.offset must be >= 0"),
+        (lambda: MultimodalInput(0, 2.0, "a"), TypeError, r"MultimodalInput.length must be an int"),
+        (lambda: MultimodalInput(0, 2, 7), TypeError, "identifier"),
+        (lambda: MultimodalInput(0, 2, "a", [True]), ValueError, r"is_embed has 1 entries"),
+        (lambda: Request("x", [1], mm_features="img"), TypeError, "mm_features must be a list"),
+        (lambda: Request("x", [1], mm_features=[3]), TypeError, r"mm_features\[0\].offset"),
+        (
+            lambda: Request("x", [0, 0], prompt_embeds=np.full((2, 4), np.nan)),
+            ValueError,
+            "prompt_embeds must be finite",
+        ),
+        (
+            lambda: Request("x", [0, 0], prompt_embeds=np.zeros((3, 4))),
+            ValueError,
+            "prompt_embeds has 3 rows; the prompt has 2 positions",
+        ),
+        (lambda: Request("x", [0, 0], prompt_embeds=[0.5, 1.0]), TypeError, "2-D"),
     ],
 )
 def test_bad_requests_are_refused_before_the_scheduler(build: Any, exc: type, match: str) -> None:
     with pytest.raises(exc, match=match):
         build()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("images", "match"),
+    [
+        ([MultimodalInput(6, 4, "a")], r'mm_features\[0\] of request "x": .* past the prompt'),
+        (
+            [MultimodalInput(0, 4, "a"), MultimodalInput(2, 2, "b")],
+            r"mm_features\[1\] .* must not be before the end of mm_features\[0\]",
+        ),
+        (
+            [MultimodalInput(0, 4, "a"), MultimodalInput(5, 2, "a")],
+            r'identifier "a" takes 2 embeddings here but 4',
+        ),
+    ],
+)
+def test_images_that_do_not_fit_the_prompt_are_refused_and_change_nothing(
+    backend: str, images: list[MultimodalInput], match: str
+) -> None:
+    """Items past the prompt, overlapping or reusing an id with another size:
+    refused by both backends with the field named, the scheduler as it was."""
+    s = make(
+        backend,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        encoder_compute_budget=16,
+        encoder_cache_size=32,
+    )
+    s.add_request(req("ok", range(8), images=[MultimodalInput(0, 4, "a")]))
+    unchanged(s, lambda: s.add_request(req("x", range(8), images=images)), ValueError, match)
 
 
 def test_prompt_tokens_become_python_ints() -> None:
@@ -113,6 +169,11 @@ def test_prompt_tokens_become_python_ints() -> None:
         ({"max_num_seqs": 2.5}, TypeError, "max_num_seqs"),
         ({"max_loras": 0}, ValueError, "max_loras"),
         ({"max_loras": 1.5}, TypeError, "max_loras"),
+        ({"encoder_compute_budget": 16}, ValueError, "go together"),
+        ({"encoder_compute_budget": 0, "encoder_cache_size": 16}, ValueError, "encoder_compute"),
+        ({"encoder_compute_budget": 16, "encoder_cache_size": -1}, ValueError, "encoder_cache"),
+        ({"drafter_read_ahead": 2}, ValueError, "drafter_read_ahead"),
+        ({"disable_chunked_mm_input": 1}, TypeError, "disable_chunked_mm_input"),
     ],
 )
 def test_bad_scheduler_config(kwargs: dict, exc: type, match: str) -> None:

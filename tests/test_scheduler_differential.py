@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -244,6 +245,14 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             next_id += 1
             resumable = sessions_fit and len(pair.sessions) < 3 and rng.random() < 0.3
             images = place_images(rng, pool, tokens) if pool and not resumable else []
+            # A prompt as embeddings in some (rows fixed by their token, so
+            # shared prefixes hit, with a stray row now and then).
+            embeds = None
+            if not resumable and rng.random() < 0.15:
+                embeds = np.array(
+                    [[t if rng.random() < 0.97 else -1.0, 0.5] for t in tokens], np.float32
+                )
+                pair.events["prompt_embeds"] += 1
             if pair.add(
                 rid,
                 tokens,
@@ -258,6 +267,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
                 arrival=float(next_id // 3),
                 lora=adapter(),
                 images=images,
+                prompt_embeds=embeds,
             ):
                 live.append(rid)
         # Streaming sessions get their next chunks at any time (queued while
@@ -342,6 +352,7 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     hybrid = ("window_freed", "hybrid_hit", "hybrid_hit_nulls", "shared_boundary")
     lora = ("lora_capped",)
     images = ("encoder_inputs", "encoder_evicted", "encoder_cut", "encoder_mismatch")
+    images += ("prompt_embeds",)
     # Each at least 20 times per 60 workloads.
     needs = {
         what: workloads.scaled(20, WORKLOADS, FULL_WORKLOADS)

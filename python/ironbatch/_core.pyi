@@ -465,13 +465,16 @@ class Scheduler:
         resumable: bool = False,
         lora_request: Any = None,
         mm_features: Any = None,
+        prompt_embeds_digests: Sequence[bytes] | None = None,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it lives).
         ``lora_request``: None, or anything with vLLM's ``LoRARequest``
         fields (``lora_int_id`` >= 1, ``lora_name``, ``lora_path``).
         ``mm_features``: None, or items with vLLM's ``MultiModalFeatureSpec``
         fields (``identifier``; ``mm_position`` with ``offset``, ``length``,
-        ``is_embed``) or ``ironbatch.MultimodalInput``'s."""
+        ``is_embed``) or ``ironbatch.MultimodalInput``'s.
+        ``prompt_embeds_digests``: a prompt given as embeddings, one digest
+        per block it overlaps."""
     def schedule(self) -> Step: ...
     def update_from_output(
         self,

@@ -20,6 +20,7 @@ import numpy as np
 
 from ironbatch import _core
 from ironbatch.config import CacheConfig, SchedulerConfig
+from ironbatch.prompt_embeds import embeds_digests
 from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, SlidingWindow
 from ironbatch.reference.scheduler_config import settings
 from ironbatch.scheduler_stats import SchedulerStats
@@ -47,6 +48,9 @@ class CoreScheduler:
             raise ValueError("num_blocks must be set to build a scheduler, got None")
         c = settings(scheduler_config, cache_config)  # defaults resolved as the twin does
         self._has_encoder = c.encoder is not None
+        # What a prompt's embeddings are digested by, block by block.
+        self._block_size = c.block_size
+        self._hash_lookahead = c.num_hash_lookahead_tokens
         self.core = _core.Scheduler(
             max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens,
@@ -97,6 +101,7 @@ class CoreScheduler:
         resumable: bool = False,
         lora_request: Any = None,
         mm_features: Any = None,
+        prompt_embeds_digests: list[bytes] | None = None,
     ) -> int:
         """Queue a request; returns its slot (its stable row while it
         lives). ``eos_token_id`` is None when there is none or it is
@@ -110,7 +115,9 @@ class CoreScheduler:
         come under the same id (docs/scheduling.md §4.12); ``lora_request``
         (None, or anything with vLLM's ``LoRARequest`` fields) is its adapter
         (§4.14); ``mm_features`` (None, or items with vLLM's
-        ``MultiModalFeatureSpec`` fields) its images (§4.15)."""
+        ``MultiModalFeatureSpec`` fields) its images (§4.15);
+        ``prompt_embeds_digests`` (``digests_of``) its prompt embeddings, one
+        digest per block (§7.4)."""
         return self.core.add_request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -128,7 +135,15 @@ class CoreScheduler:
             resumable=resumable,
             lora_request=lora_request,
             mm_features=mm_features,
+            prompt_embeds_digests=prompt_embeds_digests,
         )
+
+    def digests_of(self, prompt_embeds: Any) -> list[bytes] | None:
+        """The per-block digests ``add_request`` takes for a prompt given as
+        embeddings (None for a prompt of tokens)."""
+        if prompt_embeds is None:
+            return None
+        return embeds_digests(prompt_embeds, self._block_size, self._hash_lookahead)
 
     @property
     def has_encoder(self) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ironbatch.lora import LoRARequest, check_lora_request
 from ironbatch.multimodal import MultimodalInput, check_mm_features
+from ironbatch.prompt_embeds import check_prompt_embeds
 from ironbatch.reference.args import u32_list
 from ironbatch.reference.limits import utf8_str
 from ironbatch.sampling_params import SamplingParams
@@ -28,7 +29,10 @@ class Request:
     ``mm_features``: its images (audio, video) as ``ironbatch.MultimodalInput``
     (or vLLM's ``MultiModalFeatureSpec``), sorted by position; the scheduler
     needs ``SchedulerConfig.encoder_compute_budget`` and
-    ``encoder_cache_size`` to take them (§4.15)."""
+    ``encoder_cache_size`` to take them (§4.15). ``prompt_embeds``: the
+    prompt given as embeddings (a 2-D tensor or array, a row per position of
+    ``prompt_token_ids``, which then hold placeholders such as 0); the
+    scheduler keys each block's hash by a digest of its rows (§7.4)."""
 
     def __init__(
         self,
@@ -43,6 +47,7 @@ class Request:
         resumable: bool = False,
         lora_request: LoRARequest | Any = None,
         mm_features: Sequence[MultimodalInput | Any] | None = None,
+        prompt_embeds: Any = None,
     ) -> None:
         self.request_id = utf8_str("request_id", request_id)
         self.prompt_token_ids = u32_list("prompt_token_ids", prompt_token_ids)
@@ -82,6 +87,9 @@ class Request:
             check_lora_request(lora_request)
         self.lora_request = lora_request
         self.mm_features = [] if mm_features is None else check_mm_features(mm_features)
+        if prompt_embeds is not None:
+            check_prompt_embeds(prompt_embeds, len(self.prompt_token_ids))
+        self.prompt_embeds = prompt_embeds
 
     def __repr__(self) -> str:
         return (

@@ -25,6 +25,7 @@ from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.core_scheduler import CoreScheduler
 from ironbatch.lora import lora_adapter
 from ironbatch.multimodal import mm_inputs
+from ironbatch.prompt_embeds import embeds_digests
 from ironbatch.reference.args import draft_list
 from ironbatch.reference.request import NewRequest, Repetition, StopRules
 from ironbatch.reference.step import StepOutput, UpdateOutput
@@ -124,6 +125,7 @@ class RustBackend:
             resumable=request.resumable,
             lora_request=request.lora_request,
             mm_features=request.mm_features or None,
+            prompt_embeds_digests=self.core.digests_of(request.prompt_embeds),
         )
 
     def has_request(self, request_id: str) -> bool:
@@ -259,6 +261,11 @@ class PythonBackend:
                 resumable=request.resumable,
                 lora=lora_adapter(request.lora_request),
                 mm_inputs=mm_inputs(request.mm_features),
+                prompt_embeds_digests=None
+                if request.prompt_embeds is None
+                else embeds_digests(
+                    request.prompt_embeds, self.twin.kv.block_size, self.twin.kv.hasher.lookahead
+                ),
             )
         )
 

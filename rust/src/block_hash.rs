@@ -159,7 +159,21 @@ impl BlockHasher {
     /// keys follow the tokens in the message, counted and length-prefixed
     /// (a plain block's message is exactly its tokens, so never the same).
     pub fn next_with_mm(&self, parent: &ChainKey, tokens: &[u32], keys: &[MmKey<'_>]) -> ChainKey {
-        if keys.is_empty() {
+        self.next_with_keys(parent, tokens, keys, None)
+    }
+
+    /// [`Self::next`] for a block with multimodal keys, a prompt-embeddings
+    /// digest (`embeds`: the digest of the block's prompt embeddings, empty
+    /// past the prompt), or both: after the tokens, the count of items and
+    /// each one, then a flag and, with it, the length-prefixed digest.
+    pub fn next_with_keys(
+        &self,
+        parent: &ChainKey,
+        tokens: &[u32],
+        keys: &[MmKey<'_>],
+        embeds: Option<&[u8]>,
+    ) -> ChainKey {
+        if keys.is_empty() && embeds.is_none() {
             return self.next(parent, tokens);
         }
         let mut h = blake3::Hasher::new_keyed(parent);
@@ -171,6 +185,11 @@ impl BlockHasher {
             h.update(&k.relative_offset.to_le_bytes());
             h.update(&(k.identifier.len() as u32).to_le_bytes());
             h.update(k.identifier.as_bytes());
+        }
+        if let Some(digest) = embeds {
+            h.update(&[1]);
+            h.update(&(digest.len() as u32).to_le_bytes());
+            h.update(digest);
         }
         *h.finalize().as_bytes()
     }
@@ -243,6 +262,19 @@ mod tests {
             }
         }
         assert_eq!(h.next_with_mm(&root, &tokens, &[]), h.next(&root, &tokens));
+        let embeds = [
+            h.next_with_keys(&root, &tokens, &[], Some(b"d1")),
+            h.next_with_keys(&root, &tokens, &[], Some(b"d2")),
+            h.next_with_keys(&root, &tokens, &[], Some(b"")),
+            h.next_with_keys(&root, &tokens, &[at(0, "a")], Some(b"d1")),
+        ];
+        for (i, e) in embeds.iter().enumerate() {
+            assert!(!distinct.contains(e), "embeds key {i} collides");
+            assert!(
+                embeds[..i].iter().all(|o| o != e),
+                "embeds key {i} collides"
+            );
+        }
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub struct BlockHashChain {
     root: ChainKey,
     /// The request's multimodal inputs, sorted; `None` for text.
     mm: Option<Box<[MmSpan]>>,
+    /// A prompt given as embeddings: each block's digest of them, for the
+    /// blocks the prompt overlaps (later blocks are keyed as past it);
+    /// `None` for a prompt of tokens.
+    embeds: Option<Box<[Box<[u8]>]>>,
 }
 
 impl BlockHashChain {
@@ -38,7 +42,28 @@ impl BlockHashChain {
             next_key,
             root: next_key,
             mm: None,
+            embeds: None,
         }
+    }
+
+    /// Key every block by the digest of its prompt embeddings (§7.4): the
+    /// `k`-th digest for block `k`, an empty one past them; hashing `tokens`
+    /// again from the root.
+    pub fn key_by_embeds(
+        &mut self,
+        digests: &[Vec<u8>],
+        hasher: &BlockHasher,
+        tokens: &[u32],
+        block_size: usize,
+    ) {
+        self.embeds = Some(
+            digests
+                .iter()
+                .map(|d| d.clone().into_boxed_slice())
+                .collect(),
+        );
+        self.clear();
+        self.extend(hasher, tokens, block_size);
     }
 
     /// Key every block by the multimodal inputs it holds (§7.4), hashing
@@ -115,22 +140,27 @@ impl BlockHashChain {
         let full = (tokens.len() - lookahead) / block_size;
         for k in self.hashes.len()..full {
             let message = &tokens[k * block_size..(k + 1) * block_size + lookahead];
-            self.next_key = match &self.mm {
-                None => hasher.next(&self.next_key, message),
-                Some(spans) => {
-                    // The lookahead tokens' items key the block too (vLLM's
-                    // lookahead extra keys).
-                    let (start, end) = (k * block_size, (k + 1) * block_size + lookahead);
-                    let keys: SmallVec<[MmKey<'_>; 2]> = spans
-                        .iter()
-                        .filter(|m| m.offset < end && start < m.end)
-                        .map(|m| MmKey {
-                            relative_offset: m.offset as i64 - start as i64,
-                            identifier: &m.identifier,
-                        })
-                        .collect();
-                    hasher.next_with_mm(&self.next_key, message, &keys)
-                }
+            self.next_key = if self.mm.is_none() && self.embeds.is_none() {
+                hasher.next(&self.next_key, message)
+            } else {
+                // The lookahead tokens' items key the block too (vLLM's
+                // lookahead extra keys).
+                let (start, end) = (k * block_size, (k + 1) * block_size + lookahead);
+                let keys: SmallVec<[MmKey<'_>; 2]> = self
+                    .mm
+                    .iter()
+                    .flat_map(|spans| spans.iter())
+                    .filter(|m| m.offset < end && start < m.end)
+                    .map(|m| MmKey {
+                        relative_offset: m.offset as i64 - start as i64,
+                        identifier: &m.identifier,
+                    })
+                    .collect();
+                let embeds = self
+                    .embeds
+                    .as_ref()
+                    .map(|d| d.get(k).map_or(&[][..], |d| &d[..]));
+                hasher.next_with_keys(&self.next_key, message, &keys, embeds)
             };
             self.hashes.push(block_hash(&self.next_key));
         }

@@ -115,6 +115,10 @@ pub struct NewRequest {
     pub lora: Option<LoraAdapter>,
     /// Its images (audio, video), sorted by position (§4.15).
     pub mm_inputs: Vec<MultimodalInput>,
+    /// A prompt given as embeddings (vLLM's `prompt_embeds`): the digest of
+    /// each block's embeddings, one per block the prompt overlaps (covering
+    /// the hash lookahead's tokens too); they key its block hashes (§7.4).
+    pub prompt_embeds_digests: Option<Vec<Vec<u8>>>,
     /// Never read prefix-cache hits (vLLM sets it for requests that want
     /// prompt logprobs, which a hit would leave uncomputed); its blocks are
     /// still cached for others.

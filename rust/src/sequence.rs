@@ -60,6 +60,12 @@ impl Sequence {
             .key_by_mm(inputs, hasher, &self.tokens, block_size);
     }
 
+    /// Key its block hashes by its prompt embeddings' digests, hashing again.
+    pub fn key_by_embeds(&mut self, digests: &[Vec<u8>], hasher: &BlockHasher, block_size: usize) {
+        self.hashes
+            .key_by_embeds(digests, hasher, &self.tokens, block_size);
+    }
+
     /// Append output tokens, hashing every block they complete.
     pub fn append(&mut self, tokens: &[u32], hasher: &BlockHasher, block_size: usize) {
         self.tokens.extend_from_slice(tokens);

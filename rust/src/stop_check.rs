@@ -86,6 +86,7 @@ mod tests {
             cache_salt: None,
             lora: None,
             mm_inputs: Vec::new(),
+            prompt_embeds_digests: None,
             skip_reading_prefix_cache: false,
             structured_output: false,
             report_hits: false,

@@ -232,6 +232,14 @@ TABLE = [
         exercises=("image_requests", "encoder_inputs"),
     ),
     Deployment(
+        # Prompts may come as embeddings: the option alone changes nothing
+        # in how token prompts are scheduled.
+        "prompt-embeds",
+        "llama-3.1-8b",
+        ["--enable-prompt-embeds"],
+        {},
+    ),
+    Deployment(
         "qwen2.5-vl-7b-language-model-only",
         "qwen2.5-vl-7b",
         ["--language-model-only"],

@@ -91,6 +91,7 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(kv_layout(rng, bs, hybrid))
     settings.update(lora(rng))  # late: the draws before it stay each seed's
     settings.update(multimodal(rng, settings))
+    settings.update(prompt_embeddings(rng))
     # Every group holds blocks of its own: the same tightness per group.
     settings["num_blocks"] = (blocks - 1) * GROUPS[settings["kv_layout"]] + 1
     return settings
@@ -154,6 +155,28 @@ def multimodal(rng: random.Random, settings: dict) -> dict:
     cache = rng.choice([compute, 2 * compute, 4 * compute])
     whole = settings["long_prefill_token_threshold"] == 0 and rng.random() < 0.3
     return {"target": "vision", "mm_budget": (compute, cache), "disable_chunked_mm_input": whole}
+
+
+def prompt_embeddings(rng: random.Random) -> dict:
+    """--enable-prompt-embeds in some workloads: some requests then give
+    their prompt as embeddings, alone or mixed with token ids."""
+    return {"enable_prompt_embeds": True} if rng.random() < 0.25 else {}
+
+
+EMBED_DIM = 8
+
+
+def embeds_for(rng: random.Random, tokens: list[int]) -> tuple[torch.Tensor, list[bool] | None]:
+    """Embeddings for a prompt, each row fixed by its token (so shared
+    prefixes embed alike and hit), or a random row now and then (a prefix
+    that only looks shared); in some, token ids at random positions beside
+    them (vLLM's mixed prompts)."""
+    rows = [
+        torch.full((EMBED_DIM,), float(t)) if rng.random() < 0.95 else torch.randn(EMBED_DIM)
+        for t in tokens
+    ]
+    mixed = [rng.random() < 0.5 for _ in tokens] if rng.random() < 0.4 else None
+    return torch.stack(rows), mixed
 
 
 def kv_metrics(rng: random.Random) -> dict:
@@ -299,6 +322,10 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
             rid = f"r{next_id}"
             next_id += 1
             prompt, features = with_images(prompt) if not resumable else (prompt, [])
+            embeds: dict = {}
+            if settings.get("enable_prompt_embeds") and not resumable and rng.random() < 0.4:
+                embeds["prompt_embeds"], embeds["prompt_is_token_ids"] = embeds_for(rng, prompt)
+                pair.events["prompt_embeds"] += 1
             pair.add(
                 rid,
                 prompt,
@@ -318,6 +345,7 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
                 resumable=resumable,
                 lora_request=adapter(),
                 mm_features=features,
+                **embeds,
             )
             live.append(rid)
             if resumable:
@@ -469,6 +497,7 @@ def drawn_features(seed: int) -> Counter:
         "speculative decoding": "speculative_config" in s,
         "LoRA": "lora_config" in s,
         "images": s.get("target") == "vision",
+        "prompt embeddings": bool(s.get("enable_prompt_embeds")),
     }
     if s["kv_layout"] != "full":
         drawn[f"layout: {s['kv_layout']}"] = True
@@ -495,6 +524,7 @@ FEATURES = [
     *(f"feature: {k}" for k in ("MLA", "window KV-cache groups", "speculative decoding")),
     "feature: LoRA",
     "feature: images",
+    "feature: prompt embeddings",
     *(f"feature: layout: {k}" for k in LAYOUTS),
     *(f"feature: speculation: {m}" for m in SPEC_METHODS),
 ]
@@ -524,7 +554,7 @@ EVENTS = (
     *("kv_BlockStored", "kv_BlockRemoved", "kv_evictions"),
     *("throttled", "decode_staggered", "pp_token_ids", "session_turns", "session_chunks"),
     *("spec_drafts", "spec_accepted", "spec_verified", "spec_empty_slots"),
-    *("lora_capped", "encoder_inputs", "encoder_evicted"),
+    *("lora_capped", "encoder_inputs", "encoder_evicted", "prompt_embeds"),
 )
 
 

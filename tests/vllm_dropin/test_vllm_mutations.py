@@ -3,7 +3,8 @@ state lives outside the core: each test breaks the drop-in one way (a grammar
 that is not advanced, a KV-cache event dropped, events reordered, a draft
 lost, acceptance miscounted, a drafter's settings not passed on, drafting
 never skipped, window KV-cache groups passed on wrong, an encoder budget
-or cache short by one, images' data updates lost) and checks
+or cache short by one, images' data updates lost, prompt embeddings left
+out of the hash) and checks
 that the random workloads of test_vllm_differential fail within a few seeds."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 
 import ironbatch.vllm.settings as settings  # noqa: E402
 from ironbatch.config import KVCacheGroup, SchedulerConfig  # noqa: E402
+from ironbatch.core_scheduler import CoreScheduler  # noqa: E402
 from ironbatch.vllm.encoder_inputs import EncoderInputs  # noqa: E402
 from ironbatch.vllm.kv_events import KvEvents  # noqa: E402
 from ironbatch.vllm.scheduler import Scheduler  # noqa: E402
@@ -176,4 +178,12 @@ def test_image_data_not_sent_again_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     """Model runner V2's ``encoder_input_updates`` left empty: the worker
     never learns which images it may drop."""
     monkeypatch.setattr(EncoderInputs, "updates", lambda self, *args: {})
+    assert caught()
+
+
+def test_prompt_embeddings_left_out_of_the_hash_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt given as embeddings hashed by its token ids alone (vLLM's
+    zeros where an embedding stands): prompts that differ only in their
+    embeddings share blocks."""
+    monkeypatch.setattr(CoreScheduler, "digests_of", lambda self, embeds: None)
     assert caught()

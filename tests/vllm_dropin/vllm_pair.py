@@ -42,6 +42,8 @@ def _new_request_data(d: Any) -> dict[str, Any]:
     fields["sampling_params"] = repr(fields["sampling_params"])
     if fields["prefill_token_ids"] is not None:
         fields["prefill_token_ids"] = list(fields["prefill_token_ids"])
+    if fields["prompt_embeds"] is not None:  # a tensor: compared by value
+        fields["prompt_embeds"] = fields["prompt_embeds"].tolist()
     return fields
 
 

@@ -117,7 +117,17 @@ class BlockHasher:
         """``next`` for a block that holds multimodal placeholders: the keys
         follow the tokens in the message, counted and length-prefixed (a
         plain block's message is exactly its tokens, so never the same)."""
-        if not keys:
+        return self.next_with_keys(parent, tokens, keys, None)
+
+    def next_with_keys(
+        self, parent: bytes, tokens: list[int], keys: Sequence[MmKey], embeds: bytes | None
+    ) -> bytes:
+        """``next`` for a block with multimodal keys, a prompt-embeddings
+        digest (``embeds``: the digest of the block's prompt embeddings,
+        empty past the prompt), or both: after the tokens, the count of
+        items and each one, then a flag and, with it, the length-prefixed
+        digest."""
+        if not keys and embeds is None:
             return self.next(parent, tokens)
         h = hashlib.blake2b(key=parent, digest_size=32)
         h.update(struct.pack(f"<{len(tokens)}I", *tokens))
@@ -125,6 +135,8 @@ class BlockHasher:
         for k in keys:
             identifier = k.identifier.encode()
             h.update(struct.pack("<qI", k.relative_offset, len(identifier)) + identifier)
+        if embeds is not None:
+            h.update(struct.pack("<BI", 1, len(embeds)) + embeds)
         return h.digest()
 
 

@@ -34,6 +34,20 @@ class BlockHashChain:
         self._root = self.next_key
         #: The request's multimodal inputs, sorted; None for text.
         self._mm: tuple[MmSpan, ...] | None = None
+        #: A prompt given as embeddings: each block's digest of them, for the
+        #: blocks the prompt overlaps (later ones are keyed as past it); None
+        #: for a prompt of tokens.
+        self._embeds: tuple[bytes, ...] | None = None
+
+    def key_by_embeds(
+        self, digests: Sequence[bytes], hasher: BlockHasher, tokens: list[int], block_size: int
+    ) -> None:
+        """Key every block by the digest of its prompt embeddings (§7.4):
+        the ``k``-th digest for block ``k``, an empty one past them; hashing
+        ``tokens`` again from the root."""
+        self._embeds = tuple(bytes(d) for d in digests)
+        self.clear()
+        self.extend(hasher, tokens, block_size)
 
     def key_by_mm(
         self,
@@ -81,7 +95,7 @@ class BlockHashChain:
             return  # no new full block: the common case
         for k in range(len(self._hashes), (len(tokens) - lookahead) // block_size):
             message = tokens[k * block_size : (k + 1) * block_size + lookahead]
-            if self._mm is None:
+            if self._mm is None and self._embeds is None:
                 self.next_key = hasher.next(self.next_key, message)
             else:
                 # An input is in the block when their ranges overlap.
@@ -90,8 +104,11 @@ class BlockHashChain:
                 start, end = k * block_size, (k + 1) * block_size + lookahead
                 keys = [
                     MmKey(m.offset - start, m.identifier)
-                    for m in self._mm
+                    for m in self._mm or ()
                     if m.offset < end and start < m.end
                 ]
-                self.next_key = hasher.next_with_mm(self.next_key, message, keys)
+                embeds = None
+                if self._embeds is not None:
+                    embeds = self._embeds[k] if k < len(self._embeds) else b""
+                self.next_key = hasher.next_with_keys(self.next_key, message, keys, embeds)
             self._hashes.append(block_hash(self.next_key))

@@ -105,6 +105,10 @@ class NewRequest:
     lora: LoraAdapter | None = None
     #: Its images (audio, video), sorted by position (§4.15).
     mm_inputs: list[MultimodalInput] = field(default_factory=list)
+    #: A prompt given as embeddings (vLLM's ``prompt_embeds``): the digest of
+    #: each block's embeddings, one per block the prompt overlaps (covering the
+    #: hash lookahead's tokens too); they key its block hashes (§7.4).
+    prompt_embeds_digests: list[bytes] | None = None
     #: Never read prefix-cache hits (vLLM sets it for requests that want
     #: prompt logprobs, which a hit would leave uncomputed); its blocks are
     #: still cached for others.

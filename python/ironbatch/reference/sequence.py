@@ -30,6 +30,10 @@ class Sequence:
         self._hashes = BlockHashChain(hasher, extras)
         self._hashes.extend(hasher, self._tokens, block_size)
 
+    def key_by_embeds(self, digests: Seq[bytes], hasher: BlockHasher, block_size: int) -> None:
+        """Key its block hashes by its prompt embeddings' digests, hashing again."""
+        self._hashes.key_by_embeds(digests, hasher, self._tokens, block_size)
+
     def key_by_mm(self, inputs: Seq[MultimodalInput], hasher: BlockHasher, block_size: int) -> None:
         """Key its block hashes by its multimodal inputs too, hashing again."""
         self._hashes.key_by_mm(inputs, hasher, self._tokens, block_size)

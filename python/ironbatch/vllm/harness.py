@@ -84,6 +84,9 @@ DEFAULTS: dict[str, Any] = {
     "mm_budget": (64, 128),
     # vLLM's --disable-chunked-mm-input.
     "disable_chunked_mm_input": False,
+    # vLLM's --enable-prompt-embeds: requests may give their prompt as
+    # embeddings.
+    "enable_prompt_embeds": False,
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
 EXTRAS = (
@@ -310,6 +313,7 @@ def vllm_config(
         seed=42,
         max_model_len=cfg["max_model_len"],
         skip_tokenizer_init=cfg["tokenizer"] is None,
+        enable_prompt_embeds=cfg["enable_prompt_embeds"],
     )
     cc = CacheConfig(
         block_size=cfg["block_size"],
@@ -428,6 +432,8 @@ def make_request(
     hash_lookahead_tokens: int = 0,
     lora_request: Any = None,
     mm_features: Sequence[Any] | None = None,
+    prompt_embeds: Any = None,
+    prompt_is_token_ids: list[bool] | None = None,
     **sampling: Any,
 ) -> Request:
     """A vLLM Request as EngineCore builds it (block hasher included, its
@@ -436,9 +442,13 @@ def make_request(
     (min_tokens, ignore_eos, ...)."""
     sp = SamplingParams(max_tokens=max_tokens, **sampling)
     sp.update_from_generation_config({}, EOS)
+    # A prompt of embeddings alone has no token ids; a mixed one has both.
+    embeds_only = prompt_embeds is not None and prompt_is_token_ids is None
     return Request(
         request_id=request_id,
-        prompt_token_ids=list(prompt_token_ids),
+        prompt_token_ids=None if embeds_only else list(prompt_token_ids),
+        prompt_embeds=prompt_embeds,
+        prompt_is_token_ids=prompt_is_token_ids,
         sampling_params=sp,
         pooling_params=None,
         block_hasher=_block_hasher(block_size, hash_lookahead_tokens),

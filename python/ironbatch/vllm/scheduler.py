@@ -228,9 +228,17 @@ class Scheduler(SchedulerInterface):
 
     def _core_add(self, request: Request) -> int:
         sp = request.sampling_params
+        embeds = request.prompt_embeds
+        # A prompt given as embeddings: its tokens are vLLM's (0 where an
+        # embedding stands), its blocks keyed by their embeddings' digests.
+        prompt = (
+            request.prompt_token_ids or ()
+            if embeds is None
+            else request.all_token_ids[: request.num_prompt_tokens]
+        )
         return self._core.add_request(
             request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids or (),
+            prompt_token_ids=prompt,
             max_tokens=request.max_tokens,
             min_tokens=sp.min_tokens,
             eos_token_id=sp.eos_token_id,
@@ -245,6 +253,7 @@ class Scheduler(SchedulerInterface):
             resumable=request.resumable,
             lora_request=request.lora_request,
             mm_features=request.mm_features or None,
+            prompt_embeds_digests=self._core.digests_of(embeds),
         )
 
     def has_request(self, request_id: str) -> bool:

@@ -98,7 +98,6 @@ def unsupported_config(
             "multimodal inputs with multi-module MTP",
         ),
         (mc.runner_type != "generate" or mc.is_diffusion, f"the {mc.runner_type!r} runner"),
-        (bool(mc.enable_prompt_embeds), "prompt embeddings"),
         (bool(mc.return_sampling_mask), "sampling masks"),
         (
             any(type(g.kv_cache_spec) not in attention for g in groups),
@@ -136,7 +135,10 @@ def unsupported_request(request: Any) -> str | None:
     sp = request.sampling_params
     checks: list[tuple[bool, str]] = [
         (sp is None or request.pooling_params is not None, "pooling"),
-        (request.prompt_embeds is not None, "prompt embeddings"),
+        (
+            request.resumable and request.prompt_embeds is not None,
+            "prompt embeddings in a streaming session",
+        ),
         (
             request.resumable and bool(request.mm_features),
             "multimodal inputs in a streaming session",

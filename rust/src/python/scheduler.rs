@@ -274,7 +274,7 @@ impl PyScheduler {
                         stop_token_ids, repetition_detection, priority, arrival_time,
                         cache_salt, skip_reading_prefix_cache=false,
                         structured_output=false, report_hits=false, resumable=false,
-                        lora_request=None, mm_features=None))]
+                        lora_request=None, mm_features=None, prompt_embeds_digests=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -294,6 +294,7 @@ impl PyScheduler {
         resumable: bool,
         lora_request: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
+        prompt_embeds_digests: Option<Vec<Vec<u8>>>,
     ) -> PyResult<Slot> {
         let new = NewRequest {
             request_id: request_id.to_str()?.to_owned(),
@@ -313,6 +314,7 @@ impl PyScheduler {
             cache_salt,
             lora: lora_request.map(lora_adapter).transpose()?,
             mm_inputs: mm_features.map(mm_inputs).transpose()?.unwrap_or_default(),
+            prompt_embeds_digests,
             skip_reading_prefix_cache,
             structured_output,
             report_hits,

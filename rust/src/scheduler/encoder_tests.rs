@@ -2,7 +2,7 @@
 //! cache cutting a step's tokens, shared cache entries, their release and
 //! eviction, and images keying the prefix cache.
 
-use super::tests::{new_request, sampled, scheduler, Setup};
+use super::tests::{admitted_hits, new_request, sampled, scheduler, Setup};
 use super::Scheduler;
 use crate::multimodal::MultimodalInput;
 use crate::scheduler_config::EncoderConfig;
@@ -183,19 +183,8 @@ fn images_key_the_prefix_cache() {
     // The same image, two tokens on, within the same first block.
     add_with(&mut s, "shifted", prompt, &[(2, 12, "kit")]);
     let out = s.schedule();
-    let hits: Vec<(String, usize)> = out
-        .entries
-        .iter()
-        .filter(|e| e.kind != crate::step::Kind::Running)
-        .map(|e| {
-            (
-                s.request(e.slot).unwrap().request_id.clone(),
-                e.num_computed_tokens,
-            )
-        })
-        .collect();
     assert_eq!(
-        hits,
+        admitted_hits(&s, &out),
         [
             ("same".into(), 32),
             ("other".into(), 0),

@@ -29,6 +29,8 @@ mod encoder_tests;
 #[cfg(test)]
 mod lora_tests;
 #[cfg(test)]
+mod prompt_embeds_tests;
+#[cfg(test)]
 mod spec_decode_tests;
 #[cfg(test)]
 mod tests;
@@ -336,6 +338,9 @@ impl Scheduler {
         if !new.mm_inputs.is_empty() {
             seq.key_by_mm(&new.mm_inputs, self.kv.hasher(), self.kv.block_size());
         }
+        if let Some(digests) = &new.prompt_embeds_digests {
+            seq.key_by_embeds(digests, self.kv.hasher(), self.kv.block_size());
+        }
         let request = Request::waiting(new, seq, self.kv.groups().len());
         let id = request.request_id.clone();
         let slot = self.requests.insert(request);
@@ -411,6 +416,22 @@ impl Scheduler {
                 )));
             }
             check_inputs(id, &new.mm_inputs, len)?;
+        }
+        if let Some(digests) = &new.prompt_embeds_digests {
+            let blocks = len.div_ceil(self.kv.block_size());
+            if digests.len() != blocks {
+                return Err(Error::invalid(format!(
+                    "prompt_embeds_digests of request {id:?} has {} digests; its {len}-token \
+                     prompt spans {blocks} blocks",
+                    digests.len()
+                )));
+            }
+            if new.resumable {
+                return Err(Error::invalid(format!(
+                    "prompt_embeds_digests of request {id:?}: a streaming session with prompt \
+                     embeddings is not supported"
+                )));
+            }
         }
         if new.lora.as_ref().is_some_and(|lora| lora.id == 0) {
             return Err(Error::invalid(format!(

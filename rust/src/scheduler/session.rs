@@ -23,10 +23,10 @@ impl Scheduler {
             return Err(Error::DuplicateRequest(id.clone()));
         }
         check_turn(&new)?;
-        if !new.mm_inputs.is_empty() {
+        if !new.mm_inputs.is_empty() || new.prompt_embeds_digests.is_some() {
             return Err(Error::invalid(format!(
-                "mm_features of session {id:?}'s next chunk: a streaming session with \
-                 multimodal inputs is not supported"
+                "mm_features and prompt_embeds_digests of session {id:?}'s next chunk: a \
+                 streaming session with multimodal inputs or prompt embeddings is not supported"
             )));
         }
         // vLLM asserts later when a turn would have nothing to compute.

@@ -88,6 +88,7 @@ pub(super) fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewR
         cache_salt: None,
         lora: None,
         mm_inputs: Vec::new(),
+        prompt_embeds_digests: None,
         skip_reading_prefix_cache: false,
         structured_output: false,
         report_hits: false,
@@ -128,6 +129,19 @@ fn rows(s: &Scheduler, out: &StepOutput) -> Vec<Row> {
                 e.num_computed_tokens,
                 out.block_ids_of(i).to_vec(),
             )
+        })
+        .collect()
+}
+
+/// The requests a step admitted (new or resumed), each with its prefix hit
+/// in tokens.
+pub(super) fn admitted_hits(s: &Scheduler, out: &StepOutput) -> Vec<(String, usize)> {
+    out.entries
+        .iter()
+        .filter(|e| e.kind != crate::step::Kind::Running)
+        .map(|e| {
+            let id = s.request(e.slot).unwrap().request_id.clone();
+            (id, e.num_computed_tokens)
         })
         .collect()
 }

@@ -256,6 +256,8 @@ class Scheduler:
         seq = Sequence(new.prompt_token_ids, hash_keys(new), self.kv.hasher, self.kv.block_size)
         if new.mm_inputs:
             seq.key_by_mm(new.mm_inputs, self.kv.hasher, self.kv.block_size)
+        if new.prompt_embeds_digests is not None:
+            seq.key_by_embeds(new.prompt_embeds_digests, self.kv.hasher, self.kv.block_size)
         r = Request.waiting(new, seq, len(self.kv.groups))
         slot = self.requests.insert(r)
         self.ids[r.request_id] = slot
@@ -344,6 +346,19 @@ class Scheduler:
                     "multimodal inputs is not supported"
                 )
             check_inputs(rid, new.mm_inputs, n)
+        if new.prompt_embeds_digests is not None:
+            blocks = -(-n // self.kv.block_size)
+            if len(new.prompt_embeds_digests) != blocks:
+                raise ValueError(
+                    f"prompt_embeds_digests of request {debug_str(rid)} has "
+                    f"{len(new.prompt_embeds_digests)} digests; its {n}-token prompt spans "
+                    f"{blocks} blocks"
+                )
+            if new.resumable:
+                raise ValueError(
+                    f"prompt_embeds_digests of request {debug_str(rid)}: a streaming session "
+                    "with prompt embeddings is not supported"
+                )
         if new.lora is not None and new.lora.id == 0:
             raise ValueError(
                 f"lora_request.lora_int_id of request {debug_str(rid)} must be >= 1, got 0"

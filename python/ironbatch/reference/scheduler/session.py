@@ -26,11 +26,11 @@ def add_session_chunk(s: Scheduler, slot: int, new: NewRequest) -> None:
     if r.session is None:
         raise duplicate_request(new.request_id)
     check_turn(new)
-    if new.mm_inputs:
+    if new.mm_inputs or new.prompt_embeds_digests is not None:
         rid = debug_str(new.request_id)
         raise ValueError(
-            f"mm_features of session {rid}'s next chunk: a streaming session with "
-            "multimodal inputs is not supported"
+            f"mm_features and prompt_embeds_digests of session {rid}'s next chunk: a "
+            "streaming session with multimodal inputs or prompt embeddings is not supported"
         )
     # vLLM asserts later when a turn would have nothing to compute.
     if new.resumable and not new.prompt_token_ids:
