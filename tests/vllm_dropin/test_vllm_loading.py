@@ -164,10 +164,10 @@ def test_an_adapter_without_a_lora_config_is_scheduled_as_vllm_does() -> None:
 
 
 def test_unsupported_request_is_finished_with_an_error() -> None:
-    """A request with prompt embeddings (not the core's yet): refused with a
-    request-level error, never scheduled."""
+    """A streaming session whose prompt is embeddings (not the core's yet):
+    refused with a request-level error, never scheduled."""
     s = vllm_setup.make_scheduler("ironbatch")
-    bad = vllm_setup.make_request("bad", range(3, 20), 4)
+    bad = vllm_setup.make_request("bad", range(3, 20), 4, resumable=True)
     bad.prompt_embeds = torch.zeros(17, 8)
     s.add_request(bad)
     s.add_request(vllm_setup.make_request("good", range(3, 20), 4))
@@ -177,7 +177,7 @@ def test_unsupported_request_is_finished_with_an_error() -> None:
     outs = s.update_from_output(so, vllm_setup.runner_output(so, {"good": [5]}))
     by_id = {o.request_id: o for o in outs[0].outputs}
     assert by_id["bad"].finish_reason == FinishReason.ERROR
-    assert "prompt embeddings" in by_id["bad"].error.message
+    assert "prompt embeddings in a streaming session" in by_id["bad"].error.message
     assert by_id["good"].new_token_ids == [5]
 
 
