@@ -100,12 +100,27 @@ _SPECIAL = ["<unk>", "<|endoftext|>", "<|im_end|>", "<think>", "</think>"]
 _VOCAB = {t: i for i, t in enumerate(_SPECIAL)} | {f"w{i}": i for i in range(len(_SPECIAL), 512)}
 
 
-def write_tokenizer(path: str) -> None:
+# Gemma 3's image tokens and the newline runs its processor looks up, as
+# named tokenizer attributes (boi_token, ...) where they have a name.
+_GEMMA3_IMAGE_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+_GEMMA3_NEWLINES = ["\n" * k for k in range(1, 5)]
+
+
+def write_tokenizer(path: str, image_tokens: bool = False) -> None:
     """A word-level tokenizer with Qwen3's reasoning markers: enough for
-    vLLM to load one and for its reasoning parsers to find their tokens."""
-    tok = Tokenizer(models.WordLevel(_VOCAB, unk_token="<unk>"))
+    vLLM to load one and for its reasoning parsers to find their tokens;
+    with ``image_tokens``, Gemma 3's image tokens after the words."""
+    extra = [*_GEMMA3_IMAGE_TOKENS.values(), *_GEMMA3_NEWLINES] if image_tokens else []
+    vocab = _VOCAB | {t: len(_VOCAB) + i for i, t in enumerate(extra)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(os.path.join(path, "tokenizer.json"))
+    specials = [(i, t) for i, t in enumerate(_SPECIAL)]
+    specials += [(vocab[t], t) for t in extra]
     added = {
         str(i): {
             "content": t,
@@ -115,14 +130,16 @@ def write_tokenizer(path: str) -> None:
             "normalized": False,
             "single_word": False,
         }
-        for i, t in enumerate(_SPECIAL)
+        for i, t in specials
     }
-    config = {
+    config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": _SPECIAL[EOS],
         "unk_token": "<unk>",
         "added_tokens_decoder": added,
     }
+    if image_tokens:
+        config["extra_special_tokens"] = _GEMMA3_IMAGE_TOKENS
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
         json.dump(config, f)
 
@@ -142,6 +159,25 @@ _QWEN2_VL_IMAGE_PROCESSOR = {
 }
 
 
+# Gemma 3's (SigLIP's) image processor settings, the real model's.
+_GEMMA3_IMAGE_PROCESSOR = {
+    "image_processor_type": "Gemma3ImageProcessor",
+    "processor_class": "Gemma3Processor",
+    "do_pan_and_scan": None,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "resample": 2,
+    "rescale_factor": 1 / 255,
+    "size": {"height": 896, "width": 896},
+    "pan_and_scan_max_num_crops": 4,
+    "pan_and_scan_min_crop_size": 256,
+    "pan_and_scan_min_ratio_to_activate": 1.2,
+}
+
+
 def write_model(root: str, name: str) -> str:
     """The folder ``vllm serve`` is pointed at for ``name`` (a Qwen2.5-VL's
     with its image processor's settings too)."""
@@ -150,10 +186,15 @@ def write_model(root: str, name: str) -> str:
         os.makedirs(path)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(MODELS[name], f)
-        write_tokenizer(path)
-        if MODELS[name]["model_type"] == "qwen2_5_vl":
+        kind = MODELS[name]["model_type"]
+        write_tokenizer(path, image_tokens=kind == "gemma3")
+        processors = {"qwen2_5_vl": _QWEN2_VL_IMAGE_PROCESSOR, "gemma3": _GEMMA3_IMAGE_PROCESSOR}
+        if kind in processors:
             with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
-                json.dump(_QWEN2_VL_IMAGE_PROCESSOR, f)
+                json.dump(processors[kind], f)
+        if kind == "gemma3":
+            with open(os.path.join(path, "processor_config.json"), "w") as f:
+                json.dump({"processor_class": "Gemma3Processor", "image_seq_length": 256}, f)
     return path
 
 

@@ -232,6 +232,19 @@ TABLE = [
         exercises=("image_requests", "encoder_inputs"),
     ),
     Deployment(
+        # Gemma 3 with images: six KV-cache groups (five sliding windows)
+        # and vLLM's encoder budget from its image processor.
+        "gemma-3-12b-vision-images",
+        "gemma-3-12b-vision",
+        ["--max-num-batched-tokens", "128"],
+        {
+            "is_multimodal_model": True,
+            "supports_multimodal_inputs": True,
+            "kv_groups": ["SlidingWindowSpec"] * 5 + ["FullAttentionSpec"],
+        },
+        exercises=("image_requests", "encoder_inputs"),
+    ),
+    Deployment(
         # Prompts may come as embeddings: the option alone changes nothing
         # in how token prompts are scheduled.
         "prompt-embeds",
