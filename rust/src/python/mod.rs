@@ -4,6 +4,7 @@
 
 mod args;
 mod block_pool;
+mod debug_state;
 mod errors;
 mod kv_cache_manager;
 mod kv_events;

@@ -7,6 +7,7 @@
 //! request. Every call takes keyword arguments and returns named types.
 
 use super::args::{count, draft_list, u32_list};
+use super::debug_state::debug_state;
 use super::kv_events::PyKvEvent;
 use super::request_extras::{lora_adapter, mm_inputs};
 use super::step::{PySchedulerStats, PyStep, PyStepUpdate};
@@ -545,58 +546,6 @@ impl PyScheduler {
     /// Everything the two backends must agree on, for differential tests:
     /// the queues, each live request's state by name, and the pool.
     fn debug_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let c = &self.core;
-        let name = |slot: Slot| c.request(slot).map(|r| r.request_id.clone());
-        let d = PyDict::new(py);
-        d.set_item(
-            "running",
-            c.running().iter().map(|&s| name(s)).collect::<Vec<_>>(),
-        )?;
-        d.set_item("waiting", c.waiting().map(name).collect::<Vec<_>>())?;
-        d.set_item("kv_holding", c.kv_holding().map(name).collect::<Vec<_>>())?;
-        d.set_item("num_waiting_for_input", c.num_waiting_for_input())?;
-        let requests = PyDict::new(py);
-        let queued = c.running().iter().copied().chain(c.kv_holding());
-        for slot in queued.chain(c.waiting()) {
-            let r = c.request(slot).expect("a queued request is live");
-            let row = PyDict::new(py);
-            row.set_item("status", r.status.name())?;
-            row.set_item("slot", slot)?;
-            row.set_item("num_tokens", r.num_tokens())?;
-            row.set_item("num_computed_tokens", r.seq.num_computed_tokens)?;
-            row.set_item("block_ids", r.tables[0].block_ids().to_vec())?;
-            row.set_item("num_cached_blocks", r.tables[0].num_cached_blocks())?;
-            let tables: Vec<Vec<u32>> = r.tables.iter().map(|t| t.block_ids().to_vec()).collect();
-            row.set_item("tables", tables)?;
-            let cached: Vec<usize> = r.tables.iter().map(|t| t.num_cached_blocks()).collect();
-            row.set_item("num_cached_per_group", cached)?;
-            row.set_item("shared_prefix_boundary", r.seq.shared_prefix_boundary)?;
-            row.set_item("num_preemptions", r.num_preemptions)?;
-            row.set_item("num_output_placeholders", r.num_output_placeholders)?;
-            row.set_item("in_flight_tokens", r.in_flight_tokens)?;
-            row.set_item("stale_tokens", r.stale_tokens)?;
-            row.set_item("drop_stale", r.drop_stale)?;
-            row.set_item("deferred", r.deferred)?;
-            row.set_item("grammar", r.grammar.map(|g| g.name()))?;
-            row.set_item("prefill_chunk", r.prefill_chunk)?;
-            row.set_item("next_decode_step", r.next_decode_step)?;
-            let mut drafts = Vec::new();
-            r.drafts.write_to(&mut drafts);
-            row.set_item("drafts", drafts)?;
-            requests.set_item(&r.request_id, row)?;
-        }
-        d.set_item("requests", requests)?;
-        let pool = c.kv().pool();
-        d.set_item("free_block_ids", pool.free_block_ids().collect::<Vec<_>>())?;
-        d.set_item(
-            "block_ref_cnts",
-            (0..pool.num_blocks() as u32)
-                .map(|b| pool.block(b).map_or(0, |b| b.ref_cnt))
-                .collect::<Vec<_>>(),
-        )?;
-        let mut cached: Vec<Vec<u32>> = pool.cached_blocks().map(|(_, ids)| ids).collect();
-        cached.sort();
-        d.set_item("cached_blocks", cached)?;
-        Ok(d)
+        debug_state(py, &self.core)
     }
 }
