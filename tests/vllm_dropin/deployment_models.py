@@ -346,6 +346,40 @@ _QWEN2_5_VL_7B = {
         "temporal_patch_size": 2,
     },
 }
+# Llama 4 Scout as published: the text model above behind its vision tower
+# (336-pixel tiles, pixel shuffle 0.5: 144 embeddings a tile).
+_LLAMA_4_SCOUT_VISION = {
+    "architectures": ["Llama4ForConditionalGeneration"],
+    "model_type": "llama4",
+    "text_config": {k: v for k, v in _LLAMA_4_SCOUT.items() if k != "architectures"},
+    "vision_config": {
+        "model_type": "llama4_vision_model",
+        "hidden_size": 1408,
+        "image_size": 336,
+        "patch_size": 14,
+        "num_hidden_layers": 34,
+        "num_attention_heads": 16,
+        "intermediate_size": 5632,
+        "projector_input_dim": 4096,
+        "projector_output_dim": 4096,
+        "vision_output_dim": 4096,
+        "pixel_shuffle_ratio": 0.5,
+        "num_channels": 3,
+        "norm_eps": 1e-5,
+        "rope_theta": 10000,
+        "vision_feature_layer": -1,
+        "vision_feature_select_strategy": "default",
+        "multi_modal_projector_bias": False,
+        "projector_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "hidden_act": "gelu",
+    },
+    "image_token_index": 200092,
+    "boi_token_index": 200080,
+    "eoi_token_index": 200081,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
 MODELS: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": _LLAMA_3_1_8B,
     "llama-3.1-8b-eagle3": _LLAMA_3_1_8B_EAGLE3,
@@ -358,4 +392,5 @@ MODELS: dict[str, dict[str, Any]] = {
     "llama-4-scout": _LLAMA_4_SCOUT,
     "qwen2.5-vl-7b": _QWEN2_5_VL_7B,
     "gemma-3-12b-vision": _GEMMA_3_12B_VISION,
+    "llama-4-scout-vision": _LLAMA_4_SCOUT_VISION,
 }

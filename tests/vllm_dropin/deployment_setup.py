@@ -108,13 +108,25 @@ _GEMMA3_IMAGE_TOKENS = {
     "image_token": "<image_soft_token>",
 }
 _GEMMA3_NEWLINES = ["\n" * k for k in range(1, 5)]
+# The tokens a model's image processor looks up, by model type.
+_IMAGE_TOKENS = {
+    "gemma3": [*_GEMMA3_IMAGE_TOKENS.values(), *_GEMMA3_NEWLINES],
+    "llama4": [
+        "<|image_start|>",
+        "<|image_end|>",
+        "<|image|>",
+        "<|patch|>",
+        "<|tile_x_separator|>",
+        "<|tile_y_separator|>",
+    ],
+}
 
 
-def write_tokenizer(path: str, image_tokens: bool = False) -> None:
+def write_tokenizer(path: str, model_type: str = "") -> None:
     """A word-level tokenizer with Qwen3's reasoning markers: enough for
     vLLM to load one and for its reasoning parsers to find their tokens;
-    with ``image_tokens``, Gemma 3's image tokens after the words."""
-    extra = [*_GEMMA3_IMAGE_TOKENS.values(), *_GEMMA3_NEWLINES] if image_tokens else []
+    for Gemma 3 and Llama 4 with their image tokens after the words."""
+    extra = _IMAGE_TOKENS.get(model_type, [])
     vocab = _VOCAB | {t: len(_VOCAB) + i for i, t in enumerate(extra)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -138,7 +150,7 @@ def write_tokenizer(path: str, image_tokens: bool = False) -> None:
         "unk_token": "<unk>",
         "added_tokens_decoder": added,
     }
-    if image_tokens:
+    if model_type == "gemma3":  # its processor reads them as named attributes
         config["extra_special_tokens"] = _GEMMA3_IMAGE_TOKENS
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
         json.dump(config, f)
@@ -178,6 +190,39 @@ _GEMMA3_IMAGE_PROCESSOR = {
 }
 
 
+# Llama 4's image processor and processor settings, the real model's.
+_LLAMA4_IMAGE_PROCESSOR = {
+    "image_processor_type": "Llama4ImageProcessorFast",
+    "processor_class": "Llama4Processor",
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "do_convert_rgb": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "max_patches": 16,
+    "resize_to_max_canvas": False,
+    "size": {"height": 336, "width": 336},
+    "rescale_factor": 1 / 255,
+    "resample": 2,
+}
+_IMAGE_PROCESSORS = {
+    "qwen2_5_vl": _QWEN2_VL_IMAGE_PROCESSOR,
+    "gemma3": _GEMMA3_IMAGE_PROCESSOR,
+    "llama4": _LLAMA4_IMAGE_PROCESSOR,
+}
+_PROCESSORS = {
+    "gemma3": {"processor_class": "Gemma3Processor", "image_seq_length": 256},
+    "llama4": {
+        "processor_class": "Llama4Processor",
+        "fake_image_token": "<|image|>",
+        "image_token": "<|image|>",
+        "patch_size": 14,
+        "pixel_shuffle_ratio": 0.5,
+    },
+}
+
+
 def write_model(root: str, name: str) -> str:
     """The folder ``vllm serve`` is pointed at for ``name`` (a Qwen2.5-VL's
     with its image processor's settings too)."""
@@ -187,14 +232,13 @@ def write_model(root: str, name: str) -> str:
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(MODELS[name], f)
         kind = MODELS[name]["model_type"]
-        write_tokenizer(path, image_tokens=kind == "gemma3")
-        processors = {"qwen2_5_vl": _QWEN2_VL_IMAGE_PROCESSOR, "gemma3": _GEMMA3_IMAGE_PROCESSOR}
-        if kind in processors:
+        write_tokenizer(path, kind)
+        if kind in _IMAGE_PROCESSORS:
             with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
-                json.dump(processors[kind], f)
-        if kind == "gemma3":
+                json.dump(_IMAGE_PROCESSORS[kind], f)
+        if kind in _PROCESSORS:
             with open(os.path.join(path, "processor_config.json"), "w") as f:
-                json.dump({"processor_class": "Gemma3Processor", "image_seq_length": 256}, f)
+                json.dump(_PROCESSORS[kind], f)
     return path
 
 

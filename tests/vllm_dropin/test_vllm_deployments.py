@@ -245,6 +245,20 @@ TABLE = [
         exercises=("image_requests", "encoder_inputs"),
     ),
     Deployment(
+        # Llama 4 with images: chunked local attention in three groups of
+        # four, and vLLM's encoder budget from its image processor (2,448
+        # embeddings an image: 17 tiles of 144).
+        "llama-4-scout-vision-images",
+        "llama-4-scout-vision",
+        ["--max-num-batched-tokens", "128"],
+        {
+            "is_multimodal_model": True,
+            "supports_multimodal_inputs": True,
+            "kv_groups": ["ChunkedLocalAttentionSpec"] * 3 + ["FullAttentionSpec"],
+        },
+        exercises=("image_requests", "encoder_inputs"),
+    ),
+    Deployment(
         # Prompts may come as embeddings: the option alone changes nothing
         # in how token prompts are scheduled.
         "prompt-embeds",
