@@ -282,3 +282,24 @@ def test_unproven_speculative_methods_fall_back_and_say_which(
         s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
     assert type(s) is VllmScheduler
     assert f"the {method!r} speculative method" in caplog.text
+
+
+def test_a_vision_model_engages_and_a_realtime_one_falls_back(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Images are the core's (docs/scheduling.md §4.15), so a vision model
+    engages; a realtime model's streaming sessions bring audio in later
+    chunks, which the core does not take yet, so it uses vLLM's scheduler
+    (no such model builds offline: its class is stood in for)."""
+    s = vllm_setup.make_scheduler("ironbatch", target="vision")
+    assert type(s).__module__ == "ironbatch.vllm.scheduler"
+    from vllm.model_executor.models import ModelRegistry
+
+    class Realtime:
+        supports_realtime = True
+
+    monkeypatch.setattr(ModelRegistry, "resolve_model_cls", lambda *a, **k: (Realtime, "x"))
+    with caplog.at_level(logging.WARNING, logger="ironbatch.vllm"):
+        s = vllm_setup.make_scheduler("ironbatch", target="vision")
+    assert type(s) is VllmScheduler
+    assert "a realtime model" in caplog.text
