@@ -10,7 +10,7 @@
 //! Every `EVICT_EVERY`-th step is a cold one (default 2: warm and cold in
 //! turn; 1: every step cold, as `decode_instructions.sh` counts misses).
 
-use ironbatch::{KvCacheConfig, NewRequest, Policy, Scheduler, SchedulerConfig, StopRules};
+use ironbatch::{KvCacheConfig, NewRequest, Policy, Runner, Scheduler, SchedulerConfig, StopRules};
 use std::time::Instant;
 
 const BLOCK_SIZE: usize = 16;
@@ -37,6 +37,7 @@ fn scheduler(running: usize) -> Scheduler {
         num_draft_slots: 0,
         max_loras: None,
         encoder: None,
+        runner: Runner::Generate,
         cache: KvCacheConfig::new(
             running * (max_model_len / BLOCK_SIZE) + 1,
             BLOCK_SIZE,

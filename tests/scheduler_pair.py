@@ -231,6 +231,16 @@ class SchedulerPair:
         drafts the verification accepted (default: none); it then gets that
         many tokens and one more."""
         r, p = self.in_flight.pop(0)
+        if self.config.get("runner") == "pooling":
+            # The runner pools each prompt whose step reached its end.
+            pooled = [rid for i, rid in enumerate(r.req_ids) if r.samples[i]]
+            ru = self.rust.update_from_pooler_output(r, pooled)
+            pu = self.twin.update_from_pooler_output(p, pooled)
+            assert [tuple(u) for u in ru] == [tuple(u) for u in pu]
+            assert ru.cached_tokens.tolist() == pu.cached_tokens.tolist()
+            self.events["pooled"] += len(ru.finished_req_ids)
+            self.check()
+            return
         sampled: dict[str, list[int]] = {}
         num_spec = r.num_spec_tokens.tolist()
         spec_ids = r.spec_token_ids.tolist()

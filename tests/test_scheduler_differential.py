@@ -124,6 +124,14 @@ def random_config(rng: random.Random) -> dict:
             config["long_prefill_token_threshold"] == 0 and rng.random() < 0.3
         )
         config["drafter_read_ahead"] = rng.choice([0, 0, 1])
+    # A pooling model in some (embeddings: prompts only, no drafter).
+    if rng.random() < 0.15:
+        config["runner"] = "pooling"
+        for key in ("num_speculative_tokens", "num_lookahead_tokens", "num_hash_lookahead_tokens"):
+            config[key] = 0
+        config["num_draft_slots"] = 0
+        if "drafter_read_ahead" in config:
+            config["drafter_read_ahead"] = 0
     return config
 
 
@@ -183,7 +191,9 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     # come only with room for them, and stay well inside max_model_len.
     groups = config["kv_cache_groups"]
     need = -(-max_len // config["block_size"]) * (1 if groups is None else len(groups))
-    sessions_fit = config["num_blocks"] >= 4 * need
+    # A pooling runner takes no sessions; its prompts may fill max_model_len.
+    pooling = config.get("runner") == "pooling"
+    sessions_fit = config["num_blocks"] >= 4 * need and not pooling
 
     def choose(rid: str) -> int:
         x = rng.random()
@@ -232,7 +242,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
 
     for _ in range(steps):
         for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
-            plen = rng.randint(1, max_len - 1)
+            plen = rng.randint(1, max_len - (0 if pooling else 1))
             if not config["enable_chunked_prefill"]:
                 # Unchunked, a prompt and a drafter's input slots must fit
                 # one step's budget, or it waits forever (vLLM too).
@@ -261,7 +271,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
                 stop=[7] if rng.random() < 0.3 else [],
                 repetition=REPEATS if rng.random() < 0.2 else None,
                 skip_reading_prefix_cache=rng.random() < 0.15,
-                structured_output=rng.random() < 0.2,
+                structured_output=rng.random() < 0.2 and not pooling,
                 resumable=resumable,
                 priority=rng.randint(0, 3),
                 arrival=float(next_id // 3),
@@ -353,6 +363,7 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     lora = ("lora_capped",)
     images = ("encoder_inputs", "encoder_evicted", "encoder_cut", "encoder_mismatch")
     images += ("prompt_embeds",)
+    pooling = ("pooled",)
     # Each at least 20 times per 60 workloads.
     needs = {
         what: workloads.scaled(20, WORKLOADS, FULL_WORKLOADS)
@@ -368,6 +379,7 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
                 *hybrid,
                 *lora,
                 *images,
+                *pooling,
             ),
         )
     }

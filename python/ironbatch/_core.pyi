@@ -328,6 +328,16 @@ class VllmObjects:
         accept: Callable[[str, list[int], int], bool] | None = None,
     ) -> VllmStepUpdate:
         """``vllm_update_from_runner_output``, each record's output made."""
+    def update_pooled(
+        self,
+        scheduler: Scheduler,
+        *,
+        step: Step,
+        req_id_to_index: dict[str, int],
+        pooler_output: list[Any],
+    ) -> VllmStepUpdate:
+        """A pooling runner's output: a row whose ``pooler_output`` entry is
+        not None finishes; each record's output is made with no tokens."""
     def scheduler_stats(
         self,
         scheduler: Scheduler,
@@ -434,6 +444,7 @@ class Scheduler:
         encoder_cache_size: SupportsIndex | None = None,
         disable_chunked_mm_input: bool = False,
         drafter_read_ahead: SupportsIndex | None = None,
+        runner: str = "generate",
     ) -> None:
         """``max_loras``: distinct LoRA adapters a step's batch may hold
         (None: no cap). ``encoder_compute_budget`` and ``encoder_cache_size``
@@ -488,6 +499,9 @@ class Scheduler:
         entry, -1 for none). ``accept(request_id, kept, num_tokens)`` judges each
         structured-output request's kept tokens; False or an exception ends
         it with an error."""
+    def update_from_pooler_output(self, step: Step, pooled: list[bool]) -> StepUpdate:
+        """A pooling runner's output: ``pooled[i]`` finishes row ``i``'s
+        request (stopped); refused for a row whose step ended in its prompt."""
     def has_request(self, request_id: str) -> bool:
         """Whether ``request_id`` is a live request."""
     def is_prefill_chunk(self, request_id: str) -> bool | None:

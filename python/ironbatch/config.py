@@ -18,6 +18,7 @@ from ironbatch.reference.limits import (
 from ironbatch.reference.scheduler_config import GROUP_KINDS, check_scheduler
 
 POLICIES = ("fcfs", "priority")
+RUNNERS = ("generate", "pooling")
 
 
 def _int(field: str, value: object, minimum: int, maximum: int) -> None:
@@ -91,6 +92,11 @@ class SchedulerConfig:
     # num_prefill_lookahead_tokens: 1 with such a drafter): the encoder
     # inputs they fall in run in the step too.
     drafter_read_ahead: int = 0
+    # What the model does with a step (vLLM's --runner): "generate" samples a
+    # token per step; "pooling" (embedding and classification models) pools
+    # each prompt and finishes it, so a prompt may fill max_model_len and
+    # results come back through update_from_pooler_output (§4.16).
+    runner: str = "generate"
 
     def __post_init__(self) -> None:
         _int("max_model_len", self.max_model_len, 2, MAX_MODEL_LEN)
@@ -129,6 +135,13 @@ class SchedulerConfig:
             _int("encoder_cache_size", self.encoder_cache_size, 1, MAX_MODEL_LEN)
         _bool("disable_chunked_mm_input", self.disable_chunked_mm_input)
         _int("drafter_read_ahead", self.drafter_read_ahead, 0, 1)
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {RUNNERS}, got {self.runner!r}")
+        if self.runner == "pooling" and self.num_speculative_tokens > 0:
+            raise ValueError(
+                f"num_speculative_tokens ({self.num_speculative_tokens}) must be 0 for a "
+                "pooling runner: it samples no tokens to verify drafts against"
+            )
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         check_scheduler(self)  # the rules between fields, as the core checks them

@@ -80,6 +80,7 @@ class CoreScheduler:
             encoder_cache_size=None if c.encoder is None else c.encoder.cache_size,
             disable_chunked_mm_input=c.encoder is not None and c.encoder.disable_chunked_mm_input,
             drafter_read_ahead=0 if c.encoder is None else c.encoder.drafter_read_ahead,
+            runner=c.runner.value,
         )
 
     def add_request(
@@ -205,6 +206,11 @@ class CoreScheduler:
         return self.core.update_from_output(
             step=step, token_ids=token_ids, offsets=offsets, accept=accept
         )
+
+    def update_from_pooler_output(self, step: _core.Step, pooled: list[bool]) -> _core.StepUpdate:
+        """Apply a pooling runner's output: ``pooled[i]`` says whether row
+        ``i`` got a pooled result, which finishes its request (§4.16)."""
+        return self.core.update_from_pooler_output(step, pooled)
 
     def finish_requests(self, request_ids: Sequence[str], status: str) -> None:
         self.core.finish_requests(request_ids=list(request_ids), status=status)

@@ -208,6 +208,36 @@ class Scheduler:
             self._in_use.release()
 
     @_exclusive
+    def update_from_pooler_output(
+        self, scheduler_output: SchedulerOutput, pooled: Iterable[str]
+    ) -> UpdateOutputs:
+        """Apply a pooling runner's step (``SchedulerConfig.runner =
+        "pooling"``; docs/scheduling.md §4.16): ``pooled`` names the
+        scheduled requests whose pooled result came back, each of which
+        finishes (``"stop"``); the others ran a chunk of their prompt.
+        Refused (ValueError, nothing changed) for a request whose step ended
+        inside its prompt, an id the step did not schedule, or a generating
+        scheduler. Returns one record per finished request, with no tokens."""
+        if not isinstance(scheduler_output, SchedulerOutput):
+            raise TypeError(
+                f"scheduler_output must be a SchedulerOutput, got {type(scheduler_output).__name__}"
+            )
+        if isinstance(pooled, str) or not isinstance(pooled, Iterable):
+            raise TypeError(
+                f"pooled must be an iterable of request ids, got {type(pooled).__name__}"
+            )
+        wanted = set(pooled)
+        row_ids = scheduler_output.req_ids
+        if unknown := wanted.difference(row_ids):
+            raise ValueError(f"pooled: {sorted(map(str, unknown))} were not scheduled in this step")
+        rows = [rid in wanted for rid in row_ids]
+        update = self._core.apply_pooled(scheduler_output._handle, rows)
+        updates = UpdateOutputs(row_ids, update)
+        for rid in updates.finished_req_ids:
+            self.requests.pop(rid, None)
+        return updates
+
+    @_exclusive
     def finish_requests(
         self, request_ids: str | Iterable[str], status: str = "FINISHED_ABORTED"
     ) -> None:

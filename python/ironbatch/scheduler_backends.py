@@ -131,6 +131,9 @@ class RustBackend:
     def has_request(self, request_id: str) -> bool:
         return self.core.has_request(request_id)
 
+    def apply_pooled(self, step: Any, pooled: list[bool]) -> Any:
+        return self.core.update_from_pooler_output(step, pooled)
+
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         self.core.report_grammar(request_id, compiled)
 
@@ -335,6 +338,9 @@ class PythonBackend:
                 step.step, tokens, offsets.tolist(), accept
             )
         return _TwinUpdate.of(update)
+
+    def apply_pooled(self, step: _TwinStep, pooled: list[bool]) -> _TwinUpdate:
+        return _TwinUpdate.of(self.twin.update_from_pooler_output(step.step, pooled))
 
     def finish_requests(self, request_ids: list[str], status: str) -> None:
         self.twin.finish_requests(request_ids, reference.RequestStatus[status])

@@ -53,7 +53,7 @@ pub use kv_cache_manager::{KvCacheConfig, KvCacheManager};
 pub use prefix_cache_stats::PrefixCacheStats;
 pub use request::{NewRequest, Request, RequestStatus, StopRules};
 pub use scheduler::{Pause, Scheduler, SchedulerStats};
-pub use scheduler_config::{Policy, SchedulerConfig};
+pub use scheduler_config::{Policy, Runner, SchedulerConfig};
 pub use sequence::Sequence;
 pub use slab::{Slab, Slot};
 pub use step::{

@@ -14,6 +14,29 @@ pub enum Policy {
     Priority,
 }
 
+/// What the model does with a step's output (vLLM's `--runner`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Runner {
+    /// Samples one token per step after the prompt (plus accepted drafts).
+    #[default]
+    Generate,
+    /// Pools the prompt's hidden states and finishes: no token is sampled,
+    /// so no position is held back for one (§4.16).
+    Pooling,
+}
+
+impl Runner {
+    /// Tokens a request appends per step beyond its drafts (vLLM's
+    /// `num_sampled_tokens_per_step`): the room a step leaves below
+    /// `max_model_len` and the placeholders async scheduling adds.
+    pub fn sampled_tokens_per_step(self) -> usize {
+        match self {
+            Runner::Generate => 1,
+            Runner::Pooling => 0,
+        }
+    }
+}
+
 /// Everything `Scheduler::new` needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SchedulerConfig {
@@ -70,6 +93,7 @@ pub struct SchedulerConfig {
     /// The encoder's limits, for a model that takes images or audio
     /// (§4.15); `None`: a text model, which refuses multimodal inputs.
     pub encoder: Option<EncoderConfig>,
+    pub runner: Runner,
     pub cache: KvCacheConfig,
 }
 
@@ -158,6 +182,14 @@ impl SchedulerConfig {
             )?;
             check_range("encoder_cache_size", e.cache_size, 1, MAX_MODEL_LEN)?;
             check_range("drafter_read_ahead", e.drafter_read_ahead, 0, 1)?;
+        }
+        if c.runner == Runner::Pooling && c.num_speculative_tokens > 0 {
+            // vLLM builds no drafter for a pooling model.
+            return invalid(format!(
+                "num_speculative_tokens ({}) must be 0 for a pooling runner: it samples no \
+                 tokens to verify drafts against",
+                c.num_speculative_tokens
+            ));
         }
         if c.max_num_batched_tokens < c.max_num_seqs {
             return invalid(format!(

@@ -66,6 +66,7 @@ from vllm.multimodal.inputs import (  # noqa: E402
     MultiModalKwargsItem,
     PlaceholderRange,
 )
+from vllm.pooling_params import PoolingParams  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.usage.usage_lib import UsageContext  # noqa: E402
 from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
@@ -417,6 +418,13 @@ class DeploymentExecutor(StandInExecutor):
     def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
         return copy.deepcopy(self.worker_specs)
 
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:
+        """What the workers' model serves (EngineCore checks a pooling
+        request's task against it)."""
+        pooling = self.vllm_config.model_config.runner_type == "pooling"
+        return ("embed",) if pooling else ("generate",)
+
     def get_supported_kv_cache_layouts(self) -> list[list[str]]:
         return [list(self.layouts) for _ in self.worker_specs]
 
@@ -450,6 +458,11 @@ class DeploymentExecutor(StandInExecutor):
                     req_id_to_index={r: i for i, r in enumerate(ids)},
                     sampled_token_ids=[[] for _ in ids],
                 )
+        if self.vllm_config.model_config.runner_type == "pooling":
+            # A pooling runner samples nothing: the output comes at once
+            # (EngineCore calls no sample_tokens() for it).
+            output, self.pending = self.pending, None
+            return _DoneFuture(output) if non_block else output
         # Like the GPU model runner: the output comes with sample_tokens().
         return _DoneFuture(None) if non_block else None
 
@@ -484,6 +497,20 @@ class DeploymentExecutor(StandInExecutor):
     def _decide(self, so: SchedulerOutput) -> ModelRunnerOutput:
         ids = list(so.num_scheduled_tokens)
         assert self.scheduler is not None
+        if self.vllm_config.model_config.runner_type == "pooling":
+            # A pooling runner: an embedding for each prompt the step
+            # finished (a function of the id), nothing for a chunk.
+            return ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[],
+                pooler_output=[
+                    None
+                    if self.scheduler.requests[rid].is_prefill_chunk
+                    else torch.full((4,), float(zlib.crc32(rid.encode()) % 1000))
+                    for rid in ids
+                ],
+            )
         sampled: list[list[int]] = []
         prompt_logprobs: dict[str, LogprobsTensors | None] = {}
         for rid in ids:
@@ -636,6 +663,37 @@ def _image(identifier: str, offset: int, length: int) -> MultiModalFeatureSpec:
     )
 
 
+def _pooling_request(rid: str, prompt: list[int], arrival: float) -> EngineCoreRequest:
+    """An embedding request as vLLM's input processor hands it over."""
+    return EngineCoreRequest(
+        request_id=rid,
+        prompt_token_ids=prompt,
+        mm_features=None,
+        sampling_params=None,
+        pooling_params=PoolingParams(task="embed"),
+        arrival_time=arrival,
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+    )
+
+
+def pooling_workload() -> dict[int, list[tuple[str, Any]]]:
+    """Embedding requests by tick: a long one that takes several chunks,
+    short ones beside it, one that hits another's cached prefix, an abort."""
+    shared = _prompt(1, 48)
+    return {
+        0: [
+            ("add", _pooling_request("embed-0", shared + _prompt(2, 10), 0.0)),
+            ("add", _pooling_request("long-1", _prompt(3, 300), 0.0)),
+            ("add", _pooling_request("embed-2", _prompt(4, 21), 0.0)),
+        ],
+        3: [("add", _pooling_request("prefix-4", shared + _prompt(6, 5), 3.0))],
+        4: [("add", _pooling_request("aborted-5", _prompt(7, 200), 4.0))],
+        5: [("abort", "aborted-5")],
+    }
+
+
 def workload(lora: bool = False, images: bool = False) -> dict[int, list[tuple[str, Any]]]:
     """Arrivals and aborts by tick; with LoRA on, three requests under two
     adapters as well (at --max-loras 1, the second adapter's waits while the
@@ -778,6 +836,7 @@ class Engine:
             "max_loras": None if vc.lora_config is None else vc.lora_config.max_loras,
             "is_multimodal_model": bool(mc.is_multimodal_model),
             "supports_multimodal_inputs": bool(mc.supports_multimodal_inputs),
+            "runner_type": mc.runner_type,
         }
 
     def shutdown(self) -> None:
@@ -837,6 +896,7 @@ def _exercised(e: Engine) -> dict[str, int]:
         for eco in (view or {}).values():
             for o in eco["outputs"]:
                 seen["prompt_logprobs_outputs"] += o["new_prompt_logprobs_tensors"] is not None
+                seen["pooled_outputs"] += o["pooling_output"] is not None
                 if o["finish_reason"] is not None:
                     seen[f"finished_{o['finish_reason']}"] += 1
     return dict(seen)
@@ -895,8 +955,12 @@ def _run_workload(theirs: Engine, ours: Engine) -> dict[str, Any]:
     first, then one engine step each, as EngineCoreProc's loop does), until
     both have drained; then the first difference, if any."""
     vc = theirs.engine.vllm_config
-    plan = workload(
-        lora=vc.lora_config is not None, images=vc.model_config.supports_multimodal_inputs
+    plan = (
+        pooling_workload()
+        if vc.model_config.runner_type == "pooling"
+        else workload(
+            lora=vc.lora_config is not None, images=vc.model_config.supports_multimodal_inputs
+        )
     )
     last = max(plan)
     drained = False

@@ -267,6 +267,16 @@ TABLE = [
         {},
     ),
     Deployment(
+        # An embedding model (Qwen3-Embedding-8B is Qwen3-8B's shape, served
+        # with --runner pooling): prompts only, each finished by its pooled
+        # result; a long prompt in chunks, a prefix hit, an abort.
+        "qwen3-embedding-8b",
+        "qwen3-8b",
+        ["--runner", "pooling", "--max-num-batched-tokens", "64"],
+        {"runner_type": "pooling"},
+        exercises=("pooled_outputs",),
+    ),
+    Deployment(
         "qwen2.5-vl-7b-language-model-only",
         "qwen2.5-vl-7b",
         ["--language-model-only"],
@@ -290,6 +300,9 @@ NOT_YET: dict[str, str] = {}
 # prefix hits wherever prefix caching is on (the CPU platform turns it off
 # for MLA models).
 ALWAYS_EXERCISED = ("prompt_logprobs_outputs", "masked_rows", "finished_length")
+# A pooling model's requests carry none of those: they finish with their
+# pooled result ("stop").
+POOLING_EXERCISED = ("finished_stop",)
 
 
 def _key(row: Deployment, flavor: str) -> str:
@@ -400,11 +413,15 @@ def test_drop_in_runs_like_vllm(report: dict[str, Any], row: Deployment, flavor:
     parity = built["parity"]
     assert parity["mismatch"] is None, parity["mismatch"]
     seen = parity["exercised"]
-    musts = ALWAYS_EXERCISED + row.exercises
+    pooling = row.expect.get("runner_type") == "pooling"
+    musts = (POOLING_EXERCISED if pooling else ALWAYS_EXERCISED) + row.exercises
     if built["drop_in"]["enable_prefix_caching"]:
         musts += ("prefix_hits",)
     if not FLAVORS[flavor]["async_scheduling"]:
         musts += row.exercises_when_sync
     for what in musts:
         assert seen.get(what, 0) > 0, (what, seen)
-    assert seen["finished_length"] >= 7, seen  # four requests, three turns of the session
+    if pooling:
+        assert seen["finished_stop"] == 4, seen  # every request but the aborted one
+    else:
+        assert seen["finished_length"] >= 7, seen  # four requests, three turns of the session

@@ -26,6 +26,7 @@ from vllm.multimodal.inputs import (  # noqa: E402
     MultiModalKwargsItem,
     PlaceholderRange,
 )
+from vllm.pooling_params import PoolingParams  # noqa: E402
 from vllm.sampling_params import RepetitionDetectionParams  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
@@ -92,6 +93,7 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(lora(rng))  # late: the draws before it stay each seed's
     settings.update(multimodal(rng, settings))
     settings.update(prompt_embeddings(rng))
+    settings.update(pooling(rng, settings))
     # Every group holds blocks of its own: the same tightness per group.
     settings["num_blocks"] = (blocks - 1) * GROUPS[settings["kv_layout"]] + 1
     return settings
@@ -163,6 +165,15 @@ def prompt_embeddings(rng: random.Random) -> dict:
     return {"enable_prompt_embeds": True} if rng.random() < 0.25 else {}
 
 
+def pooling(rng: random.Random, settings: dict) -> dict:
+    """An embedding model (--runner pooling) in some workloads: prompts
+    only, each finished by its pooled result. Not with a drafter (vLLM
+    builds none for a pooling model) nor on the vision target."""
+    if rng.random() >= 0.3 or "speculative_config" in settings or "target" in settings:
+        return {}
+    return {"runner": "pooling"}
+
+
 EMBED_DIM = 8
 
 
@@ -207,17 +218,19 @@ class Features:
 def workload_features(rng: random.Random, settings: dict) -> Features:
     pp, async_scheduling = settings["pipeline_parallel_size"], settings["async_scheduling"]
     need = -(-settings["max_model_len"] // settings["block_size"])
+    # A pooling model's requests sample nothing: no grammars, no sessions.
+    generates = settings.get("runner") != "pooling"
     return Features(
         # vLLM refuses async scheduling with pipeline parallelism, or with
         # n-gram speculation, on its V1 runner.
         runner_v1=rng.random() < 0.3
         and not (async_scheduling and (pp > 1 or "speculative_config" in settings)),
         reasoning=rng.random() < 0.3,
-        grammars=rng.random() < 0.5,
+        grammars=rng.random() < 0.5 and generates,
         # Streaming sessions hold their blocks between turns and nobody
         # preempts them: vLLM stalls when they hold the whole cache, so they
         # come only with room for them, and stay well inside max_model_len.
-        sessions=settings["num_blocks"] >= 3 * need and rng.random() < 0.6,
+        sessions=settings["num_blocks"] >= 3 * need and rng.random() < 0.6 and generates,
         repeating=rng.random() < 0.3,
     )
 
@@ -258,6 +271,7 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     # Images: a pool of identifiers, each with its placeholder count (and,
     # in some, break tokens that take no embedding), shared across requests.
     vision = settings.get("target") == "vision"
+    pooled = settings.get("runner") == "pooling"
     images = image_pool(rng, settings, step_room(pair)) if vision else []
 
     def with_images(prompt: list[int]) -> tuple[list[int], list[MultiModalFeatureSpec]]:
@@ -315,6 +329,8 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
             # A session (short, so its chunks stay inside max_model_len).
             resumable = sessions and len(session_ids) < 3 and rng.random() < 0.3
             plen = rng.randint(1, capacity // 8 if resumable else capacity // 2)
+            if pooled and rng.random() < 0.1:
+                plen = capacity  # a pooled prompt may fill max_model_len
             shared = rng.randint(0, plen)
             prompt = rng.choice(prefixes)[:shared] + [
                 rng.randrange(3, VOCAB) for _ in range(plen - shared)
@@ -326,6 +342,24 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
             if settings.get("enable_prompt_embeds") and not resumable and rng.random() < 0.4:
                 embeds["prompt_embeds"], embeds["prompt_is_token_ids"] = embeds_for(rng, prompt)
                 pair.events["prompt_embeds"] += 1
+            if pooled:
+                # Token-level tasks skip reading the prefix cache.
+                params = PoolingParams(
+                    task="embed", skip_reading_prefix_cache=rng.random() < 0.2 or None
+                )
+                pair.add(
+                    rid,
+                    prompt,
+                    pooling_params=params,
+                    priority=rng.randint(0, 3),
+                    arrival_time=float(next_id // 3),
+                    cache_salt=rng.choice([None, None, None, "tenant"]),
+                    client_index=rng.choice([0, 0, 0, 1]),
+                    lora_request=adapter(),
+                    **embeds,
+                )
+                live.append(rid)
+                continue
             pair.add(
                 rid,
                 prompt,
@@ -498,6 +532,7 @@ def drawn_features(seed: int) -> Counter:
         "LoRA": "lora_config" in s,
         "images": s.get("target") == "vision",
         "prompt embeddings": bool(s.get("enable_prompt_embeds")),
+        "pooling": s.get("runner") == "pooling",
     }
     if s["kv_layout"] != "full":
         drawn[f"layout: {s['kv_layout']}"] = True
@@ -525,6 +560,7 @@ FEATURES = [
     "feature: LoRA",
     "feature: images",
     "feature: prompt embeddings",
+    "feature: pooling",
     *(f"feature: layout: {k}" for k in LAYOUTS),
     *(f"feature: speculation: {m}" for m in SPEC_METHODS),
 ]
@@ -554,7 +590,7 @@ EVENTS = (
     *("kv_BlockStored", "kv_BlockRemoved", "kv_evictions"),
     *("throttled", "decode_staggered", "pp_token_ids", "session_turns", "session_chunks"),
     *("spec_drafts", "spec_accepted", "spec_verified", "spec_empty_slots"),
-    *("lora_capped", "encoder_inputs", "encoder_evicted", "prompt_embeds"),
+    *("lora_capped", "encoder_inputs", "encoder_evicted", "prompt_embeds", "pooled"),
 )
 
 

@@ -4,7 +4,7 @@ that is not advanced, a KV-cache event dropped, events reordered, a draft
 lost, acceptance miscounted, a drafter's settings not passed on, drafting
 never skipped, window KV-cache groups passed on wrong, an encoder budget
 or cache short by one, images' data updates lost, prompt embeddings left
-out of the hash) and checks
+out of the hash, a pooled result left off its output) and checks
 that the random workloads of test_vllm_differential fail within a few seeds."""
 
 from __future__ import annotations
@@ -186,4 +186,13 @@ def test_prompt_embeddings_left_out_of_the_hash_is_caught(monkeypatch: pytest.Mo
     zeros where an embedding stands): prompts that differ only in their
     embeddings share blocks."""
     monkeypatch.setattr(CoreScheduler, "digests_of", lambda self, embeds: None)
+    assert caught()
+
+
+def test_a_pooled_result_left_off_its_output_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An embedding model's requests finish with their pooled tensor on the
+    output; a drop-in that finished them without it loses the embedding."""
+    import ironbatch.vllm.scheduler as dropin
+
+    monkeypatch.setattr(dropin, "attach_pooler_outputs", lambda update, mro: None)
     assert caught()

@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
+import torch
 from vllm.distributed.kv_events import BlockStored
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.core.sched.interface import PauseState
@@ -70,6 +71,8 @@ def engine_outputs_view(outs: dict[int, Any]) -> dict[int, Any]:
         for o in eco.outputs:
             ov = _struct_view(o, skip=("events",))
             ov["events"] = None if o.events is None else [e.type for e in o.events]
+            if o.pooling_output is not None:  # a tensor: compared by value
+                ov["pooling_output"] = o.pooling_output.tolist()
             v["outputs"].append(ov)
         stats = eco.scheduler_stats
         v["scheduler_stats"] = None if stats is None else dataclasses.asdict(stats)
@@ -168,6 +171,8 @@ class VllmPair:
         # EngineCore's block hasher covers this many tokens after each block.
         self.hash_lookahead: int = self.vllm.vllm_config.num_hash_lookahead_tokens
         self.async_scheduling = bool(settings.get("async_scheduling"))
+        # An embedding model: outputs are pooled, never sampled.
+        self.pooling = settings.get("runner") == "pooling"
 
     # -- inputs -----------------------------------------------------------------
 
@@ -342,6 +347,9 @@ class VllmPair:
             self.take_masks(a, b)
         runner_order = list(a.num_scheduled_tokens)
         self.rng.shuffle(runner_order)  # a persistent batch has its own row order
+        if self.pooling:
+            self.apply_pooled(a, b, sampling, runner_order)
+            return
         tokens = {rid: self.verified(a, rid, choose) for rid in sampling}
         ids, bitmask = self.masks.pop(id(a), ([], None))
         for row, rid in enumerate(ids):
@@ -392,6 +400,30 @@ class VllmPair:
                 r = self.vllm.requests.get(o.request_id)
                 # Output of a step that ran before the request was preempted.
                 self.events["stale"] += r is not None and r.status == RequestStatus.PREEMPTED
+        self.check_requests()
+
+    def apply_pooled(
+        self, a: SchedulerOutput, b: SchedulerOutput, pooled: list[str], runner_order: list[str]
+    ) -> None:
+        """A pooling runner's output: a pooled tensor for each request whose
+        prompt the step finished, None for the others (chunks)."""
+        mro = ModelRunnerOutput(
+            req_ids=runner_order,
+            req_id_to_index={rid: i for i, rid in enumerate(runner_order)},
+            sampled_token_ids=[],
+            pooler_output=[
+                torch.full((4,), float(i)) if rid in pooled else None
+                for i, rid in enumerate(runner_order)
+            ],
+        )
+        oa = self.vllm.update_from_output(a, copy.deepcopy(mro))
+        ob = self.ours.update_from_output(b, mro)
+        assert engine_outputs_view(oa) == engine_outputs_view(ob)
+        self.check_kv_events()
+        for eco in oa.values():
+            for o in eco.outputs:
+                self.events["pooled"] += o.pooling_output is not None
+                self.events["finished"] += o.finish_reason is not None
         self.check_requests()
 
     def proposed(self, req_ids: list[str]) -> DraftTokenIds:

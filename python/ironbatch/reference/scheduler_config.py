@@ -36,6 +36,22 @@ class Policy(enum.Enum):
     PRIORITY = "priority"
 
 
+class Runner(enum.Enum):
+    """What the model does with a step's output (vLLM's ``--runner``)."""
+
+    #: Samples one token per step after the prompt (plus accepted drafts).
+    GENERATE = "generate"
+    #: Pools the prompt's hidden states and finishes: no token is sampled,
+    #: so no position is held back for one (§4.16).
+    POOLING = "pooling"
+
+    def sampled_tokens_per_step(self) -> int:
+        """Tokens a request appends per step beyond its drafts (vLLM's
+        ``num_sampled_tokens_per_step``): the room a step leaves below
+        ``max_model_len`` and the placeholders async scheduling adds."""
+        return 1 if self is Runner.GENERATE else 0
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     """The encoder's limits (vLLM's ``MultiModalBudget``), in embeddings."""
@@ -111,6 +127,7 @@ class SchedulerSettings:
     #: The encoder's limits, for a model that takes images or audio (§4.15);
     #: None: a text model, which refuses multimodal inputs.
     encoder: EncoderConfig | None = None
+    runner: Runner = Runner.GENERATE
     #: Sliding-window groups cache only the blocks a later request can
     #: resume from (vLLM's ``prefix_cache_retention_interval = 0``, its
     #: default); False caches them all.
@@ -154,8 +171,18 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         kv_cache_groups=group_specs(getattr(cache_config, "kv_cache_groups", None)),
         max_loras=getattr(c, "max_loras", None),
         encoder=encoder_config(c),
+        runner=runner_named(getattr(c, "runner", "generate")),
         sparse_retention=getattr(cache_config, "sparse_retention", True),
     )
+
+
+def runner_named(name: Any) -> Runner:
+    """The API's ``runner`` string as the twin's enum, refused as the
+    binding refuses it."""
+    for r in Runner:
+        if name == r.value:
+            return r
+    raise ValueError(f"runner must be 'generate' or 'pooling', got {debug_str(str(name))}")
 
 
 def encoder_config(c: Any) -> EncoderConfig | None:
@@ -237,6 +264,12 @@ def validate(c: SchedulerSettings) -> None:
         check_range("encoder_compute_budget", e.compute_budget, 1, MAX_NUM_BATCHED_TOKENS)
         check_range("encoder_cache_size", e.cache_size, 1, MAX_MODEL_LEN)
         check_range("drafter_read_ahead", e.drafter_read_ahead, 0, 1)
+    if c.runner is Runner.POOLING and c.num_speculative_tokens > 0:
+        # vLLM builds no drafter for a pooling model.
+        raise ValueError(
+            f"num_speculative_tokens ({c.num_speculative_tokens}) must be 0 for a pooling "
+            "runner: it samples no tokens to verify drafts against"
+        )
 
 
 def check_scheduler(c: Any) -> None:

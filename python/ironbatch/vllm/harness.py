@@ -87,6 +87,9 @@ DEFAULTS: dict[str, Any] = {
     # vLLM's --enable-prompt-embeds: requests may give their prompt as
     # embeddings.
     "enable_prompt_embeds": False,
+    # vLLM's --runner: "pooling" serves the target as an embedding model
+    # (vLLM converts a causal LM with --convert embed, its default there).
+    "runner": "generate",
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
 EXTRAS = (
@@ -314,6 +317,7 @@ def vllm_config(
         max_model_len=cfg["max_model_len"],
         skip_tokenizer_init=cfg["tokenizer"] is None,
         enable_prompt_embeds=cfg["enable_prompt_embeds"],
+        runner=cfg["runner"],
     )
     cc = CacheConfig(
         block_size=cfg["block_size"],
@@ -434,14 +438,18 @@ def make_request(
     mm_features: Sequence[Any] | None = None,
     prompt_embeds: Any = None,
     prompt_is_token_ids: list[bool] | None = None,
+    pooling_params: Any = None,
     **sampling: Any,
 ) -> Request:
     """A vLLM Request as EngineCore builds it (block hasher included, its
     hashes covering ``hash_lookahead_tokens`` after each block: the engine's
     ``num_hash_lookahead_tokens``); ``sampling`` goes to SamplingParams
-    (min_tokens, ignore_eos, ...)."""
-    sp = SamplingParams(max_tokens=max_tokens, **sampling)
-    sp.update_from_generation_config({}, EOS)
+    (min_tokens, ignore_eos, ...). With ``pooling_params`` (vLLM's
+    PoolingParams, for a pooling model) it has no sampling parameters."""
+    sp = None
+    if pooling_params is None:
+        sp = SamplingParams(max_tokens=max_tokens, **sampling)
+        sp.update_from_generation_config({}, EOS)
     # A prompt of embeddings alone has no token ids; a mixed one has both.
     embeds_only = prompt_embeds is not None and prompt_is_token_ids is None
     return Request(
@@ -450,7 +458,7 @@ def make_request(
         prompt_embeds=prompt_embeds,
         prompt_is_token_ids=prompt_is_token_ids,
         sampling_params=sp,
-        pooling_params=None,
+        pooling_params=pooling_params,
         block_hasher=_block_hasher(block_size, hash_lookahead_tokens),
         arrival_time=arrival_time,
         priority=priority,

@@ -56,6 +56,7 @@ from ironbatch.vllm.sessions import add_session_chunk
 from ironbatch.vllm.settings import core_scheduler
 from ironbatch.vllm.speculation import Speculation
 from ironbatch.vllm.step_outputs import (
+    attach_pooler_outputs,
     engine_core_outputs,
     outputs_by_client,
     report_rejected,
@@ -130,6 +131,8 @@ class Scheduler(SchedulerInterface):
         self.use_v2_model_runner: bool = vllm_config.use_v2_model_runner
         self.use_pp = vllm_config.parallel_config.pipeline_parallel_size > 1
         self.num_spec_tokens: int = vllm_config.num_speculative_tokens
+        # An embedding or classification model: results come back pooled.
+        self._pooling = vllm_config.model_config.runner_type == "pooling"
         # vLLM's V2 runner skips drafting in a step whose drafts nobody can
         # verify, when its drafter has a forward pass of its own.
         self.can_skip_drafts = bool(vllm_config.num_lookahead_tokens) and self.use_v2_model_runner
@@ -236,20 +239,22 @@ class Scheduler(SchedulerInterface):
             if embeds is None
             else request.all_token_ids[: request.num_prompt_tokens]
         )
+        # A pooling request has no sampling parameters: nothing to stop on.
         return self._core.add_request(
             request_id=request.request_id,
             prompt_token_ids=prompt,
             max_tokens=request.max_tokens,
-            min_tokens=sp.min_tokens,
-            eos_token_id=sp.eos_token_id,
-            stop_token_ids=sp.stop_token_ids or (),
-            repetition_detection=sp.repetition_detection,
+            min_tokens=0 if sp is None else sp.min_tokens,
+            eos_token_id=None if sp is None else sp.eos_token_id,
+            stop_token_ids=() if sp is None else sp.stop_token_ids or (),
+            repetition_detection=None if sp is None else sp.repetition_detection,
             priority=request.priority,
             arrival_time=request.arrival_time,
             cache_salt=request.cache_salt,
             skip_reading_prefix_cache=request.skip_reading_prefix_cache,
             structured_output=request.use_structured_output,
-            report_hits=request.kv_cache_report_mode == "full",
+            # (vLLM sets the mode only on sampling requests.)
+            report_hits=getattr(request, "kv_cache_report_mode", "incremental") == "full",
             resumable=request.resumable,
             lora_request=request.lora_request,
             mm_features=request.mm_features or None,
@@ -380,13 +385,22 @@ class Scheduler(SchedulerInterface):
         mro = model_runner_output
         # Checked in full before anything changes: a refused output can be
         # retried. Each record's EngineCoreOutput comes made.
-        update = self._objects.update(
-            self._core.core,
-            step=step,
-            req_id_to_index=mro.req_id_to_index,
-            sampled_token_ids=mro.sampled_token_ids,
-            accept=self._structured.accept if step.has_structured_output_requests else None,
-        )
+        if self._pooling:
+            update = self._objects.update_pooled(
+                self._core.core,
+                step=step,
+                req_id_to_index=mro.req_id_to_index,
+                pooler_output=mro.pooler_output or [],
+            )
+            attach_pooler_outputs(update, mro)
+        else:
+            update = self._objects.update(
+                self._core.core,
+                step=step,
+                req_id_to_index=mro.req_id_to_index,
+                sampled_token_ids=mro.sampled_token_ids,
+                accept=self._structured.accept if step.has_structured_output_requests else None,
+            )
         del self._in_flight[key]
         if self._kv_events.enabled:
             # Before the finished are forgotten: their stores name their slots.

@@ -48,6 +48,9 @@ def core_scheduler(
             encoder_cache_size=cache_size,
             disable_chunked_mm_input=sc.disable_chunked_mm_input,
             drafter_read_ahead=vllm_config.num_prefill_lookahead_tokens if compute_budget else 0,
+            # An embedding or classification model pools each prompt and
+            # samples nothing (vLLM's num_sampled_tokens_per_step = 0).
+            runner="pooling" if vllm_config.model_config.runner_type == "pooling" else "generate",
         ),
         CacheConfig(
             num_blocks=kv_cache_config.num_blocks,

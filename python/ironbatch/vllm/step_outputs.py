@@ -55,6 +55,15 @@ def outputs_by_client(s: Scheduler, update: Any, mro: Any) -> dict[int, list[Eng
     return outputs
 
 
+def attach_pooler_outputs(update: Any, mro: Any) -> None:
+    """A pooling runner's results on their outputs: each record is a
+    request whose pooled result arrived (and which finished with it)."""
+    pooler_output = mro.pooler_output
+    index = mro.req_id_to_index
+    for out, rid in zip(update.outputs, update.req_ids, strict=True):
+        out.pooling_output = pooler_output[index[rid]]
+
+
 def _complete(
     s: Scheduler,
     out: EngineCoreOutput,

@@ -48,8 +48,8 @@ def unsupported_config(
     # and cached alike), sliding windows and chunked local attention, all of
     # the scheduler's block size (docs/scheduling.md §7.13).
     attention = (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
-    hybrid = len(groups) > 1 or isinstance(
-        groups[0].kv_cache_spec, SlidingWindowSpec | ChunkedLocalAttentionSpec
+    hybrid = len(groups) > 1 or any(
+        isinstance(g.kv_cache_spec, SlidingWindowSpec | ChunkedLocalAttentionSpec) for g in groups
     )
     observed = c.kv_events_config is not None and c.kv_events_config.enable_kv_cache_events
     checks: list[tuple[bool, str]] = [
@@ -103,7 +103,18 @@ def unsupported_config(
             mc.supports_multimodal_inputs and c.num_prefill_lookahead_tokens > 1,
             "multimodal inputs with multi-module MTP",
         ),
-        (mc.runner_type != "generate" or mc.is_diffusion, f"the {mc.runner_type!r} runner"),
+        (
+            # Pooling models (embeddings, classification) are scheduled as
+            # prefill-only requests (docs/scheduling.md §4.16).
+            mc.runner_type not in ("generate", "pooling") or mc.is_diffusion,
+            f"the {mc.runner_type!r} runner",
+        ),
+        (
+            # An encoder-only model (BERT and kin) keeps no KV cache, so its
+            # scheduler has no KV-cache group to allocate from.
+            not groups,
+            "a model without a KV cache (encoder-only attention)",
+        ),
         (bool(mc.return_sampling_mask), "sampling masks"),
         (
             any(type(g.kv_cache_spec) not in attention for g in groups),
@@ -150,7 +161,9 @@ def unsupported_request(request: Any) -> str | None:
     """Why this request cannot be scheduled by the drop-in, if it cannot."""
     sp = request.sampling_params
     checks: list[tuple[bool, str]] = [
-        (sp is None or request.pooling_params is not None, "pooling"),
+        # A pooling request under a generating model (or the reverse)
+        # cannot reach a scheduler: vLLM's front end refuses it.
+        (sp is None and request.pooling_params is None, "a request without parameters"),
         (
             request.resumable and request.prompt_embeds is not None,
             "prompt embeddings in a streaming session",

@@ -15,7 +15,7 @@ use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::kv_cache_manager::KvCacheConfig;
 use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopRules};
 use crate::scheduler::{Pause, Scheduler};
-use crate::scheduler_config::{EncoderConfig, Policy, SchedulerConfig};
+use crate::scheduler_config::{EncoderConfig, Policy, Runner, SchedulerConfig};
 use crate::slab::Slot;
 use crate::step::{StepOutput, UpdateOutput};
 use numpy::PyReadonlyArray1;
@@ -64,6 +64,16 @@ fn group_spec(kind: &str, size: usize, admission_cap_blocks: Option<usize>) -> P
         kind,
         admission_cap_blocks,
     })
+}
+
+fn runner_named(name: &str) -> PyResult<Runner> {
+    match name {
+        "generate" => Ok(Runner::Generate),
+        "pooling" => Ok(Runner::Pooling),
+        other => Err(PyValueError::new_err(format!(
+            "runner must be 'generate' or 'pooling', got {other:?}"
+        ))),
+    }
 }
 
 fn policy_named(name: &str) -> PyResult<Policy> {
@@ -141,12 +151,27 @@ impl PyScheduler {
         let out = self
             .core
             .update_from_output_checked(step, tokens, offsets, &mut check)?;
+        self.forget_finished(&out);
+        Ok(out)
+    }
+
+    /// A pooling runner's results (`pooled[i]` for entry `i`) applied.
+    pub(super) fn apply_pooled(
+        &mut self,
+        step: &StepOutput,
+        pooled: &[bool],
+    ) -> PyResult<UpdateOutput> {
+        let out = self.core.update_from_pooler_output(step, pooled)?;
+        self.forget_finished(&out);
+        Ok(out)
+    }
+
+    fn forget_finished(&mut self, out: &UpdateOutput) {
         for f in &out.finished {
             if !f.session_continues {
                 self.py_ids[out.records[f.record].slot as usize] = None;
             }
         }
-        Ok(out)
     }
 }
 
@@ -163,7 +188,8 @@ impl PyScheduler {
                         num_hash_lookahead_tokens=None, num_draft_slots=None,
                         kv_cache_groups=None, sparse_retention=true, max_loras=None,
                         encoder_compute_budget=None, encoder_cache_size=None,
-                        disable_chunked_mm_input=false, drafter_read_ahead=None))]
+                        disable_chunked_mm_input=false, drafter_read_ahead=None,
+                        runner="generate"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_num_seqs: &Bound<'_, PyAny>,
@@ -194,6 +220,7 @@ impl PyScheduler {
         encoder_cache_size: Option<&Bound<'_, PyAny>>,
         disable_chunked_mm_input: bool,
         drafter_read_ahead: Option<&Bound<'_, PyAny>>,
+        runner: &str,
     ) -> PyResult<Self> {
         let groups = match kv_cache_groups {
             None => vec![GroupSpec::FULL],
@@ -249,6 +276,7 @@ impl PyScheduler {
             num_draft_slots: optional("num_draft_slots", num_draft_slots)?,
             max_loras: max_loras.map(|v| count("max_loras", v)).transpose()?,
             encoder,
+            runner: runner_named(runner)?,
             cache: KvCacheConfig {
                 num_blocks: count("num_blocks", num_blocks)?,
                 block_size: count("block_size", block_size)?,
@@ -439,6 +467,18 @@ impl PyScheduler {
             }
         };
         let out = self.apply(py, &step.step, &tokens, &offsets, accept)?;
+        PyStepUpdate::of(py, out)
+    }
+
+    /// A pooling runner's output: `pooled[i]` is whether the step's entry
+    /// `i` got a pooled result, which finishes its request (stopped).
+    fn update_from_pooler_output<'py>(
+        &mut self,
+        py: Python<'py>,
+        step: &Bound<'py, PyStep>,
+        pooled: Vec<bool>,
+    ) -> PyResult<PyStepUpdate> {
+        let out = self.apply_pooled(&step.get().step, &pooled)?;
         PyStepUpdate::of(py, out)
     }
 

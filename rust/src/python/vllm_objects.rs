@@ -20,7 +20,7 @@ use super::vllm_step_rows::PyVllmStepRows;
 use super::vllm_step_update::PyVllmStepUpdate;
 use crate::scheduler::Scheduler;
 use crate::step::Kind;
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyList, PySet, PyString, PyType};
@@ -400,6 +400,46 @@ impl PyVllmObjects {
         let ids = step.get().req_ids_list(py);
         let cls = self.engine_core_output.bind(py);
         PyVllmStepUpdate::of(py, out, ids, &sampled_rows, Some(cls))
+    }
+
+    /// Apply a pooling runner's `ModelRunnerOutput` to `step`: a row whose
+    /// `pooler_output` entry is not None got its pooled result, which
+    /// finishes the request. Each record's `EngineCoreOutput` is made with
+    /// no tokens; the drop-in attaches the pooled tensor.
+    #[pyo3(signature = (scheduler, *, step, req_id_to_index, pooler_output))]
+    fn update_pooled<'py>(
+        &self,
+        py: Python<'py>,
+        scheduler: &Bound<'py, PyScheduler>,
+        step: &Bound<'py, PyStep>,
+        req_id_to_index: &Bound<'py, PyDict>,
+        pooler_output: &Bound<'py, PyList>,
+    ) -> PyResult<PyVllmStepUpdate> {
+        let ids = step.get().req_ids_list(py);
+        let n = step.get().step.entries.len();
+        let mut pooled = Vec::with_capacity(n);
+        for i in 0..n {
+            let rid = ids.get_item(i)?;
+            let got = match req_id_to_index.get_item(&rid)? {
+                Some(index) => {
+                    let index: usize = index.extract()?;
+                    let row = pooler_output.get_item(index).map_err(|_| {
+                        PyValueError::new_err(format!(
+                            "req_id_to_index[{rid}] = {index} is outside pooler_output ({} rows)",
+                            pooler_output.len()
+                        ))
+                    })?;
+                    !row.is_none()
+                }
+                None => false,
+            };
+            pooled.push(got);
+        }
+        let out = scheduler
+            .borrow_mut()
+            .apply_pooled(&step.get().step, &pooled)?;
+        let cls = self.engine_core_output.bind(py);
+        PyVllmStepUpdate::of(py, out, ids, &vec![None; n], Some(cls))
     }
 
     /// vLLM's `SchedulerStats` from the core's counters (which taking them

@@ -16,6 +16,7 @@
 
 mod drafts;
 mod encoder_inputs;
+mod pooler_output;
 mod preemption;
 mod read_ahead;
 mod running_pass;
@@ -28,6 +29,8 @@ mod waiting_pass;
 mod encoder_tests;
 #[cfg(test)]
 mod lora_tests;
+#[cfg(test)]
+mod pooling_tests;
 #[cfg(test)]
 mod prompt_embeds_tests;
 #[cfg(test)]
@@ -45,7 +48,7 @@ use crate::prefill_cadence::PrefillCadence;
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::request::{check_turn, NewRequest, Request, RequestStatus};
 use crate::request_queue::WaitingQueue;
-use crate::scheduler_config::{Policy, SchedulerConfig};
+use crate::scheduler_config::{Policy, Runner, SchedulerConfig};
 use crate::sequence::Sequence;
 use crate::slab::{Slab, Slot};
 use crate::step::{StepEntry, StepOutput};
@@ -396,10 +399,20 @@ impl Scheduler {
                 "prompt_token_ids of request {id:?} must not be empty"
             )));
         }
-        if len >= max_len {
+        // A sampled token needs a position after the prompt; a pooled
+        // prompt may fill max_model_len (vLLM's input check, §4.16).
+        let room = self.config.runner.sampled_tokens_per_step();
+        if len + room > max_len {
+            let bound = if room == 0 { "at most" } else { "shorter than" };
             return Err(Error::invalid(format!(
-                "prompt_token_ids of request {id:?} has {len} tokens; it must be shorter than \
+                "prompt_token_ids of request {id:?} has {len} tokens; it must be {bound} \
                  max_model_len ({max_len})"
+            )));
+        }
+        if new.resumable && self.config.runner == Runner::Pooling {
+            return Err(Error::invalid(format!(
+                "resumable of request {id:?}: a pooling runner takes no streaming sessions \
+                 (it finishes each request after its prompt)"
             )));
         }
         if !new.mm_inputs.is_empty() {

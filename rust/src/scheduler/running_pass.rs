@@ -88,9 +88,10 @@ impl Scheduler {
         if draft.threshold > 0 && draft.threshold < n {
             n = draft.threshold;
         }
-        // The last position of max_model_len is never computed: nothing
-        // would sample after it.
-        let room = (self.config.max_model_len - 1).saturating_sub(computed);
+        // A generating request never computes the last position of
+        // max_model_len (nothing would sample after it); a pooled one may.
+        let sampled = self.config.runner.sampled_tokens_per_step();
+        let room = (self.config.max_model_len - sampled).saturating_sub(computed);
         let input_room = draft.input_budget - self.config.num_draft_slots;
         n.min(draft.token_budget).min(input_room).min(room)
     }

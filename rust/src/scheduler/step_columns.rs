@@ -52,9 +52,11 @@ impl Scheduler {
                     // Its grammar mask needs the token still in flight.
                     out.pending_structured_output_tokens |=
                         structured && r.num_output_placeholders > 0;
-                    // The token this step samples and the drafts it verifies;
-                    // the runner proposes the next drafts meanwhile.
-                    r.num_output_placeholders += 1 + e.drafts.len();
+                    // The token this step samples (none for a pooling
+                    // runner) and the drafts it verifies; the runner
+                    // proposes the next drafts meanwhile.
+                    r.num_output_placeholders +=
+                        self.config.runner.sampled_tokens_per_step() + e.drafts.len();
                     r.drafts = match self.config.num_speculative_tokens {
                         0 => Drafts::None,
                         k => Drafts::Placeholders(k),

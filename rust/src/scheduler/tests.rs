@@ -7,7 +7,7 @@ use super::*;
 use crate::kv_cache_manager::KvCacheConfig;
 use crate::kv_events::KvEvent;
 use crate::request::{StopReason, StopRules};
-use crate::scheduler_config::EncoderConfig;
+use crate::scheduler_config::{EncoderConfig, Runner};
 
 pub(super) struct Setup {
     pub(super) num_blocks: usize,
@@ -22,6 +22,8 @@ pub(super) struct Setup {
     pub(super) num_draft_slots: usize,
     pub(super) max_loras: Option<usize>,
     pub(super) encoder: Option<EncoderConfig>,
+    pub(super) runner: Runner,
+    pub(super) async_scheduling: bool,
 }
 
 impl Default for Setup {
@@ -39,6 +41,8 @@ impl Default for Setup {
             num_draft_slots: 0,
             max_loras: None,
             encoder: None,
+            runner: Runner::Generate,
+            async_scheduling: false,
         }
     }
 }
@@ -56,13 +60,14 @@ pub(super) fn scheduler(s: Setup) -> Scheduler {
         watermark_blocks: 0,
         policy: s.policy,
         scheduler_reserve_full_isl: true,
-        async_scheduling: false,
+        async_scheduling: s.async_scheduling,
         prefill_schedule_interval: 1,
         decode_stagger: 0,
         num_speculative_tokens: s.num_speculative_tokens,
         num_draft_slots: s.num_draft_slots,
         max_loras: s.max_loras,
         encoder: s.encoder,
+        runner: s.runner,
         cache: KvCacheConfig {
             num_lookahead_tokens: s.num_lookahead_tokens,
             num_hash_lookahead_tokens: s.num_hash_lookahead_tokens,

@@ -9,10 +9,20 @@ use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
 use crate::kv_events::KvEvent;
 use crate::request::{Request, RequestStatus};
+use crate::scheduler_config::Runner;
 use crate::slab::Slot;
 use crate::spec_decode::SpecDecodingStats;
 use crate::step::{Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
 use crate::stop_check::check_stop;
+
+/// The requests an update finished, by the queue each leaves.
+#[derive(Default)]
+pub(super) struct Ended {
+    running: Vec<Slot>,
+    waiting: Vec<Slot>,
+    /// Streaming sessions whose turn ended: queued again, waiting.
+    continuing: Vec<Slot>,
+}
 
 impl Scheduler {
     /// Apply a step's sampled tokens: entry `i` of `step` gets
@@ -50,54 +60,68 @@ impl Scheduler {
         // at 1,024 running requests.
         out.records.reserve(step.entries.len());
         out.tokens.reserve(tokens.len());
-        let (mut stopped_running, mut stopped_waiting) = (Vec::new(), Vec::new());
-        let mut continuing: Vec<Slot> = Vec::new();
+        let mut ended = Ended::default();
         for (i, e) in step.entries.iter().enumerate() {
             if !self.requests.holds(e.slot, e.generation) {
                 continue; // finished (and maybe its slot reused) meanwhile
             }
             let sampled = &tokens[offsets[i]..offsets[i + 1]];
-            let Some(status_before) = self.apply_output(i, e, sampled, accept, &mut out) else {
-                continue;
-            };
-            if status_before == RequestStatus::Running {
-                stopped_running.push(e.slot);
-            } else {
-                stopped_waiting.push(e.slot);
-            }
-            let was_resumable = self.requests[e.slot].resumable;
-            let continues = self.end_turn(e.slot);
-            if let Some(f) = out.finished.last_mut() {
-                let r = &mut self.requests[e.slot];
-                // A session's turn end resets what it computed to its frontier.
-                f.num_computed_tokens = r.seq.num_computed_tokens;
-                f.session_continues = continues;
-                if !was_resumable {
-                    // Freed below: its tokens move instead of being copied.
-                    f.token_ids = r.seq.take_tokens();
-                }
-            }
-            if continues {
-                // A streaming session: it waits for (or took) its next chunk.
-                continuing.push(e.slot);
-            } else {
-                // Freed now, in scheduling order: this shapes the free queue (Q18).
-                self.free_request(e.slot);
+            if let Some(status_before) = self.apply_output(i, e, sampled, accept, &mut out) {
+                self.end_request(e.slot, status_before, &mut out, &mut ended);
             }
         }
-        // Out of their queues at once, as vLLM takes them out; sessions that
-        // go on are queued again, waiting.
-        if !stopped_running.is_empty() {
-            self.running.retain(|s| !stopped_running.contains(s));
+        self.unqueue_ended(ended);
+        Ok(out)
+    }
+
+    /// The request in `slot` finished in this update (its record is the
+    /// last of `out.finished`): a session's turn ends, anything else is
+    /// freed now, in scheduling order, which shapes the free queue (Q18).
+    pub(super) fn end_request(
+        &mut self,
+        slot: Slot,
+        status_before: RequestStatus,
+        out: &mut UpdateOutput,
+        ended: &mut Ended,
+    ) {
+        if status_before == RequestStatus::Running {
+            ended.running.push(slot);
+        } else {
+            ended.waiting.push(slot);
         }
-        self.unqueue_waiting(&stopped_waiting);
-        for &slot in &continuing {
-            if stopped_waiting.contains(&slot) {
+        let was_resumable = self.requests[slot].resumable;
+        let continues = self.end_turn(slot);
+        if let Some(f) = out.finished.last_mut() {
+            let r = &mut self.requests[slot];
+            // A session's turn end resets what it computed to its frontier.
+            f.num_computed_tokens = r.seq.num_computed_tokens;
+            f.session_continues = continues;
+            if !was_resumable {
+                // Freed below: its tokens move instead of being copied.
+                f.token_ids = r.seq.take_tokens();
+            }
+        }
+        if continues {
+            // A streaming session: it waits for (or took) its next chunk.
+            ended.continuing.push(slot);
+        } else {
+            self.free_request(slot);
+        }
+    }
+
+    /// Out of their queues at once, as vLLM takes them out; sessions that
+    /// go on are queued again, waiting.
+    pub(super) fn unqueue_ended(&mut self, ended: Ended) {
+        if !ended.running.is_empty() {
+            self.running.retain(|s| !ended.running.contains(s));
+        }
+        self.unqueue_waiting(&ended.waiting);
+        for &slot in &ended.continuing {
+            if ended.waiting.contains(&slot) {
                 self.undefer(slot);
             }
             self.enqueue_waiting(slot);
         }
-        Ok(out)
     }
 
     /// Apply entry `row`'s tokens to its request and record them in `out`.
@@ -212,6 +236,12 @@ impl Scheduler {
         }
         if !self.pending_steps.contains(&step.step_id) {
             return Err(Error::StepAlreadyApplied);
+        }
+        if self.config.runner == Runner::Pooling && !tokens.is_empty() {
+            return Err(Error::invalid(
+                "sampled: a pooling runner samples no tokens; apply its output with \
+                 update_from_pooler_output",
+            ));
         }
         let n = step.entries.len();
         if offsets.len() != n + 1 {

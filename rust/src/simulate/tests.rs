@@ -4,7 +4,7 @@
 use super::*;
 use crate::attention_group::GroupSpec;
 use crate::kv_cache_manager::KvCacheConfig;
-use crate::scheduler_config::{Policy, SchedulerConfig};
+use crate::scheduler_config::{Policy, Runner, SchedulerConfig};
 
 fn config(async_scheduling: bool) -> SchedulerConfig {
     SchedulerConfig {
@@ -26,6 +26,7 @@ fn config(async_scheduling: bool) -> SchedulerConfig {
         num_draft_slots: 0,
         max_loras: None,
         encoder: None,
+        runner: Runner::Generate,
         cache: KvCacheConfig {
             num_blocks: 64,
             block_size: 16,

@@ -45,6 +45,7 @@ from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import (
     drafts,
     encoder_inputs,
+    pooler_output,
     preemption,
     running_pass,
     session,
@@ -53,7 +54,7 @@ from ironbatch.reference.scheduler import (
 )
 from ironbatch.reference.scheduler.encoder_inputs import ScheduledEncoderInputs
 from ironbatch.reference.scheduler.step_columns import finish_step
-from ironbatch.reference.scheduler_config import SchedulerSettings, settings, validate
+from ironbatch.reference.scheduler_config import Runner, SchedulerSettings, settings, validate
 from ironbatch.reference.sequence import Sequence
 from ironbatch.reference.slab import Slab
 from ironbatch.reference.spec_decode import Drafts
@@ -329,10 +330,19 @@ class Scheduler:
         n, max_len = len(new.prompt_token_ids), self.config.max_model_len
         if n == 0:
             raise ValueError(f"prompt_token_ids of request {debug_str(rid)} must not be empty")
-        if n >= max_len:
+        # A sampled token needs a position after the prompt; a pooled
+        # prompt may fill max_model_len (vLLM's input check, §4.16).
+        room = self.config.runner.sampled_tokens_per_step()
+        if n + room > max_len:
+            bound = "at most" if room == 0 else "shorter than"
             raise ValueError(
                 f"prompt_token_ids of request {debug_str(rid)} has {n} tokens; it must be "
-                f"shorter than max_model_len ({max_len})"
+                f"{bound} max_model_len ({max_len})"
+            )
+        if new.resumable and self.config.runner is Runner.POOLING:
+            raise ValueError(
+                f"resumable of request {debug_str(rid)}: a pooling runner takes no streaming "
+                "sessions (it finishes each request after its prompt)"
             )
         if new.mm_inputs:
             if self.config.encoder is None:
@@ -468,6 +478,12 @@ class Scheduler:
         ``tokens[offsets[i]:offsets[i + 1]]`` (docs/scheduling.md §5).
         Checked first, so a ``ValueError`` changes nothing."""
         return update.update_from_output(self, step, tokens, offsets)
+
+    def update_from_pooler_output(self, step: StepOutput, pooled: list[bool]) -> UpdateOutput:
+        """Apply a pooling runner's output: ``pooled[i]`` says whether entry
+        ``i`` of ``step`` got a pooled result, which finishes its request.
+        Checked first, so a ``ValueError`` changes nothing."""
+        return pooler_output.update_from_pooler_output(self, step, pooled)
 
     def update_from_output_checked(
         self, step: StepOutput, tokens: list[int], offsets: list[int], accept: update.AcceptKept

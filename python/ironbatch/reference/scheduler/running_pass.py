@@ -84,9 +84,10 @@ def num_running_tokens(s: Scheduler, slot: int, draft: StepDraft) -> int:
     n = max(r.num_tokens + len(r.drafts) + placeholders - computed, 0)
     if 0 < draft.threshold < n:
         n = draft.threshold
-    # The last position of max_model_len is never computed: nothing would
-    # sample after it.
-    room = max(s.config.max_model_len - 1 - computed, 0)
+    # A generating request never computes the last position of
+    # max_model_len (nothing would sample after it); a pooled one may.
+    sampled = s.config.runner.sampled_tokens_per_step()
+    room = max(s.config.max_model_len - sampled - computed, 0)
     input_room = draft.input_budget - s.config.num_draft_slots
     return min(n, draft.token_budget, input_room, room)
 

@@ -44,9 +44,11 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
             if s.config.async_scheduling:
                 # Its grammar mask needs the token still in flight.
                 out.pending_structured_output_tokens |= structured and r.num_output_placeholders > 0
-                # The token this step samples and the drafts it verifies;
-                # the runner proposes the next drafts meanwhile.
-                r.num_output_placeholders += 1 + len(e.drafts)
+                # The token this step samples (none for a pooling runner)
+                # and the drafts it verifies; the runner proposes the next
+                # drafts meanwhile.
+                sampled = s.config.runner.sampled_tokens_per_step()
+                r.num_output_placeholders += sampled + len(e.drafts)
                 k = s.config.num_speculative_tokens
                 r.drafts = Drafts(placeholders=k) if k else NO_DRAFTS
                 if s.config.decode_stagger > 0:

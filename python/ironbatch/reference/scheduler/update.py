@@ -6,6 +6,7 @@ in scheduling order, and (async) placeholders are resolved."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.error import foreign_step, step_already_applied
@@ -14,6 +15,7 @@ from ironbatch.reference.kv_events import Stored
 from ironbatch.reference.request import Request, RequestStatus
 from ironbatch.reference.scheduler import session, waiting_pass
 from ironbatch.reference.scheduler.encoder_inputs import release_encoded
+from ironbatch.reference.scheduler_config import Runner
 from ironbatch.reference.spec_decode import SpecDecodingStats
 from ironbatch.reference.step import Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord
 from ironbatch.reference.stop_check import check_stop
@@ -51,41 +53,60 @@ def update_from_output_checked(
     check_update(s, step, tokens, offsets)
     s.pending_steps.remove(step.step_id)
     out = UpdateOutput()
-    stopped_running: list[int] = []
-    stopped_waiting: list[int] = []
-    continuing: list[int] = []
+    ended = Ended()
     for i, e in enumerate(step.entries):
         if not s.requests.holds(e.slot, e.generation):
             continue  # finished (and maybe its slot reused) meanwhile
         sampled = tokens[offsets[i] : offsets[i + 1]]
         status_before = apply_output(s, i, e, sampled, accept, out)
-        if status_before is None:
-            continue
-        if status_before == RequestStatus.RUNNING:
-            stopped_running.append(e.slot)
-        else:
-            stopped_waiting.append(e.slot)
-        continues = session.end_turn(s, e.slot)
-        # A session's turn end resets what it computed to its frontier.
-        out.finished[-1].num_computed_tokens = s.requests[e.slot].seq.num_computed_tokens
-        out.finished[-1].session_continues = continues
-        if continues:
-            # A streaming session: it waits for (or took) its next chunk.
-            continuing.append(e.slot)
-        else:
-            # Freed now, in scheduling order: this shapes the free queue (Q18).
-            s.free_request(e.slot)
-    # Out of their queues at once, as vLLM takes them out; sessions that go
-    # on are queued again, waiting.
-    if stopped_running:
-        gone = set(stopped_running)
+        if status_before is not None:
+            end_request(s, e.slot, status_before, out, ended)
+    unqueue_ended(s, ended)
+    return out
+
+
+@dataclass
+class Ended:
+    """The requests an update finished, by the queue each leaves."""
+
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    #: Streaming sessions whose turn ended: queued again, waiting.
+    continuing: list[int] = field(default_factory=list)
+
+
+def end_request(
+    s: Scheduler, slot: int, status_before: RequestStatus, out: UpdateOutput, ended: Ended
+) -> None:
+    """The request in ``slot`` finished in this update (its record is the
+    last of ``out.finished``): a session's turn ends, anything else is freed
+    now, in scheduling order, which shapes the free queue (Q18)."""
+    if status_before == RequestStatus.RUNNING:
+        ended.running.append(slot)
+    else:
+        ended.waiting.append(slot)
+    continues = session.end_turn(s, slot)
+    # A session's turn end resets what it computed to its frontier.
+    out.finished[-1].num_computed_tokens = s.requests[slot].seq.num_computed_tokens
+    out.finished[-1].session_continues = continues
+    if continues:
+        # A streaming session: it waits for (or took) its next chunk.
+        ended.continuing.append(slot)
+    else:
+        s.free_request(slot)
+
+
+def unqueue_ended(s: Scheduler, ended: Ended) -> None:
+    """Out of their queues at once, as vLLM takes them out; sessions that go
+    on are queued again, waiting."""
+    if ended.running:
+        gone = set(ended.running)
         s.running[:] = [slot for slot in s.running if slot not in gone]
-    s.unqueue_waiting(stopped_waiting)
-    for slot in continuing:
-        if slot in stopped_waiting:
+    s.unqueue_waiting(ended.waiting)
+    for slot in ended.continuing:
+        if slot in ended.waiting:
             waiting_pass.undefer(s, slot)
         s.enqueue_waiting(slot)
-    return out
 
 
 def apply_output(
@@ -162,6 +183,11 @@ def check_update(s: Scheduler, step: StepOutput, tokens: list[int], offsets: lis
         raise foreign_step()
     if step.step_id not in s.pending_steps:
         raise step_already_applied()
+    if s.config.runner is Runner.POOLING and tokens:
+        raise ValueError(
+            "sampled: a pooling runner samples no tokens; apply its output with "
+            "update_from_pooler_output"
+        )
     n = len(step.entries)
     if len(offsets) != n + 1:
         raise ValueError(
