@@ -166,10 +166,10 @@ def prompt_embeddings(rng: random.Random) -> dict:
 
 
 def pooling(rng: random.Random, settings: dict) -> dict:
-    """An embedding model (--runner pooling) in some workloads: prompts
-    only, each finished by its pooled result. Not with a drafter (vLLM
-    builds none for a pooling model) nor on the vision target."""
-    if rng.random() >= 0.3 or "speculative_config" in settings or "target" in settings:
+    """An embedding model (--runner pooling) in about a quarter of the
+    workloads: prompts only, each finished by its pooled result. Not with a
+    drafter (vLLM builds none for a pooling model) nor on the vision target."""
+    if rng.random() >= 0.5 or "speculative_config" in settings or "target" in settings:
         return {}
     return {"runner": "pooling"}
 
