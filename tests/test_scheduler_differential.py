@@ -254,7 +254,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             rid = f"q{next_id}"
             next_id += 1
             resumable = sessions_fit and len(pair.sessions) < 3 and rng.random() < 0.3
-            images = place_images(rng, pool, tokens) if pool and not resumable else []
+            images = place_images(rng, pool, tokens) if pool else []
             # A prompt as embeddings in some (rows fixed by their token, so
             # shared prefixes hit, with a stray row now and then).
             embeds = None
@@ -287,12 +287,18 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             state = pair.rust.debug_state()["requests"].get(rid)
             if state and rng.random() < 0.15:
                 last = rng.random() < 0.2 or state["num_tokens"] + 12 > max_len // 2
+                chunk = [0] if last else [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 6))]
+                # Images in later chunks too (short ones: chunks stay short).
+                small = [m for m in pool if m.length <= 4]
+                chunk_images = [] if last or not small else place_images(rng, small, chunk)
+                pair.events["session_images"] += bool(chunk_images)
                 pair.add(
                     rid,
-                    [0] if last else [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 6))],
+                    chunk,
                     max_tokens=rng.randint(1, 6),
                     resumable=not last,
                     arrival=float(rng.randint(0, next_id)),
+                    images=chunk_images,
                 )
         if live and rng.random() < 0.05:
             pair.abort([rng.choice(live)])
@@ -362,7 +368,7 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     hybrid = ("window_freed", "hybrid_hit", "hybrid_hit_nulls", "shared_boundary")
     lora = ("lora_capped",)
     images = ("encoder_inputs", "encoder_evicted", "encoder_cut", "encoder_mismatch")
-    images += ("prompt_embeds",)
+    images += ("prompt_embeds", "session_images")
     pooling = ("pooled",)
     # Each at least 20 times per 60 workloads.
     needs = {

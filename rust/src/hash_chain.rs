@@ -89,6 +89,21 @@ impl BlockHashChain {
         self.extend(hasher, tokens, block_size);
     }
 
+    /// Key the blocks not hashed yet by `inputs` too (a streaming session's
+    /// next chunk brings them, placed after everything the chain holds).
+    pub fn add_mm(&mut self, inputs: &[MultimodalInput]) {
+        if inputs.is_empty() {
+            return;
+        }
+        let mut spans = self.mm.take().map(Vec::from).unwrap_or_default();
+        spans.extend(inputs.iter().map(|m| MmSpan {
+            offset: m.offset,
+            end: m.end(),
+            identifier: m.identifier.as_str().into(),
+        }));
+        self.mm = Some(spans.into_boxed_slice());
+    }
+
     /// The hashes so far.
     pub fn hashes(&self) -> &[BlockHash] {
         &self.hashes

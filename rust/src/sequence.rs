@@ -79,6 +79,7 @@ impl Sequence {
         &mut self,
         keep: usize,
         chunk: &[u32],
+        chunk_inputs: &[MultimodalInput],
         hasher: &BlockHasher,
         block_size: usize,
     ) {
@@ -86,6 +87,8 @@ impl Sequence {
         self.hashes
             .truncate(keep / block_size, hasher, &self.tokens, block_size);
         self.tokens.truncate(keep);
+        // The chunk's images (placed already) key the blocks it fills.
+        self.hashes.add_mm(chunk_inputs);
         self.append(chunk, hasher, block_size);
         self.num_prompt_tokens = self.tokens.len();
     }

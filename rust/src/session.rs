@@ -5,13 +5,18 @@
 //! that arrives early waits in the session's queue; a chunk that is not
 //! resumable ends the input.
 
+use crate::multimodal::MultimodalInput;
 use crate::request::StopRules;
 use std::collections::VecDeque;
 
-/// One input chunk of a session: its tokens and the rules of its turn.
+/// One input chunk of a session: its tokens, its images (placed within
+/// the chunk) and the rules of its turn.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionUpdate {
     pub prompt_token_ids: Vec<u32>,
+    /// Offsets count from the chunk's first token; applying the chunk
+    /// moves them past what the session keeps, as vLLM does.
+    pub mm_inputs: Vec<MultimodalInput>,
     pub stop: StopRules,
     /// Seconds; replaces the session's arrival time when applied.
     pub arrival_time: f64,

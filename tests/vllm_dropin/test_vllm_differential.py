@@ -337,7 +337,7 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
             ]
             rid = f"r{next_id}"
             next_id += 1
-            prompt, features = with_images(prompt) if not resumable else (prompt, [])
+            prompt, features = with_images(prompt)
             embeds: dict = {}
             if settings.get("enable_prompt_embeds") and not resumable and rng.random() < 0.4:
                 embeds["prompt_embeds"], embeds["prompt_is_token_ids"] = embeds_for(rng, prompt)
@@ -398,12 +398,22 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
                 prompt = (
                     [0] if last else [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 6))]
                 )
+                # On a vision model, a short clip in some chunks (one of
+                # three identifiers, so sessions share them now and then).
+                clip: list[MultiModalFeatureSpec] = []
+                if vision and not last and rng.random() < 0.4:
+                    length, pos = rng.randint(1, 6), rng.randint(0, 2)
+                    prompt = [rng.randrange(3, VOCAB) for _ in range(pos + length + 1)]
+                    prompt[pos : pos + length] = [IMAGE] * length
+                    clip = [image_feature(f"clip-{rng.randint(0, 2)}-{length}", pos, length, None)]
+                    pair.events["session_images"] += 1
                 pair.add_chunk(
                     rid,
                     prompt,
                     resumable=not last,
                     max_tokens=rng.randint(1, 8),
                     arrival_time=float(rng.randint(0, next_id)),
+                    mm_features=clip,
                 )
         for rid in list(pair.compiling):  # grammars compile in their own time
             if rng.random() < 0.3:
@@ -591,6 +601,7 @@ EVENTS = (
     *("throttled", "decode_staggered", "pp_token_ids", "session_turns", "session_chunks"),
     *("spec_drafts", "spec_accepted", "spec_verified", "spec_empty_slots"),
     *("lora_capped", "encoder_inputs", "encoder_evicted", "prompt_embeds", "pooled"),
+    "session_images",
 )
 
 

@@ -208,13 +208,14 @@ class VllmPair:
         """The next input chunk of the streaming session ``rid`` (or, not
         resumable, the end of its input), to both."""
         for s in (self.vllm, self.ours):
+            # Each its own images: taking a chunk moves their positions.
             chunk = vllm_setup.make_request(
                 rid,
                 prompt,
                 block_size=self.bs,
                 resumable=resumable,
                 hash_lookahead_tokens=self.hash_lookahead,
-                **kw,
+                **copy.deepcopy(kw),
             )
             s.add_request(chunk)
         self.events["session_chunks"] += 1

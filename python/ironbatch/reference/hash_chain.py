@@ -62,6 +62,15 @@ class BlockHashChain:
         self.clear()
         self.extend(hasher, tokens, block_size)
 
+    def add_mm(self, inputs: Sequence[MultimodalInput]) -> None:
+        """Key the blocks not hashed yet by ``inputs`` too (a streaming
+        session's next chunk brings them, placed after everything the chain
+        holds)."""
+        if not inputs:
+            return
+        spans = tuple(MmSpan(m.offset, m.end(), m.identifier) for m in inputs)
+        self._mm = (self._mm or ()) + spans
+
     def hashes(self) -> list[int]:
         """The hashes so far."""
         return self._hashes

@@ -44,14 +44,21 @@ class Sequence:
         self._hashes.extend(hasher, self._tokens, block_size)
 
     def continue_session(
-        self, keep: int, chunk: list[int], hasher: BlockHasher, block_size: int
+        self,
+        keep: int,
+        chunk: list[int],
+        chunk_inputs: Seq[MultimodalInput],
+        hasher: BlockHasher,
+        block_size: int,
     ) -> None:
         """A streaming session's next turn: keep the first ``keep`` tokens
-        (all but the last sampled one), append ``chunk``, and make every
-        token prompt (docs/scheduling.md §4.12)."""
+        (all but the last sampled one), append ``chunk`` (its images, placed
+        already, key the blocks it fills), and make every token prompt
+        (docs/scheduling.md §4.12)."""
         assert self.num_computed_tokens <= keep <= len(self._tokens)
         self._hashes.truncate(keep // block_size, hasher, self._tokens, block_size)
         del self._tokens[keep:]
+        self._hashes.add_mm(chunk_inputs)
         self.append(chunk, hasher, block_size)
         self._num_prompt_tokens = len(self._tokens)
 

@@ -12,14 +12,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ironbatch.reference.multimodal import MultimodalInput
     from ironbatch.reference.request import StopRules
 
 
 @dataclass
 class SessionUpdate:
-    """One input chunk of a session: its tokens and the rules of its turn."""
+    """One input chunk of a session: its tokens, its images (placed within
+    the chunk) and the rules of its turn."""
 
     prompt_token_ids: list[int]
+    #: Offsets count from the chunk's first token; applying the chunk moves
+    #: them past what the session keeps, as vLLM does.
+    mm_inputs: list[MultimodalInput]
     stop: StopRules
     #: Seconds; replaces the session's arrival time when applied.
     arrival_time: float

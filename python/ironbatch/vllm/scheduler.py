@@ -68,9 +68,6 @@ from ironbatch.vllm.support import unsupported_config, unsupported_request
 logger = logging.getLogger("ironbatch.vllm")
 
 
-_MM_SESSIONS = "multimodal inputs in a streaming session yet"
-
-
 class Scheduler(SchedulerInterface):
     """vLLM's V1 scheduler, decided by ironbatch's Rust core."""
 
@@ -196,12 +193,6 @@ class Scheduler(SchedulerInterface):
         rid = request.request_id
         existing = self.requests.get(rid)
         if existing is not None:
-            if request.mm_features:
-                # Not yet: images in a session's later chunk. The session
-                # ends with the reason rather than losing them silently.
-                self.finish_requests([rid], RequestStatus.FINISHED_ERROR)
-                self._reject(existing, "ironbatch.vllm.Scheduler does not support " + _MM_SESSIONS)
-                return
             add_session_chunk(self, existing, request)
             return
         if self.log_stats:

@@ -10,6 +10,7 @@ outputs call them."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from vllm.v1.engine import EngineCoreEventType
@@ -24,14 +25,21 @@ logger = logging.getLogger("ironbatch.vllm")
 
 
 def continue_session(r: Request, update: StreamingUpdate, block_size: int) -> None:
-    """All but the last sampled token become prompt, the chunk is appended,
-    its rules and arrival time replace the turn's, and the session waits to
-    be scheduled again."""
+    """All but the last sampled token become prompt, the chunk (and its
+    images) is appended, its rules and arrival time replace the turn's, and
+    the session waits to be scheduled again."""
     keep = r.num_tokens - 1
     r.prompt_token_ids.extend(r._all_token_ids[r.num_prompt_tokens : keep])
     del r._all_token_ids[keep:]
     del r.block_hashes[keep // block_size :]
     r._output_token_ids.clear()
+    if update.mm_features:
+        # The chunk's images, placed after what the session keeps.
+        for feature in update.mm_features:
+            feature.mm_position = replace(
+                feature.mm_position, offset=feature.mm_position.offset + keep
+            )
+        r.mm_features.extend(update.mm_features)
     r._all_token_ids.extend(update.prompt_token_ids or ())
     r.prompt_token_ids.extend(update.prompt_token_ids or ())
     r.update_block_hashes()

@@ -94,12 +94,6 @@ def unsupported_config(
         (mc.is_encoder_decoder, "an encoder-decoder model"),
         (c.is_mm_encoder_only, "an encoder-only multimodal deployment (mm_encoder_only)"),
         (
-            # A realtime model's streaming sessions bring audio in their later
-            # chunks, which the core does not take yet.
-            mc.supports_multimodal_inputs and is_realtime_model(mc),
-            "a realtime model (streaming sessions with audio)",
-        ),
-        (
             mc.supports_multimodal_inputs and c.num_prefill_lookahead_tokens > 1,
             "multimodal inputs with multi-module MTP",
         ),
@@ -147,16 +141,6 @@ def unsupported_config(
     return next((why for bad, why in checks if bad), None)
 
 
-def is_realtime_model(model_config: Any) -> bool:
-    """Whether the model takes vLLM's realtime streaming input (Voxtral
-    Realtime, Qwen3-ASR Realtime): its class says so."""
-    from vllm.model_executor.models import ModelRegistry
-    from vllm.model_executor.models.interfaces import supports_realtime
-
-    cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
-    return bool(supports_realtime(cls))
-
-
 def unsupported_request(request: Any) -> str | None:
     """Why this request cannot be scheduled by the drop-in, if it cannot."""
     sp = request.sampling_params
@@ -167,10 +151,6 @@ def unsupported_request(request: Any) -> str | None:
         (
             request.resumable and request.prompt_embeds is not None,
             "prompt embeddings in a streaming session",
-        ),
-        (
-            request.resumable and bool(request.mm_features),
-            "multimodal inputs in a streaming session",
         ),
     ]
     return next((why for bad, why in checks if bad), None)

@@ -222,3 +222,46 @@ fn bad_inputs_are_refused_and_change_nothing() {
     let e = text.add_request(r).unwrap_err().to_string();
     assert!(e.contains("no encoder"), "{e}");
 }
+
+#[test]
+fn a_session_chunk_brings_an_image_placed_after_what_the_session_keeps() {
+    let mut s = with_encoder(64, 100, 100, false);
+    let mut first = new_request("s", vec![1; 8], 1);
+    first.resumable = true;
+    first.mm_inputs = vec![MultimodalInput::new(2, 3, "a")];
+    s.add_request(first).unwrap();
+    // The turn: the prompt (running image "a"), one token, then it waits.
+    assert_eq!(step(&mut s).rows, [row("s", 8, &[0])]);
+    let slot = s.slot_of("s").unwrap();
+    assert_eq!(
+        s.request(slot).unwrap().status,
+        RequestStatus::WaitingForStreamingReq
+    );
+    // The chunk's image sits at 2..5 of its 6 tokens: 10..13 of the session
+    // (its 9 tokens less the last sampled one, then the chunk).
+    let mut chunk = new_request("s", vec![2; 6], 1);
+    chunk.resumable = true;
+    chunk.mm_inputs = vec![MultimodalInput::new(2, 3, "b")];
+    s.add_request(chunk).unwrap();
+    let r = s.request(slot).unwrap();
+    let placed: Vec<_> = r.mm_inputs.iter().map(|m| (m.offset, m.length)).collect();
+    assert_eq!(placed, [(2, 3), (10, 3)]);
+    // The next turn computes 8..14 and runs the chunk's image, input 1.
+    assert_eq!(step(&mut s).rows, [row("s", 6, &[1])]);
+}
+
+#[test]
+fn a_session_chunk_image_past_the_chunk_is_refused_and_changes_nothing() {
+    let mut s = with_encoder(64, 100, 100, false);
+    let mut first = new_request("s", vec![1; 8], 4);
+    first.resumable = true;
+    s.add_request(first).unwrap();
+    let mut chunk = new_request("s", vec![2; 4], 1);
+    chunk.resumable = true;
+    chunk.mm_inputs = vec![MultimodalInput::new(2, 3, "b")];
+    let e = s.add_request(chunk).unwrap_err().to_string();
+    assert!(e.contains("ends past the prompt's 4 tokens"), "{e}");
+    let slot = s.slot_of("s").unwrap();
+    assert!(s.request(slot).unwrap().mm_inputs.is_empty());
+    assert_eq!(step(&mut s).rows, [row("s", 8, &[])]);
+}

@@ -422,12 +422,6 @@ impl Scheduler {
                      model); configure its encoder budget and cache size"
                 )));
             }
-            if new.resumable {
-                return Err(Error::invalid(format!(
-                    "mm_features of request {id:?}: a streaming session with multimodal \
-                     inputs is not supported"
-                )));
-            }
             check_inputs(id, &new.mm_inputs, len)?;
         }
         if let Some(digests) = &new.prompt_embeds_digests {

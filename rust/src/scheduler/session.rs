@@ -4,6 +4,7 @@
 
 use super::Scheduler;
 use crate::error::Error;
+use crate::multimodal::check_inputs;
 use crate::request::{check_turn, NewRequest, RequestStatus};
 use crate::session::SessionUpdate;
 use crate::slab::Slot;
@@ -23,11 +24,21 @@ impl Scheduler {
             return Err(Error::DuplicateRequest(id.clone()));
         }
         check_turn(&new)?;
-        if !new.mm_inputs.is_empty() || new.prompt_embeds_digests.is_some() {
+        if new.prompt_embeds_digests.is_some() {
+            // vLLM refuses prompt embeddings in a session too.
             return Err(Error::invalid(format!(
-                "mm_features and prompt_embeds_digests of session {id:?}'s next chunk: a \
-                 streaming session with multimodal inputs or prompt embeddings is not supported"
+                "prompt_embeds_digests of session {id:?}'s next chunk: a streaming session \
+                 with prompt embeddings is not supported"
             )));
+        }
+        if !new.mm_inputs.is_empty() {
+            if self.config.encoder.is_none() {
+                return Err(Error::invalid(format!(
+                    "mm_features of session {id:?}'s next chunk: this scheduler has no \
+                     encoder (a text model); configure its encoder budget and cache size"
+                )));
+            }
+            check_inputs(id, &new.mm_inputs, new.prompt_token_ids.len())?;
         }
         // vLLM asserts later when a turn would have nothing to compute.
         if new.resumable && new.prompt_token_ids.is_empty() {
@@ -37,6 +48,7 @@ impl Scheduler {
         }
         let update = new.resumable.then_some(SessionUpdate {
             prompt_token_ids: new.prompt_token_ids,
+            mm_inputs: new.mm_inputs,
             stop: new.stop,
             arrival_time: new.arrival_time,
         });
@@ -108,8 +120,18 @@ impl Scheduler {
         let (hasher, block_size) = (self.kv.hasher(), self.kv.block_size());
         let r = &mut self.requests[slot];
         let keep = r.num_tokens() - 1;
+        let mut inputs = update.mm_inputs;
+        for m in &mut inputs {
+            m.offset += keep; // vLLM's base: the session's tokens, all prompt now
+        }
         r.seq
-            .continue_session(keep, &update.prompt_token_ids, hasher, block_size);
+            .continue_session(keep, &update.prompt_token_ids, &inputs, hasher, block_size);
+        if !inputs.is_empty() {
+            // After the earlier chunks' images: their indices stay theirs.
+            let mut all = std::mem::take(&mut r.mm_inputs).into_vec();
+            all.extend(inputs);
+            r.mm_inputs = all.into_boxed_slice();
+        }
         debug_assert!(r.tables[0].num_cached_blocks() <= r.seq.block_hashes().len());
         r.stop = update.stop;
         // In place, as vLLM does, even while it sits in a priority heap.

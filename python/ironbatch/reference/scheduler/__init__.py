@@ -350,11 +350,6 @@ class Scheduler:
                     f"mm_features of request {debug_str(rid)}: this scheduler has no encoder "
                     "(a text model); configure its encoder budget and cache size"
                 )
-            if new.resumable:
-                raise ValueError(
-                    f"mm_features of request {debug_str(rid)}: a streaming session with "
-                    "multimodal inputs is not supported"
-                )
             check_inputs(rid, new.mm_inputs, n)
         if new.prompt_embeds_digests is not None:
             blocks = -(-n // self.kv.block_size)

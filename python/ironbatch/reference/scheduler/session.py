@@ -4,9 +4,11 @@ continuing with its next chunk."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.error import debug_str, duplicate_request
+from ironbatch.reference.multimodal import check_inputs
 from ironbatch.reference.request import NewRequest, RequestStatus, check_turn
 from ironbatch.reference.session import SessionUpdate
 from ironbatch.reference.spec_decode import NO_DRAFTS
@@ -26,18 +28,26 @@ def add_session_chunk(s: Scheduler, slot: int, new: NewRequest) -> None:
     if r.session is None:
         raise duplicate_request(new.request_id)
     check_turn(new)
-    if new.mm_inputs or new.prompt_embeds_digests is not None:
-        rid = debug_str(new.request_id)
+    if new.prompt_embeds_digests is not None:
+        # vLLM refuses prompt embeddings in a session too.
         raise ValueError(
-            f"mm_features and prompt_embeds_digests of session {rid}'s next chunk: a "
-            "streaming session with multimodal inputs or prompt embeddings is not supported"
+            f"prompt_embeds_digests of session {debug_str(new.request_id)}'s next chunk: a "
+            "streaming session with prompt embeddings is not supported"
         )
+    if new.mm_inputs:
+        if s.config.encoder is None:
+            raise ValueError(
+                f"mm_features of session {debug_str(new.request_id)}'s next chunk: this "
+                "scheduler has no encoder (a text model); configure its encoder budget and "
+                "cache size"
+            )
+        check_inputs(new.request_id, new.mm_inputs, len(new.prompt_token_ids))
     # vLLM asserts later when a turn would have nothing to compute.
     if new.resumable and not new.prompt_token_ids:
         rid = debug_str(new.request_id)
         raise ValueError(f"prompt_token_ids of session {rid}'s next chunk must not be empty")
     update = (
-        SessionUpdate(list(new.prompt_token_ids), new.stop, new.arrival_time)
+        SessionUpdate(list(new.prompt_token_ids), list(new.mm_inputs), new.stop, new.arrival_time)
         if new.resumable
         else None
     )
@@ -97,7 +107,11 @@ def continue_session(s: Scheduler, slot: int, update: SessionUpdate) -> None:
     time replace the turn's. It waits again, wherever it waits."""
     r = s.requests[slot]
     keep = r.num_tokens - 1
-    r.seq.continue_session(keep, update.prompt_token_ids, s.kv.hasher, s.kv.block_size)
+    # vLLM's base: the session's tokens, all prompt now.
+    inputs = [replace(m, offset=m.offset + keep) for m in update.mm_inputs]
+    r.seq.continue_session(keep, update.prompt_token_ids, inputs, s.kv.hasher, s.kv.block_size)
+    # After the earlier chunks' images: their indices stay theirs.
+    r.mm_inputs += tuple(inputs)
     assert r.tables[0].num_cached_blocks() <= len(r.seq.block_hashes)
     r.stop = update.stop
     # In place, as vLLM does, even while it sits in a priority heap.
