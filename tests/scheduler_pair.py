@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ironbatch import Scheduler
+from ironbatch import Scheduler, _core
 from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, SlidingWindow
 from ironbatch.reference.block import cdiv
 from ironbatch.reference.scheduler_config import group_specs
@@ -149,10 +149,22 @@ class SchedulerPair:
         assert r.free_encoder_mm_hashes == p.free_encoder_mm_hashes
         assert r.encoder_mismatch_req_ids == p.encoder_mismatch_req_ids
         self._encoder_mismatches = r.encoder_mismatch_req_ids
-        cache = self.cores[1].encoder_cache
-        problem = cache.check_invariants()
-        assert problem is None, problem
         self.events["encoder_inputs"] += sum(map(len, r.scheduled_encoder_inputs.values()))
+        cross = self.cores[1].encoder_decoder_cache
+        if cross is not None:
+            # An encoder-decoder's slot count and pending frees, the same.
+            allocated, to_free = cross.pending()
+            twin = {"num_free_slots": cross.num_free(), "allocated": allocated, "to_free": to_free}
+            assert _core.vllm_encoder_cache_state(self.cores[0].core) == twin
+            self.events["cross_inputs"] += sum(map(len, r.scheduled_encoder_inputs.values()))
+            self.events["cross_resumed"] += sum(
+                1
+                for e in r.entries()
+                if e.kind == "resumed" and e.request_id in r.scheduled_encoder_inputs
+            )
+            return
+        problem = self.cores[1].encoder_cache.check_invariants()
+        assert problem is None, problem
         self.events["encoder_evicted"] += len(r.free_encoder_mm_hashes)
         self.events["encoder_mismatch"] += len(r.encoder_mismatch_req_ids)
         # A request with images that got less than it was behind by, its
@@ -371,21 +383,27 @@ def null_prefix(table: list[int]) -> int:
 
 
 def check_group_invariants(groups: tuple[GroupSpec, ...], state: dict[str, Any], bs: int) -> None:
-    """Hybrid KV caches: every group's table of a request is as long as the
-    others; group 0's is the one ``block_ids`` reports; full attention holds
-    no null position; a window group's nulls are a prefix, and only of
-    positions no token after the computed ones reads."""
+    """Hybrid KV caches: every decoder group's table of a request is as long
+    as the others; group 0's is the one ``block_ids`` reports; full and
+    cross-attention hold no null position, and cross-attention tables (the
+    encoder's tokens) exist only beside a decoder table; a window group's
+    nulls are a prefix, and only of positions no token after the computed
+    ones reads."""
     for rid, r in state["requests"].items():
         tables, cached = r["tables"], r["num_cached_per_group"]
         assert len(tables) == len(groups) == len(cached), rid
         assert tables[0] == r["block_ids"] and cached[0] == r["num_cached_blocks"], rid
-        assert all(len(t) == len(tables[0]) for t in tables), rid
+        decoder = [t for g, t in zip(groups, tables, strict=True) if not g.kind.is_cross()]
+        assert all(len(t) == len(tables[0]) for t in decoder), rid
         assert all(c <= len(t) for c, t in zip(cached, tables, strict=True)), rid
-        for g, table in zip(groups, tables, strict=True):
+        for g, table, num_cached in zip(groups, tables, cached, strict=True):
             nulls = null_prefix(table)
             assert 0 not in table[nulls:], (rid, table)
-            if g.kind.is_full():
+            if g.kind.is_full() or g.kind.is_cross():
                 assert nulls == 0, (rid, table)
+            if g.kind.is_cross():
+                assert tables[0] or not table, (rid, table)
+                assert num_cached == 0, rid  # never prefix cached
             # A chunk that is not a whole number of blocks lets vLLM's hit
             # pad a block more than the chunk skips (the core does too).
             exact = isinstance(g.kind, SlidingWindow) or (

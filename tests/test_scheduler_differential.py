@@ -132,7 +132,35 @@ def random_config(rng: random.Random) -> dict:
         config["num_draft_slots"] = 0
         if "drafter_read_ahead" in config:
             config["drafter_read_ahead"] = 0
+    # An encoder-decoder model (Whisper) in some with an encoder: a decoder
+    # group and a cross-attention group over the encoder's tokens, no prefix
+    # caching (vLLM's), blocks for a prompt and a step's encoder tokens
+    # (vLLM's start-up check).
+    if "encoder_compute_budget" in config and "runner" not in config and rng.random() < 0.35:
+        config["kv_cache_groups"] = (KVCacheGroup("full"), KVCacheGroup("cross_attention"))
+        config["caching"] = False
+        config["num_hash_lookahead_tokens"] = 0
+        need = -(-max_model_len // bs) + -(-config["encoder_compute_budget"] // bs)
+        config["num_blocks"] = rng.randint(need + 1, 2 * need + 2) if tight else 4 * need
     return config
+
+
+def audio_inputs(
+    rng: random.Random, pool: list[MultimodalInput], most: int
+) -> list[MultimodalInput]:
+    """An encoder-decoder request's encoder inputs, at position 0: one clip
+    from ``pool`` mostly, none or two now and then (two that fit ``most``
+    embeddings together, or they would wait for ever: vLLM too)."""
+    x = rng.random()
+    if x < 0.1:
+        return []
+    first = rng.choice(pool)
+    inputs = [MultimodalInput(0, first.length, first.identifier, first.is_embed)]
+    second = rng.choice(pool)
+    fits = first.length + second.length <= most
+    if x > 0.95 and second.identifier != first.identifier and fits:
+        inputs.append(MultimodalInput(0, second.length, second.identifier, second.is_embed))
+    return inputs
 
 
 def image_pool(rng: random.Random, config: dict) -> list[MultimodalInput]:
@@ -193,7 +221,9 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     need = -(-max_len // config["block_size"]) * (1 if groups is None else len(groups))
     # A pooling runner takes no sessions; its prompts may fill max_model_len.
     pooling = config.get("runner") == "pooling"
-    sessions_fit = config["num_blocks"] >= 4 * need and not pooling
+    # An encoder-decoder's requests carry audio for the encoder, no sessions.
+    enc_dec = groups is not None and any(g.kind == "cross_attention" for g in groups)
+    sessions_fit = config["num_blocks"] >= 4 * need and not pooling and not enc_dec
 
     def choose(rid: str) -> int:
         x = rng.random()
@@ -254,7 +284,11 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             rid = f"q{next_id}"
             next_id += 1
             resumable = sessions_fit and len(pair.sessions) < 3 and rng.random() < 0.3
-            images = place_images(rng, pool, tokens) if pool else []
+            if enc_dec:
+                most = min(config["encoder_compute_budget"], config["encoder_cache_size"])
+                images = audio_inputs(rng, pool, most)
+            else:
+                images = place_images(rng, pool, tokens) if pool else []
             # A prompt as embeddings in some (rows fixed by their token, so
             # shared prefixes hit, with a stray row now and then).
             embeds = None
@@ -368,7 +402,7 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     hybrid = ("window_freed", "hybrid_hit", "hybrid_hit_nulls", "shared_boundary")
     lora = ("lora_capped",)
     images = ("encoder_inputs", "encoder_evicted", "encoder_cut", "encoder_mismatch")
-    images += ("prompt_embeds", "session_images")
+    images += ("prompt_embeds", "session_images", "cross_inputs", "cross_resumed")
     pooling = ("pooled",)
     # Each at least 20 times per 60 workloads.
     needs = {

@@ -154,8 +154,9 @@ class KVCacheGroup:
     every group shares the cache's blocks and block size.
 
     ``kind`` is "full" (every earlier token; ``size`` 0), "sliding_window"
-    (``size``: the window, in tokens) or "chunked_local" (``size``: the
-    attention chunk, in tokens). ``admission_cap_blocks`` caps the blocks a
+    (``size``: the window, in tokens), "chunked_local" (``size``: the
+    attention chunk, in tokens) or "cross_attention" (an encoder-decoder's
+    decoder reading the encoder's output; ``size`` 0). ``admission_cap_blocks`` caps the blocks a
     window group counts in the whole-prompt admission check (vLLM's
     ``max_admission_blocks_per_request``: ``cdiv(min(window - 1 + in_flight,
     max_model_len), block_size) + 1`` for a sliding window, ``cdiv(min(chunk
@@ -172,14 +173,13 @@ class KVCacheGroup:
             raise ValueError(f"KVCacheGroup.kind must be one of {GROUP_KINDS}, got {self.kind!r}")
         if isinstance(self.size, bool) or not isinstance(self.size, int):
             raise TypeError(f"KVCacheGroup.size must be an int, got {type(self.size).__name__}")
-        if self.kind == "full":
+        if self.kind in ("full", "cross_attention"):
+            what = "full-attention" if self.kind == "full" else "cross-attention"
             if self.size != 0:
-                raise ValueError(
-                    f"KVCacheGroup.size must be 0 for a full-attention group, got {self.size}"
-                )
+                raise ValueError(f"KVCacheGroup.size must be 0 for a {what} group, got {self.size}")
             if self.admission_cap_blocks is not None:
                 raise ValueError(
-                    "KVCacheGroup.admission_cap_blocks must be None for a full-attention group, "
+                    f"KVCacheGroup.admission_cap_blocks must be None for a {what} group, "
                     f"got {self.admission_cap_blocks}"
                 )
             return
@@ -233,24 +233,37 @@ class CacheConfig:
         return 1 if self.kv_cache_groups is None else len(self.kv_cache_groups)
 
 
-def blocks_for_one_sequence(cache_config: CacheConfig, max_model_len: int) -> int:
+def blocks_for_one_sequence(
+    cache_config: CacheConfig, max_model_len: int, max_encoder_tokens: int
+) -> int:
     """Blocks one max_model_len sequence holds: a table's worth in every
-    group, a window group's capped at its admission cap when it has one (as
-    vLLM sizes a hybrid cache at start-up)."""
-    per_group = cdiv(max_model_len, cache_config.block_size)
+    decoder group, a window group's capped at its admission cap when it has
+    one, and ``max_encoder_tokens``' worth in a cross-attention group (as
+    vLLM sizes a hybrid or encoder-decoder cache at start-up)."""
+    bs = cache_config.block_size
+    per_group = cdiv(max_model_len, bs)
     groups = cache_config.kv_cache_groups or (KVCacheGroup("full"),)
     return sum(
-        per_group if g.admission_cap_blocks is None else min(per_group, g.admission_cap_blocks)
+        cdiv(max_encoder_tokens, bs)
+        if g.kind == "cross_attention"
+        else per_group
+        if g.admission_cap_blocks is None
+        else min(per_group, g.admission_cap_blocks)
         for g in groups
     )
 
 
 def check_fits(scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
     """vLLM's start-up refusal: the cache must hold one max_model_len sequence
-    (in every KV-cache group)."""
+    (in every KV-cache group; a cross-attention group, one step's encoder
+    tokens)."""
     if cache_config.num_blocks is None:
         raise ValueError("num_blocks must be set to build a scheduler, got None")
-    needed = blocks_for_one_sequence(cache_config, scheduler_config.max_model_len)
+    needed = blocks_for_one_sequence(
+        cache_config,
+        scheduler_config.max_model_len,
+        scheduler_config.encoder_compute_budget or 0,
+    )
     if needed > cache_config.num_blocks - 1:
         raise ValueError(
             f"num_blocks ({cache_config.num_blocks}) holds {cache_config.num_blocks - 1} usable "

@@ -21,7 +21,12 @@ import numpy as np
 from ironbatch import _core
 from ironbatch.config import CacheConfig, SchedulerConfig
 from ironbatch.prompt_embeds import embeds_digests
-from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, SlidingWindow
+from ironbatch.reference.attention_group import (
+    ChunkedLocal,
+    CrossAttention,
+    GroupSpec,
+    SlidingWindow,
+)
 from ironbatch.reference.scheduler_config import settings
 from ironbatch.scheduler_stats import SchedulerStats
 
@@ -35,6 +40,8 @@ def binding_groups(groups: Sequence[GroupSpec]) -> list[tuple[str, int, int | No
             out.append(("sliding_window", g.kind.window, g.admission_cap_blocks))
         elif isinstance(g.kind, ChunkedLocal):
             out.append(("chunked_local", g.kind.chunk, g.admission_cap_blocks))
+        elif isinstance(g.kind, CrossAttention):
+            out.append(("cross_attention", 0, g.admission_cap_blocks))
         else:
             out.append(("full", 0, g.admission_cap_blocks))
     return out

@@ -92,7 +92,8 @@ class StepColumns:
     new_block_offsets: np.ndarray  # rows * G + 1
     positions: np.ndarray  # per scheduled token
     # per scheduled token: block_id * block_size + offset; with G KV-cache
-    # groups, G runs of the step's tokens, group by group
+    # groups, G runs of the step's tokens, group by group (none for a
+    # cross-attention group: the encoder's tokens fill it)
     slot_mapping: np.ndarray
     query_start_loc: np.ndarray  # rows + 1
     seq_lens: np.ndarray

@@ -17,6 +17,10 @@ pub enum AttentionKind {
     SlidingWindow { window: usize },
     /// The tokens of the current `chunk`-sized chunk.
     ChunkedLocal { chunk: usize },
+    /// An encoder-decoder's decoder attending to the encoder's output
+    /// (Whisper): blocks for the encoder tokens, taken once when the encoder
+    /// input runs and held until the request frees, never prefix cached.
+    CrossAttention,
 }
 
 /// One KV-cache group.
@@ -45,12 +49,19 @@ impl AttentionKind {
             AttentionKind::Full => 0,
             AttentionKind::SlidingWindow { window } => (processed + 1).saturating_sub(window),
             AttentionKind::ChunkedLocal { chunk } => processed / chunk * chunk,
+            AttentionKind::CrossAttention => 0,
         }
     }
 
     /// Whether it is full attention.
     pub fn is_full(self) -> bool {
         self == AttentionKind::Full
+    }
+
+    /// Whether it is cross-attention (its blocks follow the encoder's tokens,
+    /// not the decoder's).
+    pub fn is_cross(self) -> bool {
+        self == AttentionKind::CrossAttention
     }
 }
 

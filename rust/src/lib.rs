@@ -16,6 +16,7 @@ pub mod block_hash;
 pub mod block_pool;
 pub mod block_table;
 pub mod encoder_cache;
+pub mod encoder_decoder_cache;
 pub mod error;
 pub mod free_queue;
 pub mod grammar;

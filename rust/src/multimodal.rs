@@ -88,14 +88,26 @@ pub fn inputs_in_window(inputs: &[MultimodalInput], start: usize, end: usize) ->
     lo..hi.max(lo)
 }
 
+/// Where a request's multimodal inputs sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputPlacement {
+    /// Placeholders inside a prompt of this many tokens (a decoder-only
+    /// model's images).
+    Prompt { num_prompt_tokens: usize },
+    /// An encoder-decoder's encoder input (Whisper's audio): at position 0,
+    /// its length the encoder's tokens, apart from the decoder's prompt.
+    Encoder,
+}
+
 /// The rules a request's inputs keep, checked before it is queued: each
-/// input inside the prompt, at least one placeholder long, an `is_embed`
-/// mask of its length, an identifier; inputs sorted and apart; an
-/// identifier used twice always with the same number of embeddings.
+/// input inside the prompt (at position 0 for an encoder's), at least one
+/// placeholder long, an `is_embed` mask of its length, an identifier;
+/// inputs sorted and apart; an identifier used twice always with the same
+/// number of embeddings.
 pub fn check_inputs(
     request_id: &str,
     inputs: &[MultimodalInput],
-    num_prompt_tokens: usize,
+    placement: InputPlacement,
 ) -> Result<(), Error> {
     let field = |i: usize, what: String| {
         Error::invalid(format!(
@@ -106,14 +118,28 @@ pub fn check_inputs(
         if m.length == 0 {
             return Err(field(i, "mm_position.length must be >= 1, got 0".into()));
         }
-        if m.end() > num_prompt_tokens {
-            return Err(field(
-                i,
-                format!(
-                    "mm_position (offset {}, length {}) ends past the prompt's {} tokens",
-                    m.offset, m.length, num_prompt_tokens
-                ),
-            ));
+        match placement {
+            InputPlacement::Prompt { num_prompt_tokens } if m.end() > num_prompt_tokens => {
+                return Err(field(
+                    i,
+                    format!(
+                        "mm_position (offset {}, length {}) ends past the prompt's {} tokens",
+                        m.offset, m.length, num_prompt_tokens
+                    ),
+                ));
+            }
+            // vLLM asserts it: the encoder runs before the decoder's first token.
+            InputPlacement::Encoder if m.offset != 0 => {
+                return Err(field(
+                    i,
+                    format!(
+                        "mm_position.offset must be 0 for an encoder-decoder model's \
+                         encoder input, got {}",
+                        m.offset
+                    ),
+                ));
+            }
+            _ => {}
         }
         if let Some(c) = &m.embeds_cumsum {
             if c.len() != m.length {
@@ -130,7 +156,9 @@ pub fn check_inputs(
         if m.identifier.is_empty() {
             return Err(field(i, "identifier must not be empty".into()));
         }
-        if i > 0 && inputs[i - 1].end() > m.offset {
+        // An encoder's inputs all sit at 0.
+        let in_prompt = placement != InputPlacement::Encoder;
+        if in_prompt && i > 0 && inputs[i - 1].end() > m.offset {
             return Err(field(
                 i,
                 format!(
@@ -194,8 +222,9 @@ mod tests {
     #[test]
     fn bad_inputs_name_the_field() {
         let ok = inputs();
-        assert!(check_inputs("r", &ok, 13).is_ok());
-        let e = check_inputs("r", &ok, 12).unwrap_err().to_string();
+        let prompt = |num_prompt_tokens| InputPlacement::Prompt { num_prompt_tokens };
+        assert!(check_inputs("r", &ok, prompt(13)).is_ok());
+        let e = check_inputs("r", &ok, prompt(12)).unwrap_err().to_string();
         assert!(
             e.contains("mm_features[1]") && e.contains("past the prompt"),
             "{e}"
@@ -204,20 +233,35 @@ mod tests {
             MultimodalInput::new(0, 4, "a"),
             MultimodalInput::new(3, 2, "b"),
         ];
-        let e = check_inputs("r", &overlap, 10).unwrap_err().to_string();
+        let e = check_inputs("r", &overlap, prompt(10))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("mm_features[1]") && e.contains("offset (3)"),
             "{e}"
         );
         let empty = vec![MultimodalInput::new(0, 0, "a")];
-        assert!(check_inputs("r", &empty, 10).is_err());
+        assert!(check_inputs("r", &empty, prompt(10)).is_err());
         let mask = vec![MultimodalInput::new(0, 3, "a").with_is_embed(&[true])];
-        assert!(check_inputs("r", &mask, 10).is_err());
+        assert!(check_inputs("r", &mask, prompt(10)).is_err());
         let reused = vec![
             MultimodalInput::new(0, 3, "a"),
             MultimodalInput::new(4, 2, "a"),
         ];
-        let e = check_inputs("r", &reused, 10).unwrap_err().to_string();
+        let e = check_inputs("r", &reused, prompt(10))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("takes 2 embeddings"), "{e}");
+    }
+
+    #[test]
+    fn an_encoders_inputs_sit_at_zero_past_the_decoders_prompt() {
+        let audio = vec![MultimodalInput::new(0, 1500, "a")];
+        assert!(check_inputs("r", &audio, InputPlacement::Encoder).is_ok());
+        let later = vec![MultimodalInput::new(1, 1500, "a")];
+        let e = check_inputs("r", &later, InputPlacement::Encoder)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("must be 0") && e.contains("got 1"), "{e}");
     }
 }

@@ -199,6 +199,8 @@ fn find_for(
                 push_row(blocks, &row);
             }
         }
+        // Never cached (prefix caching is off beside it): no hit.
+        AttentionKind::CrossAttention => {}
     }
     blocks[l.group_ids[0]].len() * block_size
 }

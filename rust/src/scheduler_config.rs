@@ -183,6 +183,14 @@ impl SchedulerConfig {
             check_range("encoder_cache_size", e.cache_size, 1, MAX_MODEL_LEN)?;
             check_range("drafter_read_ahead", e.drafter_read_ahead, 0, 1)?;
         }
+        if c.cache.has_cross_attention() && c.encoder.is_none() {
+            // Cross-attention blocks are taken when the encoder input runs.
+            return invalid(
+                "a cross-attention KV-cache group (an encoder-decoder model) needs an encoder: \
+                 configure its encoder budget and cache size"
+                    .to_string(),
+            );
+        }
         if c.runner == Runner::Pooling && c.num_speculative_tokens > 0 {
             // vLLM builds no drafter for a pooling model.
             return invalid(format!(

@@ -184,6 +184,9 @@ pub struct StepOutput {
     pub(crate) span_offsets: Vec<u32>,
     pub(crate) block_size: usize,
     pub(crate) num_groups: usize,
+    /// Cross-attention groups (bit `g`): their slots are the encoder's,
+    /// not the scheduled tokens', so the slot mapping leaves them out.
+    pub(crate) cross_groups: u64,
     /// Preempted since the previous step's output (sorted).
     pub preempted_req_ids: Vec<String>,
     /// Finished since the previous step's output (sorted).
@@ -294,13 +297,14 @@ impl StepOutput {
         out
     }
 
-    /// Per scheduled token and KV-cache group: its KV-cache slot, group 0's
-    /// run of the step's tokens first.
+    /// Per scheduled token and decoder KV-cache group: its KV-cache slot,
+    /// group 0's run of the step's tokens first (cross-attention groups
+    /// have none: the encoder's tokens fill them).
     pub fn slot_mapping(&self) -> Vec<i64> {
         let bs = self.block_size;
         let groups = self.num_groups;
         let mut out = Vec::with_capacity(self.total_num_scheduled_tokens() * groups);
-        for g in 0..groups {
+        for g in (0..groups).filter(|&g| self.cross_groups & 1 << g == 0) {
             for (i, e) in self.entries.iter().enumerate() {
                 let k = i * groups + g;
                 let span = &self.span_blocks

@@ -9,11 +9,12 @@ Rust core. The semantics are specified in ``docs/scheduling.md``.
 Reading order: ``block`` → ``free_queue`` → ``block_hash`` / ``hash_chain`` →
 ``prefix_cache_map`` → ``block_pool`` → ``block_table`` / ``sequence`` →
 ``attention_group`` / ``prefix_hit`` (KV-cache groups: full attention,
-sliding windows, chunked local attention) → ``kv_cache_manager`` (the core's
+sliding windows, chunked local attention, cross-attention) → ``kv_cache_manager`` (the core's
 manager over tables and sequences) →
 ``kv_cache_registry`` (the id-keyed ``KVCacheManager`` users call) →
-``multimodal`` / ``encoder_cache`` (images: their placeholders and the
-encoder's cache) → ``request`` / ``request_queue`` / ``slab`` / ``stop_check``
+``multimodal`` / ``encoder_cache`` / ``encoder_decoder_cache`` (images:
+their placeholders and the encoder's cache; an encoder-decoder's slot
+count) → ``request`` / ``request_queue`` / ``slab`` / ``stop_check``
 → ``step`` → ``scheduler_config`` → ``scheduler`` (``running_pass`` →
 ``encoder_inputs`` → ``preemption`` → ``waiting_pass`` → ``step_columns`` →
 ``update``). ``limits``, ``error`` and

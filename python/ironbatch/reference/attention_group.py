@@ -27,6 +27,9 @@ class Full:
     def is_full(self) -> bool:
         return True
 
+    def is_cross(self) -> bool:
+        return False
+
 
 @dataclass(frozen=True)
 class SlidingWindow:
@@ -39,6 +42,9 @@ class SlidingWindow:
         return max(processed + 1 - self.window, 0)
 
     def is_full(self) -> bool:
+        return False
+
+    def is_cross(self) -> bool:
         return False
 
 
@@ -55,9 +61,31 @@ class ChunkedLocal:
     def is_full(self) -> bool:
         return False
 
+    def is_cross(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class CrossAttention:
+    """An encoder-decoder's decoder attending to the encoder's output
+    (Whisper): blocks for the encoder tokens, taken once when the encoder
+    input runs and held until the request frees, never prefix cached."""
+
+    def num_skipped_tokens(self, processed: int) -> int:
+        """None: the decoder reads the whole encoder output every step."""
+        del processed
+        return 0
+
+    def is_full(self) -> bool:
+        return False
+
+    def is_cross(self) -> bool:
+        """Its blocks follow the encoder's tokens, not the decoder's."""
+        return True
+
 
 #: How a group's layers attend (the core's ``AttentionKind`` enum).
-AttentionKind = Full | SlidingWindow | ChunkedLocal
+AttentionKind = Full | SlidingWindow | ChunkedLocal | CrossAttention
 
 
 @dataclass(frozen=True)

@@ -66,14 +66,35 @@ def inputs_in_window(inputs: Sequence[MultimodalInput], start: int, end: int) ->
     return range(lo, max(hi, lo))
 
 
+@dataclass(frozen=True)
+class InPrompt:
+    """Placeholders inside a prompt of ``num_prompt_tokens`` (a decoder-only
+    model's images; the core's ``InputPlacement::Prompt``)."""
+
+    num_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class InEncoder:
+    """An encoder-decoder's encoder input (Whisper's audio): at position 0,
+    its length the encoder's tokens, apart from the decoder's prompt (the
+    core's ``InputPlacement::Encoder``)."""
+
+
+#: Where a request's multimodal inputs sit.
+InputPlacement = InPrompt | InEncoder
+ENCODER = InEncoder()
+
+
 def check_inputs(
-    request_id: str, inputs: Sequence[MultimodalInput], num_prompt_tokens: int
+    request_id: str, inputs: Sequence[MultimodalInput], placement: InputPlacement
 ) -> None:
     """The rules a request's inputs keep, checked before it is queued
     (``ValueError`` naming the first input that breaks one): each inside the
-    prompt, at least one placeholder long, an ``is_embed`` mask of its
-    length, an identifier; inputs sorted and apart; an identifier used
-    twice always with the same number of embeddings."""
+    prompt (at position 0 for an encoder's), at least one placeholder long,
+    an ``is_embed`` mask of its length, an identifier; inputs sorted and
+    apart; an identifier used twice always with the same number of
+    embeddings."""
 
     def field(i: int, what: str) -> ValueError:
         return ValueError(f"mm_features[{i}] of request {debug_str(request_id)}: {what}")
@@ -81,11 +102,18 @@ def check_inputs(
     for i, m in enumerate(inputs):
         if m.length == 0:
             raise field(i, "mm_position.length must be >= 1, got 0")
-        if m.end() > num_prompt_tokens:
+        if isinstance(placement, InPrompt) and m.end() > placement.num_prompt_tokens:
             raise field(
                 i,
                 f"mm_position (offset {m.offset}, length {m.length}) ends past the "
-                f"prompt's {num_prompt_tokens} tokens",
+                f"prompt's {placement.num_prompt_tokens} tokens",
+            )
+        if isinstance(placement, InEncoder) and m.offset != 0:
+            # vLLM asserts it: the encoder runs before the decoder's first token.
+            raise field(
+                i,
+                "mm_position.offset must be 0 for an encoder-decoder model's encoder "
+                f"input, got {m.offset}",
             )
         if m.embeds_cumsum is not None and len(m.embeds_cumsum) != m.length:
             raise field(
@@ -95,7 +123,8 @@ def check_inputs(
             )
         if not m.identifier:
             raise field(i, "identifier must not be empty")
-        if i > 0 and inputs[i - 1].end() > m.offset:
+        # An encoder's inputs all sit at 0.
+        if isinstance(placement, InPrompt) and i > 0 and inputs[i - 1].end() > m.offset:
             raise field(
                 i,
                 f"mm_position.offset ({m.offset}) must not be before the end of "

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ironbatch.reference.attention_group import (
     AttentionKind,
     ChunkedLocal,
+    CrossAttention,
     Full,
     SlidingWindow,
     contiguous_blocks_for_hit,
@@ -168,6 +169,8 @@ def _find_for(
             # A shorter run counts only from the first block.
             for column in out:
                 del column[run:]
+    elif isinstance(kind, CrossAttention):
+        pass  # never cached (prefix caching is off beside it): no hit
     else:
         assert isinstance(kind, ChunkedLocal)
         # Blocks before the candidate's last chunk need nothing cached.

@@ -10,6 +10,7 @@ from typing import Any
 from ironbatch.reference.attention_group import (
     FULL,
     ChunkedLocal,
+    CrossAttention,
     Full,
     GroupSpec,
     SlidingWindow,
@@ -207,7 +208,7 @@ def encoder_config(c: Any) -> EncoderConfig | None:
 
 
 #: The API's group kinds (``KVCacheGroup.kind``), as the binding names them.
-GROUP_KINDS = ("full", "sliding_window", "chunked_local")
+GROUP_KINDS = ("full", "sliding_window", "chunked_local", "cross_attention")
 
 
 def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
@@ -226,10 +227,12 @@ def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
             out.append(GroupSpec(SlidingWindow(g.size), cap))
         elif g.kind == "chunked_local":
             out.append(GroupSpec(ChunkedLocal(g.size), cap))
+        elif g.kind == "cross_attention":
+            out.append(GroupSpec(CrossAttention(), cap))
         else:
             raise ValueError(
-                "kv_cache_groups kind must be 'full', 'sliding_window' or 'chunked_local', "
-                f"got {debug_str(str(g.kind))}"
+                "kv_cache_groups kind must be 'full', 'sliding_window', 'chunked_local' or "
+                f"'cross_attention', got {debug_str(str(g.kind))}"
             )
     return tuple(out)
 
@@ -248,7 +251,7 @@ def validate(c: SchedulerSettings) -> None:
     check_range("num_blocks", c.num_blocks, 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", c.num_lookahead_tokens, 0, c.max_model_len)
     check_range("num_hash_lookahead_tokens", c.num_hash_lookahead_tokens, 0, c.block_size)
-    check_groups(c.kv_cache_groups, c.num_hash_lookahead_tokens)
+    check_groups(c.kv_cache_groups, c.num_hash_lookahead_tokens, c.enable_prefix_caching)
     check_scheduler(c)
     check_range("max_num_scheduled_tokens", c.max_num_scheduled_tokens, 1, MAX_NUM_BATCHED_TOKENS)
     check_range("max_num_active_seqs", c.max_num_active_seqs, 1, c.max_num_seqs)
@@ -264,6 +267,12 @@ def validate(c: SchedulerSettings) -> None:
         check_range("encoder_compute_budget", e.compute_budget, 1, MAX_NUM_BATCHED_TOKENS)
         check_range("encoder_cache_size", e.cache_size, 1, MAX_MODEL_LEN)
         check_range("drafter_read_ahead", e.drafter_read_ahead, 0, 1)
+    if any(g.kind.is_cross() for g in c.kv_cache_groups) and c.encoder is None:
+        # Cross-attention blocks are taken when the encoder input runs.
+        raise ValueError(
+            "a cross-attention KV-cache group (an encoder-decoder model) needs an encoder: "
+            "configure its encoder budget and cache size"
+        )
     if c.runner is Runner.POOLING and c.num_speculative_tokens > 0:
         # vLLM builds no drafter for a pooling model.
         raise ValueError(

@@ -76,7 +76,8 @@ class StepColumns:
     positions: list[int] = field(default_factory=list)
     #: Per scheduled token: its KV-cache slot
     #: (``block_id * block_size + position % block_size``); with ``G``
-    #: groups, ``G`` runs of the step's tokens, group by group.
+    #: groups, ``G`` runs of the step's tokens, group by group (none for a
+    #: cross-attention group, whose slots the encoder's tokens fill).
     slot_mapping: list[int] = field(default_factory=list)
     #: Prefix sums of the token counts (rows + 1).
     query_start_loc: list[int] = field(default_factory=list)

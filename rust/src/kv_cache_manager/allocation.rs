@@ -18,6 +18,9 @@ pub struct Admission {
     pub full_sequence_must_fit: bool,
     /// Blocks that must stay free beyond what is taken (vLLM's watermark).
     pub watermark: usize,
+    /// Encoder tokens whose cross-attention slots the step needs: those of
+    /// the encoder inputs it runs (an encoder-decoder's admission), else 0.
+    pub encoder_tokens: usize,
 }
 
 impl KvCacheManager {
@@ -47,20 +50,33 @@ impl KvCacheManager {
         required.saturating_sub(have) + evictable_hits
     }
 
-    /// Blocks all groups must take (`hits`: one list per group, or none).
+    /// Blocks all groups must take (`hits`: one list per group, or none):
+    /// `tokens` slots in the decoder's groups, `encoder_tokens` in the
+    /// cross-attention ones.
     fn blocks_needed_all(
         &self,
         tables: &[BlockTable],
         tokens: usize,
+        encoder_tokens: usize,
         hits: &[Vec<BlockId>],
         capped: bool,
     ) -> usize {
         (0..tables.len())
             .map(|g| {
                 let h = hits.get(g).map_or(&[][..], |h| &h[..]);
-                self.blocks_needed(g, &tables[g], tokens, h, capped)
+                let t = self.slots_of(g, tokens, encoder_tokens);
+                self.blocks_needed(g, &tables[g], t, h, capped)
             })
             .sum()
+    }
+
+    /// The slots group `g` covers: the encoder's tokens for cross-attention.
+    fn slots_of(&self, g: usize, tokens: usize, encoder_tokens: usize) -> usize {
+        if self.groups[g].kind.is_cross() {
+            encoder_tokens
+        } else {
+            tokens
+        }
     }
 
     /// Make room for `num_new_tokens` more tokens of `seq`, after taking the
@@ -107,6 +123,7 @@ impl KvCacheManager {
             Admission {
                 full_sequence_must_fit,
                 watermark: 0,
+                encoder_tokens: 0,
             },
             0,
         ))
@@ -134,6 +151,7 @@ impl KvCacheManager {
         let Admission {
             full_sequence_must_fit,
             watermark,
+            ..
         } = admission;
         if self.single_full && hits.is_empty() && !full_sequence_must_fit && watermark == 0 {
             // Fast path (most decode steps), inlined into the running pass:
@@ -187,6 +205,7 @@ impl KvCacheManager {
         let Admission {
             full_sequence_must_fit,
             watermark,
+            encoder_tokens,
         } = admission;
         let computed = seq
             .num_computed_tokens
@@ -194,7 +213,7 @@ impl KvCacheManager {
             .min(self.max_model_len);
         if full_sequence_must_fit {
             let full = seq.num_tokens().min(self.max_model_len);
-            let need = self.blocks_needed_all(tables, full, hits, true);
+            let need = self.blocks_needed_all(tables, full, encoder_tokens, hits, true);
             if need + watermark > self.pool.num_free_blocks() {
                 return None;
             }
@@ -214,7 +233,7 @@ impl KvCacheManager {
                 self.remove_skipped_blocks(g, table, processed);
             }
         }
-        if self.blocks_needed_all(tables, slots, hits, false) + watermark
+        if self.blocks_needed_all(tables, slots, encoder_tokens, hits, false) + watermark
             > self.pool.num_free_blocks()
         {
             return None;
@@ -225,10 +244,17 @@ impl KvCacheManager {
                 self.take_hits(g, table, &hits[g], computed);
             }
         }
-        let k = cdiv(slots, self.block_size).saturating_sub(tables[0].len());
-        debug_assert!(tables.iter().all(|t| t.len() == tables[0].len()));
-        for table in tables.iter_mut() {
-            self.pool.take_free_blocks(k, &mut table.blocks);
+        // Group by group, in order (as vLLM's coordinator takes them); the
+        // decoder's groups all grow by the same `k`.
+        let mut k = 0;
+        for (g, table) in tables.iter_mut().enumerate() {
+            let t = self.slots_of(g, slots, encoder_tokens);
+            let grow = cdiv(t, self.block_size).saturating_sub(table.len());
+            if !self.groups[g].kind.is_cross() {
+                debug_assert!(k == 0 || grow == k);
+                k = grow;
+            }
+            self.pool.take_free_blocks(grow, &mut table.blocks);
             table.sync_last();
         }
         if self.enable_caching {

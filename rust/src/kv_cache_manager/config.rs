@@ -54,6 +54,11 @@ impl KvCacheConfig {
         }
     }
 
+    /// Whether a group is cross-attention (an encoder-decoder model).
+    pub fn has_cross_attention(&self) -> bool {
+        self.groups.iter().any(|g| g.kind.is_cross())
+    }
+
     /// Check every field, naming the first bad one.
     pub fn validate(&self) -> Result<(), Error> {
         check_range("block_size", self.block_size, 1, MAX_BLOCK_SIZE)?;
@@ -83,7 +88,23 @@ impl KvCacheConfig {
                 AttentionKind::ChunkedLocal { chunk } => {
                     check_range("attention_chunk_size", chunk, 1, MAX_MODEL_LEN)?;
                 }
+                AttentionKind::CrossAttention => {
+                    // vLLM turns prefix caching off for encoder-decoder models.
+                    if self.enable_prefix_caching {
+                        return Err(Error::invalid(
+                            "enable_prefix_caching must be false with a cross-attention \
+                             KV-cache group (an encoder-decoder model)",
+                        ));
+                    }
+                }
             }
+        }
+        if self.groups.first().is_some_and(|g| g.kind.is_cross()) {
+            // A step's block ranges are read off the first group's table.
+            return Err(Error::invalid(
+                "kv_cache_groups[0] must be a decoder group: cross-attention groups \
+                 follow the decoder's (as vLLM orders them)",
+            ));
         }
         if self.groups.len() > 1 && self.num_hash_lookahead_tokens > 0 {
             return Err(Error::invalid(

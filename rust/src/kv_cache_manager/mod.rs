@@ -89,6 +89,16 @@ impl KvCacheManager {
         self.block_size
     }
 
+    /// The cross-attention groups, as a mask (bit `g` for group `g`; at
+    /// most 64 groups).
+    pub fn cross_groups(&self) -> u64 {
+        self.groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.kind.is_cross())
+            .fold(0, |mask, (g, _)| mask | 1 << g)
+    }
+
     /// The KV-cache groups.
     pub fn groups(&self) -> &[GroupSpec] {
         &self.groups

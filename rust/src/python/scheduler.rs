@@ -46,17 +46,18 @@ fn status_named(name: &str) -> PyResult<RequestStatus> {
 }
 
 /// A KV-cache group from the binding's `(kind, size, admission_cap_blocks)`:
-/// kind "full" (size ignored), "sliding_window" (size: the window) or
-/// "chunked_local" (size: the chunk).
+/// kind "full" or "cross_attention" (size ignored), "sliding_window" (size:
+/// the window) or "chunked_local" (size: the chunk).
 fn group_spec(kind: &str, size: usize, admission_cap_blocks: Option<usize>) -> PyResult<GroupSpec> {
     let kind = match kind {
         "full" => AttentionKind::Full,
+        "cross_attention" => AttentionKind::CrossAttention,
         "sliding_window" => AttentionKind::SlidingWindow { window: size },
         "chunked_local" => AttentionKind::ChunkedLocal { chunk: size },
         other => {
             return Err(PyValueError::new_err(format!(
-                "kv_cache_groups kind must be 'full', 'sliding_window' or 'chunked_local', \
-                 got {other:?}"
+                "kv_cache_groups kind must be 'full', 'sliding_window', 'chunked_local' or \
+                 'cross_attention', got {other:?}"
             )))
         }
     };

@@ -130,7 +130,8 @@ pub fn vllm_confirmed_tokens(scheduler: &Bound<'_, PyScheduler>, slot: Slot) -> 
 
 /// The encoder cache as vLLM's `EncoderCacheManager` holds it, for the
 /// drop-in's differential test: free and freeable embeddings, each entry's
-/// referencing request ids (sorted), and the eviction order.
+/// referencing request ids (sorted), and the eviction order; for an
+/// encoder-decoder model, as its `EncoderDecoderCacheManager` holds it.
 #[pyfunction]
 pub fn vllm_encoder_cache_state<'py>(
     py: Python<'py>,
@@ -138,8 +139,18 @@ pub fn vllm_encoder_cache_state<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let scheduler = scheduler.borrow();
     let core = &scheduler.core;
-    let cache = core.encoder_cache();
     let d = PyDict::new(py);
+    let Some(cache) = core.encoder_cache() else {
+        // An encoder-decoder's `EncoderDecoderCacheManager`.
+        let cache = core
+            .encoder_decoder_cache()
+            .expect("a scheduler tracks its encoder one way or the other");
+        let (allocated, to_free) = cache.pending();
+        d.set_item("num_free_slots", cache.num_free())?;
+        d.set_item("allocated", allocated.to_vec())?;
+        d.set_item("to_free", to_free.to_vec())?;
+        return Ok(d);
+    };
     let (free, freeable) = cache.num_free();
     d.set_item("num_free_slots", free)?;
     d.set_item("num_freeable_slots", freeable)?;

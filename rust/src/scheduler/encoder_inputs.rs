@@ -5,11 +5,12 @@
 //! bidirectional). So a request's tokens this step are cut just before the
 //! first image that does not fit the step's encoder budget or the cache;
 //! with `disable_chunked_mm_input`, also before an image the step would
-//! only partly cover.
+//! only partly cover. An encoder-decoder model (§4.17) runs its encoder
+//! input once, in the step that computes its first decoder token.
 
-use super::{Scheduler, StepDraft};
-use crate::encoder_cache::EncoderCache;
-use crate::multimodal::inputs_in_window;
+use super::{EncoderStore, Scheduler, StepDraft};
+use crate::encoder_decoder_cache::EncoderDecoderCache;
+use crate::multimodal::{inputs_in_window, MultimodalInput};
 use crate::request::Request;
 use crate::slab::Slot;
 use smallvec::SmallVec;
@@ -64,6 +65,13 @@ impl Scheduler {
         let shift = encoder.drafter_read_ahead;
         let window_end = computed + n + shift;
         let mut budget = draft.encoder_budget;
+        let cache = match &mut self.encoder {
+            EncoderStore::Shared(cache) => cache,
+            EncoderStore::EncoderDecoder(cache) => {
+                plan_cross_inputs(cache, inputs, computed, window_end, budget, &mut plan);
+                return plan;
+            }
+        };
         for i in inputs_in_window(inputs, computed, window_end) {
             let m = &inputs[i];
             let num_embeds = m.num_embeds();
@@ -82,20 +90,20 @@ impl Scheduler {
                 .find(|&&j| inputs[j as usize].identifier == m.identifier);
             if let Some(&j) = earlier {
                 if inputs[j as usize].num_embeds() != num_embeds {
-                    return self.mismatch(slot, draft);
+                    return mismatch(slot, draft);
                 }
                 plan.duplicates.push(i as u32);
                 continue;
             }
-            if let Some(cached) = self.encoder.cached_num_embeds(&m.identifier) {
+            if let Some(cached) = cache.cached_num_embeds(&m.identifier) {
                 if cached != num_embeds {
-                    return self.mismatch(slot, draft);
+                    return mismatch(slot, draft);
                 }
             }
-            if self.encoder.reference_cached(slot, inputs, i as u32) {
+            if cache.reference_cached(slot, inputs, i as u32) {
                 continue;
             }
-            if !self.encoder.make_room(num_embeds, budget, plan.num_embeds) {
+            if !cache.make_room(num_embeds, budget, plan.num_embeds) {
                 // Its tokens wait for a step with room; a prefix hit past
                 // its start leaves nothing to schedule before it.
                 plan.num_tokens = if computed < m.offset {
@@ -117,15 +125,6 @@ impl Scheduler {
         plan
     }
 
-    /// A cached identifier with another embedding count: nothing this step,
-    /// and the caller ends the request (vLLM's `encoder_cache_mismatch_reqs`).
-    fn mismatch(&mut self, slot: Slot, draft: &mut StepDraft) -> EncoderPlan {
-        if !draft.encoder_mismatch.contains(&slot) {
-            draft.encoder_mismatch.push(slot);
-        }
-        EncoderPlan::default()
-    }
-
     /// Take cache space for a scheduled request's planned inputs and its
     /// budget from the step's.
     pub(super) fn commit_encoder_plan(
@@ -138,11 +137,20 @@ impl Scheduler {
             return;
         }
         let inputs = &self.requests[slot].mm_inputs;
-        for &id in &plan.scheduled {
-            self.encoder.allocate(slot, inputs, id);
-        }
-        for &id in &plan.duplicates {
-            self.encoder.reference_cached(slot, inputs, id);
+        match &mut self.encoder {
+            EncoderStore::Shared(cache) => {
+                for &id in &plan.scheduled {
+                    cache.allocate(slot, inputs, id);
+                }
+                for &id in &plan.duplicates {
+                    cache.reference_cached(slot, inputs, id);
+                }
+            }
+            EncoderStore::EncoderDecoder(cache) => {
+                for &id in &plan.scheduled {
+                    cache.allocate(&inputs[id as usize]);
+                }
+            }
         }
         if !plan.scheduled.is_empty() {
             draft.encoder_budget -= plan.num_embeds;
@@ -178,13 +186,66 @@ impl Scheduler {
     }
 }
 
+/// A cached identifier with another embedding count: nothing this step,
+/// and the caller ends the request (vLLM's `encoder_cache_mismatch_reqs`).
+fn mismatch(slot: Slot, draft: &mut StepDraft) -> EncoderPlan {
+    if !draft.encoder_mismatch.contains(&slot) {
+        draft.encoder_mismatch.push(slot);
+    }
+    EncoderPlan::default()
+}
+
+/// An encoder-decoder's plan (§4.17): every input is the encoder's, at
+/// position 0, run before the decoder's first token and never again once
+/// any token is computed; it is not shared by identifier and no rule keeps
+/// it whole in a chunk (each input is whole or waits).
+fn plan_cross_inputs(
+    cache: &EncoderDecoderCache,
+    inputs: &[MultimodalInput],
+    computed: usize,
+    window_end: usize,
+    mut budget: usize,
+    plan: &mut EncoderPlan,
+) {
+    if computed > 0 {
+        return; // its cross-attention KV is written already
+    }
+    let hi = inputs.partition_point(|m| m.offset < window_end);
+    for (i, m) in inputs[..hi].iter().enumerate() {
+        let num_embeds = m.num_embeds();
+        if !cache.can_allocate(num_embeds, budget, plan.num_embeds) {
+            // It sits at 0: no decoder token comes before it this step.
+            plan.num_tokens = 0;
+            return;
+        }
+        let end = m.length.min(window_end - m.offset);
+        if m.embeds_in(0, end).is_empty() {
+            continue;
+        }
+        plan.num_embeds += num_embeds;
+        budget -= num_embeds;
+        plan.scheduled.push(i as u32);
+    }
+}
+
 /// After a step ran: release the inputs of request `r` (in `slot`) whose
 /// placeholders are all computed: in its KV cache now, and past any draft
 /// that a rejection could roll back into (vLLM's `_free_encoder_inputs`).
-pub(super) fn release_encoded(cache: &mut EncoderCache, slot: Slot, r: &Request) {
+/// An encoder-decoder's are released whenever it has a computed token,
+/// every step again (vLLM's arithmetic, §4.17).
+pub(super) fn release_encoded(store: &mut EncoderStore, slot: Slot, r: &Request) {
     if r.mm_inputs.is_empty() {
         return;
     }
+    let cache = match store {
+        EncoderStore::Shared(cache) => cache,
+        EncoderStore::EncoderDecoder(cache) => {
+            if r.seq.num_computed_tokens > 0 {
+                cache.release_all(&r.mm_inputs);
+            }
+            return;
+        }
+    };
     let done = r
         .seq
         .num_computed_tokens

@@ -62,7 +62,7 @@ fn step(s: &mut Scheduler) -> Stepped {
     let freed = out.free_encoder_mm_hashes.clone();
     let (tokens, offsets) = sampled(s, &out, |_| Some(100));
     s.update_from_output(&out, &tokens, &offsets).unwrap();
-    s.encoder_cache().check_invariants().unwrap();
+    s.encoder_cache().unwrap().check_invariants().unwrap();
     Stepped {
         rows,
         freed,
@@ -83,7 +83,7 @@ fn an_image_straddling_a_chunk_boundary_runs_whole_in_the_first_chunk() {
     // Its embeddings wait in the cache for positions 50..70: nothing re-runs.
     assert_eq!(step(&mut s).rows, [row("r", 50, &[])]);
     assert_eq!(
-        s.encoder_cache().num_used(),
+        s.encoder_cache().unwrap().num_used(),
         30,
         "kept (unreferenced) for reuse"
     );

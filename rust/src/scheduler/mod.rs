@@ -26,6 +26,8 @@ mod update;
 mod waiting_pass;
 
 #[cfg(test)]
+mod encoder_decoder_tests;
+#[cfg(test)]
 mod encoder_tests;
 #[cfg(test)]
 mod lora_tests;
@@ -40,10 +42,12 @@ mod tests;
 
 use crate::block::BlockId;
 use crate::encoder_cache::EncoderCache;
+use crate::encoder_decoder_cache::EncoderDecoderCache;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
 use crate::kv_events::KvEvent;
-use crate::multimodal::check_inputs;
+use crate::multimodal::MultimodalInput;
+use crate::multimodal::{check_inputs, InputPlacement};
 use crate::prefill_cadence::PrefillCadence;
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::request::{check_turn, NewRequest, Request, RequestStatus};
@@ -162,8 +166,43 @@ pub struct Scheduler {
     current_step: u64,
     /// When prefills wait (§4.11).
     cadence: PrefillCadence,
-    /// Which encoder outputs the model runner holds (§4.15).
-    encoder: EncoderCache,
+    /// Which encoder outputs the model runner holds.
+    encoder: EncoderStore,
+}
+
+/// The encoder's outputs as the scheduler tracks them: a cache shared by
+/// identifier (§4.15), or an encoder-decoder's slot count (§4.17).
+#[derive(Debug)]
+pub(crate) enum EncoderStore {
+    Shared(EncoderCache),
+    EncoderDecoder(EncoderDecoderCache),
+}
+
+impl EncoderStore {
+    fn new(config: &SchedulerConfig) -> Self {
+        let size = config.encoder.as_ref().map_or(0, |e| e.cache_size);
+        if config.cache.has_cross_attention() {
+            EncoderStore::EncoderDecoder(EncoderDecoderCache::new(size))
+        } else {
+            EncoderStore::Shared(EncoderCache::new(size))
+        }
+    }
+
+    /// Drop every reference of the request in `slot` (`inputs`: its inputs).
+    pub(crate) fn release_all(&mut self, slot: Slot, inputs: &[MultimodalInput]) {
+        match self {
+            EncoderStore::Shared(c) => c.release_all(slot, inputs),
+            EncoderStore::EncoderDecoder(c) => c.release_all(inputs),
+        }
+    }
+
+    /// The identifiers the model runner may drop now.
+    fn take_freed(&mut self) -> Vec<String> {
+        match self {
+            EncoderStore::Shared(c) => c.take_freed(),
+            EncoderStore::EncoderDecoder(c) => c.take_freed(),
+        }
+    }
 }
 
 impl Scheduler {
@@ -178,7 +217,7 @@ impl Scheduler {
         };
         let (waiting, kv_holding) = (queue(), queue());
         let cadence = PrefillCadence::new(config.prefill_schedule_interval);
-        let encoder = EncoderCache::new(config.encoder.as_ref().map_or(0, |e| e.cache_size));
+        let encoder = EncoderStore::new(&config);
         Ok(Scheduler {
             config,
             kv,
@@ -208,9 +247,30 @@ impl Scheduler {
         &self.config
     }
 
-    /// The encoder cache's bookkeeping, for inspection.
-    pub fn encoder_cache(&self) -> &EncoderCache {
-        &self.encoder
+    /// The shared encoder cache's bookkeeping, for inspection (`None` for
+    /// an encoder-decoder model).
+    pub fn encoder_cache(&self) -> Option<&EncoderCache> {
+        match &self.encoder {
+            EncoderStore::Shared(c) => Some(c),
+            EncoderStore::EncoderDecoder(_) => None,
+        }
+    }
+
+    /// An encoder-decoder model's encoder slots, for inspection.
+    pub fn encoder_decoder_cache(&self) -> Option<&EncoderDecoderCache> {
+        match &self.encoder {
+            EncoderStore::EncoderDecoder(c) => Some(c),
+            EncoderStore::Shared(_) => None,
+        }
+    }
+
+    /// Where requests' multimodal inputs sit, for a prompt of
+    /// `num_prompt_tokens`: an encoder-decoder's are the encoder's.
+    pub(super) fn input_placement(&self, num_prompt_tokens: usize) -> InputPlacement {
+        match self.encoder {
+            EncoderStore::EncoderDecoder(_) => InputPlacement::Encoder,
+            EncoderStore::Shared(_) => InputPlacement::Prompt { num_prompt_tokens },
+        }
     }
 
     /// The KV-cache manager, for inspection.
@@ -422,7 +482,7 @@ impl Scheduler {
                      model); configure its encoder budget and cache size"
                 )));
             }
-            check_inputs(id, &new.mm_inputs, len)?;
+            check_inputs(id, &new.mm_inputs, self.input_placement(len))?;
         }
         if let Some(digests) = &new.prompt_embeds_digests {
             let blocks = len.div_ceil(self.kv.block_size());
@@ -599,7 +659,7 @@ impl Scheduler {
     /// weight update): the cache starts empty, running requests hold no
     /// references, and no eviction is reported for the entries dropped.
     pub fn reset_encoder_cache(&mut self) {
-        self.encoder = EncoderCache::new(self.encoder.size());
+        self.encoder = EncoderStore::new(&self.config);
     }
 
     /// Counts and usage; takes (and zeroes) the prefix-cache and preemption

@@ -38,7 +38,11 @@ impl Scheduler {
                      encoder (a text model); configure its encoder budget and cache size"
                 )));
             }
-            check_inputs(id, &new.mm_inputs, new.prompt_token_ids.len())?;
+            check_inputs(
+                id,
+                &new.mm_inputs,
+                self.input_placement(new.prompt_token_ids.len()),
+            )?;
         }
         // vLLM asserts later when a turn would have nothing to compute.
         if new.resumable && new.prompt_token_ids.is_empty() {

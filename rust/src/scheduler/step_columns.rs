@@ -4,7 +4,7 @@
 
 use super::Scheduler;
 use crate::spec_decode::Drafts;
-use crate::step::{StepEntry, StepOutput};
+use crate::step::{Kind, StepEntry, StepOutput};
 
 impl Scheduler {
     /// Write the columns of `entries` and advance every scheduled request
@@ -17,13 +17,23 @@ impl Scheduler {
         debug_assert!(self.running.len() <= self.config.max_num_seqs);
         let bs = self.kv.block_size();
         let mut out = StepOutput::with_capacity(entries.len(), self.kv.groups().len(), bs);
+        out.cross_groups = self.kv.cross_groups();
         for e in &mut entries {
             let r = &mut self.requests[e.slot];
             e.num_output_tokens = r.num_output_tokens() + r.num_output_placeholders;
             let end = e.num_computed_tokens + e.num_tokens;
-            for table in r.tables.iter() {
-                // Each group's new blocks (the whole table for an admission).
+            for (table, group) in r.tables.iter().zip(self.kv.groups()) {
                 let len = table.len();
+                if group.kind.is_cross() {
+                    // Taken whole on admission, read by no decoder position.
+                    if e.kind != Kind::Running {
+                        out.push_new_blocks(table.block_ids());
+                    }
+                    out.end_group();
+                    out.push_span(&[]);
+                    continue;
+                }
+                // Each group's new blocks (the whole table for an admission).
                 if e.block_start < len {
                     out.push_new_blocks(&table.block_ids()[e.block_start..]);
                 }

@@ -48,7 +48,12 @@ impl Default for Setup {
 }
 
 pub(super) fn scheduler(s: Setup) -> Scheduler {
-    Scheduler::new(SchedulerConfig {
+    Scheduler::new(config(s)).unwrap()
+}
+
+/// The configuration `scheduler` builds from `s`.
+pub(super) fn config(s: Setup) -> SchedulerConfig {
+    SchedulerConfig {
         max_num_seqs: s.max_num_seqs,
         max_num_batched_tokens: s.budget,
         max_num_scheduled_tokens: s.budget,
@@ -73,8 +78,7 @@ pub(super) fn scheduler(s: Setup) -> Scheduler {
             num_hash_lookahead_tokens: s.num_hash_lookahead_tokens,
             ..KvCacheConfig::new(s.num_blocks, 16, s.max_model_len, true)
         },
-    })
-    .unwrap()
+    }
 }
 
 pub(super) fn new_request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {

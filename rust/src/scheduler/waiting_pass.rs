@@ -3,7 +3,7 @@
 //! cache allow, each with its longest cached prefix. Requests that hold KV
 //! blocks (streaming sessions between turns, §4.12) are admitted first.
 
-use super::{Scheduler, StepDraft};
+use super::{EncoderStore, Scheduler, StepDraft};
 use crate::block::BlockId;
 use crate::grammar::Reached;
 use crate::kv_cache_manager::Admission;
@@ -267,6 +267,11 @@ impl Scheduler {
         let admission = Admission {
             full_sequence_must_fit: gate,
             watermark,
+            // Cross-attention slots for the encoder inputs it runs (§4.17).
+            encoder_tokens: match self.encoder {
+                EncoderStore::EncoderDecoder(_) => plan.num_embeds,
+                EncoderStore::Shared(_) => 0,
+            },
         };
         let Some(grown) = self.kv.allocate(
             &mut r.tables,

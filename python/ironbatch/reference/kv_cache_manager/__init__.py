@@ -68,6 +68,7 @@ class KvCacheManager:
             num_lookahead_tokens,
             num_hash_lookahead_tokens,
             groups,
+            enable_prefix_caching,
         )
         self._pool = BlockPool(num_blocks)
         self._block_size = block_size

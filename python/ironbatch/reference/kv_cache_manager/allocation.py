@@ -27,6 +27,9 @@ class Admission:
     full_sequence_must_fit: bool = False
     #: Blocks that must stay free beyond what is taken (vLLM's watermark).
     watermark: int = 0
+    #: Encoder tokens whose cross-attention slots the step needs: those of
+    #: the encoder inputs it runs (an encoder-decoder's admission), else 0.
+    encoder_tokens: int = 0
 
 
 def blocks_needed(
@@ -47,13 +50,27 @@ def blocks_needed(
 
 
 def blocks_needed_all(
-    m: KvCacheManager, tables: list[BlockTable], tokens: int, hits: list[list[Block]], capped: bool
+    m: KvCacheManager,
+    tables: list[BlockTable],
+    tokens: int,
+    encoder_tokens: int,
+    hits: list[list[Block]],
+    capped: bool,
 ) -> int:
-    """Blocks all groups must take (``hits``: one list per group, or none)."""
+    """Blocks all groups must take (``hits``: one list per group, or none):
+    ``tokens`` slots in the decoder's groups, ``encoder_tokens`` in the
+    cross-attention ones."""
     return sum(
-        blocks_needed(m, g, table, tokens, hits[g] if hits else [], capped)
+        blocks_needed(
+            m, g, table, slots_of(m, g, tokens, encoder_tokens), hits[g] if hits else [], capped
+        )
         for g, table in enumerate(tables)
     )
+
+
+def slots_of(m: KvCacheManager, g: int, tokens: int, encoder_tokens: int) -> int:
+    """The slots group ``g`` covers: the encoder's tokens for cross-attention."""
+    return encoder_tokens if m._groups[g].kind.is_cross() else tokens
 
 
 def allocate_slots(
@@ -114,7 +131,7 @@ def allocate(
     computed = min(seq.num_computed_tokens + num_new_computed_tokens, max_len)
     if full_sequence_must_fit:
         full = min(seq.num_tokens, max_len)
-        need = blocks_needed_all(m, tables, full, hits, True)
+        need = blocks_needed_all(m, tables, full, admission.encoder_tokens, hits, True)
         if need + watermark > m._pool.num_free_blocks:
             return None
     # The lookahead slots come on top; the admission gate above ignores
@@ -126,16 +143,23 @@ def allocate(
         processed = max(computed - in_flight, 0)
         for g, table in enumerate(tables):
             remove_skipped_blocks(m, g, table, processed)
-    if blocks_needed_all(m, tables, slots, hits, False) + watermark > m._pool.num_free_blocks:
+    encoder_tokens = admission.encoder_tokens
+    needed = blocks_needed_all(m, tables, slots, encoder_tokens, hits, False)
+    if needed + watermark > m._pool.num_free_blocks:
         return None
     # Enough is free: from here on nothing can fail.
     if hits:
         for g, table in enumerate(tables):
             take_hits(m, g, table, hits[g], computed)
-    k = max(cdiv(slots, bs) - len(tables[0]), 0)
-    assert all(len(t) == len(tables[0]) for t in tables)
-    for table in tables:
-        table.blocks.extend(m._pool.take_free_blocks(k))
+    # Group by group, in order (as vLLM's coordinator takes them); the
+    # decoder's groups all grow by the same ``k``.
+    k = 0
+    for g, table in enumerate(tables):
+        grow = max(cdiv(slots_of(m, g, slots, encoder_tokens), bs) - len(table), 0)
+        if not m._groups[g].kind.is_cross():
+            assert k == 0 or grow == k
+            k = grow
+        table.blocks.extend(m._pool.take_free_blocks(grow))
     if m._enable_caching:
         upto = min(computed + num_new_tokens, seq.num_tokens)
         for g, table in enumerate(tables):

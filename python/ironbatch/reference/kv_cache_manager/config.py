@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, SlidingWindow
+from ironbatch.reference.attention_group import (
+    ChunkedLocal,
+    CrossAttention,
+    GroupSpec,
+    SlidingWindow,
+)
 from ironbatch.reference.limits import (
     MAX_BLOCK_SIZE,
     MAX_KV_CACHE_GROUPS,
@@ -23,6 +28,7 @@ def validate(
     num_lookahead_tokens: int,
     num_hash_lookahead_tokens: int,
     groups: Seq[GroupSpec],
+    enable_prefix_caching: bool,
 ) -> None:
     """Check every setting of a ``KvCacheManager``, naming the first bad one."""
     check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
@@ -31,18 +37,33 @@ def validate(
     check_range("num_lookahead_tokens", num_lookahead_tokens, 0, max_model_len)
     # A block's hash covers at most the next block.
     check_range("num_hash_lookahead_tokens", num_hash_lookahead_tokens, 0, block_size)
-    check_groups(groups, num_hash_lookahead_tokens)
+    check_groups(groups, num_hash_lookahead_tokens, enable_prefix_caching)
 
 
-def check_groups(groups: Seq[GroupSpec], num_hash_lookahead_tokens: int) -> None:
+def check_groups(
+    groups: Seq[GroupSpec], num_hash_lookahead_tokens: int, enable_prefix_caching: bool
+) -> None:
     """The KV-cache groups' rules, after the cache's sizes (the core's
     ``KvCacheConfig::validate`` order): how many, each window and chunk in
-    range, and no hash lookahead across several groups."""
+    range, cross-attention without prefix caching and after a decoder
+    group, and no hash lookahead across several groups."""
     check_range("kv_cache_groups", len(groups), 1, MAX_KV_CACHE_GROUPS)
     for g in groups:
         if isinstance(g.kind, SlidingWindow):
             check_range("sliding_window", g.kind.window, 1, MAX_MODEL_LEN)
         elif isinstance(g.kind, ChunkedLocal):
             check_range("attention_chunk_size", g.kind.chunk, 1, MAX_MODEL_LEN)
+        elif isinstance(g.kind, CrossAttention) and enable_prefix_caching:
+            # vLLM turns prefix caching off for encoder-decoder models.
+            raise ValueError(
+                "enable_prefix_caching must be false with a cross-attention KV-cache group "
+                "(an encoder-decoder model)"
+            )
+    if groups[0].kind.is_cross():
+        # A step's block ranges are read off the first group's table.
+        raise ValueError(
+            "kv_cache_groups[0] must be a decoder group: cross-attention groups follow the "
+            "decoder's (as vLLM orders them)"
+        )
     if len(groups) > 1 and num_hash_lookahead_tokens > 0:
         raise ValueError("num_hash_lookahead_tokens must be 0 with several KV-cache groups")

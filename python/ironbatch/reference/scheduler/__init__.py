@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ironbatch.reference.encoder_cache import EncoderCache
+from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
 from ironbatch.reference.error import debug_str, duplicate_request
 from ironbatch.reference.kv_cache_manager import KvCacheManager
 from ironbatch.reference.kv_events import KvEvent, Stored
-from ironbatch.reference.multimodal import check_inputs
+from ironbatch.reference.multimodal import ENCODER, InPrompt, InputPlacement, check_inputs
 from ironbatch.reference.prefill_cadence import PrefillCadence
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
 from ironbatch.reference.request import (
@@ -64,6 +65,20 @@ __all__ = ["Pause", "ScheduledEncoderInputs", "Scheduler", "SchedulerStats", "St
 
 # Tells one scheduler's steps from another's (the core's global counter).
 _NEXT_SCHEDULER_ID = itertools.count(1)
+
+
+#: The encoder's outputs as the scheduler tracks them: a cache shared by
+#: identifier (§4.15), or an encoder-decoder's slot count (§4.17).
+EncoderStore = EncoderCache | EncoderDecoderCache
+
+
+def new_encoder_store(c: SchedulerSettings) -> EncoderStore:
+    """The store ``c`` asks for: an encoder-decoder's when a KV-cache group
+    is cross-attention."""
+    size = 0 if c.encoder is None else c.encoder.cache_size
+    if any(g.kind.is_cross() for g in c.kv_cache_groups):
+        return EncoderDecoderCache(size)
+    return EncoderCache(size)
 
 
 @dataclass
@@ -183,15 +198,34 @@ class Scheduler:
         self.current_step = 0
         #: When prefills wait (docs/scheduling.md §4.11).
         self.cadence = PrefillCadence(c.prefill_schedule_interval)
-        #: Which encoder outputs the model runner holds (§4.15).
-        self.encoder = EncoderCache(0 if c.encoder is None else c.encoder.cache_size)
+        #: Which encoder outputs the model runner holds.
+        self.encoder: EncoderStore = new_encoder_store(c)
 
     # -- inspection -----------------------------------------------------------
 
     @property
-    def encoder_cache(self) -> EncoderCache:
-        """The encoder cache's bookkeeping, for inspection."""
-        return self.encoder
+    def encoder_cache(self) -> EncoderCache | None:
+        """The shared encoder cache's bookkeeping, for inspection (None for
+        an encoder-decoder model)."""
+        return self.encoder if isinstance(self.encoder, EncoderCache) else None
+
+    @property
+    def encoder_decoder_cache(self) -> EncoderDecoderCache | None:
+        """An encoder-decoder model's encoder slots, for inspection."""
+        return self.encoder if isinstance(self.encoder, EncoderDecoderCache) else None
+
+    def input_placement(self, num_prompt_tokens: int) -> InputPlacement:
+        """Where requests' multimodal inputs sit, for a prompt of
+        ``num_prompt_tokens``: an encoder-decoder's are the encoder's."""
+        if isinstance(self.encoder, EncoderDecoderCache):
+            return ENCODER
+        return InPrompt(num_prompt_tokens)
+
+    def reset_encoder_cache(self) -> None:
+        """Forget every encoder output (vLLM's ``reset_encoder_cache``, after a
+        weight update): the cache starts empty, running requests hold no
+        references, and no eviction is reported for the entries dropped."""
+        self.encoder = new_encoder_store(self.config)
 
     def request(self, slot: int) -> Request | None:
         """The live request in ``slot``."""
@@ -350,7 +384,7 @@ class Scheduler:
                     f"mm_features of request {debug_str(rid)}: this scheduler has no encoder "
                     "(a text model); configure its encoder budget and cache size"
                 )
-            check_inputs(rid, new.mm_inputs, n)
+            check_inputs(rid, new.mm_inputs, self.input_placement(n))
         if new.prompt_embeds_digests is not None:
             blocks = -(-n // self.kv.block_size)
             if len(new.prompt_embeds_digests) != blocks:

@@ -5,19 +5,20 @@ and the encoder runs an image whole (its attention is bidirectional). So a
 request's tokens this step are cut just before the first image that does
 not fit the step's encoder budget or the cache; with
 ``disable_chunked_mm_input``, also before an image the step would only
-partly cover."""
+partly cover. An encoder-decoder model (§4.17) runs its encoder input
+once, in the step that computes its first decoder token."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ironbatch.reference.encoder_cache import EncoderCache
-from ironbatch.reference.multimodal import inputs_in_window
+from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
+from ironbatch.reference.multimodal import MultimodalInput, inputs_in_window
 from ironbatch.reference.request import Request
 
 if TYPE_CHECKING:
-    from ironbatch.reference.scheduler import Scheduler, StepDraft
+    from ironbatch.reference.scheduler import EncoderStore, Scheduler, StepDraft
 
 
 @dataclass
@@ -58,10 +59,13 @@ def plan_encoder_inputs(
     encoder = s.config.encoder
     if encoder is None or n == 0 or not inputs:
         return plan
-    cache = s.encoder
     shift = encoder.drafter_read_ahead
     window_end = computed + n + shift
     budget = draft.encoder_budget
+    cache = s.encoder
+    if isinstance(cache, EncoderDecoderCache):
+        plan_cross_inputs(cache, inputs, computed, window_end, budget, plan)
+        return plan
     for i in inputs_in_window(inputs, computed, window_end):
         m = inputs[i]
         num_embeds = m.num_embeds()
@@ -118,10 +122,15 @@ def commit_encoder_plan(s: Scheduler, slot: int, plan: EncoderPlan, draft: StepD
     if not plan.scheduled and not plan.duplicates:
         return
     inputs = s.requests[slot].mm_inputs
-    for id in plan.scheduled:
-        s.encoder.allocate(slot, inputs, id)
-    for id in plan.duplicates:
-        s.encoder.reference_cached(slot, inputs, id)
+    cache = s.encoder
+    if isinstance(cache, EncoderDecoderCache):
+        for id in plan.scheduled:
+            cache.allocate(inputs[id])
+    else:
+        for id in plan.scheduled:
+            cache.allocate(slot, inputs, id)
+        for id in plan.duplicates:
+            cache.reference_cached(slot, inputs, id)
     if plan.scheduled:
         draft.encoder_budget -= plan.num_embeds
         draft.encoder_inputs.append(ScheduledEncoderInputs(slot, list(plan.scheduled)))
@@ -141,17 +150,56 @@ def refund_encoder_inputs(s: Scheduler, victim: int, draft: StepDraft) -> None:
 def release_all_encoded(s: Scheduler, slot: int) -> None:
     """Drop every encoder-cache reference of the request in ``slot``."""
     inputs = s.requests[slot].mm_inputs
-    if inputs:
+    if not inputs:
+        return
+    if isinstance(s.encoder, EncoderDecoderCache):
+        s.encoder.release_all(inputs)
+    else:
         s.encoder.release_all(slot, inputs)
 
 
-def release_encoded(cache: EncoderCache, slot: int, r: Request) -> None:
+def plan_cross_inputs(
+    cache: EncoderDecoderCache,
+    inputs: list[MultimodalInput],
+    computed: int,
+    window_end: int,
+    budget: int,
+    plan: EncoderPlan,
+) -> None:
+    """An encoder-decoder's plan (§4.17): every input is the encoder's, at
+    position 0, run before the decoder's first token and never again once
+    any token is computed; it is not shared by identifier and no rule keeps
+    it whole in a chunk (each input is whole or waits)."""
+    if computed > 0:
+        return  # its cross-attention KV is written already
+    hi = sum(1 for m in inputs if m.offset < window_end)
+    for i, m in enumerate(inputs[:hi]):
+        num_embeds = m.num_embeds()
+        if not cache.can_allocate(num_embeds, budget, plan.num_embeds):
+            # It sits at 0: no decoder token comes before it this step.
+            plan.num_tokens = 0
+            return
+        lo, end = m.embeds_in(0, min(m.length, window_end - m.offset))
+        if lo == end:
+            continue
+        plan.num_embeds += num_embeds
+        budget -= num_embeds
+        plan.scheduled.append(i)
+
+
+def release_encoded(store: EncoderStore, slot: int, r: Request) -> None:
     """After a step ran: release the inputs of request ``r`` (in ``slot``)
     whose placeholders are all computed: in its KV cache now, and past any
     draft that a rejection could roll back into (vLLM's
-    ``_free_encoder_inputs``)."""
+    ``_free_encoder_inputs``). An encoder-decoder's are released whenever
+    it has a computed token, every step again (vLLM's arithmetic, §4.17)."""
     if not r.mm_inputs:
         return
+    if isinstance(store, EncoderDecoderCache):
+        if r.seq.num_computed_tokens > 0:
+            store.release_all(r.mm_inputs)
+        return
+    cache = store
     done = max(r.seq.num_computed_tokens - r.num_output_placeholders, 0)
     for id in list(cache.held(slot)):
         if r.mm_inputs[id].end() <= done:

@@ -41,7 +41,7 @@ def add_session_chunk(s: Scheduler, slot: int, new: NewRequest) -> None:
                 "scheduler has no encoder (a text model); configure its encoder budget and "
                 "cache size"
             )
-        check_inputs(new.request_id, new.mm_inputs, len(new.prompt_token_ids))
+        check_inputs(new.request_id, new.mm_inputs, s.input_placement(len(new.prompt_token_ids)))
     # vLLM asserts later when a turn would have nothing to compute.
     if new.resumable and not new.prompt_token_ids:
         rid = debug_str(new.request_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
-from ironbatch.reference.step import StepEntry, StepOutput
+from ironbatch.reference.step import Kind, StepEntry, StepOutput
 
 if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler
@@ -26,8 +26,12 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
         # Each group's new blocks (the whole table for an admission), group
         # by group.
         last = len(r.tables) - 1
-        for g, table in enumerate(r.tables):
-            if e.block_start < len(table):
+        for g, (table, group) in enumerate(zip(r.tables, s.kv.groups, strict=True)):
+            if group.kind.is_cross():
+                # Taken whole on admission, read by no decoder position.
+                if e.kind is not Kind.RUNNING:
+                    out.push_new_blocks(table.block_ids())
+            elif e.block_start < len(table):
                 out.push_new_blocks(table.block_ids()[e.block_start :])
             if g < last:
                 out.end_group()
@@ -53,9 +57,11 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
                 r.drafts = Drafts(placeholders=k) if k else NO_DRAFTS
                 if s.config.decode_stagger > 0:
                     r.next_decode_step = s.current_step + s.config.decode_stagger
-    # The other KV-cache groups' slots follow group 0's, group by group, each
-    # in the tokens' order.
+    # The other decoder groups' slots follow group 0's, group by group, each
+    # in the tokens' order (cross-attention's are the encoder's: none).
     for g in range(1, len(s.kv.groups)):
+        if s.kv.groups[g].kind.is_cross():
+            continue
         for e in entries:
             table = s.requests[e.slot].tables[g]
             for p in range(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens):

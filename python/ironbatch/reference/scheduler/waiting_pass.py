@@ -9,6 +9,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
 from ironbatch.reference.kv_cache_manager import Admission
 from ironbatch.reference.kv_events import Hit
 from ironbatch.reference.lora import LoraBatch
@@ -223,7 +224,12 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         n,
         new_hit_tokens,
         hit.blocks if new_hit_tokens > 0 else [],
-        Admission(full_sequence_must_fit=c.scheduler_reserve_full_isl, watermark=watermark),
+        Admission(
+            full_sequence_must_fit=c.scheduler_reserve_full_isl,
+            watermark=watermark,
+            # Cross-attention slots for the encoder inputs it runs (§4.17).
+            encoder_tokens=plan.num_embeds if isinstance(s.encoder, EncoderDecoderCache) else 0,
+        ),
         r.in_flight_tokens,
     )
     if grown is None:
