@@ -380,6 +380,31 @@ _LLAMA_4_SCOUT_VISION = {
     "torch_dtype": "bfloat16",
     "tie_word_embeddings": False,
 }
+# Whisper large-v3: an encoder-decoder model (its decoder's self-attention
+# and cross-attention to the audio encoder's 1,500 frames).
+_WHISPER_LARGE_V3: dict[str, Any] = {
+    "architectures": ["WhisperForConditionalGeneration"],
+    "model_type": "whisper",
+    "d_model": 1280,
+    "encoder_layers": 32,
+    "decoder_layers": 32,
+    "encoder_attention_heads": 20,
+    "decoder_attention_heads": 20,
+    "encoder_ffn_dim": 5120,
+    "decoder_ffn_dim": 5120,
+    "vocab_size": 51866,
+    "max_source_positions": 1500,
+    "max_target_positions": 448,
+    "num_mel_bins": 128,
+    "is_encoder_decoder": True,
+    "decoder_start_token_id": 50258,
+    "eos_token_id": 50257,
+    "pad_token_id": 50256,
+    "bos_token_id": 50257,
+    "activation_function": "gelu",
+    "scale_embedding": False,
+    "torch_dtype": "float16",
+}
 MODELS: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": _LLAMA_3_1_8B,
     "llama-3.1-8b-eagle3": _LLAMA_3_1_8B_EAGLE3,
@@ -393,4 +418,5 @@ MODELS: dict[str, dict[str, Any]] = {
     "qwen2.5-vl-7b": _QWEN2_5_VL_7B,
     "gemma-3-12b-vision": _GEMMA_3_12B_VISION,
     "llama-4-scout-vision": _LLAMA_4_SCOUT_VISION,
+    "whisper-large-v3": _WHISPER_LARGE_V3,
 }

@@ -207,10 +207,27 @@ _LLAMA4_IMAGE_PROCESSOR = {
     "rescale_factor": 1 / 255,
     "resample": 2,
 }
+# Whisper's feature extractor settings (large-v3's): 30-second windows of
+# 128 mel bins, which its encoder turns into 1,500 frames.
+_WHISPER_FEATURE_EXTRACTOR = {
+    "feature_extractor_type": "WhisperFeatureExtractor",
+    "processor_class": "WhisperProcessor",
+    "chunk_length": 30,
+    "feature_size": 128,
+    "hop_length": 160,
+    "n_fft": 400,
+    "n_samples": 480000,
+    "nb_max_frames": 3000,
+    "padding_side": "right",
+    "padding_value": 0.0,
+    "return_attention_mask": False,
+    "sampling_rate": 16000,
+}
 _IMAGE_PROCESSORS = {
     "qwen2_5_vl": _QWEN2_VL_IMAGE_PROCESSOR,
     "gemma3": _GEMMA3_IMAGE_PROCESSOR,
     "llama4": _LLAMA4_IMAGE_PROCESSOR,
+    "whisper": _WHISPER_FEATURE_EXTRACTOR,
 }
 _PROCESSORS = {
     "gemma3": {"processor_class": "Gemma3Processor", "image_seq_length": 256},
@@ -633,7 +650,7 @@ def _request(
     """An EngineCoreRequest as vLLM's input processor hands it to the engine."""
     resumable = kw.pop("resumable", False)
     lora_request = kw.pop("lora_request", None)
-    mm = [_image(*m) for m in kw.pop("mm", ())]
+    mm = [_image(*m) for m in kw.pop("mm", ())] + [_audio(*a) for a in kw.pop("audio", ())]
     sp = SamplingParams(max_tokens=max_tokens, **kw)
     if sp.structured_outputs is not None:
         sp.structured_outputs._backend = "xgrammar"  # what the processor resolves "auto" to
@@ -661,6 +678,64 @@ def _image(identifier: str, offset: int, length: int) -> MultiModalFeatureSpec:
         identifier=identifier,
         mm_position=PlaceholderRange(offset=offset, length=length),
     )
+
+
+def _audio(identifier: str, length: int) -> MultiModalFeatureSpec:
+    """An encoder-decoder's audio as vLLM's input processor hands it over:
+    the encoder's ``length`` frames at position 0, apart from the decoder's
+    prompt (its tensors left out)."""
+    return MultiModalFeatureSpec(
+        data=MultiModalKwargsItem.dummy(),
+        modality="audio",
+        identifier=identifier,
+        mm_position=PlaceholderRange(offset=0, length=length),
+    )
+
+
+# Whisper's decoder prompt: start of transcript, language, task, no timestamps.
+_TRANSCRIBE = [50258, 50259, 50360, 50364]
+_FRAMES = 1500  # Whisper's encoder output for a 30-second window
+
+
+def audio_workload() -> dict[int, list[tuple[str, Any]]]:
+    """Transcriptions by tick (an encoder-decoder model): more audio than
+    one step's encoder budget takes (each clip waits its turn), prompt
+    logprobs, a structured-output request, a request without audio, an
+    abort. No streaming session: vLLM's input processor takes none for an
+    encoder-decoder model."""
+    json_schema = StructuredOutputsParams(json={"type": "object"})
+    clip = [("clip-a", _FRAMES)]
+    return {
+        0: [
+            ("add", _request("transcribe-0", _TRANSCRIBE, 12, 0.0, audio=clip)),
+            (
+                "add",
+                _request(
+                    "logprobs-1",
+                    _TRANSCRIBE,
+                    4,
+                    0.0,
+                    audio=[("clip-b", _FRAMES)],
+                    prompt_logprobs=2,
+                ),
+            ),
+            (
+                "add",
+                _request(
+                    "json-2",
+                    _TRANSCRIBE,
+                    12,
+                    0.0,
+                    audio=[("clip-c", _FRAMES)],
+                    structured_outputs=json_schema,
+                ),
+            ),
+        ],
+        # The same clip again: an encoder-decoder shares no encoder output.
+        2: [("add", _request("again-3", _TRANSCRIBE, 30, 2.0, audio=clip))],
+        3: [("add", _request("aborted-4", _TRANSCRIBE, 40, 3.0, audio=[("clip-d", _FRAMES)]))],
+        5: [("abort", "aborted-4"), ("add", _request("text-5", _TRANSCRIBE + [400], 6, 5.0))],
+    }
 
 
 def _pooling_request(rid: str, prompt: list[int], arrival: float) -> EngineCoreRequest:
@@ -836,6 +911,7 @@ class Engine:
             "max_loras": None if vc.lora_config is None else vc.lora_config.max_loras,
             "is_multimodal_model": bool(mc.is_multimodal_model),
             "supports_multimodal_inputs": bool(mc.supports_multimodal_inputs),
+            "is_encoder_decoder": bool(mc.is_encoder_decoder),
             "runner_type": mc.runner_type,
         }
 
@@ -887,6 +963,7 @@ def _exercised(e: Engine) -> dict[str, int]:
         seen["new_token_ids_to_first_stage"] += bool(so["scheduled_cached_reqs"]["new_token_ids"])
         seen["spec_drafts"] += sum(len(d) for d in so["scheduled_spec_decode_tokens"].values())
         seen["encoder_inputs"] += sum(map(len, so["scheduled_encoder_inputs"].values()))
+        seen["encoder_freed"] += len(so["free_encoder_mm_hashes"])
     for g in e.executor.grammar:
         seen["masked_rows"] += 0 if g is None else len(g[0])
     for _, view, events, reasoning in e.steps:
@@ -958,6 +1035,8 @@ def _run_workload(theirs: Engine, ours: Engine) -> dict[str, Any]:
     plan = (
         pooling_workload()
         if vc.model_config.runner_type == "pooling"
+        else audio_workload()
+        if vc.model_config.is_encoder_decoder
         else workload(
             lora=vc.lora_config is not None, images=vc.model_config.supports_multimodal_inputs
         )

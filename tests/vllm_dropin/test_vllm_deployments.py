@@ -259,6 +259,22 @@ TABLE = [
         exercises=("image_requests", "encoder_inputs"),
     ),
     Deployment(
+        # Whisper: an encoder-decoder (its decoder's KV cache and a
+        # cross-attention group over the audio's 1,500 frames), vLLM's
+        # encoder budget from its feature extractor, one clip a step; no
+        # chunked prefill, no prefix caching (vLLM turns both off).
+        "whisper-large-v3",
+        "whisper-large-v3",
+        [],
+        {
+            "is_encoder_decoder": True,
+            "enable_prefix_caching": False,
+            "enable_chunked_prefill": False,
+            "kv_groups": ["FullAttentionSpec", "CrossAttentionSpec"],
+        },
+        exercises=("image_requests", "encoder_inputs", "encoder_freed"),
+    ),
+    Deployment(
         # Prompts may come as embeddings: the option alone changes nothing
         # in how token prompts are scheduled.
         "prompt-embeds",
@@ -423,5 +439,7 @@ def test_drop_in_runs_like_vllm(report: dict[str, Any], row: Deployment, flavor:
         assert seen.get(what, 0) > 0, (what, seen)
     if pooling:
         assert seen["finished_stop"] == 4, seen  # every request but the aborted one
+    elif row.expect.get("is_encoder_decoder"):
+        assert seen["finished_length"] == 5, seen  # every transcription but the aborted one
     else:
         assert seen["finished_length"] >= 7, seen  # four requests, three turns of the session

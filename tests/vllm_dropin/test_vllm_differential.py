@@ -96,7 +96,30 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(pooling(rng, settings))
     # Every group holds blocks of its own: the same tightness per group.
     settings["num_blocks"] = (blocks - 1) * GROUPS[settings["kv_layout"]] + 1
+    if settings.get("target") == "whisper":
+        encoder_decoder(settings, blocks)
     return settings
+
+
+def encoder_decoder(settings: dict, blocks: int) -> None:
+    """A Whisper-shaped workload's settings, as vLLM's engine makes them
+    for an encoder-decoder model: no chunked prefill (its budget then holds
+    a whole prompt), no prefix caching, no pipeline parallelism (Whisper has
+    none); and without what the drop-in still leaves to vLLM with
+    cross-attention (KV-cache events and metrics) and prompt embeddings.
+    Its blocks: the decoder's as drawn, and a step's encoder tokens for
+    cross-attention (vLLM's start-up sizing)."""
+    for key in ("kv_events_config", "observability_config", "enable_prompt_embeds"):
+        settings.pop(key, None)
+    settings.update(
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(settings["max_num_batched_tokens"], settings["max_model_len"]),
+        max_num_scheduled_tokens=None,
+        enable_prefix_caching=False,
+        pipeline_parallel_size=1,
+    )
+    compute = settings["mm_budget"][0]
+    settings["num_blocks"] = blocks + -(-compute // settings["block_size"])
 
 
 GROUPS = {"full": 1, "gpt-oss": 2, "gemma3": 6, "llama4": 4}  # KV-cache groups per layout
@@ -156,6 +179,11 @@ def multimodal(rng: random.Random, settings: dict) -> dict:
     compute = rng.choice([8, 24, 48, 96])
     cache = rng.choice([compute, 2 * compute, 4 * compute])
     whole = settings["long_prefill_token_threshold"] == 0 and rng.random() < 0.3
+    # Whisper (audio for an encoder, cross-attention) in some, where the
+    # drop-in takes it: one KV-cache group of the decoder's, no speculation.
+    if settings["kv_layout"] == "full" and "speculative_config" not in settings:
+        if rng.random() < 0.6:
+            return {"target": "whisper", "mm_budget": (compute, cache)}
     return {"target": "vision", "mm_budget": (compute, cache), "disable_chunked_mm_input": whole}
 
 
@@ -220,17 +248,22 @@ def workload_features(rng: random.Random, settings: dict) -> Features:
     need = -(-settings["max_model_len"] // settings["block_size"])
     # A pooling model's requests sample nothing: no grammars, no sessions.
     generates = settings.get("runner") != "pooling"
+    # vLLM runs an encoder-decoder on model runner V1 only; no sessions.
+    whisper = settings.get("target") == "whisper"
     return Features(
         # vLLM refuses async scheduling with pipeline parallelism, or with
         # n-gram speculation, on its V1 runner.
-        runner_v1=rng.random() < 0.3
+        runner_v1=(rng.random() < 0.3 or whisper)
         and not (async_scheduling and (pp > 1 or "speculative_config" in settings)),
         reasoning=rng.random() < 0.3,
         grammars=rng.random() < 0.5 and generates,
         # Streaming sessions hold their blocks between turns and nobody
         # preempts them: vLLM stalls when they hold the whole cache, so they
         # come only with room for them, and stay well inside max_model_len.
-        sessions=settings["num_blocks"] >= 3 * need and rng.random() < 0.6 and generates,
+        sessions=settings["num_blocks"] >= 3 * need
+        and rng.random() < 0.6
+        and generates
+        and not whisper,
         repeating=rng.random() < 0.3,
     )
 
@@ -256,6 +289,11 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     # Each KV-cache group holds its own blocks for the request.
     groups = len(pair.vllm.kv_cache_config.kv_cache_groups)
     per_group = (settings["num_blocks"] - 1) // groups
+    whisper = settings.get("target") == "whisper"
+    if whisper:  # the decoder's blocks, beside a step's encoder tokens
+        per_group = (
+            settings["num_blocks"] - 1 - -(-settings["mm_budget"][0] // settings["block_size"])
+        )
     capacity = min(max_len, per_group * settings["block_size"] - room)
     prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
     # LoRA: up to 8 adapters, more than max_loras in most workloads; most
@@ -274,7 +312,16 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     pooled = settings.get("runner") == "pooling"
     images = image_pool(rng, settings, step_room(pair)) if vision else []
 
+    # Audio for an encoder-decoder: a clip (of the budget at most) at
+    # position 0 for the encoder, apart from the decoder's prompt.
+    most_audio = min(settings["mm_budget"]) if whisper else 0
+
     def with_images(prompt: list[int]) -> tuple[list[int], list[MultiModalFeatureSpec]]:
+        if whisper:
+            if rng.random() < 0.1:
+                return prompt, []
+            length = rng.choice([1, most_audio, rng.randint(1, most_audio)])
+            return prompt, [audio_feature(f"audio-{rng.randint(0, 9)}", length)]
         if not images:
             return prompt, []
         features: list[MultiModalFeatureSpec] = []
@@ -504,6 +551,17 @@ def image_feature(
     )
 
 
+def audio_feature(identifier: str, length: int) -> MultiModalFeatureSpec:
+    """An audio clip as vLLM's processor hands it to an encoder-decoder:
+    the encoder's ``length`` tokens, at position 0."""
+    return MultiModalFeatureSpec(
+        data=MultiModalKwargsItem({}),
+        modality="audio",
+        identifier=identifier,
+        mm_position=PlaceholderRange(offset=0, length=length),
+    )
+
+
 def scheduled_any(pair: VllmPair) -> bool:
     """Whether a step still in flight scheduled tokens (its output changes something)."""
     return any(a.total_num_scheduled_tokens for a, _, _ in pair.in_flight)
@@ -541,6 +599,7 @@ def drawn_features(seed: int) -> Counter:
         "speculative decoding": "speculative_config" in s,
         "LoRA": "lora_config" in s,
         "images": s.get("target") == "vision",
+        "encoder-decoder": s.get("target") == "whisper",
         "prompt embeddings": bool(s.get("enable_prompt_embeds")),
         "pooling": s.get("runner") == "pooling",
     }
@@ -552,8 +611,13 @@ def drawn_features(seed: int) -> Counter:
 
 
 # What 1,040 workloads draw at least, on average: each feature 200, each
-# speculative method and window layout 40, speculation and window groups 300.
-FEATURE_SHARES = {"feature: speculative decoding": 300, "feature: window KV-cache groups": 300}
+# speculative method and window layout 40, speculation and window groups 300,
+# the encoder-decoder (only beside one decoder group, without speculation) 40.
+FEATURE_SHARES = {
+    "feature: speculative decoding": 300,
+    "feature: window KV-cache groups": 300,
+    "feature: encoder-decoder": 40,
+}
 
 
 def feature_need(name: str) -> int:
@@ -569,6 +633,7 @@ FEATURES = [
     *(f"feature: {k}" for k in ("MLA", "window KV-cache groups", "speculative decoding")),
     "feature: LoRA",
     "feature: images",
+    "feature: encoder-decoder",
     "feature: prompt embeddings",
     "feature: pooling",
     *(f"feature: layout: {k}" for k in LAYOUTS),

@@ -482,10 +482,17 @@ class VllmPair:
         assert a.get_kv_cache_usage() == b.get_kv_cache_usage()
         if b._multimodal:
             ecm = a.encoder_cache_manager
-            expected = {
-                "num_free_slots": ecm.num_free_slots,
-                "num_freeable_slots": ecm.num_freeable_slots,
-                "cached": {k: sorted(v) for k, v in ecm.cached.items()},
-                "freeable": list(ecm.freeable),
-            }
+            if a.is_encoder_decoder:  # EncoderDecoderCacheManager: a slot count
+                expected = {
+                    "num_free_slots": ecm.num_free_slots,
+                    "allocated": list(ecm.allocated),
+                    "to_free": list(ecm.to_free),
+                }
+            else:
+                expected = {
+                    "num_free_slots": ecm.num_free_slots,
+                    "num_freeable_slots": ecm.num_freeable_slots,
+                    "cached": {k: sorted(v) for k, v in ecm.cached.items()},
+                    "freeable": list(ecm.freeable),
+                }
             assert _core.vllm_encoder_cache_state(b._core.core) == expected

@@ -26,10 +26,19 @@ class EncoderInputs:
     """The drop-in's encoder-input bookkeeping, as vLLM 0.33's scheduler
     keeps it (``_pending_encoder_input_ids``, ``encoder_cache_mismatch_reqs``)."""
 
-    def __init__(self, core: Any, requests: dict[str, Any], use_v2_model_runner: bool) -> None:
+    def __init__(
+        self,
+        core: Any,
+        requests: dict[str, Any],
+        use_v2_model_runner: bool,
+        is_encoder_decoder: bool,
+    ) -> None:
         self.core = core
         self.requests = requests
         self.use_v2_model_runner = use_v2_model_runner
+        # An encoder-decoder's audio is done with once any token is computed
+        # (its cross-attention KV holds it).
+        self.is_encoder_decoder = is_encoder_decoder
         # Per request installed with sendable items: those the worker holds.
         self.pending: dict[str, set[int]] = {}
         # Requests to end with an error at the next update.
@@ -78,7 +87,8 @@ class EncoderInputs:
                 if i in encoding:
                     continue
                 position = features[i].mm_position
-                if position.offset + position.length <= confirmed:
+                done = self.is_encoder_decoder and confirmed > 0
+                if done or position.offset + position.length <= confirmed:
                     updates.setdefault(rid, {})[i] = None
                     pending.remove(i)
         return updates

@@ -29,6 +29,7 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -75,10 +76,13 @@ DEFAULTS: dict[str, Any] = {
     # A local tokenizer folder (for grammars over it); None: no tokenizer.
     "tokenizer": None,
     # The target model's shape: "llama", "deepseek_mtp" (DeepSeek-V3's,
-    # with MTP layers, for the "mtp" speculative method) or "vision"
-    # (Qwen2.5-VL's: images beside a Llama-like language model).
+    # with MTP layers, for the "mtp" speculative method), "vision"
+    # (Qwen2.5-VL's: images beside a Llama-like language model) or
+    # "whisper" (an encoder-decoder: audio for the encoder, a decoder
+    # self-attention group and a cross-attention group; as vLLM's engine
+    # arguments do for such a model, prefix caching is off).
     "target": "llama",
-    # For "vision": the encoder's compute budget and cache size, in
+    # For "vision" and "whisper": the encoder's compute budget and cache size, in
     # embeddings, as vLLM's MultiModalBudget would derive them from the
     # model's processor (which needs files this offline config lacks).
     "mm_budget": (64, 128),
@@ -227,6 +231,36 @@ def tiny_vision_model_dir() -> str:
     return _config_dir("ironbatch-tiny-vision-", _TINY_VISION)
 
 
+# A tiny Whisper: one encoder and one decoder layer.
+_TINY_WHISPER: dict[str, Any] = {
+    "architectures": ["WhisperForConditionalGeneration"],
+    "model_type": "whisper",
+    "d_model": 64,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "vocab_size": 32000,
+    "max_source_positions": 1500,
+    "max_target_positions": 448,
+    "num_mel_bins": 80,
+    "is_encoder_decoder": True,
+    "decoder_start_token_id": 1,
+    "bos_token_id": 1,
+    "eos_token_id": EOS,
+    "pad_token_id": 0,
+    "torch_dtype": "float16",
+}
+
+
+@functools.cache
+def tiny_whisper_model_dir() -> str:
+    """A folder with a small Whisper config.json."""
+    return _config_dir("ironbatch-tiny-whisper-", _TINY_WHISPER)
+
+
 class FixedMultiModalBudget:
     """Stands in for vLLM's ``MultiModalBudget`` where the model's processor
     cannot be built (no processor files offline): the same two numbers the
@@ -289,6 +323,8 @@ def vllm_config(
         raise TypeError(f"unknown settings {sorted(unknown)}")
     dirs = {"llama": tiny_model_dir, "deepseek_mtp": tiny_mtp_model_dir}
     dirs["vision"] = tiny_vision_model_dir
+    dirs["whisper"] = tiny_whisper_model_dir
+    whisper = cfg["target"] == "whisper"
     if cfg["target"] not in dirs:
         raise ValueError(f"target must be one of {sorted(dirs)}, got {cfg['target']!r}")
     model_dir = dirs[cfg["target"]]()
@@ -299,7 +335,7 @@ def vllm_config(
         enable_chunked_prefill=cfg["enable_chunked_prefill"],
         long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
         policy=cfg["policy"],
-        is_encoder_decoder=False,
+        is_encoder_decoder=whisper,
         async_scheduling=cfg["async_scheduling"],
         scheduler_cls=scheduler_cls,
         max_num_scheduled_tokens=cfg["max_num_scheduled_tokens"],
@@ -323,7 +359,7 @@ def vllm_config(
         block_size=cfg["block_size"],
         gpu_memory_utilization=0.9,
         cache_dtype="auto",
-        enable_prefix_caching=cfg["enable_prefix_caching"],
+        enable_prefix_caching=cfg["enable_prefix_caching"] and not whisper,
     )
     pc = ParallelConfig(
         pipeline_parallel_size=cfg["pipeline_parallel_size"],
@@ -360,6 +396,10 @@ def kv_cache_groups(cfg: dict[str, Any]) -> list[KVCacheGroupSpec]:
     full_cls = MLAAttentionSpec if cfg["mla"] else FullAttentionSpec
     full = KVCacheGroupSpec(["full"], full_cls(**common))
     layout, window = cfg["kv_layout"], cfg["window"]
+    if cfg["target"] == "whisper":
+        if layout != "full":
+            raise ValueError(f"the whisper target has kv_layout full, got {layout!r}")
+        return [full, KVCacheGroupSpec(["cross"], CrossAttentionSpec(**common))]
     if layout == "full":
         return [full]
     if layout in ("gpt-oss", "gemma3"):
@@ -411,8 +451,8 @@ def make_scheduler(kind: str, **settings: Any) -> Any:
     cls_path = "ironbatch.vllm.Scheduler" if kind == "ironbatch" else None
     vc, kvc = vllm_config(cls_path, **settings)
     log_stats = settings.get("log_stats", DEFAULTS["log_stats"])
-    vision = settings.get("target") == "vision"
-    with fixed_mm_budget(settings.get("mm_budget", DEFAULTS["mm_budget"]) if vision else None):
+    encoder = settings.get("target") in ("vision", "whisper")
+    with fixed_mm_budget(settings.get("mm_budget", DEFAULTS["mm_budget"]) if encoder else None):
         return construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc, log_stats)
 
 

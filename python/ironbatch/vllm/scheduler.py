@@ -182,7 +182,12 @@ class Scheduler(SchedulerInterface):
         # Images and audio (docs/scheduling.md §4.15): only a model with an
         # encoder pays for their bookkeeping.
         self._multimodal = self._core.has_encoder
-        self._encoder = EncoderInputs(self._core.core, self.requests, self.use_v2_model_runner)
+        self._encoder = EncoderInputs(
+            self._core.core,
+            self.requests,
+            self.use_v2_model_runner,
+            vllm_config.model_config.is_encoder_decoder,
+        )
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
             defaultdict(set) if include_finished_set else None
         )

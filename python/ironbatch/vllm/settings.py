@@ -83,8 +83,12 @@ def encoder_budget(vllm_config: Any, mm_registry: Any) -> tuple[int | None, int 
 def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGroup, ...] | None:
     """The KV-cache groups as the core takes them, in vLLM's order, with
     vLLM's admission cap for each window group; None for one full-attention
-    (or MLA) group."""
-    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, SlidingWindowSpec
+    (or MLA) group. An encoder-decoder's cross-attention group is one too."""
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        CrossAttentionSpec,
+        SlidingWindowSpec,
+    )
 
     specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
     if len(specs) == 1 and not isinstance(specs[0], SlidingWindowSpec | ChunkedLocalAttentionSpec):
@@ -104,6 +108,8 @@ def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGrou
             return KVCacheGroup(
                 kind="chunked_local", size=spec.attention_chunk_size, admission_cap_blocks=cap
             )
+        if isinstance(spec, CrossAttentionSpec):
+            return KVCacheGroup(kind="cross_attention")
         return KVCacheGroup(kind="full")
 
     return tuple(group(spec) for spec in specs)

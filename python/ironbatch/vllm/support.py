@@ -31,6 +31,7 @@ def unsupported_config(
     import vllm
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
+        CrossAttentionSpec,
         FullAttentionSpec,
         MLAAttentionSpec,
         SlidingWindowSpec,
@@ -45,9 +46,16 @@ def unsupported_config(
     groups = kv_cache_config.kv_cache_groups
     spec = c.speculative_config
     # The KV-cache groups the core models: full attention (or MLA, counted
-    # and cached alike), sliding windows and chunked local attention, all of
-    # the scheduler's block size (docs/scheduling.md §7.13).
-    attention = (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+    # and cached alike), sliding windows, chunked local attention and an
+    # encoder-decoder's cross-attention, all of the scheduler's block size
+    # (docs/scheduling.md §7.13, §4.17).
+    attention = (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+        ChunkedLocalAttentionSpec,
+        CrossAttentionSpec,
+    )
     hybrid = len(groups) > 1 or any(
         isinstance(g.kv_cache_spec, SlidingWindowSpec | ChunkedLocalAttentionSpec) for g in groups
     )
@@ -88,10 +96,18 @@ def unsupported_config(
             "context parallelism",
         ),
         # Images and audio run through the core's encoder budget and cache
-        # (docs/scheduling.md §4.15); a multimodal model with every modality
-        # off is scheduled as text. Not yet: cross-attention models (Whisper)
-        # and encoder-only deployments, whose rules differ.
-        (mc.is_encoder_decoder, "an encoder-decoder model"),
+        # (docs/scheduling.md §4.15), an encoder-decoder's audio through its
+        # slot count and cross-attention blocks (§4.17); a multimodal model
+        # with every modality off is scheduled as text. Not yet: encoder-only
+        # deployments, and options no test has combined with cross-attention.
+        (
+            mc.is_encoder_decoder and spec is not None,
+            "speculative decoding with an encoder-decoder model",
+        ),
+        (
+            mc.is_encoder_decoder and (observed or c.observability_config.kv_cache_metrics),
+            "KV-cache events or metrics with an encoder-decoder model",
+        ),
         (c.is_mm_encoder_only, "an encoder-only multimodal deployment (mm_encoder_only)"),
         (
             mc.supports_multimodal_inputs and c.num_prefill_lookahead_tokens > 1,
