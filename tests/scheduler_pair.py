@@ -135,7 +135,22 @@ class SchedulerPair:
             1 for e, n in zip(r.entries(), spec_counts, strict=True) if n and e.kind != "running"
         )
         self.events["skipped"] += sum(1 for r in rows if r["deferred"])
+        if sc.runner == "encoder_only" and not sc.enable_chunked_prefill:
+            # vLLM chunks an encoder-only deployment's prompt to the budget
+            # left regardless (a cut below the long-prefill threshold).
+            threshold = sc.long_prefill_token_threshold or sc.max_model_len
+            requests = state["requests"]
+            self.events["encoder_only_chunked"] += sum(
+                1
+                for e in r.entries()
+                if e.num_computed_tokens + e.num_tokens < requests[e.request_id]["num_tokens"]
+                and e.num_tokens < threshold
+            )
         self.events["lora_capped"] += self.lora_capped()
+        if self.config.get("kv_cache_groups") == ():
+            # No KV cache: rows with no block and no slot (§7.14).
+            assert r.new_block_ids.size == 0 and r.slot_mapping.size == 0
+            self.events["no_kv_cache_rows"] += len(r.req_ids)
         self.compare_encoder(r, p)
         self.in_flight.append((r, p))
         self.check()
@@ -254,13 +269,15 @@ class SchedulerPair:
             self.check()
             return
         sampled: dict[str, list[int]] = {}
+        # An encoder-only deployment samples nothing; a consumed prompt ends.
+        encoder_only = self.config.get("runner") == "encoder_only"
         num_spec = r.num_spec_tokens.tolist()
         spec_ids = r.spec_token_ids.tolist()
         start = 0
         for i, rid in enumerate(r.req_ids):
             drafts = spec_ids[start : start + num_spec[i]]
             start += num_spec[i]
-            if r.samples[i]:
+            if r.samples[i] and not encoder_only:
                 t = choose(rid)
                 if t is not None:
                     a = accepted(rid, drafts) if accepted is not None and drafts else 0
@@ -285,6 +302,7 @@ class SchedulerPair:
         self.events["grammar_rejected"] += sum(1 for _, kept in asked["rust"] if reject in kept)
         assert ru.cached_tokens.tolist() == pu.cached_tokens.tolist()
         self.events["finished"] += sum(1 for u in ur if u[2] is not None)
+        self.events["encoder_only_finished"] += len(ru.finished_req_ids) if encoder_only else 0
         self.events["session_turns"] += sum(1 for u in ru if u.session_continues)
         self.events["repetition"] += sum(1 for u in ur if u[2] == "repetition")
         self.check()
@@ -324,6 +342,8 @@ def stats_fields(stats: Any) -> tuple[Any, ...] | None:
 def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> None:
     requests = state["requests"]
     speculating = s.scheduler_config.num_speculative_tokens > 0
+    # Without a KV cache (§7.14) a table is always empty: no block to hold.
+    holds_blocks = s.cache_config.kv_cache_groups != ()
     running, waiting, kv_holding = state["running"], state["waiting"], state["kv_holding"]
     ref = state["block_ref_cnts"]
     n = len(ref)
@@ -358,12 +378,13 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
         # A placeholder stands for a token sampled by a step still in flight.
         assert placeholders <= in_flight and stale <= in_flight
         if status == "RUNNING":
-            assert len(table) >= cdiv(computed, bs)
+            assert len(table) >= cdiv(computed, bs) or not holds_blocks
             # Only a share that will be dropped lets a request resume early.
             assert not deferred and (stale == 0 or drop_stale)
         elif rid in kv_holding:
             # A session between turns keeps what it computed, nothing in flight counts.
-            assert len(table) >= cdiv(computed, bs) and placeholders == 0, rid
+            assert len(table) >= cdiv(computed, bs) or not holds_blocks, rid
+            assert placeholders == 0, rid
         else:
             assert table == [] and computed == 0 and placeholders == 0, rid
         # Only a released grammar lets a request run; a held one counts as skipped.
@@ -392,6 +413,9 @@ def check_group_invariants(groups: tuple[GroupSpec, ...], state: dict[str, Any],
     for rid, r in state["requests"].items():
         tables, cached = r["tables"], r["num_cached_per_group"]
         assert len(tables) == len(groups) == len(cached), rid
+        if not groups:  # no KV cache (§7.14): nothing held, nothing cached
+            assert r["block_ids"] == [] and r["num_cached_blocks"] == 0, rid
+            continue
         assert tables[0] == r["block_ids"] and cached[0] == r["num_cached_blocks"], rid
         decoder = [t for g, t in zip(groups, tables, strict=True) if not g.kind.is_cross()]
         assert all(len(t) == len(tables[0]) for t in decoder), rid

@@ -111,6 +111,13 @@ def random_config(rng: random.Random) -> dict:
     if config["max_num_scheduled_tokens"] is not None:
         config["max_num_scheduled_tokens"] = max(config["max_num_scheduled_tokens"], step)
     config["max_num_batched_tokens"] = max(batched, step + config["num_draft_slots"])
+    # Without chunking, a whole sequence (a resumed one is nearly
+    # max_model_len) must fit the input budget beside its draft slots, or it
+    # waits at the head for ever: vLLM's start-up check counts no drafter.
+    if not chunked:
+        config["max_num_batched_tokens"] = max(
+            config["max_num_batched_tokens"], max_model_len + config["num_draft_slots"]
+        )
     # LoRA in half the workloads, 1 to 4 adapters a batch (drawn late).
     config["max_loras"] = rng.choice([None, None, 1, 2, 3, 4])
     # A vision model's encoder in some: a budget and a cache from about one
@@ -142,6 +149,35 @@ def random_config(rng: random.Random) -> dict:
         config["num_hash_lookahead_tokens"] = 0
         need = -(-max_model_len // bs) + -(-config["encoder_compute_budget"] // bs)
         config["num_blocks"] = rng.randint(need + 1, 2 * need + 2) if tight else 4 * need
+    # No KV cache in some (§7.14): an embedding model with encoder-only
+    # attention (BERT and kin: pooling, no chunked prefill), or a
+    # multimodal model's encoder alone (vLLM's --mm-encoder-only, §4.18).
+    # vLLM's pool is then the null block alone, and nothing is cached.
+    bert = config.get("runner") == "pooling" and rng.random() < 0.4
+    encoder_alone = (
+        "encoder_compute_budget" in config
+        and "runner" not in config
+        and not any(g.kind == "cross_attention" for g in config["kv_cache_groups"] or ())
+        and rng.random() < 0.2
+    )
+    if bert or encoder_alone:
+        config.update(kv_cache_groups=(), num_blocks=1, caching=False, num_hash_lookahead_tokens=0)
+    if bert and rng.random() < 0.7:
+        config["enable_chunked_prefill"] = False
+        config["max_num_batched_tokens"] = max(config["max_num_batched_tokens"], max_model_len)
+        config["max_num_scheduled_tokens"] = None
+    if encoder_alone:
+        config["runner"] = "encoder_only"
+        if rng.random() < 0.7:
+            # Where vLLM exempts it from whole prompts: a budget of about a
+            # prompt, which a second prompt overruns.
+            config["enable_chunked_prefill"] = False
+            config["long_prefill_token_threshold"] = 0
+            config["max_num_batched_tokens"] = max(max_model_len, config["max_num_seqs"])
+            config["max_num_scheduled_tokens"] = None
+        for key in ("num_speculative_tokens", "num_lookahead_tokens", "num_draft_slots"):
+            config[key] = 0
+        config["drafter_read_ahead"] = 0
     return config
 
 
@@ -220,10 +256,14 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     groups = config["kv_cache_groups"]
     need = -(-max_len // config["block_size"]) * (1 if groups is None else len(groups))
     # A pooling runner takes no sessions; its prompts may fill max_model_len.
+    # Nor does an encoder-only one.
     pooling = config.get("runner") == "pooling"
+    encoder_only = config.get("runner") == "encoder_only"
     # An encoder-decoder's requests carry audio for the encoder, no sessions.
     enc_dec = groups is not None and any(g.kind == "cross_attention" for g in groups)
-    sessions_fit = config["num_blocks"] >= 4 * need and not pooling and not enc_dec
+    sessions_fit = (
+        config["num_blocks"] >= 4 * need and not pooling and not enc_dec and not encoder_only
+    )
 
     def choose(rid: str) -> int:
         x = rng.random()
@@ -403,7 +443,7 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     lora = ("lora_capped",)
     images = ("encoder_inputs", "encoder_evicted", "encoder_cut", "encoder_mismatch")
     images += ("prompt_embeds", "session_images", "cross_inputs", "cross_resumed")
-    pooling = ("pooled",)
+    pooling = ("pooled", "no_kv_cache_rows", "encoder_only_finished")
     # Each at least 20 times per 60 workloads.
     needs = {
         what: workloads.scaled(20, WORKLOADS, FULL_WORKLOADS)
@@ -423,6 +463,13 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
             ),
         )
     }
+    # Rarer, so asked less often: an encoder-only deployment without chunked
+    # prefill whose prompt the step's leftover budget cuts (about 3% of the
+    # workloads), and images in a streaming session's later chunks (a vision
+    # model, room for sessions and images of a few tokens: one workload in
+    # 15 or so, a few events each).
+    needs["encoder_only_chunked"] = workloads.scaled(3, WORKLOADS, FULL_WORKLOADS)
+    needs["session_images"] = workloads.scaled(6, WORKLOADS, FULL_WORKLOADS)
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():
         assert events[what] >= n, (what, events)

@@ -451,12 +451,15 @@ class Scheduler:
         (both or neither): a multimodal model's encoder limits, in
         embeddings (docs/scheduling.md §4.15). ``kv_cache_groups``: the
         KV-cache groups in vLLM's order, each
-        ``(kind, size, admission_cap_blocks)`` with kind "full" (size
-        ignored), "sliding_window" (size: the window) or "chunked_local"
-        (size: the chunk), all of ``block_size``, sharing the pool; None is
-        one full-attention group. ``sparse_retention``: sliding-window
+        ``(kind, size, admission_cap_blocks)`` with kind "full" or
+        "cross_attention" (size ignored), "sliding_window" (size: the window)
+        or "chunked_local" (size: the chunk), all of ``block_size``, sharing
+        the pool; None is one full-attention group, an empty list none (a
+        model without a KV cache). ``sparse_retention``: sliding-window
         groups cache only the blocks a later request can resume from (vLLM's
-        default ``prefix_cache_retention_interval=0``)."""
+        default ``prefix_cache_retention_interval=0``). ``runner``:
+        "generate", "pooling" or "encoder_only" (docs/scheduling.md §4.16,
+        §4.18)."""
     def add_request(
         self,
         *,

@@ -18,7 +18,7 @@ from ironbatch.reference.limits import (
 from ironbatch.reference.scheduler_config import GROUP_KINDS, check_scheduler
 
 POLICIES = ("fcfs", "priority")
-RUNNERS = ("generate", "pooling")
+RUNNERS = ("generate", "pooling", "encoder_only")
 
 
 def _int(field: str, value: object, minimum: int, maximum: int) -> None:
@@ -95,7 +95,10 @@ class SchedulerConfig:
     # What the model does with a step (vLLM's --runner): "generate" samples a
     # token per step; "pooling" (embedding and classification models) pools
     # each prompt and finishes it, so a prompt may fill max_model_len and
-    # results come back through update_from_pooler_output (§4.16).
+    # results come back through update_from_pooler_output (§4.16);
+    # "encoder_only" (vLLM's --mm-encoder-only) runs the multimodal encoder
+    # alone, samples nothing and ends each request once its prompt is
+    # consumed, chunking it even with chunked prefill off (§4.18).
     runner: str = "generate"
 
     def __post_init__(self) -> None:
@@ -137,10 +140,15 @@ class SchedulerConfig:
         _int("drafter_read_ahead", self.drafter_read_ahead, 0, 1)
         if self.runner not in RUNNERS:
             raise ValueError(f"runner must be one of {RUNNERS}, got {self.runner!r}")
-        if self.runner == "pooling" and self.num_speculative_tokens > 0:
+        if self.runner != "generate" and self.num_speculative_tokens > 0:
             raise ValueError(
-                f"num_speculative_tokens ({self.num_speculative_tokens}) must be 0 for a "
-                "pooling runner: it samples no tokens to verify drafts against"
+                f"num_speculative_tokens ({self.num_speculative_tokens}) must be 0 for runner "
+                f"'{self.runner}': it samples no tokens to verify drafts against"
+            )
+        if self.runner == "encoder_only" and self.encoder_compute_budget is None:
+            raise ValueError(
+                "runner 'encoder_only' runs a multimodal encoder: configure its encoder budget "
+                "and cache size"
             )
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
@@ -199,7 +207,9 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     # The KV-cache groups of a hybrid model (full attention beside sliding
     # windows or chunked local attention), in vLLM's order (its layers' first
-    # appearance); None is one full-attention group.
+    # appearance); None is one full-attention group, () none: a model without
+    # a KV cache (encoder-only attention, an encoder-only deployment), whose
+    # pool is the null block alone (num_blocks 1) and which caches nothing.
     kv_cache_groups: tuple[KVCacheGroup, ...] | None = None
     # Sliding-window groups cache only the blocks a later request can resume
     # from (vLLM's default prefix_cache_retention_interval=0); False caches
@@ -209,7 +219,10 @@ class CacheConfig:
     def __post_init__(self) -> None:
         _int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         if self.num_blocks is not None:
-            _int("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)
+            # Without a KV cache, vLLM's pool is the null block alone.
+            none = isinstance(self.kv_cache_groups, (tuple, list)) and not self.kv_cache_groups
+            least = 1 if none else 2
+            _int("num_blocks", self.num_blocks, least, MAX_NUM_BLOCKS)
         _bool("enable_prefix_caching", self.enable_prefix_caching)
         if self.kv_cache_groups is not None:
             if not isinstance(self.kv_cache_groups, (tuple, list)):
@@ -223,7 +236,12 @@ class CacheConfig:
                     raise TypeError(
                         f"kv_cache_groups[{i}] must be a KVCacheGroup, got {type(g).__name__}"
                     )
-            check_range("kv_cache_groups", len(groups), 1, MAX_KV_CACHE_GROUPS)
+            check_range("kv_cache_groups", len(groups), 0, MAX_KV_CACHE_GROUPS)
+            if not groups and self.enable_prefix_caching:
+                raise ValueError(
+                    "kv_cache_groups is empty (a model without a KV cache): "
+                    "enable_prefix_caching must be false"
+                )
             object.__setattr__(self, "kv_cache_groups", groups)  # frozen: a list becomes a tuple
         _bool("sparse_retention", self.sparse_retention)
 
@@ -242,7 +260,9 @@ def blocks_for_one_sequence(
     vLLM sizes a hybrid or encoder-decoder cache at start-up)."""
     bs = cache_config.block_size
     per_group = cdiv(max_model_len, bs)
-    groups = cache_config.kv_cache_groups or (KVCacheGroup("full"),)
+    groups = cache_config.kv_cache_groups
+    if groups is None:
+        groups = (KVCacheGroup("full"),)
     return sum(
         cdiv(max_encoder_tokens, bs)
         if g.kind == "cross_attention"

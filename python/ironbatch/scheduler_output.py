@@ -234,7 +234,10 @@ class SchedulerOutput(StepColumns):
 
     def block_ids_of(self, i: int, group: int = 0) -> list[int]:
         """Row ``i``'s blocks in KV-cache group ``group``: the whole table
-        for an admission, the new blocks for a running request."""
+        for an admission, the new blocks for a running request (none
+        without a KV cache, §7.14)."""
+        if self.num_kv_cache_groups == 0 and group == 0:
+            return []
         if not 0 <= group < self.num_kv_cache_groups:
             raise IndexError(f"group {group} of {self.num_kv_cache_groups} KV-cache groups")
         k = i * self.num_kv_cache_groups + group
@@ -295,12 +298,11 @@ class SchedulerOutput(StepColumns):
         )
 
     def _new_blocks_per_group(self, i: int) -> list[list[int]] | None:
-        """A cached row's blocks per group; None for a running request that
-        got none (vLLM's ``get_block_ids(allow_none=True)``)."""
+        """A cached row's blocks per group; None where every group's list
+        is empty (vLLM's ``get_block_ids(allow_none=True)``): a running
+        request that got none, any row without a KV cache."""
         per_group = self.block_ids_per_group(i)
-        if self.kinds[i] == Kind.RUNNING and not any(per_group):
-            return None
-        return per_group
+        return per_group if any(per_group) else None
 
     def __repr__(self) -> str:
         return (

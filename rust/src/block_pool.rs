@@ -30,7 +30,8 @@ pub struct BlockPool {
 impl BlockPool {
     /// A pool of `num_blocks` blocks, block 0 reserved as the null block.
     pub fn new(num_blocks: usize) -> Result<Self, Error> {
-        check_range("num_blocks", num_blocks, 2, MAX_NUM_BLOCKS)?;
+        // One block is the null block alone: a model without a KV cache.
+        check_range("num_blocks", num_blocks, 1, MAX_NUM_BLOCKS)?;
         let mut free_queue = FreeBlockQueue::new(num_blocks);
         let null = free_queue.popleft();
         debug_assert_eq!(null, Some(NULL_BLOCK));
@@ -56,7 +57,11 @@ impl BlockPool {
 
     /// Fraction of usable blocks held by requests.
     pub fn usage(&self) -> f64 {
-        1.0 - self.num_free_blocks() as f64 / (self.num_blocks() - 1) as f64
+        let usable = self.num_blocks() - 1;
+        if usable == 0 {
+            return 0.0; // the null block alone: nothing to use
+        }
+        1.0 - self.num_free_blocks() as f64 / usable as f64
     }
 
     /// A block's state, or `None` for an id outside the pool.
@@ -264,7 +269,10 @@ mod tests {
         assert!(p.free_blocks(&[0]).is_err());
         assert!(p.touch(&[0]).is_err());
         assert!(p.touch(&[4]).is_err());
-        assert!(BlockPool::new(1).is_err());
+        assert!(BlockPool::new(0).is_err());
+        // The null block alone (a model without a KV cache): nothing to use.
+        let p = BlockPool::new(1).unwrap();
+        assert_eq!((p.num_free_blocks(), p.usage()), (0, 0.0));
     }
 
     #[test]

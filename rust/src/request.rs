@@ -281,9 +281,22 @@ impl Request {
     /// pass that reads ahead to overlap their cache misses.
     pub fn touch_hot_lines(&self) -> usize {
         (self.next_decode_step as usize)
-            .wrapping_add(self.tables[0].len())
+            .wrapping_add(self.num_blocks())
             .wrapping_add(self.stop.max_tokens)
             .wrapping_add(self.seq.num_computed_tokens)
+    }
+
+    /// Blocks in its first KV-cache group's table (the one a step's block
+    /// ranges are read off); 0 for a model without a KV cache.
+    #[inline]
+    pub fn num_blocks(&self) -> usize {
+        self.tables.first().map_or(0, BlockTable::len)
+    }
+
+    /// Hash-cached blocks in its first group's table (what a `BlockStored`
+    /// event reports); 0 for a model without a KV cache.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.tables.first().map_or(0, BlockTable::num_cached_blocks)
     }
 
     /// Prompt plus output tokens.

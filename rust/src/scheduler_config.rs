@@ -23,15 +23,30 @@ pub enum Runner {
     /// Pools the prompt's hidden states and finishes: no token is sampled,
     /// so no position is held back for one (§4.16).
     Pooling,
+    /// Runs the multimodal encoder alone (vLLM's `--mm-encoder-only`, the
+    /// producer of disaggregated encoding): nothing is sampled, and each
+    /// request finishes once its whole prompt is consumed; a prompt over
+    /// the step's budget is chunked even with chunked prefill off (§4.18).
+    EncoderOnly,
 }
 
 impl Runner {
+    /// Its name in the API (`SchedulerConfig(runner=...)`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Runner::Generate => "generate",
+            Runner::Pooling => "pooling",
+            Runner::EncoderOnly => "encoder_only",
+        }
+    }
+
     /// Tokens a request appends per step beyond its drafts (vLLM's
     /// `num_sampled_tokens_per_step`): the room a step leaves below
     /// `max_model_len` and the placeholders async scheduling adds.
     pub fn sampled_tokens_per_step(self) -> usize {
         match self {
-            Runner::Generate => 1,
+            // vLLM counts an encoder-only deployment as generating.
+            Runner::Generate | Runner::EncoderOnly => 1,
             Runner::Pooling => 0,
         }
     }
@@ -191,13 +206,21 @@ impl SchedulerConfig {
                     .to_string(),
             );
         }
-        if c.runner == Runner::Pooling && c.num_speculative_tokens > 0 {
-            // vLLM builds no drafter for a pooling model.
+        if c.runner != Runner::Generate && c.num_speculative_tokens > 0 {
+            // vLLM builds no drafter for a pooling model or an encoder alone.
             return invalid(format!(
-                "num_speculative_tokens ({}) must be 0 for a pooling runner: it samples no \
+                "num_speculative_tokens ({}) must be 0 for runner '{}': it samples no \
                  tokens to verify drafts against",
-                c.num_speculative_tokens
+                c.num_speculative_tokens,
+                c.runner.name()
             ));
+        }
+        if c.runner == Runner::EncoderOnly && c.encoder.is_none() {
+            return invalid(
+                "runner 'encoder_only' runs a multimodal encoder: configure its encoder budget \
+                 and cache size"
+                    .to_string(),
+            );
         }
         if c.max_num_batched_tokens < c.max_num_seqs {
             return invalid(format!(
@@ -205,7 +228,10 @@ impl SchedulerConfig {
                 c.max_num_batched_tokens, c.max_num_seqs
             ));
         }
-        if !c.enable_chunked_prefill && c.max_num_batched_tokens < c.max_model_len {
+        // An encoder-only runner chunks regardless: vLLM's engine turns
+        // chunked prefill off for it (it has no KV cache) after checking.
+        let whole_prompts = !c.enable_chunked_prefill && c.runner != Runner::EncoderOnly;
+        if whole_prompts && c.max_num_batched_tokens < c.max_model_len {
             return invalid(format!(
                 "max_num_batched_tokens ({}) must be >= max_model_len ({}) when chunked \
                  prefill is off",

@@ -29,7 +29,8 @@ class BlockPool:
 
     def __init__(self, num_blocks: int) -> None:
         num_blocks = count("num_blocks", num_blocks)
-        check_range("num_blocks", num_blocks, 2, MAX_NUM_BLOCKS)
+        # One block is the null block alone: a model without a KV cache.
+        check_range("num_blocks", num_blocks, 1, MAX_NUM_BLOCKS)
         self._blocks = [Block(i) for i in range(num_blocks)]
         self._free_queue = FreeBlockQueue(self._blocks)
         null = self._free_queue.popleft()
@@ -52,7 +53,10 @@ class BlockPool:
     @property
     def usage(self) -> float:
         """Fraction of usable blocks held by requests."""
-        return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
+        usable = self.num_blocks - 1
+        if usable == 0:
+            return 0.0  # the null block alone: nothing to use
+        return 1.0 - self.num_free_blocks / usable
 
     def block(self, block_id: int) -> Block | None:
         """A block's state, or None for an id outside the pool."""

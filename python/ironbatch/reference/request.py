@@ -230,6 +230,17 @@ class Request:
         )
 
     @property
+    def num_blocks(self) -> int:
+        """Blocks in its first KV-cache group's table (the one a step's
+        block ranges are read off); 0 for a model without a KV cache."""
+        return len(self.tables[0]) if self.tables else 0
+
+    def num_cached_blocks(self) -> int:
+        """Hash-cached blocks in its first group's table (what a
+        ``BlockStored`` event reports); 0 for a model without a KV cache."""
+        return self.tables[0].num_cached_blocks() if self.tables else 0
+
+    @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens."""
         return self.seq.num_tokens

@@ -45,12 +45,18 @@ class Runner(enum.Enum):
     #: Pools the prompt's hidden states and finishes: no token is sampled,
     #: so no position is held back for one (§4.16).
     POOLING = "pooling"
+    #: Runs the multimodal encoder alone (vLLM's ``--mm-encoder-only``, the
+    #: producer of disaggregated encoding): nothing is sampled, and each
+    #: request finishes once its whole prompt is consumed; a prompt over the
+    #: step's budget is chunked even with chunked prefill off (§4.18).
+    ENCODER_ONLY = "encoder_only"
 
     def sampled_tokens_per_step(self) -> int:
         """Tokens a request appends per step beyond its drafts (vLLM's
         ``num_sampled_tokens_per_step``): the room a step leaves below
-        ``max_model_len`` and the placeholders async scheduling adds."""
-        return 1 if self is Runner.GENERATE else 0
+        ``max_model_len`` and the placeholders async scheduling adds (vLLM
+        counts an encoder-only deployment as generating)."""
+        return 0 if self is Runner.POOLING else 1
 
 
 @dataclass(frozen=True)
@@ -183,7 +189,9 @@ def runner_named(name: Any) -> Runner:
     for r in Runner:
         if name == r.value:
             return r
-    raise ValueError(f"runner must be 'generate' or 'pooling', got {debug_str(str(name))}")
+    raise ValueError(
+        f"runner must be 'generate', 'pooling' or 'encoder_only', got {debug_str(str(name))}"
+    )
 
 
 def encoder_config(c: Any) -> EncoderConfig | None:
@@ -248,7 +256,8 @@ def validate(c: SchedulerSettings) -> None:
         raise ValueError(f"policy must be 'fcfs' or 'priority', got {debug_str(str(c.policy))}")
     check_range("block_size", c.block_size, 1, MAX_BLOCK_SIZE)
     check_range("max_model_len", c.max_model_len, 1, MAX_MODEL_LEN)
-    check_range("num_blocks", c.num_blocks, 2, MAX_NUM_BLOCKS)
+    # Without a KV cache, vLLM's pool is the null block alone.
+    check_range("num_blocks", c.num_blocks, 1 if not c.kv_cache_groups else 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", c.num_lookahead_tokens, 0, c.max_model_len)
     check_range("num_hash_lookahead_tokens", c.num_hash_lookahead_tokens, 0, c.block_size)
     check_groups(c.kv_cache_groups, c.num_hash_lookahead_tokens, c.enable_prefix_caching)
@@ -273,11 +282,16 @@ def validate(c: SchedulerSettings) -> None:
             "a cross-attention KV-cache group (an encoder-decoder model) needs an encoder: "
             "configure its encoder budget and cache size"
         )
-    if c.runner is Runner.POOLING and c.num_speculative_tokens > 0:
-        # vLLM builds no drafter for a pooling model.
+    if c.runner is not Runner.GENERATE and c.num_speculative_tokens > 0:
+        # vLLM builds no drafter for a pooling model or an encoder alone.
         raise ValueError(
-            f"num_speculative_tokens ({c.num_speculative_tokens}) must be 0 for a pooling "
-            "runner: it samples no tokens to verify drafts against"
+            f"num_speculative_tokens ({c.num_speculative_tokens}) must be 0 for runner "
+            f"'{c.runner.value}': it samples no tokens to verify drafts against"
+        )
+    if c.runner is Runner.ENCODER_ONLY and c.encoder is None:
+        raise ValueError(
+            "runner 'encoder_only' runs a multimodal encoder: configure its encoder budget "
+            "and cache size"
         )
 
 
@@ -292,7 +306,12 @@ def check_scheduler(c: Any) -> None:
             f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be >= "
             f"max_num_seqs ({c.max_num_seqs})"
         )
-    if not c.enable_chunked_prefill and c.max_num_batched_tokens < c.max_model_len:
+    # An encoder-only runner chunks regardless: vLLM's engine turns chunked
+    # prefill off for it (it has no KV cache) after checking.
+    runner = getattr(c, "runner", Runner.GENERATE)  # the API's string, or the twin's enum
+    encoder_only = runner in (Runner.ENCODER_ONLY, Runner.ENCODER_ONLY.value)
+    whole_prompts = not c.enable_chunked_prefill and not encoder_only
+    if whole_prompts and c.max_num_batched_tokens < c.max_model_len:
         raise ValueError(
             f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be >= "
             f"max_model_len ({c.max_model_len}) when chunked prefill is off"

@@ -188,20 +188,21 @@ class StepOutput:
         self.columns.slot_mapping.append(slot)
 
     def end_group(self) -> None:
-        """Close a KV-cache group's new blocks in the row (all but the last
-        group's; ``end_entry`` closes the last)."""
+        """Close a KV-cache group's new blocks in the row (every group's,
+        the last included)."""
         c = self.columns
         c.new_block_offsets.append(len(c.new_block_ids))
 
-    def push_token(self, position: int, slot: int) -> None:
-        """One scheduled token of the row."""
+    def push_token(self, position: int, slot: int | None) -> None:
+        """One scheduled token of the row, with its group-0 slot (None
+        without a KV cache)."""
         self.columns.positions.append(position)
-        self.columns.slot_mapping.append(slot)
+        if slot is not None:
+            self.columns.slot_mapping.append(slot)
 
     def end_entry(self, seq_len: int) -> None:
         """Close the row; ``seq_len`` is where its tokens end."""
         c = self.columns
-        c.new_block_offsets.append(len(c.new_block_ids))
         c.query_start_loc.append(len(c.positions))
         c.seq_lens.append(seq_len)
 

@@ -26,7 +26,8 @@ pub struct KvCacheConfig {
     /// `num_hash_lookahead_tokens`, §7.4); 0 otherwise.
     pub num_hash_lookahead_tokens: usize,
     /// The KV-cache groups, in vLLM's order (its layers' first appearance),
-    /// all of `block_size` (§7.13); one full-attention group for most models.
+    /// all of `block_size` (§7.13); one full-attention group for most models,
+    /// none for a model without a KV cache (§7.14).
     pub groups: Vec<GroupSpec>,
     /// Sliding-window groups cache only the blocks a later request can
     /// resume from (vLLM's `prefix_cache_retention_interval = 0`, its
@@ -63,7 +64,9 @@ impl KvCacheConfig {
     pub fn validate(&self) -> Result<(), Error> {
         check_range("block_size", self.block_size, 1, MAX_BLOCK_SIZE)?;
         check_range("max_model_len", self.max_model_len, 1, MAX_MODEL_LEN)?;
-        check_range("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)?;
+        // Without a KV cache, vLLM's pool is the null block alone.
+        let least = if self.groups.is_empty() { 1 } else { 2 };
+        check_range("num_blocks", self.num_blocks, least, MAX_NUM_BLOCKS)?;
         check_range(
             "num_lookahead_tokens",
             self.num_lookahead_tokens,
@@ -78,7 +81,15 @@ impl KvCacheConfig {
             0,
             self.block_size,
         )?;
-        check_range("kv_cache_groups", self.groups.len(), 1, MAX_KV_CACHE_GROUPS)?;
+        check_range("kv_cache_groups", self.groups.len(), 0, MAX_KV_CACHE_GROUPS)?;
+        if self.groups.is_empty() && self.enable_prefix_caching {
+            // Nothing to cache; vLLM turns prefix caching off for such a
+            // model (encoder-only attention, an encoder-only deployment).
+            return Err(Error::invalid(
+                "kv_cache_groups is empty (a model without a KV cache): enable_prefix_caching \
+                 must be false",
+            ));
+        }
         for g in &self.groups {
             match g.kind {
                 AttentionKind::Full => {}

@@ -234,9 +234,11 @@ impl KvCacheManager {
         self.pool.events.take()
     }
 
-    /// Forget every cached hash if no block is held; returns whether it did.
+    /// Forget every cached hash if no block is held; returns whether it
+    /// did. Without a KV cache there is no pool to reset: it succeeds, and
+    /// no event says so (vLLM's coordinator resets none).
     pub fn reset_prefix_cache(&mut self) -> bool {
-        let done = self.pool.reset_prefix_cache();
+        let done = self.groups.is_empty() || self.pool.reset_prefix_cache();
         if done {
             self.stats.reset = true;
         }

@@ -26,8 +26,10 @@ pub(super) fn debug_state<'py>(py: Python<'py>, c: &Scheduler) -> PyResult<Bound
         row.set_item("slot", slot)?;
         row.set_item("num_tokens", r.num_tokens())?;
         row.set_item("num_computed_tokens", r.seq.num_computed_tokens)?;
-        row.set_item("block_ids", r.tables[0].block_ids().to_vec())?;
-        row.set_item("num_cached_blocks", r.tables[0].num_cached_blocks())?;
+        // Group 0's table (none without a KV cache).
+        let first = r.tables.first().map_or(&[][..], |t| t.block_ids());
+        row.set_item("block_ids", first.to_vec())?;
+        row.set_item("num_cached_blocks", r.num_cached_blocks())?;
         let tables: Vec<Vec<u32>> = r.tables.iter().map(|t| t.block_ids().to_vec()).collect();
         row.set_item("tables", tables)?;
         let cached: Vec<usize> = r.tables.iter().map(|t| t.num_cached_blocks()).collect();

@@ -71,8 +71,9 @@ fn runner_named(name: &str) -> PyResult<Runner> {
     match name {
         "generate" => Ok(Runner::Generate),
         "pooling" => Ok(Runner::Pooling),
+        "encoder_only" => Ok(Runner::EncoderOnly),
         other => Err(PyValueError::new_err(format!(
-            "runner must be 'generate' or 'pooling', got {other:?}"
+            "runner must be 'generate', 'pooling' or 'encoder_only', got {other:?}"
         ))),
     }
 }

@@ -255,7 +255,14 @@ impl PyVllmObjects {
             new_block_ids.set_item(i, rows.blocks_of(py, i)?)?;
         }
         for &i in &resumed {
-            new_block_ids.append(rows.blocks_of(py, i)?)?;
+            // vLLM reports a cached request's blocks as None when every
+            // group's list is empty: a resumed request holds blocks, unless
+            // there is no KV cache (no group) to hold them in.
+            if self.shape.num_groups == 0 {
+                new_block_ids.append(py.None())?;
+            } else {
+                new_block_ids.append(rows.blocks_of(py, i)?)?;
+            }
         }
         let computed = PyList::new(py, cached_rows().map(|i| entries[i].num_computed_tokens))?;
         let num_output_tokens =
@@ -316,7 +323,7 @@ impl PyVllmObjects {
             engine_core_output: engine_core_output.clone().unbind(),
             kv_fetch_zeros: zeros.unbind(),
             shape: RunnerShape {
-                num_groups: num_kv_cache_groups.max(1),
+                num_groups: num_kv_cache_groups,
                 model_runner_v2,
                 send_token_ids,
                 num_speculative_tokens,

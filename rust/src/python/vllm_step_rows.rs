@@ -65,7 +65,8 @@ impl PyVllmStepRows {
             .count();
         let rows_of =
             |kind: Kind| (num_running..entries.len()).filter(move |&i| entries[i].kind == kind);
-        let g = num_groups.max(1);
+        // No group (a model without a KV cache): no block, one offset.
+        let g = num_groups;
         let offsets = &s.step.new_block_offsets;
         if offsets.len() != entries.len() * g + 1 {
             return Err(PyIndexError::new_err(format!(

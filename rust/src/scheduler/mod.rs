@@ -32,6 +32,8 @@ mod encoder_tests;
 #[cfg(test)]
 mod lora_tests;
 #[cfg(test)]
+mod no_kv_cache_tests;
+#[cfg(test)]
 mod pooling_tests;
 #[cfg(test)]
 mod prompt_embeds_tests;
@@ -304,7 +306,9 @@ impl Scheduler {
     }
 
     fn log_stored_event(&mut self, slot: Slot, first: usize) {
-        let table = &self.requests[slot].tables[0];
+        let Some(table) = self.requests[slot].tables.first() else {
+            return; // no KV cache, nothing cached
+        };
         let cached = table.num_cached_blocks();
         if cached > first {
             let block_ids = table.block_ids()[first..cached].to_vec();
@@ -469,10 +473,11 @@ impl Scheduler {
                  max_model_len ({max_len})"
             )));
         }
-        if new.resumable && self.config.runner == Runner::Pooling {
+        if new.resumable && self.config.runner != Runner::Generate {
             return Err(Error::invalid(format!(
-                "resumable of request {id:?}: a pooling runner takes no streaming sessions \
-                 (it finishes each request after its prompt)"
+                "resumable of request {id:?}: runner '{}' takes no streaming sessions (it \
+                 finishes each request after its prompt)",
+                self.config.runner.name()
             )));
         }
         if !new.mm_inputs.is_empty() {

@@ -6,12 +6,12 @@
 //! brings nothing and the request runs on.
 
 use super::encoder_inputs::release_encoded;
-use super::update::Ended;
+use super::update::{finish_without_tokens, Ended};
 use super::Scheduler;
 use crate::error::Error;
 use crate::request::RequestStatus;
 use crate::scheduler_config::Runner;
-use crate::step::{Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
+use crate::step::{StepEntry, StepOutput, UpdateOutput};
 
 impl Scheduler {
     /// Apply a pooling runner's output: `pooled[i]` says whether entry `i`
@@ -60,24 +60,7 @@ impl Scheduler {
         if !pooled {
             return None; // a prefill chunk: no output
         }
-        let status_before = r.status;
-        r.status = RequestStatus::FinishedStopped;
-        out.records.push(UpdateRecord {
-            entry: row as u32,
-            slot: e.slot,
-            tokens_end: out.tokens.len(),
-            cached_tokens: self.kv.num_cached_tokens(&r.tables),
-        });
-        out.finished.push(Finished {
-            record: out.records.len() - 1,
-            request_id: r.request_id.clone(),
-            status: r.status,
-            stop_reason: None,
-            token_ids: Vec::new(),
-            num_computed_tokens: r.seq.num_computed_tokens,
-            session_continues: false,
-        });
-        Some(status_before)
+        Some(finish_without_tokens(&self.kv, row, e.slot, r, out))
     }
 
     /// The whole pooled output must fit the step before anything changes.

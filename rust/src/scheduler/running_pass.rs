@@ -130,7 +130,7 @@ impl Scheduler {
             let r = &mut self.requests[slot];
             // Where newly cached blocks start, for a KV-cache event.
             let first = if self.kv.events_enabled() {
-                r.tables[0].num_cached_blocks()
+                r.num_cached_blocks()
             } else {
                 0
             };
@@ -174,7 +174,7 @@ impl Scheduler {
             samples: computed + n >= r.num_tokens(),
             num_output_tokens: 0, // written as the step ends
             block_start: match kind {
-                Kind::Running => r.tables[0].len() - grown,
+                Kind::Running => r.num_blocks() - grown,
                 Kind::New | Kind::Resumed => 0,
             },
             drafts: Drafts::None,

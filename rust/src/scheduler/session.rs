@@ -136,7 +136,7 @@ impl Scheduler {
             all.extend(inputs);
             r.mm_inputs = all.into_boxed_slice();
         }
-        debug_assert!(r.tables[0].num_cached_blocks() <= r.seq.block_hashes().len());
+        debug_assert!(r.num_cached_blocks() <= r.seq.block_hashes().len());
         r.stop = update.stop;
         // In place, as vLLM does, even while it sits in a priority heap.
         r.arrival_time = update.arrival_time + 0.0;

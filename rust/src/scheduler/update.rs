@@ -149,6 +149,12 @@ impl Scheduler {
         }
         if sampled.is_empty() {
             release_encoded(&mut self.encoder, e.slot, r);
+            // An encoder-only deployment samples nothing: a request is done
+            // once its prompt is consumed (its images encoded, §4.18).
+            let consumed = r.seq.num_computed_tokens >= r.seq.num_prompt_tokens();
+            if self.config.runner == Runner::EncoderOnly && consumed {
+                return Some(finish_without_tokens(kv, row, e.slot, r, out));
+            }
             return None; // a prefill chunk: no output
         }
         let num_drafts = e.drafts.len();
@@ -181,9 +187,9 @@ impl Scheduler {
         }
         let confirms_blocks = had_placeholders || num_spec_tokens > 0;
         if !stale && status_before == RequestStatus::Running && confirms_blocks {
-            let first = r.tables[0].num_cached_blocks();
+            let first = r.num_cached_blocks();
             cache_arrived(kv, r);
-            let cached = r.tables[0].num_cached_blocks();
+            let cached = r.num_cached_blocks(); // above `first`: a table exists
             if cached > first && kv.events_enabled() {
                 kv.log_event(KvEvent::Stored {
                     owner: e.slot,
@@ -243,6 +249,11 @@ impl Scheduler {
                  update_from_pooler_output",
             ));
         }
+        if self.config.runner == Runner::EncoderOnly && !tokens.is_empty() {
+            return Err(Error::invalid(
+                "sampled: an encoder-only runner samples no tokens (runner='encoder_only')",
+            ));
+        }
         let n = step.entries.len();
         if offsets.len() != n + 1 {
             return Err(Error::invalid(format!(
@@ -279,6 +290,37 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// End request `r` (in `slot`, entry `row` of the step) with a result
+/// that carries no token: a pooled output, or an encoder-only
+/// deployment's consumed prompt (`FINISHED_STOPPED`). Returns its status
+/// before, for the caller to free it.
+pub(super) fn finish_without_tokens(
+    kv: &KvCacheManager,
+    row: usize,
+    slot: Slot,
+    r: &mut Request,
+    out: &mut UpdateOutput,
+) -> RequestStatus {
+    let status_before = r.status;
+    r.status = RequestStatus::FinishedStopped;
+    out.records.push(UpdateRecord {
+        entry: row as u32,
+        slot,
+        tokens_end: out.tokens.len(),
+        cached_tokens: kv.num_cached_tokens(&r.tables),
+    });
+    out.finished.push(Finished {
+        record: out.records.len() - 1,
+        request_id: r.request_id.clone(),
+        status: r.status,
+        stop_reason: None,
+        token_ids: Vec::new(),
+        num_computed_tokens: r.seq.num_computed_tokens,
+        session_continues: false,
+    });
+    status_before
 }
 
 /// Append `sampled` to `r` one token at a time, stopping after the first

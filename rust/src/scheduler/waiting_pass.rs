@@ -11,6 +11,7 @@ use crate::kv_events::KvEvent;
 use crate::lora::LoraBatch;
 use crate::prefix_hit::PrefixHit;
 use crate::request::RequestStatus;
+use crate::scheduler_config::Runner;
 use crate::slab::Slot;
 use crate::spec_decode::Drafts;
 use crate::step::Kind;
@@ -246,7 +247,8 @@ impl Scheduler {
         if draft.threshold > 0 && draft.threshold < n {
             n = draft.threshold;
         }
-        if !chunked && n > budget {
+        // An encoder-only deployment chunks regardless: vLLM exempts it.
+        if !chunked && n > budget && c.runner != Runner::EncoderOnly {
             return Admit::Blocked; // without chunking, the head blocks the queue (Q6)
         }
         n = n.min(budget);
@@ -261,7 +263,7 @@ impl Scheduler {
         let (new_hit_tokens, first) = if lookup {
             (hit_tokens, num_hit_blocks)
         } else {
-            (0, r.tables[0].num_cached_blocks())
+            (0, r.num_cached_blocks())
         };
         let hits: &[Vec<BlockId>] = if new_hit_tokens > 0 { &self.hits } else { &[] };
         let admission = Admission {

@@ -270,8 +270,10 @@ class KvCacheManager:
         return self._pool.events.take()
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash if no block is held; returns whether it did."""
-        done = self._pool.reset_prefix_cache()
+        """Forget every cached hash if no block is held; returns whether it
+        did. Without a KV cache there is no pool to reset: it succeeds, and
+        no event says so (vLLM's coordinator resets none)."""
+        done = not self._groups or self._pool.reset_prefix_cache()
         if done:
             self._stats.reset = True
         return done

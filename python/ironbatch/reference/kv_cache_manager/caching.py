@@ -43,7 +43,7 @@ def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
         ]
         return ends[-1] if ends else 0
 
-    return min(cached_end(t) for t in tables)
+    return min((cached_end(t) for t in tables), default=0)
 
 
 def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int) -> None:

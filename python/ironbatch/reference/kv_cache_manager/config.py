@@ -33,7 +33,8 @@ def validate(
     """Check every setting of a ``KvCacheManager``, naming the first bad one."""
     check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
     check_range("max_model_len", max_model_len, 1, MAX_MODEL_LEN)
-    check_range("num_blocks", num_blocks, 2, MAX_NUM_BLOCKS)
+    # Without a KV cache, vLLM's pool is the null block alone.
+    check_range("num_blocks", num_blocks, 1 if not groups else 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", num_lookahead_tokens, 0, max_model_len)
     # A block's hash covers at most the next block.
     check_range("num_hash_lookahead_tokens", num_hash_lookahead_tokens, 0, block_size)
@@ -47,7 +48,14 @@ def check_groups(
     ``KvCacheConfig::validate`` order): how many, each window and chunk in
     range, cross-attention without prefix caching and after a decoder
     group, and no hash lookahead across several groups."""
-    check_range("kv_cache_groups", len(groups), 1, MAX_KV_CACHE_GROUPS)
+    check_range("kv_cache_groups", len(groups), 0, MAX_KV_CACHE_GROUPS)
+    if not groups and enable_prefix_caching:
+        # Nothing to cache; vLLM turns prefix caching off for such a model
+        # (encoder-only attention, an encoder-only deployment).
+        raise ValueError(
+            "kv_cache_groups is empty (a model without a KV cache): enable_prefix_caching "
+            "must be false"
+        )
     for g in groups:
         if isinstance(g.kind, SlidingWindow):
             check_range("sliding_window", g.kind.window, 1, MAX_MODEL_LEN)
@@ -59,7 +67,7 @@ def check_groups(
                 "enable_prefix_caching must be false with a cross-attention KV-cache group "
                 "(an encoder-decoder model)"
             )
-    if groups[0].kind.is_cross():
+    if groups and groups[0].kind.is_cross():
         # A step's block ranges are read off the first group's table.
         raise ValueError(
             "kv_cache_groups[0] must be a decoder group: cross-attention groups follow the "

@@ -327,7 +327,10 @@ class Scheduler:
         ``first`` on (vLLM's ``BlockStored``), when events are on."""
         if not self.kv.events_enabled:
             return
-        table = self.requests[slot].tables[0]
+        tables = self.requests[slot].tables
+        if not tables:
+            return  # no KV cache, nothing cached
+        table = tables[0]
         cached = table.num_cached_blocks()
         if cached > first:
             self.kv.log_event(Stored(slot, first, table.block_ids()[first:cached]))
@@ -373,10 +376,10 @@ class Scheduler:
                 f"prompt_token_ids of request {debug_str(rid)} has {n} tokens; it must be "
                 f"{bound} max_model_len ({max_len})"
             )
-        if new.resumable and self.config.runner is Runner.POOLING:
+        if new.resumable and self.config.runner is not Runner.GENERATE:
             raise ValueError(
-                f"resumable of request {debug_str(rid)}: a pooling runner takes no streaming "
-                "sessions (it finishes each request after its prompt)"
+                f"resumable of request {debug_str(rid)}: runner '{self.config.runner.value}' "
+                "takes no streaming sessions (it finishes each request after its prompt)"
             )
         if new.mm_inputs:
             if self.config.encoder is None:
@@ -563,8 +566,9 @@ class Scheduler:
                 "slot": slot,
                 "num_tokens": r.num_tokens,
                 "num_computed_tokens": r.seq.num_computed_tokens,
-                "block_ids": r.tables[0].block_ids(),
-                "num_cached_blocks": r.tables[0].num_cached_blocks(),
+                # Group 0's table (none without a KV cache).
+                "block_ids": r.tables[0].block_ids() if r.tables else [],
+                "num_cached_blocks": r.num_cached_blocks(),
                 "tables": [t.block_ids() for t in r.tables],
                 "num_cached_per_group": [t.num_cached_blocks() for t in r.tables],
                 "shared_prefix_boundary": r.seq.shared_prefix_boundary,

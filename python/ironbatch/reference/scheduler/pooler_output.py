@@ -12,9 +12,14 @@ from typing import TYPE_CHECKING
 from ironbatch.reference.error import foreign_step, step_already_applied
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler.encoder_inputs import release_encoded
-from ironbatch.reference.scheduler.update import Ended, end_request, unqueue_ended
+from ironbatch.reference.scheduler.update import (
+    Ended,
+    end_request,
+    finish_without_tokens,
+    unqueue_ended,
+)
 from ironbatch.reference.scheduler_config import Runner
-from ironbatch.reference.step import Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord
+from ironbatch.reference.step import StepEntry, StepOutput, UpdateOutput
 
 if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler
@@ -53,20 +58,7 @@ def apply_pooled(
     release_encoded(s.encoder, e.slot, r)
     if not pooled:
         return None  # a prefill chunk: no output
-    status_before = r.status
-    r.status = RequestStatus.FINISHED_STOPPED
-    out.records.append(UpdateRecord(row, e.slot, len(out.tokens), s.kv.num_cached_tokens(r.tables)))
-    out.finished.append(
-        Finished(
-            record=len(out.records) - 1,
-            request_id=r.request_id,
-            status=r.status,
-            stop_reason=None,
-            token_ids=list(r.seq.tokens),
-            num_computed_tokens=r.seq.num_computed_tokens,
-        )
-    )
-    return status_before
+    return finish_without_tokens(s.kv, row, e.slot, r, out)
 
 
 def check_pooled(s: Scheduler, step: StepOutput, pooled: list[bool]) -> None:

@@ -114,7 +114,7 @@ def allocate_or_preempt(
     the cursor."""
     while True:
         r = s.requests[slot]
-        first = r.tables[0].num_cached_blocks()
+        first = r.num_cached_blocks()
         grown = s.kv.allocate(r.tables, r.seq, n, 0, [], Admission(), r.in_flight_tokens)
         if grown is not None:
             s.log_stored(slot, first)
@@ -138,5 +138,5 @@ def entry(s: Scheduler, slot: int, n: int, kind: Kind, computed: int, grown: int
         kind=kind,
         num_computed_tokens=computed,
         samples=computed + n >= r.num_tokens,
-        block_start=len(r.tables[0]) - grown if kind is Kind.RUNNING else 0,
+        block_start=r.num_blocks - grown if kind is Kind.RUNNING else 0,
     )

@@ -112,7 +112,7 @@ def continue_session(s: Scheduler, slot: int, update: SessionUpdate) -> None:
     r.seq.continue_session(keep, update.prompt_token_ids, inputs, s.kv.hasher, s.kv.block_size)
     # After the earlier chunks' images: their indices stay theirs.
     r.mm_inputs += tuple(inputs)
-    assert r.tables[0].num_cached_blocks() <= len(r.seq.block_hashes)
+    assert r.num_cached_blocks() <= len(r.seq.block_hashes)
     r.stop = update.stop
     # In place, as vLLM does, even while it sits in a priority heap.
     r.arrival_time = update.arrival_time + 0.0

@@ -25,19 +25,18 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
         out.push_entry(e, r.num_output_tokens + r.num_output_placeholders)
         # Each group's new blocks (the whole table for an admission), group
         # by group.
-        last = len(r.tables) - 1
-        for g, (table, group) in enumerate(zip(r.tables, s.kv.groups, strict=True)):
+        for table, group in zip(r.tables, s.kv.groups, strict=True):
             if group.kind.is_cross():
                 # Taken whole on admission, read by no decoder position.
                 if e.kind is not Kind.RUNNING:
                     out.push_new_blocks(table.block_ids())
             elif e.block_start < len(table):
                 out.push_new_blocks(table.block_ids()[e.block_start :])
-            if g < last:
-                out.end_group()
+            out.end_group()
         end = e.num_computed_tokens + e.num_tokens
+        first = r.tables[0] if r.tables else None  # none without a KV cache
         for p in range(e.num_computed_tokens, end):
-            out.push_token(p, s.kv.slot_of(r.tables[0], p))
+            out.push_token(p, None if first is None else s.kv.slot_of(first, p))
         out.end_entry(end)
         r.seq.num_computed_tokens += e.num_tokens
         r.in_flight_tokens += e.num_tokens

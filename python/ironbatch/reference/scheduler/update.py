@@ -125,6 +125,11 @@ def apply_output(
             return None  # a reset preempted it: discarded (docs/scheduling.md §5.4)
     if not sampled:
         release_encoded(s.encoder, e.slot, r)
+        # An encoder-only deployment samples nothing: a request is done once
+        # its prompt is consumed (its images encoded, §4.18).
+        consumed = r.seq.num_computed_tokens >= r.seq.num_prompt_tokens
+        if s.config.runner is Runner.ENCODER_ONLY and consumed:
+            return finish_without_tokens(kv, row, e.slot, r, out)
         return None  # a prefill chunk: no output
     num_drafts = len(e.drafts)
     if num_drafts > 0:
@@ -152,9 +157,9 @@ def apply_output(
         r.num_output_placeholders = max(r.num_output_placeholders - len(sampled), 0)
     confirms_blocks = had_placeholders or s.config.num_speculative_tokens > 0
     if not stale and status_before == RequestStatus.RUNNING and confirms_blocks:
-        first = r.tables[0].num_cached_blocks()
+        first = r.num_cached_blocks()
         cache_arrived(kv, r)
-        cached = r.tables[0].num_cached_blocks()
+        cached = r.num_cached_blocks()  # above ``first``: a table exists
         if cached > first and kv.events_enabled:
             kv.log_event(Stored(e.slot, first, r.tables[0].block_ids()[first:cached]))
     if r.grammar is not None and not accept(e.slot, r, out.tokens[start:]):
@@ -188,6 +193,10 @@ def check_update(s: Scheduler, step: StepOutput, tokens: list[int], offsets: lis
             "sampled: a pooling runner samples no tokens; apply its output with "
             "update_from_pooler_output"
         )
+    if s.config.runner is Runner.ENCODER_ONLY and tokens:
+        raise ValueError(
+            "sampled: an encoder-only runner samples no tokens (runner='encoder_only')"
+        )
     n = len(step.entries)
     if len(offsets) != n + 1:
         raise ValueError(
@@ -210,6 +219,29 @@ def check_update(s: Scheduler, step: StepOutput, tokens: list[int], offsets: lis
                 f"sampled: entry {i} got tokens, but its step ended before the request's "
                 "last known token"
             )
+
+
+def finish_without_tokens(
+    kv: KvCacheManager, row: int, slot: int, r: Request, out: UpdateOutput
+) -> RequestStatus:
+    """End request ``r`` (in ``slot``, entry ``row`` of the step) with a
+    result that carries no token: a pooled output, or an encoder-only
+    deployment's consumed prompt (``FINISHED_STOPPED``). Returns its status
+    before, for the caller to free it."""
+    status_before = r.status
+    r.status = RequestStatus.FINISHED_STOPPED
+    out.records.append(UpdateRecord(row, slot, len(out.tokens), kv.num_cached_tokens(r.tables)))
+    out.finished.append(
+        Finished(
+            record=len(out.records) - 1,
+            request_id=r.request_id,
+            status=r.status,
+            stop_reason=None,
+            token_ids=list(r.seq.tokens),
+            num_computed_tokens=r.seq.num_computed_tokens,
+        )
+    )
+    return status_before
 
 
 def append_until_stop(

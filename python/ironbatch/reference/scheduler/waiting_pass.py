@@ -22,6 +22,7 @@ from ironbatch.reference.scheduler.encoder_inputs import (
     release_all_encoded,
 )
 from ironbatch.reference.scheduler.running_pass import entry
+from ironbatch.reference.scheduler_config import Runner
 from ironbatch.reference.spec_decode import Drafts
 from ironbatch.reference.step import Kind
 
@@ -206,7 +207,8 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         padded = True
     if 0 < draft.threshold < n:
         n = draft.threshold
-    if not c.enable_chunked_prefill and n > budget:
+    # An encoder-only deployment chunks regardless: vLLM exempts it.
+    if not c.enable_chunked_prefill and n > budget and c.runner is not Runner.ENCODER_ONLY:
         return Admit.BLOCKED  # without chunking, the head blocks the queue (Q6)
     n = min(n, budget)
     # Cut before an image the encoder cannot run this step.
@@ -215,9 +217,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         return Admit.SKIPPED
     n = plan.num_tokens
     # A session's computed tokens are in its table already.
-    new_hit_tokens, first = (
-        (hit_tokens, num_hit_blocks) if lookup else (0, r.tables[0].num_cached_blocks())
-    )
+    new_hit_tokens, first = (hit_tokens, num_hit_blocks) if lookup else (0, r.num_cached_blocks())
     grown = s.kv.allocate(
         r.tables,
         r.seq,
