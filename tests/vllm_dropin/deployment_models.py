@@ -405,6 +405,26 @@ _WHISPER_LARGE_V3: dict[str, Any] = {
     "scale_embedding": False,
     "torch_dtype": "float16",
 }
+# BGE base (English, v1.5): a BERT embedding model. Its attention is
+# bidirectional (encoder-only), so vLLM keeps no KV cache for it.
+_BGE_BASE_EN_V1_5: dict[str, Any] = {
+    "architectures": ["BertModel"],
+    "model_type": "bert",
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "vocab_size": 30522,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "layer_norm_eps": 1e-12,
+    "position_embedding_type": "absolute",
+    "pad_token_id": 0,
+    "torch_dtype": "float32",
+}
 MODELS: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": _LLAMA_3_1_8B,
     "llama-3.1-8b-eagle3": _LLAMA_3_1_8B_EAGLE3,
@@ -419,4 +439,5 @@ MODELS: dict[str, dict[str, Any]] = {
     "gemma-3-12b-vision": _GEMMA_3_12B_VISION,
     "llama-4-scout-vision": _LLAMA_4_SCOUT_VISION,
     "whisper-large-v3": _WHISPER_LARGE_V3,
+    "bge-base-en-v1.5": _BGE_BASE_EN_V1_5,
 }

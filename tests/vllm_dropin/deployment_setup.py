@@ -475,9 +475,9 @@ class DeploymentExecutor(StandInExecutor):
                     req_id_to_index={r: i for i, r in enumerate(ids)},
                     sampled_token_ids=[[] for _ in ids],
                 )
-        if self.vllm_config.model_config.runner_type == "pooling":
-            # A pooling runner samples nothing: the output comes at once
-            # (EngineCore calls no sample_tokens() for it).
+        if self.vllm_config.model_config.runner_type == "pooling" or self.encoder_only:
+            # A pooling runner, or the encoder alone, samples nothing: the
+            # output comes at once (EngineCore calls no sample_tokens()).
             output, self.pending = self.pending, None
             return _DoneFuture(output) if non_block else output
         # Like the GPU model runner: the output comes with sample_tokens().
@@ -511,9 +511,23 @@ class DeploymentExecutor(StandInExecutor):
             drafts.append([token_for(rid, self.num_steps * 31 + i) for i in range(n)])
         return DraftTokenIds(req_ids=list(self.last_step_ids), draft_token_ids=drafts)
 
+    @property
+    def encoder_only(self) -> bool:
+        """The instance runs the multimodal encoder alone (--mm-encoder-only)."""
+        return bool(self.vllm_config.is_mm_encoder_only)
+
     def _decide(self, so: SchedulerOutput) -> ModelRunnerOutput:
         ids = list(so.num_scheduled_tokens)
         assert self.scheduler is not None
+        if self.encoder_only:
+            # No token, no pooled result: the scheduler ends a request once
+            # its prompt is consumed (vLLM's empty encoder output).
+            return ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[] for _ in ids],
+                pooler_output=[None for _ in ids],
+            )
         if self.vllm_config.model_config.runner_type == "pooling":
             # A pooling runner: an embedding for each prompt the step
             # finished (a function of the id), nothing for a chunk.
@@ -755,7 +769,9 @@ def _pooling_request(rid: str, prompt: list[int], arrival: float) -> EngineCoreR
 
 def pooling_workload() -> dict[int, list[tuple[str, Any]]]:
     """Embedding requests by tick: a long one that takes several chunks,
-    short ones beside it, one that hits another's cached prefix, an abort."""
+    short ones beside it, one that hits another's cached prefix, an abort
+    (of a request queued behind a long one, so that an engine that takes
+    whole prompts, as one without a KV cache does, has not finished it)."""
     shared = _prompt(1, 48)
     return {
         0: [
@@ -764,8 +780,30 @@ def pooling_workload() -> dict[int, list[tuple[str, Any]]]:
             ("add", _pooling_request("embed-2", _prompt(4, 21), 0.0)),
         ],
         3: [("add", _pooling_request("prefix-4", shared + _prompt(6, 5), 3.0))],
-        4: [("add", _pooling_request("aborted-5", _prompt(7, 200), 4.0))],
+        4: [
+            ("add", _pooling_request("long-6", _prompt(8, 400), 4.0)),
+            ("add", _pooling_request("aborted-5", _prompt(7, 200), 4.0)),
+        ],
         5: [("abort", "aborted-5")],
+    }
+
+
+def encoder_only_workload() -> dict[int, list[tuple[str, Any]]]:
+    """Requests by tick for the encoder alone (--mm-encoder-only): an image
+    that straddles a chunk boundary, the same image again (a cache hit), a
+    prompt without images, an abort; each ends once its prompt is consumed.
+    No streaming session: vLLM's front end takes none for such an instance."""
+    return {
+        0: [
+            ("add", _request("image-0", _prompt(14, 300), 4, 0.0, mm=[("cat", 100, 64)])),
+            ("add", _request("image-1", _prompt(15, 80), 4, 0.0, mm=[("dog", 4, 64)])),
+        ],
+        2: [
+            ("add", _request("again-2", _prompt(16, 90), 4, 2.0, mm=[("cat", 10, 64)])),
+            ("add", _request("text-3", _prompt(17, 40), 4, 2.0)),
+        ],
+        3: [("add", _request("aborted-4", _prompt(18, 300), 4, 3.0, mm=[("bird", 200, 64)]))],
+        4: [("abort", "aborted-4")],
     }
 
 
@@ -1000,6 +1038,9 @@ def run_row(row: dict[str, Any], root: str, specs_cache: dict[str, ModelSpecs]) 
                 with_gpu_defaults(vc)
             as_engine_process(vc)
             stages = model.by_stage(vc.parallel_config.pipeline_parallel_size)
+            if vc.is_mm_encoder_only:
+                # The encoder's runner builds no language model: no KV cache.
+                stages = [{} for _ in stages]
             memory = max(memory_for(s, vc.model_config.max_model_len) for s in stages)
             exec_cls = executor_class(stages, model.layouts, memory, sampler, leads)
             log.lines.clear()
@@ -1035,6 +1076,8 @@ def _run_workload(theirs: Engine, ours: Engine) -> dict[str, Any]:
     plan = (
         pooling_workload()
         if vc.model_config.runner_type == "pooling"
+        else encoder_only_workload()
+        if vc.is_mm_encoder_only
         else audio_workload()
         if vc.model_config.is_encoder_decoder
         else workload(

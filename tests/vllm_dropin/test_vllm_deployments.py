@@ -293,6 +293,37 @@ TABLE = [
         exercises=("pooled_outputs",),
     ),
     Deployment(
+        # An embedding model with encoder-only attention (BERT): no KV cache
+        # at all (vLLM's one block, no group), no chunked prefill, no prefix
+        # caching; each prompt whole in one step, finished by its result.
+        "bge-base-en-v1.5",
+        "bge-base-en-v1.5",
+        ["--max-num-batched-tokens", "512"],
+        {
+            "runner_type": "pooling",
+            "kv_groups": [],
+            "num_blocks": 1,
+            "enable_prefix_caching": False,
+            "enable_chunked_prefill": False,
+        },
+        exercises=("pooled_outputs",),
+    ),
+    Deployment(
+        # The producer of disaggregated encoding: Qwen2.5-VL's vision tower
+        # alone (--mm-encoder-only), no language model and so no KV cache;
+        # each request ends once its prompt's images are encoded.
+        "qwen2.5-vl-7b-encoder-only",
+        "qwen2.5-vl-7b",
+        ["--mm-encoder-only", "--max-num-batched-tokens", "128"],
+        {
+            "supports_multimodal_inputs": True,
+            "kv_groups": [],
+            "num_blocks": 1,
+            "enable_prefix_caching": False,
+        },
+        exercises=("image_requests", "encoder_inputs"),
+    ),
+    Deployment(
         "qwen2.5-vl-7b-language-model-only",
         "qwen2.5-vl-7b",
         ["--language-model-only"],
@@ -430,7 +461,9 @@ def test_drop_in_runs_like_vllm(report: dict[str, Any], row: Deployment, flavor:
     assert parity["mismatch"] is None, parity["mismatch"]
     seen = parity["exercised"]
     pooling = row.expect.get("runner_type") == "pooling"
-    musts = (POOLING_EXERCISED if pooling else ALWAYS_EXERCISED) + row.exercises
+    # An encoder-only deployment samples nothing either.
+    encoder_only = row.expect.get("kv_groups") == [] and not pooling
+    musts = (POOLING_EXERCISED if pooling or encoder_only else ALWAYS_EXERCISED) + row.exercises
     if built["drop_in"]["enable_prefix_caching"]:
         musts += ("prefix_hits",)
     if not FLAVORS[flavor]["async_scheduling"]:
@@ -438,6 +471,8 @@ def test_drop_in_runs_like_vllm(report: dict[str, Any], row: Deployment, flavor:
     for what in musts:
         assert seen.get(what, 0) > 0, (what, seen)
     if pooling:
+        assert seen["finished_stop"] == 5, seen  # every request but the aborted one
+    elif encoder_only:
         assert seen["finished_stop"] == 4, seen  # every request but the aborted one
     elif row.expect.get("is_encoder_decoder"):
         assert seen["finished_length"] == 5, seen  # every transcription but the aborted one

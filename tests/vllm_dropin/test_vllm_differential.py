@@ -94,6 +94,7 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(multimodal(rng, settings))
     settings.update(prompt_embeddings(rng))
     settings.update(pooling(rng, settings))
+    settings.update(no_kv_cache(rng, settings))
     # Every group holds blocks of its own: the same tightness per group.
     settings["num_blocks"] = (blocks - 1) * GROUPS[settings["kv_layout"]] + 1
     if settings.get("target") == "whisper":
@@ -122,7 +123,49 @@ def encoder_decoder(settings: dict, blocks: int) -> None:
     settings["num_blocks"] = blocks + -(-compute // settings["block_size"])
 
 
-GROUPS = {"full": 1, "gpt-oss": 2, "gemma3": 6, "llama4": 4}  # KV-cache groups per layout
+# KV-cache groups per layout ("none": the null block alone, vLLM's one block).
+GROUPS = {"full": 1, "gpt-oss": 2, "gemma3": 6, "llama4": 4, "none": 0}
+
+
+def no_kv_cache(rng: random.Random, settings: dict) -> dict:
+    """No KV cache (docs/scheduling.md §7.14) in some: an embedding model
+    with encoder-only attention (BERT and kin: a pooling runner, mostly
+    without chunked prefill), or the vision model's encoder alone
+    (``--mm-encoder-only``, §4.18: nothing sampled, a request done once its
+    prompt is consumed, chunked regardless; no drafter, one engine). vLLM
+    gives such a model one block and turns prefix caching off; KV-cache
+    events and metrics then have nothing to report."""
+    if settings["kv_layout"] != "full":
+        return {}  # window layouts keep their share
+    bert = settings.get("runner") == "pooling" and rng.random() < 0.4
+    encoder_alone = (
+        settings.get("target") in (None, "vision")
+        and settings.get("runner") != "pooling"
+        and "speculative_config" not in settings
+        and rng.random() < 0.3
+    )
+    if not (bert or encoder_alone):
+        return {}
+    out: dict = {"kv_layout": "none", "enable_prefix_caching": False}
+    if encoder_alone and "target" not in settings:  # the vision model, then
+        compute = rng.choice([8, 24, 48, 96])
+        budget = (compute, rng.choice([compute, 2 * compute]))
+        out.update(target="vision", mm_budget=budget, disable_chunked_mm_input=False)
+    if rng.random() < 0.6:
+        batched = max(settings["max_num_batched_tokens"], settings["max_model_len"])
+        out.update(
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=batched,
+            max_num_scheduled_tokens=None,
+            long_prefill_token_threshold=0,
+        )
+    if encoder_alone:
+        out.update(mm_encoder_only=True, pipeline_parallel_size=1, data_parallel_size=1)
+        if not out.get("enable_chunked_prefill", True):
+            # About a prompt a step: a second prompt overruns it, and vLLM
+            # chunks it anyway.
+            out["max_num_batched_tokens"] = settings["max_model_len"]
+    return out
 
 
 def kv_layout(rng: random.Random, bs: int, hybrid: bool) -> dict:
@@ -246,8 +289,9 @@ class Features:
 def workload_features(rng: random.Random, settings: dict) -> Features:
     pp, async_scheduling = settings["pipeline_parallel_size"], settings["async_scheduling"]
     need = -(-settings["max_model_len"] // settings["block_size"])
-    # A pooling model's requests sample nothing: no grammars, no sessions.
-    generates = settings.get("runner") != "pooling"
+    # A pooling model's requests sample nothing: no grammars, no sessions;
+    # nor an encoder-only deployment's (vLLM refuses its sessions).
+    generates = settings.get("runner") != "pooling" and not settings.get("mm_encoder_only")
     # vLLM runs an encoder-decoder on model runner V1 only; no sessions.
     whisper = settings.get("target") == "whisper"
     return Features(
@@ -288,7 +332,8 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     room = vc.num_speculative_tokens + vc.num_lookahead_tokens
     # Each KV-cache group holds its own blocks for the request.
     groups = len(pair.vllm.kv_cache_config.kv_cache_groups)
-    per_group = (settings["num_blocks"] - 1) // groups
+    # (Without a KV cache, only max_model_len bounds a request.)
+    per_group = (settings["num_blocks"] - 1) // groups if groups else max_len
     whisper = settings.get("target") == "whisper"
     if whisper:  # the decoder's blocks, beside a step's encoder tokens
         per_group = (
@@ -595,15 +640,17 @@ def drawn_features(seed: int) -> Counter:
         "async scheduling": s["async_scheduling"],
         "priority policy": s["policy"] == "priority",
         "MLA": s["mla"],
-        "window KV-cache groups": s["kv_layout"] != "full",
+        "window KV-cache groups": s["kv_layout"] not in ("full", "none"),
         "speculative decoding": "speculative_config" in s,
         "LoRA": "lora_config" in s,
         "images": s.get("target") == "vision",
         "encoder-decoder": s.get("target") == "whisper",
         "prompt embeddings": bool(s.get("enable_prompt_embeds")),
         "pooling": s.get("runner") == "pooling",
+        "no KV cache": s["kv_layout"] == "none",
+        "encoder only": bool(s.get("mm_encoder_only")),
     }
-    if s["kv_layout"] != "full":
+    if s["kv_layout"] not in ("full", "none"):
         drawn[f"layout: {s['kv_layout']}"] = True
     if "speculative_config" in s:
         drawn[f"speculation: {s['speculative_config']['method']}"] = True
@@ -612,11 +659,15 @@ def drawn_features(seed: int) -> Counter:
 
 # What 1,040 workloads draw at least, on average: each feature 200, each
 # speculative method and window layout 40, speculation and window groups 300,
-# the encoder-decoder (only beside one decoder group, without speculation) 40.
+# the encoder-decoder (only beside one decoder group, without speculation)
+# 40, no KV cache 60 and an encoder-only deployment (one group's worth,
+# without speculation or pooling) 30.
 FEATURE_SHARES = {
     "feature: speculative decoding": 300,
     "feature: window KV-cache groups": 300,
     "feature: encoder-decoder": 40,
+    "feature: no KV cache": 60,
+    "feature: encoder only": 30,
 }
 
 
@@ -636,6 +687,8 @@ FEATURES = [
     "feature: encoder-decoder",
     "feature: prompt embeddings",
     "feature: pooling",
+    "feature: no KV cache",
+    "feature: encoder only",
     *(f"feature: layout: {k}" for k in LAYOUTS),
     *(f"feature: speculation: {m}" for m in SPEC_METHODS),
 ]
@@ -667,6 +720,7 @@ EVENTS = (
     *("spec_drafts", "spec_accepted", "spec_verified", "spec_empty_slots"),
     *("lora_capped", "encoder_inputs", "encoder_evicted", "prompt_embeds", "pooled"),
     "session_images",
+    "encoder_only_finished",
 )
 
 

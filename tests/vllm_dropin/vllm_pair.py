@@ -173,6 +173,8 @@ class VllmPair:
         self.async_scheduling = bool(settings.get("async_scheduling"))
         # An embedding model: outputs are pooled, never sampled.
         self.pooling = settings.get("runner") == "pooling"
+        # An encoder-only deployment: nothing comes back but the rows.
+        self.encoder_only = bool(settings.get("mm_encoder_only"))
 
     # -- inputs -----------------------------------------------------------------
 
@@ -348,8 +350,8 @@ class VllmPair:
             self.take_masks(a, b)
         runner_order = list(a.num_scheduled_tokens)
         self.rng.shuffle(runner_order)  # a persistent batch has its own row order
-        if self.pooling:
-            self.apply_pooled(a, b, sampling, runner_order)
+        if self.pooling or self.encoder_only:
+            self.apply_without_tokens(a, b, sampling if self.pooling else [], runner_order)
             return
         tokens = {rid: self.verified(a, rid, choose) for rid in sampling}
         ids, bitmask = self.masks.pop(id(a), ([], None))
@@ -403,15 +405,17 @@ class VllmPair:
                 self.events["stale"] += r is not None and r.status == RequestStatus.PREEMPTED
         self.check_requests()
 
-    def apply_pooled(
+    def apply_without_tokens(
         self, a: SchedulerOutput, b: SchedulerOutput, pooled: list[str], runner_order: list[str]
     ) -> None:
         """A pooling runner's output: a pooled tensor for each request whose
-        prompt the step finished, None for the others (chunks)."""
+        prompt the step finished, None for the others (chunks); an
+        encoder-only runner's (``pooled`` empty): no token and no pooled
+        result for any row (vLLM's ``make_empty_encoder_model_runner_output``)."""
         mro = ModelRunnerOutput(
             req_ids=runner_order,
             req_id_to_index={rid: i for i, rid in enumerate(runner_order)},
-            sampled_token_ids=[],
+            sampled_token_ids=[[] for _ in runner_order] if self.encoder_only else [],
             pooler_output=[
                 torch.full((4,), float(i)) if rid in pooled else None
                 for i, rid in enumerate(runner_order)
@@ -425,6 +429,8 @@ class VllmPair:
             for o in eco.outputs:
                 self.events["pooled"] += o.pooling_output is not None
                 self.events["finished"] += o.finish_reason is not None
+                ended = o.finish_reason is not None
+                self.events["encoder_only_finished"] += self.encoder_only and ended
         self.check_requests()
 
     def proposed(self, req_ids: list[str]) -> DraftTokenIds:

@@ -60,8 +60,10 @@ DEFAULTS: dict[str, Any] = {
     # The KV-cache groups, shaped as vLLM's engine groups a model's layers:
     # "full" (one group), "gpt-oss" (a sliding window, then full attention),
     # "gemma3" (five sliding windows, then full attention), "llama4" (three
-    # chunked-local groups, then full attention); `window` is the sliding
-    # window or the attention chunk, in tokens.
+    # chunked-local groups, then full attention), "none" (no KV cache: a
+    # model with encoder-only attention, an encoder-only deployment; vLLM
+    # gives it one block, the null block, and turns prefix caching off);
+    # `window` is the sliding window or the attention chunk, in tokens.
     "kv_layout": "full",
     "window": 32,
     # vLLM's prefix_cache_retention_interval as its engine sets it (0: a
@@ -94,6 +96,9 @@ DEFAULTS: dict[str, Any] = {
     # vLLM's --runner: "pooling" serves the target as an embedding model
     # (vLLM converts a causal LM with --convert embed, its default there).
     "runner": "generate",
+    # vLLM's --mm-encoder-only (with the "vision" target): the instance runs
+    # the multimodal encoder alone, with no KV cache (kv_layout "none").
+    "mm_encoder_only": False,
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
 EXTRAS = (
@@ -354,12 +359,15 @@ def vllm_config(
         skip_tokenizer_init=cfg["tokenizer"] is None,
         enable_prompt_embeds=cfg["enable_prompt_embeds"],
         runner=cfg["runner"],
+        mm_encoder_only=cfg["mm_encoder_only"] or None,
     )
     cc = CacheConfig(
         block_size=cfg["block_size"],
         gpu_memory_utilization=0.9,
         cache_dtype="auto",
-        enable_prefix_caching=cfg["enable_prefix_caching"] and not whisper,
+        enable_prefix_caching=cfg["enable_prefix_caching"]
+        and not whisper
+        and cfg["kv_layout"] != "none",
     )
     pc = ParallelConfig(
         pipeline_parallel_size=cfg["pipeline_parallel_size"],
@@ -396,6 +404,8 @@ def kv_cache_groups(cfg: dict[str, Any]) -> list[KVCacheGroupSpec]:
     full_cls = MLAAttentionSpec if cfg["mla"] else FullAttentionSpec
     full = KVCacheGroupSpec(["full"], full_cls(**common))
     layout, window = cfg["kv_layout"], cfg["window"]
+    if layout == "none":
+        return []
     if cfg["target"] == "whisper":
         if layout != "full":
             raise ValueError(f"the whisper target has kv_layout full, got {layout!r}")
@@ -409,7 +419,7 @@ def kv_cache_groups(cfg: dict[str, Any]) -> list[KVCacheGroupSpec]:
     if layout == "llama4":
         chunked = ChunkedLocalAttentionSpec(attention_chunk_size=window, **common)
         return [KVCacheGroupSpec([f"chunked{i}"], chunked) for i in range(3)] + [full]
-    raise ValueError(f"kv_layout must be full, gpt-oss, gemma3 or llama4, got {layout!r}")
+    raise ValueError(f"kv_layout must be full, gpt-oss, gemma3, llama4 or none, got {layout!r}")
 
 
 def draw_layout(rng: random.Random, layout: str, block_size: int) -> dict[str, Any]:

@@ -50,9 +50,11 @@ class KvEvents:
         self.publisher = EventPublisherFactory.create(
             config, vllm_config.parallel_config.data_parallel_index
         )
-        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        self.spec_kind = get_kv_cache_spec_kind(spec).value
-        self.spec_sliding_window = get_kv_cache_spec_sliding_window(spec)
+        groups = kv_cache_config.kv_cache_groups
+        # A model without a KV cache (no group) stores nothing to report.
+        spec = groups[0].kv_cache_spec if groups else None
+        self.spec_kind = None if spec is None else get_kv_cache_spec_kind(spec).value
+        self.spec_sliding_window = None if spec is None else get_kv_cache_spec_sliding_window(spec)
         self.block_size = block_size
         # An EAGLE-style drafter's block hashes cover the tokens after the
         # block too; its events name those tokens.

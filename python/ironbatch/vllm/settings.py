@@ -48,9 +48,7 @@ def core_scheduler(
             encoder_cache_size=cache_size,
             disable_chunked_mm_input=sc.disable_chunked_mm_input,
             drafter_read_ahead=vllm_config.num_prefill_lookahead_tokens if compute_budget else 0,
-            # An embedding or classification model pools each prompt and
-            # samples nothing (vLLM's num_sampled_tokens_per_step = 0).
-            runner="pooling" if vllm_config.model_config.runner_type == "pooling" else "generate",
+            runner=runner(vllm_config),
         ),
         CacheConfig(
             num_blocks=kv_cache_config.num_blocks,
@@ -62,6 +60,17 @@ def core_scheduler(
             sparse_retention=kv_cache_config.prefix_cache_retention_interval is not None,
         ),
     )
+
+
+def runner(vllm_config: Any) -> str:
+    """What the model does with a step, as the core names it: an embedding
+    or classification model pools each prompt and samples nothing (vLLM's
+    num_sampled_tokens_per_step = 0); an encoder-only deployment
+    (``--mm-encoder-only``) encodes each prompt's images and ends it once
+    the prompt is consumed."""
+    if vllm_config.model_config.runner_type == "pooling":
+        return "pooling"
+    return "encoder_only" if vllm_config.is_mm_encoder_only else "generate"
 
 
 def encoder_budget(vllm_config: Any, mm_registry: Any) -> tuple[int | None, int | None]:

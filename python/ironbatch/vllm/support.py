@@ -108,7 +108,13 @@ def unsupported_config(
             mc.is_encoder_decoder and (observed or c.observability_config.kv_cache_metrics),
             "KV-cache events or metrics with an encoder-decoder model",
         ),
-        (c.is_mm_encoder_only, "an encoder-only multimodal deployment (mm_encoder_only)"),
+        (
+            # An encoder-only deployment samples nothing (docs/scheduling.md
+            # §4.18); vLLM builds no drafter or pooler beside it.
+            c.is_mm_encoder_only and (spec is not None or mc.runner_type != "generate"),
+            "an encoder-only multimodal deployment (mm_encoder_only) with speculative "
+            "decoding or a pooling runner",
+        ),
         (
             mc.supports_multimodal_inputs and c.num_prefill_lookahead_tokens > 1,
             "multimodal inputs with multi-module MTP",
@@ -120,10 +126,12 @@ def unsupported_config(
             f"the {mc.runner_type!r} runner",
         ),
         (
-            # An encoder-only model (BERT and kin) keeps no KV cache, so its
-            # scheduler has no KV-cache group to allocate from.
-            not groups,
-            "a model without a KV cache (encoder-only attention)",
+            # A model without a KV cache (encoder-only attention, BERT and
+            # kin; an encoder-only deployment) is scheduled with no KV-cache
+            # group (§7.14); vLLM turns prefix caching off for it, and with
+            # it forced on vLLM's own coordinator has no group to look in.
+            not groups and c.cache_config.enable_prefix_caching,
+            "a model without a KV cache with prefix caching on",
         ),
         (bool(mc.return_sampling_mask), "sampling masks"),
         (
