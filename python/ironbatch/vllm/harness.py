@@ -107,6 +107,7 @@ EXTRAS = (
     "structured_outputs_config",
     "kv_events_config",
     "observability_config",
+    "kv_transfer_config",
 )
 
 

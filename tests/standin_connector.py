@@ -1,0 +1,229 @@
+"""A stand-in KV connector for tests: the scheduler side of vLLM 0.33's
+connector protocol (docs/scheduling.md §4.19) and a worker that reports its
+transfers, deterministic from a seed and independent of any engine.
+
+It answers the way real connectors can: an external hit past the local one
+(a P/D decode instance's whole prompt, an offloading tier's blocks), loaded
+synchronously in the step or asynchronously over some steps, now and then
+"ask again later" (None); loads that fail whole or lose one block; frees
+held back after a normal finish while a send runs for some steps. Each
+answer is drawn from (seed, request id, how many times it was asked), so it
+does not depend on the order in which requests are asked: two schedulers
+that make the same calls get the same answers, and the call log says where
+they parted.
+
+Block ids are given per KV-cache group, as lists; the stand-in reads group 0
+(connectors without hybrid support see one group)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StandInShares:
+    """How often the stand-in does each thing (probabilities)."""
+
+    #: A query answered "ask again later" (at most twice per request).
+    unknown: float = 0.1
+    #: A query answered with an external hit (else 0 tokens).
+    hit: float = 0.6
+    #: A hit loaded asynchronously (else in the step, synchronously).
+    load_async: float = 0.6
+    #: An asynchronous load that fails whole (failed_recving).
+    load_failed: float = 0.1
+    #: A load (either kind) that loses one of its blocks (invalid_block_ids).
+    block_invalid: float = 0.1
+    #: A normally finished request whose blocks are held for a send.
+    delay_free: float = 0.4
+    #: The most steps a transfer takes (at least 1).
+    max_steps: int = 3
+
+
+@dataclass
+class Load:
+    request_id: str
+    #: The request's blocks in group 0 that the load writes.
+    block_ids: list[int]
+    is_async: bool
+    #: Steps until reported, counted from the step whose metadata starts it.
+    steps: int
+    failed: bool
+    #: The block reported invalid, if any.
+    invalid_block: int | None
+
+
+@dataclass
+class Send:
+    request_id: str
+    steps: int
+
+
+@dataclass
+class StandInMeta:
+    """What one step's ``build_connector_meta`` hands the worker."""
+
+    step: int
+    loads: list[Load] = field(default_factory=list)
+    sends: list[Send] = field(default_factory=list)
+
+
+@dataclass
+class WorkerReport:
+    """One step's transfer results (vLLM's ``KVConnectorOutput`` fields)."""
+
+    finished_recving: set[str] = field(default_factory=set)
+    finished_sending: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
+    invalid_block_ids: set[int] = field(default_factory=set)
+
+
+class StandInConnector:
+    """The scheduler side. ``log`` records every call with its arguments and
+    answer; ``events`` counts what the workload exercised."""
+
+    def __init__(
+        self,
+        seed: int,
+        block_size: int,
+        shares: StandInShares | None = None,
+        scripted: dict[str, tuple[int, bool]] | None = None,
+    ) -> None:
+        self.seed = seed
+        #: Fixed answers by request id (a worked example's), drawn otherwise.
+        self.scripted = scripted or {}
+        self.block_size = block_size
+        self.shares = shares or StandInShares()
+        self.log: list[tuple[Any, ...]] = []
+        self.events: Counter = Counter()
+        self._asks: Counter = Counter()
+        self._unknowns: Counter = Counter()
+        #: Per request: the last answer's (external tokens, async, local).
+        self._answers: dict[str, tuple[int, bool, int]] = {}
+        self._loads: list[Load] = []
+        self._sends: list[Send] = []
+        self._step = 0
+
+    def _rng(self, request_id: str, what: str) -> random.Random:
+        return random.Random(f"{self.seed}:{request_id}:{what}:{self._asks[request_id]}")
+
+    def get_num_new_matched_tokens(
+        self, request_id: str, num_tokens: int, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """The external hit past ``num_computed_tokens`` local tokens of a
+        request of ``num_tokens``: (tokens, load asynchronously)."""
+        self._asks[request_id] += 1
+        rng = self._rng(request_id, "ask")
+        s = self.shares
+        left = num_tokens - num_computed_tokens
+        answer: tuple[int | None, bool]
+        if request_id in self.scripted:
+            answer = self.scripted[request_id]
+        elif self._unknowns[request_id] < 2 and rng.random() < s.unknown:
+            self._unknowns[request_id] += 1
+            answer = (None, False)
+        elif left <= 0 or rng.random() >= s.hit:
+            answer = (0, False)
+        elif rng.random() < s.load_async:
+            # An async load may cover every token (the last is recomputed).
+            answer = (rng.randint(1, left), True)
+        elif left > 1:
+            # A synchronous one leaves a token to compute (vLLM asserts it).
+            answer = (rng.randint(1, left - 1), False)
+        else:
+            answer = (0, False)
+        external, is_async = answer
+        if external is not None:
+            self._answers[request_id] = (external, is_async, num_computed_tokens)
+        self.log.append(("matched", request_id, num_tokens, num_computed_tokens, answer))
+        return answer
+
+    def update_state_after_alloc(
+        self, request_id: str, block_ids: list[list[int]], num_external_tokens: int
+    ) -> None:
+        """A request's blocks after its allocation; with external tokens, a
+        load into the blocks past the local hit."""
+        self.log.append(("after_alloc", request_id, block_ids, num_external_tokens))
+        if num_external_tokens == 0:
+            return
+        external, is_async, local = self._answers[request_id]
+        assert external == num_external_tokens, (external, num_external_tokens)
+        bs = self.block_size
+        table = block_ids[0] if block_ids else []
+        written = table[local // bs : -(-(local + external) // bs)]
+        rng = self._rng(request_id, "load")
+        s = self.shares
+        failed = is_async and rng.random() < s.load_failed
+        invalid = rng.choice(written) if written and rng.random() < s.block_invalid else None
+        steps = rng.randint(1, s.max_steps) if is_async else 1
+        self._loads.append(Load(request_id, written, is_async, steps, failed, invalid))
+        self.events["async_loads" if is_async else "sync_loads"] += 1
+
+    def build_connector_meta(self) -> StandInMeta:
+        """This step's new transfers, handed to the worker; resets them."""
+        self._step += 1
+        meta = StandInMeta(self._step, self._loads, self._sends)
+        self._loads, self._sends = [], []
+        self.log.append(
+            (
+                "meta",
+                self._step,
+                [x.request_id for x in meta.loads],
+                [x.request_id for x in meta.sends],
+            )
+        )
+        return meta
+
+    def request_finished(
+        self, request_id: str, block_ids: list[list[int]], normal_finish: bool
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """A finished request's blocks (clipped to its computed tokens): hold
+        them for a send after a normal finish, now and then."""
+        self.log.append(("finished", request_id, block_ids, normal_finish))
+        rng = self._rng(request_id, "finished")
+        holds = any(block_ids) and normal_finish and rng.random() < self.shares.delay_free
+        if holds:
+            self._sends.append(Send(request_id, rng.randint(1, self.shares.max_steps)))
+            self.events["delayed_frees"] += 1
+        params = {"stand_in": request_id} if normal_finish else None
+        return holds, params
+
+
+class StandInWorker:
+    """The worker side: runs each step's transfers and reports them when
+    they are due. ``report(meta)`` is called once per step, in order, with
+    that step's metadata (None when the step carried none)."""
+
+    def __init__(self) -> None:
+        self._loads: list[tuple[int, Load]] = []
+        self._sends: list[tuple[int, Send]] = []
+        self.events: Counter = Counter()
+
+    def report(self, meta: StandInMeta | None, step: int) -> WorkerReport:
+        if meta is not None:
+            self._loads += [(meta.step + x.steps - 1, x) for x in meta.loads]
+            self._sends += [(meta.step + x.steps - 1, x) for x in meta.sends]
+        out = WorkerReport()
+        due_loads = [x for due, x in self._loads if due <= step]
+        self._loads = [(due, x) for due, x in self._loads if due > step]
+        for load in due_loads:
+            if load.is_async:
+                out.finished_recving.add(load.request_id)
+            if load.failed:
+                out.failed_recving.add(load.request_id)
+                self.events["failed_loads"] += 1
+            elif load.invalid_block is not None:
+                out.invalid_block_ids.add(load.invalid_block)
+                self.events["invalid_blocks"] += 1
+        due_sends = [x for due, x in self._sends if due <= step]
+        self._sends = [(due, x) for due, x in self._sends if due > step]
+        out.finished_sending = {x.request_id for x in due_sends}
+        return out
+
+    @property
+    def busy(self) -> bool:
+        """Transfers still running."""
+        return bool(self._loads or self._sends)

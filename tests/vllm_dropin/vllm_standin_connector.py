@@ -1,0 +1,115 @@
+"""The stand-in connector (tests/standin_connector.py) as vLLM 0.33 builds
+connectors: a ``KVConnectorBase_V1`` named in a ``KVTransferConfig`` by
+module path, its seed and shares in ``kv_connector_extra_config``. vLLM's
+factory builds it, for vLLM's scheduler and for the drop-in alike, and
+``kv_connector_output`` turns the stand-in worker's report into the
+``KVConnectorOutput`` a model runner would return."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import RequestStatus
+
+from standin_connector import StandInConnector, StandInMeta, StandInShares, WorkerReport
+
+NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+
+
+def kv_transfer_config(
+    seed: int,
+    policy: str = "fail",
+    shares: StandInShares | None = None,
+    scripted: dict[str, tuple[int, bool]] | None = None,
+) -> KVTransferConfig:
+    """A config that has vLLM build the stand-in (role kv_both: it loads and
+    sends, and vLLM fences its frees under async scheduling)."""
+    return KVTransferConfig(
+        kv_connector="StandInKVConnector",
+        kv_connector_module_path=__name__,
+        kv_role="kv_both",
+        kv_load_failure_policy=policy,  # type: ignore[arg-type]
+        kv_connector_extra_config={
+            "seed": seed,
+            "shares": asdict(shares or StandInShares()),
+            "scripted": scripted or {},
+        },
+    )
+
+
+class Metadata(KVConnectorMetadata):
+    def __init__(self, meta: StandInMeta) -> None:
+        self.meta = meta
+
+
+class StandInKVConnector(KVConnectorBase_V1):
+    """The scheduler side of the stand-in; the worker-side calls do nothing
+    (tests run no model)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.stand_in = StandInConnector(
+            extra["seed"],
+            vllm_config.cache_config.block_size,
+            StandInShares(**extra["shares"]),
+            {rid: (n, is_async) for rid, (n, is_async) in extra["scripted"].items()},
+        )
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self.stand_in.get_num_new_matched_tokens(
+            request.request_id, request.num_tokens, num_computed_tokens
+        )
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        ids = [list(group) for group in blocks.get_block_ids()]
+        self.stand_in.update_state_after_alloc(request.request_id, ids, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> Metadata:
+        return Metadata(self.stand_in.build_connector_meta())
+
+    def request_finished(
+        self, request: Any, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        normal = request.status in NORMAL_FINISH
+        return self.stand_in.request_finished(request.request_id, [list(block_ids)], normal)
+
+    # Worker side: nothing runs.
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        pass
+
+
+def stand_in_of(scheduler: Any) -> StandInConnector:
+    """The stand-in behind a scheduler's connector."""
+    connector = scheduler.get_kv_connector()
+    assert isinstance(connector, StandInKVConnector), type(connector)
+    return connector.stand_in
+
+
+def kv_connector_output(report: WorkerReport) -> KVConnectorOutput:
+    """A worker report as vLLM's model runner hands it over."""
+    return KVConnectorOutput(
+        finished_sending=set(report.finished_sending) or None,
+        finished_recving=set(report.finished_recving) or None,
+        invalid_block_ids=set(report.invalid_block_ids),
+        failed_recving=set(report.failed_recving),
+    )
