@@ -297,7 +297,7 @@ class SchedulerPair:
         pu = self.twin.update_from_output(p, sampled, accept=accept("twin"))
         assert asked["rust"] == asked["twin"]
         ur, up = [tuple(u) for u in ru], [tuple(u) for u in pu]
-        assert ur == up
+        assert ur == up, (ur, up)
         assert stats_fields(ru.spec_decoding_stats) == stats_fields(pu.spec_decoding_stats)
         self.events["grammar_rejected"] += sum(1 for _, kept in asked["rust"] if reject in kept)
         assert ru.cached_tokens.tolist() == pu.cached_tokens.tolist()
@@ -352,7 +352,9 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
     assert sorted(running + waiting + kv_holding) == sorted(requests)
     assert all(requests[r]["status"] == "RUNNING" for r in running)
     waiting_statuses = ("WAITING", "PREEMPTED", "WAITING_FOR_STREAMING_REQ")
-    assert all(requests[r]["status"] in waiting_statuses for r in waiting + kv_holding)
+    loading = [r for r in kv_holding if requests[r]["status"] == "WAITING_FOR_REMOTE_KVS"]
+    assert all(requests[r]["status"] in waiting_statuses for r in waiting)
+    assert all(requests[r]["status"] in waiting_statuses for r in kv_holding if r not in loading)
     assert all(requests[r]["num_computed_tokens"] == 0 for r in waiting)
     assert all(requests[r]["num_computed_tokens"] > 0 for r in kv_holding)
     paused = [r for r in requests.values() if r["status"] == "WAITING_FOR_STREAMING_REQ"]
@@ -361,6 +363,8 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
     # 1, 2. Conservation and reference counts, over every KV-cache group's
     # table (the null block, a window group's past, is nobody's).
     held = Counter(b for r in requests.values() for t in r["tables"] for b in t if b != 0)
+    # Finished requests whose blocks a KV connector keeps (§4.19).
+    held.update(b for tables in state["kv_held"].values() for t in tables for b in t if b != 0)
     assert [held.get(b, 0) for b in range(n)] == ref
     free = state["free_block_ids"]
     assert sorted(free) == [b for b in range(1, n) if ref[b] == 0]
@@ -385,13 +389,18 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
             # A session between turns keeps what it computed, nothing in flight counts.
             assert len(table) >= cdiv(computed, bs) or not holds_blocks, rid
             assert placeholders == 0, rid
+        elif num_tokens == 1 and r["inflight_prefill"]:
+            # A one-token prompt loaded whole by a KV connector gives its
+            # token back (§4.19): 0 computed, so it waits among those that
+            # hold nothing, its block kept (vLLM's queues alike).
+            assert len(table) <= 1 and computed == 0 and placeholders == 0, rid
         else:
             assert table == [] and computed == 0 and placeholders == 0, rid
         # Only a released grammar lets a request run; a held one counts as skipped.
         if r["grammar"] not in (None, "ACTIVE"):
             assert status == "WAITING" and deferred, rid
     # 9. Return of blocks.
-    if not requests:
+    if not requests and not state["kv_held"]:
         assert len(free) == n - 1
 
 

@@ -227,3 +227,29 @@ class StandInWorker:
     def busy(self) -> bool:
         """Transfers still running."""
         return bool(self._loads or self._sends)
+
+
+NORMAL_FINISH = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
+
+
+class CoreStandIn:
+    """The stand-in as ironbatch's schedulers call a connector
+    (``Scheduler.set_kv_connector``): a finished request's status by name,
+    a hold for an answer (its transfer parameters stay with the stand-in)."""
+
+    def __init__(self, stand_in: StandInConnector) -> None:
+        self.stand_in = stand_in
+
+    def get_num_new_matched_tokens(
+        self, request_id: str, num_tokens: int, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self.stand_in.get_num_new_matched_tokens(request_id, num_tokens, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request_id: str, block_ids: list[list[int]], num_external_tokens: int
+    ) -> None:
+        self.stand_in.update_state_after_alloc(request_id, block_ids, num_external_tokens)
+
+    def request_finished(self, request_id: str, block_ids: list[list[int]], status: str) -> bool:
+        normal = status in NORMAL_FINISH
+        return self.stand_in.request_finished(request_id, block_ids, normal)[0]

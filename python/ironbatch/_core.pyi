@@ -159,6 +159,9 @@ class Step:
     def drafts_needed(self) -> bool:
         """A request scheduled this step may verify drafts proposed after it."""
     @property
+    def has_sync_kv_loads(self) -> bool:
+        """An admission takes external tokens a KV connector loads in the step."""
+    @property
     def grammar_released(self) -> list[str]:
         """Ids the waiting pass found compiled (released), in order reached."""
     @property
@@ -533,6 +536,16 @@ class Scheduler:
     def report_grammar(self, *, request_id: str, compiled: bool) -> None:
         """A structured-output request's grammar compiled (or failed)."""
     def finish_requests(self, *, request_ids: Sequence[str], status: str) -> None: ...
+    def set_kv_connector(self, *, connector: Any) -> None:
+        """Attach a KV connector's scheduler side (docs/scheduling.md
+        §4.19): ``get_num_new_matched_tokens(request_id, num_tokens,
+        num_computed_tokens)``, ``update_state_after_alloc(request_id,
+        block_ids, num_external_tokens)``, ``request_finished(request_id,
+        block_ids, status)``, optionally ``has_pending_block_frees()``."""
+    def apply_kv_transfers(
+        self, *, finished_recving: Sequence[str], finished_sending: Sequence[str]
+    ) -> None:
+        """The worker's report of finished KV transfers."""
     @property
     def pause_state(self) -> int:
         """vLLM's pause state: 0 unpaused, 1 no admissions, 2 nothing scheduled."""

@@ -222,6 +222,19 @@ class CoreScheduler:
     def finish_requests(self, request_ids: Sequence[str], status: str) -> None:
         self.core.finish_requests(request_ids=list(request_ids), status=status)
 
+    def set_kv_connector(self, connector: Any) -> None:
+        """Attach a KV connector's scheduler side (docs/scheduling.md
+        §4.19), before any request."""
+        self.core.set_kv_connector(connector=connector)
+
+    def apply_kv_transfers(
+        self, finished_recving: Sequence[str], finished_sending: Sequence[str]
+    ) -> None:
+        """The worker's report of finished KV transfers (§4.19)."""
+        self.core.apply_kv_transfers(
+            finished_recving=list(finished_recving), finished_sending=list(finished_sending)
+        )
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.core.reset_prefix_cache(reset_running_requests=reset_running_requests)
 

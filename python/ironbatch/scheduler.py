@@ -263,6 +263,36 @@ class Scheduler:
             self.requests.pop(rid, None)
 
     @_exclusive
+    def set_kv_connector(self, connector: Any) -> None:
+        """Attach a KV connector's scheduler side, before any request
+        (docs/scheduling.md §4.19). ``connector`` answers by request id:
+        ``get_num_new_matched_tokens(request_id, num_tokens,
+        num_computed_tokens) -> (tokens | None, load_async)``,
+        ``update_state_after_alloc(request_id, block_ids,
+        num_external_tokens)``, ``request_finished(request_id, block_ids,
+        status) -> hold``, and optionally ``has_pending_block_frees()``. A
+        call that raises is reported (``sys.unraisablehook``) and counts as
+        the safe answer. Refused (``ValueError``) where the core does not
+        follow vLLM with a connector yet: several KV-cache groups, a
+        pooling runner, an encoder."""
+        self._core.set_kv_connector(connector)
+
+    @_exclusive
+    def apply_kv_transfers(
+        self, finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()
+    ) -> None:
+        """The worker's report of finished KV transfers: loads done (the
+        requests are scheduled from the next step), then sends done (their
+        held blocks are freed). An id in no such state is refused
+        (``ValueError``) with nothing changed."""
+        recving, sending = list(finished_recving), list(finished_sending)
+        for what, ids in (("finished_recving", recving), ("finished_sending", sending)):
+            for rid in ids:
+                if not isinstance(rid, str):
+                    raise TypeError(f"{what} must hold str, got {type(rid).__name__}")
+        self._core.apply_kv_transfers(recving, sending)
+
+    @_exclusive
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self._core.reset_prefix_cache(reset_running_requests)
 

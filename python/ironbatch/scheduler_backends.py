@@ -148,6 +148,12 @@ class RustBackend:
     def finish_requests(self, request_ids: list[str], status: str) -> None:
         self.core.finish_requests(request_ids, status)
 
+    def set_kv_connector(self, connector: Any) -> None:
+        self.core.set_kv_connector(connector)
+
+    def apply_kv_transfers(self, finished_recving: list[str], finished_sending: list[str]) -> None:
+        self.core.apply_kv_transfers(finished_recving, finished_sending)
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.core.reset_prefix_cache(reset_running_requests)
 
@@ -178,6 +184,10 @@ class _TwinStep:
     scheduled_encoder_inputs: list[tuple[str, list[int]]] = field(default_factory=list)
     free_encoder_mm_hashes: list[str] = field(default_factory=list)
     encoder_mismatch: list[str] = field(default_factory=list)
+
+    @property
+    def has_sync_kv_loads(self) -> bool:
+        return self.step.has_sync_kv_loads
 
     @property
     def preempted_req_ids(self) -> list[str]:
@@ -344,6 +354,12 @@ class PythonBackend:
 
     def finish_requests(self, request_ids: list[str], status: str) -> None:
         self.twin.finish_requests(request_ids, reference.RequestStatus[status])
+
+    def set_kv_connector(self, connector: Any) -> None:
+        self.twin.set_kv_connector(connector)
+
+    def apply_kv_transfers(self, finished_recving: list[str], finished_sending: list[str]) -> None:
+        self.twin.apply_kv_transfers(finished_recving, finished_sending)
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.twin.reset_prefix_cache(reset_running_requests)

@@ -128,6 +128,7 @@ class StepHandle(Protocol):
     finished_req_ids: Sequence[str]
     has_structured_output_requests: bool
     drafts_needed: bool
+    has_sync_kv_loads: bool
     pending_structured_output_tokens: bool
     grammar_released: Sequence[str]
     grammar_failed: Sequence[str]
@@ -184,6 +185,12 @@ class SchedulerOutput(StepColumns):
         after it (vLLM's V2 runner skips drafting when none may:
         ``skip_drafts``; docs/scheduling.md §4.13)."""
         return bool(self._handle.drafts_needed)
+
+    @property
+    def has_sync_kv_loads(self) -> bool:
+        """An admission takes external tokens a KV connector loads in this
+        step (vLLM's ``has_sync_kv_loads``; docs/scheduling.md §4.19)."""
+        return bool(self._handle.has_sync_kv_loads)
 
     @property
     def pending_structured_output_tokens(self) -> bool:

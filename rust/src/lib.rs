@@ -22,6 +22,7 @@ pub mod free_queue;
 pub mod grammar;
 pub mod hash_chain;
 pub mod kv_cache_manager;
+pub mod kv_connector;
 pub mod kv_events;
 pub mod limits;
 pub mod lora;

@@ -17,6 +17,9 @@ use smallvec::{smallvec, SmallVec};
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RequestStatus {
     Waiting,
+    /// Its KV cache is being loaded by a KV connector; it holds the blocks
+    /// and waits for the load to be reported (docs/scheduling.md §4.19).
+    WaitingForRemoteKvs,
     /// A streaming session between turns: it holds its KV cache and waits
     /// for its next input chunk (docs/scheduling.md §4.12).
     WaitingForStreamingReq,
@@ -52,6 +55,7 @@ impl RequestStatus {
     pub fn name(self) -> &'static str {
         match self {
             RequestStatus::Waiting => "WAITING",
+            RequestStatus::WaitingForRemoteKvs => "WAITING_FOR_REMOTE_KVS",
             RequestStatus::WaitingForStreamingReq => "WAITING_FOR_STREAMING_REQ",
             RequestStatus::Running => "RUNNING",
             RequestStatus::Preempted => "PREEMPTED",
@@ -195,6 +199,13 @@ pub struct Request {
     /// Skipped by a waiting pass and not admitted since (vLLM's
     /// `deferred_waiting`; only counted in the stats).
     pub deferred: bool,
+    /// A KV connector reported its load (`WaitingForRemoteKvs` only): the
+    /// next waiting pass that reaches it settles the load (§4.19).
+    pub kv_loaded: bool,
+    /// Admitted with prompt left to compute, or loading (vLLM's
+    /// `_inflight_prefills`): an async load keeps room for what it still
+    /// needs (§4.19).
+    pub inflight_prefill: bool,
     /// A streaming session continues after a turn stops (cleared when its
     /// grammar rejects a token).
     pub resumable: bool,
@@ -263,6 +274,8 @@ impl Request {
             drop_stale: false,
             num_output_placeholders: 0,
             deferred: false,
+            kv_loaded: false,
+            inflight_prefill: false,
             skip_reading_prefix_cache: new.skip_reading_prefix_cache,
             grammar: new.structured_output.then_some(Grammar::Compiling),
             report_hits: new.report_hits,
@@ -312,14 +325,18 @@ impl Request {
     /// Whether it holds KV blocks while waiting (a streaming session
     /// between turns): such requests wait apart and are admitted first.
     pub fn holds_kv(&self) -> bool {
-        self.seq.num_computed_tokens > 0
+        // A load that failed whole leaves 0 computed tokens, blocks still
+        // held until the load is settled (§4.19).
+        self.seq.num_computed_tokens > 0 || self.status == RequestStatus::WaitingForRemoteKvs
     }
 
     /// Whether a waiting pass skips it: a session waiting for input, or a
     /// grammar not ready (vLLM's blocked statuses).
     pub fn is_blocked(&self) -> bool {
-        self.status == RequestStatus::WaitingForStreamingReq
-            || self.grammar.is_some_and(|g| g.holds())
+        matches!(
+            self.status,
+            RequestStatus::WaitingForStreamingReq | RequestStatus::WaitingForRemoteKvs
+        ) || self.grammar.is_some_and(|g| g.holds())
     }
 
     /// Whether the last step left prompt (or resumed) tokens to compute:

@@ -219,6 +219,9 @@ pub struct StepOutput {
     /// another number of embeddings; nothing was scheduled for them and
     /// the caller ends them with an error.
     pub encoder_mismatch: Vec<Slot>,
+    /// An admission this step takes external tokens a KV connector loads
+    /// in the step itself (vLLM's `has_sync_kv_loads`, §4.19).
+    pub has_sync_kv_loads: bool,
     /// Identifies the scheduler and step, so an output is applied once,
     /// to the scheduler that made it.
     pub(crate) scheduler_id: u64,

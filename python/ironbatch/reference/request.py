@@ -22,17 +22,20 @@ class RequestStatus(enum.IntEnum):
     """vLLM's statuses, in vLLM's order; every one after PREEMPTED is finished."""
 
     WAITING = 0
+    #: Its KV cache is being loaded by a KV connector; it holds the blocks
+    #: and waits for the load to be reported (docs/scheduling.md §4.19).
+    WAITING_FOR_REMOTE_KVS = 1
     #: A streaming session between turns: it holds its KV cache and waits
     #: for its next input chunk (docs/scheduling.md §4.12).
-    WAITING_FOR_STREAMING_REQ = 1
-    RUNNING = 2
-    PREEMPTED = 3
-    FINISHED_STOPPED = 4
-    FINISHED_LENGTH_CAPPED = 5
-    FINISHED_ABORTED = 6
-    FINISHED_IGNORED = 7
-    FINISHED_ERROR = 8
-    FINISHED_REPETITION = 9
+    WAITING_FOR_STREAMING_REQ = 2
+    RUNNING = 3
+    PREEMPTED = 4
+    FINISHED_STOPPED = 5
+    FINISHED_LENGTH_CAPPED = 6
+    FINISHED_ABORTED = 7
+    FINISHED_IGNORED = 8
+    FINISHED_ERROR = 9
+    FINISHED_REPETITION = 10
 
     @property
     def is_finished(self) -> bool:
@@ -181,6 +184,13 @@ class Request:
     #: Skipped by a waiting pass and not admitted since (vLLM's
     #: ``deferred_waiting``; only counted in the stats).
     deferred: bool = False
+    #: A KV connector reported its load (WAITING_FOR_REMOTE_KVS only): the
+    #: next waiting pass that reaches it settles the load (§4.19).
+    kv_loaded: bool = False
+    #: Admitted with prompt left to compute, or loading (vLLM's
+    #: ``_inflight_prefills``): an async load keeps room for what it still
+    #: needs (§4.19).
+    inflight_prefill: bool = False
     #: Admitted without prefix-cache hits, and not counted in the
     #: prefix-cache stats.
     skip_reading_prefix_cache: bool = False
@@ -254,15 +264,20 @@ class Request:
     def holds_kv(self) -> bool:
         """Whether it holds KV blocks while waiting (a streaming session
         between turns): such requests wait apart and are admitted first."""
-        return self.seq.num_computed_tokens > 0
+        # A load that failed whole leaves 0 computed tokens, blocks still
+        # held until the load is settled (§4.19).
+        return (
+            self.seq.num_computed_tokens > 0 or self.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        )
 
     @property
     def is_blocked(self) -> bool:
-        """Whether a waiting pass skips it: a session waiting for input, or a
-        grammar not ready (vLLM's blocked statuses)."""
-        return self.status == RequestStatus.WAITING_FOR_STREAMING_REQ or (
-            self.grammar is not None and self.grammar.holds
-        )
+        """Whether a waiting pass skips it: a session waiting for input, a
+        load on its way, or a grammar not ready (vLLM's blocked statuses)."""
+        return self.status in (
+            RequestStatus.WAITING_FOR_STREAMING_REQ,
+            RequestStatus.WAITING_FOR_REMOTE_KVS,
+        ) or (self.grammar is not None and self.grammar.holds)
 
     @property
     def is_prefill_chunk(self) -> bool:

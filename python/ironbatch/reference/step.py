@@ -135,6 +135,9 @@ class StepOutput:
     #: ``max_tokens`` with the token it samples (vLLM's V2 runner then skips
     #: drafting: ``skip_drafts``).
     drafts_needed: bool = False
+    #: An admission this step takes external tokens a KV connector loads in
+    #: the step itself (vLLM's ``has_sync_kv_loads``, §4.19).
+    has_sync_kv_loads: bool = False
     #: Requests this step's waiting pass released, their grammar compiled,
     #: in the order reached (admitted or not).
     grammar_released: list[int] = field(default_factory=list)

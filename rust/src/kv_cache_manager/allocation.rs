@@ -21,6 +21,15 @@ pub struct Admission {
     /// Encoder tokens whose cross-attention slots the step needs: those of
     /// the encoder inputs it runs (an encoder-decoder's admission), else 0.
     pub encoder_tokens: usize,
+    /// Tokens past the hits a KV connector supplies (§4.19): counted as
+    /// computed, in fresh blocks.
+    pub external_tokens: usize,
+    /// Blocks kept free for others on top of the watermark: what in-flight
+    /// prefills still need, when an async load is admitted (§4.19).
+    pub reserved_blocks: usize,
+    /// The external tokens arrive later: no lookahead slots yet, and
+    /// nothing hash-cached until the load is reported.
+    pub load_async: bool,
 }
 
 impl KvCacheManager {
@@ -122,8 +131,7 @@ impl KvCacheManager {
             hits,
             Admission {
                 full_sequence_must_fit,
-                watermark: 0,
-                encoder_tokens: 0,
+                ..Admission::default()
             },
             0,
         ))
@@ -153,7 +161,12 @@ impl KvCacheManager {
             watermark,
             ..
         } = admission;
-        if self.single_full && hits.is_empty() && !full_sequence_must_fit && watermark == 0 {
+        if self.single_full
+            && hits.is_empty()
+            && !full_sequence_must_fit
+            && watermark == 0
+            && admission.external_tokens == 0
+        {
             // Fast path (most decode steps), inlined into the running pass:
             // the table already covers the new tokens, so nothing can be
             // refused or allocated.
@@ -206,10 +219,14 @@ impl KvCacheManager {
             full_sequence_must_fit,
             watermark,
             encoder_tokens,
+            external_tokens,
+            reserved_blocks,
+            load_async,
         } = admission;
         let computed = seq
             .num_computed_tokens
             .saturating_add(num_new_computed_tokens)
+            .saturating_add(external_tokens)
             .min(self.max_model_len);
         if full_sequence_must_fit {
             let full = seq.num_tokens().min(self.max_model_len);
@@ -221,9 +238,10 @@ impl KvCacheManager {
         // Saturating: a caller's count may be anything up to usize::MAX.
         // The lookahead slots come on top; the admission gate above ignores
         // them, as vLLM's does.
+        let lookahead = if load_async { 0 } else { self.lookahead };
         let slots = computed
             .saturating_add(num_new_tokens)
-            .saturating_add(self.lookahead)
+            .saturating_add(lookahead)
             .min(self.max_model_len);
         if !self.single_full {
             // What the step computed for sure (not what is still in flight)
@@ -233,9 +251,8 @@ impl KvCacheManager {
                 self.remove_skipped_blocks(g, table, processed);
             }
         }
-        if self.blocks_needed_all(tables, slots, encoder_tokens, hits, false) + watermark
-            > self.pool.num_free_blocks()
-        {
+        let needed = self.blocks_needed_all(tables, slots, encoder_tokens, hits, false);
+        if needed + watermark + reserved_blocks > self.pool.num_free_blocks() {
             return None;
         }
         // Enough is free: from here on nothing can fail.
@@ -257,7 +274,8 @@ impl KvCacheManager {
             self.pool.take_free_blocks(grow, &mut table.blocks);
             table.sync_last();
         }
-        if self.enable_caching {
+        // A load still on its way is cached once it is reported.
+        if self.enable_caching && !load_async {
             let upto = computed
                 .saturating_add(num_new_tokens)
                 .min(seq.num_tokens());

@@ -10,7 +10,8 @@ use crate::sequence::Sequence;
 
 impl KvCacheManager {
     /// Hash-cache every group's full blocks up to token `upto`, when prefix
-    /// caching is on; the async update caches the blocks its tokens filled.
+    /// caching is on; the async update caches the blocks its tokens filled,
+    /// a KV connector's load those it wrote, once reported (§4.19).
     pub fn cache_full_blocks(&mut self, tables: &mut [BlockTable], seq: &Sequence, upto: usize) {
         if self.enable_caching {
             for (g, table) in tables.iter_mut().enumerate() {

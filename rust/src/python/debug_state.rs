@@ -44,12 +44,22 @@ pub(super) fn debug_state<'py>(py: Python<'py>, c: &Scheduler) -> PyResult<Bound
         row.set_item("grammar", r.grammar.map(|g| g.name()))?;
         row.set_item("prefill_chunk", r.prefill_chunk)?;
         row.set_item("next_decode_step", r.next_decode_step)?;
+        row.set_item("kv_loaded", r.kv_loaded)?;
+        row.set_item("inflight_prefill", r.inflight_prefill)?;
         let mut drafts = Vec::new();
         r.drafts.write_to(&mut drafts);
         row.set_item("drafts", drafts)?;
         requests.set_item(&r.request_id, row)?;
     }
     d.set_item("requests", requests)?;
+    // Finished requests holding blocks for a KV connector: their tables.
+    let held = PyDict::new(py);
+    for slot in c.kv_held() {
+        let r = c.request(slot).expect("a held request is live");
+        let tables: Vec<Vec<u32>> = r.tables.iter().map(|t| t.block_ids().to_vec()).collect();
+        held.set_item(&r.request_id, tables)?;
+    }
+    d.set_item("kv_held", held)?;
     let pool = c.kv().pool();
     d.set_item("free_block_ids", pool.free_block_ids().collect::<Vec<_>>())?;
     d.set_item(

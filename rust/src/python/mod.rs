@@ -7,6 +7,7 @@ mod block_pool;
 mod debug_state;
 mod errors;
 mod kv_cache_manager;
+mod kv_connector;
 mod kv_events;
 mod prefix_cache_stats;
 mod request_extras;

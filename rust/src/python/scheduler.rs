@@ -8,6 +8,7 @@
 
 use super::args::{count, draft_list, u32_list};
 use super::debug_state::debug_state;
+use super::kv_connector::PyKvConnector;
 use super::kv_events::PyKvEvent;
 use super::request_extras::{lora_adapter, mm_inputs};
 use super::step::{PySchedulerStats, PyStep, PyStepUpdate};
@@ -506,6 +507,28 @@ impl PyScheduler {
     #[pyo3(signature = (*, reset_running_requests))]
     fn reset_prefix_cache(&mut self, reset_running_requests: bool) -> bool {
         self.core.reset_prefix_cache(reset_running_requests)
+    }
+
+    /// Attach a KV connector's scheduler side (docs/scheduling.md §4.19),
+    /// before any request.
+    #[pyo3(signature = (*, connector))]
+    fn set_kv_connector(&mut self, connector: Py<PyAny>) -> PyResult<()> {
+        let connector = Box::new(PyKvConnector { obj: connector });
+        Ok(self.core.set_kv_connector(connector)?)
+    }
+
+    /// The worker's report of finished KV transfers: loads
+    /// (`finished_recving`), then sends (`finished_sending`). Refused with
+    /// nothing changed for an id in no such state.
+    #[pyo3(signature = (*, finished_recving, finished_sending))]
+    fn apply_kv_transfers(
+        &mut self,
+        finished_recving: Vec<String>,
+        finished_sending: Vec<String>,
+    ) -> PyResult<()> {
+        Ok(self
+            .core
+            .apply_kv_transfers(&finished_recving, &finished_sending)?)
     }
 
     /// Forget every encoder output (after a weight update).

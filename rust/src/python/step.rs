@@ -98,6 +98,12 @@ impl PyStep {
         self.step.drafts_needed
     }
 
+    /// An admission takes external tokens a KV connector loads in the step.
+    #[getter]
+    fn has_sync_kv_loads(&self) -> bool {
+        self.step.has_sync_kv_loads
+    }
+
     /// Async: a structured-output request sampling this step still has its
     /// previous token in flight.
     #[getter]

@@ -16,6 +16,7 @@
 
 mod drafts;
 mod encoder_inputs;
+mod kv_transfer;
 mod pooler_output;
 mod preemption;
 mod read_ahead;
@@ -29,6 +30,8 @@ mod waiting_pass;
 mod encoder_decoder_tests;
 #[cfg(test)]
 mod encoder_tests;
+#[cfg(test)]
+mod kv_connector_tests;
 #[cfg(test)]
 mod lora_tests;
 #[cfg(test)]
@@ -47,6 +50,7 @@ use crate::encoder_cache::EncoderCache;
 use crate::encoder_decoder_cache::EncoderDecoderCache;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
+use crate::kv_connector::KvConnector;
 use crate::kv_events::KvEvent;
 use crate::multimodal::MultimodalInput;
 use crate::multimodal::{check_inputs, InputPlacement};
@@ -130,6 +134,8 @@ struct StepDraft {
     /// Requests whose encoder inputs disagree with the cache (the caller
     /// ends them).
     encoder_mismatch: Vec<Slot>,
+    /// An admission took external tokens loaded in this step (§4.19).
+    sync_kv_loads: bool,
 }
 
 /// vLLM 0.33's V1 scheduler.
@@ -170,6 +176,8 @@ pub struct Scheduler {
     cadence: PrefillCadence,
     /// Which encoder outputs the model runner holds.
     encoder: EncoderStore,
+    /// The scheduler's side of a KV connector, if any (§4.19).
+    connector: Option<Box<dyn KvConnector>>,
 }
 
 /// The encoder's outputs as the scheduler tracks them: a cache shared by
@@ -241,6 +249,7 @@ impl Scheduler {
             current_step: 0,
             cadence,
             encoder,
+            connector: None,
         })
     }
 
@@ -328,7 +337,10 @@ impl Scheduler {
     /// Whether the request a step entry scheduled is still live (not
     /// finished, its slot not reused).
     pub fn is_live(&self, entry: &StepEntry) -> bool {
+        // A finished request whose blocks a KV connector holds stays in
+        // its slot, and its rows are skipped as vLLM skips them (§4.19).
         self.requests.holds(entry.slot, entry.generation)
+            && !self.requests[entry.slot].status.is_finished()
     }
 
     /// The slot of the live request `request_id`.
@@ -393,6 +405,10 @@ impl Scheduler {
     /// MAX_TOKENS]`, `min_tokens > max_tokens`, a NaN arrival time.
     pub fn add_request(&mut self, mut new: NewRequest) -> Result<Slot, Error> {
         if let Some(&slot) = self.ids.get(&new.request_id) {
+            if self.requests[slot].status.is_finished() {
+                // Finished, its blocks held for a KV connector's send.
+                return Err(Error::DuplicateRequest(new.request_id));
+            }
             return self.add_session_chunk(slot, new).map(|()| slot);
         }
         self.check_new_request(&new)?;
@@ -525,7 +541,9 @@ impl Scheduler {
         let mut found: Vec<Slot> = Vec::new();
         for id in request_ids {
             if let Some(&slot) = self.ids.get(id.as_ref()) {
-                if !found.contains(&slot) {
+                // A finished request held for a send is finished already.
+                let finished = self.requests[slot].status.is_finished();
+                if !finished && !found.contains(&slot) {
                     found.push(slot);
                 }
             }
@@ -544,8 +562,12 @@ impl Scheduler {
         }
         self.unqueue_waiting(&waiting);
         for &slot in &found {
-            self.requests[slot].status = status;
-            self.free_request(slot);
+            let r = &mut self.requests[slot];
+            // A load still on its way may write the blocks: they stay
+            // until the worker reports it (§4.19).
+            let loading = r.status == RequestStatus::WaitingForRemoteKvs && !r.kv_loaded;
+            r.status = status;
+            self.free_request(slot, loading);
         }
         found
     }
@@ -561,13 +583,34 @@ impl Scheduler {
     }
 
     /// Free a finished request's blocks and slot; the next step reports it.
-    fn free_request(&mut self, slot: Slot) {
+    /// Its blocks stay (and so does its slot, finished) while `loading`, or
+    /// when the KV connector holds them for a send (§4.19).
+    fn free_request(&mut self, slot: Slot, loading: bool) {
         self.release_all_encoded(slot);
+        if self.connector.is_none() {
+            let mut r = self.requests.remove(slot);
+            self.num_deferred -= r.deferred as usize;
+            self.kv.free(&mut r.tables);
+            self.ids.remove(&r.request_id);
+            self.finished_ids.push(r.request_id);
+            return;
+        }
+        let held = self.connector_finished(slot) || loading;
+        let r = &mut self.requests[slot];
+        self.num_deferred -= std::mem::take(&mut r.deferred) as usize;
+        r.inflight_prefill = false;
+        r.kv_loaded = false;
+        self.finished_ids.push(r.request_id.clone());
+        if !held {
+            self.release_request(slot);
+        }
+    }
+
+    /// Return a finished request's blocks and slot.
+    fn release_request(&mut self, slot: Slot) {
         let mut r = self.requests.remove(slot);
-        self.num_deferred -= r.deferred as usize;
         self.kv.free(&mut r.tables);
         self.ids.remove(&r.request_id);
-        self.finished_ids.push(r.request_id);
     }
 
     /// One scheduling decision (docs/scheduling.md §4).
@@ -603,6 +646,7 @@ impl Scheduler {
             encoder_budget: c.encoder.as_ref().map_or(0, |e| e.compute_budget),
             encoder_inputs: Vec::new(),
             encoder_mismatch: Vec::new(),
+            sync_kv_loads: false,
         };
         self.schedule_running(&mut draft);
         draft.running_scheduled = !draft.entries.is_empty();
@@ -625,6 +669,7 @@ impl Scheduler {
         out.drafts_needed = draft.drafts_needed;
         out.grammar_released = draft.grammar_released;
         out.grammar_failed = draft.grammar_failed;
+        out.has_sync_kv_loads = draft.sync_kv_loads;
         out
     }
 

@@ -27,7 +27,7 @@ impl Scheduler {
         let mut out = UpdateOutput::default();
         let mut ended = Ended::default();
         for (i, e) in step.entries.iter().enumerate() {
-            if !self.requests.holds(e.slot, e.generation) {
+            if !self.is_live(e) {
                 continue; // finished (and maybe its slot reused) meanwhile
             }
             if let Some(status_before) = self.apply_pooled(i, e, pooled[i], &mut out) {

@@ -60,6 +60,7 @@ impl Scheduler {
         r.status = RequestStatus::Preempted;
         r.seq.num_computed_tokens = 0;
         r.num_preemptions += 1;
+        r.inflight_prefill = false;
         // A dropped share not yet drained stays dropped through this one.
         r.drop_stale = drop_stale || (r.drop_stale && r.stale_tokens > 0);
         r.stale_tokens = r.in_flight_tokens;

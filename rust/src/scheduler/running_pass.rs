@@ -11,6 +11,17 @@ use crate::slab::Slot;
 use crate::spec_decode::Drafts;
 use crate::step::{Kind, StepEntry};
 
+/// What a running request's allocation came to.
+enum Grant {
+    /// Its table grew by this many blocks.
+    Grown(usize),
+    /// It was the victim itself.
+    PreemptedItself,
+    /// Too few blocks, and the KV connector is about to free some: the
+    /// pass ends without preempting.
+    AwaitingFrees,
+}
+
 impl Scheduler {
     /// Schedule the running requests into `draft`.
     pub(super) fn schedule_running(&mut self, draft: &mut StepDraft) {
@@ -47,7 +58,7 @@ impl Scheduler {
                 continue;
             }
             match self.allocate_or_preempt(slot, n, &mut i, draft) {
-                Some(grown) => {
+                Grant::Grown(grown) => {
                     self.commit_encoder_plan(slot, plan, draft);
                     draft.carried_prefill |= self.requests[slot].prefill_chunk;
                     draft.running_prefill |= self.requests[slot].prefill_chunk;
@@ -63,8 +74,8 @@ impl Scheduler {
                 }
                 // It preempted itself. Under priority, running[i] is now the
                 // next request and the pass goes on (Q10); FCFS ends it.
-                None if self.config.policy == Policy::Priority => continue,
-                None => break,
+                Grant::PreemptedItself if self.config.policy == Policy::Priority => continue,
+                Grant::PreemptedItself | Grant::AwaitingFrees => break,
             }
         }
     }
@@ -117,15 +128,14 @@ impl Scheduler {
     /// Blocks for `n` more tokens of the running request in `slot`
     /// (`running[*cursor]`). While too few are free, a victim is preempted;
     /// the cursor and the budget follow what that removes. Returns how many
-    /// blocks the table grew by, or `None` once the request preempted
-    /// itself.
+    /// blocks the table grew by, or why it got none.
     fn allocate_or_preempt(
         &mut self,
         slot: Slot,
         n: usize,
         cursor: &mut usize,
         draft: &mut StepDraft,
-    ) -> Option<usize> {
+    ) -> Grant {
         loop {
             let r = &mut self.requests[slot];
             // Where newly cached blocks start, for a KV-cache event.
@@ -141,13 +151,18 @@ impl Scheduler {
                     .allocate(&mut r.tables, &r.seq, n, 0, &[], admission, in_flight)
             {
                 self.log_stored(slot, first);
-                return Some(grown);
+                return Grant::Grown(grown);
+            }
+            // A KV connector is about to free blocks: wait for them rather
+            // than preempt (§4.19).
+            if self.connector_frees_pending() {
+                return Grant::AwaitingFrees;
             }
             let victim = self.take_victim(slot, cursor, draft);
             self.preempt(victim, false);
             draft.preempted_any = true;
             if victim == slot {
-                return None;
+                return Grant::PreemptedItself;
             }
         }
     }

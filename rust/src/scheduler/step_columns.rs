@@ -56,6 +56,8 @@ impl Scheduler {
             r.in_flight_tokens += e.num_tokens;
             r.prefill_chunk = r.is_prefill_chunk();
             if !r.prefill_chunk {
+                // Its prefill is done: an async load reserves nothing for it.
+                r.inflight_prefill = false;
                 let structured = r.grammar.is_some();
                 out.has_structured_output_requests |= structured;
                 if self.config.async_scheduling {

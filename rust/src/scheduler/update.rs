@@ -62,7 +62,7 @@ impl Scheduler {
         out.tokens.reserve(tokens.len());
         let mut ended = Ended::default();
         for (i, e) in step.entries.iter().enumerate() {
-            if !self.requests.holds(e.slot, e.generation) {
+            if !self.is_live(e) {
                 continue; // finished (and maybe its slot reused) meanwhile
             }
             let sampled = &tokens[offsets[i]..offsets[i + 1]];
@@ -105,7 +105,7 @@ impl Scheduler {
             // A streaming session: it waits for (or took) its next chunk.
             ended.continuing.push(slot);
         } else {
-            self.free_request(slot);
+            self.free_request(slot, false);
         }
     }
 

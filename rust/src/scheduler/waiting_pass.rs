@@ -3,10 +3,12 @@
 //! cache allow, each with its longest cached prefix. Requests that hold KV
 //! blocks (streaming sessions between turns, §4.12) are admitted first.
 
+use super::kv_transfer::Answer;
 use super::{EncoderStore, Scheduler, StepDraft};
 use crate::block::BlockId;
 use crate::grammar::Reached;
 use crate::kv_cache_manager::Admission;
+use crate::kv_connector::ExternalHit;
 use crate::kv_events::KvEvent;
 use crate::lora::LoraBatch;
 use crate::prefix_hit::PrefixHit;
@@ -21,7 +23,8 @@ enum Admit {
     Admitted,
     /// It cannot be admitted now; the pass ends with it at the head.
     Blocked,
-    /// Nothing of it fits this step; the pass goes on without it.
+    /// Nothing of it fits this step, or it waits for its KV cache to be
+    /// loaded (§4.19); the pass goes on without it.
     Skipped,
 }
 
@@ -69,6 +72,15 @@ impl Scheduler {
                 self.skip(slot, from_kv, &mut skipped);
                 continue;
             }
+            // Its KV cache is being loaded: skipped until the load is
+            // reported, then settled and admitted like any holder (§4.19).
+            if self.requests[slot].status == RequestStatus::WaitingForRemoteKvs {
+                if !self.requests[slot].kv_loaded {
+                    self.skip(slot, from_kv, &mut skipped);
+                    continue;
+                }
+                self.settle_load(slot);
+            }
             // Held for its grammar (§4.10); the compile result counts now.
             if let Some(grammar) = self.requests[slot].grammar.as_mut() {
                 match grammar.reach() {
@@ -104,7 +116,8 @@ impl Scheduler {
                 Admit::Admitted => {}
                 Admit::Blocked => break, // it stays at the head
                 Admit::Skipped => {
-                    // Its encoder input does not fit this step (§4.15).
+                    // Its encoder input does not fit this step (§4.15), or
+                    // its KV cache is to be loaded first (§4.19).
                     self.skip(slot, from_kv, &mut skipped);
                     continue;
                 }
@@ -218,6 +231,23 @@ impl Scheduler {
                 num_blocks,
             });
         }
+        // A KV connector's tokens past the local hit (§4.19).
+        let external = if lookup {
+            match self.ask_connector(slot, hit_tokens) {
+                Answer::NoConnector => ExternalHit::NONE,
+                Answer::Later => return Admit::Skipped,
+                Answer::Hit(external) => external,
+            }
+        } else {
+            ExternalHit::NONE
+        };
+        if external.load_async {
+            return self.admit_loading(slot, hit_tokens, external.num_tokens, watermark);
+        }
+        let local_tokens = hit_tokens;
+        let hit_tokens = hit_tokens + external.num_tokens;
+        let c = &self.config;
+        let r = &mut self.requests[slot];
         // A held step admits only requests with nothing left but their last
         // token (full hits): the pass ends at the first with prompt to compute.
         let prompt_left = hit_tokens + 1 < r.num_tokens();
@@ -261,7 +291,7 @@ impl Scheduler {
         let r = &mut self.requests[slot];
         // A session's computed tokens are in its table already.
         let (new_hit_tokens, first) = if lookup {
-            (hit_tokens, num_hit_blocks)
+            (local_tokens, num_hit_blocks)
         } else {
             (0, r.num_cached_blocks())
         };
@@ -274,6 +304,8 @@ impl Scheduler {
                 EncoderStore::EncoderDecoder(_) => plan.num_embeds,
                 EncoderStore::Shared(_) => 0,
             },
+            external_tokens: external.num_tokens,
+            ..Admission::default()
         };
         let Some(grown) = self.kv.allocate(
             &mut r.tables,
@@ -292,9 +324,12 @@ impl Scheduler {
         // request that does not read the cache.
         if lookup && !r.skip_reading_prefix_cache {
             self.kv
-                .record_prefix_cache_stats(r.num_tokens(), hit_tokens, r.num_preemptions > 0);
+                .record_prefix_cache_stats(r.num_tokens(), local_tokens, r.num_preemptions > 0);
         }
         draft.carried_prefill |= prompt_left;
+        draft.sync_kv_loads |= external.num_tokens > 0;
+        // Still prefilling after this chunk: an async load keeps room for it.
+        r.inflight_prefill = hit_tokens + n < r.num_tokens();
         let kind = match r.status {
             RequestStatus::Waiting => Kind::New,
             _ => Kind::Resumed,
@@ -306,6 +341,7 @@ impl Scheduler {
         self.log_stored(slot, first);
         self.pop_waiting(from_kv);
         self.running.push(slot);
+        self.notify_after_alloc(slot, external.num_tokens);
         let mut entry = self.entry(slot, n, kind, hit_tokens, grown);
         if padded {
             entry.drafts = Drafts::Placeholders(n - 1);
@@ -316,5 +352,53 @@ impl Scheduler {
         draft.drafts_needed |= !self.drafts_unused(slot, hit_tokens, n);
         self.commit_encoder_plan(slot, plan, draft);
         Admit::Admitted
+    }
+
+    /// Admit a request whose external tokens arrive over later steps
+    /// (§4.19): blocks for its `hit_tokens` hit and its `external` tokens,
+    /// kept clear of what in-flight prefills still need, none of its tokens
+    /// scheduled. It waits, loading, among the block holders (the caller
+    /// skips it back there).
+    fn admit_loading(
+        &mut self,
+        slot: Slot,
+        hit_tokens: usize,
+        external: usize,
+        watermark: usize,
+    ) -> Admit {
+        let reserved = self.reserved_for_inflight_prefills();
+        let admission = Admission {
+            full_sequence_must_fit: self.config.scheduler_reserve_full_isl,
+            watermark,
+            external_tokens: external,
+            reserved_blocks: reserved,
+            load_async: true,
+            ..Admission::default()
+        };
+        let r = &mut self.requests[slot];
+        let hits: &[Vec<BlockId>] = if hit_tokens > 0 { &self.hits } else { &[] };
+        let in_flight = r.in_flight_tokens;
+        let allocated = self.kv.allocate(
+            &mut r.tables,
+            &r.seq,
+            0,
+            hit_tokens,
+            hits,
+            admission,
+            in_flight,
+        );
+        if allocated.is_none() {
+            return Admit::Blocked;
+        }
+        self.notify_after_alloc(slot, external);
+        let r = &mut self.requests[slot];
+        if !r.skip_reading_prefix_cache {
+            self.kv
+                .record_prefix_cache_stats(r.num_tokens(), hit_tokens, r.num_preemptions > 0);
+        }
+        r.status = RequestStatus::WaitingForRemoteKvs;
+        r.seq.num_computed_tokens = hit_tokens + external;
+        r.inflight_prefill = true;
+        Admit::Skipped
     }
 }

@@ -215,7 +215,8 @@ class KvCacheManager:
     def cache_full_blocks(self, tables: list[BlockTable], seq: Sequence, upto: int) -> None:
         """Hash-cache every group's full blocks up to token ``upto``, when
         prefix caching is on; the async update caches the blocks its tokens
-        filled."""
+        filled, a KV connector's load those it wrote, once reported
+        (§4.19)."""
         caching.cache_full_blocks(self, tables, seq, upto)
 
     def num_cached_tokens(self, tables: list[BlockTable]) -> int:

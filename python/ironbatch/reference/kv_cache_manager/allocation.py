@@ -30,6 +30,15 @@ class Admission:
     #: Encoder tokens whose cross-attention slots the step needs: those of
     #: the encoder inputs it runs (an encoder-decoder's admission), else 0.
     encoder_tokens: int = 0
+    #: Tokens past the hits a KV connector supplies (§4.19): counted as
+    #: computed, in fresh blocks.
+    external_tokens: int = 0
+    #: Blocks kept free for others on top of the watermark: what in-flight
+    #: prefills still need, when an async load is admitted (§4.19).
+    reserved_blocks: int = 0
+    #: The external tokens arrive later: no lookahead slots yet, and nothing
+    #: hash-cached until the load is reported.
+    load_async: bool = False
 
 
 def blocks_needed(
@@ -118,7 +127,13 @@ def allocate(
     and hash caching."""
     bs, max_len = m._block_size, m._max_model_len
     full_sequence_must_fit, watermark = admission.full_sequence_must_fit, admission.watermark
-    if m._single_full and not hits and not full_sequence_must_fit and watermark == 0:
+    if (
+        m._single_full
+        and not hits
+        and not full_sequence_must_fit
+        and watermark == 0
+        and admission.external_tokens == 0
+    ):
         # Fast path (most decode steps): the table already covers the new
         # tokens, so nothing can be refused or allocated.
         table = tables[0]
@@ -128,7 +143,9 @@ def allocate(
                 upto = min(computed + num_new_tokens, seq.num_tokens)
                 cache_blocks(m, 0, table, seq, upto)
             return 0
-    computed = min(seq.num_computed_tokens + num_new_computed_tokens, max_len)
+    computed = min(
+        seq.num_computed_tokens + num_new_computed_tokens + admission.external_tokens, max_len
+    )
     if full_sequence_must_fit:
         full = min(seq.num_tokens, max_len)
         need = blocks_needed_all(m, tables, full, admission.encoder_tokens, hits, True)
@@ -136,7 +153,8 @@ def allocate(
             return None
     # The lookahead slots come on top; the admission gate above ignores
     # them, as vLLM's does.
-    slots = min(computed + num_new_tokens + m._lookahead, max_len)
+    lookahead = 0 if admission.load_async else m._lookahead
+    slots = min(computed + num_new_tokens + lookahead, max_len)
     if not m._single_full:
         # What the steps computed for sure (not what is still in flight)
         # is all a window can have left behind.
@@ -145,7 +163,7 @@ def allocate(
             remove_skipped_blocks(m, g, table, processed)
     encoder_tokens = admission.encoder_tokens
     needed = blocks_needed_all(m, tables, slots, encoder_tokens, hits, False)
-    if needed + watermark > m._pool.num_free_blocks:
+    if needed + watermark + admission.reserved_blocks > m._pool.num_free_blocks:
         return None
     # Enough is free: from here on nothing can fail.
     if hits:
@@ -160,7 +178,8 @@ def allocate(
             assert k == 0 or grow == k
             k = grow
         table.blocks.extend(m._pool.take_free_blocks(grow))
-    if m._enable_caching:
+    # A load still on its way is cached once it is reported.
+    if m._enable_caching and not admission.load_async:
         upto = min(computed + num_new_tokens, seq.num_tokens)
         for g, table in enumerate(tables):
             cache_blocks(m, g, table, seq, upto)

@@ -31,6 +31,7 @@ from ironbatch.reference.encoder_cache import EncoderCache
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
 from ironbatch.reference.error import debug_str, duplicate_request
 from ironbatch.reference.kv_cache_manager import KvCacheManager
+from ironbatch.reference.kv_connector import SafeConnector
 from ironbatch.reference.kv_events import KvEvent, Stored
 from ironbatch.reference.multimodal import ENCODER, InPrompt, InputPlacement, check_inputs
 from ironbatch.reference.prefill_cadence import PrefillCadence
@@ -46,6 +47,7 @@ from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import (
     drafts,
     encoder_inputs,
+    kv_transfer,
     pooler_output,
     preemption,
     running_pass,
@@ -148,6 +150,8 @@ class StepDraft:
     #: Requests whose encoder inputs disagree with the cache (the caller
     #: ends them).
     encoder_mismatch: list[int] = field(default_factory=list)
+    #: An admission took external tokens loaded in this step (§4.19).
+    sync_kv_loads: bool = False
 
 
 class Scheduler:
@@ -200,6 +204,8 @@ class Scheduler:
         self.cadence = PrefillCadence(c.prefill_schedule_interval)
         #: Which encoder outputs the model runner holds.
         self.encoder: EncoderStore = new_encoder_store(c)
+        #: The scheduler's side of a KV connector, if any (§4.19).
+        self.connector: SafeConnector | None = None
 
     # -- inspection -----------------------------------------------------------
 
@@ -233,8 +239,13 @@ class Scheduler:
 
     def is_live(self, entry: StepEntry) -> bool:
         """Whether the request a step entry scheduled is still live (not
-        finished, its slot not reused)."""
-        return self.requests.holds(entry.slot, entry.generation)
+        finished, its slot not reused). A finished request whose blocks a KV
+        connector holds stays in its slot; its rows are skipped as vLLM
+        skips them (§4.19)."""
+        return (
+            self.requests.holds(entry.slot, entry.generation)
+            and not self.requests[entry.slot].status.is_finished
+        )
 
     def has_request(self, request_id: str) -> bool:
         """Whether ``request_id`` is a live request."""
@@ -285,6 +296,9 @@ class Scheduler:
         (or in a session, or breaking ``check_inputs``)."""
         slot = self.ids.get(new.request_id)
         if slot is not None:
+            if self.requests[slot].status.is_finished:
+                # Finished, its blocks held for a KV connector's send.
+                raise duplicate_request(new.request_id)
             session.add_session_chunk(self, slot, new)
             return slot
         self.check_new_request(new)
@@ -415,7 +429,10 @@ class Scheduler:
         found: list[int] = []
         for rid in request_ids:
             slot = self.ids.get(rid)
-            if slot is not None and slot not in found:
+            if slot is None or slot in found:
+                continue
+            # A finished request held for a send is finished already.
+            if not self.requests[slot].status.is_finished:
                 found.append(slot)
         # Out of their queues at once, as vLLM removes them (one heapify).
         running = [s for s in found if self.requests[s].status == RequestStatus.RUNNING]
@@ -427,8 +444,12 @@ class Scheduler:
             self.running[:] = [s for s in self.running if s not in running]
         self.unqueue_waiting(waiting)
         for slot in found:
-            self.requests[slot].status = status
-            self.free_request(slot)
+            r = self.requests[slot]
+            # A load still on its way may write the blocks: they stay until
+            # the worker reports it (§4.19).
+            loading = r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not r.kv_loaded
+            r.status = status
+            self.free_request(slot, loading)
         return found
 
     def unqueue_waiting(self, slots: list[int]) -> None:
@@ -439,14 +460,36 @@ class Scheduler:
             self.waiting_queue.remove_all(gone, self.requests)
             self.kv_holding_queue.remove_all(gone, self.requests)
 
-    def free_request(self, slot: int) -> None:
-        """Free a finished request's blocks and slot; the next step reports it."""
+    def free_request(self, slot: int, loading: bool) -> None:
+        """Free a finished request's blocks and slot; the next step reports
+        it. Its blocks stay (and so does its slot, finished) while
+        ``loading``, or when the KV connector holds them for a send
+        (§4.19)."""
         encoder_inputs.release_all_encoded(self, slot)
-        r = self.requests.remove(slot)
+        held = kv_transfer.connector_finished(self, slot) or loading
+        r = self.requests[slot]
         self.num_deferred -= r.deferred
+        r.deferred = False
+        r.inflight_prefill = False
+        r.kv_loaded = False
+        self.finished_ids.append(r.request_id)
+        if not held:
+            self.release_request(slot)
+
+    def release_request(self, slot: int) -> None:
+        """Return a finished request's blocks and slot."""
+        r = self.requests.remove(slot)
         self.kv.free(r.tables)
         del self.ids[r.request_id]
-        self.finished_ids.append(r.request_id)
+
+    def set_kv_connector(self, connector: Any) -> None:
+        """Attach a KV connector's scheduler side (docs/scheduling.md §4.19),
+        before any request."""
+        kv_transfer.set_kv_connector(self, connector)
+
+    def apply_kv_transfers(self, finished_recving: list[str], finished_sending: list[str]) -> None:
+        """The worker's report of finished KV transfers (§4.19)."""
+        kv_transfer.apply_kv_transfers(self, finished_recving, finished_sending)
 
     # -- the step -------------------------------------------------------------
 
@@ -489,6 +532,7 @@ class Scheduler:
         out.drafts_needed = draft.drafts_needed
         out.grammar_released = draft.grammar_released
         out.grammar_failed = draft.grammar_failed
+        out.has_sync_kv_loads = draft.sync_kv_loads
         return out
 
     def long_prefill_threshold(self) -> int:
@@ -581,6 +625,8 @@ class Scheduler:
                 "grammar": None if r.grammar is None else r.grammar.name,
                 "prefill_chunk": r.prefill_chunk,
                 "next_decode_step": r.next_decode_step,
+                "kv_loaded": r.kv_loaded,
+                "inflight_prefill": r.inflight_prefill,
                 "drafts": drafts_column(r.drafts),
             }
         pool = self.kv.pool
@@ -590,6 +636,12 @@ class Scheduler:
             "kv_holding": [name[s] for s in self.kv_holding()],
             "num_waiting_for_input": self.num_waiting_for_input,
             "requests": requests,
+            # Finished requests holding blocks for a KV connector: their tables.
+            "kv_held": {
+                self.requests[slot].request_id: [t.block_ids() for t in self.requests[slot].tables]
+                for slot in self.ids.values()
+                if self.requests[slot].status.is_finished
+            },
             "free_block_ids": pool.free_block_ids(),
             "block_ref_cnts": pool.block_ref_cnts(),
             "cached_blocks": sorted(ids for _, ids in pool.cached_blocks()),

@@ -34,7 +34,7 @@ def update_from_pooler_output(s: Scheduler, step: StepOutput, pooled: list[bool]
     out = UpdateOutput()
     ended = Ended()
     for i, e in enumerate(step.entries):
-        if not s.requests.holds(e.slot, e.generation):
+        if not s.is_live(e):
             continue  # finished (and maybe its slot reused) meanwhile
         status_before = apply_pooled(s, i, e, pooled[i], out)
         if status_before is not None:

@@ -60,6 +60,7 @@ def preempt(s: Scheduler, slot: int, drop_stale: bool) -> None:
     r.status = RequestStatus.PREEMPTED
     r.seq.num_computed_tokens = 0
     r.num_preemptions += 1
+    r.inflight_prefill = False
     # A dropped share not yet drained stays dropped through this one.
     r.drop_stale = drop_stale or (r.drop_stale and r.stale_tokens > 0)
     r.stale_tokens = r.in_flight_tokens

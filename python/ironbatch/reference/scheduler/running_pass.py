@@ -5,11 +5,13 @@ itself."""
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.kv_cache_manager import Admission
 from ironbatch.reference.scheduler.drafts import drafts_unused
 from ironbatch.reference.scheduler.encoder_inputs import commit_encoder_plan, plan_encoder_inputs
+from ironbatch.reference.scheduler.kv_transfer import connector_frees_pending
 from ironbatch.reference.scheduler.preemption import preempt, take_victim
 from ironbatch.reference.scheduler_config import Policy
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
@@ -17,6 +19,16 @@ from ironbatch.reference.step import Kind, StepEntry
 
 if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler, StepDraft
+
+
+class Grant(enum.Enum):
+    """Why a running request's allocation got no blocks."""
+
+    #: It was the victim itself.
+    PREEMPTED_ITSELF = enum.auto()
+    #: Too few blocks, and the KV connector is about to free some: the pass
+    #: ends without preempting.
+    AWAITING_FREES = enum.auto()
 
 
 def schedule_running(s: Scheduler, draft: StepDraft) -> None:
@@ -47,7 +59,7 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
             i += 1
             continue
         grown, i = allocate_or_preempt(s, slot, n, i, draft)
-        if grown is not None:
+        if not isinstance(grown, Grant):
             commit_encoder_plan(s, slot, plan, draft)
             draft.carried_prefill |= s.requests[slot].prefill_chunk
             draft.running_prefill |= s.requests[slot].prefill_chunk
@@ -58,12 +70,12 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
             draft.input_budget -= n + draft_slots
             draft.drafts_needed |= not drafts_unused(s, slot, computed, n)
             i += 1
-        elif s.policy is Policy.PRIORITY:
+        elif grown is Grant.PREEMPTED_ITSELF and s.policy is Policy.PRIORITY:
             # It preempted itself: running[i] is now the next request and
             # the pass goes on (Q10).
             continue
         else:
-            break  # FCFS ends the pass
+            break  # FCFS ends the pass (and so does a wait for freed blocks)
 
 
 def num_running_tokens(s: Scheduler, slot: int, draft: StepDraft) -> int:
@@ -106,12 +118,11 @@ def take_scheduled_drafts(s: Scheduler, slot: int, n: int) -> Drafts:
 
 def allocate_or_preempt(
     s: Scheduler, slot: int, n: int, cursor: int, draft: StepDraft
-) -> tuple[int | None, int]:
+) -> tuple[int | Grant, int]:
     """Blocks for ``n`` more tokens of the running request in ``slot``
     (``running[cursor]``). While too few are free, a victim is preempted;
     the cursor and the budget follow what that removes. Returns how many
-    blocks the table grew by (None once the request preempted itself) and
-    the cursor."""
+    blocks the table grew by (or why it got none) and the cursor."""
     while True:
         r = s.requests[slot]
         first = r.num_cached_blocks()
@@ -119,11 +130,15 @@ def allocate_or_preempt(
         if grown is not None:
             s.log_stored(slot, first)
             return grown, cursor
+        # A KV connector is about to free blocks: wait for them rather than
+        # preempt (§4.19).
+        if connector_frees_pending(s):
+            return Grant.AWAITING_FREES, cursor
         victim, cursor = take_victim(s, slot, cursor, draft)
         preempt(s, victim, False)
         draft.preempted_any = True
         if victim == slot:
-            return None, cursor
+            return Grant.PREEMPTED_ITSELF, cursor
 
 
 def entry(s: Scheduler, slot: int, n: int, kind: Kind, computed: int, grown: int) -> StepEntry:

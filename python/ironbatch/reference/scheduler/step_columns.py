@@ -42,6 +42,8 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
         r.in_flight_tokens += e.num_tokens
         r.prefill_chunk = r.is_prefill_chunk
         if not r.prefill_chunk:
+            # Its prefill is done: an async load reserves nothing for it.
+            r.inflight_prefill = False
             structured = r.grammar is not None
             out.has_structured_output_requests |= structured
             if s.config.async_scheduling:

@@ -55,7 +55,7 @@ def update_from_output_checked(
     out = UpdateOutput()
     ended = Ended()
     for i, e in enumerate(step.entries):
-        if not s.requests.holds(e.slot, e.generation):
+        if not s.is_live(e):
             continue  # finished (and maybe its slot reused) meanwhile
         sampled = tokens[offsets[i] : offsets[i + 1]]
         status_before = apply_output(s, i, e, sampled, accept, out)
@@ -93,7 +93,7 @@ def end_request(
         # A streaming session: it waits for (or took) its next chunk.
         ended.continuing.append(slot)
     else:
-        s.free_request(slot)
+        s.free_request(slot, False)
 
 
 def unqueue_ended(s: Scheduler, ended: Ended) -> None:

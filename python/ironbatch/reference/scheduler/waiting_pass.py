@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
 from ironbatch.reference.kv_cache_manager import Admission
+from ironbatch.reference.kv_connector import NO_HIT
 from ironbatch.reference.kv_events import Hit
 from ironbatch.reference.lora import LoraBatch
 from ironbatch.reference.prefix_hit import PrefixHit
@@ -21,12 +22,20 @@ from ironbatch.reference.scheduler.encoder_inputs import (
     plan_encoder_inputs,
     release_all_encoded,
 )
+from ironbatch.reference.scheduler.kv_transfer import (
+    Ask,
+    ask_connector,
+    notify_after_alloc,
+    reserved_for_inflight_prefills,
+    settle_load,
+)
 from ironbatch.reference.scheduler.running_pass import entry
 from ironbatch.reference.scheduler_config import Runner
 from ironbatch.reference.spec_decode import Drafts
 from ironbatch.reference.step import Kind
 
 if TYPE_CHECKING:
+    from ironbatch.reference.block import Block
     from ironbatch.reference.scheduler import Scheduler, StepDraft
 
 
@@ -36,7 +45,8 @@ class Admit(enum.Enum):
     ADMITTED = enum.auto()
     #: It cannot be admitted now; the pass ends with it at the head.
     BLOCKED = enum.auto()
-    #: Nothing of it fits this step; the pass goes on without it.
+    #: Nothing of it fits this step, or it waits for its KV cache to be
+    #: loaded (§4.19); the pass goes on without it.
     SKIPPED = enum.auto()
 
 
@@ -79,6 +89,13 @@ def schedule_waiting(s: Scheduler, draft: StepDraft, admit_new: bool) -> None:
         if r.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
             skip(s, slot, from_kv, skipped)
             continue
+        # Its KV cache is being loaded: skipped until the load is reported,
+        # then settled and admitted like any holder (§4.19).
+        if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            if not r.kv_loaded:
+                skip(s, slot, from_kv, skipped)
+                continue
+            settle_load(s, slot)
         # Held for its grammar (§4.10); the compile result counts now.
         if r.grammar is not None:
             r.grammar, reached = r.grammar.reach()
@@ -101,7 +118,8 @@ def schedule_waiting(s: Scheduler, draft: StepDraft, admit_new: bool) -> None:
         if admitted is Admit.BLOCKED:
             break  # it stays at the head
         if admitted is Admit.SKIPPED:
-            # Its encoder input does not fit this step (§4.15).
+            # Its encoder input does not fit this step (§4.15), or its KV
+            # cache is to be loaded first (§4.19).
             skip(s, slot, from_kv, skipped)
             continue
         if loras is not None and lora is not None:
@@ -181,6 +199,18 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     num_hit_blocks = hit_tokens // s.kv.block_size
     if r.report_hits and lookup and hit_tokens > 0:
         s.kv.log_event(Hit(slot, num_hit_blocks))
+    # A KV connector's tokens past the local hit (§4.19).
+    external = NO_HIT
+    if lookup:
+        answer = ask_connector(s, slot, hit_tokens)
+        if answer is Ask.LATER:
+            return Admit.SKIPPED
+        if not isinstance(answer, Ask):
+            external = answer
+    if external.load_async:
+        return admit_loading(s, slot, hit.blocks, hit_tokens, external.num_tokens, watermark)
+    local_tokens = hit_tokens
+    hit_tokens += external.num_tokens
     # A held step admits only requests with nothing left but their last token
     # (full hits): the pass ends at the first with prompt to compute.
     prompt_left = hit_tokens + 1 < r.num_tokens
@@ -217,7 +247,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         return Admit.SKIPPED
     n = plan.num_tokens
     # A session's computed tokens are in its table already.
-    new_hit_tokens, first = (hit_tokens, num_hit_blocks) if lookup else (0, r.num_cached_blocks())
+    new_hit_tokens, first = (local_tokens, num_hit_blocks) if lookup else (0, r.num_cached_blocks())
     grown = s.kv.allocate(
         r.tables,
         r.seq,
@@ -229,6 +259,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
             watermark=watermark,
             # Cross-attention slots for the encoder inputs it runs (§4.17).
             encoder_tokens=plan.num_embeds if isinstance(s.encoder, EncoderDecoderCache) else 0,
+            external_tokens=external.num_tokens,
         ),
         r.in_flight_tokens,
     )
@@ -239,8 +270,11 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     # Counted on admission only (Q15), after a lookup, and never for a request
     # that does not read the cache.
     if lookup and not r.skip_reading_prefix_cache:
-        s.kv.record_prefix_cache_stats(r.num_tokens, hit_tokens, r.num_preemptions > 0)
+        s.kv.record_prefix_cache_stats(r.num_tokens, local_tokens, r.num_preemptions > 0)
     draft.carried_prefill |= prompt_left
+    draft.sync_kv_loads |= external.num_tokens > 0
+    # Still prefilling after this chunk: an async load keeps room for it.
+    r.inflight_prefill = hit_tokens + n < r.num_tokens
     kind = Kind.NEW if r.status == RequestStatus.WAITING else Kind.RESUMED
     r.status = RequestStatus.RUNNING
     r.seq.num_computed_tokens = hit_tokens
@@ -249,6 +283,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     s.log_stored(slot, first)
     pop_waiting(s, from_kv)
     s.running.append(slot)
+    notify_after_alloc(s, slot, external.num_tokens)
     e = entry(s, slot, n, kind, hit_tokens, grown)
     if padded:
         e.drafts = Drafts(placeholders=n - 1)
@@ -258,3 +293,32 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     draft.drafts_needed |= not drafts_unused(s, slot, hit_tokens, n)
     commit_encoder_plan(s, slot, plan, draft)
     return Admit.ADMITTED
+
+
+def admit_loading(
+    s: Scheduler, slot: int, hits: list[list[Block]], hit_tokens: int, external: int, watermark: int
+) -> Admit:
+    """Admit a request whose external tokens arrive over later steps
+    (§4.19): blocks for its ``hit_tokens`` hit and its ``external`` tokens,
+    kept clear of what in-flight prefills still need, none of its tokens
+    scheduled. It waits, loading, among the block holders (the caller skips
+    it back there)."""
+    admission = Admission(
+        full_sequence_must_fit=s.config.scheduler_reserve_full_isl,
+        watermark=watermark,
+        external_tokens=external,
+        reserved_blocks=reserved_for_inflight_prefills(s),
+        load_async=True,
+    )
+    r = s.requests[slot]
+    hits = hits if hit_tokens > 0 else []
+    allocated = s.kv.allocate(r.tables, r.seq, 0, hit_tokens, hits, admission, r.in_flight_tokens)
+    if allocated is None:
+        return Admit.BLOCKED
+    notify_after_alloc(s, slot, external)
+    if not r.skip_reading_prefix_cache:
+        s.kv.record_prefix_cache_stats(r.num_tokens, hit_tokens, r.num_preemptions > 0)
+    r.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+    r.seq.num_computed_tokens = hit_tokens + external
+    r.inflight_prefill = True
+    return Admit.SKIPPED

@@ -1,0 +1,163 @@
+"""The scheduler's side of a KV connector (docs/scheduling.md §4.19): the
+question at admission, loads that arrive over later steps
+(WAITING_FOR_REMOTE_KVS), blocks a finished request keeps while the
+connector sends them, and the transfers the worker reports back."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+from ironbatch.reference.block import cdiv
+from ironbatch.reference.error import debug_str
+from ironbatch.reference.kv_connector import NO_HIT, ExternalHit, SafeConnector
+from ironbatch.reference.request import RequestStatus
+from ironbatch.reference.scheduler_config import Runner
+
+if TYPE_CHECKING:
+    from ironbatch.reference.scheduler import Scheduler
+
+
+class Ask(enum.Enum):
+    """The connector's answer for an admission, where it is no hit."""
+
+    #: There is no connector to ask.
+    NO_CONNECTOR = enum.auto()
+    #: "Ask again later" (or an answer that breaks the contract): the
+    #: request is skipped this step.
+    LATER = enum.auto()
+
+
+def set_kv_connector(s: Scheduler, connector: Any) -> None:
+    """Attach a KV connector; before any request, and only where the core
+    follows vLLM with one: one full-attention KV-cache group, a generating
+    runner, no encoder."""
+    c = s.config
+    groups = c.kv_cache_groups
+    why = None
+    if s.ids:
+        why = "it must be set before the first request"
+    elif len(groups) != 1 or not groups[0].kind.is_full():
+        # vLLM gives a connector without hybrid support one group.
+        why = "kv_cache_groups must be one full-attention group"
+    elif c.runner is not Runner.GENERATE:
+        why = "runner must be 'generate'"
+    elif c.encoder is not None:
+        why = "a scheduler with an encoder (images, audio) takes no KV connector yet"
+    if why is not None:
+        raise ValueError(f"kv_connector: {why}")
+    s.connector = SafeConnector(connector)
+
+
+def ask_connector(s: Scheduler, slot: int, num_local: int) -> ExternalHit | Ask:
+    """Ask the connector about the request in ``slot``, ``num_local`` of
+    whose tokens were hit locally (whole blocks)."""
+    if s.connector is None:
+        return Ask.NO_CONNECTOR
+    r = s.requests[slot]
+    answer = s.connector.get_num_new_matched_tokens(r.request_id, r.num_tokens, num_local)
+    # A request that reads no cache takes no external hit either (the
+    # connector was still asked, as vLLM asks it).
+    if r.skip_reading_prefix_cache:
+        return NO_HIT
+    if answer is not None and answer.fits(r.num_tokens, num_local):
+        return answer
+    return Ask.LATER
+
+
+def notify_after_alloc(s: Scheduler, slot: int, num_external_tokens: int) -> None:
+    """Tell the connector the request's blocks after an admission."""
+    if s.connector is not None:
+        r = s.requests[slot]
+        block_ids = [t.block_ids() for t in r.tables]
+        s.connector.update_state_after_alloc(r.request_id, block_ids, num_external_tokens)
+
+
+def reserved_for_inflight_prefills(s: Scheduler) -> int:
+    """Blocks an async load must leave free: what every in-flight prefill
+    still needs for its whole sequence (and a draft step), plus one draft
+    step's blocks of its own (vLLM's reservation)."""
+    c = s.config
+    bs = s.kv.block_size
+    k = c.num_speculative_tokens
+    spec = 1 + k + c.num_lookahead_tokens if k > 0 else 0
+    reserved = 0
+    for slot in s.ids.values():
+        r = s.requests[slot]
+        if r.inflight_prefill:
+            tokens = min(r.num_tokens, c.max_model_len) + spec
+            reserved += max(cdiv(tokens, bs) - r.num_blocks, 0)
+    return reserved + cdiv(spec, bs)
+
+
+def settle_load(s: Scheduler, slot: int) -> None:
+    """A loading request the waiting pass reached after its load was
+    reported: its loaded blocks are cached, a load of every token gives the
+    last back (to compute and sample from), and it waits as before."""
+    r = s.requests[slot]
+    first = r.num_cached_blocks()
+    computed = r.seq.num_computed_tokens
+    s.kv.cache_full_blocks(r.tables, r.seq, computed)
+    if computed == r.num_tokens:
+        r.seq.num_computed_tokens -= 1
+    r.kv_loaded = False
+    r.status = RequestStatus.PREEMPTED if r.num_preemptions > 0 else RequestStatus.WAITING
+    s.log_stored(slot, first)
+
+
+def connector_finished(s: Scheduler, slot: int) -> bool:
+    """Tell the connector a request finished (its status set); True holds
+    its blocks until the connector reports its send done."""
+    if s.connector is None:
+        return False
+    r = s.requests[slot]
+    computed_blocks = cdiv(r.seq.num_computed_tokens, s.kv.block_size)
+    block_ids = [t.block_ids()[:computed_blocks] for t in r.tables]
+    return s.connector.request_finished(r.request_id, block_ids, r.status.name)
+
+
+def connector_frees_pending(s: Scheduler) -> bool:
+    """Whether the connector says blocks are about to come back."""
+    return s.connector is not None and s.connector.has_pending_block_frees()
+
+
+def apply_kv_transfers(
+    s: Scheduler, finished_recving: list[str], finished_sending: list[str]
+) -> None:
+    """The worker's report of finished transfers (vLLM's
+    ``finished_recving``, then ``finished_sending``): a loading request is
+    ready for the next waiting pass, one that finished while loading lets
+    its blocks go; a sent request lets its blocks go. Unknown ids, and ids
+    in no such state, are refused (``ValueError``) with nothing changed."""
+
+    def slot_of(rid: str, what: str) -> int:
+        slot = s.ids.get(rid)
+        if slot is None:
+            raise ValueError(f"{what}: request {debug_str(rid)} is not a live request")
+        return slot
+
+    loaded: list[int] = []
+    for rid in finished_recving:
+        slot = slot_of(rid, "finished_recving")
+        r = s.requests[slot]
+        if not (r.status == RequestStatus.WAITING_FOR_REMOTE_KVS or r.status.is_finished):
+            raise ValueError(
+                f"finished_recving: request {debug_str(rid)} is not loading "
+                f"(status {r.status.name})"
+            )
+        if slot not in loaded:
+            loaded.append(slot)
+    sent: list[int] = []
+    for rid in finished_sending:
+        slot = slot_of(rid, "finished_sending")
+        if not s.requests[slot].status.is_finished:
+            raise ValueError(f"finished_sending: request {debug_str(rid)} has not finished")
+        if slot not in sent and slot not in loaded:
+            sent.append(slot)
+    for slot in loaded:
+        if s.requests[slot].status.is_finished:
+            s.release_request(slot)
+        else:
+            s.requests[slot].kv_loaded = True
+    for slot in sent:
+        s.release_request(slot)

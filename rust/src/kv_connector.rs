@@ -1,0 +1,147 @@
+//! The scheduler's side of a KV connector (docs/scheduling.md §4.19): what
+//! the scheduler asks a connector and tells it. The connector itself lives
+//! outside the core (vLLM's, or a caller's, behind the Python binding); the
+//! core calls it at the points vLLM 0.33's scheduler does, in its order.
+
+use crate::block::BlockId;
+
+/// A connector's answer to "how many tokens past the local hit can you
+/// supply?".
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ExternalHit {
+    /// Tokens past the local hit the connector supplies.
+    pub num_tokens: usize,
+    /// They arrive over later steps (the request waits for them), not in
+    /// the step that schedules it.
+    pub load_async: bool,
+}
+
+impl ExternalHit {
+    pub const NONE: ExternalHit = ExternalHit {
+        num_tokens: 0,
+        load_async: false,
+    };
+
+    /// Whether the answer keeps the contract for a request of `num_tokens`
+    /// with `num_local` tokens hit locally: never past its tokens, an async
+    /// load brings at least one, a synchronous one leaves one to compute.
+    /// (vLLM asserts these; the core counts a broken answer as "ask again
+    /// later", so one bad connector answer stalls only its request.)
+    pub fn fits(self, num_tokens: usize, num_local: usize) -> bool {
+        let left = num_tokens.saturating_sub(num_local);
+        if self.load_async {
+            self.num_tokens >= 1 && self.num_tokens <= left
+        } else {
+            self.num_tokens == 0 || self.num_tokens < left
+        }
+    }
+}
+
+/// The scheduler's calls into a KV connector.
+pub trait KvConnector: std::fmt::Debug + Send + Sync {
+    /// The external hit of `request_id` (`num_tokens` tokens, the first
+    /// `num_computed_tokens` hit locally, block-aligned); `None`: it cannot
+    /// tell yet, ask again in a later step.
+    fn get_num_new_matched_tokens(
+        &mut self,
+        request_id: &str,
+        num_tokens: usize,
+        num_computed_tokens: usize,
+    ) -> Option<ExternalHit>;
+
+    /// The request's blocks (per KV-cache group) after an admission's
+    /// allocation, with the external tokens it will load into them.
+    fn update_state_after_alloc(
+        &mut self,
+        request_id: &str,
+        block_ids: &[Vec<BlockId>],
+        num_external_tokens: usize,
+    );
+
+    /// A finished request (`status`: its finished status, as vLLM spells
+    /// it) and its blocks up to its computed tokens; true holds the blocks
+    /// until the connector reports the request's send done.
+    fn request_finished(
+        &mut self,
+        request_id: &str,
+        block_ids: &[Vec<BlockId>],
+        status: &str,
+    ) -> bool;
+
+    /// Whether blocks are about to come back (then a request that cannot
+    /// grow waits instead of preempting).
+    fn has_pending_block_frees(&mut self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod scripted {
+    //! A connector for unit tests: fixed answers by request id, a log of
+    //! every call.
+    use super::{ExternalHit, KvConnector};
+    use crate::block::BlockId;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Call {
+        Matched(String, usize, usize),
+        AfterAlloc(String, Vec<Vec<BlockId>>, usize),
+        Finished(String, Vec<Vec<BlockId>>, String),
+    }
+
+    #[derive(Debug, Default)]
+    pub struct Scripted {
+        pub answers: HashMap<String, Option<ExternalHit>>,
+        /// Request ids whose blocks are held after a normal finish.
+        pub holds: Vec<String>,
+        pub log: Arc<Mutex<Vec<Call>>>,
+    }
+
+    impl KvConnector for Scripted {
+        fn get_num_new_matched_tokens(
+            &mut self,
+            request_id: &str,
+            num_tokens: usize,
+            num_computed_tokens: usize,
+        ) -> Option<ExternalHit> {
+            self.log.lock().unwrap().push(Call::Matched(
+                request_id.into(),
+                num_tokens,
+                num_computed_tokens,
+            ));
+            self.answers
+                .get(request_id)
+                .copied()
+                .unwrap_or(Some(ExternalHit::NONE))
+        }
+
+        fn update_state_after_alloc(
+            &mut self,
+            request_id: &str,
+            block_ids: &[Vec<BlockId>],
+            num_external_tokens: usize,
+        ) {
+            self.log.lock().unwrap().push(Call::AfterAlloc(
+                request_id.into(),
+                block_ids.to_vec(),
+                num_external_tokens,
+            ));
+        }
+
+        fn request_finished(
+            &mut self,
+            request_id: &str,
+            block_ids: &[Vec<BlockId>],
+            status: &str,
+        ) -> bool {
+            self.log.lock().unwrap().push(Call::Finished(
+                request_id.into(),
+                block_ids.to_vec(),
+                status.into(),
+            ));
+            self.holds.iter().any(|h| h == request_id)
+        }
+    }
+}

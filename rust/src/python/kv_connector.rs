@@ -1,0 +1,98 @@
+//! A KV connector written in Python, as the core calls it (docs/scheduling.md
+//! §4.19): an object with `get_num_new_matched_tokens(request_id,
+//! num_tokens, num_computed_tokens)`, `update_state_after_alloc(request_id,
+//! block_ids, num_external_tokens)`, `request_finished(request_id,
+//! block_ids, status)` and optionally `has_pending_block_frees()`.
+//!
+//! A call that raises, or answers with the wrong shape, goes to
+//! `sys.unraisablehook` and counts as the safe answer (ask again later, no
+//! hold, no pending frees): a failing connector stalls its own requests,
+//! never a step.
+
+use crate::block::BlockId;
+use crate::kv_connector::{ExternalHit, KvConnector};
+use pyo3::prelude::*;
+
+#[derive(Debug)]
+pub(super) struct PyKvConnector {
+    pub(super) obj: Py<PyAny>,
+}
+
+impl PyKvConnector {
+    fn call<T, A: for<'py> pyo3::call::PyCallArgs<'py>>(
+        &self,
+        name: &str,
+        args: A,
+        read: impl FnOnce(&Bound<'_, PyAny>) -> PyResult<T>,
+        fallback: T,
+    ) -> T {
+        Python::attach(|py| {
+            let obj = self.obj.bind(py);
+            match obj.call_method1(name, args).and_then(|v| read(&v)) {
+                Ok(value) => value,
+                Err(e) => {
+                    e.write_unraisable(py, Some(obj));
+                    fallback
+                }
+            }
+        })
+    }
+}
+
+impl KvConnector for PyKvConnector {
+    fn get_num_new_matched_tokens(
+        &mut self,
+        request_id: &str,
+        num_tokens: usize,
+        num_computed_tokens: usize,
+    ) -> Option<ExternalHit> {
+        let read = |v: &Bound<'_, PyAny>| {
+            let (n, load_async): (Option<usize>, bool) = v.extract()?;
+            Ok(n.map(|num_tokens| ExternalHit {
+                num_tokens,
+                load_async,
+            }))
+        };
+        let args = (request_id, num_tokens, num_computed_tokens);
+        self.call("get_num_new_matched_tokens", args, read, None)
+    }
+
+    fn update_state_after_alloc(
+        &mut self,
+        request_id: &str,
+        block_ids: &[Vec<BlockId>],
+        num_external_tokens: usize,
+    ) {
+        let args = (request_id, block_ids.to_vec(), num_external_tokens);
+        self.call("update_state_after_alloc", args, |_| Ok(()), ());
+    }
+
+    fn request_finished(
+        &mut self,
+        request_id: &str,
+        block_ids: &[Vec<BlockId>],
+        status: &str,
+    ) -> bool {
+        let args = (request_id, block_ids.to_vec(), status);
+        self.call("request_finished", args, |v| v.is_truthy(), false)
+    }
+
+    fn has_pending_block_frees(&mut self) -> bool {
+        Python::attach(|py| {
+            let obj = self.obj.bind(py);
+            if !obj.hasattr("has_pending_block_frees").unwrap_or(false) {
+                return false;
+            }
+            match obj
+                .call_method0("has_pending_block_frees")
+                .and_then(|v| v.is_truthy())
+            {
+                Ok(pending) => pending,
+                Err(e) => {
+                    e.write_unraisable(py, Some(obj));
+                    false
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,219 @@
+//! The scheduler's side of a KV connector (docs/scheduling.md §4.19): the
+//! question at admission, loads that arrive over later steps
+//! (`WaitingForRemoteKvs`), blocks a finished request keeps while the
+//! connector sends them, and the transfers the worker reports back.
+
+use super::Scheduler;
+use crate::block::BlockId;
+use crate::cdiv;
+use crate::error::Error;
+use crate::kv_connector::{ExternalHit, KvConnector};
+use crate::request::RequestStatus;
+use crate::scheduler_config::Runner;
+use crate::slab::Slot;
+
+/// The connector's answer for an admission.
+pub(super) enum Answer {
+    /// There is no connector to ask.
+    NoConnector,
+    /// "Ask again later" (or an answer that breaks the contract): the
+    /// request is skipped this step.
+    Later,
+    Hit(ExternalHit),
+}
+
+impl Scheduler {
+    /// Attach a KV connector; before any request, and only where the core
+    /// follows vLLM with one: one full-attention KV-cache group, a
+    /// generating runner, no encoder.
+    pub fn set_kv_connector(&mut self, connector: Box<dyn KvConnector>) -> Result<(), Error> {
+        let c = &self.config;
+        let why = if !self.ids.is_empty() {
+            Some("it must be set before the first request")
+        } else if c.cache.groups.len() != 1 || !c.cache.groups[0].kind.is_full() {
+            // vLLM gives a connector without hybrid support one group.
+            Some("kv_cache_groups must be one full-attention group")
+        } else if c.runner != Runner::Generate {
+            Some("runner must be 'generate'")
+        } else if c.encoder.is_some() {
+            Some("a scheduler with an encoder (images, audio) takes no KV connector yet")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(Error::invalid(format!("kv_connector: {why}")));
+        }
+        self.connector = Some(connector);
+        Ok(())
+    }
+
+    /// Finished requests whose blocks stay for a KV connector (a send, or
+    /// a load still on its way), in no order.
+    pub fn kv_held(&self) -> impl Iterator<Item = Slot> + '_ {
+        self.ids
+            .values()
+            .copied()
+            .filter(|&slot| self.requests[slot].status.is_finished())
+    }
+
+    /// Whether a KV connector is attached.
+    pub fn has_kv_connector(&self) -> bool {
+        self.connector.is_some()
+    }
+
+    /// Ask the connector about the request in `slot`, `num_local` of whose
+    /// tokens were hit locally (whole blocks).
+    pub(super) fn ask_connector(&mut self, slot: Slot, num_local: usize) -> Answer {
+        let Some(connector) = self.connector.as_mut() else {
+            return Answer::NoConnector;
+        };
+        let r = &self.requests[slot];
+        let num_tokens = r.num_tokens();
+        let answer = connector.get_num_new_matched_tokens(&r.request_id, num_tokens, num_local);
+        // A request that reads no cache takes no external hit either (the
+        // connector was still asked, as vLLM asks it).
+        if r.skip_reading_prefix_cache {
+            return Answer::Hit(ExternalHit::NONE);
+        }
+        match answer {
+            Some(hit) if hit.fits(num_tokens, num_local) => Answer::Hit(hit),
+            _ => Answer::Later,
+        }
+    }
+
+    /// Tell the connector the request's blocks after an admission.
+    pub(super) fn notify_after_alloc(&mut self, slot: Slot, num_external_tokens: usize) {
+        if let Some(connector) = self.connector.as_mut() {
+            let r = &self.requests[slot];
+            let block_ids: Vec<Vec<BlockId>> =
+                r.tables.iter().map(|t| t.block_ids().to_vec()).collect();
+            connector.update_state_after_alloc(&r.request_id, &block_ids, num_external_tokens);
+        }
+    }
+
+    /// Blocks an async load must leave free: what every in-flight prefill
+    /// still needs for its whole sequence (and a draft step), plus one
+    /// draft step's blocks of its own (vLLM's reservation).
+    pub(super) fn reserved_for_inflight_prefills(&self) -> usize {
+        let c = &self.config;
+        let bs = self.kv.block_size();
+        let k = c.num_speculative_tokens;
+        let spec = if k > 0 {
+            1 + k + c.cache.num_lookahead_tokens
+        } else {
+            0
+        };
+        let reserved: usize = self
+            .ids
+            .values()
+            .map(|&slot| &self.requests[slot])
+            .filter(|r| r.inflight_prefill)
+            .map(|r| {
+                let tokens = r.num_tokens().min(c.max_model_len) + spec;
+                cdiv(tokens, bs).saturating_sub(r.num_blocks())
+            })
+            .sum();
+        reserved + cdiv(spec, bs)
+    }
+
+    /// A loading request the waiting pass reached after its load was
+    /// reported: its loaded blocks are cached, a load of every token gives
+    /// the last back (to compute and sample from), and it waits as before.
+    pub(super) fn settle_load(&mut self, slot: Slot) {
+        let first = self.requests[slot].num_cached_blocks();
+        let r = &mut self.requests[slot];
+        let computed = r.seq.num_computed_tokens;
+        self.kv.cache_full_blocks(&mut r.tables, &r.seq, computed);
+        if computed == r.num_tokens() {
+            r.seq.num_computed_tokens -= 1;
+        }
+        r.kv_loaded = false;
+        r.status = if r.num_preemptions > 0 {
+            RequestStatus::Preempted
+        } else {
+            RequestStatus::Waiting
+        };
+        self.log_stored(slot, first);
+    }
+
+    /// Tell the connector a request finished (its status set); true holds
+    /// its blocks until the connector reports its send done.
+    pub(super) fn connector_finished(&mut self, slot: Slot) -> bool {
+        let Some(connector) = self.connector.as_mut() else {
+            return false;
+        };
+        let r = &self.requests[slot];
+        let bs = self.kv.block_size();
+        let computed_blocks = cdiv(r.seq.num_computed_tokens, bs);
+        let block_ids: Vec<Vec<BlockId>> = r
+            .tables
+            .iter()
+            .map(|t| t.block_ids()[..computed_blocks.min(t.len())].to_vec())
+            .collect();
+        connector.request_finished(&r.request_id, &block_ids, r.status.name())
+    }
+
+    /// Whether the connector says blocks are about to come back.
+    pub(super) fn connector_frees_pending(&mut self) -> bool {
+        self.connector
+            .as_mut()
+            .is_some_and(|c| c.has_pending_block_frees())
+    }
+
+    /// The worker's report of finished transfers (vLLM's
+    /// `finished_recving`, then `finished_sending`): a loading request is
+    /// ready for the next waiting pass, one that finished while loading
+    /// lets its blocks go; a sent request lets its blocks go. Unknown ids,
+    /// and ids in no such state, are refused with nothing changed.
+    pub fn apply_kv_transfers<S: AsRef<str>>(
+        &mut self,
+        finished_recving: &[S],
+        finished_sending: &[S],
+    ) -> Result<(), Error> {
+        let slot_of = |id: &str, what: &str| -> Result<Slot, Error> {
+            self.ids.get(id).copied().ok_or_else(|| {
+                Error::invalid(format!("{what}: request {id:?} is not a live request"))
+            })
+        };
+        let mut loaded = Vec::new();
+        for id in finished_recving {
+            let slot = slot_of(id.as_ref(), "finished_recving")?;
+            let r = &self.requests[slot];
+            let loading = r.status == RequestStatus::WaitingForRemoteKvs;
+            if !(loading || r.status.is_finished()) {
+                return Err(Error::invalid(format!(
+                    "finished_recving: request {:?} is not loading (status {})",
+                    id.as_ref(),
+                    r.status.name()
+                )));
+            }
+            if !loaded.contains(&slot) {
+                loaded.push(slot);
+            }
+        }
+        let mut sent = Vec::new();
+        for id in finished_sending {
+            let slot = slot_of(id.as_ref(), "finished_sending")?;
+            if !self.requests[slot].status.is_finished() {
+                return Err(Error::invalid(format!(
+                    "finished_sending: request {:?} has not finished",
+                    id.as_ref()
+                )));
+            }
+            if !sent.contains(&slot) && !loaded.contains(&slot) {
+                sent.push(slot);
+            }
+        }
+        for slot in loaded {
+            if self.requests[slot].status.is_finished() {
+                self.release_request(slot);
+            } else {
+                self.requests[slot].kv_loaded = true;
+            }
+        }
+        for slot in sent {
+            self.release_request(slot);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,261 @@
+"""A KV connector's side of the scheduler (docs/scheduling.md §4.19) on both
+backends: the API, the worked example, and the core against the twin over
+random workloads with the stand-in connector (tests/standin_connector.py),
+whose call logs, metadata and worker reports must match step for step.
+Loads that fail are not taken yet (the next slice of issue 35)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from scheduler_helpers import BACKENDS, make, req
+from scheduler_pair import SchedulerPair
+from seeded import Workloads
+from standin_connector import CoreStandIn, StandInConnector, StandInShares, StandInWorker
+
+VOCAB = 40
+EOS = 2
+WORKLOADS = 60  # per run; FULL_WORKLOADS with IRONBATCH_FULL=1
+FULL_WORKLOADS = 120
+
+
+class Scripted:
+    """Fixed answers by request id, every call logged."""
+
+    def __init__(self, answers: dict[str, Any], holds: tuple[str, ...] = ()) -> None:
+        self.answers = answers
+        self.holds = holds
+        self.log: list[tuple[Any, ...]] = []
+
+    def get_num_new_matched_tokens(self, rid: str, n: int, local: int) -> Any:
+        self.log.append(("matched", rid, n, local))
+        return self.answers.get(rid, (0, False))
+
+    def update_state_after_alloc(self, rid: str, block_ids: list[list[int]], ext: int) -> None:
+        self.log.append(("after_alloc", rid, block_ids, ext))
+
+    def request_finished(self, rid: str, block_ids: list[list[int]], status: str) -> bool:
+        self.log.append(("finished", rid, block_ids, status))
+        return rid in self.holds
+
+
+def scheduler(backend: str, connector: Any, **kw: Any) -> Any:
+    s = make(
+        backend,
+        num_blocks=kw.pop("num_blocks", 20),
+        block_size=4,
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        **kw,
+    )
+    s.set_kv_connector(connector)
+    return s
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_worked_example_without_its_failed_block(backend: str) -> None:
+    """§4.19's decode instance: a 14-token prompt loaded over two steps is
+    scheduled from its last token once the load is reported."""
+    c = Scripted({"r": (14, True)})
+    s = scheduler(backend, c)
+    s.add_request(req("r", range(100, 114), max_tokens=4))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {}
+    assert s.debug_state()["kv_holding"] == ["r"]
+    assert s.debug_state()["requests"]["r"]["status"] == "WAITING_FOR_REMOTE_KVS"
+    s.update_from_output(out, {})
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {}
+    s.update_from_output(out, {})
+    s.apply_kv_transfers(finished_recving=["r"])
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"r": 1}
+    assert c.log == [
+        ("matched", "r", 14, 0),
+        ("after_alloc", "r", [[1, 2, 3, 4]], 14),
+        ("after_alloc", "r", [[1, 2, 3, 4]], 0),
+    ]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_held_request_frees_its_blocks_when_its_send_is_reported(backend: str) -> None:
+    c = Scripted({}, holds=("r",))
+    s = scheduler(backend, c)
+    s.add_request(req("r", range(100, 110), max_tokens=1))
+    out = s.schedule()
+    assert s.update_from_output(out, {"r": [7]}).finished_req_ids == ["r"]
+    assert s.num_free_blocks == 19 - 3
+    assert not s.has_unfinished_requests()
+    assert s.debug_state()["kv_held"] == {"r": [[1, 2, 3]]}
+    with pytest.raises(ValueError, match="is already"):
+        s.add_request(req("r", [1, 2]))
+    s.apply_kv_transfers(finished_sending=["r"])
+    assert s.num_free_blocks == 19 and s.debug_state()["kv_held"] == {}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_transfer_reports_and_setups_are_refused_unchanged(backend: str) -> None:
+    s = scheduler(backend, Scripted({}))
+    s.add_request(req("a", range(100, 110)))
+    before = s.debug_state()
+    with pytest.raises(ValueError, match='finished_recving: request "nobody" is not a live'):
+        s.apply_kv_transfers(finished_recving=["nobody"])
+    with pytest.raises(ValueError, match='finished_recving: request "a" is not loading'):
+        s.apply_kv_transfers(finished_recving=["a"])
+    with pytest.raises(ValueError, match='finished_sending: request "a" has not finished'):
+        s.apply_kv_transfers(finished_sending=["a"])
+    with pytest.raises(TypeError, match="finished_sending must hold str"):
+        s.apply_kv_transfers(finished_sending=[1])  # type: ignore[list-item]
+    assert s.debug_state() == before
+    with pytest.raises(ValueError, match="kv_connector: it must be set before the first request"):
+        s.set_kv_connector(Scripted({}))
+    pooling = make(backend, max_model_len=64, runner="pooling")
+    with pytest.raises(ValueError, match="kv_connector: runner must be 'generate'"):
+        pooling.set_kv_connector(Scripted({}))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_connector_that_raises_stalls_only_its_request(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reported: list[Any] = []
+    monkeypatch.setattr("sys.unraisablehook", reported.append)
+
+    class Raising(Scripted):
+        def get_num_new_matched_tokens(self, rid: str, n: int, local: int) -> Any:
+            if rid == "bad":
+                raise RuntimeError("connector down")
+            return super().get_num_new_matched_tokens(rid, n, local)
+
+    s = scheduler(backend, Raising({"odd": (3, "yes")}))
+    s.add_request(req("bad", range(100, 110)))
+    s.add_request(req("odd", range(200, 210)))
+    s.add_request(req("good", range(300, 310)))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"good": 10}
+    assert [type(r.exc_value) for r in reported] == [RuntimeError, TypeError]
+
+
+def random_config(rng: random.Random) -> dict[str, Any]:
+    bs = rng.choice([4, 8, 16])
+    max_len = rng.choice([32, 64, 128])
+    chunked = rng.random() < 0.8
+    seqs = rng.choice([2, 4, 8])
+    batched = max(rng.choice([16, 32, 64]), seqs)
+    if not chunked:
+        batched = max(batched, max_len)
+    need = -(-max_len // bs)
+    return dict(
+        block_size=bs,
+        num_blocks=rng.randint(2 * need + 2, 3 * need) if rng.random() < 0.4 else 8 * need,
+        max_model_len=max_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=rng.choice([0, 0, 8]),
+        policy=rng.choice(["fcfs", "priority"]),
+        caching=rng.random() < 0.8,
+        async_scheduling=rng.random() < 0.5,
+    )
+
+
+def run_seed(seed: int) -> Counter:
+    rng = random.Random(seed)
+    config = random_config(rng)
+    shares = StandInShares(
+        unknown=rng.choice([0.0, 0.1, 0.3]),
+        hit=rng.choice([0.3, 0.6, 0.9]),
+        load_async=rng.choice([0.0, 0.5, 0.9]),
+        load_failed=0.0,
+        block_invalid=0.0,
+        delay_free=rng.choice([0.0, 0.4, 0.8]),
+        max_steps=rng.choice([1, 3, 6]),
+    )
+    pair = SchedulerPair(**config)
+    stand_ins = [StandInConnector(seed, config["block_size"], shares) for _ in range(2)]
+    workers = [StandInWorker(), StandInWorker()]
+    pair.rust.set_kv_connector(CoreStandIn(stand_ins[0]))
+    pair.twin.set_kv_connector(CoreStandIn(stand_ins[1]))
+    max_len = config["max_model_len"]
+    prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
+    depth = 2 if config["async_scheduling"] else rng.choice([1, 1, 2])
+    metas: list[Any] = []
+    events: Counter = Counter()
+    arrivals, added, step = rng.randint(6, 20), 0, 0
+
+    def choose(_rid: str) -> int:
+        return EOS if rng.random() < 0.1 else rng.randrange(3, VOCAB)
+
+    def apply_oldest() -> None:
+        nonlocal step
+        pair.apply_oldest(choose)
+        step += 1
+        meta = metas.pop(0)
+        reports = [w.report(m, step) for w, m in zip(workers, meta, strict=True)]
+        assert reports[0] == reports[1]
+        for s in (pair.rust, pair.twin):
+            s.apply_kv_transfers(
+                sorted(reports[0].finished_recving), sorted(reports[0].finished_sending)
+            )
+        pair.check()
+
+    for _ in range(3000):
+        if added < arrivals and rng.random() < 0.5:
+            n = rng.randint(1, max_len - 2)
+            prompt = rng.choice(prefixes)[: rng.randint(0, n)]
+            prompt += [rng.randrange(3, VOCAB) for _ in range(n - len(prompt))]
+            pair.add(f"r{added}", prompt, max_tokens=rng.randint(1, 8), priority=rng.randint(0, 2))
+            added += 1
+        live = sorted(pair.rust.debug_state()["requests"])
+        if live and rng.random() < 0.05:
+            victim = rng.choice(live)
+            status = pair.rust.debug_state()["requests"][victim]["status"]
+            events["aborted_loading"] += status == "WAITING_FOR_REMOTE_KVS"
+            pair.abort([victim])
+        state = pair.rust.debug_state()
+        busy = any(w.busy for w in workers) or state["kv_held"]
+        if added == arrivals and not state["requests"] and not busy:
+            while pair.in_flight:
+                apply_oldest()
+            state = pair.rust.debug_state()
+            if not state["requests"] and not state["kv_held"] and not any(w.busy for w in workers):
+                break
+        events["loading"] += sum(
+            r["status"] == "WAITING_FOR_REMOTE_KVS" for r in state["requests"].values()
+        )
+        pair.schedule()
+        metas.append([x.build_connector_meta() for x in stand_ins])
+        while len(pair.in_flight) >= depth:
+            apply_oldest()
+    else:
+        raise AssertionError("no progress")
+    assert stand_ins[0].log == stand_ins[1].log
+    final = pair.rust.debug_state()
+    assert len(final["free_block_ids"]) == config["num_blocks"] - 1, "blocks leaked"
+    events.update(stand_ins[0].events)
+    events["unknown"] += sum(1 for c in stand_ins[0].log if c[0] == "matched" and c[4][0] is None)
+    events.update(pair.events)
+    return events
+
+
+def test_core_and_twin_agree_with_the_stand_in(workloads: Workloads) -> None:
+    needs = {
+        what: workloads.scaled(count, WORKLOADS, FULL_WORKLOADS)
+        for what, count in {
+            "async_loads": 100,
+            "sync_loads": 60,
+            "delayed_frees": 60,
+            "unknown": 20,
+            "loading": 100,
+            "aborted_loading": 3,
+            "preempted": 10,
+        }.items()
+    }
+    events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
+    for what, n in needs.items():
+        assert events[what] >= n, (what, events)
