@@ -5,6 +5,7 @@ and the invariants of docs/scheduling.md §10 must hold after every call."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Set
 from typing import Any
 
 from ironbatch import Scheduler, _core
@@ -30,6 +31,9 @@ class SchedulerPair:
         self._failed_grammars: list[str] = []
         self._encoder_mismatches: list[str] = []
         self.sessions: set[str] = set()  # ids added as streaming sessions
+        # Requests in a step whose output came with a failed KV load.
+        self.kv_cut: set[str] = set()
+        self.with_connector = False  # set with the backends' KV connectors
         # KV-cache events, compared after every call (the backends' cores).
         self.cores = (self.rust._core.core, self.twin._core.twin)
         for core in self.cores:
@@ -250,13 +254,20 @@ class SchedulerPair:
         self.twin.update_draft_token_ids(drafts)
         self.check()
 
-    def apply_oldest(self, choose: Any, reject: int | None = None, accepted: Any = None) -> None:
+    def apply_oldest(
+        self,
+        choose: Any,
+        reject: int | None = None,
+        accepted: Any = None,
+        kv_connector_output: Any = None,
+    ) -> None:
         """Apply the oldest output in flight; ``choose(rid)`` gives the token
         for a request whose step sampled (None: it produced none). A
         structured-output request's grammar rejects the token ``reject``.
         ``accepted(rid, drafts)`` says how many of a request's scheduled
         drafts the verification accepted (default: none); it then gets that
-        many tokens and one more."""
+        many tokens and one more. ``kv_connector_output``: the worker's
+        report of the step's KV transfers."""
         r, p = self.in_flight.pop(0)
         if self.config.get("runner") == "pooling":
             # The runner pools each prompt whose step reached its end.
@@ -293,9 +304,14 @@ class SchedulerPair:
 
             return judge
 
-        ru = self.rust.update_from_output(r, sampled, accept=accept("rust"))
-        pu = self.twin.update_from_output(p, sampled, accept=accept("twin"))
+        kv = kv_connector_output
+        ru = self.rust.update_from_output(r, sampled, accept=accept("rust"), kv_connector_output=kv)
+        pu = self.twin.update_from_output(p, sampled, accept=accept("twin"), kv_connector_output=kv)
         assert asked["rust"] == asked["twin"]
+        assert ru.failed_loads == pu.failed_loads
+        if kv is not None and (kv.failed_recving or kv.invalid_block_ids):
+            self.kv_cut.update(r.req_ids)
+        self.events["failed_loads_ended"] += len(ru.failed_loads)
         ur, up = [tuple(u) for u in ru], [tuple(u) for u in pu]
         assert ur == up, (ur, up)
         assert stats_fields(ru.spec_decoding_stats) == stats_fields(pu.spec_decoding_stats)
@@ -315,7 +331,11 @@ class SchedulerPair:
         a, b = self.rust.debug_state(), self.twin.debug_state()
         assert a == b
         self.last_state = a
-        check_scheduler_invariants(self.rust, a, self.bs)
+        # A cut-back request's placeholder resolves with its next output.
+        self.kv_cut = {rid for rid in self.kv_cut if rid in a["requests"]}
+        check_scheduler_invariants(
+            self.rust, a, self.bs, kv_cut=self.kv_cut, connector=self.with_connector
+        )
         check_group_invariants(self.groups, a, self.bs)
         assert self.rust.num_free_blocks == self.twin.num_free_blocks
         assert self.rust.get_num_unfinished_requests() == len(a["requests"])
@@ -339,7 +359,13 @@ def stats_fields(stats: Any) -> tuple[Any, ...] | None:
     )
 
 
-def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> None:
+def check_scheduler_invariants(
+    s: Scheduler,
+    state: dict[str, Any],
+    bs: int,
+    kv_cut: Set[str] = frozenset(),
+    connector: bool = False,
+) -> None:
     requests = state["requests"]
     speculating = s.scheduler_config.num_speculative_tokens > 0
     # Without a KV cache (§7.14) a table is always empty: no block to hold.
@@ -356,7 +382,10 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
     assert all(requests[r]["status"] in waiting_statuses for r in waiting)
     assert all(requests[r]["status"] in waiting_statuses for r in kv_holding if r not in loading)
     assert all(requests[r]["num_computed_tokens"] == 0 for r in waiting)
-    assert all(requests[r]["num_computed_tokens"] > 0 for r in kv_holding)
+    # (With a KV connector, a request that leaves its load with 0 computed
+    # tokens stays in that queue until admitted, as in vLLM: a load that
+    # failed whole, or a full load of a one-token prompt.)
+    assert connector or all(requests[r]["num_computed_tokens"] > 0 for r in kv_holding)
     paused = [r for r in requests.values() if r["status"] == "WAITING_FOR_STREAMING_REQ"]
     assert state["num_waiting_for_input"] == len(paused)
     assert all(r["deferred"] for r in paused)
@@ -365,6 +394,8 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
     held = Counter(b for r in requests.values() for t in r["tables"] for b in t if b != 0)
     # Finished requests whose blocks a KV connector keeps (§4.19).
     held.update(b for tables in state["kv_held"].values() for t in tables for b in t if b != 0)
+    # Freed requests' blocks fenced by a step in flight, each set once.
+    held.update(b for _, blocks in state["deferred_frees"] for b in blocks)
     assert [held.get(b, 0) for b in range(n)] == ref
     free = state["free_block_ids"]
     assert sorted(free) == [b for b in range(1, n) if ref[b] == 0]
@@ -380,7 +411,10 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
         assert computed <= num_tokens + placeholders + (in_flight if speculating else 0)
         assert cached <= len(table)
         # A placeholder stands for a token sampled by a step still in flight.
-        assert placeholders <= in_flight and stale <= in_flight
+        # (Not after a failed KV load dropped its output: vLLM leaves the
+        # placeholder of the dropped token until the request's next output.)
+        assert placeholders <= in_flight or rid in kv_cut
+        assert stale <= in_flight
         if status == "RUNNING":
             assert len(table) >= cdiv(computed, bs) or not holds_blocks
             # Only a share that will be dropped lets a request resume early.
@@ -400,7 +434,7 @@ def check_scheduler_invariants(s: Scheduler, state: dict[str, Any], bs: int) -> 
         if r["grammar"] not in (None, "ACTIVE"):
             assert status == "WAITING" and deferred, rid
     # 9. Return of blocks.
-    if not requests and not state["kv_held"]:
+    if not requests and not state["kv_held"] and not state["deferred_frees"]:
         assert len(free) == n - 1
 
 

@@ -2,7 +2,7 @@
 backends: the API, the worked example, and the core against the twin over
 random workloads with the stand-in connector (tests/standin_connector.py),
 whose call logs, metadata and worker reports must match step for step.
-Loads that fail are not taken yet (the next slice of issue 35)."""
+Loads that fail, whole or by block, under both failure policies."""
 
 from __future__ import annotations
 
@@ -43,7 +43,18 @@ class Scripted:
         return rid in self.holds
 
 
-def scheduler(backend: str, connector: Any, **kw: Any) -> Any:
+class Report:
+    """A worker's report, as vLLM's ``KVConnectorOutput`` carries it."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.finished_recving = fields.pop("finished_recving", None)
+        self.finished_sending = fields.pop("finished_sending", None)
+        self.failed_recving = fields.pop("failed_recving", None)
+        self.invalid_block_ids = fields.pop("invalid_block_ids", None)
+        assert not fields, fields
+
+
+def scheduler(backend: str, connector: Any, policy: str = "fail", **kw: Any) -> Any:
     s = make(
         backend,
         num_blocks=kw.pop("num_blocks", 20),
@@ -53,7 +64,7 @@ def scheduler(backend: str, connector: Any, **kw: Any) -> Any:
         max_num_batched_tokens=64,
         **kw,
     )
-    s.set_kv_connector(connector)
+    s.set_kv_connector(connector, policy)
     return s
 
 
@@ -71,8 +82,7 @@ def test_the_worked_example_without_its_failed_block(backend: str) -> None:
     s.update_from_output(out, {})
     out = s.schedule()
     assert out.num_scheduled_tokens == {}
-    s.update_from_output(out, {})
-    s.apply_kv_transfers(finished_recving=["r"])
+    s.update_from_output(out, {}, kv_connector_output=Report(finished_recving={"r"}))
     out = s.schedule()
     assert out.num_scheduled_tokens == {"r": 1}
     assert c.log == [
@@ -94,7 +104,8 @@ def test_a_held_request_frees_its_blocks_when_its_send_is_reported(backend: str)
     assert s.debug_state()["kv_held"] == {"r": [[1, 2, 3]]}
     with pytest.raises(ValueError, match="is already"):
         s.add_request(req("r", [1, 2]))
-    s.apply_kv_transfers(finished_sending=["r"])
+    out = s.schedule()
+    s.update_from_output(out, {}, kv_connector_output=Report(finished_sending={"r"}))
     assert s.num_free_blocks == 19 and s.debug_state()["kv_held"] == {}
 
 
@@ -102,16 +113,42 @@ def test_a_held_request_frees_its_blocks_when_its_send_is_reported(backend: str)
 def test_bad_transfer_reports_and_setups_are_refused_unchanged(backend: str) -> None:
     s = scheduler(backend, Scripted({}))
     s.add_request(req("a", range(100, 110)))
+    out = s.schedule()
     before = s.debug_state()
-    with pytest.raises(ValueError, match='finished_recving: request "nobody" is not a live'):
-        s.apply_kv_transfers(finished_recving=["nobody"])
-    with pytest.raises(ValueError, match='finished_recving: request "a" is not loading'):
-        s.apply_kv_transfers(finished_recving=["a"])
-    with pytest.raises(ValueError, match='finished_sending: request "a" has not finished'):
-        s.apply_kv_transfers(finished_sending=["a"])
-    with pytest.raises(TypeError, match="finished_sending must hold str"):
-        s.apply_kv_transfers(finished_sending=[1])  # type: ignore[list-item]
-    assert s.debug_state() == before
+    bad = [
+        (
+            ValueError,
+            'finished_recving: request "nobody" is not a live',
+            Report(finished_recving={"nobody"}),
+        ),
+        (
+            ValueError,
+            'finished_recving: request "a" is not loading',
+            Report(finished_recving={"a"}),
+        ),
+        (
+            ValueError,
+            'finished_sending: request "a" has not finished',
+            Report(finished_sending={"a"}),
+        ),
+        (TypeError, "finished_sending must hold str", Report(finished_sending={1})),
+        (
+            TypeError,
+            "failed_recving must be a collection of request ids",
+            Report(failed_recving="a"),
+        ),
+        (ValueError, "block 20 is not in the pool of 20 blocks", Report(invalid_block_ids={20})),
+        (ValueError, "invalid_block_ids: -1 is not a block id", Report(invalid_block_ids={-1})),
+    ]
+    for error, message, report in bad:
+        with pytest.raises(error, match=message):
+            s.update_from_output(out, {"a": [7]}, kv_connector_output=report)
+        assert s.debug_state() == before
+    # Refused whole: the step's output still applies, once.
+    s.update_from_output(out, {"a": [7]}, kv_connector_output=Report(failed_recving={"a"}))
+    assert s.debug_state()["requests"]["a"]["num_tokens"] == 11
+    with pytest.raises(ValueError, match="kv_load_failure_policy must be 'fail' or 'recompute'"):
+        make(backend, max_model_len=64).set_kv_connector(Scripted({}), "retry")
     with pytest.raises(ValueError, match="kv_connector: it must be set before the first request"):
         s.set_kv_connector(Scripted({}))
     pooling = make(backend, max_model_len=64, runner="pooling")
@@ -164,6 +201,17 @@ def random_config(rng: random.Random) -> dict[str, Any]:
     )
 
 
+class SortedReport:
+    """A worker's report as vLLM's ``KVConnectorOutput`` reads, each set
+    iterated sorted (both backends take its order as given)."""
+
+    def __init__(self, report: Any) -> None:
+        self.finished_recving = sorted(report.finished_recving)
+        self.finished_sending = sorted(report.finished_sending)
+        self.failed_recving = sorted(report.failed_recving)
+        self.invalid_block_ids = sorted(report.invalid_block_ids)
+
+
 def run_seed(seed: int) -> Counter:
     rng = random.Random(seed)
     config = random_config(rng)
@@ -171,16 +219,27 @@ def run_seed(seed: int) -> Counter:
         unknown=rng.choice([0.0, 0.1, 0.3]),
         hit=rng.choice([0.3, 0.6, 0.9]),
         load_async=rng.choice([0.0, 0.5, 0.9]),
-        load_failed=0.0,
-        block_invalid=0.0,
+        load_failed=rng.choice([0.0, 0.1, 0.3]),
+        block_invalid=rng.choice([0.0, 0.1, 0.3]),
         delay_free=rng.choice([0.0, 0.4, 0.8]),
         max_steps=rng.choice([1, 3, 6]),
     )
+    policy = rng.choice(["fail", "recompute"])
+    # A consumer role with two steps in flight fences its frees (vLLM's
+    # defer_block_free); some connectors drop a preempted request's output.
+    fenced = config["async_scheduling"] and rng.random() < 0.6
+    delivery = rng.random() < 0.3
     pair = SchedulerPair(**config)
     stand_ins = [StandInConnector(seed, config["block_size"], shares) for _ in range(2)]
     workers = [StandInWorker(), StandInWorker()]
-    pair.rust.set_kv_connector(CoreStandIn(stand_ins[0]))
-    pair.twin.set_kv_connector(CoreStandIn(stand_ins[1]))
+    for s, stand_in in zip((pair.rust, pair.twin), stand_ins, strict=True):
+        s.set_kv_connector(
+            CoreStandIn(stand_in),
+            policy,
+            defer_block_free=fenced,
+            requires_kv_delivery=delivery,
+        )
+    pair.with_connector = True
     max_len = config["max_model_len"]
     prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
     depth = 2 if config["async_scheduling"] else rng.choice([1, 1, 2])
@@ -193,16 +252,12 @@ def run_seed(seed: int) -> Counter:
 
     def apply_oldest() -> None:
         nonlocal step
-        pair.apply_oldest(choose)
         step += 1
         meta = metas.pop(0)
         reports = [w.report(m, step) for w, m in zip(workers, meta, strict=True)]
         assert reports[0] == reports[1]
-        for s in (pair.rust, pair.twin):
-            s.apply_kv_transfers(
-                sorted(reports[0].finished_recving), sorted(reports[0].finished_sending)
-            )
-        pair.check()
+        report = SortedReport(reports[0])
+        pair.apply_oldest(choose, kv_connector_output=report)
 
     for _ in range(3000):
         if added < arrivals and rng.random() < 0.5:
@@ -228,6 +283,7 @@ def run_seed(seed: int) -> Counter:
         events["loading"] += sum(
             r["status"] == "WAITING_FOR_REMOTE_KVS" for r in state["requests"].values()
         )
+        events["fenced_frees"] += len(state["deferred_frees"])
         pair.schedule()
         metas.append([x.build_connector_meta() for x in stand_ins])
         while len(pair.in_flight) >= depth:
@@ -236,8 +292,13 @@ def run_seed(seed: int) -> Counter:
         raise AssertionError("no progress")
     assert stand_ins[0].log == stand_ins[1].log
     final = pair.rust.debug_state()
-    assert len(final["free_block_ids"]) == config["num_blocks"] - 1, "blocks leaked"
+    # Blocks fenced by the last step stay aside until a step with tokens
+    # comes back (vLLM's too); all others are free.
+    fenced_blocks = sum(len(blocks) for _, blocks in final["deferred_frees"])
+    free = len(final["free_block_ids"])
+    assert free + fenced_blocks == config["num_blocks"] - 1, "blocks leaked"
     events.update(stand_ins[0].events)
+    events.update(workers[0].events)
     events["unknown"] += sum(1 for c in stand_ins[0].log if c[0] == "matched" and c[4][0] is None)
     events.update(pair.events)
     return events
@@ -254,6 +315,10 @@ def test_core_and_twin_agree_with_the_stand_in(workloads: Workloads) -> None:
             "loading": 100,
             "aborted_loading": 3,
             "preempted": 10,
+            "failed_loads": 10,
+            "invalid_blocks": 10,
+            "failed_loads_ended": 5,
+            "fenced_frees": 20,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

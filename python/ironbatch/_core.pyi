@@ -246,6 +246,9 @@ class StepUpdate:
     @property
     def spec_decoding_stats(self) -> SpecDecodingStats | None:
         """Drafts verified in this output; None when none were."""
+    @property
+    def failed_loads(self) -> list[str]:
+        """Requests a failed KV load ended with an error, in the order found."""
 
 class VllmStepRows:
     """What the vLLM drop-in reads of a step, as lists (made when first
@@ -500,6 +503,7 @@ class Scheduler:
         token_ids: NDArray[np.int64],
         offsets: NDArray[np.int64] | None,
         accept: Callable[[str, list[int], int], bool] | None = None,
+        kv_connector_output: Any = None,
     ) -> StepUpdate:
         """Apply a step's tokens (with ``offsets``: ragged; without: one per
         entry, -1 for none). ``accept(request_id, kept, num_tokens)`` judges each
@@ -536,16 +540,22 @@ class Scheduler:
     def report_grammar(self, *, request_id: str, compiled: bool) -> None:
         """A structured-output request's grammar compiled (or failed)."""
     def finish_requests(self, *, request_ids: Sequence[str], status: str) -> None: ...
-    def set_kv_connector(self, *, connector: Any) -> None:
+    def set_kv_connector(
+        self,
+        *,
+        connector: Any,
+        kv_load_failure_policy: str,
+        defer_block_free: bool,
+        requires_kv_delivery: bool,
+    ) -> None:
         """Attach a KV connector's scheduler side (docs/scheduling.md
         §4.19): ``get_num_new_matched_tokens(request_id, num_tokens,
         num_computed_tokens)``, ``update_state_after_alloc(request_id,
         block_ids, num_external_tokens)``, ``request_finished(request_id,
-        block_ids, status)``, optionally ``has_pending_block_frees()``."""
-    def apply_kv_transfers(
-        self, *, finished_recving: Sequence[str], finished_sending: Sequence[str]
-    ) -> None:
-        """The worker's report of finished KV transfers."""
+        block_ids, status)``, optionally ``has_pending_block_frees()``;
+        ``kv_load_failure_policy``: ``"fail"`` or ``"recompute"``; frees
+        fenced by steps in flight with ``defer_block_free``; a preempted
+        request's output dropped with ``requires_kv_delivery``."""
     @property
     def pause_state(self) -> int:
         """vLLM's pause state: 0 unpaused, 1 no admissions, 2 nothing scheduled."""

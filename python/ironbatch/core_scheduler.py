@@ -27,6 +27,7 @@ from ironbatch.reference.attention_group import (
     GroupSpec,
     SlidingWindow,
 )
+from ironbatch.reference.kv_connector import KvConnectorSetup
 from ironbatch.reference.scheduler_config import settings
 from ironbatch.scheduler_stats import SchedulerStats
 
@@ -204,14 +205,20 @@ class CoreScheduler:
         token_ids: np.ndarray,
         offsets: np.ndarray | None,
         accept: Callable[[str, list[int], int], bool] | None = None,
+        kv_connector_output: Any = None,
     ) -> _core.StepUpdate:
         """Apply a step's tokens: ragged with ``offsets`` (row ``i`` gets
         ``token_ids[offsets[i]:offsets[i+1]]``), else one per row, -1 for
         none. ``accept(request_id, kept, num_tokens)`` judges each
         structured-output request's kept tokens; False (or an exception)
-        ends it with an error."""
+        ends it with an error. ``kv_connector_output``: the worker's report
+        of the step's KV transfers (§4.19)."""
         return self.core.update_from_output(
-            step=step, token_ids=token_ids, offsets=offsets, accept=accept
+            step=step,
+            token_ids=token_ids,
+            offsets=offsets,
+            accept=accept,
+            kv_connector_output=kv_connector_output,
         )
 
     def update_from_pooler_output(self, step: _core.Step, pooled: list[bool]) -> _core.StepUpdate:
@@ -222,17 +229,14 @@ class CoreScheduler:
     def finish_requests(self, request_ids: Sequence[str], status: str) -> None:
         self.core.finish_requests(request_ids=list(request_ids), status=status)
 
-    def set_kv_connector(self, connector: Any) -> None:
+    def set_kv_connector(self, connector: Any, setup: KvConnectorSetup) -> None:
         """Attach a KV connector's scheduler side (docs/scheduling.md
         §4.19), before any request."""
-        self.core.set_kv_connector(connector=connector)
-
-    def apply_kv_transfers(
-        self, finished_recving: Sequence[str], finished_sending: Sequence[str]
-    ) -> None:
-        """The worker's report of finished KV transfers (§4.19)."""
-        self.core.apply_kv_transfers(
-            finished_recving=list(finished_recving), finished_sending=list(finished_sending)
+        self.core.set_kv_connector(
+            connector=connector,
+            kv_load_failure_policy=setup.load_failure_policy.value,
+            defer_block_free=setup.defer_block_free,
+            requires_kv_delivery=setup.requires_kv_delivery,
         )
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ironbatch.config import CacheConfig, SchedulerConfig, check_fits
 from ironbatch.reference.args import u32_list
+from ironbatch.reference.kv_connector import KvConnectorSetup, load_failure_policy
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.request import Request
 from ironbatch.scheduler_backends import (
@@ -170,14 +171,22 @@ class Scheduler:
         scheduler_output: SchedulerOutput,
         sampled: Mapping[str, Sequence[int]] | np.ndarray | Sequence[int],
         accept: Accept | None = None,
+        kv_connector_output: Any = None,
     ) -> UpdateOutputs:
         """Apply a step's sampled tokens: ``{request_id: [token, ...]}``, or
         one token per scheduled request in scheduling order (-1 = none).
         ``accept(request_id, kept)`` is asked about the tokens each
         structured-output request kept (after the stop check); False, or an
         exception (logged), ends it with ``"error"``, as vLLM does when its
-        grammar rejects them. Returns one record per request that got
-        tokens, in scheduling order."""
+        grammar rejects them. ``kv_connector_output`` is the worker's report
+        of the step's KV transfers, anything with vLLM's
+        ``KVConnectorOutput`` attributes (``finished_recving``,
+        ``finished_sending``, ``failed_recving``, ``invalid_block_ids``;
+        docs/scheduling.md §4.19); a report naming a request in no state for
+        it, or a block outside the pool, is refused (``ValueError``) with
+        nothing changed. Returns one record per request that got tokens, in
+        scheduling order; ``failed_loads`` names the requests a failed load
+        ended."""
         if not self._in_use.acquire(blocking=False):  # inline: the hot path
             raise _concurrent_call("update_from_output")
         try:
@@ -197,11 +206,22 @@ class Scheduler:
                 flat, offsets = sampled, None
             else:
                 flat, offsets = _sampled(scheduler_output, sampled)
-            update = self._apply_tokens(
-                step=scheduler_output._handle, token_ids=flat, offsets=offsets, accept=check
-            )
+            if kv_connector_output is None:  # the hot path
+                update = self._apply_tokens(
+                    step=scheduler_output._handle, token_ids=flat, offsets=offsets, accept=check
+                )
+            else:
+                update = self._apply_tokens(
+                    step=scheduler_output._handle,
+                    token_ids=flat,
+                    offsets=offsets,
+                    accept=check,
+                    kv_connector_output=kv_connector_output,
+                )
             updates = UpdateOutputs(scheduler_output.req_ids, update)
             for rid in updates.finished_req_ids:  # usually none
+                self.requests.pop(rid, None)
+            for rid in update.failed_loads:
                 self.requests.pop(rid, None)
             return updates
         finally:
@@ -263,7 +283,14 @@ class Scheduler:
             self.requests.pop(rid, None)
 
     @_exclusive
-    def set_kv_connector(self, connector: Any) -> None:
+    def set_kv_connector(
+        self,
+        connector: Any,
+        kv_load_failure_policy: str = "fail",
+        *,
+        defer_block_free: bool = False,
+        requires_kv_delivery: bool = False,
+    ) -> None:
         """Attach a KV connector's scheduler side, before any request
         (docs/scheduling.md §4.19). ``connector`` answers by request id:
         ``get_num_new_matched_tokens(request_id, num_tokens,
@@ -272,25 +299,29 @@ class Scheduler:
         num_external_tokens)``, ``request_finished(request_id, block_ids,
         status) -> hold``, and optionally ``has_pending_block_frees()``. A
         call that raises is reported (``sys.unraisablehook``) and counts as
-        the safe answer. Refused (``ValueError``) where the core does not
-        follow vLLM with a connector yet: several KV-cache groups, a
-        pooling runner, an encoder."""
-        self._core.set_kv_connector(connector)
-
-    @_exclusive
-    def apply_kv_transfers(
-        self, finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()
-    ) -> None:
-        """The worker's report of finished KV transfers: loads done (the
-        requests are scheduled from the next step), then sends done (their
-        held blocks are freed). An id in no such state is refused
-        (``ValueError``) with nothing changed."""
-        recving, sending = list(finished_recving), list(finished_sending)
-        for what, ids in (("finished_recving", recving), ("finished_sending", sending)):
-            for rid in ids:
-                if not isinstance(rid, str):
-                    raise TypeError(f"{what} must hold str, got {type(rid).__name__}")
-        self._core.apply_kv_transfers(recving, sending)
+        the safe answer. ``kv_load_failure_policy`` is vLLM's: a request
+        whose load failed ends with an error (``"fail"``) or computes what
+        did not arrive (``"recompute"``). ``defer_block_free`` fences frees:
+        a request's blocks freed while a step in flight may still write them
+        wait for that step's output, and such a request is not preempted
+        (vLLM sets it for a consumer role with more than one step in
+        flight). ``requires_kv_delivery`` drops a preempted request's output
+        in flight (the connector's own flag). Refused (``ValueError``) where the
+        core does not follow vLLM with a connector yet: several KV-cache
+        groups, a pooling runner, an encoder. The worker's reports come with
+        each step's output (``update_from_output(kv_connector_output=...)``)."""
+        for name, flag in (
+            ("defer_block_free", defer_block_free),
+            ("requires_kv_delivery", requires_kv_delivery),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        setup = KvConnectorSetup(
+            load_failure_policy=load_failure_policy(kv_load_failure_policy),
+            defer_block_free=defer_block_free,
+            requires_kv_delivery=requires_kv_delivery,
+        )
+        self._core.set_kv_connector(connector, setup)
 
     @_exclusive
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:

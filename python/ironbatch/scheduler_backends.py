@@ -27,7 +27,10 @@ from ironbatch.lora import lora_adapter
 from ironbatch.multimodal import mm_inputs
 from ironbatch.prompt_embeds import embeds_digests
 from ironbatch.reference.args import draft_list
+from ironbatch.reference.kv_connector import KvConnectorSetup
+from ironbatch.reference.kv_connector import kv_report as kv_transfer_report
 from ironbatch.reference.request import NewRequest, Repetition, StopRules
+from ironbatch.reference.scheduler.update import accept_all as reference_accept_all
 from ironbatch.reference.step import StepOutput, UpdateOutput
 from ironbatch.request import Request
 from ironbatch.scheduler_output import STEP_COLUMNS
@@ -148,11 +151,8 @@ class RustBackend:
     def finish_requests(self, request_ids: list[str], status: str) -> None:
         self.core.finish_requests(request_ids, status)
 
-    def set_kv_connector(self, connector: Any) -> None:
-        self.core.set_kv_connector(connector)
-
-    def apply_kv_transfers(self, finished_recving: list[str], finished_sending: list[str]) -> None:
-        self.core.apply_kv_transfers(finished_recving, finished_sending)
+    def set_kv_connector(self, connector: Any, setup: KvConnectorSetup) -> None:
+        self.core.set_kv_connector(connector, setup)
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.core.reset_prefix_cache(reset_running_requests)
@@ -220,6 +220,7 @@ class _TwinUpdate:
     cached_tokens: np.ndarray
     finished: list[_FinishedRecord]
     spec_decoding_stats: Any
+    failed_loads: list[str]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -243,6 +244,7 @@ class _TwinUpdate:
                 for f in out.finished
             ],
             spec_decoding_stats=out.spec_decoding_stats,
+            failed_loads=[f.request_id for f in out.failed_loads],
         )
 
 
@@ -324,6 +326,7 @@ class PythonBackend:
         token_ids: np.ndarray,
         offsets: np.ndarray | None,
         accept: Callable[[int, Any, list[int]], bool] | None,
+        kv_connector_output: Any = None,
     ) -> _TwinUpdate:
         flat = token_ids
         if offsets is None:  # one token per row, -1 for none
@@ -341,12 +344,10 @@ class PythonBackend:
             np.cumsum(given, out=offsets[1:])
         else:
             tokens = flat.tolist()
-        if accept is None:
-            update = self.twin.update_from_output(step.step, tokens, offsets.tolist())
-        else:
-            update = self.twin.update_from_output_checked(
-                step.step, tokens, offsets.tolist(), accept
-            )
+        report = kv_transfer_report(kv_connector_output)
+        update = self.twin.update_with_kv_report(
+            step.step, tokens, offsets.tolist(), accept or reference_accept_all, report
+        )
         return _TwinUpdate.of(update)
 
     def apply_pooled(self, step: _TwinStep, pooled: list[bool]) -> _TwinUpdate:
@@ -355,11 +356,8 @@ class PythonBackend:
     def finish_requests(self, request_ids: list[str], status: str) -> None:
         self.twin.finish_requests(request_ids, reference.RequestStatus[status])
 
-    def set_kv_connector(self, connector: Any) -> None:
-        self.twin.set_kv_connector(connector)
-
-    def apply_kv_transfers(self, finished_recving: list[str], finished_sending: list[str]) -> None:
-        self.twin.apply_kv_transfers(finished_recving, finished_sending)
+    def set_kv_connector(self, connector: Any, setup: KvConnectorSetup) -> None:
+        self.twin.set_kv_connector(connector, setup)
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.twin.reset_prefix_cache(reset_running_requests)

@@ -377,6 +377,13 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
         }
 
     @property
+    def failed_loads(self) -> list[str]:
+        """Requests a failed KV load ended with an error (``"fail"``
+        policy, docs/scheduling.md §4.19), in the order found; no record
+        of theirs is among the rows."""
+        return self._update.failed_loads
+
+    @property
     def spec_decoding_stats(self) -> Any:
         """Drafts verified in this output (vLLM's ``SpecDecodingStats``
         fields: ``num_drafts``, ``num_draft_tokens``,

@@ -192,6 +192,19 @@ impl BlockPool {
         self.cached.insert(hash, id);
     }
 
+    /// Take each of `ids` out of the prefix cache if it is cached (vLLM's
+    /// `evict_blocks`: blocks whose KV failed to load); held or free, the
+    /// blocks stay where they are.
+    pub(crate) fn uncache(&mut self, ids: &[BlockId]) {
+        for &id in ids {
+            let block = &mut self.blocks[id as usize];
+            if let Some(hash) = block.hash.take() {
+                self.cached.remove(hash, id);
+                self.events.push(KvEvent::Removed { block_id: id });
+            }
+        }
+    }
+
     /// Read the map's slots for `hashes`, about to be cached, so that the
     /// inserts that follow find them in cache (their misses overlap here).
     pub(crate) fn read_ahead_map(&self, hashes: impl Iterator<Item = BlockHash>) {

@@ -37,6 +37,65 @@ impl ExternalHit {
     }
 }
 
+/// What becomes of a request whose KV load failed (vLLM's
+/// `kv_load_failure_policy`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum LoadFailurePolicy {
+    /// It ends with an error (vLLM's default).
+    #[default]
+    Fail,
+    /// It computes the tokens that did not arrive.
+    Recompute,
+}
+
+impl LoadFailurePolicy {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "fail" => Some(Self::Fail),
+            "recompute" => Some(Self::Recompute),
+            _ => None,
+        }
+    }
+}
+
+/// How the scheduler works with its connector: vLLM's settings, which it
+/// derives from the deployment's `kv_transfer_config`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvConnectorSetup {
+    pub load_failure_policy: LoadFailurePolicy,
+    /// Blocks freed while a step in flight may still write them wait until
+    /// that step's output is back (vLLM's `defer_block_free`: a consumer
+    /// role with more than one step in flight, where a load into reused
+    /// blocks is not ordered against that write).
+    pub defer_block_free: bool,
+    /// A preempted request's output in flight is dropped, not delivered
+    /// (the connector's `requires_kv_delivery`).
+    pub requires_kv_delivery: bool,
+}
+
+/// The worker's report of a step's KV transfers (vLLM's
+/// `KVConnectorOutput`, the parts the scheduler reads).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvTransferReport {
+    /// Loads done (or, for a request that finished meanwhile, over).
+    pub finished_recving: Vec<String>,
+    /// Sends done: the requests' held blocks may go.
+    pub finished_sending: Vec<String>,
+    /// Loads that failed whole.
+    pub failed_recving: Vec<String>,
+    /// Blocks whose load failed.
+    pub invalid_block_ids: Vec<BlockId>,
+}
+
+impl KvTransferReport {
+    pub fn is_empty(&self) -> bool {
+        self.finished_recving.is_empty()
+            && self.finished_sending.is_empty()
+            && self.failed_recving.is_empty()
+            && self.invalid_block_ids.is_empty()
+    }
+}
+
 /// The scheduler's calls into a KV connector.
 pub trait KvConnector: std::fmt::Debug + Send + Sync {
     /// The external hit of `request_id` (`num_tokens` tokens, the first

@@ -202,6 +202,9 @@ pub struct Request {
     /// A KV connector reported its load (`WaitingForRemoteKvs` only): the
     /// next waiting pass that reaches it settles the load (§4.19).
     pub kv_loaded: bool,
+    /// Part or all of its load failed and it computes what did not arrive
+    /// (vLLM's `failed_recving_kv_req_ids`; `WaitingForRemoteKvs` only).
+    pub kv_load_failed: bool,
     /// Admitted with prompt left to compute, or loading (vLLM's
     /// `_inflight_prefills`): an async load keeps room for what it still
     /// needs (§4.19).
@@ -242,6 +245,9 @@ pub struct Request {
     pub stop_reason: Option<StopReason>,
     pub priority: i64,
     pub arrival_time: f64,
+    /// The last step (of `sched_step_seq`) that scheduled it, while frees
+    /// are fenced (§4.19; a KV connector's consumer role only).
+    pub last_sched_seq: u64,
     pub request_id: String,
     /// A streaming session's chunks not applied yet; `None` for a request
     /// that was not added as one.
@@ -275,6 +281,8 @@ impl Request {
             num_output_placeholders: 0,
             deferred: false,
             kv_loaded: false,
+            kv_load_failed: false,
+            last_sched_seq: 0,
             inflight_prefill: false,
             skip_reading_prefix_cache: new.skip_reading_prefix_cache,
             grammar: new.structured_output.then_some(Grammar::Compiling),

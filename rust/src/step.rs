@@ -384,4 +384,15 @@ pub struct UpdateOutput {
     /// Drafts verified in this output; `None` when no request that got
     /// tokens had drafts scheduled.
     pub spec_decoding_stats: Option<SpecDecodingStats>,
+    /// Requests a failed KV load ended with an error (the "fail" policy,
+    /// §4.19), in the order found; they have no record.
+    pub failed_loads: Vec<FailedLoad>,
+}
+
+/// A request a failed KV load ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedLoad {
+    /// Its slot when it ended (free again unless its blocks are held).
+    pub slot: Slot,
+    pub request_id: String,
 }

@@ -100,6 +100,17 @@ class BlockPool:
             block.ref_cnt = 1
         return blocks
 
+    def uncache(self, block_ids: Iterable[int]) -> None:
+        """Take each block out of the prefix cache if it is cached (vLLM's
+        ``evict_blocks``: blocks whose KV failed to load); held or free, the
+        blocks stay where they are."""
+        for block_id in block_ids:
+            block = self._blocks[block_id]
+            if block.hash is not None:
+                self._cached.remove(block.hash, block)
+                block.hash = None
+                self.events.push(Removed(block_id))
+
     def touch(self, block_ids: Iterable[int]) -> None:
         """Add a reference to each block, taking free ones out of the queue
         (prefix-cache hits)."""
@@ -127,6 +138,10 @@ class BlockPool:
                     f"(ref_cnt {block.ref_cnt})"
                 )
         self.release(blocks)
+
+    def release_ids(self, block_ids: Iterable[int]) -> None:
+        """``release`` by block id (the Rust pool's ``release``)."""
+        self.release(self._blocks[b] for b in block_ids)
 
     def release(self, blocks: Iterable[Block]) -> None:
         """``free_blocks`` for blocks known to be held (a request's own

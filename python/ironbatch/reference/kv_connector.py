@@ -11,6 +11,7 @@ its own requests, never a step."""
 
 from __future__ import annotations
 
+import enum
 import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,6 +41,103 @@ class ExternalHit:
 
 
 NO_HIT = ExternalHit(0, False)
+
+
+class LoadFailurePolicy(enum.Enum):
+    """What becomes of a request whose KV load failed (vLLM's
+    ``kv_load_failure_policy``)."""
+
+    #: It ends with an error (vLLM's default).
+    FAIL = "fail"
+    #: It computes the tokens that did not arrive.
+    RECOMPUTE = "recompute"
+
+
+@dataclass(frozen=True)
+class KvConnectorSetup:
+    """How the scheduler works with its connector: vLLM's settings, which
+    it derives from the deployment's ``kv_transfer_config``."""
+
+    load_failure_policy: LoadFailurePolicy = LoadFailurePolicy.FAIL
+    #: Blocks freed while a step in flight may still write them wait until
+    #: that step's output is back (vLLM's ``defer_block_free``: a consumer
+    #: role with more than one step in flight, where a load into reused
+    #: blocks is not ordered against that write).
+    defer_block_free: bool = False
+    #: A preempted request's output in flight is dropped, not delivered
+    #: (the connector's ``requires_kv_delivery``).
+    requires_kv_delivery: bool = False
+
+
+@dataclass(frozen=True)
+class KvTransferReport:
+    """The worker's report of a step's KV transfers (vLLM's
+    ``KVConnectorOutput``, the parts the scheduler reads)."""
+
+    #: Loads done (or, for a request that finished meanwhile, over).
+    finished_recving: tuple[str, ...] = ()
+    #: Sends done: the requests' held blocks may go.
+    finished_sending: tuple[str, ...] = ()
+    #: Loads that failed whole.
+    failed_recving: tuple[str, ...] = ()
+    #: Blocks whose load failed.
+    invalid_block_ids: tuple[int, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (
+            self.finished_recving
+            or self.finished_sending
+            or self.failed_recving
+            or self.invalid_block_ids
+        )
+
+
+NO_REPORT = KvTransferReport()
+
+
+def load_failure_policy(name: str) -> LoadFailurePolicy:
+    """The policy named ``name`` (ValueError for another)."""
+    try:
+        return LoadFailurePolicy(name)
+    except ValueError:
+        raise ValueError(
+            f"kv_load_failure_policy must be 'fail' or 'recompute', got {name!r}"
+        ) from None
+
+
+def kv_report(obj: Any) -> KvTransferReport:
+    """The worker's report of a step's KV transfers, read from any object
+    with vLLM's ``KVConnectorOutput`` attributes (``finished_recving``,
+    ``finished_sending``, ``failed_recving``, ``invalid_block_ids``; absent
+    or None: empty), each iterated in its own order."""
+    if obj is None:
+        return NO_REPORT
+
+    def ids(name: str) -> tuple[str, ...]:
+        value = getattr(obj, name, None)
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            raise TypeError(
+                f"kv_connector_output.{name} must be a collection of request ids, got str"
+            )
+        out = tuple(value)
+        if not all(isinstance(rid, str) for rid in out):
+            raise TypeError(f"kv_connector_output.{name} must hold str")
+        return out
+
+    blocks = getattr(obj, "invalid_block_ids", None) or ()
+    invalid: list[int] = []
+    for b in blocks:
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < 2**32:
+            raise ValueError(f"kv_connector_output.invalid_block_ids: {b} is not a block id")
+        invalid.append(b)
+    return KvTransferReport(
+        finished_recving=ids("finished_recving"),
+        finished_sending=ids("finished_sending"),
+        failed_recving=ids("failed_recving"),
+        invalid_block_ids=tuple(invalid),
+    )
 
 
 class KvConnector(Protocol):

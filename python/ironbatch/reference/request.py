@@ -187,6 +187,12 @@ class Request:
     #: A KV connector reported its load (WAITING_FOR_REMOTE_KVS only): the
     #: next waiting pass that reaches it settles the load (§4.19).
     kv_loaded: bool = False
+    #: Part or all of its load failed and it computes what did not arrive
+    #: (vLLM's ``failed_recving_kv_req_ids``; WAITING_FOR_REMOTE_KVS only).
+    kv_load_failed: bool = False
+    #: The last step (of ``sched_step_seq``) that scheduled it, while frees
+    #: are fenced (§4.19).
+    last_sched_seq: int = 0
     #: Admitted with prompt left to compute, or loading (vLLM's
     #: ``_inflight_prefills``): an async load keeps room for what it still
     #: needs (§4.19).

@@ -267,3 +267,15 @@ class UpdateOutput:
     #: Drafts verified in this output; None when no request that got tokens
     #: had drafts scheduled.
     spec_decoding_stats: SpecDecodingStats | None = None
+    #: Requests a failed KV load ended with an error (the "fail" policy,
+    #: §4.19), in the order found; they have no record.
+    failed_loads: list[FailedLoad] = field(default_factory=list)
+
+
+@dataclass
+class FailedLoad:
+    """A request a failed KV load ended."""
+
+    #: Its slot when it ended (free again unless its blocks are held).
+    slot: int
+    request_id: str

@@ -191,6 +191,31 @@ impl KvCacheManager {
         }
     }
 
+    /// Empty every group's table without returning its blocks to the pool;
+    /// returns them in allocation order, group by group (vLLM's
+    /// `pop_blocks_for_free`), for [`Self::release_blocks_last_first`].
+    pub fn take_blocks(&mut self, tables: &mut [BlockTable]) -> Vec<BlockId> {
+        let mut blocks = Vec::new();
+        for table in tables.iter_mut() {
+            blocks.extend(table.blocks.iter().copied().filter(|&b| b != NULL_BLOCK));
+            table.blocks.clear();
+            table.sync_last();
+            table.num_cached = 0;
+        }
+        blocks
+    }
+
+    /// Return blocks taken by [`Self::take_blocks`] to the pool, the last
+    /// first.
+    pub fn release_blocks_last_first(&mut self, blocks: &[BlockId]) {
+        self.pool.release(blocks.iter().rev().copied());
+    }
+
+    /// Take blocks out of the prefix cache (ids checked by the caller).
+    pub fn uncache_blocks(&mut self, ids: &[BlockId]) {
+        self.pool.uncache(ids);
+    }
+
     /// Count one admission (docs/scheduling.md §7.10); only with prefix caching on.
     pub fn record_prefix_cache_stats(
         &mut self,

@@ -60,6 +60,12 @@ pub(super) fn debug_state<'py>(py: Python<'py>, c: &Scheduler) -> PyResult<Bound
         held.set_item(&r.request_id, tables)?;
     }
     d.set_item("kv_held", held)?;
+    // Blocks of freed requests fenced by a step in flight: (fence, blocks).
+    let deferred: Vec<(u64, Vec<u32>)> = c
+        .deferred_frees()
+        .map(|f| (f.fence, f.blocks.clone()))
+        .collect();
+    d.set_item("deferred_frees", deferred)?;
     let pool = c.kv().pool();
     d.set_item("free_block_ids", pool.free_block_ids().collect::<Vec<_>>())?;
     d.set_item(

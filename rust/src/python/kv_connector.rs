@@ -10,7 +10,8 @@
 //! never a step.
 
 use crate::block::BlockId;
-use crate::kv_connector::{ExternalHit, KvConnector};
+use crate::kv_connector::{ExternalHit, KvConnector, KvTransferReport};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 #[derive(Debug)]
@@ -95,4 +96,57 @@ impl KvConnector for PyKvConnector {
             }
         })
     }
+}
+
+/// The worker's report of a step's KV transfers, read from any object with
+/// vLLM's `KVConnectorOutput` attributes (`finished_recving`,
+/// `finished_sending`, `failed_recving`, `invalid_block_ids`; absent or
+/// `None`: empty), each iterated in its own order.
+pub(super) fn kv_report(obj: Option<&Bound<'_, PyAny>>) -> PyResult<KvTransferReport> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(KvTransferReport::default());
+    };
+    let field = |name: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
+        match obj.getattr_opt(name)? {
+            Some(v) if !v.is_none() => Ok(Some(v)),
+            _ => Ok(None),
+        }
+    };
+    let ids = |name: &str| -> PyResult<Vec<String>> {
+        let Some(v) = field(name)? else {
+            return Ok(Vec::new());
+        };
+        if v.is_instance_of::<pyo3::types::PyString>() {
+            return Err(PyTypeError::new_err(format!(
+                "kv_connector_output.{name} must be a collection of request ids, got str"
+            )));
+        }
+        v.try_iter()?
+            .map(|id| {
+                id?.extract::<String>().map_err(|_| {
+                    PyTypeError::new_err(format!("kv_connector_output.{name} must hold str"))
+                })
+            })
+            .collect()
+    };
+    let invalid_block_ids = match field("invalid_block_ids")? {
+        None => Vec::new(),
+        Some(v) => v
+            .try_iter()?
+            .map(|b| {
+                let b = b?;
+                b.extract::<BlockId>().map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "kv_connector_output.invalid_block_ids: {b} is not a block id"
+                    ))
+                })
+            })
+            .collect::<PyResult<_>>()?,
+    };
+    Ok(KvTransferReport {
+        finished_recving: ids("finished_recving")?,
+        finished_sending: ids("finished_sending")?,
+        failed_recving: ids("failed_recving")?,
+        invalid_block_ids,
+    })
 }

@@ -8,12 +8,13 @@
 
 use super::args::{count, draft_list, u32_list};
 use super::debug_state::debug_state;
-use super::kv_connector::PyKvConnector;
+use super::kv_connector::{kv_report, PyKvConnector};
 use super::kv_events::PyKvEvent;
 use super::request_extras::{lora_adapter, mm_inputs};
 use super::step::{PySchedulerStats, PyStep, PyStepUpdate};
 use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::kv_cache_manager::KvCacheConfig;
+use crate::kv_connector::{KvConnectorSetup, KvTransferReport, LoadFailurePolicy};
 use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopRules};
 use crate::scheduler::{Pause, Scheduler};
 use crate::scheduler_config::{EncoderConfig, Policy, Runner, SchedulerConfig};
@@ -134,6 +135,7 @@ impl PyScheduler {
         tokens: &[u32],
         offsets: &[usize],
         accept: Option<&Bound<'_, PyAny>>,
+        report: &KvTransferReport,
     ) -> PyResult<UpdateOutput> {
         let py_ids = &self.py_ids;
         let mut check = |slot: Slot, r: &Request, kept: &[u32]| -> bool {
@@ -153,7 +155,7 @@ impl PyScheduler {
         };
         let out = self
             .core
-            .update_from_output_checked(step, tokens, offsets, &mut check)?;
+            .update_with_kv_report(step, tokens, offsets, &mut check, report)?;
         self.forget_finished(&out);
         Ok(out)
     }
@@ -174,6 +176,9 @@ impl PyScheduler {
             if !f.session_continues {
                 self.py_ids[out.records[f.record].slot as usize] = None;
             }
+        }
+        for f in &out.failed_loads {
+            self.py_ids[f.slot as usize] = None;
         }
     }
 }
@@ -421,7 +426,7 @@ impl PyScheduler {
     /// `token_ids[offsets[i]:offsets[i+1]]`; without, `token_ids` holds one
     /// token per entry in scheduling order, -1 for none. `accept` judges
     /// structured-output requests' tokens (see `apply`).
-    #[pyo3(signature = (*, step, token_ids, offsets, accept=None))]
+    #[pyo3(signature = (*, step, token_ids, offsets, accept=None, kv_connector_output=None))]
     fn update_from_output<'py>(
         &mut self,
         py: Python<'py>,
@@ -429,7 +434,9 @@ impl PyScheduler {
         token_ids: PyReadonlyArray1<'py, i64>,
         offsets: Option<PyReadonlyArray1<'py, i64>>,
         accept: Option<&Bound<'py, PyAny>>,
+        kv_connector_output: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyStepUpdate> {
+        let report = kv_report(kv_connector_output)?;
         let step = step.get();
         let raw = token_ids.as_array();
         let (tokens, offsets) = match offsets {
@@ -469,7 +476,7 @@ impl PyScheduler {
                 (tokens, offsets)
             }
         };
-        let out = self.apply(py, &step.step, &tokens, &offsets, accept)?;
+        let out = self.apply(py, &step.step, &tokens, &offsets, accept, &report)?;
         PyStepUpdate::of(py, out)
     }
 
@@ -511,24 +518,26 @@ impl PyScheduler {
 
     /// Attach a KV connector's scheduler side (docs/scheduling.md §4.19),
     /// before any request.
-    #[pyo3(signature = (*, connector))]
-    fn set_kv_connector(&mut self, connector: Py<PyAny>) -> PyResult<()> {
-        let connector = Box::new(PyKvConnector { obj: connector });
-        Ok(self.core.set_kv_connector(connector)?)
-    }
-
-    /// The worker's report of finished KV transfers: loads
-    /// (`finished_recving`), then sends (`finished_sending`). Refused with
-    /// nothing changed for an id in no such state.
-    #[pyo3(signature = (*, finished_recving, finished_sending))]
-    fn apply_kv_transfers(
+    #[pyo3(signature = (*, connector, kv_load_failure_policy, defer_block_free, requires_kv_delivery))]
+    fn set_kv_connector(
         &mut self,
-        finished_recving: Vec<String>,
-        finished_sending: Vec<String>,
+        connector: Py<PyAny>,
+        kv_load_failure_policy: &str,
+        defer_block_free: bool,
+        requires_kv_delivery: bool,
     ) -> PyResult<()> {
-        Ok(self
-            .core
-            .apply_kv_transfers(&finished_recving, &finished_sending)?)
+        let policy = LoadFailurePolicy::parse(kv_load_failure_policy).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "kv_load_failure_policy must be 'fail' or 'recompute', got {kv_load_failure_policy:?}"
+            ))
+        })?;
+        let connector = Box::new(PyKvConnector { obj: connector });
+        let setup = KvConnectorSetup {
+            load_failure_policy: policy,
+            defer_block_free,
+            requires_kv_delivery,
+        };
+        Ok(self.core.set_kv_connector(connector, setup)?)
     }
 
     /// Forget every encoder output (after a weight update).

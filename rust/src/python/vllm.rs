@@ -94,7 +94,8 @@ pub(super) fn apply_runner_output<'py>(
         sampled_rows.push(sampled_row);
         offsets.push(tokens.len());
     }
-    let out = scheduler.apply(py, &step.step, &tokens, &offsets, accept)?;
+    let no_report = crate::kv_connector::KvTransferReport::default();
+    let out = scheduler.apply(py, &step.step, &tokens, &offsets, accept, &no_report)?;
     Ok((out, sampled_rows))
 }
 

@@ -6,10 +6,11 @@
 use super::tests::{config, new_request, Setup};
 use super::Scheduler;
 use crate::block::BlockId;
+use crate::error::Error;
 use crate::kv_connector::scripted::{Call, Scripted};
-use crate::kv_connector::ExternalHit;
+use crate::kv_connector::{ExternalHit, KvConnectorSetup, KvTransferReport, LoadFailurePolicy};
 use crate::request::RequestStatus;
-use crate::step::StepOutput;
+use crate::step::{StepOutput, UpdateOutput};
 use std::sync::{Arc, Mutex};
 
 /// Block size 4, `num_blocks` blocks, `budget` tokens a step, a scripted connector answering
@@ -20,6 +21,34 @@ fn with_connector(
     answers: &[(&str, Option<(usize, bool)>)],
     holds: &[&str],
 ) -> (Scheduler, Arc<Mutex<Vec<Call>>>) {
+    let setup = KvConnectorSetup::default();
+    with_setup(num_blocks, budget, answers, holds, setup, false)
+}
+
+/// [`with_connector`] under a load-failure policy.
+fn with_policy(
+    num_blocks: usize,
+    budget: usize,
+    answers: &[(&str, Option<(usize, bool)>)],
+    holds: &[&str],
+    policy: LoadFailurePolicy,
+) -> (Scheduler, Arc<Mutex<Vec<Call>>>) {
+    let setup = KvConnectorSetup {
+        load_failure_policy: policy,
+        ..KvConnectorSetup::default()
+    };
+    with_setup(num_blocks, budget, answers, holds, setup, false)
+}
+
+/// [`with_connector`] with a connector setup, async scheduling or not.
+fn with_setup(
+    num_blocks: usize,
+    budget: usize,
+    answers: &[(&str, Option<(usize, bool)>)],
+    holds: &[&str],
+    setup: KvConnectorSetup,
+    async_scheduling: bool,
+) -> (Scheduler, Arc<Mutex<Vec<Call>>>) {
     let mut c = config(Setup {
         num_blocks,
         max_model_len: 64,
@@ -27,6 +56,7 @@ fn with_connector(
         max_num_seqs: 8,
         // A long prompt leaves budget to the requests behind it.
         threshold: 20,
+        async_scheduling,
         ..Setup::default()
     });
     c.cache.block_size = 4;
@@ -46,7 +76,7 @@ fn with_connector(
         holds: holds.iter().map(|h| h.to_string()).collect(),
         log: log.clone(),
     };
-    s.set_kv_connector(Box::new(connector)).unwrap();
+    s.set_kv_connector(Box::new(connector), setup).unwrap();
     (s, log)
 }
 
@@ -67,6 +97,17 @@ fn blocks_of(s: &Scheduler, id: &str) -> Vec<BlockId> {
 
 /// Apply a step, each sampling row getting token 7.
 fn sampled(s: &mut Scheduler, out: &StepOutput) -> Vec<String> {
+    let update = reported(s, out, &KvTransferReport::default()).unwrap();
+    update.finished.into_iter().map(|f| f.request_id).collect()
+}
+
+/// Apply a step (each sampling row getting token 7) with the worker's
+/// report of its KV transfers.
+fn reported(
+    s: &mut Scheduler,
+    out: &StepOutput,
+    report: &KvTransferReport,
+) -> Result<UpdateOutput, Error> {
     let mut tokens = Vec::new();
     let mut offsets = vec![0];
     for e in &out.entries {
@@ -75,8 +116,16 @@ fn sampled(s: &mut Scheduler, out: &StepOutput) -> Vec<String> {
         }
         offsets.push(tokens.len());
     }
-    let update = s.update_from_output(out, &tokens, &offsets).unwrap();
-    update.finished.into_iter().map(|f| f.request_id).collect()
+    s.update_with_kv_report(out, &tokens, &offsets, &mut |_, _, _| true, report)
+}
+
+/// A report of finished transfers only.
+fn transfers(recving: &[&str], sending: &[&str]) -> KvTransferReport {
+    KvTransferReport {
+        finished_recving: recving.iter().map(|id| id.to_string()).collect(),
+        finished_sending: sending.iter().map(|id| id.to_string()).collect(),
+        ..KvTransferReport::default()
+    }
 }
 
 #[test]
@@ -101,8 +150,7 @@ fn a_load_arriving_two_steps_later_is_scheduled_once_reported() {
     sampled(&mut s, &out);
     let out = s.schedule();
     assert!(out.entries.is_empty(), "still loading");
-    sampled(&mut s, &out);
-    s.apply_kv_transfers(&["r"], &[]).unwrap();
+    reported(&mut s, &out, &transfers(&["r"], &[])).unwrap();
     let out = s.schedule();
     assert_eq!(counts(&s, &out), vec![("r".into(), 13, 1)]);
     assert_eq!(s.request(slot).unwrap().num_cached_blocks(), 3);
@@ -186,7 +234,8 @@ fn blocks_held_for_a_send_are_freed_when_it_is_reported() {
     assert!(s
         .finish_requests(&["r"], RequestStatus::FinishedAborted)
         .is_empty());
-    s.apply_kv_transfers::<&str>(&[], &["r"]).unwrap();
+    let out = s.schedule();
+    reported(&mut s, &out, &transfers(&[], &["r"])).unwrap();
     assert_eq!(s.kv.num_free_blocks(), 19);
     assert_eq!(s.slot_of("r"), None);
 }
@@ -204,7 +253,8 @@ fn a_request_aborted_while_loading_keeps_its_blocks_until_the_load_is_reported()
         19 - 2,
         "the load may still write them"
     );
-    s.apply_kv_transfers::<&str>(&["r"], &[]).unwrap();
+    let out = s.schedule();
+    reported(&mut s, &out, &transfers(&["r"], &[])).unwrap();
     assert_eq!(s.kv.num_free_blocks(), 19);
 }
 
@@ -239,14 +289,26 @@ fn transfer_reports_for_unknown_or_unready_requests_are_refused_unchanged() {
     let (mut s, _) = with_connector(20, 64, &[], &[]);
     s.add_request(new_request("a", (100..110).collect(), 4))
         .unwrap();
-    assert!(s.apply_kv_transfers(&["nobody"], &[]).is_err());
-    assert!(s.apply_kv_transfers(&["a"], &[]).is_err(), "not loading");
-    assert!(
-        s.apply_kv_transfers::<&str>(&[], &["a"]).is_err(),
-        "not finished"
-    );
     let out = s.schedule();
     assert_eq!(counts(&s, &out), vec![("a".into(), 0, 10)]);
+    assert!(reported(&mut s, &out, &transfers(&["nobody"], &[])).is_err());
+    assert!(
+        reported(&mut s, &out, &transfers(&["a"], &[])).is_err(),
+        "not loading"
+    );
+    assert!(
+        reported(&mut s, &out, &transfers(&[], &["a"])).is_err(),
+        "not finished"
+    );
+    let outside = KvTransferReport {
+        invalid_block_ids: vec![20],
+        ..KvTransferReport::default()
+    };
+    assert!(reported(&mut s, &out, &outside).is_err(), "no block 20");
+    // Refused whole: the step's output still applies, once.
+    assert_eq!(sampled(&mut s, &out), Vec::<String>::new());
+    let slot = s.slot_of("a").unwrap();
+    assert_eq!(s.request(slot).unwrap().num_tokens(), 11);
 }
 
 #[test]
@@ -254,10 +316,233 @@ fn a_connector_needs_one_full_attention_group_and_no_requests_yet() {
     let (mut s, _) = with_connector(20, 64, &[], &[]);
     s.add_request(new_request("a", vec![1, 2, 3], 4)).unwrap();
     let err = s
-        .set_kv_connector(Box::new(Scripted::default()))
+        .set_kv_connector(Box::new(Scripted::default()), KvConnectorSetup::default())
         .unwrap_err();
     assert!(
         err.to_string().contains("before the first request"),
         "{err}"
     );
+}
+
+/// A report of failures only.
+fn failures(failed_recving: &[&str], invalid_block_ids: &[BlockId]) -> KvTransferReport {
+    KvTransferReport {
+        failed_recving: failed_recving.iter().map(|id| id.to_string()).collect(),
+        invalid_block_ids: invalid_block_ids.to_vec(),
+        ..KvTransferReport::default()
+    }
+}
+
+/// §4.19's worked example up to its failure: "r"'s 14 tokens loaded into
+/// blocks 1-4 over two steps, the second step's report naming the load
+/// done and block 3 (tokens 8-11) failed.
+fn worked_example(policy: LoadFailurePolicy) -> (Scheduler, Arc<Mutex<Vec<Call>>>, UpdateOutput) {
+    let answers = [("r", Some((14, true)))];
+    let (mut s, log) = with_policy(20, 64, &answers, &[], policy);
+    s.add_request(new_request("r", (100..114).collect(), 4))
+        .unwrap();
+    let out = s.schedule();
+    sampled(&mut s, &out);
+    assert_eq!(s.kv.num_free_blocks(), 19 - 4);
+    let out = s.schedule();
+    let report = KvTransferReport {
+        finished_recving: vec!["r".into()],
+        invalid_block_ids: vec![3],
+        ..KvTransferReport::default()
+    };
+    let update = reported(&mut s, &out, &report).unwrap();
+    (s, log, update)
+}
+
+#[test]
+fn a_load_with_a_failed_block_computes_from_that_block_under_recompute() {
+    let (mut s, log, update) = worked_example(LoadFailurePolicy::Recompute);
+    assert!(update.failed_loads.is_empty());
+    let slot = s.slot_of("r").unwrap();
+    assert_eq!(s.request(slot).unwrap().seq.num_computed_tokens, 8);
+    let out = s.schedule();
+    assert_eq!(counts(&s, &out), vec![("r".into(), 8, 6)]);
+    assert_eq!(
+        s.request(slot).unwrap().num_cached_blocks(),
+        3,
+        "blocks 1-2 that arrived, block 3 as this step fills it"
+    );
+    assert_eq!(blocks_of(&s, "r"), vec![1, 2, 3, 4]);
+    assert_eq!(
+        log.lock().unwrap().last(),
+        Some(&Call::AfterAlloc("r".into(), vec![vec![1, 2, 3, 4]], 0))
+    );
+}
+
+#[test]
+fn a_load_with_a_failed_block_ends_the_request_under_fail() {
+    let (mut s, log, update) = worked_example(LoadFailurePolicy::Fail);
+    assert_eq!(update.failed_loads.len(), 1);
+    assert_eq!(update.failed_loads[0].request_id, "r");
+    // Ended while its load was out (blocks held), then the same report's
+    // finished_recving lets them go.
+    assert_eq!(s.kv.num_free_blocks(), 19);
+    assert_eq!(s.slot_of("r"), None);
+    assert_eq!(
+        log.lock().unwrap().last(),
+        Some(&Call::Finished(
+            "r".into(),
+            vec![vec![1, 2]],
+            "FINISHED_ERROR".into()
+        )),
+        "told with the blocks before the cut"
+    );
+    assert_eq!(s.schedule().finished_req_ids, vec!["r".to_string()]);
+}
+
+#[test]
+fn a_load_failed_whole_asks_the_connector_again_under_recompute() {
+    let (mut s, log) = with_policy(
+        20,
+        64,
+        &[("r", Some((8, true)))],
+        &[],
+        LoadFailurePolicy::Recompute,
+    );
+    s.add_request(new_request("r", (100..110).collect(), 4))
+        .unwrap();
+    let out = s.schedule();
+    let report = KvTransferReport {
+        finished_recving: vec!["r".into()],
+        failed_recving: vec!["r".into(), "nobody".into()],
+        ..KvTransferReport::default()
+    };
+    reported(&mut s, &out, &report).unwrap();
+    // The next pass frees its blocks and asks again: the same answer, a
+    // load into fresh blocks (the freed ones, last first).
+    let out = s.schedule();
+    assert!(out.entries.is_empty());
+    let slot = s.slot_of("r").unwrap();
+    assert_eq!(
+        s.request(slot).unwrap().status,
+        RequestStatus::WaitingForRemoteKvs
+    );
+    let matched = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| matches!(c, Call::Matched(..)))
+        .count();
+    assert_eq!(matched, 2);
+    assert_eq!(s.kv.num_free_blocks(), 19 - 2);
+}
+
+#[test]
+fn a_running_request_whose_sync_load_failed_drops_its_output_and_computes_again() {
+    // "a" hits 8 tokens synchronously (blocks 1, 2) and runs 2 more; block
+    // 2 failed: under recompute it goes back to token 4, its sampled token
+    // dropped.
+    let (mut s, _) = with_policy(
+        20,
+        64,
+        &[("a", Some((8, false)))],
+        &[],
+        LoadFailurePolicy::Recompute,
+    );
+    s.add_request(new_request("a", (100..110).collect(), 4))
+        .unwrap();
+    let out = s.schedule();
+    assert_eq!(counts(&s, &out), vec![("a".into(), 8, 2)]);
+    assert!(out.has_sync_kv_loads);
+    let update = reported(&mut s, &out, &failures(&[], &[2])).unwrap();
+    assert!(update.records.is_empty(), "no output this step");
+    let slot = s.slot_of("a").unwrap();
+    assert_eq!(s.request(slot).unwrap().num_tokens(), 10);
+    let out = s.schedule();
+    assert_eq!(counts(&s, &out), vec![("a".into(), 4, 6)]);
+}
+
+#[test]
+fn a_failed_block_two_requests_share_is_recomputed_by_the_first() {
+    // "a" and "b" share a 4-token prefix; "a" loaded it synchronously (block
+    // 1), "b" hit it locally in the same step. Block 1 fails: "a" claims it
+    // and goes back to 0; "b" keeps it as computed and loses only this
+    // step's tokens.
+    let (mut s, _) = with_policy(
+        20,
+        64,
+        &[("a", Some((4, false)))],
+        &[],
+        LoadFailurePolicy::Recompute,
+    );
+    let prefix: Vec<u32> = (100..104).collect();
+    let a: Vec<u32> = prefix.iter().copied().chain(200..204).collect();
+    let b: Vec<u32> = prefix.iter().copied().chain(300..304).collect();
+    s.add_request(new_request("a", a, 4)).unwrap();
+    let out = s.schedule();
+    sampled(&mut s, &out);
+    s.add_request(new_request("b", b, 4)).unwrap();
+    let out = s.schedule();
+    assert_eq!(
+        counts(&s, &out),
+        vec![("a".into(), 8, 1), ("b".into(), 4, 4)]
+    );
+    let update = reported(&mut s, &out, &failures(&[], &[1])).unwrap();
+    assert!(update.records.is_empty());
+    let computed = |id: &str| {
+        s.request(s.slot_of(id).unwrap())
+            .unwrap()
+            .seq
+            .num_computed_tokens
+    };
+    assert_eq!((computed("a"), computed("b")), (0, 4));
+}
+
+fn fenced(num_blocks: usize) -> Scheduler {
+    let setup = KvConnectorSetup {
+        defer_block_free: true,
+        ..KvConnectorSetup::default()
+    };
+    with_setup(num_blocks, 64, &[], &[], setup, true).0
+}
+
+#[test]
+fn a_fenced_free_waits_for_the_step_in_flight() {
+    // Async: "a" is in steps 1 and 2 and is aborted before either comes
+    // back: its blocks wait for step 2's output.
+    let mut s = fenced(20);
+    s.add_request(new_request("a", (100..110).collect(), 4))
+        .unwrap();
+    let step1 = s.schedule();
+    let step2 = s.schedule();
+    assert_eq!(counts(&s, &step2), vec![("a".into(), 10, 1)]);
+    s.finish_requests(&["a"], RequestStatus::FinishedAborted);
+    assert_eq!(s.kv.num_free_blocks(), 19 - 3, "fenced by step 2");
+    let fences: Vec<u64> = s.deferred_frees().map(|d| d.fence).collect();
+    assert_eq!(fences, vec![2]);
+    sampled(&mut s, &step1);
+    assert_eq!(s.kv.num_free_blocks(), 19 - 3, "step 2 is still out");
+    sampled(&mut s, &step2);
+    assert_eq!(s.kv.num_free_blocks(), 19);
+    assert_eq!(s.deferred_frees().count(), 0);
+}
+
+#[test]
+fn a_victim_fenced_by_a_step_in_flight_is_not_preempted() {
+    // 5 usable blocks of 4 tokens; "a" and "b" (8 tokens each) take 4 in
+    // step 1. In step 2 (async, step 1 still out) "a" takes the last free
+    // block for its decode, and "b" needs one: its own blocks are the
+    // victim's, fenced by step 1, so the pass ends without preempting. In
+    // step 3, step 1 back, "b" is preempted as usual.
+    let mut s = fenced(6);
+    s.add_request(new_request("a", (100..108).collect(), 20))
+        .unwrap();
+    s.add_request(new_request("b", (200..208).collect(), 20))
+        .unwrap();
+    let step1 = s.schedule();
+    assert_eq!(
+        counts(&s, &step1),
+        vec![("a".into(), 0, 8), ("b".into(), 0, 8)]
+    );
+    let step2 = s.schedule();
+    assert_eq!(counts(&s, &step2), vec![("a".into(), 8, 1)]);
+    assert!(step2.preempted_req_ids.is_empty());
+    sampled(&mut s, &step1);
+    let step3 = s.schedule();
+    assert_eq!(step3.preempted_req_ids, vec!["b".to_string()]);
 }

@@ -3,11 +3,11 @@
 //! (`WaitingForRemoteKvs`), blocks a finished request keeps while the
 //! connector sends them, and the transfers the worker reports back.
 
-use super::Scheduler;
+use super::{DeferredFree, Scheduler};
 use crate::block::BlockId;
 use crate::cdiv;
 use crate::error::Error;
-use crate::kv_connector::{ExternalHit, KvConnector};
+use crate::kv_connector::{ExternalHit, KvConnector, KvConnectorSetup};
 use crate::request::RequestStatus;
 use crate::scheduler_config::Runner;
 use crate::slab::Slot;
@@ -26,7 +26,11 @@ impl Scheduler {
     /// Attach a KV connector; before any request, and only where the core
     /// follows vLLM with one: one full-attention KV-cache group, a
     /// generating runner, no encoder.
-    pub fn set_kv_connector(&mut self, connector: Box<dyn KvConnector>) -> Result<(), Error> {
+    pub fn set_kv_connector(
+        &mut self,
+        connector: Box<dyn KvConnector>,
+        setup: KvConnectorSetup,
+    ) -> Result<(), Error> {
         let c = &self.config;
         let why = if !self.ids.is_empty() {
             Some("it must be set before the first request")
@@ -44,6 +48,7 @@ impl Scheduler {
             return Err(Error::invalid(format!("kv_connector: {why}")));
         }
         self.connector = Some(connector);
+        self.kv_setup = setup;
         Ok(())
     }
 
@@ -54,6 +59,12 @@ impl Scheduler {
             .values()
             .copied()
             .filter(|&slot| self.requests[slot].status.is_finished())
+    }
+
+    /// Blocks of freed requests set aside while a step in flight may still
+    /// write them (fenced frees), oldest first.
+    pub fn deferred_frees(&self) -> impl Iterator<Item = &DeferredFree> + '_ {
+        self.deferred_frees.iter()
     }
 
     /// Whether a KV connector is attached.
@@ -117,13 +128,21 @@ impl Scheduler {
     }
 
     /// A loading request the waiting pass reached after its load was
-    /// reported: its loaded blocks are cached, a load of every token gives
-    /// the last back (to compute and sample from), and it waits as before.
+    /// reported: its loaded blocks are cached (after a failure, those
+    /// before the cut; with nothing left, its blocks go and it asks again),
+    /// a load of every token gives the last back (to compute and sample
+    /// from), and it waits as before.
     pub(super) fn settle_load(&mut self, slot: Slot) {
         let first = self.requests[slot].num_cached_blocks();
         let r = &mut self.requests[slot];
         let computed = r.seq.num_computed_tokens;
-        self.kv.cache_full_blocks(&mut r.tables, &r.seq, computed);
+        if r.kv_load_failed && computed == 0 {
+            // There may be a local hit when it asks again.
+            self.kv.free(&mut r.tables);
+        } else {
+            self.kv.cache_full_blocks(&mut r.tables, &r.seq, computed);
+        }
+        r.kv_load_failed = false;
         if computed == r.num_tokens() {
             r.seq.num_computed_tokens -= 1;
         }
@@ -160,16 +179,15 @@ impl Scheduler {
             .is_some_and(|c| c.has_pending_block_frees())
     }
 
-    /// The worker's report of finished transfers (vLLM's
-    /// `finished_recving`, then `finished_sending`): a loading request is
-    /// ready for the next waiting pass, one that finished while loading
-    /// lets its blocks go; a sent request lets its blocks go. Unknown ids,
-    /// and ids in no such state, are refused with nothing changed.
-    pub fn apply_kv_transfers<S: AsRef<str>>(
-        &mut self,
+    /// The transfers a report names, checked: a load done must be of a
+    /// request loading (or finished meanwhile), a send done of a finished
+    /// one. Unknown ids, and ids in no such state, are refused with
+    /// nothing changed. Returns the slots (loaded, sent), each once.
+    pub(super) fn check_kv_transfers<S: AsRef<str>>(
+        &self,
         finished_recving: &[S],
         finished_sending: &[S],
-    ) -> Result<(), Error> {
+    ) -> Result<(Vec<Slot>, Vec<Slot>), Error> {
         let slot_of = |id: &str, what: &str| -> Result<Slot, Error> {
             self.ids.get(id).copied().ok_or_else(|| {
                 Error::invalid(format!("{what}: request {id:?} is not a live request"))
@@ -204,16 +222,37 @@ impl Scheduler {
                 sent.push(slot);
             }
         }
-        for slot in loaded {
-            if self.requests[slot].status.is_finished() {
+        Ok((loaded, sent))
+    }
+
+    /// The worker's report of finished transfers (vLLM's
+    /// `finished_recving`, then `finished_sending`), checked by
+    /// [`Self::check_kv_transfers`] before the update began: a loading
+    /// request is ready for the next waiting pass, one that finished while
+    /// loading lets its blocks go; a sent request lets its blocks go. (An
+    /// id the update itself let go meanwhile is passed over.)
+    pub(super) fn settle_kv_transfers(
+        &mut self,
+        finished_recving: &[String],
+        finished_sending: &[String],
+    ) {
+        for id in finished_recving {
+            let Some(&slot) = self.ids.get(id.as_str()) else {
+                continue;
+            };
+            let r = &mut self.requests[slot];
+            if r.status.is_finished() {
                 self.release_request(slot);
-            } else {
-                self.requests[slot].kv_loaded = true;
+            } else if r.status == RequestStatus::WaitingForRemoteKvs {
+                r.kv_loaded = true;
             }
         }
-        for slot in sent {
-            self.release_request(slot);
+        for id in finished_sending {
+            if let Some(&slot) = self.ids.get(id.as_str()) {
+                if self.requests[slot].status.is_finished() {
+                    self.release_request(slot);
+                }
+            }
         }
-        Ok(())
     }
 }

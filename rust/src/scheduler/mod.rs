@@ -16,6 +16,7 @@
 
 mod drafts;
 mod encoder_inputs;
+mod kv_load_failure;
 mod kv_transfer;
 mod pooler_output;
 mod preemption;
@@ -50,7 +51,7 @@ use crate::encoder_cache::EncoderCache;
 use crate::encoder_decoder_cache::EncoderDecoderCache;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
-use crate::kv_connector::KvConnector;
+use crate::kv_connector::{KvConnector, KvConnectorSetup};
 use crate::kv_events::KvEvent;
 use crate::multimodal::MultimodalInput;
 use crate::multimodal::{check_inputs, InputPlacement};
@@ -178,6 +179,23 @@ pub struct Scheduler {
     encoder: EncoderStore,
     /// The scheduler's side of a KV connector, if any (§4.19).
     connector: Option<Box<dyn KvConnector>>,
+    /// How the scheduler works with its KV connector (§4.19).
+    kv_setup: KvConnectorSetup,
+    /// Fenced frees (§4.19): steps scheduled with tokens, and those whose
+    /// output came back, counted while `kv_setup.defer_block_free`.
+    sched_step_seq: u64,
+    processed_step_seq: u64,
+    /// Blocks waiting for a step in flight to come back, oldest first.
+    deferred_frees: VecDeque<DeferredFree>,
+}
+
+/// Blocks a freed request left while a step in flight may still write
+/// them: they go back to the pool once step `fence` has come back.
+#[derive(Debug)]
+pub struct DeferredFree {
+    pub fence: u64,
+    /// In allocation order.
+    pub blocks: Vec<BlockId>,
 }
 
 /// The encoder's outputs as the scheduler tracks them: a cache shared by
@@ -250,6 +268,10 @@ impl Scheduler {
             cadence,
             encoder,
             connector: None,
+            kv_setup: KvConnectorSetup::default(),
+            sched_step_seq: 0,
+            processed_step_seq: 0,
+            deferred_frees: VecDeque::new(),
         })
     }
 
@@ -600,17 +622,56 @@ impl Scheduler {
         self.num_deferred -= std::mem::take(&mut r.deferred) as usize;
         r.inflight_prefill = false;
         r.kv_loaded = false;
+        r.kv_load_failed = false;
         self.finished_ids.push(r.request_id.clone());
         if !held {
             self.release_request(slot);
         }
     }
 
-    /// Return a finished request's blocks and slot.
+    /// Return a finished request's blocks (fenced, §4.19) and slot.
     fn release_request(&mut self, slot: Slot) {
-        let mut r = self.requests.remove(slot);
-        self.kv.free(&mut r.tables);
+        self.free_blocks_of(slot);
+        let r = self.requests.remove(slot);
         self.ids.remove(&r.request_id);
+    }
+
+    /// Return the blocks of the request in `slot` to the pool, or, while a
+    /// step in flight may still write them (fenced frees, §4.19), set them
+    /// aside until that step comes back.
+    pub(super) fn free_blocks_of(&mut self, slot: Slot) {
+        let r = &mut self.requests[slot];
+        if !self.kv_setup.defer_block_free || r.last_sched_seq <= self.processed_step_seq {
+            self.kv.free(&mut r.tables);
+            return;
+        }
+        let blocks = self.kv.take_blocks(&mut r.tables);
+        if !blocks.is_empty() {
+            self.deferred_frees.push_back(DeferredFree {
+                fence: self.sched_step_seq,
+                blocks,
+            });
+        }
+    }
+
+    /// Whether the request in `slot` may be preempted now: its blocks are
+    /// not fenced by a step in flight (vLLM's `_request_blocks_can_be_freed`).
+    pub(super) fn blocks_can_be_freed(&self, slot: Slot) -> bool {
+        !self.kv_setup.defer_block_free
+            || self.requests[slot].last_sched_seq <= self.processed_step_seq
+    }
+
+    /// A step with tokens came back: fenced blocks whose step is done go
+    /// back to the pool, each set last block first (stopping at the first
+    /// still fenced, as vLLM does).
+    pub(super) fn drain_deferred_frees(&mut self) {
+        while let Some(d) = self.deferred_frees.front() {
+            if d.fence > self.processed_step_seq {
+                break;
+            }
+            let d = self.deferred_frees.pop_front().expect("peeked");
+            self.kv.release_blocks_last_first(&d.blocks);
+        }
     }
 
     /// One scheduling decision (docs/scheduling.md §4).

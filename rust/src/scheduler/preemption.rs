@@ -24,15 +24,7 @@ impl Scheduler {
             // Never scheduled already: the pass walks forward to it.
             return self.running.pop().expect("the current request is running");
         }
-        let mut v = 0;
-        for (k, &slot) in self.running.iter().enumerate() {
-            let (cand, best) = (&self.requests[slot], &self.requests[self.running[v]]);
-            let greater = cand.priority > best.priority
-                || (cand.priority == best.priority && cand.arrival_time > best.arrival_time);
-            if greater {
-                v = k;
-            }
-        }
+        let v = self.victim_index();
         let victim = self.running.remove(v);
         if v < *cursor {
             *cursor -= 1;
@@ -48,6 +40,30 @@ impl Scheduler {
         victim
     }
 
+    /// The victim [`Self::take_victim`] would take while `current` asks
+    /// for blocks, left in `running`.
+    pub(super) fn victim(&self, current: Slot) -> Slot {
+        match self.config.policy {
+            Policy::Fcfs => *self.running.last().unwrap_or(&current),
+            Policy::Priority => self.running[self.victim_index()],
+        }
+    }
+
+    /// Priority's victim: the index in `running` of the largest
+    /// `(priority, arrival_time)`, the earliest on ties.
+    fn victim_index(&self) -> usize {
+        let mut v = 0;
+        for (k, &slot) in self.running.iter().enumerate() {
+            let (cand, best) = (&self.requests[slot], &self.requests[self.running[v]]);
+            let greater = cand.priority > best.priority
+                || (cand.priority == best.priority && cand.arrival_time > best.arrival_time);
+            if greater {
+                v = k;
+            }
+        }
+        v
+    }
+
     /// Preempt a request that already left `running`: free its blocks,
     /// forget what it computed, and put it at the head of the waiting queue.
     /// Its output in flight becomes stale (docs/scheduling.md §5.4): still
@@ -55,8 +71,8 @@ impl Scheduler {
     /// `drop_stale` (a reset) discards that share instead.
     pub(super) fn preempt(&mut self, slot: Slot, drop_stale: bool) {
         self.release_all_encoded(slot);
+        self.free_blocks_of(slot);
         let r = &mut self.requests[slot];
-        self.kv.free(&mut r.tables);
         r.status = RequestStatus::Preempted;
         r.seq.num_computed_tokens = 0;
         r.num_preemptions += 1;

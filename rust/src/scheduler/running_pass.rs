@@ -17,8 +17,9 @@ enum Grant {
     Grown(usize),
     /// It was the victim itself.
     PreemptedItself,
-    /// Too few blocks, and the KV connector is about to free some: the
-    /// pass ends without preempting.
+    /// Too few blocks, and the KV connector is about to free some, or the
+    /// victim's blocks are fenced by a step in flight: the pass ends
+    /// without preempting.
     AwaitingFrees,
 }
 
@@ -158,8 +159,13 @@ impl Scheduler {
             if self.connector_frees_pending() {
                 return Grant::AwaitingFrees;
             }
+            // A victim a step in flight may still write cannot give its
+            // blocks back yet: the pass ends as if none were to be had.
+            if !self.blocks_can_be_freed(self.victim(slot)) {
+                return Grant::AwaitingFrees;
+            }
             let victim = self.take_victim(slot, cursor, draft);
-            self.preempt(victim, false);
+            self.preempt(victim, self.kv_setup.requires_kv_delivery);
             draft.preempted_any = true;
             if victim == slot {
                 return Grant::PreemptedItself;

@@ -15,6 +15,11 @@ impl Scheduler {
                 <= self.config.max_num_batched_tokens
         );
         debug_assert!(self.running.len() <= self.config.max_num_seqs);
+        let fenced = self.kv_setup.defer_block_free && entries.iter().any(|e| e.num_tokens > 0);
+        if fenced {
+            // A step that writes KV: frees of its requests wait for it.
+            self.sched_step_seq += 1;
+        }
         let bs = self.kv.block_size();
         let mut out = StepOutput::with_capacity(entries.len(), self.kv.groups().len(), bs);
         out.cross_groups = self.kv.cross_groups();
@@ -54,6 +59,9 @@ impl Scheduler {
             }
             r.seq.num_computed_tokens += e.num_tokens;
             r.in_flight_tokens += e.num_tokens;
+            if fenced {
+                r.last_sched_seq = self.sched_step_seq;
+            }
             r.prefill_chunk = r.is_prefill_chunk();
             if !r.prefill_chunk {
                 // Its prefill is done: an async load reserves nothing for it.

@@ -4,15 +4,17 @@
 //! freed in scheduling order, and (async) placeholders are resolved.
 
 use super::encoder_inputs::release_encoded;
+use super::kv_load_failure::FailedLoads;
 use super::Scheduler;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
+use crate::kv_connector::KvTransferReport;
 use crate::kv_events::KvEvent;
 use crate::request::{Request, RequestStatus};
 use crate::scheduler_config::Runner;
 use crate::slab::Slot;
 use crate::spec_decode::SpecDecodingStats;
-use crate::step::{Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
+use crate::step::{FailedLoad, Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
 use crate::stop_check::check_stop;
 
 /// The requests an update finished, by the queue each leaves.
@@ -49,7 +51,37 @@ impl Scheduler {
         offsets: &[usize],
         accept: &mut dyn FnMut(Slot, &Request, &[u32]) -> bool,
     ) -> Result<UpdateOutput, Error> {
+        let no_report = KvTransferReport::default();
+        self.update_with_kv_report(step, tokens, offsets, accept, &no_report)
+    }
+
+    /// [`Self::update_from_output_checked`] with the worker's report of the
+    /// step's KV transfers (§4.19), in vLLM's order: failed loads cut their
+    /// requests back first (those scheduled in the step take no output),
+    /// then the output is applied, then requests the "fail" policy ends
+    /// finish with an error, then finished loads and sends are settled.
+    pub fn update_with_kv_report(
+        &mut self,
+        step: &StepOutput,
+        tokens: &[u32],
+        offsets: &[usize],
+        accept: &mut dyn FnMut(Slot, &Request, &[u32]) -> bool,
+        report: &KvTransferReport,
+    ) -> Result<UpdateOutput, Error> {
         self.check_update(step, tokens, offsets)?;
+        if !report.is_empty() {
+            self.check_kv_report(report)?;
+        }
+        if self.kv_setup.defer_block_free && step.entries.iter().any(|e| e.num_tokens > 0) {
+            // Every write of this step and those before it is done.
+            self.processed_step_seq += 1;
+            self.drain_deferred_frees();
+        }
+        let failed = if report.failed_recving.is_empty() && report.invalid_block_ids.is_empty() {
+            FailedLoads::default()
+        } else {
+            self.apply_failed_loads(report, step)
+        };
         self.pending_steps.retain(|&s| s != step.step_id);
         // Each scheduled request's last token, which the update appends after.
         self.read_ahead(step.entries.iter().map(|e| e.slot), |r| {
@@ -65,12 +97,38 @@ impl Scheduler {
             if !self.is_live(e) {
                 continue; // finished (and maybe its slot reused) meanwhile
             }
+            if failed.skip.contains(&e.slot) {
+                // Cut back by a failed load: it computes again from there.
+                let r = &mut self.requests[e.slot];
+                r.in_flight_tokens = r.in_flight_tokens.saturating_sub(e.num_tokens);
+                r.stale_tokens = r.stale_tokens.saturating_sub(e.num_tokens);
+                continue;
+            }
             let sampled = &tokens[offsets[i]..offsets[i + 1]];
             if let Some(status_before) = self.apply_output(i, e, sampled, accept, &mut out) {
                 self.end_request(e.slot, status_before, &mut out, &mut ended);
             }
         }
         self.unqueue_ended(ended);
+        if !failed.ended.is_empty() {
+            out.failed_loads = failed
+                .ended
+                .iter()
+                .map(|&slot| FailedLoad {
+                    slot,
+                    request_id: self.requests[slot].request_id.clone(),
+                })
+                .collect();
+            let ids: Vec<&str> = out
+                .failed_loads
+                .iter()
+                .map(|f| f.request_id.as_str())
+                .collect();
+            self.finish_requests(&ids, RequestStatus::FinishedError);
+        }
+        if !(report.finished_recving.is_empty() && report.finished_sending.is_empty()) {
+            self.settle_kv_transfers(&report.finished_recving, &report.finished_sending);
+        }
         Ok(out)
     }
 

@@ -235,6 +235,25 @@ class KvCacheManager:
             table.blocks.clear()
             table.num_cached = 0
 
+    def take_blocks(self, tables: list[BlockTable]) -> list[int]:
+        """Empty every group's table without returning its blocks to the
+        pool; returns them in allocation order, group by group (vLLM's
+        ``pop_blocks_for_free``), for ``release_blocks_last_first``."""
+        blocks: list[int] = []
+        for table in tables:
+            blocks += [b.block_id for b in table.blocks if b.block_id != NULL_BLOCK]
+            table.blocks.clear()
+            table.num_cached = 0
+        return blocks
+
+    def release_blocks_last_first(self, block_ids: list[int]) -> None:
+        """Return blocks taken by ``take_blocks`` to the pool, the last first."""
+        self._pool.release_ids(list(reversed(block_ids)))
+
+    def uncache_blocks(self, block_ids: list[int]) -> None:
+        """Take blocks out of the prefix cache (ids checked by the caller)."""
+        self._pool.uncache(block_ids)
+
     def record_prefix_cache_stats(
         self, num_tokens: int, num_hit_tokens: int, preempted: bool
     ) -> None:

@@ -31,7 +31,11 @@ from ironbatch.reference.encoder_cache import EncoderCache
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
 from ironbatch.reference.error import debug_str, duplicate_request
 from ironbatch.reference.kv_cache_manager import KvCacheManager
-from ironbatch.reference.kv_connector import SafeConnector
+from ironbatch.reference.kv_connector import (
+    KvConnectorSetup,
+    KvTransferReport,
+    SafeConnector,
+)
 from ironbatch.reference.kv_events import KvEvent, Stored
 from ironbatch.reference.multimodal import ENCODER, InPrompt, InputPlacement, check_inputs
 from ironbatch.reference.prefill_cadence import PrefillCadence
@@ -81,6 +85,16 @@ def new_encoder_store(c: SchedulerSettings) -> EncoderStore:
     if any(g.kind.is_cross() for g in c.kv_cache_groups):
         return EncoderDecoderCache(size)
     return EncoderCache(size)
+
+
+@dataclass
+class DeferredFree:
+    """Blocks a freed request left while a step in flight may still write
+    them: they go back to the pool once step ``fence`` has come back."""
+
+    fence: int
+    #: In allocation order.
+    blocks: list[int]
 
 
 @dataclass
@@ -206,6 +220,14 @@ class Scheduler:
         self.encoder: EncoderStore = new_encoder_store(c)
         #: The scheduler's side of a KV connector, if any (§4.19).
         self.connector: SafeConnector | None = None
+        #: How the scheduler works with its KV connector (§4.19).
+        self.kv_setup = KvConnectorSetup()
+        #: Fenced frees (§4.19): steps scheduled with tokens, and those whose
+        #: output came back, counted while ``kv_setup.defer_block_free``.
+        self.sched_step_seq = 0
+        self.processed_step_seq = 0
+        #: Blocks waiting for a step in flight to come back, oldest first.
+        self.deferred_frees: deque[DeferredFree] = deque()
 
     # -- inspection -----------------------------------------------------------
 
@@ -472,24 +494,49 @@ class Scheduler:
         r.deferred = False
         r.inflight_prefill = False
         r.kv_loaded = False
+        r.kv_load_failed = False
         self.finished_ids.append(r.request_id)
         if not held:
             self.release_request(slot)
 
     def release_request(self, slot: int) -> None:
-        """Return a finished request's blocks and slot."""
+        """Return a finished request's blocks (fenced, §4.19) and slot."""
+        self.free_blocks_of(slot)
         r = self.requests.remove(slot)
-        self.kv.free(r.tables)
         del self.ids[r.request_id]
 
-    def set_kv_connector(self, connector: Any) -> None:
+    def free_blocks_of(self, slot: int) -> None:
+        """Return the blocks of the request in ``slot`` to the pool, or,
+        while a step in flight may still write them (fenced frees, §4.19),
+        set them aside until that step comes back."""
+        r = self.requests[slot]
+        if not self.kv_setup.defer_block_free or r.last_sched_seq <= self.processed_step_seq:
+            self.kv.free(r.tables)
+            return
+        blocks = self.kv.take_blocks(r.tables)
+        if blocks:
+            self.deferred_frees.append(DeferredFree(self.sched_step_seq, blocks))
+
+    def blocks_can_be_freed(self, slot: int) -> bool:
+        """Whether the request in ``slot`` may be preempted now: its blocks
+        are not fenced by a step in flight (vLLM's
+        ``_request_blocks_can_be_freed``)."""
+        return (
+            not self.kv_setup.defer_block_free
+            or self.requests[slot].last_sched_seq <= self.processed_step_seq
+        )
+
+    def drain_deferred_frees(self) -> None:
+        """A step with tokens came back: fenced blocks whose step is done go
+        back to the pool, each set last block first (stopping at the first
+        still fenced, as vLLM does)."""
+        while self.deferred_frees and self.deferred_frees[0].fence <= self.processed_step_seq:
+            self.kv.release_blocks_last_first(self.deferred_frees.popleft().blocks)
+
+    def set_kv_connector(self, connector: Any, setup: KvConnectorSetup) -> None:
         """Attach a KV connector's scheduler side (docs/scheduling.md §4.19),
         before any request."""
-        kv_transfer.set_kv_connector(self, connector)
-
-    def apply_kv_transfers(self, finished_recving: list[str], finished_sending: list[str]) -> None:
-        """The worker's report of finished KV transfers (§4.19)."""
-        kv_transfer.apply_kv_transfers(self, finished_recving, finished_sending)
+        kv_transfer.set_kv_connector(self, connector, setup)
 
     # -- the step -------------------------------------------------------------
 
@@ -569,6 +616,18 @@ class Scheduler:
         request with an error (docs/scheduling.md §5.2)."""
         return update.update_from_output_checked(self, step, tokens, offsets, accept)
 
+    def update_with_kv_report(
+        self,
+        step: StepOutput,
+        tokens: list[int],
+        offsets: list[int],
+        accept: update.AcceptKept,
+        report: KvTransferReport,
+    ) -> UpdateOutput:
+        """``update_from_output_checked`` with the worker's report of the
+        step's KV transfers (§4.19)."""
+        return update.update_with_kv_report(self, step, tokens, offsets, accept, report)
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         """Forget every cached block hash (docs/scheduling.md §7.10); refused
         (False) while a block is held. With ``reset_running_requests``, every
@@ -642,6 +701,8 @@ class Scheduler:
                 for slot in self.ids.values()
                 if self.requests[slot].status.is_finished
             },
+            # Blocks of freed requests fenced by a step in flight.
+            "deferred_frees": [(d.fence, list(d.blocks)) for d in self.deferred_frees],
             "free_block_ids": pool.free_block_ids(),
             "block_ref_cnts": pool.block_ref_cnts(),
             "cached_blocks": sorted(ids for _, ids in pool.cached_blocks()),

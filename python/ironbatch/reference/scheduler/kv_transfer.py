@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ironbatch.reference.block import cdiv
 from ironbatch.reference.error import debug_str
-from ironbatch.reference.kv_connector import NO_HIT, ExternalHit, SafeConnector
+from ironbatch.reference.kv_connector import NO_HIT, ExternalHit, KvConnectorSetup, SafeConnector
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler_config import Runner
 
@@ -28,7 +28,7 @@ class Ask(enum.Enum):
     LATER = enum.auto()
 
 
-def set_kv_connector(s: Scheduler, connector: Any) -> None:
+def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> None:
     """Attach a KV connector; before any request, and only where the core
     follows vLLM with one: one full-attention KV-cache group, a generating
     runner, no encoder."""
@@ -47,6 +47,7 @@ def set_kv_connector(s: Scheduler, connector: Any) -> None:
     if why is not None:
         raise ValueError(f"kv_connector: {why}")
     s.connector = SafeConnector(connector)
+    s.kv_setup = setup
 
 
 def ask_connector(s: Scheduler, slot: int, num_local: int) -> ExternalHit | Ask:
@@ -92,12 +93,19 @@ def reserved_for_inflight_prefills(s: Scheduler) -> int:
 
 def settle_load(s: Scheduler, slot: int) -> None:
     """A loading request the waiting pass reached after its load was
-    reported: its loaded blocks are cached, a load of every token gives the
-    last back (to compute and sample from), and it waits as before."""
+    reported: its loaded blocks are cached (after a failure, those before
+    the cut; with nothing left, its blocks go and it asks again), a load of
+    every token gives the last back (to compute and sample from), and it
+    waits as before."""
     r = s.requests[slot]
     first = r.num_cached_blocks()
     computed = r.seq.num_computed_tokens
-    s.kv.cache_full_blocks(r.tables, r.seq, computed)
+    if r.kv_load_failed and computed == 0:
+        # There may be a local hit when it asks again.
+        s.kv.free(r.tables)
+    else:
+        s.kv.cache_full_blocks(r.tables, r.seq, computed)
+    r.kv_load_failed = False
     if computed == r.num_tokens:
         r.seq.num_computed_tokens -= 1
     r.kv_loaded = False
@@ -121,14 +129,13 @@ def connector_frees_pending(s: Scheduler) -> bool:
     return s.connector is not None and s.connector.has_pending_block_frees()
 
 
-def apply_kv_transfers(
-    s: Scheduler, finished_recving: list[str], finished_sending: list[str]
+def check_kv_transfers(
+    s: Scheduler, finished_recving: tuple[str, ...], finished_sending: tuple[str, ...]
 ) -> None:
-    """The worker's report of finished transfers (vLLM's
-    ``finished_recving``, then ``finished_sending``): a loading request is
-    ready for the next waiting pass, one that finished while loading lets
-    its blocks go; a sent request lets its blocks go. Unknown ids, and ids
-    in no such state, are refused (``ValueError``) with nothing changed."""
+    """The transfers a report names, checked: a load done must be of a
+    request loading (or finished meanwhile), a send done of a finished one.
+    Unknown ids, and ids in no such state, are refused (``ValueError``)
+    with nothing changed."""
 
     def slot_of(rid: str, what: str) -> int:
         slot = s.ids.get(rid)
@@ -136,28 +143,37 @@ def apply_kv_transfers(
             raise ValueError(f"{what}: request {debug_str(rid)} is not a live request")
         return slot
 
-    loaded: list[int] = []
     for rid in finished_recving:
-        slot = slot_of(rid, "finished_recving")
-        r = s.requests[slot]
+        r = s.requests[slot_of(rid, "finished_recving")]
         if not (r.status == RequestStatus.WAITING_FOR_REMOTE_KVS or r.status.is_finished):
             raise ValueError(
                 f"finished_recving: request {debug_str(rid)} is not loading "
                 f"(status {r.status.name})"
             )
-        if slot not in loaded:
-            loaded.append(slot)
-    sent: list[int] = []
     for rid in finished_sending:
-        slot = slot_of(rid, "finished_sending")
-        if not s.requests[slot].status.is_finished:
+        if not s.requests[slot_of(rid, "finished_sending")].status.is_finished:
             raise ValueError(f"finished_sending: request {debug_str(rid)} has not finished")
-        if slot not in sent and slot not in loaded:
-            sent.append(slot)
-    for slot in loaded:
-        if s.requests[slot].status.is_finished:
+
+
+def settle_kv_transfers(
+    s: Scheduler, finished_recving: tuple[str, ...], finished_sending: tuple[str, ...]
+) -> None:
+    """The worker's report of finished transfers (vLLM's
+    ``finished_recving``, then ``finished_sending``), checked by
+    ``check_kv_transfers`` before the update began: a loading request is
+    ready for the next waiting pass, one that finished while loading lets
+    its blocks go; a sent request lets its blocks go. (An id the update
+    itself let go meanwhile is passed over.)"""
+    for rid in finished_recving:
+        slot = s.ids.get(rid)
+        if slot is None:
+            continue
+        r = s.requests[slot]
+        if r.status.is_finished:
             s.release_request(slot)
-        else:
-            s.requests[slot].kv_loaded = True
-    for slot in sent:
-        s.release_request(slot)
+        elif r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            r.kv_loaded = True
+    for rid in finished_sending:
+        slot = s.ids.get(rid)
+        if slot is not None and s.requests[slot].status.is_finished:
+            s.release_request(slot)

@@ -27,13 +27,7 @@ def take_victim(s: Scheduler, current: int, cursor: int, draft: StepDraft) -> tu
     if s.policy is Policy.FCFS:
         # Never scheduled already: the pass walks forward to it.
         return s.running.pop(), cursor
-    v = 0
-    for k, slot in enumerate(s.running):
-        cand, best = s.requests[slot], s.requests[s.running[v]]
-        if cand.priority > best.priority or (
-            cand.priority == best.priority and cand.arrival_time > best.arrival_time
-        ):
-            v = k
+    v = victim_index(s)
     victim = s.running.pop(v)
     if v < cursor:
         cursor -= 1
@@ -48,6 +42,27 @@ def take_victim(s: Scheduler, current: int, cursor: int, draft: StepDraft) -> tu
     return victim, cursor
 
 
+def victim_of(s: Scheduler, current: int) -> int:
+    """The victim ``take_victim`` would take while ``current`` asks for
+    blocks, left in ``running``."""
+    if s.policy is Policy.FCFS:
+        return s.running[-1] if s.running else current
+    return s.running[victim_index(s)]
+
+
+def victim_index(s: Scheduler) -> int:
+    """Priority's victim: the index in ``running`` of the largest
+    ``(priority, arrival_time)``, the earliest on ties."""
+    v = 0
+    for k, slot in enumerate(s.running):
+        cand, best = s.requests[slot], s.requests[s.running[v]]
+        if cand.priority > best.priority or (
+            cand.priority == best.priority and cand.arrival_time > best.arrival_time
+        ):
+            v = k
+    return v
+
+
 def preempt(s: Scheduler, slot: int, drop_stale: bool) -> None:
     """Preempt a request that already left ``running``: free its blocks,
     forget what it computed, and put it at the head of the waiting queue.
@@ -55,8 +70,8 @@ def preempt(s: Scheduler, slot: int, drop_stale: bool) -> None:
     delivered, but it keeps the request waiting until it drains;
     ``drop_stale`` (a reset) discards that share instead."""
     release_all_encoded(s, slot)
+    s.free_blocks_of(slot)
     r = s.requests[slot]
-    s.kv.free(r.tables)
     r.status = RequestStatus.PREEMPTED
     r.seq.num_computed_tokens = 0
     r.num_preemptions += 1

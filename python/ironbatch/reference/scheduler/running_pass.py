@@ -12,7 +12,7 @@ from ironbatch.reference.kv_cache_manager import Admission
 from ironbatch.reference.scheduler.drafts import drafts_unused
 from ironbatch.reference.scheduler.encoder_inputs import commit_encoder_plan, plan_encoder_inputs
 from ironbatch.reference.scheduler.kv_transfer import connector_frees_pending
-from ironbatch.reference.scheduler.preemption import preempt, take_victim
+from ironbatch.reference.scheduler.preemption import preempt, take_victim, victim_of
 from ironbatch.reference.scheduler_config import Policy
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
 from ironbatch.reference.step import Kind, StepEntry
@@ -26,8 +26,9 @@ class Grant(enum.Enum):
 
     #: It was the victim itself.
     PREEMPTED_ITSELF = enum.auto()
-    #: Too few blocks, and the KV connector is about to free some: the pass
-    #: ends without preempting.
+    #: Too few blocks, and the KV connector is about to free some, or the
+    #: victim's blocks are fenced by a step in flight: the pass ends without
+    #: preempting.
     AWAITING_FREES = enum.auto()
 
 
@@ -134,8 +135,12 @@ def allocate_or_preempt(
         # preempt (§4.19).
         if connector_frees_pending(s):
             return Grant.AWAITING_FREES, cursor
+        # A victim a step in flight may still write cannot give its blocks
+        # back yet: the pass ends as if none were to be had.
+        if not s.blocks_can_be_freed(victim_of(s, slot)):
+            return Grant.AWAITING_FREES, cursor
         victim, cursor = take_victim(s, slot, cursor, draft)
-        preempt(s, victim, False)
+        preempt(s, victim, s.kv_setup.requires_kv_delivery)
         draft.preempted_any = True
         if victim == slot:
             return Grant.PREEMPTED_ITSELF, cursor

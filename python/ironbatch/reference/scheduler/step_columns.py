@@ -17,6 +17,10 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
     """Write the columns of ``entries`` and advance every scheduled request
     (optimistically, before the step runs)."""
     total = sum(e.num_tokens for e in entries)
+    fenced = s.kv_setup.defer_block_free and total > 0
+    if fenced:
+        # A step that writes KV: frees of its requests wait for it.
+        s.sched_step_seq += 1
     assert total <= s.config.max_num_batched_tokens
     assert len(s.running) <= s.config.max_num_seqs
     out = StepOutput.with_capacity(len(entries), total)
@@ -40,6 +44,8 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
         out.end_entry(end)
         r.seq.num_computed_tokens += e.num_tokens
         r.in_flight_tokens += e.num_tokens
+        if fenced:
+            r.last_sched_seq = s.sched_step_seq
         r.prefill_chunk = r.is_prefill_chunk
         if not r.prefill_chunk:
             # Its prefill is done: an async load reserves nothing for it.

@@ -11,13 +11,21 @@ from typing import TYPE_CHECKING
 
 from ironbatch.reference.error import foreign_step, step_already_applied
 from ironbatch.reference.kv_cache_manager import KvCacheManager
+from ironbatch.reference.kv_connector import NO_REPORT, KvTransferReport
 from ironbatch.reference.kv_events import Stored
 from ironbatch.reference.request import Request, RequestStatus
-from ironbatch.reference.scheduler import session, waiting_pass
+from ironbatch.reference.scheduler import kv_load_failure, kv_transfer, session, waiting_pass
 from ironbatch.reference.scheduler.encoder_inputs import release_encoded
 from ironbatch.reference.scheduler_config import Runner
 from ironbatch.reference.spec_decode import SpecDecodingStats
-from ironbatch.reference.step import Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord
+from ironbatch.reference.step import (
+    FailedLoad,
+    Finished,
+    StepEntry,
+    StepOutput,
+    UpdateOutput,
+    UpdateRecord,
+)
 from ironbatch.reference.stop_check import check_stop
 
 if TYPE_CHECKING:
@@ -50,18 +58,55 @@ def update_from_output_checked(
     the stop check trimmed them; delivered stale output included). False
     ends the request with an error, whatever the stop check said (§5.2): its
     grammar rejected them."""
+    return update_with_kv_report(s, step, tokens, offsets, accept, NO_REPORT)
+
+
+def update_with_kv_report(
+    s: Scheduler,
+    step: StepOutput,
+    tokens: list[int],
+    offsets: list[int],
+    accept: AcceptKept,
+    report: KvTransferReport,
+) -> UpdateOutput:
+    """``update_from_output_checked`` with the worker's report of the step's
+    KV transfers (§4.19), in vLLM's order: failed loads cut their requests
+    back first (those scheduled in the step take no output), then the
+    output is applied, then requests the "fail" policy ends finish with an
+    error, then finished loads and sends are settled."""
     check_update(s, step, tokens, offsets)
+    if not report.is_empty():
+        kv_load_failure.check_kv_report(s, report)
+    if s.kv_setup.defer_block_free and any(e.num_tokens > 0 for e in step.entries):
+        # Every write of this step and those before it is done.
+        s.processed_step_seq += 1
+        s.drain_deferred_frees()
+    if report.failed_recving or report.invalid_block_ids:
+        failed = kv_load_failure.apply_failed_loads(s, report, step)
+    else:
+        failed = kv_load_failure.FailedLoads()
     s.pending_steps.remove(step.step_id)
     out = UpdateOutput()
     ended = Ended()
     for i, e in enumerate(step.entries):
         if not s.is_live(e):
             continue  # finished (and maybe its slot reused) meanwhile
+        if e.slot in failed.skip:
+            # Cut back by a failed load: it computes again from there.
+            r = s.requests[e.slot]
+            r.in_flight_tokens = max(r.in_flight_tokens - e.num_tokens, 0)
+            r.stale_tokens = max(r.stale_tokens - e.num_tokens, 0)
+            continue
         sampled = tokens[offsets[i] : offsets[i + 1]]
         status_before = apply_output(s, i, e, sampled, accept, out)
         if status_before is not None:
             end_request(s, e.slot, status_before, out, ended)
     unqueue_ended(s, ended)
+    if failed.ended:
+        out.failed_loads = [FailedLoad(slot, s.requests[slot].request_id) for slot in failed.ended]
+        s.finish_requests([f.request_id for f in out.failed_loads], RequestStatus.FINISHED_ERROR)
+    if report.finished_recving or report.finished_sending:
+        kv_transfer.settle_kv_transfers(s, report.finished_recving, report.finished_sending)
     return out
 
 
