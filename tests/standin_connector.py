@@ -42,6 +42,19 @@ class StandInShares:
     #: The most steps a transfer takes (at least 1).
     max_steps: int = 3
 
+    @classmethod
+    def draw(cls, rng: random.Random) -> StandInShares:
+        """Shares for a random workload, each drawn from a few levels."""
+        return cls(
+            unknown=rng.choice([0.0, 0.1, 0.3]),
+            hit=rng.choice([0.3, 0.6, 0.9]),
+            load_async=rng.choice([0.0, 0.5, 0.9]),
+            load_failed=rng.choice([0.0, 0.1, 0.3]),
+            block_invalid=rng.choice([0.0, 0.1, 0.3]),
+            delay_free=rng.choice([0.0, 0.4, 0.8]),
+            max_steps=rng.choice([1, 3, 6]),
+        )
+
 
 @dataclass
 class Load:

@@ -215,15 +215,7 @@ class SortedReport:
 def run_seed(seed: int) -> Counter:
     rng = random.Random(seed)
     config = random_config(rng)
-    shares = StandInShares(
-        unknown=rng.choice([0.0, 0.1, 0.3]),
-        hit=rng.choice([0.3, 0.6, 0.9]),
-        load_async=rng.choice([0.0, 0.5, 0.9]),
-        load_failed=rng.choice([0.0, 0.1, 0.3]),
-        block_invalid=rng.choice([0.0, 0.1, 0.3]),
-        delay_free=rng.choice([0.0, 0.4, 0.8]),
-        max_steps=rng.choice([1, 3, 6]),
-    )
+    shares = StandInShares.draw(rng)
     policy = rng.choice(["fail", "recompute"])
     # A consumer role with two steps in flight fences its frees (vLLM's
     # defer_block_free); some connectors drop a preempted request's output.

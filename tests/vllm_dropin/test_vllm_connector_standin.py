@@ -40,15 +40,7 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
     # Tight caches preempt; an async load must fit beside what in-flight
     # prefills still need, so a cache below two sequences stalls loads.
     blocks = rng.randint(2 * need + 2, 3 * need) if rng.random() < 0.4 else 8 * need
-    shares = StandInShares(
-        unknown=rng.choice([0.0, 0.1, 0.3]),
-        hit=rng.choice([0.3, 0.6, 0.9]),
-        load_async=rng.choice([0.0, 0.5, 0.9]),
-        load_failed=rng.choice([0.0, 0.1, 0.3]),
-        block_invalid=rng.choice([0.0, 0.1, 0.3]),
-        delay_free=rng.choice([0.0, 0.4, 0.8]),
-        max_steps=rng.choice([1, 3, 6]),
-    )
+    shares = StandInShares.draw(rng)
     return dict(
         block_size=bs,
         num_blocks=blocks,
