@@ -253,6 +253,20 @@ class CoreStandIn:
     def __init__(self, stand_in: StandInConnector) -> None:
         self.stand_in = stand_in
 
+    def observe_request(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        num_computed_tokens: int,
+        status: str,
+        num_cached_blocks: int,
+    ) -> None:
+        """The request as the next call names it: logged, so a core and a
+        twin that show it differently part here."""
+        self.stand_in.log.append(
+            ("seen", request_id, list(token_ids), num_computed_tokens, status, num_cached_blocks)
+        )
+
     def get_num_new_matched_tokens(
         self, request_id: str, num_tokens: int, num_computed_tokens: int
     ) -> tuple[int | None, bool]:

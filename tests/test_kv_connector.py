@@ -19,8 +19,8 @@ from standin_connector import CoreStandIn, StandInConnector, StandInShares, Stan
 
 VOCAB = 40
 EOS = 2
-WORKLOADS = 60  # per run; FULL_WORKLOADS with IRONBATCH_FULL=1
-FULL_WORKLOADS = 120
+WORKLOADS = 200  # per run; FULL_WORKLOADS with IRONBATCH_FULL=1
+FULL_WORKLOADS = 800
 
 
 class Scripted:
@@ -300,17 +300,17 @@ def test_core_and_twin_agree_with_the_stand_in(workloads: Workloads) -> None:
     needs = {
         what: workloads.scaled(count, WORKLOADS, FULL_WORKLOADS)
         for what, count in {
-            "async_loads": 100,
-            "sync_loads": 60,
-            "delayed_frees": 60,
-            "unknown": 20,
-            "loading": 100,
-            "aborted_loading": 3,
-            "preempted": 10,
-            "failed_loads": 10,
-            "invalid_blocks": 10,
-            "failed_loads_ended": 5,
-            "fenced_frees": 20,
+            "async_loads": 600,
+            "sync_loads": 400,
+            "delayed_frees": 400,
+            "unknown": 120,
+            "loading": 600,
+            "aborted_loading": 20,
+            "preempted": 60,
+            "failed_loads": 60,
+            "invalid_blocks": 60,
+            "failed_loads_ended": 30,
+            "fenced_frees": 120,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

@@ -332,8 +332,12 @@ class VllmObjects:
         req_id_to_index: dict[str, int],
         sampled_token_ids: list[list[int]],
         accept: Callable[[str, list[int], int], bool] | None = None,
+        kv_connector_output: Any = None,
+        end_order: Callable[[list[str], list[str], list[str]], list[str]] | None = None,
     ) -> VllmStepUpdate:
-        """``vllm_update_from_runner_output``, each record's output made."""
+        """``vllm_update_from_runner_output``, each record's output made, with
+        the worker's report of the step's KV transfers; ``end_order(whole,
+        loading, running)`` orders the requests the "fail" policy ends."""
     def update_pooled(
         self,
         scheduler: Scheduler,
@@ -380,6 +384,10 @@ class VllmStepUpdate:
     def finished(self) -> list[FinishedRequest]: ...
     @property
     def spec_decoding_stats(self) -> SpecDecodingStats | None: ...
+    @property
+    def failed_loads(self) -> list[str]:
+        """Requests a failed KV load ended (the "fail" policy), in the order
+        ended; none has a record."""
     def records_of(self, slots: list[int]) -> list[int]:
         """The records whose slot is among ``slots``, in record order."""
 
@@ -588,6 +596,13 @@ def vllm_update_from_runner_output(
 def vllm_request_state(scheduler: Scheduler, slot: int) -> tuple[list[int], int]:
     """A live request's (tokens, num_computed_tokens), prompt first (for the
     vLLM drop-in)."""
+
+def vllm_request_tail(scheduler: Scheduler, slot: int, start: int) -> tuple[list[int], int, str]:
+    """A live request's tokens from ``start`` on, its num_computed_tokens and
+    its status as vLLM spells it (for a KV connector's view)."""
+
+def vllm_block_ids(scheduler: Scheduler, slot: int) -> list[list[int]]:
+    """A live request's block ids, one list per KV-cache group."""
 
 def vllm_confirmed_tokens(scheduler: Scheduler, slot: int) -> int:
     """A live request's num_computed_tokens less its tokens in flight."""

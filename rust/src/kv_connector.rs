@@ -96,8 +96,28 @@ impl KvTransferReport {
     }
 }
 
+/// A request as vLLM's scheduler holds it at the moment of a connector
+/// call: what a connector reading vLLM's `Request` and `KVCacheBlocks`
+/// would see (its tokens, its computed count and status before the call's
+/// admission changes them, and how many of its first blocks hold cached
+/// KV, i.e. have a block hash).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RequestState<'a> {
+    pub request_id: &'a str,
+    pub token_ids: &'a [u32],
+    pub num_computed_tokens: usize,
+    /// The status's name, as vLLM spells it.
+    pub status: &'static str,
+    pub num_cached_blocks: usize,
+}
+
 /// The scheduler's calls into a KV connector.
 pub trait KvConnector: std::fmt::Debug + Send + Sync {
+    /// The request the next call names, as vLLM's scheduler holds it then.
+    /// A connector that reads only ids and counts ignores it (the default);
+    /// the vLLM drop-in brings vLLM's `Request` up to date from it.
+    fn observe_request(&mut self, _request: &RequestState<'_>) {}
+
     /// The external hit of `request_id` (`num_tokens` tokens, the first
     /// `num_computed_tokens` hit locally, block-aligned); `None`: it cannot
     /// tell yet, ask again in a later step.
@@ -138,7 +158,7 @@ pub trait KvConnector: std::fmt::Debug + Send + Sync {
 pub(crate) mod scripted {
     //! A connector for unit tests: fixed answers by request id, a log of
     //! every call.
-    use super::{ExternalHit, KvConnector};
+    use super::{ExternalHit, KvConnector, RequestState};
     use crate::block::BlockId;
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
@@ -156,9 +176,21 @@ pub(crate) mod scripted {
         /// Request ids whose blocks are held after a normal finish.
         pub holds: Vec<String>,
         pub log: Arc<Mutex<Vec<Call>>>,
+        /// Each `observe_request`: (id, tokens, computed, status, cached blocks).
+        pub observed: Arc<Mutex<Vec<(String, usize, usize, &'static str, usize)>>>,
     }
 
     impl KvConnector for Scripted {
+        fn observe_request(&mut self, r: &RequestState<'_>) {
+            self.observed.lock().unwrap().push((
+                r.request_id.into(),
+                r.token_ids.len(),
+                r.num_computed_tokens,
+                r.status,
+                r.num_cached_blocks,
+            ));
+        }
+
         fn get_num_new_matched_tokens(
             &mut self,
             request_id: &str,

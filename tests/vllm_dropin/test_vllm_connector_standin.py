@@ -21,38 +21,16 @@ from vllm.v1.request import RequestStatus
 import vllm_setup
 from seeded import Workloads
 from standin_connector import StandInShares, StandInWorker, WorkerReport
-from vllm_standin_connector import kv_connector_output, kv_transfer_config, stand_in_of
+from vllm_standin_connector import (
+    kv_connector_output,
+    kv_transfer_config,
+    random_settings,
+    stand_in_of,
+)
 
 VOCAB = 50
 WORKLOADS = 24  # per run; FULL_WORKLOADS with IRONBATCH_FULL=1
 FULL_WORKLOADS = 96
-
-
-def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
-    bs = rng.choice([4, 8, 16])
-    max_model_len = rng.choice([64, 128])
-    chunked = rng.random() < 0.8
-    seqs = rng.choice([2, 4, 8])
-    batched = max(rng.choice([16, 32, 64, 128]), seqs)
-    if not chunked:
-        batched = max(batched, max_model_len)
-    need = -(-max_model_len // bs)
-    # Tight caches preempt; an async load must fit beside what in-flight
-    # prefills still need, so a cache below two sequences stalls loads.
-    blocks = rng.randint(2 * need + 2, 3 * need) if rng.random() < 0.4 else 8 * need
-    shares = StandInShares.draw(rng)
-    return dict(
-        block_size=bs,
-        num_blocks=blocks,
-        max_model_len=max_model_len,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=batched,
-        enable_chunked_prefill=chunked,
-        enable_prefix_caching=rng.random() < 0.8,
-        policy=rng.choice(["fcfs", "priority"]),
-        async_scheduling=rng.random() < 0.5,
-        kv_transfer_config=kv_transfer_config(seed, rng.choice(["fail", "recompute"]), shares),
-    )
 
 
 def check_blocks(s: Any) -> None:

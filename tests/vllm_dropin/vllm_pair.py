@@ -96,7 +96,11 @@ def request_view(r: Request, tokens: list[int] | None = None, computed: int | No
 
 def core_view(ours: Any, r: Request) -> dict:
     """The drop-in's view of a live request, read from its core (without
-    bringing the Request object up to date, which would hide a missing sync)."""
+    bringing the Request object up to date, which would hide a missing sync);
+    a finished one whose blocks a KV transfer holds was brought up to date
+    when it finished."""
+    if r.is_finished():
+        return request_view(r)
     tokens, computed = _core.vllm_request_state(ours._core.core, ours._mirror.slot_of[r.request_id])
     return request_view(r, tokens, computed)
 
@@ -175,6 +179,9 @@ class VllmPair:
         self.pooling = settings.get("runner") == "pooling"
         # An encoder-only deployment: nothing comes back but the rows.
         self.encoder_only = bool(settings.get("mm_encoder_only"))
+        #: With a KV connector: the worker's report of a step (vLLM's
+        #: output), handed to both with that step's runner output.
+        self.kv_reports: Callable[[SchedulerOutput], Any] | None = None
 
     # -- inputs -----------------------------------------------------------------
 
@@ -365,8 +372,15 @@ class VllmPair:
             req_id_to_index={rid: i for i, rid in enumerate(runner_order)},
             sampled_token_ids=[tokens.get(rid, []) for rid in runner_order],
         )
+        if self.kv_reports is not None:
+            mro.kv_connector_output = self.kv_reports(a)
         # A copy for each: vLLM trims a request's token list in place at a stop.
         oa = self.vllm.update_from_output(a, copy.deepcopy(mro))
+        if mro.kv_connector_output is not None:
+            # Its sets copied alike for both: a copy may iterate in another
+            # order, and the order transfers are named in is the order they
+            # free blocks in.
+            mro.kv_connector_output = copy.deepcopy(mro.kv_connector_output)
         ob = self.ours.update_from_output(b, mro)
         va, vb = engine_outputs_view(oa), engine_outputs_view(ob)
         assert va == vb
@@ -422,6 +436,11 @@ class VllmPair:
             ],
         )
         oa = self.vllm.update_from_output(a, copy.deepcopy(mro))
+        if mro.kv_connector_output is not None:
+            # Its sets copied alike for both: a copy may iterate in another
+            # order, and the order transfers are named in is the order they
+            # free blocks in.
+            mro.kv_connector_output = copy.deepcopy(mro.kv_connector_output)
         ob = self.ours.update_from_output(b, mro)
         assert engine_outputs_view(oa) == engine_outputs_view(ob)
         self.check_kv_events()

@@ -7,6 +7,7 @@ factory builds it, for vLLM's scheduler and for the drop-in alike, and
 
 from __future__ import annotations
 
+import random
 from dataclasses import asdict
 from typing import Any
 
@@ -22,6 +23,36 @@ from vllm.v1.request import RequestStatus
 from standin_connector import StandInConnector, StandInMeta, StandInShares, WorkerReport
 
 NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+
+
+def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
+    """A small engine with the stand-in, drawn: block size, lengths, budgets,
+    chunking, prefix caching, policy, sync or async, the stand-in's shares
+    and the load-failure policy."""
+    bs = rng.choice([4, 8, 16])
+    max_model_len = rng.choice([64, 128])
+    chunked = rng.random() < 0.8
+    seqs = rng.choice([2, 4, 8])
+    batched = max(rng.choice([16, 32, 64, 128]), seqs)
+    if not chunked:
+        batched = max(batched, max_model_len)
+    need = -(-max_model_len // bs)
+    # Tight caches preempt; an async load must fit beside what in-flight
+    # prefills still need, so a cache below two sequences stalls some loads.
+    blocks = rng.randint(need + 2, 2 * need + 2) if rng.random() < 0.5 else 8 * need
+    shares = StandInShares.draw(rng)
+    return dict(
+        block_size=bs,
+        num_blocks=blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=rng.random() < 0.8,
+        policy=rng.choice(["fcfs", "priority"]),
+        async_scheduling=rng.random() < 0.5,
+        kv_transfer_config=kv_transfer_config(seed, rng.choice(["fail", "recompute"]), shares),
+    )
 
 
 def kv_transfer_config(
@@ -49,6 +80,11 @@ class Metadata(KVConnectorMetadata):
     def __init__(self, meta: StandInMeta) -> None:
         self.meta = meta
 
+    def __eq__(self, other: object) -> bool:  # two schedulers' metadata compared
+        return isinstance(other, Metadata) and self.meta == other.meta
+
+    __hash__ = None  # type: ignore[assignment]
+
 
 class StandInKVConnector(KVConnectorBase_V1):
     """The scheduler side of the stand-in; the worker-side calls do nothing
@@ -64,14 +100,34 @@ class StandInKVConnector(KVConnectorBase_V1):
             {rid: (n, is_async) for rid, (n, is_async) in extra["scripted"].items()},
         )
 
+    def _seen(self, request: Any, blocks: Any = None) -> None:
+        """The Request (and blocks) as this call sees them, in the log: a
+        scheduler that hands a connector stale objects differs here."""
+        cached = None
+        if blocks is not None:
+            cached = sum(1 for b in blocks.blocks[0] if b.block_hash is not None)
+        self.stand_in.log.append(
+            (
+                "seen",
+                request.request_id,
+                request.status.name,
+                request.num_computed_tokens,
+                list(request.all_token_ids),
+                [bytes(h) for h in request.block_hashes],
+                cached,
+            )
+        )
+
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
+        self._seen(request)
         return self.stand_in.get_num_new_matched_tokens(
             request.request_id, request.num_tokens, num_computed_tokens
         )
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        self._seen(request, blocks)
         ids = [list(group) for group in blocks.get_block_ids()]
         self.stand_in.update_state_after_alloc(request.request_id, ids, num_external_tokens)
 
@@ -81,6 +137,7 @@ class StandInKVConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Any, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        self._seen(request)
         normal = request.status in NORMAL_FINISH
         return self.stand_in.request_finished(request.request_id, [list(block_ids)], normal)
 

@@ -140,6 +140,21 @@ def kv_report(obj: Any) -> KvTransferReport:
     )
 
 
+@dataclass(frozen=True)
+class RequestState:
+    """A request as vLLM's scheduler holds it at the moment of a connector
+    call: what a connector reading vLLM's ``Request`` and ``KVCacheBlocks``
+    would see (its tokens, its computed count and status before the call's
+    admission changes them, and how many of its first blocks hold cached
+    KV, i.e. have a block hash)."""
+
+    request_id: str
+    token_ids: list[int]
+    num_computed_tokens: int
+    status: str  # as vLLM spells it
+    num_cached_blocks: int
+
+
 class KvConnector(Protocol):
     """The scheduler's calls into a KV connector (request ids, token counts
     and block ids per KV-cache group)."""
@@ -162,6 +177,22 @@ class SafeConnector:
 
     def __init__(self, connector: Any) -> None:
         self.connector = connector
+        # Optional; looked up once: it is called before each call that
+        # names a request.
+        self.observes = hasattr(connector, "observe_request")
+
+    def observe_request(self, r: RequestState) -> None:
+        """The request the next call names, as vLLM's scheduler holds it then
+        (the vLLM drop-in brings vLLM's ``Request`` up to date from it)."""
+        if self.observes:
+            args = (
+                r.request_id,
+                list(r.token_ids),
+                r.num_computed_tokens,
+                r.status,
+                r.num_cached_blocks,
+            )
+            self._call("observe_request", args, lambda _: None, None)
 
     def _call(self, name: str, args: tuple[Any, ...], read: Any, fallback: Any) -> Any:
         try:

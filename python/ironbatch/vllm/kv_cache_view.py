@@ -31,6 +31,10 @@ class KVCacheManagerView:
         self.coordinator = CoordinatorView(
             tuple(GroupView(block_size, g.kv_cache_spec) for g in groups)
         )
+        # The blocks live in the core: a KV connector that manages vLLM's
+        # block pool gets vLLM's scheduler instead (support.py), and the
+        # others only pass this on (``bind_kv_cache_manager``).
+        self.block_pool = None
         self._core = core
 
     @property

@@ -123,6 +123,12 @@ class KvEvents:
             lookahead_token_ids=lookahead_token_ids,
         )
 
+    def add_connector_events(self, events: Any) -> None:
+        """A KV connector's own events, published after the cache's (vLLM
+        publishes them whether or not its cache's events are on)."""
+        if events:
+            self.pending.extend(events)
+
     def publish(self) -> None:
         """Publish what is queued as one batch, as vLLM does at the end of
         each ``update_from_output``."""

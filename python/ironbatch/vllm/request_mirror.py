@@ -106,7 +106,16 @@ class RequestMirror:
             r.record_event(EngineCoreEventType.PREEMPTED, now)
             self.mark_full(r)
 
-    def admitted(self, r: Request, slot: int, hit_tokens: int, now: float) -> None:
+    def admitted(
+        self,
+        r: Request,
+        slot: int,
+        hit_tokens: int,
+        now: float,
+        hit_split: tuple[int, int] | None = None,
+    ) -> None:
+        """``hit_split``: (local, external) hit tokens, where a KV connector
+        supplied some (else all ``hit_tokens`` are local)."""
         # Its next output carries more than tokens (prefill stats on the
         # first, events, trace headers). Marked here, not when it is added:
         # a waiting request has no output, and every update checks its
@@ -115,10 +124,11 @@ class RequestMirror:
         if self.log_stats:
             r.record_event(EngineCoreEventType.SCHEDULED, now)
         if r.prefill_stats is not None and r.num_preemptions <= 0:
+            local, external = hit_split or (hit_tokens, 0)
             r.prefill_stats.set(
                 num_prompt_tokens=r.num_prompt_tokens,
-                num_local_cached_tokens=hit_tokens,
-                num_external_cached_tokens=0,
+                num_local_cached_tokens=local,
+                num_external_cached_tokens=external,
             )
         if r.resumable and self.hash_lookahead_tokens and r.num_computed_tokens == 0:
             # As vLLM's scheduler does (and the core): a session computing its

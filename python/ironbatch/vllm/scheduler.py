@@ -48,8 +48,15 @@ from ironbatch._core import VllmStepRows as StepRows
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.vllm.encoder_inputs import EncoderInputs
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
+from ironbatch.vllm.kv_connector import ConnectorBridge, build_connector, connector_setup
 from ironbatch.vllm.kv_events import KvEvents
 from ironbatch.vllm.kv_metrics import KvMetrics
+from ironbatch.vllm.kv_transfer import (
+    connector_step,
+    end_order,
+    kv_transfers_done,
+    report_failed_loads,
+)
 from ironbatch.vllm.request_mirror import RequestMirror
 from ironbatch.vllm.runner_request_data import RunnerRequestData
 from ironbatch.vllm.sessions import add_session_chunk
@@ -133,14 +140,25 @@ class Scheduler(SchedulerInterface):
         # vLLM's V2 runner skips drafting in a step whose drafts nobody can
         # verify, when its drafter has a forward pass of its own.
         self.can_skip_drafts = bool(vllm_config.num_lookahead_tokens) and self.use_v2_model_runner
-        # EngineCore reads these; the drop-in never has connectors.
-        self.connector = None
-        self.ec_connector = None
+        self.ec_connector = None  # EngineCore reads it
         # vLLM's engine checked the cache holds a max_model_len sequence;
         # its scheduler (and so the core) runs with whatever it was given.
         self._core = core_scheduler(vllm_config, kv_cache_config, block_size, mm_registry)
         # What EngineCore reads of vLLM's KV-cache manager (group block sizes).
         self.kv_cache_manager = KVCacheManagerView(kv_cache_config, block_size, self._core)
+        # Unfinished, in arrival order, and finished ones whose blocks a KV
+        # transfer still holds (as in vLLM).
+        self.requests: dict[str, Request] = {}
+        # A KV connector (--kv-transfer-config), vLLM's own object, called by
+        # the core through the bridge (docs/scheduling.md §4.19).
+        self.connector = None
+        self._bridge: ConnectorBridge | None = None
+        self._loading: set[str] = set()  # WAITING_FOR_REMOTE_KVS, as last seen
+        if vllm_config.kv_transfer_config is not None:
+            self.connector = build_connector(vllm_config, kv_cache_config)
+            self._bridge = ConnectorBridge(self.connector, self.requests, log_stats)
+            self._core.set_kv_connector(self._bridge, connector_setup(vllm_config, self.connector))
+            self.connector.bind_kv_cache_manager(self.kv_cache_manager)
         # KV-cache events for KV-aware routers (--kv-events-config).
         self.kv_events_config = vllm_config.kv_events_config
         self._kv_events = KvEvents(vllm_config, kv_cache_config, block_size)
@@ -151,7 +169,6 @@ class Scheduler(SchedulerInterface):
         if self._kv_metrics.enabled:
             self._core.enable_block_lifecycle_events()
         self._take_kv_events = self._kv_events.enabled or self._kv_metrics.enabled
-        self.requests: dict[str, Request] = {}  # unfinished, in arrival order
         self._mirror = RequestMirror(self._core, log_stats, vllm_config.num_hash_lookahead_tokens)
         self._runner_data = RunnerRequestData(
             self._mirror, self.use_v2_model_runner, vllm_config.model_config.uses_mrope
@@ -206,6 +223,12 @@ class Scheduler(SchedulerInterface):
         if why is not None:
             self._reject(request, f"ironbatch.vllm.Scheduler does not support {why} yet")
             return
+        if self.connector is not None:
+            # Before the core takes it: a P/D prefill instance may shorten
+            # the prompt here and cap its output at one token.
+            self.connector.on_new_request(request)
+            assert self._bridge is not None
+            self._bridge.arrived(request)
         try:
             slot = self._core_add(request)
         except ValueError as e:
@@ -274,7 +297,9 @@ class Scheduler(SchedulerInterface):
             ids = list(self.requests)
         else:
             ids = set(request_ids)
-        valid = [r for rid in ids if (r := self.requests.get(rid)) is not None]
+        valid = [
+            r for rid in ids if (r := self.requests.get(rid)) is not None and not r.is_finished()
+        ]
         if not valid:
             return []
         for r in valid:
@@ -288,11 +313,16 @@ class Scheduler(SchedulerInterface):
         for r in valid:
             r.status = finished_status
             self._forget(r)
+            self._loading.discard(r.request_id)
         return valid
 
     def _forget(self, request: Request) -> None:
         rid = request.request_id
-        del self.requests[rid]
+        if self._bridge is None or not self._core.has_request(rid):
+            del self.requests[rid]
+        # else a KV transfer holds its blocks: vLLM keeps it until released
+        if self._bridge is not None:
+            self._bridge.transfer_params.pop(rid, None)  # aborts and errors return none
         self._structured.forget(rid)
         self._encoder.forget(rid)
         self._mirror.remove(rid)
@@ -304,7 +334,8 @@ class Scheduler(SchedulerInterface):
         """Bring every live request's ``output_token_ids``, ``all_token_ids``
         and ``num_computed_tokens`` up to date (steps leave them behind)."""
         for r in self.requests.values():
-            self._mirror.sync(r)
+            if not r.is_finished():
+                self._mirror.sync(r)
 
     # -- schedule() -----------------------------------------------------------
 
@@ -334,6 +365,8 @@ class Scheduler(SchedulerInterface):
             self._runner_data.add_unseen_token_ids(rows, output.scheduled_cached_reqs)
         if self._take_kv_events:
             self._drain_kv_events()
+        if self._bridge is not None:
+            connector_step(self, output, rows.step)
         self._in_flight[id(output)] = (output, rows)
         return output
 
@@ -349,9 +382,12 @@ class Scheduler(SchedulerInterface):
         self._mirror_preemptions(output.preempted_req_ids, now)
         mirror = self._mirror
         slots, computed = rows.slots, rows.computed
+        bridge = self._bridge
         for i in rows.admitted:
             slot = slots[i]
-            mirror.admitted(mirror.by_slot[slot], slot, computed[i], now)
+            r = mirror.by_slot[slot]
+            split = None if bridge is None else bridge.hit_split.pop(r.request_id, None)
+            mirror.admitted(r, slot, computed[i], now, split)
         for i in rows.resumed:
             mirror.sync(mirror.by_slot[slots[i]], computed_too=False)
 
@@ -390,12 +426,15 @@ class Scheduler(SchedulerInterface):
             )
             attach_pooler_outputs(update, mro)
         else:
+            kv_output = mro.kv_connector_output if self._bridge is not None else None
             update = self._objects.update(
                 self._core.core,
                 step=step,
                 req_id_to_index=mro.req_id_to_index,
                 sampled_token_ids=mro.sampled_token_ids,
                 accept=self._structured.accept if step.has_structured_output_requests else None,
+                kv_connector_output=kv_output,
+                end_order=end_order if kv_output else None,
             )
         del self._in_flight[key]
         if self._kv_events.enabled:
@@ -411,15 +450,22 @@ class Scheduler(SchedulerInterface):
         if mro.num_nans_in_logits:
             self._note_nans(mro.num_nans_in_logits)
         outputs = outputs_by_client(self, update, mro)
+        if update.failed_loads:
+            report_failed_loads(self, update, outputs)
         if self._structured.errors or self._encoder.mismatch:
             report_request_errors(self, outputs)
         if self._rejected:
             report_rejected(self, outputs)
+        kv_connector_stats = None
+        if self._bridge is not None:
+            kv_connector_stats = kv_transfers_done(self, mro.kv_connector_output)
         self._kv_events.publish()
         spec_stats = None
         if self.log_stats and update.spec_decoding_stats is not None:
             spec_stats = Speculation.stats(scheduler_output, step, update)
-        return engine_core_outputs(self, outputs, spec_stats, mro.cudagraph_stats)
+        return engine_core_outputs(
+            self, outputs, spec_stats, mro.cudagraph_stats, kv_connector_stats
+        )
 
     def _drain_kv_events(self) -> None:
         """Hand the core's KV-cache events to their users: routers' events to
@@ -486,7 +532,14 @@ class Scheduler(SchedulerInterface):
         return running + waiting - self._core.num_waiting_for_input
 
     def has_finished_requests(self) -> bool:
-        return self._has_finished or bool(self._rejected)
+        if self._has_finished or self._rejected:
+            return True
+        if self.connector is None:
+            return False
+        # Finished requests whose blocks a KV transfer holds stay in
+        # ``requests``, out of the queues (vLLM's test).
+        running, waiting = self._core.request_counts()
+        return len(self.requests) > running + waiting
 
     @property
     def pause_state(self) -> PauseState:
@@ -518,7 +571,35 @@ class Scheduler(SchedulerInterface):
                 "the presence of running requests waiting for remote KV transfer, "
                 "which is not supported yet."
             )
-        return done  # no connector to reset
+        if reset_connector:
+            done = self.reset_connector_cache() and done
+        return done
+
+    def reset_connector_cache(self) -> bool:
+        """Reset the KV connector's cache (a missing connector counts as
+        done, as in vLLM; so does a connector that answers None)."""
+        if self.connector is None:
+            return True
+        if self.connector.reset_cache() is False:
+            return False
+        if self._bridge is not None and self._bridge.prefix_cache_stats is not None:
+            self._bridge.prefix_cache_stats.reset = True
+        return True
+
+    def get_kv_connector(self) -> Any:
+        return self.connector
+
+    def get_ec_connector(self) -> Any:
+        return self.ec_connector
+
+    def has_requests(self) -> bool:
+        """Whether the engine must keep stepping: unfinished or finished
+        requests to report, or a connector with pushes still running."""
+        return (
+            self.has_unfinished_requests()
+            or self.has_finished_requests()
+            or (self.connector is not None and bool(self.connector.has_pending_push_work()))
+        )
 
     def reset_encoder_cache(self) -> None:
         self._core.core.reset_encoder_cache()
@@ -539,7 +620,7 @@ class Scheduler(SchedulerInterface):
     ) -> SchedulerStats | None:
         if not self.log_stats:
             return None
-        return self._objects.scheduler_stats(
+        stats = self._objects.scheduler_stats(
             self._core.core,
             kv_cache_eviction_events=self._kv_metrics.drain(),
             spec_decoding_stats=spec_decoding_stats,
@@ -547,6 +628,10 @@ class Scheduler(SchedulerInterface):
             cudagraph_stats=cudagraph_stats,
             perf_stats=perf_stats,
         )
+        if self._bridge is not None:
+            stats.num_kv_fetch_reqs_by_stage = self._bridge.fetch_counts.copy()
+            stats.connector_prefix_cache_stats = self._bridge.take_prefix_cache_stats()
+        return stats
 
     @property
     def kv_event_publisher(self) -> Any:

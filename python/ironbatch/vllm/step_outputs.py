@@ -88,10 +88,16 @@ def _complete(
             if r.resumable and r.streaming_queue:
                 r.streaming_queue.popleft()  # the end of its input, taken
             r.status, r.num_computed_tokens = status, end.num_computed_tokens
+            if s._bridge is not None:
+                out.kv_transfer_params = s._bridge.transfer_params.pop(r.request_id, None)
             s._forget(r)
     if r.prefill_stats is not None:
         out.prefill_stats, r.prefill_stats = r.prefill_stats, None
         out.prefill_stats.finalize(cached_tokens)
+        params = out.kv_transfer_params
+        if params is not None and params.get("do_remote_prefill"):
+            # The prefill side's cache hits, for the decode side to report.
+            params["remote_prefill_cached_tokens"] = out.prefill_stats.num_cached_tokens
     if r.events:
         out.events = r.take_events()
     if r.trace_headers is not None:
@@ -131,6 +137,7 @@ def engine_core_outputs(
     outputs: dict[int, list[EngineCoreOutput]],
     spec_decoding_stats: SpecDecodingStats | None,
     cudagraph_stats: Any,
+    kv_connector_stats: Any = None,
 ) -> dict[int, EngineCoreOutputs]:
     """The step's outputs as vLLM's ``EngineCoreOutputs`` per client, with
     the ids finished since the last step and the step's stats."""
@@ -143,7 +150,11 @@ def engine_core_outputs(
             else:
                 result[client] = EngineCoreOutputs(finished_requests=ids)
         finished.clear()
-    stats = s.make_stats(spec_decoding_stats=spec_decoding_stats, cudagraph_stats=cudagraph_stats)
+    stats = s.make_stats(
+        spec_decoding_stats=spec_decoding_stats,
+        kv_connector_stats=kv_connector_stats,
+        cudagraph_stats=cudagraph_stats,
+    )
     if stats is not None:
         # Stats go to one front-end only, even in a step without outputs.
         if (eco := next(iter(result.values()), None)) is None:

@@ -89,7 +89,10 @@ def unsupported_config(
             spec is not None and pc.pipeline_parallel_size > 1,
             "speculative decoding with pipeline parallelism",
         ),
-        (c.kv_transfer_config is not None, "a KV connector"),
+        (
+            c.kv_transfer_config is not None,
+            c.kv_transfer_config is not None and unsupported_connector(c, kv_cache_config) or "",
+        ),
         (c.ec_transfer_config is not None, "an encoder-cache connector"),
         (
             pc.decode_context_parallel_size > 1 or pc.prefill_context_parallel_size > 1,
@@ -162,7 +165,54 @@ def unsupported_config(
         ),
         (sc.policy not in ("fcfs", "priority"), f"the {sc.policy!r} policy"),
     ]
-    return next((why for bad, why in checks if bad), None)
+    return next((why for bad, why in checks if bad and why), None)
+
+
+def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
+    """Why the core cannot take this deployment's KV connector yet, if it
+    cannot (docs/scheduling.md §4.19): the core takes connectors on one
+    full-attention KV-cache group of a text model that generates. A
+    connector that manages vLLM's GPU block pool itself (it overrides
+    ``bind_gpu_block_pool``: SimpleCPUOffload, Mooncake's store, UMBP) needs
+    vLLM's pool, which the drop-in does not have."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    c = vllm_config
+    mc = c.model_config
+    groups = kv_cache_config.kv_cache_groups
+    if mc.is_encoder_decoder:
+        return "a KV connector with an encoder-decoder model (vLLM refuses it)"
+    if len(groups) != 1 or type(groups[0].kv_cache_spec) not in (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+    ):
+        return "a KV connector with other than one full-attention KV-cache group"
+    if mc.runner_type != "generate":
+        return f"a KV connector with the {mc.runner_type!r} runner"
+    if mc.supports_multimodal_inputs:
+        return "a KV connector with a multimodal model"
+    if kv_cache_config.hisparse_host_num_blocks is not None:
+        return "a KV connector with HiSparse (deferred async loads)"
+    for config in _connector_configs(c.kv_transfer_config):
+        cls = KVConnectorFactory.get_connector_class(config)
+        if cls.bind_gpu_block_pool is not KVConnectorBase_V1.bind_gpu_block_pool:
+            return f"the {cls.__name__} KV connector (it manages vLLM's GPU block pool)"
+    return None
+
+
+def _connector_configs(config: Any) -> list[Any]:
+    """A KV-transfer config and, for a MultiConnector, each of its own."""
+    from vllm.config import KVTransferConfig
+
+    if config.kv_connector != "MultiConnector":
+        return [config]
+    children = (config.kv_connector_extra_config or {}).get("connectors", [])
+    found = []
+    for child in children:
+        found += _connector_configs(KVTransferConfig(**{"engine_id": config.engine_id, **child}))
+    return found
 
 
 def unsupported_request(request: Any) -> str | None:

@@ -2,7 +2,9 @@
 //! §4.19): an object with `get_num_new_matched_tokens(request_id,
 //! num_tokens, num_computed_tokens)`, `update_state_after_alloc(request_id,
 //! block_ids, num_external_tokens)`, `request_finished(request_id,
-//! block_ids, status)` and optionally `has_pending_block_frees()`.
+//! block_ids, status)` and optionally `has_pending_block_frees()` and
+//! `observe_request(request_id, token_ids, num_computed_tokens, status,
+//! num_cached_blocks)`, called before each call that names a request.
 //!
 //! A call that raises, or answers with the wrong shape, goes to
 //! `sys.unraisablehook` and counts as the safe answer (ask again later, no
@@ -10,16 +12,28 @@
 //! never a step.
 
 use crate::block::BlockId;
-use crate::kv_connector::{ExternalHit, KvConnector, KvTransferReport};
+use crate::kv_connector::{ExternalHit, KvConnector, KvTransferReport, RequestState};
+use crate::scheduler::FailedLoadGroups;
+use crate::slab::Slot;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 #[derive(Debug)]
 pub(super) struct PyKvConnector {
-    pub(super) obj: Py<PyAny>,
+    obj: Py<PyAny>,
+    /// It has `observe_request` (looked up once: it is called often).
+    observes: bool,
 }
 
 impl PyKvConnector {
+    pub(super) fn new(obj: Bound<'_, PyAny>) -> PyResult<Self> {
+        let observes = obj.hasattr("observe_request")?;
+        Ok(Self {
+            obj: obj.unbind(),
+            observes,
+        })
+    }
+
     fn call<T, A: for<'py> pyo3::call::PyCallArgs<'py>>(
         &self,
         name: &str,
@@ -41,6 +55,19 @@ impl PyKvConnector {
 }
 
 impl KvConnector for PyKvConnector {
+    fn observe_request(&mut self, r: &RequestState<'_>) {
+        if self.observes {
+            let args = (
+                r.request_id,
+                r.token_ids.to_vec(),
+                r.num_computed_tokens,
+                r.status,
+                r.num_cached_blocks,
+            );
+            self.call("observe_request", args, |_| Ok(()), ());
+        }
+    }
+
     fn get_num_new_matched_tokens(
         &mut self,
         request_id: &str,
@@ -148,5 +175,61 @@ pub(super) fn kv_report(obj: Option<&Bound<'_, PyAny>>) -> PyResult<KvTransferRe
         finished_sending: ids("finished_sending")?,
         failed_recving: ids("failed_recving")?,
         invalid_block_ids,
+    })
+}
+
+/// The worker's report of a step's KV transfers, with how the caller
+/// orders the requests the "fail" policy ends: `end_order(whole, loading,
+/// running)` takes each search's request ids and returns them all, once
+/// each, in the order to end them (the vLLM drop-in's: vLLM's sets').
+pub(super) struct StepKvReport<'a, 'py> {
+    pub(super) report: KvTransferReport,
+    pub(super) end_order: Option<&'a Bound<'py, PyAny>>,
+}
+
+impl StepKvReport<'_, '_> {
+    pub(super) fn none() -> Self {
+        StepKvReport {
+            report: KvTransferReport::default(),
+            end_order: None,
+        }
+    }
+}
+
+/// `groups` in the order `end_order` gives (ids read through `id_of`); an
+/// answer that raises or is not the same ids goes to `sys.unraisablehook`,
+/// and the order found stands.
+pub(super) fn order_failed(
+    end_order: &Bound<'_, PyAny>,
+    groups: &FailedLoadGroups,
+    id_of: impl Fn(Slot) -> Py<PyAny>,
+) -> Vec<Slot> {
+    let py = end_order.py();
+    let ids = |slots: &[Slot]| slots.iter().map(|&s| id_of(s)).collect::<Vec<_>>();
+    let by_id = |id: &Bound<'_, PyAny>| -> PyResult<Slot> {
+        let all = groups
+            .whole
+            .iter()
+            .chain(&groups.loading)
+            .chain(&groups.running);
+        for &slot in all {
+            if id_of(slot).bind(py).eq(id)? {
+                return Ok(slot);
+            }
+        }
+        Err(PyValueError::new_err(format!(
+            "end_order gave {id}, which did not fail"
+        )))
+    };
+    let answer = end_order
+        .call1((
+            ids(&groups.whole),
+            ids(&groups.loading),
+            ids(&groups.running),
+        ))
+        .and_then(|order| order.try_iter()?.map(|id| by_id(&id?)).collect());
+    answer.unwrap_or_else(|e| {
+        e.write_unraisable(py, Some(end_order));
+        Vec::new() // not a permutation: the order found stands
     })
 }

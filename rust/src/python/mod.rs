@@ -54,6 +54,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_update_from_runner_output, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_request_state, m)?)?;
+    m.add_function(wrap_pyfunction!(vllm::vllm_request_tail, m)?)?;
+    m.add_function(wrap_pyfunction!(vllm::vllm_block_ids, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_confirmed_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_encoder_cache_state, m)?)?;
     Ok(())

@@ -8,13 +8,13 @@
 
 use super::args::{count, draft_list, u32_list};
 use super::debug_state::debug_state;
-use super::kv_connector::{kv_report, PyKvConnector};
+use super::kv_connector::{kv_report, order_failed, PyKvConnector, StepKvReport};
 use super::kv_events::PyKvEvent;
 use super::request_extras::{lora_adapter, mm_inputs};
 use super::step::{PySchedulerStats, PyStep, PyStepUpdate};
 use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::kv_cache_manager::KvCacheConfig;
-use crate::kv_connector::{KvConnectorSetup, KvTransferReport, LoadFailurePolicy};
+use crate::kv_connector::{KvConnectorSetup, LoadFailurePolicy};
 use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopRules};
 use crate::scheduler::{Pause, Scheduler};
 use crate::scheduler_config::{EncoderConfig, Policy, Runner, SchedulerConfig};
@@ -135,9 +135,20 @@ impl PyScheduler {
         tokens: &[u32],
         offsets: &[usize],
         accept: Option<&Bound<'_, PyAny>>,
-        report: &KvTransferReport,
+        kv: &StepKvReport<'_, '_>,
     ) -> PyResult<UpdateOutput> {
         let py_ids = &self.py_ids;
+        let id_of = |slot: Slot| -> Py<PyAny> {
+            py_ids[slot as usize]
+                .as_ref()
+                .expect("a failed request is live")
+                .clone_ref(py)
+                .into_any()
+        };
+        let mut order = |groups: &crate::scheduler::FailedLoadGroups| match kv.end_order {
+            Some(end_order) => order_failed(end_order, groups, id_of),
+            None => Vec::new(),
+        };
         let mut check = |slot: Slot, r: &Request, kept: &[u32]| -> bool {
             let Some(accept) = accept else {
                 return true;
@@ -153,9 +164,14 @@ impl PyScheduler {
                 false
             })
         };
-        let out = self
-            .core
-            .update_with_kv_report(step, tokens, offsets, &mut check, report)?;
+        let out = self.core.update_with_kv_report(
+            step,
+            tokens,
+            offsets,
+            &mut check,
+            &kv.report,
+            Some(&mut order),
+        )?;
         self.forget_finished(&out);
         Ok(out)
     }
@@ -476,7 +492,11 @@ impl PyScheduler {
                 (tokens, offsets)
             }
         };
-        let out = self.apply(py, &step.step, &tokens, &offsets, accept, &report)?;
+        let kv = StepKvReport {
+            report,
+            end_order: None,
+        };
+        let out = self.apply(py, &step.step, &tokens, &offsets, accept, &kv)?;
         PyStepUpdate::of(py, out)
     }
 
@@ -521,7 +541,7 @@ impl PyScheduler {
     #[pyo3(signature = (*, connector, kv_load_failure_policy, defer_block_free, requires_kv_delivery))]
     fn set_kv_connector(
         &mut self,
-        connector: Py<PyAny>,
+        connector: Bound<'_, PyAny>,
         kv_load_failure_policy: &str,
         defer_block_free: bool,
         requires_kv_delivery: bool,
@@ -531,7 +551,7 @@ impl PyScheduler {
                 "kv_load_failure_policy must be 'fail' or 'recompute', got {kv_load_failure_policy:?}"
             ))
         })?;
-        let connector = Box::new(PyKvConnector { obj: connector });
+        let connector = Box::new(PyKvConnector::new(connector)?);
         let setup = KvConnectorSetup {
             load_failure_policy: policy,
             defer_block_free,

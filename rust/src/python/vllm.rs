@@ -2,6 +2,7 @@
 //! a vLLM `ModelRunnerOutput` without building arrays in Python first, and
 //! reading a live request's tokens back into vLLM's `Request`.
 
+use super::kv_connector::StepKvReport;
 use super::scheduler::{token, PyScheduler};
 use super::step::PyStep;
 use super::vllm_step_update::PyVllmStepUpdate;
@@ -28,9 +29,21 @@ pub fn vllm_update_from_runner_output<'py>(
     sampled_token_ids: &Bound<'py, PyList>,
     accept: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<PyVllmStepUpdate> {
-    let (out, sampled_rows) =
-        apply_runner_output(scheduler, step, req_id_to_index, sampled_token_ids, accept)?;
+    let runner = RunnerOutput {
+        req_id_to_index,
+        sampled_token_ids,
+        accept,
+    };
+    let (out, sampled_rows) = apply_runner_output(scheduler, step, runner, &StepKvReport::none())?;
     PyVllmStepUpdate::of(py, out, step.get().req_ids_list(py), &sampled_rows, None)
+}
+
+/// The parts of a vLLM `ModelRunnerOutput` an update reads, with the
+/// structured-output check.
+pub(super) struct RunnerOutput<'a, 'py> {
+    pub(super) req_id_to_index: &'a Bound<'py, PyDict>,
+    pub(super) sampled_token_ids: &'a Bound<'py, PyList>,
+    pub(super) accept: Option<&'a Bound<'py, PyAny>>,
 }
 
 /// [`vllm_update_from_runner_output`]'s work: the core's update, and each
@@ -38,10 +51,14 @@ pub fn vllm_update_from_runner_output<'py>(
 pub(super) fn apply_runner_output<'py>(
     scheduler: &Bound<'py, PyScheduler>,
     step: &Bound<'py, PyStep>,
-    req_id_to_index: &Bound<'py, PyDict>,
-    sampled_token_ids: &Bound<'py, PyList>,
-    accept: Option<&Bound<'py, PyAny>>,
+    runner: RunnerOutput<'_, 'py>,
+    kv: &StepKvReport<'_, 'py>,
 ) -> PyResult<(UpdateOutput, Vec<Option<Bound<'py, PyList>>>)> {
+    let RunnerOutput {
+        req_id_to_index,
+        sampled_token_ids,
+        accept,
+    } = runner;
     let py = scheduler.py();
     let mut scheduler = scheduler.borrow_mut();
     let step = step.get();
@@ -94,8 +111,7 @@ pub(super) fn apply_runner_output<'py>(
         sampled_rows.push(sampled_row);
         offsets.push(tokens.len());
     }
-    let no_report = crate::kv_connector::KvTransferReport::default();
-    let out = scheduler.apply(py, &step.step, &tokens, &offsets, accept, &no_report)?;
+    let out = scheduler.apply(py, &step.step, &tokens, &offsets, accept, kv)?;
     Ok((out, sampled_rows))
 }
 
@@ -112,6 +128,37 @@ pub fn vllm_request_state(
         .request(slot)
         .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
     Ok((r.seq.tokens().to_vec(), r.seq.num_computed_tokens))
+}
+
+/// A live request's tokens from `start` on, its `num_computed_tokens` and
+/// its status (as vLLM spells it): what a KV connector reading vLLM's
+/// `Request` needs brought up to date, without copying what it has.
+#[pyfunction]
+pub fn vllm_request_tail(
+    scheduler: &Bound<'_, PyScheduler>,
+    slot: Slot,
+    start: usize,
+) -> PyResult<(Vec<u32>, usize, &'static str)> {
+    let scheduler = scheduler.borrow();
+    let r = scheduler
+        .core
+        .request(slot)
+        .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
+    let tokens = r.seq.tokens();
+    let tail = tokens.get(start..).unwrap_or_default().to_vec();
+    Ok((tail, r.seq.num_computed_tokens, r.status.name()))
+}
+
+/// A live request's block ids, one list per KV-cache group (vLLM's
+/// `KVCacheManager.get_block_ids`).
+#[pyfunction]
+pub fn vllm_block_ids(scheduler: &Bound<'_, PyScheduler>, slot: Slot) -> PyResult<Vec<Vec<u32>>> {
+    let scheduler = scheduler.borrow();
+    let r = scheduler
+        .core
+        .request(slot)
+        .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
+    Ok(r.tables.iter().map(|t| t.block_ids().to_vec()).collect())
 }
 
 /// A live request's `num_computed_tokens` less its tokens still in flight

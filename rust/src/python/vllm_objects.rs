@@ -13,9 +13,10 @@
 //! `__post_init__` or `__slots__`, not frozen (checked when made), that is
 //! what `__init__` leaves, field for field and in the same order.
 
+use super::kv_connector::{kv_report, StepKvReport};
 use super::scheduler::PyScheduler;
 use super::step::PyStep;
-use super::vllm::apply_runner_output;
+use super::vllm::{apply_runner_output, RunnerOutput};
 use super::vllm_step_rows::PyVllmStepRows;
 use super::vllm_step_update::PyVllmStepUpdate;
 use crate::scheduler::Scheduler;
@@ -392,7 +393,12 @@ impl PyVllmObjects {
     /// Apply a vLLM `ModelRunnerOutput`'s tokens to `step`, as
     /// `vllm_update_from_runner_output` does, with each record's
     /// `EngineCoreOutput` made (request id and new tokens).
-    #[pyo3(signature = (scheduler, *, step, req_id_to_index, sampled_token_ids, accept=None))]
+    /// `kv_connector_output`: the worker's report of the step's KV
+    /// transfers (§4.19); `end_order(whole, loading, running)` orders the
+    /// requests the "fail" policy ends (see `StepKvReport`).
+    #[pyo3(signature = (scheduler, *, step, req_id_to_index, sampled_token_ids, accept=None,
+                        kv_connector_output=None, end_order=None))]
+    #[allow(clippy::too_many_arguments)] // keyword-only, vLLM's names
     fn update<'py>(
         &self,
         py: Python<'py>,
@@ -401,9 +407,19 @@ impl PyVllmObjects {
         req_id_to_index: &Bound<'py, PyDict>,
         sampled_token_ids: &Bound<'py, PyList>,
         accept: Option<&Bound<'py, PyAny>>,
+        kv_connector_output: Option<&Bound<'py, PyAny>>,
+        end_order: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyVllmStepUpdate> {
-        let (out, sampled_rows) =
-            apply_runner_output(scheduler, step, req_id_to_index, sampled_token_ids, accept)?;
+        let runner = RunnerOutput {
+            req_id_to_index,
+            sampled_token_ids,
+            accept,
+        };
+        let kv = StepKvReport {
+            report: kv_report(kv_connector_output)?,
+            end_order,
+        };
+        let (out, sampled_rows) = apply_runner_output(scheduler, step, runner, &kv)?;
         let ids = step.get().req_ids_list(py);
         let cls = self.engine_core_output.bind(py);
         PyVllmStepUpdate::of(py, out, ids, &sampled_rows, Some(cls))

@@ -33,6 +33,10 @@ pub struct PyVllmStepUpdate {
     /// Drafts verified in this output (None when none were).
     #[pyo3(get)]
     spec_decoding_stats: Option<Py<PySpecDecodingStats>>,
+    /// Requests a failed KV load ended with an error (the "fail" policy),
+    /// in the order ended; none of them has a record.
+    #[pyo3(get)]
+    failed_loads: Vec<String>,
     rows: PyOnceLock<Py<PyList>>,
     slots: PyOnceLock<Py<PyList>>,
     cached_tokens: PyOnceLock<Py<PyList>>,
@@ -76,6 +80,7 @@ impl PyVllmStepUpdate {
             outputs: outputs.map(Bound::unbind),
             finished: finished_records(py, out.finished)?,
             spec_decoding_stats: spec_decoding_stats(py, out.spec_decoding_stats)?,
+            failed_loads: out.failed_loads.into_iter().map(|f| f.request_id).collect(),
             records: out.records,
             rows: PyOnceLock::new(),
             slots: PyOnceLock::new(),

@@ -75,6 +75,7 @@ fn with_setup(
             .collect(),
         holds: holds.iter().map(|h| h.to_string()).collect(),
         log: log.clone(),
+        ..Scripted::default()
     };
     s.set_kv_connector(Box::new(connector), setup).unwrap();
     (s, log)
@@ -116,7 +117,7 @@ fn reported(
         }
         offsets.push(tokens.len());
     }
-    s.update_with_kv_report(out, &tokens, &offsets, &mut |_, _, _| true, report)
+    s.update_with_kv_report(out, &tokens, &offsets, &mut |_, _, _| true, report, None)
 }
 
 /// A report of finished transfers only.
@@ -545,4 +546,113 @@ fn a_victim_fenced_by_a_step_in_flight_is_not_preempted() {
     sampled(&mut s, &step1);
     let step3 = s.schedule();
     assert_eq!(step3.preempted_req_ids, vec!["b".to_string()]);
+}
+
+#[test]
+fn each_call_shows_the_request_as_vllm_holds_it_then() {
+    // Before vLLM's admission moves the computed count and status: the ask
+    // and the load's allocation see 0 computed and WAITING; the allocation
+    // after the load sees what arrived (13 of 14: the last is given back)
+    // and the three full blocks cached when the load settled; the finish
+    // sees the final state.
+    let mut s = Scheduler::new({
+        let mut c = config(Setup {
+            num_blocks: 20,
+            max_model_len: 64,
+            budget: 64,
+            max_num_seqs: 8,
+            ..Setup::default()
+        });
+        c.cache.block_size = 4;
+        c
+    })
+    .unwrap();
+    let observed = Arc::new(Mutex::new(Vec::new()));
+    let connector = Scripted {
+        answers: [(
+            "r".to_string(),
+            Some(ExternalHit {
+                num_tokens: 14,
+                load_async: true,
+            }),
+        )]
+        .into_iter()
+        .collect(),
+        observed: observed.clone(),
+        ..Scripted::default()
+    };
+    s.set_kv_connector(Box::new(connector), KvConnectorSetup::default())
+        .unwrap();
+    s.add_request(new_request("r", (100..114).collect(), 1))
+        .unwrap();
+    let out = s.schedule();
+    sampled(&mut s, &out);
+    let out = s.schedule();
+    reported(&mut s, &out, &transfers(&["r"], &[])).unwrap();
+    let out = s.schedule();
+    assert_eq!(counts(&s, &out), vec![("r".into(), 13, 1)]);
+    sampled(&mut s, &out);
+    assert_eq!(
+        *observed.lock().unwrap(),
+        vec![
+            ("r".into(), 14, 0, "WAITING", 0),
+            ("r".into(), 14, 0, "WAITING", 0),
+            ("r".into(), 14, 13, "WAITING", 3),
+            ("r".into(), 15, 14, "FINISHED_LENGTH_CAPPED", 3),
+        ]
+    );
+}
+
+#[test]
+fn the_caller_orders_the_requests_the_fail_policy_ends() {
+    // Two loads fail whole in one report: ended in the caller's order (the
+    // drop-in's: vLLM's set order), or as found without one.
+    for reverse in [false, true] {
+        let answers = [("a", Some((8, true))), ("b", Some((8, true)))];
+        let (mut s, _log) = with_policy(40, 64, &answers, &[], LoadFailurePolicy::Fail);
+        for id in ["a", "b"] {
+            s.add_request(new_request(id, (100..112).collect(), 4))
+                .unwrap();
+        }
+        let out = s.schedule();
+        let report = KvTransferReport {
+            finished_recving: vec!["a".into(), "b".into()],
+            failed_recving: vec!["a".into(), "b".into()],
+            ..KvTransferReport::default()
+        };
+        let mut seen = None;
+        let mut order = |g: &super::FailedLoadGroups| {
+            seen = Some(g.clone());
+            let mut whole = g.whole.clone();
+            if reverse {
+                whole.reverse();
+            }
+            whole
+        };
+        let update = s
+            .update_with_kv_report(
+                &out,
+                &[],
+                &[0],
+                &mut |_, _, _| true,
+                &report,
+                Some(&mut order),
+            )
+            .unwrap();
+        let ended: Vec<&str> = update
+            .failed_loads
+            .iter()
+            .map(|f| f.request_id.as_str())
+            .collect();
+        assert_eq!(ended, if reverse { ["b", "a"] } else { ["a", "b"] });
+        let groups = seen.unwrap();
+        assert_eq!(
+            (
+                groups.whole.len(),
+                groups.loading.len(),
+                groups.running.len()
+            ),
+            (2, 0, 0)
+        );
+    }
 }

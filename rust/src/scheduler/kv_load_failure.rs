@@ -23,6 +23,26 @@ pub(super) struct FailedLoads {
     /// To end with an error after the update (the "fail" policy), in the
     /// order they were found.
     pub ended: Vec<Slot>,
+    /// The same, as each of vLLM's three searches found them.
+    pub groups: FailedLoadGroups,
+}
+
+/// Orders the requests the "fail" policy ends: a permutation of them
+/// (see `Scheduler::update_with_kv_report`).
+pub type EndOrder<'a> = &'a mut dyn FnMut(&FailedLoadGroups) -> Vec<Slot>;
+
+/// The requests the "fail" policy ends, as each search found them, in its
+/// order (a request may be in more than one): vLLM collects them in Python
+/// sets and ends them in the sets' iteration order, which a caller in the
+/// same process can reproduce from these (the vLLM drop-in does).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FailedLoadGroups {
+    /// Loads reported failed whole, in the report's order.
+    pub whole: Vec<Slot>,
+    /// Loading requests with an invalid block, in queue order.
+    pub loading: Vec<Slot>,
+    /// Running requests with an invalid block, in running order.
+    pub running: Vec<Slot>,
 }
 
 /// What one walk over requests found (vLLM's
@@ -80,6 +100,7 @@ impl Scheduler {
                 r.kv_load_failed = true;
             } else {
                 failed.ended.push(slot);
+                failed.groups.whole.push(slot);
             }
         }
         if report.invalid_block_ids.is_empty() {
@@ -111,6 +132,8 @@ impl Scheduler {
         } else {
             // The blocks cannot be trusted: nobody may hit them again.
             self.kv.uncache_blocks(&runs.to_evict);
+            failed.groups.loading.clone_from(&loads.affected);
+            failed.groups.running.clone_from(&runs.affected);
             for slot in loads.affected.into_iter().chain(runs.affected) {
                 if !failed.ended.contains(&slot) {
                     failed.ended.push(slot);

@@ -7,8 +7,8 @@ use super::{DeferredFree, Scheduler};
 use crate::block::BlockId;
 use crate::cdiv;
 use crate::error::Error;
-use crate::kv_connector::{ExternalHit, KvConnector, KvConnectorSetup};
-use crate::request::RequestStatus;
+use crate::kv_connector::{ExternalHit, KvConnector, KvConnectorSetup, RequestState};
+use crate::request::{Request, RequestStatus};
 use crate::scheduler_config::Runner;
 use crate::slab::Slot;
 
@@ -80,6 +80,7 @@ impl Scheduler {
         };
         let r = &self.requests[slot];
         let num_tokens = r.num_tokens();
+        connector.observe_request(&state_of(r, r.seq.num_computed_tokens, r.status));
         let answer = connector.get_num_new_matched_tokens(&r.request_id, num_tokens, num_local);
         // A request that reads no cache takes no external hit either (the
         // connector was still asked, as vLLM asks it).
@@ -92,10 +93,18 @@ impl Scheduler {
         }
     }
 
-    /// Tell the connector the request's blocks after an admission.
-    pub(super) fn notify_after_alloc(&mut self, slot: Slot, num_external_tokens: usize) {
+    /// Tell the connector the request's blocks after an admission; vLLM
+    /// calls before it sets the request's computed count and status, so
+    /// the connector sees `before` (computed tokens, status).
+    pub(super) fn notify_after_alloc(
+        &mut self,
+        slot: Slot,
+        num_external_tokens: usize,
+        before: (usize, RequestStatus),
+    ) {
         if let Some(connector) = self.connector.as_mut() {
             let r = &self.requests[slot];
+            connector.observe_request(&state_of(r, before.0, before.1));
             let block_ids: Vec<Vec<BlockId>> =
                 r.tables.iter().map(|t| t.block_ids().to_vec()).collect();
             connector.update_state_after_alloc(&r.request_id, &block_ids, num_external_tokens);
@@ -169,6 +178,7 @@ impl Scheduler {
             .iter()
             .map(|t| t.block_ids()[..computed_blocks.min(t.len())].to_vec())
             .collect();
+        connector.observe_request(&state_of(r, r.seq.num_computed_tokens, r.status));
         connector.request_finished(&r.request_id, &block_ids, r.status.name())
     }
 
@@ -254,5 +264,17 @@ impl Scheduler {
                 }
             }
         }
+    }
+}
+
+/// `r` as a connector call shows it, with `num_computed_tokens` and
+/// `status` as vLLM's scheduler has them at that call.
+fn state_of(r: &Request, num_computed_tokens: usize, status: RequestStatus) -> RequestState<'_> {
+    RequestState {
+        request_id: &r.request_id,
+        token_ids: r.seq.tokens(),
+        num_computed_tokens,
+        status: status.name(),
+        num_cached_blocks: r.num_cached_blocks(),
     }
 }

@@ -64,6 +64,7 @@ use crate::sequence::Sequence;
 use crate::slab::{Slab, Slot};
 use crate::step::{StepEntry, StepOutput};
 pub use encoder_inputs::ScheduledEncoderInputs;
+pub use kv_load_failure::{EndOrder, FailedLoadGroups};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -4,7 +4,7 @@
 //! freed in scheduling order, and (async) placeholders are resolved.
 
 use super::encoder_inputs::release_encoded;
-use super::kv_load_failure::FailedLoads;
+use super::kv_load_failure::{EndOrder, FailedLoads};
 use super::Scheduler;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
@@ -52,7 +52,7 @@ impl Scheduler {
         accept: &mut dyn FnMut(Slot, &Request, &[u32]) -> bool,
     ) -> Result<UpdateOutput, Error> {
         let no_report = KvTransferReport::default();
-        self.update_with_kv_report(step, tokens, offsets, accept, &no_report)
+        self.update_with_kv_report(step, tokens, offsets, accept, &no_report, None)
     }
 
     /// [`Self::update_from_output_checked`] with the worker's report of the
@@ -60,6 +60,8 @@ impl Scheduler {
     /// requests back first (those scheduled in the step take no output),
     /// then the output is applied, then requests the "fail" policy ends
     /// finish with an error, then finished loads and sends are settled.
+    /// `end_order` orders those the "fail" policy ends (a permutation of
+    /// them; anything else keeps the order found, as does `None`).
     pub fn update_with_kv_report(
         &mut self,
         step: &StepOutput,
@@ -67,6 +69,7 @@ impl Scheduler {
         offsets: &[usize],
         accept: &mut dyn FnMut(Slot, &Request, &[u32]) -> bool,
         report: &KvTransferReport,
+        end_order: Option<EndOrder<'_>>,
     ) -> Result<UpdateOutput, Error> {
         self.check_update(step, tokens, offsets)?;
         if !report.is_empty() {
@@ -77,7 +80,8 @@ impl Scheduler {
             self.processed_step_seq += 1;
             self.drain_deferred_frees();
         }
-        let failed = if report.failed_recving.is_empty() && report.invalid_block_ids.is_empty() {
+        let mut failed = if report.failed_recving.is_empty() && report.invalid_block_ids.is_empty()
+        {
             FailedLoads::default()
         } else {
             self.apply_failed_loads(report, step)
@@ -111,6 +115,12 @@ impl Scheduler {
         }
         self.unqueue_ended(ended);
         if !failed.ended.is_empty() {
+            if let Some(order) = end_order {
+                let ordered = order(&failed.groups);
+                if is_permutation(&ordered, &failed.ended) {
+                    failed.ended = ordered;
+                }
+            }
             out.failed_loads = failed
                 .ended
                 .iter()
@@ -149,6 +159,8 @@ impl Scheduler {
         }
         let was_resumable = self.requests[slot].resumable;
         let continues = self.end_turn(slot);
+        // A KV connector is shown the request as it finishes, tokens and all.
+        let has_connector = self.connector.is_some();
         if let Some(f) = out.finished.last_mut() {
             let r = &mut self.requests[slot];
             // A session's turn end resets what it computed to its frontier.
@@ -156,7 +168,11 @@ impl Scheduler {
             f.session_continues = continues;
             if !was_resumable {
                 // Freed below: its tokens move instead of being copied.
-                f.token_ids = r.seq.take_tokens();
+                f.token_ids = if has_connector {
+                    r.seq.tokens().to_vec()
+                } else {
+                    r.seq.take_tokens()
+                };
             }
         }
         if continues {
@@ -408,4 +424,16 @@ fn append_until_stop(
 fn cache_arrived(kv: &mut KvCacheManager, r: &mut Request) {
     let upto = r.seq.num_computed_tokens.saturating_sub(r.in_flight_tokens);
     kv.cache_full_blocks(&mut r.tables, &r.seq, upto);
+}
+
+/// Whether `a` holds exactly the slots of `b` (each once: `b` has no
+/// repeats).
+fn is_permutation(a: &[Slot], b: &[Slot]) -> bool {
+    a.len() == b.len() && {
+        let mut a = a.to_vec();
+        let mut b = b.to_vec();
+        a.sort_unstable();
+        b.sort_unstable();
+        a == b
+    }
 }

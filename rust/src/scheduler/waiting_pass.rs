@@ -334,6 +334,7 @@ impl Scheduler {
             RequestStatus::Waiting => Kind::New,
             _ => Kind::Resumed,
         };
+        let before = (r.seq.num_computed_tokens, r.status);
         r.status = RequestStatus::Running;
         r.seq.num_computed_tokens = hit_tokens;
         self.undefer(slot);
@@ -341,7 +342,7 @@ impl Scheduler {
         self.log_stored(slot, first);
         self.pop_waiting(from_kv);
         self.running.push(slot);
-        self.notify_after_alloc(slot, external.num_tokens);
+        self.notify_after_alloc(slot, external.num_tokens, before);
         let mut entry = self.entry(slot, n, kind, hit_tokens, grown);
         if padded {
             entry.drafts = Drafts::Placeholders(n - 1);
@@ -390,7 +391,8 @@ impl Scheduler {
         if allocated.is_none() {
             return Admit::Blocked;
         }
-        self.notify_after_alloc(slot, external);
+        let before = (r.seq.num_computed_tokens, r.status);
+        self.notify_after_alloc(slot, external, before);
         let r = &mut self.requests[slot];
         if !r.skip_reading_prefix_cache {
             self.kv

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,7 @@ from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import (
     drafts,
     encoder_inputs,
+    kv_load_failure,
     kv_transfer,
     pooler_output,
     preemption,
@@ -623,10 +624,12 @@ class Scheduler:
         offsets: list[int],
         accept: update.AcceptKept,
         report: KvTransferReport,
+        end_order: Callable[[kv_load_failure.FailedLoadGroups], list[int]] | None = None,
     ) -> UpdateOutput:
         """``update_from_output_checked`` with the worker's report of the
-        step's KV transfers (§4.19)."""
-        return update.update_with_kv_report(self, step, tokens, offsets, accept, report)
+        step's KV transfers (§4.19); ``end_order`` orders the requests the
+        "fail" policy ends."""
+        return update.update_with_kv_report(self, step, tokens, offsets, accept, report, end_order)
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         """Forget every cached block hash (docs/scheduling.md §7.10); refused

@@ -20,6 +20,21 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class FailedLoadGroups:
+    """The requests the "fail" policy ends, as each search found them, in
+    its order (a request may be in more than one): vLLM collects them in
+    Python sets and ends them in the sets' iteration order, which a caller
+    in the same process can reproduce from these (the vLLM drop-in does)."""
+
+    #: Loads reported failed whole, in the report's order.
+    whole: list[int] = field(default_factory=list)
+    #: Loading requests with an invalid block, in queue order.
+    loading: list[int] = field(default_factory=list)
+    #: Running requests with an invalid block, in running order.
+    running: list[int] = field(default_factory=list)
+
+
+@dataclass
 class FailedLoads:
     """The requests a report's failures touched."""
 
@@ -29,6 +44,8 @@ class FailedLoads:
     #: To end with an error after the update (the "fail" policy), in the
     #: order they were found.
     ended: list[int] = field(default_factory=list)
+    #: The same, as each of vLLM's three searches found them.
+    groups: FailedLoadGroups = field(default_factory=FailedLoadGroups)
 
 
 @dataclass
@@ -76,6 +93,7 @@ def apply_failed_loads(s: Scheduler, report: KvTransferReport, step: StepOutput)
             r.kv_load_failed = True
         else:
             failed.ended.append(slot)
+            failed.groups.whole.append(slot)
     if not report.invalid_block_ids:
         return failed
     invalid = set(report.invalid_block_ids)
@@ -97,6 +115,8 @@ def apply_failed_loads(s: Scheduler, report: KvTransferReport, step: StepOutput)
     else:
         # The blocks cannot be trusted: nobody may hit them again.
         s.kv.uncache_blocks(runs.to_evict)
+        failed.groups.loading = list(loads.affected)
+        failed.groups.running = list(runs.affected)
         for slot in [*loads.affected, *runs.affected]:
             if slot not in failed.ended:
                 failed.ended.append(slot)

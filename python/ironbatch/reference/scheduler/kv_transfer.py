@@ -10,8 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from ironbatch.reference.block import cdiv
 from ironbatch.reference.error import debug_str
-from ironbatch.reference.kv_connector import NO_HIT, ExternalHit, KvConnectorSetup, SafeConnector
-from ironbatch.reference.request import RequestStatus
+from ironbatch.reference.kv_connector import (
+    NO_HIT,
+    ExternalHit,
+    KvConnectorSetup,
+    RequestState,
+    SafeConnector,
+)
+from ironbatch.reference.request import Request, RequestStatus
 from ironbatch.reference.scheduler_config import Runner
 
 if TYPE_CHECKING:
@@ -56,6 +62,7 @@ def ask_connector(s: Scheduler, slot: int, num_local: int) -> ExternalHit | Ask:
     if s.connector is None:
         return Ask.NO_CONNECTOR
     r = s.requests[slot]
+    s.connector.observe_request(state_of(r, r.seq.num_computed_tokens, r.status))
     answer = s.connector.get_num_new_matched_tokens(r.request_id, r.num_tokens, num_local)
     # A request that reads no cache takes no external hit either (the
     # connector was still asked, as vLLM asks it).
@@ -66,10 +73,15 @@ def ask_connector(s: Scheduler, slot: int, num_local: int) -> ExternalHit | Ask:
     return Ask.LATER
 
 
-def notify_after_alloc(s: Scheduler, slot: int, num_external_tokens: int) -> None:
-    """Tell the connector the request's blocks after an admission."""
+def notify_after_alloc(
+    s: Scheduler, slot: int, num_external_tokens: int, before: tuple[int, RequestStatus]
+) -> None:
+    """Tell the connector the request's blocks after an admission; vLLM
+    calls before it sets the request's computed count and status, so the
+    connector sees ``before`` (computed tokens, status)."""
     if s.connector is not None:
         r = s.requests[slot]
+        s.connector.observe_request(state_of(r, *before))
         block_ids = [t.block_ids() for t in r.tables]
         s.connector.update_state_after_alloc(r.request_id, block_ids, num_external_tokens)
 
@@ -121,6 +133,7 @@ def connector_finished(s: Scheduler, slot: int) -> bool:
     r = s.requests[slot]
     computed_blocks = cdiv(r.seq.num_computed_tokens, s.kv.block_size)
     block_ids = [t.block_ids()[:computed_blocks] for t in r.tables]
+    s.connector.observe_request(state_of(r, r.seq.num_computed_tokens, r.status))
     return s.connector.request_finished(r.request_id, block_ids, r.status.name)
 
 
@@ -177,3 +190,15 @@ def settle_kv_transfers(
         slot = s.ids.get(rid)
         if slot is not None and s.requests[slot].status.is_finished:
             s.release_request(slot)
+
+
+def state_of(r: Request, num_computed_tokens: int, status: RequestStatus) -> RequestState:
+    """``r`` as a connector call shows it, with ``num_computed_tokens`` and
+    ``status`` as vLLM's scheduler has them at that call."""
+    return RequestState(
+        request_id=r.request_id,
+        token_ids=r.seq.tokens,
+        num_computed_tokens=num_computed_tokens,
+        status=status.name,
+        num_cached_blocks=r.num_cached_blocks(),
+    )

@@ -68,12 +68,15 @@ def update_with_kv_report(
     offsets: list[int],
     accept: AcceptKept,
     report: KvTransferReport,
+    end_order: Callable[[kv_load_failure.FailedLoadGroups], list[int]] | None = None,
 ) -> UpdateOutput:
     """``update_from_output_checked`` with the worker's report of the step's
     KV transfers (§4.19), in vLLM's order: failed loads cut their requests
     back first (those scheduled in the step take no output), then the
     output is applied, then requests the "fail" policy ends finish with an
-    error, then finished loads and sends are settled."""
+    error, then finished loads and sends are settled. ``end_order`` orders
+    those the "fail" policy ends (a permutation of them; anything else
+    keeps the order found, as does None)."""
     check_update(s, step, tokens, offsets)
     if not report.is_empty():
         kv_load_failure.check_kv_report(s, report)
@@ -103,6 +106,10 @@ def update_with_kv_report(
             end_request(s, e.slot, status_before, out, ended)
     unqueue_ended(s, ended)
     if failed.ended:
+        if end_order is not None:
+            ordered = end_order(failed.groups)
+            if sorted(ordered) == sorted(failed.ended):
+                failed.ended = list(ordered)
         out.failed_loads = [FailedLoad(slot, s.requests[slot].request_id) for slot in failed.ended]
         s.finish_requests([f.request_id for f in out.failed_loads], RequestStatus.FINISHED_ERROR)
     if report.finished_recving or report.finished_sending:

@@ -276,6 +276,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     # Still prefilling after this chunk: an async load keeps room for it.
     r.inflight_prefill = hit_tokens + n < r.num_tokens
     kind = Kind.NEW if r.status == RequestStatus.WAITING else Kind.RESUMED
+    before = (r.seq.num_computed_tokens, r.status)
     r.status = RequestStatus.RUNNING
     r.seq.num_computed_tokens = hit_tokens
     undefer(s, slot)
@@ -283,7 +284,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     s.log_stored(slot, first)
     pop_waiting(s, from_kv)
     s.running.append(slot)
-    notify_after_alloc(s, slot, external.num_tokens)
+    notify_after_alloc(s, slot, external.num_tokens, before)
     e = entry(s, slot, n, kind, hit_tokens, grown)
     if padded:
         e.drafts = Drafts(placeholders=n - 1)
@@ -315,7 +316,7 @@ def admit_loading(
     allocated = s.kv.allocate(r.tables, r.seq, 0, hit_tokens, hits, admission, r.in_flight_tokens)
     if allocated is None:
         return Admit.BLOCKED
-    notify_after_alloc(s, slot, external)
+    notify_after_alloc(s, slot, external, (r.seq.num_computed_tokens, r.status))
     if not r.skip_reading_prefix_cache:
         s.kv.record_prefix_cache_stats(r.num_tokens, hit_tokens, r.num_preemptions > 0)
     r.status = RequestStatus.WAITING_FOR_REMOTE_KVS

@@ -1,0 +1,123 @@
+"""The drop-in against vLLM 0.33's own scheduler with a KV connector: the
+stand-in (tests/standin_connector.py) built by vLLM's factory on each side,
+random workloads, sync and async (docs/scheduling.md §4.19). Every
+SchedulerOutput (the connector's metadata included), every
+EngineCoreOutputs (transfer parameters, failed loads' errors, stats) and
+every request must be equal, and so must each connector's call log: which
+calls, in which order, with which answers, and the Request and blocks each
+call saw (tokens, block hashes, computed count, status, cached blocks)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+from test_vllm_connector_standin import check_blocks
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.request import RequestStatus
+
+import vllm_setup
+from seeded import Workloads
+from standin_connector import StandInWorker
+from vllm_pair import VllmPair
+from vllm_standin_connector import kv_connector_output, random_settings, stand_in_of
+
+VOCAB = 50
+WORKLOADS = 200  # per run, each sync or async at random; FULL_WORKLOADS with IRONBATCH_FULL=1
+FULL_WORKLOADS = 800
+
+
+def run_seed(seed: int) -> Counter:
+    rng = random.Random(seed)
+    settings = random_settings(rng, seed)
+    pair = VllmPair(rng, **settings)
+    ours, theirs = stand_in_of(pair.ours), stand_in_of(pair.vllm)
+    worker = StandInWorker()
+    step = 0
+
+    def report(so: SchedulerOutput) -> Any:
+        nonlocal step
+        step += 1
+        out = worker.report(so.kv_connector_metadata.meta, step)
+        return kv_connector_output(out)
+
+    pair.kv_reports = report
+    pair.choose = lambda: vllm_setup.EOS if rng.random() < 0.08 else rng.randrange(3, VOCAB)
+    max_len = settings["max_model_len"]
+    depth = 2 if settings["async_scheduling"] else 1
+    prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
+    arrivals = rng.randint(6, 20)
+    added = 0
+
+    def check() -> None:
+        assert ours.log == theirs.log
+        check_blocks(pair.vllm)
+
+    for _ in range(2000):
+        if added < arrivals and rng.random() < 0.5:
+            n = rng.randint(1, max_len - 8)
+            prompt = rng.choice(prefixes)[: rng.randint(0, n)]
+            prompt += [rng.randrange(3, VOCAB) for _ in range(n - len(prompt))]
+            max_tokens = rng.randint(1, max(1, min(24, max_len - n - 1)))
+            pair.add(f"r{added}", prompt, max_tokens=max_tokens, priority=rng.randint(0, 2))
+            added += 1
+        live = [rid for rid, r in pair.vllm.requests.items() if not r.is_finished()]
+        if live and rng.random() < 0.05:
+            victim = rng.choice(sorted(live))
+            loading = pair.vllm.requests[victim].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            pair.events["aborted_loading"] += loading
+            pair.abort([victim])
+            check()
+        if added == arrivals and not pair.vllm.has_requests() and not worker.busy:
+            while pair.in_flight:
+                pair.update_oldest()
+            if not pair.vllm.has_requests() and not worker.busy:
+                break
+        pair.events["loading"] += sum(
+            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS for r in pair.vllm.requests.values()
+        )
+        pair.schedule()
+        check()
+        while len(pair.in_flight) >= depth:
+            pair.update_oldest()
+            check()
+    else:
+        raise AssertionError("no progress")
+    assert pair.ours._core.num_free_blocks == settings["num_blocks"] - 1, "blocks leaked"
+    events = pair.events
+    events.update(theirs.events)
+    events.update(worker.events)
+    events["async" if settings["async_scheduling"] else "sync"] += 1
+    events["workloads"] += 1
+    return events
+
+
+def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
+    """At least 200 workloads a run (800 with IRONBATCH_FULL=1), each
+    connector path seen often enough to matter."""
+    needs = {
+        what: workloads.scaled(count, WORKLOADS, FULL_WORKLOADS)
+        for what, count in {
+            "sync": 240,
+            "async": 240,
+            "async_loads": 1200,
+            "sync_loads": 1200,
+            "failed_loads": 160,
+            "invalid_blocks": 320,
+            "delayed_frees": 1200,
+            "loading": 3200,
+            "preempted": 80,
+            "aborted_loading": 40,
+        }.items()
+    }
+    events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
+    for what, n in needs.items():
+        assert events[what] >= n, (what, events)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_workload_replays(seed: int) -> None:
+    """One workload, run twice: the same events (the test is deterministic)."""
+    assert run_seed(seed) == run_seed(seed)
