@@ -54,6 +54,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vllm_config  # noqa: E402
 from vllm.distributed import parallel_state  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402
+    OffloadingConnectorMetadata,
+    OffloadingWorkerMetadata,
+)
 from vllm.distributed.utils import get_pp_indices  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.entrypoints.common.cli_args import make_arg_parser  # noqa: E402
@@ -78,6 +82,7 @@ from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import (  # noqa: E402
     EMPTY_MODEL_RUNNER_OUTPUT,
     DraftTokenIds,
+    KVConnectorOutput,
     LogprobsTensors,
     ModelRunnerOutput,
 )  # noqa: E402
@@ -89,7 +94,7 @@ import ironbatch.vllm  # noqa: E402
 import fake_grammar  # noqa: E402
 from deployment_models import MODELS  # noqa: E402
 from stand_in_executor import StandInExecutor  # noqa: E402
-from vllm_pair import engine_outputs_view, scheduler_output_view  # noqa: E402
+from vllm_pair import engine_outputs_view, plain, scheduler_output_view  # noqa: E402
 
 DROP_IN = "ironbatch.vllm.Scheduler"
 
@@ -451,14 +456,24 @@ class DeploymentExecutor(StandInExecutor):
     def initialize_from_config(self, kv_cache_configs: list[KVCacheConfig]) -> None:
         self.kv_cache_configs = kv_cache_configs
 
+    def get_kv_connector_handshake_metadata(self) -> list[Any]:
+        """No worker registered KV caches with a transfer agent: nothing for
+        a connector's handshake (so NIXL binds no side channel: two engines
+        in one process would want the same port)."""
+        return []
+
     def execute_model(  # type: ignore[override]
         self, scheduler_output: SchedulerOutput, non_block: bool = False
     ) -> Any:
         # A copy: a scheduler may reuse what it handed out in a later step.
         self.received.append(copy.deepcopy(scheduler_output_view(scheduler_output)))
         ids = list(scheduler_output.num_scheduled_tokens)
+        transfers = _transfers_done(scheduler_output.kv_connector_metadata)
         if not ids:
             output = EMPTY_MODEL_RUNNER_OUTPUT  # nothing ran: the output now
+            if transfers is not None:  # but a connector's transfers did
+                output = copy.copy(output)
+                output.kv_connector_output = transfers
             return _DoneFuture(output) if non_block else output
         self.num_steps += 1
         self.last_step_ids = ids
@@ -475,6 +490,8 @@ class DeploymentExecutor(StandInExecutor):
                     req_id_to_index={r: i for i, r in enumerate(ids)},
                     sampled_token_ids=[[] for _ in ids],
                 )
+        if self.pending is not None and transfers is not None:
+            self.pending.kv_connector_output = transfers
         if self.vllm_config.model_config.runner_type == "pooling" or self.encoder_only:
             # A pooling runner, or the encoder alone, samples nothing: the
             # output comes at once (EngineCore calls no sample_tokens()).
@@ -575,6 +592,22 @@ class DeploymentExecutor(StandInExecutor):
             sampled_token_ids=sampled,
             prompt_logprobs_dict=prompt_logprobs,
         )
+
+
+def _transfers_done(meta: Any) -> KVConnectorOutput | None:
+    """The workers' report of the KV transfers a step's connector metadata
+    asked for, each done within the step: CPU offloading's load and store
+    jobs completed (an async load's request named as received)."""
+    if not isinstance(meta, OffloadingConnectorMetadata):
+        return None
+    jobs = {**meta.load_jobs, **meta.store_jobs}
+    if not jobs:
+        return None
+    received = {job.req_id for job in meta.load_jobs.values() if not job.sync}
+    return KVConnectorOutput(
+        finished_recving=received or None,
+        kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(jobs, 1)),
+    )
 
 
 def executor_class(
@@ -850,17 +883,6 @@ def workload(lora: bool = False, images: bool = False) -> dict[int, list[tuple[s
     return plan
 
 
-def _plain(value: Any) -> Any:
-    """Tensors and arrays as lists, recursively, so views compare with ==."""
-    if hasattr(value, "tolist"):  # torch tensors, NumPy arrays
-        return value.tolist()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 # -- one row ------------------------------------------------------------------------------
 
 
@@ -896,7 +918,7 @@ class Engine:
     def step(self) -> None:
         outputs, executed = self.engine.step_fn()
         self.engine.post_step(executed)
-        view = None if outputs is None else _plain(engine_outputs_view(outputs))
+        view = None if outputs is None else plain(engine_outputs_view(outputs))
         # Where each structured-output request's reasoning stands (the
         # drop-in keeps it current on vLLM's Request: the grammar needs it).
         reasoning = [
@@ -951,6 +973,9 @@ class Engine:
             "supports_multimodal_inputs": bool(mc.supports_multimodal_inputs),
             "is_encoder_decoder": bool(mc.is_encoder_decoder),
             "runner_type": mc.runner_type,
+            "kv_connector": None
+            if self.scheduler.get_kv_connector() is None
+            else type(self.scheduler.get_kv_connector()).__name__,
         }
 
     def shutdown(self) -> None:
@@ -998,6 +1023,10 @@ def _exercised(e: Engine) -> dict[str, int]:
             if d["req_id"] == "prefix-4" and d["num_computed_tokens"] > 0
         )
         seen["preempted"] += len(so["preempted_req_ids"] or ())
+        meta = so["kv_connector_metadata"]  # (class name, fields) or None
+        seen["connector_metadata"] += meta is not None
+        if meta is not None and meta[0] == "OffloadingConnectorMetadata":
+            seen["offload_stores"] += len(meta[1]["store_jobs"])
         seen["new_token_ids_to_first_stage"] += bool(so["scheduled_cached_reqs"]["new_token_ids"])
         seen["spec_drafts"] += sum(len(d) for d in so["scheduled_spec_decode_tokens"].values())
         seen["encoder_inputs"] += sum(map(len, so["scheduled_encoder_inputs"].values()))

@@ -74,6 +74,17 @@ SPEC_EAGLE3 = json.dumps(
     {"method": "eagle3", "model": "{models}/llama-3.1-8b-eagle3", "num_speculative_tokens": 3}
 )
 SPEC_MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+
+
+def kv_connector(name: str, role: str = "kv_both", **extra: Any) -> str:
+    """A --kv-transfer-config naming one of vLLM's connectors."""
+    config: dict[str, Any] = {"kv_connector": name, "kv_role": role}
+    if extra:
+        config["kv_connector_extra_config"] = extra
+    return json.dumps(config)
+
+
+EXAMPLE_STORE = "{models}/example-connector-store"  # its scheduler side looks for files here
 TABLE = [
     Deployment(
         "llama-3.1-8b",
@@ -328,6 +339,75 @@ TABLE = [
         "qwen2.5-vl-7b",
         ["--language-model-only"],
         {"is_multimodal_model": True, "supports_multimodal_inputs": False},
+    ),
+    # KV connectors (docs/scheduling.md §4.19): vLLM's own connector object,
+    # built by its factory, behind the drop-in. The workload carries no
+    # transfer parameters: each connector is asked, told and shown every
+    # request as vLLM's scheduler would (test_vllm_pd_pair.py hands
+    # requests over between a prefill and a decode instance).
+    Deployment(
+        "nixl-kv-both",
+        "llama-3.1-8b",
+        ["--kv-transfer-config", kv_connector("NixlConnector")],
+        {"kv_connector": "NixlPullConnector"},
+        exercises=("connector_metadata",),
+    ),
+    Deployment(
+        "nixl-prefill-instance",
+        "llama-3.1-8b",
+        ["--kv-transfer-config", kv_connector("NixlConnector", "kv_producer")],
+        {"kv_connector": "NixlPullConnector"},
+        exercises=("connector_metadata",),
+    ),
+    Deployment(
+        "nixl-decode-instance",
+        "llama-3.1-8b",
+        ["--kv-transfer-config", kv_connector("NixlConnector", "kv_consumer")],
+        {"kv_connector": "NixlPullConnector"},
+        exercises=("connector_metadata",),
+    ),
+    Deployment(
+        "example-connector",
+        "llama-3.1-8b",
+        [
+            "--kv-transfer-config",
+            kv_connector("ExampleConnector", shared_storage_path=EXAMPLE_STORE),
+        ],
+        {"kv_connector": "ExampleConnector"},
+        exercises=("connector_metadata",),
+    ),
+    Deployment(
+        "multi-connector-nixl-example",
+        "llama-3.1-8b",
+        [
+            "--kv-transfer-config",
+            json.dumps(
+                {
+                    "kv_connector": "MultiConnector",
+                    "kv_role": "kv_both",
+                    "kv_connector_extra_config": {
+                        "connectors": [
+                            json.loads(kv_connector("NixlConnector")),
+                            json.loads(
+                                kv_connector("ExampleConnector", shared_storage_path=EXAMPLE_STORE)
+                            ),
+                        ]
+                    },
+                }
+            ),
+        ],
+        {"kv_connector": "MultiConnector"},
+        exercises=("connector_metadata",),
+    ),
+    Deployment(
+        # CPU offloading (--kv-offloading-size, GiB): vLLM's OffloadingConnector.
+        "cpu-offloading",
+        "llama-3.1-8b",
+        ["--kv-offloading-size", "1"],
+        {"kv_connector": "OffloadingConnector"},
+        # Full blocks stored to CPU memory as they fill, each job reported
+        # done by the stand-in workers.
+        exercises=("connector_metadata", "offload_stores"),
     ),
     Deployment(
         "scheduler-options",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import itertools
 import random
 from collections import Counter, deque
@@ -48,9 +49,37 @@ def _new_request_data(d: Any) -> dict[str, Any]:
     return fields
 
 
+def connector_metadata_view(meta: Any) -> Any:
+    """A KV connector's metadata, comparable: its fields, recursively, with
+    tensors as lists and without the scheduler process's clock readings
+    (NIXL stamps send deadlines and its own clock, which two schedulers
+    never read alike)."""
+    return None if meta is None else plain(meta)
+
+
+def plain(value: Any) -> Any:
+    """Tensors as lists and objects as their fields, recursively."""
+    if hasattr(value, "tolist"):  # torch tensors, NumPy arrays
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(plain(v) for v in value)
+    if hasattr(value, "__dict__") and not isinstance(value, type | enum.Enum):
+        fields = dict(vars(value))
+        fields.pop("scheduler_clock", None)  # the scheduler's clock reading
+        if "reqs_to_send" in fields:  # NIXL's send deadlines, by that clock
+            fields["reqs_to_send"] = sorted(fields["reqs_to_send"])
+        return (type(value).__name__, plain(fields))
+    return value
+
+
 def scheduler_output_view(so: SchedulerOutput) -> dict[str, Any]:
     """Every field of a SchedulerOutput, comparable."""
     view = {f.name: getattr(so, f.name) for f in dataclasses.fields(so)}
+    view["kv_connector_metadata"] = connector_metadata_view(so.kv_connector_metadata)
     view["scheduled_new_reqs"] = [_new_request_data(d) for d in so.scheduled_new_reqs]
     view["scheduled_cached_reqs"] = dataclasses.asdict(so.scheduled_cached_reqs)
     view["num_scheduled_tokens"] = list(so.num_scheduled_tokens.items())  # order matters too
@@ -82,8 +111,32 @@ def engine_outputs_view(outs: dict[int, Any]) -> dict[int, Any]:
             v["scheduler_stats"]["kv_cache_eviction_events"] = [
                 len(e.reuse_gaps_seconds) for e in stats.kv_cache_eviction_events
             ]
+            v["scheduler_stats"]["kv_connector_stats"] = _untimed(stats.kv_connector_stats)
         view[client] = v
     return view
+
+
+def _untimed(stats: Any) -> Any:
+    """A KV connector's stats with its latencies (series named in seconds,
+    read off the clock) as their sample counts."""
+    if not isinstance(stats, dict):
+        return stats
+    out = {}
+    for k, v in stats.items():
+        if isinstance(v, dict):
+            v = _untimed(v)
+        elif "seconds" in str(k) and isinstance(v, dict | list):
+            v = len(v)
+        out[k] = v
+    data = out.get("data")
+    if isinstance(data, dict):
+        out["data"] = {
+            name: {key: len(x) if isinstance(x, list) else x for key, x in series.items()}
+            if "seconds" in name and isinstance(series, dict)
+            else series
+            for name, series in data.items()
+        }
+    return out
 
 
 def request_view(r: Request, tokens: list[int] | None = None, computed: int | None = None) -> dict:
@@ -190,7 +243,16 @@ class VllmPair:
             kw["structured_outputs"] = StructuredOutputsParams(json={"type": "object"})
         pair = tuple(
             vllm_setup.make_request(
-                rid, prompt, block_size=self.bs, hash_lookahead_tokens=self.hash_lookahead, **kw
+                rid,
+                prompt,
+                block_size=self.bs,
+                hash_lookahead_tokens=self.hash_lookahead,
+                # Each its own: a KV connector may change its transfer parameters.
+                **(
+                    {**kw, "extra_args": copy.deepcopy(kw["extra_args"])}
+                    if "extra_args" in kw
+                    else kw
+                ),
             )
             for _ in "ab"
         )
