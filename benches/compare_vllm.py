@@ -10,7 +10,7 @@ README shows how):
 
     python benches/compare_vllm.py [--steps 100] [--turn 1] [--async-scheduling]
                                    [--workloads decode-256,...] [--no-twin]
-                                   [--spec ngram | --layout gpt-oss | --lora | --vision]
+                                   [--spec ngram | --layout gpt-oss | --lora | --vision | --pd]
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def main() -> int:
         "ngram5-64, ngram5-256 (n-gram speculative decoding, k drafts a step), gpt-oss-64, "
         "gpt-oss-256 (a sliding-window group beside full attention, 4k-token contexts), "
         "lora-64, lora-256 (8 adapters, max_loras 4: half the requests run, half wait), "
-        "vision-64, vision-256 (1 to 3 images a request, requests arriving and finishing)",
+        "vision-64, vision-256 (1 to 3 images a request, requests arriving and finishing), "
+        "pd-decode-64, pd-decode-256 (a P/D decode instance: NIXL loads every prompt's KV)",
     )
     ap.add_argument(
         "--spec",
@@ -62,6 +63,12 @@ def main() -> int:
         action="store_true",
         help="time a vision model (1 to 3 images a request) at 64 and 256 running requests",
     )
+    ap.add_argument(
+        "--pd",
+        action="store_true",
+        help="time a P/D decode instance (NIXL, every prompt's KV loaded remotely) "
+        "at 64 and 256 running requests",
+    )
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--turn", type=int, default=1)
     ap.add_argument("--no-twin", action="store_true", help="skip the (slow) Python twin")
@@ -79,6 +86,8 @@ def main() -> int:
         a.workloads = "decode-256,lora-64,lora-256"
     if a.vision:
         a.workloads = "decode-256,vision-64,vision-256"
+    if a.pd:
+        a.workloads = "decode-256,pd-decode-64,pd-decode-256"
     asy = a.async_scheduling
     drivers = [
         lambda w: IronbatchDriver(w, "rust", asy),

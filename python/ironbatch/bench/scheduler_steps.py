@@ -69,6 +69,11 @@ class Workload:
     # budget and cache are vLLM's defaults: max_num_batched_tokens each.
     images_per_request: int = 0
     image_tokens: int = 128
+    # A P/D decode instance: every prompt's KV was computed by a prefill
+    # instance and arrives asynchronously (NIXL for vLLM and the drop-in; a
+    # connector with NIXL's answers for the core), reported loaded by the
+    # step that asked for it.
+    remote_prefill: bool = False
 
     @property
     def num_groups(self) -> int:
@@ -174,8 +179,61 @@ WORKLOADS = {
             )
             for n in (64, 256)
         ),
+        # A P/D decode instance: requests arrive with their 512-token
+        # prompts prefilled elsewhere, wait for their KV, decode 64 tokens
+        # and go (as many arrive a step as finish), so every step admits
+        # loads, settles them and frees.
+        *(
+            Workload(
+                f"pd-decode-{n}",
+                n,
+                2048,
+                n * 7 // 8,
+                512,
+                arrivals_per_step=n // 64,
+                max_tokens=64,
+                max_model_len=2048,
+                remote_prefill=True,
+            )
+            for n in (64, 256)
+        ),
     ]
 }
+
+
+class RemotePrefill:
+    """A decode instance's connector, as the core calls one: every prompt's
+    KV (all but the tokens already hit locally) arrives asynchronously, as
+    NIXL answers for a request with ``do_remote_prefill``; ``started``
+    collects the loads a step starts, for the worker to report done."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def get_num_new_matched_tokens(
+        self, request_id: str, num_tokens: int, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        left = num_tokens - num_computed_tokens
+        return (left, True) if left > 0 else (0, False)
+
+    def update_state_after_alloc(
+        self, request_id: str, block_ids: list[list[int]], num_external_tokens: int
+    ) -> None:
+        if num_external_tokens:
+            self.started.append(request_id)
+
+    def request_finished(self, request_id: str, block_ids: list[list[int]], status: str) -> bool:
+        return False
+
+
+class LoadsDone:
+    """A worker's report: these loads are done (KVConnectorOutput's fields)."""
+
+    def __init__(self, request_ids: list[str]) -> None:
+        self.finished_recving = request_ids
+        self.finished_sending: list[str] = []
+        self.failed_recving: list[str] = []
+        self.invalid_block_ids: list[int] = []
 
 
 class Driver(Protocol):
@@ -261,6 +319,11 @@ class IronbatchDriver(TimedDriver):
             ),
             backend=backend,
         )
+        self.remote: RemotePrefill | None = None
+        if workload.remote_prefill:
+            self.remote = RemotePrefill()
+            # A consumer with two steps in flight fences its frees, as vLLM.
+            self.sched.set_kv_connector(self.remote, defer_block_free=async_scheduling)
 
     def add(self, request: Request) -> None:
         self.sched.add_request(request)
@@ -268,14 +331,23 @@ class IronbatchDriver(TimedDriver):
     def schedule(self) -> Any:
         return self.sched.schedule()
 
-    def run_model(self, out: Any) -> np.ndarray:
-        return np.where(out.samples, TOKEN, -1)
+    def run_model(self, out: Any) -> Any:
+        tokens = np.where(out.samples, TOKEN, -1)
+        if self.remote is None:
+            return tokens
+        # The loads this step started are done by its end.
+        loads, self.remote.started = self.remote.started, []
+        return tokens, LoadsDone(loads)
 
     def prefill_rows(self, out: Any) -> int:
         return int(np.count_nonzero(out.num_scheduled > 1))
 
     def update(self, out: Any, result: Any) -> None:
-        self.sched.update_from_output(out, result)
+        if self.remote is None:
+            self.sched.update_from_output(out, result)
+        else:
+            tokens, loads = result
+            self.sched.update_from_output(out, tokens, kv_connector_output=loads)
 
 
 def run(

@@ -16,11 +16,11 @@ from concurrent.futures import Future  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402
-from vllm.config import KVEventsConfig, LoRAConfig, SpeculativeConfig  # noqa: E402
+from vllm.config import KVEventsConfig, KVTransferConfig, LoRAConfig, SpeculativeConfig  # noqa: E402
 from vllm.lora.request import LoRARequest as VllmLoRARequest  # noqa: E402
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
 from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 from ironbatch.bench.scheduler_steps import TimedDriver  # noqa: E402
@@ -111,6 +111,11 @@ def request(d: dict[str, Any], block_size: int, hash_lookahead_tokens: int = 0) 
         structured_outputs=d.get("structured_outputs"),
         lora_request=vllm_lora(d["lora_request"]) if d.get("lora_request") else None,
         mm_features=[vllm_feature(m) for m in d.get("mm_features") or ()],
+        **(
+            {"extra_args": {"kv_transfer_params": d["kv_transfer_params"]}}
+            if d.get("kv_transfer_params")
+            else {}
+        ),
     )
 
 
@@ -182,6 +187,21 @@ class RunnerEmulator:
         return DraftTokenIds(req_ids=ids, draft_token_ids=[[self.token] * self.k for _ in ids])
 
 
+def remote_prefill_params(request_id: str, num_tokens: int) -> dict[str, Any]:
+    """The ``kv_transfer_params`` a prefill instance's NIXL hands a request
+    to the decode instance with: where its prompt's blocks are."""
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [list(range(1, -(-num_tokens // 16) + 1))],
+        "remote_engine_id": "prefill-0",
+        "remote_request_id": request_id,
+        "remote_host": "localhost",
+        "remote_port": 5600,
+        "tp_size": 1,
+    }
+
+
 class VllmDriver(TimedDriver):
     """A vLLM-interface scheduler as an ``ironbatch.bench`` driver: vLLM's
     own (``kind="vllm"``) or the drop-in (``"ironbatch"``), both fed vLLM
@@ -207,6 +227,11 @@ class VllmDriver(TimedDriver):
             extras["lora_config"] = LoRAConfig(max_loras=workload.max_loras, max_lora_rank=8)
         if workload.encoder_budget is not None:
             extras.update(target="vision", mm_budget=(workload.encoder_budget,) * 2)
+        self.remote_prefill = workload.remote_prefill
+        if workload.remote_prefill:  # a P/D decode instance: NIXL, consumer
+            extras["kv_transfer_config"] = KVTransferConfig(
+                kv_connector="NixlConnector", kv_role="kv_consumer"
+            )
         if workload.kv_events:  # published to a null publisher: the work, not the socket
             extras["kv_events_config"] = KVEventsConfig(
                 enable_kv_cache_events=True, publisher="null"
@@ -248,6 +273,9 @@ class VllmDriver(TimedDriver):
                 "structured_outputs": JSON_SCHEMA if structured else None,
                 "lora_request": r.lora_request,
                 "mm_features": r.mm_features,
+                "kv_transfer_params": remote_prefill_params(r.request_id, len(r.prompt_token_ids))
+                if self.remote_prefill
+                else None,
             },
             self.bs,
         )
@@ -267,6 +295,10 @@ class VllmDriver(TimedDriver):
 
     def run_model(self, so: Any) -> ModelRunnerOutput:
         mro = self.runner.output(so)
+        if self.remote_prefill:
+            # The loads this step's metadata asked for are done by its end.
+            loads = set(so.kv_connector_metadata.reqs_to_recv)
+            mro.kv_connector_output = KVConnectorOutput(finished_recving=loads or None)
         if self.speculating and not self.async_scheduling:
             # The proposer runs in the worker, beside the model: not timed.
             self.proposed = self.runner.drafts(mro)

@@ -41,6 +41,23 @@ def build_connector(vllm_config: Any, kv_cache_config: Any) -> Any:
     )
 
 
+# Connectors whose build_connector_meta reads no Request state but their
+# transfer parameters (read from vLLM 0.33's code): NIXL's pull and push
+# schedulers. Before any other connector builds its metadata, the drop-in
+# brings every scheduled request's Request up to date (tokens, block hashes,
+# computed count), which costs a call per request a step.
+BUILDS_FROM_OWN_STATE = frozenset({"NixlPullConnector", "NixlPushConnector"})
+
+
+def reads_requests_when_building(connector: Any) -> bool:
+    """Whether ``connector`` may read scheduled requests' state in
+    ``build_connector_meta`` (a MultiConnector: if any of its own may)."""
+    children = getattr(connector, "_connectors", None)
+    if type(connector).__name__ == "MultiConnector" and children is not None:
+        return any(reads_requests_when_building(c) for c in children)
+    return type(connector).__name__ not in BUILDS_FROM_OWN_STATE
+
+
 def connector_setup(vllm_config: Any, connector: Any) -> KvConnectorSetup:
     """How the core works with the connector, as vLLM's scheduler derives
     it: the load-failure policy; fenced frees with more than one step in
@@ -68,6 +85,8 @@ class ConnectorBridge:
         self.connector = connector
         self.requests = requests
         self.hybrid = isinstance(connector, SupportsHMA)
+        #: Scheduled requests are brought up to date before each metadata.
+        self.refreshes_scheduled = reads_requests_when_building(connector)
         #: vLLM's prefix-cache stats of external hits (with stats on).
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         #: Per request asked in this admission: its local hit and whether the
@@ -80,6 +99,8 @@ class ConnectorBridge:
         #: Per request: how many of its first blocks hold cached KV now.
         self._cached_blocks: dict[str, int] = {}
         self.allocated: list[str] = []
+        #: Per KV-cache group, a KVCacheBlock per block id (see ``_blocks``).
+        self._block_views: list[list[KVCacheBlock]] = []
         #: Per request admitted after asking: its (local, external) hit
         #: tokens, for its prefill stats.
         self.hit_split: dict[str, tuple[int, int]] = {}
@@ -191,19 +212,31 @@ class ConnectorBridge:
     def _blocks(self, r: Request, block_ids: list[list[int]]) -> KVCacheBlocks:
         """The request's blocks as vLLM's ``KVCacheBlocks``: its first
         cached blocks carry their hashes (connectors tell loaded blocks from
-        hit ones by them)."""
-        cached = self._cached_blocks.get(r.request_id, 0)
+        hit ones by them). One ``KVCacheBlock`` per block id and group,
+        reused from call to call as vLLM's pool reuses its own."""
+        cached = min(self._cached_blocks.get(r.request_id, 0), len(r.block_hashes))
         hashes = r.block_hashes
         groups = []
         for group_id, ids in enumerate(block_ids):
-            blocks = []
-            for i, block_id in enumerate(ids):
-                block = KVCacheBlock(block_id, ref_cnt=1)
-                if i < cached and i < len(hashes):
+            views = self._views(group_id, max(ids, default=0))
+            blocks = [views[b] for b in ids]
+            for i, block in enumerate(blocks):
+                if i < cached:
                     block._block_hash = make_block_hash_with_group_id(hashes[i], group_id)
-                blocks.append(block)
+                elif block._block_hash is not None:
+                    block._block_hash = None
             groups.append(blocks)
         return KVCacheBlocks(tuple(groups))
+
+    def _views(self, group_id: int, largest: int) -> list[KVCacheBlock]:
+        """Group ``group_id``'s block views, indexed by block id, at least
+        up to ``largest``."""
+        while len(self._block_views) <= group_id:
+            self._block_views.append([])
+        views = self._block_views[group_id]
+        if len(views) <= largest:
+            views.extend(KVCacheBlock(b, ref_cnt=1) for b in range(len(views), largest + 1))
+        return views
 
 
 def set_tokens(r: Request, tokens: list[int]) -> None:

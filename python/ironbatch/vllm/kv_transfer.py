@@ -26,17 +26,21 @@ if TYPE_CHECKING:
 def connector_step(s: Scheduler, output: SchedulerOutput, step: Any) -> None:
     """The end of ``schedule()`` with a connector: vLLM's Requests as vLLM's
     scheduler holds them when it builds the connector's metadata (those
-    scheduled with their tokens and the computed count before this step;
-    those loading as ``WAITING_FOR_REMOTE_KVS``), then the metadata."""
+    scheduled with their tokens and the computed count before this step,
+    unless the connector reads none of that; those loading as
+    ``WAITING_FOR_REMOTE_KVS``), then the metadata."""
     bridge = s._bridge
     assert bridge is not None
     core = s._core.core
     slot_of = s._mirror.slot_of
     scheduled = output.num_scheduled_tokens
     output.has_sync_kv_loads = step.has_sync_kv_loads
-    s._loading.update(rid for rid in bridge.allocated if rid not in scheduled)
+    # A loading request changes state only when it starts loading or, its
+    # load reported, when a waiting pass settles it.
+    started = [rid for rid in bridge.allocated if rid not in scheduled]
+    s._loading.update(started)
     bridge.allocated.clear()
-    for rid in list(s._loading):
+    for rid in [*started, *s._settling]:
         r = s.requests[rid]
         _tail, computed, status = _core.vllm_request_tail(core, slot_of[rid], r.num_tokens)
         r.num_computed_tokens = computed
@@ -44,12 +48,14 @@ def connector_step(s: Scheduler, output: SchedulerOutput, step: Any) -> None:
             r.status = RequestStatus[status]
         if r.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
             s._loading.discard(rid)
-    for rid, n in scheduled.items():
-        r = s.requests[rid]
-        tail, computed, _status = _core.vllm_request_tail(core, slot_of[rid], r.num_tokens)
-        if tail:
-            set_tokens(r, r._all_token_ids + tail)
-        r.num_computed_tokens = computed - n
+            s._settling.discard(rid)
+    if bridge.refreshes_scheduled:
+        for rid, n in scheduled.items():
+            r = s.requests[rid]
+            tail, computed, _status = _core.vllm_request_tail(core, slot_of[rid], r.num_tokens)
+            if tail:
+                set_tokens(r, r._all_token_ids + tail)
+            r.num_computed_tokens = computed - n
     output.kv_connector_block_state = KVConnectorBlockState(
         req_ids=set(scheduled),
         resolve_block_ids=lambda rid: tuple(_core.vllm_block_ids(core, slot_of[rid])),
@@ -103,6 +109,7 @@ def kv_transfers_done(s: Scheduler, kv_connector_output: Any) -> Any:
             r = s.requests.get(rid)
             if r is not None and not r.is_finished():
                 bridge.load_done(rid)
+                s._settling.add(rid)
         for rid in received | (kv_connector_output.finished_sending or set()):
             r = s.requests.get(rid)
             if r is not None and r.is_finished() and not s._core.has_request(rid):

@@ -154,6 +154,7 @@ class Scheduler(SchedulerInterface):
         self.connector = None
         self._bridge: ConnectorBridge | None = None
         self._loading: set[str] = set()  # WAITING_FOR_REMOTE_KVS, as last seen
+        self._settling: set[str] = set()  # of those, reported loaded
         if vllm_config.kv_transfer_config is not None:
             self.connector = build_connector(vllm_config, kv_cache_config)
             self._bridge = ConnectorBridge(self.connector, self.requests, log_stats)
@@ -314,6 +315,7 @@ class Scheduler(SchedulerInterface):
             r.status = finished_status
             self._forget(r)
             self._loading.discard(r.request_id)
+            self._settling.discard(r.request_id)
         return valid
 
     def _forget(self, request: Request) -> None:
