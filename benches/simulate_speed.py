@@ -39,8 +39,13 @@ SWEEP = [
 
 def commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"
 
@@ -65,8 +70,10 @@ def main() -> int:
     # The loop runs in this thread (the GIL released), so the thread's CPU
     # time is the run's own, whatever else the machine does; the wall clock
     # is what a user waits. Others' share: how busy the machine was.
-    print("| rate | simulated s | wall s | × real time | CPU s | × real time per CPU s "
-          "| steps | steps/s | TTFT p50 / p99 ms | others' share of the CPUs |")
+    print(
+        "| rate | simulated s | wall s | × real time | CPU s | × real time per CPU s "
+        "| steps | steps/s | TTFT p50 / p99 ms | others' share of the CPUs |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for speed in (float(s) for s in args.speeds.split(",")):
         walls, cpus, shares, r = [], [], [], None
@@ -92,9 +99,11 @@ def main() -> int:
         wall = time.perf_counter() - started
         # This process waits on its workers: the others' share includes them.
         share = others_share(before, snapshot())
-        print(f"sweep: {len(result.points)} configurations of the real-rate workload in "
-              f"{wall:,.1f} s with {args.jobs} processes ({wall / len(result.points):.2f} s "
-              f"each; every process on the machine used {share:.0%} of the CPUs)")
+        print(
+            f"sweep: {len(result.points)} configurations of the real-rate workload in "
+            f"{wall:,.1f} s with {args.jobs} processes ({wall / len(result.points):.2f} s "
+            f"each; every process on the machine used {share:.0%} of the CPUs)"
+        )
     return 0
 
 

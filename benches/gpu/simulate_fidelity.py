@@ -58,8 +58,10 @@ def main() -> int:
     engine = LLMEngine(EngineArgs(model=model, seed=0, **engine_args))
     fitted = profile(engine, args.model or "demo model", grid=grid,
                      clock="cpu" if clock == "thread" else "wall")  # fmt: skip
-    print(f"{fitted.description}: {fitted.fit['samples']} steps, median |error| "
-          f"{fitted.fit['median_abs_rel_error']:.1%}, p90 {fitted.fit['p90_abs_rel_error']:.1%}")
+    print(
+        f"{fitted.description}: {fitted.fit['samples']} steps, median |error| "
+        f"{fitted.fit['median_abs_rel_error']:.1%}, p90 {fitted.fit['p90_abs_rel_error']:.1%}"
+    )
     result = measure(engine, synthetic_workload(spec), fitted, clock=clock)
     print(f"workload: {spec}; engine on {engine.device} ({clock} clock)")
     print(result.table())

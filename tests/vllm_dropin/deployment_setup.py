@@ -54,10 +54,6 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vllm_config  # noqa: E402
 from vllm.distributed import parallel_state  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402
-    OffloadingConnectorMetadata,
-    OffloadingWorkerMetadata,
-)
 from vllm.distributed.utils import get_pp_indices  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.entrypoints.common.cli_args import make_arg_parser  # noqa: E402
@@ -82,7 +78,6 @@ from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import (  # noqa: E402
     EMPTY_MODEL_RUNNER_OUTPUT,
     DraftTokenIds,
-    KVConnectorOutput,
     LogprobsTensors,
     ModelRunnerOutput,
 )  # noqa: E402
@@ -90,6 +85,7 @@ from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # n
 from vllm.v1.worker.utils import customize_attention_spec  # noqa: E402
 
 import ironbatch.vllm  # noqa: E402
+from ironbatch.bench.vllm_driver import offload_jobs_done  # noqa: E402
 
 import fake_grammar  # noqa: E402
 from deployment_models import MODELS  # noqa: E402
@@ -468,7 +464,7 @@ class DeploymentExecutor(StandInExecutor):
         # A copy: a scheduler may reuse what it handed out in a later step.
         self.received.append(copy.deepcopy(scheduler_output_view(scheduler_output)))
         ids = list(scheduler_output.num_scheduled_tokens)
-        transfers = _transfers_done(scheduler_output.kv_connector_metadata)
+        transfers = offload_jobs_done(scheduler_output.kv_connector_metadata)
         if not ids:
             output = EMPTY_MODEL_RUNNER_OUTPUT  # nothing ran: the output now
             if transfers is not None:  # but a connector's transfers did
@@ -592,22 +588,6 @@ class DeploymentExecutor(StandInExecutor):
             sampled_token_ids=sampled,
             prompt_logprobs_dict=prompt_logprobs,
         )
-
-
-def _transfers_done(meta: Any) -> KVConnectorOutput | None:
-    """The workers' report of the KV transfers a step's connector metadata
-    asked for, each done within the step: CPU offloading's load and store
-    jobs completed (an async load's request named as received)."""
-    if not isinstance(meta, OffloadingConnectorMetadata):
-        return None
-    jobs = {**meta.load_jobs, **meta.store_jobs}
-    if not jobs:
-        return None
-    received = {job.req_id for job in meta.load_jobs.values() if not job.sync}
-    return KVConnectorOutput(
-        finished_recving=received or None,
-        kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(jobs, 1)),
-    )
 
 
 def executor_class(

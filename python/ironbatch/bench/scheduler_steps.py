@@ -74,6 +74,12 @@ class Workload:
     # connector with NIXL's answers for the core), reported loaded by the
     # step that asked for it.
     remote_prefill: bool = False
+    # CPU offloading (vLLM's OffloadingConnector, --kv-offloading-size) under
+    # KV pressure: the GPU cache holds `gpu_blocks` blocks, so requests are
+    # preempted and load their stored blocks back from CPU memory. Only the
+    # drop-in and vLLM run it (the connector is vLLM's object).
+    cpu_offload: bool = False
+    gpu_blocks: int | None = None
 
     @property
     def num_groups(self) -> int:
@@ -81,6 +87,8 @@ class Workload:
 
     @property
     def num_blocks(self) -> int:
+        if self.gpu_blocks is not None:
+            return self.gpu_blocks
         per_request = -(-self.max_model_len // self.block_size)
         return self.num_groups * self.max_num_seqs * per_request + 1
 
@@ -194,6 +202,25 @@ WORKLOADS = {
                 max_tokens=64,
                 max_model_len=2048,
                 remote_prefill=True,
+            )
+            for n in (64, 256)
+        ),
+        # CPU offloading under KV pressure: the GPU cache holds about two
+        # thirds of what the running requests need, so the running pass
+        # preempts; a preempted request's computed blocks were stored to CPU
+        # memory as they filled and load back when it is readmitted.
+        *(
+            Workload(
+                f"offload-{n}",
+                n,
+                2048,
+                n * 7 // 8,
+                512,
+                arrivals_per_step=n // 64,
+                max_tokens=64,
+                max_model_len=2048,
+                cpu_offload=True,
+                gpu_blocks=n * 36 * 2 // 3,
             )
             for n in (64, 256)
         ),

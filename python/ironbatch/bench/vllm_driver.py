@@ -187,6 +187,28 @@ class RunnerEmulator:
         return DraftTokenIds(req_ids=ids, draft_token_ids=[[self.token] * self.k for _ in ids])
 
 
+def offload_jobs_done(meta: Any) -> KVConnectorOutput | None:
+    """The workers' report of CPU offloading's jobs that a step's metadata
+    asked for, each done within the step: the jobs completed, an async
+    load's request named as received (what vLLM's offloading worker
+    reports)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+        OffloadingConnectorMetadata,
+        OffloadingWorkerMetadata,
+    )
+
+    if not isinstance(meta, OffloadingConnectorMetadata):
+        return None
+    jobs = {**meta.load_jobs, **meta.store_jobs}
+    if not jobs:
+        return None
+    received = {job.req_id for job in meta.load_jobs.values() if not job.sync}
+    return KVConnectorOutput(
+        finished_recving=received or None,
+        kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(jobs, 1)),
+    )
+
+
 def remote_prefill_params(request_id: str, num_tokens: int) -> dict[str, Any]:
     """The ``kv_transfer_params`` a prefill instance's NIXL hands a request
     to the decode instance with: where its prompt's blocks are."""
@@ -231,6 +253,13 @@ class VllmDriver(TimedDriver):
         if workload.remote_prefill:  # a P/D decode instance: NIXL, consumer
             extras["kv_transfer_config"] = KVTransferConfig(
                 kv_connector="NixlConnector", kv_role="kv_consumer"
+            )
+        self.cpu_offload = workload.cpu_offload
+        if workload.cpu_offload:  # what --kv-offloading-size 4 builds
+            extras["kv_transfer_config"] = KVTransferConfig(
+                kv_connector="OffloadingConnector",
+                kv_role="kv_both",
+                kv_connector_extra_config={"cpu_bytes_to_use": 4 << 30},
             )
         if workload.kv_events:  # published to a null publisher: the work, not the socket
             extras["kv_events_config"] = KVEventsConfig(
@@ -299,6 +328,8 @@ class VllmDriver(TimedDriver):
             # The loads this step's metadata asked for are done by its end.
             loads = set(so.kv_connector_metadata.reqs_to_recv)
             mro.kv_connector_output = KVConnectorOutput(finished_recving=loads or None)
+        if self.cpu_offload:
+            mro.kv_connector_output = offload_jobs_done(so.kv_connector_metadata)
         if self.speculating and not self.async_scheduling:
             # The proposer runs in the worker, beside the model: not timed.
             self.proposed = self.runner.drafts(mro)

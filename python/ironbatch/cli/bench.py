@@ -17,12 +17,19 @@ BACKENDS = ("rust", "python")
 # the others time the same steps with a feature on (JSON schemas, KV events,
 # n-gram drafts, gpt-oss's window).
 DEFAULT_WORKLOADS = ("decode-64", "decode-256", "decode-1024", "mixed")
-# JSON schemas, KV-cache events and n-gram drafts are features of vLLM's
-# interface: the core's drivers would run those workloads as the plain ones.
+# JSON schemas, KV-cache events, n-gram drafts and KV connectors (NIXL, CPU
+# offloading) are features of vLLM's interface: the core's drivers would run
+# those workloads as the plain ones, or with a stand-in connector.
 CORE_WORKLOADS = [
     name
     for name, w in WORKLOADS.items()
-    if not (w.structured_every or w.kv_events or w.num_speculative_tokens)
+    if not (
+        w.structured_every
+        or w.kv_events
+        or w.num_speculative_tokens
+        or w.remote_prefill
+        or w.cpu_offload
+    )
 ]
 ELSEWHERE = {
     name: "times a feature of vLLM's interface, which this command's drivers leave out "
