@@ -144,6 +144,23 @@ class Workload:
         )
 
 
+def arriving(kind: str, n: int, **features: Any) -> Workload:
+    """``kind-n``: n running at most, 7n/8 requests at the start and n/64
+    arriving every step (as many as finish), 512-token prompts, 64 output
+    tokens each, with ``features``."""
+    return Workload(
+        f"{kind}-{n}",
+        n,
+        2048,
+        n * 7 // 8,
+        512,
+        arrivals_per_step=n // 64,
+        max_tokens=64,
+        max_model_len=2048,
+        **features,
+    )
+
+
 WORKLOADS = {
     w.name: w
     for w in [
@@ -170,60 +187,19 @@ WORKLOADS = {
         # half wait and are skipped by every step's waiting pass.
         Workload("lora-64", 64, 2048, 128, 32, lora_adapters=8, max_loras=4),
         Workload("lora-256", 256, 2048, 512, 32, lora_adapters=8, max_loras=4),
-        # A vision model: 1 to 3 images of 128 placeholders per 512-token
-        # prompt, requests arriving and finishing, so every step encodes
-        # some, cuts chunks before others and frees the cache.
-        *(
-            Workload(
-                f"vision-{n}",
-                n,
-                2048,
-                n * 7 // 8,
-                512,
-                arrivals_per_step=n // 64,
-                max_tokens=64,
-                max_model_len=2048,
-                images_per_request=3,
-            )
-            for n in (64, 256)
-        ),
-        # A P/D decode instance: requests arrive with their 512-token
-        # prompts prefilled elsewhere, wait for their KV, decode 64 tokens
-        # and go (as many arrive a step as finish), so every step admits
+        # A vision model: 1 to 3 images of 128 placeholders per prompt, so
+        # every step encodes some, cuts chunks before others and frees the
+        # cache.
+        *(arriving("vision", n, images_per_request=3) for n in (64, 256)),
+        # A P/D decode instance: every prompt was prefilled elsewhere; each
+        # request waits for its KV, decodes and goes, so every step admits
         # loads, settles them and frees.
-        *(
-            Workload(
-                f"pd-decode-{n}",
-                n,
-                2048,
-                n * 7 // 8,
-                512,
-                arrivals_per_step=n // 64,
-                max_tokens=64,
-                max_model_len=2048,
-                remote_prefill=True,
-            )
-            for n in (64, 256)
-        ),
+        *(arriving("pd-decode", n, remote_prefill=True) for n in (64, 256)),
         # CPU offloading under KV pressure: the GPU cache holds about two
         # thirds of what the running requests need, so the running pass
         # preempts; a preempted request's computed blocks were stored to CPU
         # memory as they filled and load back when it is readmitted.
-        *(
-            Workload(
-                f"offload-{n}",
-                n,
-                2048,
-                n * 7 // 8,
-                512,
-                arrivals_per_step=n // 64,
-                max_tokens=64,
-                max_model_len=2048,
-                cpu_offload=True,
-                gpu_blocks=n * 36 * 2 // 3,
-            )
-            for n in (64, 256)
-        ),
+        *(arriving("offload", n, cpu_offload=True, gpu_blocks=n * 36 * 2 // 3) for n in (64, 256)),
     ]
 }
 
