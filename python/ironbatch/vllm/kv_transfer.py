@@ -87,7 +87,6 @@ def report_failed_loads(
     for rid in update.failed_loads:
         r = s.requests[rid]
         r.status = RequestStatus.FINISHED_ERROR
-        s._loading.discard(rid)
         s._forget(r)
         outputs[r.client_index].append(error_output(r, None))
 

@@ -314,8 +314,6 @@ class Scheduler(SchedulerInterface):
         for r in valid:
             r.status = finished_status
             self._forget(r)
-            self._loading.discard(r.request_id)
-            self._settling.discard(r.request_id)
         return valid
 
     def _forget(self, request: Request) -> None:
@@ -325,6 +323,8 @@ class Scheduler(SchedulerInterface):
         # else a KV transfer holds its blocks: vLLM keeps it until released
         if self._bridge is not None:
             self._bridge.transfer_params.pop(rid, None)  # aborts and errors return none
+            self._loading.discard(rid)
+            self._settling.discard(rid)
         self._structured.forget(rid)
         self._encoder.forget(rid)
         self._mirror.remove(rid)
