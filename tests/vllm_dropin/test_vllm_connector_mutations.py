@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from test_vllm_connector_dropin import run_seed  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
 
 from ironbatch.vllm import kv_connector as bridge_module  # noqa: E402
 from ironbatch.vllm.kv_connector import ConnectorBridge  # noqa: E402
@@ -75,7 +76,10 @@ def test_a_failed_load_not_recomputed_is_caught(monkeypatch: pytest.MonkeyPatch)
 
 def test_leaving_the_load_wait_early_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     def all_loads_done(s: Any, report: Any) -> Any:
-        report.finished_recving = set(report.finished_recving or ()) | set(s._loading)
+        loading = {
+            rid for rid, r in s.requests.items() if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        }
+        report.finished_recving = set(report.finished_recving or ()) | loading
         return report
 
     _with_report(monkeypatch, all_loads_done)

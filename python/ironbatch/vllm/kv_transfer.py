@@ -38,7 +38,6 @@ def connector_step(s: Scheduler, output: SchedulerOutput, step: Any) -> None:
     # A loading request changes state only when it starts loading or, its
     # load reported, when a waiting pass settles it.
     started = [rid for rid in bridge.allocated if rid not in scheduled]
-    s._loading.update(started)
     bridge.allocated.clear()
     for rid in [*started, *s._settling]:
         r = s.requests[rid]
@@ -47,7 +46,6 @@ def connector_step(s: Scheduler, output: SchedulerOutput, step: Any) -> None:
         if rid not in scheduled:
             r.status = RequestStatus[status]
         if r.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
-            s._loading.discard(rid)
             s._settling.discard(rid)
     if bridge.refreshes_scheduled:
         for rid, n in scheduled.items():

@@ -153,8 +153,9 @@ class Scheduler(SchedulerInterface):
         # the core through the bridge (docs/scheduling.md §4.19).
         self.connector = None
         self._bridge: ConnectorBridge | None = None
-        self._loading: set[str] = set()  # WAITING_FOR_REMOTE_KVS, as last seen
-        self._settling: set[str] = set()  # of those, reported loaded
+        # Requests waiting for their KV whose load was reported done: a
+        # waiting pass settles them (their status then changes).
+        self._settling: set[str] = set()
         if vllm_config.kv_transfer_config is not None:
             self.connector = build_connector(vllm_config, kv_cache_config)
             self._bridge = ConnectorBridge(self.connector, self.requests, log_stats)
@@ -323,7 +324,6 @@ class Scheduler(SchedulerInterface):
         # else a KV transfer holds its blocks: vLLM keeps it until released
         if self._bridge is not None:
             self._bridge.transfer_params.pop(rid, None)  # aborts and errors return none
-            self._loading.discard(rid)
             self._settling.discard(rid)
         self._structured.forget(rid)
         self._encoder.forget(rid)
