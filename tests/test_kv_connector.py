@@ -1,21 +1,28 @@
 """A KV connector's side of the scheduler (docs/scheduling.md §4.19) on both
 backends: the API, the worked example, and the core against the twin over
-random workloads with the stand-in connector (tests/standin_connector.py),
+random workloads with the stand-in connector (ironbatch/bench/standin_connector.py),
 whose call logs, metadata and worker reports must match step for step.
 Loads that fail, whole or by block, under both failure policies."""
 
 from __future__ import annotations
 
 import random
+import sys
 from collections import Counter
 from typing import Any
 
 import pytest
 
+from ironbatch.bench.standin_connector import (
+    CoreStandIn,
+    StandInConnector,
+    StandInShares,
+    StandInWorker,
+)
+
 from scheduler_helpers import BACKENDS, make, req
 from scheduler_pair import SchedulerPair
 from seeded import Workloads
-from standin_connector import CoreStandIn, StandInConnector, StandInShares, StandInWorker
 
 VOCAB = 40
 EOS = 2
@@ -107,6 +114,67 @@ def test_a_held_request_frees_its_blocks_when_its_send_is_reported(backend: str)
     out = s.schedule()
     s.update_from_output(out, {}, kv_connector_output=Report(finished_sending={"r"}))
     assert s.num_free_blocks == 19 and s.debug_state()["kv_held"] == {}
+
+
+def _loads_failing(backend: str, end_order: Any) -> tuple[Any, list[str], Scripted]:
+    """Three requests loading over steps whose loads all fail whole in one
+    report ("fail" policy): the scheduler, the requests ended in the order
+    ended, and the connector's log."""
+    c = Scripted({rid: (8, True) for rid in ("a", "b", "c")})
+    s = scheduler(backend, c)
+    for rid in ("a", "b", "c"):
+        s.add_request(req(rid, range(100, 110), max_tokens=2))
+    out = s.schedule()
+    failed = Report(finished_recving=["a", "b", "c"], failed_recving=["a", "b", "c"])
+    updates = s.update_from_output(out, {}, kv_connector_output=failed, end_order=end_order)
+    return s, updates.failed_loads, c
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_caller_orders_the_requests_a_failed_load_ends(backend: str) -> None:
+    """``end_order`` gets each search's ids and its answer is the order the
+    requests end in (their blocks freed, the connector told), as a trace
+    recorded it; without it, the report's order."""
+    seen: list[tuple[list[str], ...]] = []
+
+    def reverse(*groups: list[str]) -> list[str]:
+        seen.append(groups)
+        return ["c", "b", "a"]
+
+    _, ended, c = _loads_failing(backend, None)
+    assert ended == ["a", "b", "c"]
+    s, ended, c = _loads_failing(backend, reverse)
+    assert ended == ["c", "b", "a"]
+    assert seen == [(["a", "b", "c"], [], [])]
+    assert [call[1] for call in c.log if call[0] == "finished"] == ["c", "b", "a"]
+    assert s.get_num_unfinished_requests() == 0 and s.num_free_blocks == 19
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("end_order", "reports"),
+    [
+        (lambda *groups: ["a", "b"], 0),  # not all of them: ignored
+        (lambda *groups: ["a", "b", "x"], 1),  # one that did not fail
+        (lambda *groups: 1 / 0, 1),
+    ],
+    ids=["too few", "another id", "raises"],
+)
+def test_a_bad_end_order_is_reported_and_the_report_order_stands(
+    backend: str, end_order: Any, reports: int
+) -> None:
+    reported: list[Any] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = reported.append
+    try:
+        s, ended, _ = _loads_failing(backend, end_order)
+    finally:
+        sys.unraisablehook = hook
+    assert ended == ["a", "b", "c"]
+    assert len(reported) == reports
+    assert s.get_num_unfinished_requests() == 0 and s.num_free_blocks == 19
+    with pytest.raises(TypeError, match="end_order must be callable"):
+        s.update_from_output(s.schedule(), {}, end_order=["a"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -512,11 +512,15 @@ class Scheduler:
         offsets: NDArray[np.int64] | None,
         accept: Callable[[str, list[int], int], bool] | None = None,
         kv_connector_output: Any = None,
+        end_order: Callable[[list[str], list[str], list[str]], list[str]] | None = None,
     ) -> StepUpdate:
         """Apply a step's tokens (with ``offsets``: ragged; without: one per
         entry, -1 for none). ``accept(request_id, kept, num_tokens)`` judges each
         structured-output request's kept tokens; False or an exception ends
-        it with an error."""
+        it with an error. ``end_order(whole, loading, running)`` orders the
+        requests a failed KV load ends ("fail" policy); an answer that is
+        not those ids goes to ``sys.unraisablehook`` and the core's order
+        stands."""
     def update_from_pooler_output(self, step: Step, pooled: list[bool]) -> StepUpdate:
         """A pooling runner's output: ``pooled[i]`` finishes row ``i``'s
         request (stopped); refused for a row whose step ended in its prompt."""

@@ -26,6 +26,7 @@ from ironbatch.request import Request
 from ironbatch.scheduler_backends import (
     Accept,
     DraftTokenIds,
+    EndOrder,
     PythonBackend,
     RustBackend,
     Sampled,
@@ -172,6 +173,7 @@ class Scheduler:
         sampled: Mapping[str, Sequence[int]] | np.ndarray | Sequence[int],
         accept: Accept | None = None,
         kv_connector_output: Any = None,
+        end_order: EndOrder | None = None,
     ) -> UpdateOutputs:
         """Apply a step's sampled tokens: ``{request_id: [token, ...]}``, or
         one token per scheduled request in scheduling order (-1 = none).
@@ -184,9 +186,14 @@ class Scheduler:
         ``finished_sending``, ``failed_recving``, ``invalid_block_ids``;
         docs/scheduling.md §4.19); a report naming a request in no state for
         it, or a block outside the pool, is refused (``ValueError``) with
-        nothing changed. Returns one record per request that got tokens, in
-        scheduling order; ``failed_loads`` names the requests a failed load
-        ended."""
+        nothing changed. ``end_order(whole, loading, running)`` orders the
+        requests a failed load ends under the ``"fail"`` policy (vLLM ends
+        them in a Python set's order, which a trace records): it gets each
+        search's request ids and returns them all in the order to end them;
+        an answer that raises or is not those ids is reported
+        (``sys.unraisablehook``) and the scheduler's own order stands.
+        Returns one record per request that got tokens, in scheduling order;
+        ``failed_loads`` names the requests a failed load ended."""
         if not self._in_use.acquire(blocking=False):  # inline: the hot path
             raise _concurrent_call("update_from_output")
         try:
@@ -206,6 +213,8 @@ class Scheduler:
                 flat, offsets = sampled, None
             else:
                 flat, offsets = _sampled(scheduler_output, sampled)
+            if end_order is not None and not callable(end_order):
+                raise TypeError(f"end_order must be callable, got {type(end_order).__name__}")
             if kv_connector_output is None:  # the hot path
                 update = self._apply_tokens(
                     step=scheduler_output._handle, token_ids=flat, offsets=offsets, accept=check
@@ -217,6 +226,7 @@ class Scheduler:
                     offsets=offsets,
                     accept=check,
                     kv_connector_output=kv_connector_output,
+                    end_order=end_order,
                 )
             updates = UpdateOutputs(scheduler_output.req_ids, update)
             for rid in updates.finished_req_ids:  # usually none

@@ -14,6 +14,7 @@ docs/architecture.md)."""
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +28,10 @@ from ironbatch.lora import lora_adapter
 from ironbatch.multimodal import mm_inputs
 from ironbatch.prompt_embeds import embeds_digests
 from ironbatch.reference.args import draft_list
-from ironbatch.reference.kv_connector import KvConnectorSetup
+from ironbatch.reference.kv_connector import KvConnectorSetup, unraisable
 from ironbatch.reference.kv_connector import kv_report as kv_transfer_report
 from ironbatch.reference.request import NewRequest, Repetition, StopRules
+from ironbatch.reference.scheduler.kv_load_failure import FailedLoadGroups
 from ironbatch.reference.scheduler.update import accept_all as reference_accept_all
 from ironbatch.reference.step import StepOutput, UpdateOutput
 from ironbatch.request import Request
@@ -99,6 +101,9 @@ ScheduleStep = Callable[[bool], Any]
 # (``StepUpdate``); ``token_ids`` and ``offsets`` as ``Sampled`` holds them,
 # ``accept`` as the backend's ``checker`` made it.
 ApplyTokens = Callable[..., Any]
+# end_order(whole, loading, running): the request ids a failed KV load ends
+# under the "fail" policy, each search's, returned in the order to end them.
+EndOrder = Callable[[list[str], list[str], list[str]], list[str]]
 
 
 class RustBackend:
@@ -327,6 +332,7 @@ class PythonBackend:
         offsets: np.ndarray | None,
         accept: Callable[[int, Any, list[int]], bool] | None,
         kv_connector_output: Any = None,
+        end_order: EndOrder | None = None,
     ) -> _TwinUpdate:
         flat = token_ids
         if offsets is None:  # one token per row, -1 for none
@@ -345,10 +351,30 @@ class PythonBackend:
         else:
             tokens = flat.tolist()
         report = kv_transfer_report(kv_connector_output)
+        order = None if end_order is None else self._slot_order(end_order)
         update = self.twin.update_with_kv_report(
-            step.step, tokens, offsets.tolist(), accept or reference_accept_all, report
+            step.step, tokens, offsets.tolist(), accept or reference_accept_all, report, order
         )
         return _TwinUpdate.of(update)
+
+    def _slot_order(self, end_order: EndOrder) -> Callable[[FailedLoadGroups], list[int]]:
+        """``end_order`` (by request id) as the twin asks it (by slot). An
+        answer that raises or names another request goes to
+        ``sys.unraisablehook``, as the core reports it, and the twin's own
+        order stands."""
+        requests = self.twin.requests
+
+        def by_slot(groups: FailedLoadGroups) -> list[int]:
+            searches = (groups.whole, groups.loading, groups.running)
+            slot_of = {requests[slot].request_id: slot for g in searches for slot in g}
+            try:
+                ids = end_order(*([requests[slot].request_id for slot in g] for g in searches))
+                return [slot_of[rid] for rid in ids]
+            except Exception as e:  # a caller's hook: reported, never raised through
+                sys.unraisablehook(unraisable(e, end_order))
+                return []
+
+        return by_slot
 
     def apply_pooled(self, step: _TwinStep, pooled: list[bool]) -> _TwinUpdate:
         return _TwinUpdate.of(self.twin.update_from_pooler_output(step.step, pooled))

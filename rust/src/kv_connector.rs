@@ -176,19 +176,28 @@ pub(crate) mod scripted {
         /// Request ids whose blocks are held after a normal finish.
         pub holds: Vec<String>,
         pub log: Arc<Mutex<Vec<Call>>>,
-        /// Each `observe_request`: (id, tokens, computed, status, cached blocks).
-        pub observed: Arc<Mutex<Vec<(String, usize, usize, &'static str, usize)>>>,
+        pub observed: Arc<Mutex<Vec<Observed>>>,
+    }
+
+    /// One `observe_request`: the request as the next call names it.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Observed {
+        pub request_id: String,
+        pub num_tokens: usize,
+        pub num_computed_tokens: usize,
+        pub status: &'static str,
+        pub num_cached_blocks: usize,
     }
 
     impl KvConnector for Scripted {
         fn observe_request(&mut self, r: &RequestState<'_>) {
-            self.observed.lock().unwrap().push((
-                r.request_id.into(),
-                r.token_ids.len(),
-                r.num_computed_tokens,
-                r.status,
-                r.num_cached_blocks,
-            ));
+            self.observed.lock().unwrap().push(Observed {
+                request_id: r.request_id.into(),
+                num_tokens: r.token_ids.len(),
+                num_computed_tokens: r.num_computed_tokens,
+                status: r.status,
+                num_cached_blocks: r.num_cached_blocks,
+            });
         }
 
         fn get_num_new_matched_tokens(

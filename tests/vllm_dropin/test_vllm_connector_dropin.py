@@ -1,5 +1,5 @@
 """The drop-in against vLLM 0.33's own scheduler with a KV connector: the
-stand-in (tests/standin_connector.py) built by vLLM's factory on each side,
+stand-in (ironbatch/bench/standin_connector.py) built by vLLM's factory on each side,
 random workloads, sync and async (docs/scheduling.md §4.19). Every
 SchedulerOutput (the connector's metadata included), every
 EngineCoreOutputs (transfer parameters, failed loads' errors, stats) and
@@ -18,11 +18,12 @@ from test_vllm_connector_standin import check_blocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import RequestStatus
 
+from ironbatch.bench.standin_connector import StandInWorker
+from ironbatch.bench.vllm_standin_connector import kv_connector_output, random_settings, stand_in_of
+
 import vllm_setup
 from seeded import Workloads
-from standin_connector import StandInWorker
 from vllm_pair import VllmPair
-from vllm_standin_connector import kv_connector_output, random_settings, stand_in_of
 
 VOCAB = 50
 WORKLOADS = 200  # per run, each sync or async at random; FULL_WORKLOADS with IRONBATCH_FULL=1

@@ -1,5 +1,5 @@
 """vLLM 0.33's own scheduler with the stand-in connector
-(tests/standin_connector.py) over random workloads: the oracle the core's
+(ironbatch/bench/standin_connector.py) over random workloads: the oracle the core's
 connector support is built against (docs/scheduling.md §4.19). Every
 workload must end with every request served or ended for a reason, no
 block held, no transfer running; after every call, each block's reference
@@ -18,15 +18,16 @@ import pytest
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import RequestStatus
 
-import vllm_setup
-from seeded import Workloads
-from standin_connector import StandInShares, StandInWorker, WorkerReport
-from vllm_standin_connector import (
+from ironbatch.bench.standin_connector import StandInShares, StandInWorker, WorkerReport
+from ironbatch.bench.vllm_standin_connector import (
     kv_connector_output,
     kv_transfer_config,
     random_settings,
     stand_in_of,
 )
+
+import vllm_setup
+from seeded import Workloads
 
 VOCAB = 50
 WORKLOADS = 24  # per run; FULL_WORKLOADS with IRONBATCH_FULL=1

@@ -198,7 +198,7 @@ class SafeConnector:
         try:
             return read(getattr(self.connector, name)(*args))
         except Exception as e:  # noqa: BLE001 (reported, then the safe answer)
-            sys.unraisablehook(_unraisable(e, self.connector))
+            sys.unraisablehook(unraisable(e, self.connector))
             return fallback
 
     def get_num_new_matched_tokens(
@@ -235,7 +235,7 @@ class SafeConnector:
         return self._call("has_pending_block_frees", (), bool, False)
 
 
-def _unraisable(e: BaseException, obj: Any) -> Any:
+def unraisable(e: BaseException, obj: Any) -> Any:
     """What ``sys.unraisablehook`` takes."""
 
     class Unraisable:

@@ -441,8 +441,11 @@ impl PyScheduler {
     /// Apply a step's tokens. With `offsets`, entry `i` gets
     /// `token_ids[offsets[i]:offsets[i+1]]`; without, `token_ids` holds one
     /// token per entry in scheduling order, -1 for none. `accept` judges
-    /// structured-output requests' tokens (see `apply`).
-    #[pyo3(signature = (*, step, token_ids, offsets, accept=None, kv_connector_output=None))]
+    /// structured-output requests' tokens (see `apply`);
+    /// `end_order(whole, loading, running)` orders the requests a failed
+    /// load ends under the "fail" policy (a trace's recorded order).
+    #[pyo3(signature = (*, step, token_ids, offsets, accept=None, kv_connector_output=None, end_order=None))]
+    #[allow(clippy::too_many_arguments)] // PyO3 keyword arguments, all named at the call
     fn update_from_output<'py>(
         &mut self,
         py: Python<'py>,
@@ -451,6 +454,7 @@ impl PyScheduler {
         offsets: Option<PyReadonlyArray1<'py, i64>>,
         accept: Option<&Bound<'py, PyAny>>,
         kv_connector_output: Option<&Bound<'py, PyAny>>,
+        end_order: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyStepUpdate> {
         let report = kv_report(kv_connector_output)?;
         let step = step.get();
@@ -492,10 +496,7 @@ impl PyScheduler {
                 (tokens, offsets)
             }
         };
-        let kv = StepKvReport {
-            report,
-            end_order: None,
-        };
+        let kv = StepKvReport { report, end_order };
         let out = self.apply(py, &step.step, &tokens, &offsets, accept, &kv)?;
         PyStepUpdate::of(py, out)
     }

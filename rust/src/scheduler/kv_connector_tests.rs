@@ -7,7 +7,7 @@ use super::tests::{config, new_request, Setup};
 use super::Scheduler;
 use crate::block::BlockId;
 use crate::error::Error;
-use crate::kv_connector::scripted::{Call, Scripted};
+use crate::kv_connector::scripted::{Call, Observed, Scripted};
 use crate::kv_connector::{ExternalHit, KvConnectorSetup, KvTransferReport, LoadFailurePolicy};
 use crate::request::RequestStatus;
 use crate::step::{StepOutput, UpdateOutput};
@@ -592,13 +592,20 @@ fn each_call_shows_the_request_as_vllm_holds_it_then() {
     let out = s.schedule();
     assert_eq!(counts(&s, &out), vec![("r".into(), 13, 1)]);
     sampled(&mut s, &out);
+    let seen = |num_tokens, num_computed_tokens, status, num_cached_blocks| Observed {
+        request_id: "r".into(),
+        num_tokens,
+        num_computed_tokens,
+        status,
+        num_cached_blocks,
+    };
     assert_eq!(
         *observed.lock().unwrap(),
         vec![
-            ("r".into(), 14, 0, "WAITING", 0),
-            ("r".into(), 14, 0, "WAITING", 0),
-            ("r".into(), 14, 13, "WAITING", 3),
-            ("r".into(), 15, 14, "FINISHED_LENGTH_CAPPED", 3),
+            seen(14, 0, "WAITING", 0),
+            seen(14, 0, "WAITING", 0),
+            seen(14, 13, "WAITING", 3),
+            seen(15, 14, "FINISHED_LENGTH_CAPPED", 3),
         ]
     );
 }

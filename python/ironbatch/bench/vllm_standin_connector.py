@@ -1,4 +1,4 @@
-"""The stand-in connector (tests/standin_connector.py) as vLLM 0.33 builds
+"""The stand-in connector (ironbatch/bench/standin_connector.py) as vLLM 0.33 builds
 connectors: a ``KVConnectorBase_V1`` named in a ``KVTransferConfig`` by
 module path, its seed and shares in ``kv_connector_extra_config``. vLLM's
 factory builds it, for vLLM's scheduler and for the drop-in alike, and
@@ -20,7 +20,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
-from standin_connector import StandInConnector, StandInMeta, StandInShares, WorkerReport
+from ironbatch.bench.standin_connector import (
+    StandInConnector,
+    StandInMeta,
+    StandInShares,
+    WorkerReport,
+)
 
 NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 

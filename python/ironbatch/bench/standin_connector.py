@@ -1,6 +1,8 @@
-"""A stand-in KV connector for tests: the scheduler side of vLLM 0.33's
-connector protocol (docs/scheduling.md §4.19) and a worker that reports its
-transfers, deterministic from a seed and independent of any engine.
+"""A stand-in KV connector, for tests and for recording connector traces
+(benches/record_vllm.py --connector standin): the scheduler side of vLLM
+0.33's connector protocol (docs/scheduling.md §4.19) and a worker that
+reports its transfers, deterministic from a seed and independent of any
+engine.
 
 It answers the way real connectors can: an external hit past the local one
 (a P/D decode instance's whole prompt, an offloading tier's blocks), loaded
