@@ -17,10 +17,15 @@ groups, then full attention), or ``mixed`` (one drawn per seed), with the
 window or chunk and vLLM's window retention drawn per seed. With ``--lora``,
 vLLM's LoRA config (max_loras 1 to 4) and most requests under one of up to
 8 adapters (``lora_request`` in each request object, ``max_loras`` in the
-config).
+config). With ``--connector NAME``, vLLM's scheduler runs with a KV
+connector (``standin``, the seeded stand-in; ``nixl``, NixlConnector as a
+P/D decode instance; ``offloading``, OffloadingConnector; see
+``ironbatch.bench.connector_recording``), and the trace records its calls
+with the connector's answers and each step's transfer report.
 
     python benches/record_vllm.py OUTDIR --seeds 100-119 [--big]
         [--spec METHOD [--k K] | --layout LAYOUT] [--lora] [--images]
+        [--connector NAME]
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 import ironbatch.bench.vllm_driver as vs
+from ironbatch.bench.connector_recording import CONNECTORS, ConnectorCalls, draw_connector
 from ironbatch.bench.random_speculation import RandomSpeculation
+from ironbatch.trace.connector import CALLS, CONNECTOR, REPORT, report_record
 from ironbatch.trace.speculation import stats_record
 from ironbatch.vllm import harness
 from ironbatch.vllm.settings import kv_cache_groups
@@ -201,12 +208,15 @@ def record(
     layout: str | None = None,
     lora: bool = False,
     images: bool = False,
+    connector: str | None = None,
 ) -> list[dict[str, Any]]:
     """The trace of ``seed``: its header, then one line per step. ``layout``
     (one of LAYOUTS, or ``mixed``): a hybrid KV cache, its window drawn per
     seed; None (the default) one full-attention group. ``lora``: vLLM's
     LoRA config with max_loras 1-4, and most requests under one of up to 8
-    adapters (drawn apart, so the rest of the trace is as without)."""
+    adapters (drawn apart, so the rest of the trace is as without).
+    ``connector`` (one of CONNECTORS): vLLM's scheduler with that KV
+    connector, its settings and worker drawn apart as well."""
     if method not in SPEC_METHODS:
         raise ValueError(f"method must be one of {SPEC_METHODS}, got {method!r}")
     if layout is not None and num_speculative_tokens:
@@ -252,7 +262,16 @@ def record(
         extras.update(
             target="vision", mm_budget=(cfg["encoder_compute_budget"], cfg["encoder_cache_size"])
         )
+    recorded_connector = None
+    if connector is not None:
+        if hybrid or num_speculative_tokens or lora or images:
+            raise ValueError("a connector is recorded on a plain text model")
+        recorded_connector = draw_connector(seed, connector)
+        extras["kv_transfer_config"] = recorded_connector.kv_transfer_config
+        # Written only for connector traces, so other traces stay as they were.
+        cfg[CONNECTOR] = {"kv_load_failure_policy": recorded_connector.policy}
     sched = vs.build(cfg, **extras, **hybrid)
+    calls = None if recorded_connector is None else ConnectorCalls(sched.connector)
     vc = sched.vllm_config
     if sched.block_size != cfg["block_size"]:
         raise RuntimeError(f"vLLM chose block size {sched.block_size}, not {cfg['block_size']}")
@@ -292,6 +311,15 @@ def record(
             }
     if images:
         place_images(image_rng, reqs, cfg)
+    if recorded_connector is not None and recorded_connector.remote_prefill_share:
+        # A P/D decode instance: these requests' prompts were computed on
+        # the prefill instance, whose blocks NIXL pulls.
+        remote_rng = random.Random(f"ironbatch-record-remote-{seed}")
+        for r in reqs:
+            if remote_rng.random() < recorded_connector.remote_prefill_share:
+                r["_kv_transfer_params"] = vs.remote_prefill_params(
+                    r["request_id"], len(r["prompt_token_ids"]), cfg["block_size"]
+                )
     by_id = {r["request_id"]: r for r in reqs}
     # EngineCore's block hasher covers this many tokens after each block.
     hash_lookahead = vc.num_hash_lookahead_tokens
@@ -307,12 +335,18 @@ def record(
         header["kv_layout"] = hybrid["kv_layout"]  # informational too
     if lora:
         header["lora_adapters"] = adapters  # informational too
+    if recorded_connector is not None:
+        header["kv_connector_name"] = recorded_connector.name  # informational too
     header["config"] = cfg
     lines: list[dict[str, Any]] = [header]
     drafts: list[list[Any]] = []  # given after the previous step's output
     for step in range(max_steps):
         if not pending and not sched.has_unfinished_requests():
-            break
+            # A connector may still hold finished requests' blocks for a send.
+            if recorded_connector is None or not (
+                sched.has_requests() or recorded_connector.worker.busy
+            ):
+                break
         line: dict[str, Any] = {"step": step}
         if spec is not None:
             line["drafts"] = drafts
@@ -320,8 +354,10 @@ def record(
         while pending and pending[0]["_step"] <= step:
             r = pending.pop(0)
             line["add"].append({k: v for k, v in r.items() if not k.startswith("_")})
-            sched.add_request(vs.request(r, cfg["block_size"], hash_lookahead))
-        live = sorted(rid for rid in sched.requests)
+            params = {"kv_transfer_params": r.get("_kv_transfer_params")}
+            sched.add_request(vs.request(r | params, cfg["block_size"], hash_lookahead))
+        # (A connector's held finished requests stay in the table: not live.)
+        live = sorted(rid for rid, vr in sched.requests.items() if not vr.is_finished())
         if live and rng.random() < 0.04:
             victim = rng.choice(live)
             sched.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
@@ -347,6 +383,10 @@ def record(
         mro = ModelRunnerOutput(
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=tokens
         )
+        if recorded_connector is not None:
+            mro.kv_connector_output = recorded_connector.worker.report(so)
+            # In the order vLLM iterates its sets, which no later process rebuilds.
+            line[REPORT] = report_record(mro.kv_connector_output)
         engine_outputs = sched.update_from_output(so, mro)
         line["outputs"] = [
             [
@@ -360,6 +400,8 @@ def record(
         ]
         if spec is not None:
             line["spec_decoding_stats"] = spec_stats(engine_outputs)
+        if calls is not None:  # those of the aborts, schedule() and the update
+            line[CALLS] = calls.take()
         line["num_free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
         lines.append(line)
         if spec is not None:
@@ -504,7 +546,15 @@ def main() -> int:
         help="a vision model (its encoder budget and cache drawn per seed), most requests with"
         " up to three images from a shared pool",
     )
+    ap.add_argument(
+        "--connector",
+        choices=CONNECTORS,
+        help="a KV connector on a plain text model (standin: the seeded stand-in; nixl: a P/D"
+        " decode instance; offloading: CPU offloading), its settings drawn per seed",
+    )
     a = ap.parse_args()
+    if a.connector and (a.spec or a.layout or a.lora or a.images):
+        ap.error("--connector records a plain text model: no --spec, --layout, --lora, --images")
     if a.images and (a.spec or a.layout or a.lora):
         ap.error("--images records a plain vision model: not with --spec, --layout or --lora")
     if a.k is not None and (a.spec is None or a.k < 1):
@@ -524,6 +574,7 @@ def main() -> int:
             layout=a.layout,
             lora=a.lora,
             images=a.images,
+            connector=a.connector,
         )
         path = a.outdir / f"{a.prefix}-{seed:04d}.jsonl"
         path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
@@ -531,6 +582,8 @@ def main() -> int:
         spec = f", {method}, k={k}, {accepted(lines)} drafts accepted" if k else ""
         if a.layout:
             spec = f", {describe_layout(lines[0])}"
+        if a.connector:
+            spec = f", {describe_connector(lines)}"
         print(f"{path}: {len(lines) - 1} steps, {pre} preemptions{spec}", file=sys.stderr)
     return 0
 
@@ -544,6 +597,25 @@ def describe_layout(header: dict[str, Any]) -> str:
     retention = "sparse" if config["sparse_retention"] else "dense"
     caching = "prefix caching" if config["enable_prefix_caching"] else "no prefix caching"
     return f"{header['kv_layout']}, {window}, {retention}, {caching}"
+
+
+def describe_connector(lines: list[dict[str, Any]]) -> str:
+    """``NixlConnector (kv_consumer), recompute: 31 hits (31 async), 0 failed
+    loads, 2 lost blocks, 0 held frees``: what a connector trace exercised, as printed
+    after it is written."""
+    header = lines[0]
+    calls = [c for x in lines[1:] for c in x.get(CALLS, ())]
+    hits = [c for c in calls if c[0] == "matched" and c[3]]
+    loads = sum(1 for c in hits if c[4])
+    held = sum(1 for c in calls if c[0] == "finished" and c[3])
+    reports = [x[REPORT] for x in lines[1:] if x.get(REPORT)]
+    failed = sum(len(r.get("failed_recving", ())) for r in reports)
+    lost = sum(len(r.get("invalid_block_ids", ())) for r in reports)
+    policy = header["config"][CONNECTOR]["kv_load_failure_policy"]
+    return (
+        f"{header['kv_connector_name']}, {policy}: {len(hits)} hits ({loads} async),"
+        f" {failed} failed loads, {lost} lost blocks, {held} held frees"
+    )
 
 
 def accepted(lines: list[dict[str, Any]]) -> str:

@@ -37,14 +37,21 @@ DATA = Path(__file__).parent / "data"
 # request from a shared pool), seeds 1201, 1202, 1204, 1205, 1206, 1210,
 # 1217, 1222, 1223 and 1225, each chosen because its replay changes without
 # the images and without the encoder's limits (tested below), and one --big,
-# gzipped (1301).
+# gzipped (1301); recorded-connector/: 22 with a KV connector, its calls
+# answered from the record (--connector): standin (seeds 1006, 1009, 1011,
+# 1012, 1014, 1016, 1018, 1019, 1028, 1038, and 1052 with --big, gzipped),
+# nixl as a decode instance (1102, 1106, 1108, 1109, 1119, 1124, and 1150
+# with --big, gzipped) and offloading (1200, 1201, 1203, 1209), chosen for
+# both failure policies, failed loads, lost blocks and held frees
+# (tests/test_trace_connector.py).
 TRACES = sorted((DATA / "traces").glob("*.jsonl"))
 RECORDED = sorted((DATA / "recorded").glob("*.jsonl"))
 SPEC = sorted((DATA / "recorded-spec").glob("*.jsonl*"))
 HYBRID = sorted((DATA / "recorded-hybrid").glob("*.jsonl*"))
 LORA = sorted((DATA / "recorded-lora").glob("*.jsonl*"))
 IMAGES = sorted((DATA / "recorded-images").glob("*.jsonl*"))
-ALL = TRACES + RECORDED + SPEC + HYBRID + LORA + IMAGES
+CONNECTOR = sorted((DATA / "recorded-connector").glob("*.jsonl*"))
+ALL = TRACES + RECORDED + SPEC + HYBRID + LORA + IMAGES + CONNECTOR
 
 
 def test_the_traces_are_there() -> None:
@@ -54,6 +61,7 @@ def test_the_traces_are_there() -> None:
     assert len(HYBRID) == 17
     assert len(LORA) == 11
     assert len(IMAGES) == 11
+    assert len(CONNECTOR) == 22
 
 
 def _lines(path: Path) -> list[str]:

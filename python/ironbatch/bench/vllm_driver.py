@@ -209,13 +209,15 @@ def offload_jobs_done(meta: Any) -> KVConnectorOutput | None:
     )
 
 
-def remote_prefill_params(request_id: str, num_tokens: int) -> dict[str, Any]:
+def remote_prefill_params(
+    request_id: str, num_tokens: int, block_size: int = 16
+) -> dict[str, Any]:
     """The ``kv_transfer_params`` a prefill instance's NIXL hands a request
     to the decode instance with: where its prompt's blocks are."""
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
-        "remote_block_ids": [list(range(1, -(-num_tokens // 16) + 1))],
+        "remote_block_ids": [list(range(1, -(-num_tokens // block_size) + 1))],
         "remote_engine_id": "prefill-0",
         "remote_request_id": request_id,
         "remote_host": "localhost",

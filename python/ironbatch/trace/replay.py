@@ -15,7 +15,16 @@ from ironbatch.multimodal import MultimodalInput
 from ironbatch.request import Request
 from ironbatch.sampling_params import SamplingParams
 from ironbatch.scheduler import Scheduler
+from ironbatch.scheduler_backends import EndOrder
 from ironbatch.scheduler_output import SchedulerOutput
+from ironbatch.trace.connector import (
+    CALLS,
+    REPORT,
+    TraceConnector,
+    TraceReport,
+    check_calls,
+    load_failure_policy,
+)
 from ironbatch.trace.reading import Trace, field_error
 from ironbatch.trace.speculation import (
     SPEC_STATS,
@@ -199,6 +208,20 @@ def lora_request(d: Any) -> LoRARequest | None:
     return LoRARequest(d["lora_name"], d["lora_int_id"], d.get("lora_path", ""))
 
 
+def recorded_end_order(outputs: list[list[Any]]) -> EndOrder:
+    """The order a step's record ends its failed loads in (its error
+    outputs'; vLLM ends them in a set's order, which only the record
+    keeps). Where the record names other requests than those that failed,
+    the scheduler's own order (the replay then differs at ``outputs``)."""
+    recorded = [o[0] for o in outputs if o[2] == "error"]
+
+    def end_order(whole: list[str], loading: list[str], running: list[str]) -> list[str]:
+        found = list(dict.fromkeys([*whole, *loading, *running]))
+        return recorded if sorted(recorded) == sorted(found) else found
+
+    return end_order
+
+
 def replay(
     trace: str | Path | Trace,
     backend: str = "rust",
@@ -217,26 +240,38 @@ def replay(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     opened = trace if isinstance(trace, Trace) else Trace(trace)
     with closing(opened):
-        sched = trace_scheduler(opened, backend)
-        return _replay_steps(opened, sched, level == "blocks", on_step)
+        sched, connector = trace_scheduler(opened, backend)
+        return _replay_steps(opened, sched, connector, level == "blocks", on_step)
 
 
-def trace_scheduler(trace: Trace, backend: str) -> Scheduler:
-    """The scheduler the header's config describes; a config it cannot take
-    is the header line's ``TraceError``."""
+def trace_scheduler(trace: Trace, backend: str) -> tuple[Scheduler, TraceConnector | None]:
+    """The scheduler the header's config describes, with the connector that
+    answers from the record where the config has one (§3.7); a config it
+    cannot take is the header line's ``TraceError``."""
     try:
-        return build_scheduler(trace.header["config"], backend)
+        config = trace.header["config"]
+        sched = build_scheduler(config, backend)
+        policy = load_failure_policy(config)
+        connector = None
+        if policy is not None:
+            connector = TraceConnector()
+            sched.set_kv_connector(connector, policy)
+        return sched, connector
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise field_error(trace.path, trace.header_line, e, "the header's config") from None
 
 
 def _replay_steps(
-    trace: Trace, sched: Scheduler, blocks: bool, on_step: Callable[[], None] | None
+    trace: Trace,
+    sched: Scheduler,
+    connector: TraceConnector | None,
+    blocks: bool,
+    on_step: Callable[[], None] | None,
 ) -> ReplayResult:
     n = 0
     for n, (line, rec) in enumerate(trace.steps, 1):
         try:
-            result = _replay_step(trace.path, n, sched, rec, blocks)
+            result = _replay_step(trace.path, n, sched, connector, rec, blocks)
         # What a record of the wrong shape raises (OverflowError: a count the
         # core's integers cannot hold).
         except (KeyError, TypeError, ValueError, IndexError, OverflowError) as e:
@@ -249,7 +284,12 @@ def _replay_steps(
 
 
 def _replay_step(
-    path: str, n: int, sched: Scheduler, rec: dict[str, Any], blocks: bool
+    path: str,
+    n: int,
+    sched: Scheduler,
+    connector: TraceConnector | None,
+    rec: dict[str, Any],
+    blocks: bool,
 ) -> ReplayResult | None:
     """One step record: the difference it shows, or None."""
     step = rec["step"]
@@ -257,6 +297,10 @@ def _replay_step(
     def differs(field: str, expected: Any, actual: Any) -> ReplayResult:
         return ReplayResult(path, n, step, field, expected, actual)
 
+    report = None
+    if connector is not None:
+        connector.begin_step(check_calls(rec.get(CALLS, [])))
+        report = TraceReport.of(rec.get(REPORT))
     # Drafts first: vLLM's engine hands them over right after the
     # previous step's output, before it takes in new requests.
     if drafts := step_drafts(rec):
@@ -266,6 +310,10 @@ def _replay_step(
     for rid in rec["abort"]:
         sched.finish_requests([rid])
     out = sched.schedule()
+    # The connector's answers fed the decisions: where its calls part from
+    # the record is the first thing to say.
+    if connector is not None and (diff := connector.first_difference(complete=False)):
+        return differs(*diff)
     want = rec["schedule"]
     got = scheduled_entries(out) if blocks else [list(e)[:4] for e in out.entries()]
     expected = want["scheduled"]
@@ -285,10 +333,24 @@ def _replay_step(
             return differs(ENCODER_INPUTS, want[ENCODER_INPUTS], encoded)
         if out.free_encoder_mm_hashes != want[FREED_IMAGES]:
             return differs(FREED_IMAGES, want[FREED_IMAGES], out.free_encoder_mm_hashes)
-    updates = sched.update_from_output(out, {rid: toks for rid, toks in rec["sampled"]})
+    sampled = {rid: toks for rid, toks in rec["sampled"]}
+    if connector is None:
+        updates = sched.update_from_output(out, sampled)
+    else:
+        updates = sched.update_from_output(
+            out,
+            sampled,
+            kv_connector_output=report,
+            end_order=recorded_end_order(rec["outputs"]),
+        )
     got_outputs = [[u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason] for u in updates]
+    # Requests a failed KV load ended: an error output each, after the
+    # others, in the order they ended.
+    got_outputs += [[rid, [], "error", None] for rid in updates.failed_loads]
     if got_outputs != rec["outputs"]:
         return differs("outputs", rec["outputs"], got_outputs)
+    if connector is not None and (diff := connector.first_difference(complete=True)):
+        return differs(*diff)
     if (
         SPEC_STATS in rec
         and (stats := stats_record(updates.spec_decoding_stats)) != rec[SPEC_STATS]
