@@ -240,14 +240,23 @@ def replay(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     opened = trace if isinstance(trace, Trace) else Trace(trace)
     with closing(opened):
-        sched, connector = trace_scheduler(opened, backend)
-        return _replay_steps(opened, sched, connector, level == "blocks", on_step)
+        built = trace_scheduler(opened, backend)
+        return _replay_steps(opened, built.scheduler, built.connector, level == "blocks", on_step)
 
 
-def trace_scheduler(trace: Trace, backend: str) -> tuple[Scheduler, TraceConnector | None]:
-    """The scheduler the header's config describes, with the connector that
-    answers from the record where the config has one (§3.7); a config it
-    cannot take is the header line's ``TraceError``."""
+@dataclass(frozen=True)
+class TraceScheduler:
+    """What a trace is replayed through: the scheduler its config
+    describes, and the connector answering from the record where the
+    config has one (§3.7)."""
+
+    scheduler: Scheduler
+    connector: TraceConnector | None
+
+
+def trace_scheduler(trace: Trace, backend: str) -> TraceScheduler:
+    """The scheduler (and connector) the header's config describes; a config
+    it cannot take is the header line's ``TraceError``."""
     try:
         config = trace.header["config"]
         sched = build_scheduler(config, backend)
@@ -256,7 +265,7 @@ def trace_scheduler(trace: Trace, backend: str) -> tuple[Scheduler, TraceConnect
         if policy is not None:
             connector = TraceConnector()
             sched.set_kv_connector(connector, policy)
-        return sched, connector
+        return TraceScheduler(sched, connector)
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise field_error(trace.path, trace.header_line, e, "the header's config") from None
 
