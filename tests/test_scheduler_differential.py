@@ -22,6 +22,7 @@ from hypothesis.stateful import (
 )
 
 from ironbatch import KVCacheGroup, MultimodalInput, RepetitionDetectionParams
+from ironbatch.bench.standin_ec_connector import EcShares, StandInEcConnector
 
 from scheduler_pair import SchedulerPair
 from seeded import Workloads, run_machine
@@ -300,6 +301,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     rng = random.Random(seed)
     config = random_config(rng)
     pair = SchedulerPair(**config)
+    ec_connectors = attach_ec_connectors(pair, config, seed)
     max_len = config["max_model_len"]
     prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
     live: list[str] = []
@@ -496,7 +498,33 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         seen[state] = step
     assert not pair.rust.has_unfinished_requests(), "no progress"
     assert pair.rust.num_free_blocks == config["num_blocks"] - 1
+    if ec_connectors:
+        core, twin = ec_connectors
+        assert core.log == twin.log, "the encoder-cache connector was called differently"
+        pair.events.update(core.events)
+        pair.events["ec_loaded"] += sum(1 for c in core.log if c[0] == "has_cache_item" and c[2])
+        pair.events["ec_finished"] += sum(1 for c in core.log if c[0] == "request_finished")
     return pair.events
+
+
+def attach_ec_connectors(
+    pair: SchedulerPair, config: dict, seed: int
+) -> tuple[StandInEcConnector, StandInEcConnector] | None:
+    """In half the workloads whose encoder outputs are shared by identifier,
+    an encoder-cache connector on each backend (docs/scheduling.md §4.20),
+    drawn from a stream of its own so the workload is what it is without."""
+    shared = "encoder_compute_budget" in config and not any(
+        g.kind == "cross_attention" for g in config["kv_cache_groups"] or ()
+    )
+    rng = random.Random(f"{seed}:ec")
+    if not shared or rng.random() < 0.5:
+        return None
+    shares = EcShares.draw(rng)
+    connectors = (StandInEcConnector(seed, shares), StandInEcConnector(seed, shares))
+    pair.rust.set_ec_connector(connectors[0])
+    pair.twin.set_ec_connector(connectors[1])
+    pair.events["ec_workloads"] += 1
+    return connectors
 
 
 def test_seeded_workloads_agree(workloads: Workloads) -> None:
@@ -512,6 +540,8 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     lora = ("lora_capped",)
     images = ("encoder_inputs", "encoder_evicted", "encoder_cut", "encoder_mismatch")
     images += ("prompt_embeds", "session_images", "cross_inputs", "cross_resumed")
+    images += ("ec_workloads", "ec_loaded", "ec_in_transit", "ec_allocated", "ec_freed")
+    images += ("ec_finished",)
     pooling = ("pooled", "no_kv_cache_rows", "encoder_only_finished")
     # Each at least 20 times per 60 workloads.
     needs = {

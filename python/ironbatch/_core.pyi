@@ -552,6 +552,12 @@ class Scheduler:
     def report_grammar(self, *, request_id: str, compiled: bool) -> None:
         """A structured-output request's grammar compiled (or failed)."""
     def finish_requests(self, *, request_ids: Sequence[str], status: str) -> None: ...
+    def set_ec_connector(self, *, connector: Any) -> None:
+        """Attach an encoder-cache connector (docs/scheduling.md §4.20):
+        ``has_cache_item(identifier)``, ``ensure_cache_available(request_id,
+        num_computed_tokens)``, ``update_state_after_alloc(request_id,
+        input_id)``, ``update_state_after_free(request_id, input_id)``,
+        ``request_finished(request_id) -> hold``."""
     def set_kv_connector(
         self,
         *,

@@ -239,6 +239,11 @@ class CoreScheduler:
             requires_kv_delivery=setup.requires_kv_delivery,
         )
 
+    def set_ec_connector(self, connector: Any) -> None:
+        """Attach an encoder-cache connector's scheduler side
+        (docs/scheduling.md §4.20), before any request."""
+        self.core.set_ec_connector(connector=connector)
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.core.reset_prefix_cache(reset_running_requests=reset_running_requests)
 

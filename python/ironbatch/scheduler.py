@@ -334,6 +334,26 @@ class Scheduler:
         self._core.set_kv_connector(connector, setup)
 
     @_exclusive
+    def set_ec_connector(self, connector: Any) -> None:
+        """Attach an encoder-cache connector's scheduler side, before any
+        request (docs/scheduling.md §4.20): encoder outputs moved between
+        instances (encoder/prefill/decode disaggregation). ``connector``
+        answers by request id: ``has_cache_item(identifier) -> bool`` (it
+        supplies that encoder output: loaded into the encoder cache, not
+        run, so it takes cache space and no encoder budget),
+        ``ensure_cache_available(request_id, num_computed_tokens) -> bool``
+        (false: an output the request needs is in transit, and it waits a
+        step), ``update_state_after_alloc(request_id, input_id)``,
+        ``update_state_after_free(request_id, input_id)`` and
+        ``request_finished(request_id) -> hold`` (true keeps the request's
+        KV blocks until a KV report names its send done). A call that
+        raises is reported (``sys.unraisablehook``) and counts as the safe
+        answer. Refused (``ValueError``) for a scheduler without an encoder
+        whose outputs are shared by identifier (``encoder_compute_budget``),
+        or after the first request."""
+        self._core.set_ec_connector(connector)
+
+    @_exclusive
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self._core.reset_prefix_cache(reset_running_requests)
 

@@ -159,6 +159,9 @@ class RustBackend:
     def set_kv_connector(self, connector: Any, setup: KvConnectorSetup) -> None:
         self.core.set_kv_connector(connector, setup)
 
+    def set_ec_connector(self, connector: Any) -> None:
+        self.core.set_ec_connector(connector)
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.core.reset_prefix_cache(reset_running_requests)
 
@@ -384,6 +387,9 @@ class PythonBackend:
 
     def set_kv_connector(self, connector: Any, setup: KvConnectorSetup) -> None:
         self.twin.set_kv_connector(connector, setup)
+
+    def set_ec_connector(self, connector: Any) -> None:
+        self.twin.set_ec_connector(connector)
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.twin.reset_prefix_cache(reset_running_requests)

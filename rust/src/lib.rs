@@ -15,6 +15,7 @@ pub mod block;
 pub mod block_hash;
 pub mod block_pool;
 pub mod block_table;
+pub mod ec_connector;
 pub mod encoder_cache;
 pub mod encoder_decoder_cache;
 pub mod error;

@@ -956,6 +956,9 @@ class Engine:
             "kv_connector": None
             if self.scheduler.get_kv_connector() is None
             else type(self.scheduler.get_kv_connector()).__name__,
+            "ec_connector": None
+            if self.scheduler.get_ec_connector() is None
+            else type(self.scheduler.get_ec_connector()).__name__,
         }
 
     def shutdown(self) -> None:
@@ -1011,6 +1014,7 @@ def _exercised(e: Engine) -> dict[str, int]:
         seen["spec_drafts"] += sum(len(d) for d in so["scheduled_spec_decode_tokens"].values())
         seen["encoder_inputs"] += sum(map(len, so["scheduled_encoder_inputs"].values()))
         seen["encoder_freed"] += len(so["free_encoder_mm_hashes"])
+        seen["ec_metadata"] += so.get("ec_connector_metadata") is not None
     for g in e.executor.grammar:
         seen["masked_rows"] += 0 if g is None else len(g[0])
     for _, view, events, reasoning in e.steps:

@@ -19,6 +19,11 @@ class StandInExecutor(Executor):
         return True
 
     def collective_rpc(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(method, "__name__", None) == "_measure_on_worker":
+            # An encoder-cache producer measures its encoder's output width
+            # at start-up: one worker's answer, the model's hidden size.
+            hidden = self.vllm_config.model_config.get_hidden_size()
+            return [{"image": hidden, "video": hidden}]
         raise NotImplementedError(f"{type(self).__name__}.collective_rpc({method!r})")
 
     def check_health(self) -> None:

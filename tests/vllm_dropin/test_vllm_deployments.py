@@ -85,6 +85,20 @@ def kv_connector(name: str, role: str = "kv_both", **extra: Any) -> str:
 
 
 EXAMPLE_STORE = "{models}/example-connector-store"  # its scheduler side looks for files here
+EC_STORE = "{models}/ec-example-store"  # the encoder-cache example's, likewise
+
+
+def ec_connector(role: str) -> str:
+    """An --ec-transfer-config naming vLLM's example encoder-cache connector."""
+    return json.dumps(
+        {
+            "ec_connector": "ECExampleConnector",
+            "ec_role": role,
+            "ec_connector_extra_config": {"shared_storage_path": EC_STORE},
+        }
+    )
+
+
 TABLE = [
     Deployment(
         "llama-3.1-8b",
@@ -333,6 +347,24 @@ TABLE = [
             "enable_prefix_caching": False,
         },
         exercises=("image_requests", "encoder_inputs"),
+    ),
+    # Encoder-cache connectors (docs/scheduling.md §4.20): disaggregated
+    # encoding's producer (the vision tower alone) and its consumer, vLLM's
+    # example connector behind the drop-in.
+    Deployment(
+        "qwen2.5-vl-7b-encoder-only-ec-producer",
+        "qwen2.5-vl-7b",
+        ["--mm-encoder-only", "--max-num-batched-tokens", "128"]
+        + ["--ec-transfer-config", ec_connector("ec_producer")],
+        {"supports_multimodal_inputs": True, "kv_groups": [], "ec_connector": "ECExampleConnector"},
+        exercises=("image_requests", "encoder_inputs", "ec_metadata"),
+    ),
+    Deployment(
+        "qwen2.5-vl-7b-ec-consumer",
+        "qwen2.5-vl-7b",
+        ["--max-num-batched-tokens", "128", "--ec-transfer-config", ec_connector("ec_consumer")],
+        {"supports_multimodal_inputs": True, "ec_connector": "ECExampleConnector"},
+        exercises=("image_requests", "encoder_inputs", "ec_metadata"),
     ),
     Deployment(
         "qwen2.5-vl-7b-language-model-only",

@@ -30,6 +30,9 @@ from vllm.pooling_params import PoolingParams  # noqa: E402
 from vllm.sampling_params import RepetitionDetectionParams  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
+from ironbatch.bench.standin_ec_connector import EcShares  # noqa: E402
+from ironbatch.bench.vllm_standin_ec_connector import ec_transfer_config  # noqa: E402
+
 import vllm_setup  # noqa: E402
 from fake_grammar import REJECTED, THINK_END  # noqa: E402
 from seeded import Workloads  # noqa: E402
@@ -92,6 +95,7 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(kv_layout(rng, bs, hybrid))
     settings.update(lora(rng))  # late: the draws before it stay each seed's
     settings.update(multimodal(rng, settings))
+    settings.update(ec_connector(rng, settings))
     settings.update(prompt_embeddings(rng))
     settings.update(pooling(rng, settings))
     settings.update(no_kv_cache(rng, settings))
@@ -228,6 +232,16 @@ def multimodal(rng: random.Random, settings: dict) -> dict:
         if rng.random() < 0.6:
             return {"target": "whisper", "mm_budget": (compute, cache)}
     return {"target": "vision", "mm_budget": (compute, cache), "disable_chunked_mm_input": whole}
+
+
+def ec_connector(rng: random.Random, settings: dict) -> dict:
+    """An encoder-cache connector (the seeded stand-in, docs/scheduling.md
+    §4.20) beside half the vision models: images loaded from elsewhere,
+    requests waiting for theirs, requests it can no longer serve."""
+    if settings.get("target") != "vision" or rng.random() >= 0.5:
+        return {}
+    seed = rng.randrange(2**32)
+    return {"ec_transfer_config": ec_transfer_config(seed, EcShares.draw(rng))}
 
 
 def prompt_embeddings(rng: random.Random) -> dict:
@@ -542,6 +556,10 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
             pair.abort(stalled_sessions(pair))
             idle = 0
     assert not pair.vllm.has_requests() and not pair.in_flight, "no progress"
+    if pair.vllm.ec_connector is not None:
+        theirs, ours = pair.vllm.ec_connector.stand_in, pair.ours.ec_connector.stand_in
+        assert ours.log == theirs.log, "the encoder-cache connector was called differently"
+        pair.events.update(ours.events)
     return pair.events
 
 
@@ -644,6 +662,7 @@ def drawn_features(seed: int) -> Counter:
         "speculative decoding": "speculative_config" in s,
         "LoRA": "lora_config" in s,
         "images": s.get("target") == "vision",
+        "encoder-cache connector": "ec_transfer_config" in s,
         "encoder-decoder": s.get("target") == "whisper",
         "prompt embeddings": bool(s.get("enable_prompt_embeds")),
         "pooling": s.get("runner") == "pooling",
@@ -668,6 +687,7 @@ FEATURE_SHARES = {
     "feature: encoder-decoder": 40,
     "feature: no KV cache": 60,
     "feature: encoder only": 30,
+    "feature: encoder-cache connector": 40,
 }
 
 
@@ -684,6 +704,7 @@ FEATURES = [
     *(f"feature: {k}" for k in ("MLA", "window KV-cache groups", "speculative decoding")),
     "feature: LoRA",
     "feature: images",
+    "feature: encoder-cache connector",
     "feature: encoder-decoder",
     "feature: prompt embeddings",
     "feature: pooling",

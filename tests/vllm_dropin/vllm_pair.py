@@ -80,6 +80,7 @@ def scheduler_output_view(so: SchedulerOutput) -> dict[str, Any]:
     """Every field of a SchedulerOutput, comparable."""
     view = {f.name: getattr(so, f.name) for f in dataclasses.fields(so)}
     view["kv_connector_metadata"] = connector_metadata_view(so.kv_connector_metadata)
+    view["ec_connector_metadata"] = plain(so.ec_connector_metadata)
     view["scheduled_new_reqs"] = [_new_request_data(d) for d in so.scheduled_new_reqs]
     view["scheduled_cached_reqs"] = dataclasses.asdict(so.scheduled_cached_reqs)
     view["num_scheduled_tokens"] = list(so.num_scheduled_tokens.items())  # order matters too

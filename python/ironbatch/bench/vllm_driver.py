@@ -209,9 +209,7 @@ def offload_jobs_done(meta: Any) -> KVConnectorOutput | None:
     )
 
 
-def remote_prefill_params(
-    request_id: str, num_tokens: int, block_size: int = 16
-) -> dict[str, Any]:
+def remote_prefill_params(request_id: str, num_tokens: int, block_size: int = 16) -> dict[str, Any]:
     """The ``kv_transfer_params`` a prefill instance's NIXL hands a request
     to the decode instance with: where its prompt's blocks are."""
     return {

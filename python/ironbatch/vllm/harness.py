@@ -108,6 +108,7 @@ EXTRAS = (
     "kv_events_config",
     "observability_config",
     "kv_transfer_config",
+    "ec_transfer_config",
 )
 
 

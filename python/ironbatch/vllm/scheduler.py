@@ -46,6 +46,7 @@ from vllm.v1.request import Request, RequestStatus
 from ironbatch import _core
 from ironbatch._core import VllmStepRows as StepRows
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
+from ironbatch.vllm.ec_connector import EcConnectorBridge, build_ec_connector, ec_stats
 from ironbatch.vllm.encoder_inputs import EncoderInputs
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
 from ironbatch.vllm.kv_connector import ConnectorBridge, build_connector, connector_setup
@@ -140,7 +141,6 @@ class Scheduler(SchedulerInterface):
         # vLLM's V2 runner skips drafting in a step whose drafts nobody can
         # verify, when its drafter has a forward pass of its own.
         self.can_skip_drafts = bool(vllm_config.num_lookahead_tokens) and self.use_v2_model_runner
-        self.ec_connector = None  # EngineCore reads it
         # vLLM's engine checked the cache holds a max_model_len sequence;
         # its scheduler (and so the core) runs with whatever it was given.
         self._core = core_scheduler(vllm_config, kv_cache_config, block_size, mm_registry)
@@ -161,6 +161,14 @@ class Scheduler(SchedulerInterface):
             self._bridge = ConnectorBridge(self.connector, self.requests, log_stats)
             self._core.set_kv_connector(self._bridge, connector_setup(vllm_config, self.connector))
             self.connector.bind_kv_cache_manager(self.kv_cache_manager)
+        # An encoder-cache connector (--ec-transfer-config), vLLM's own
+        # object too, called by the core through its bridge (§4.20).
+        self.ec_connector = None  # EngineCore reads it
+        self._ec_bridge: EcConnectorBridge | None = None
+        if vllm_config.ec_transfer_config is not None:
+            self.ec_connector = build_ec_connector(vllm_config)
+            self._ec_bridge = EcConnectorBridge(self.ec_connector, self.requests)
+            self._core.set_ec_connector(self._ec_bridge)
         # KV-cache events for KV-aware routers (--kv-events-config).
         self.kv_events_config = vllm_config.kv_events_config
         self._kv_events = KvEvents(vllm_config, kv_cache_config, block_size)
@@ -319,12 +327,15 @@ class Scheduler(SchedulerInterface):
 
     def _forget(self, request: Request) -> None:
         rid = request.request_id
-        if self._bridge is None or not self._core.has_request(rid):
+        connectors = self._bridge is not None or self._ec_bridge is not None
+        if not connectors or not self._core.has_request(rid):
             del self.requests[rid]
-        # else a KV transfer holds its blocks: vLLM keeps it until released
+        # else a connector holds its blocks: vLLM keeps it until released
         if self._bridge is not None:
             self._bridge.transfer_params.pop(rid, None)  # aborts and errors return none
             self._settling.discard(rid)
+        if self._ec_bridge is not None:
+            self._ec_bridge.transfer_params.pop(rid, None)
         self._structured.forget(rid)
         self._encoder.forget(rid)
         self._mirror.remove(rid)
@@ -369,6 +380,8 @@ class Scheduler(SchedulerInterface):
             self._drain_kv_events()
         if self._bridge is not None:
             connector_step(self, output, rows.step)
+        if self.ec_connector is not None:
+            output.ec_connector_metadata = self.ec_connector.build_connector_meta(output)
         self._in_flight[id(output)] = (output, rows)
         return output
 
@@ -454,19 +467,26 @@ class Scheduler(SchedulerInterface):
         outputs = outputs_by_client(self, update, mro)
         if update.failed_loads:
             report_failed_loads(self, update, outputs)
-        if self._structured.errors or self._encoder.mismatch:
-            report_request_errors(self, outputs)
+        # Requests whose encoder outputs the connector can no longer obtain
+        # end with the other errors (re-issued, they encode again).
+        unavailable = self.ec_connector.take_unavailable_requests() if self.ec_connector else ()
+        if self._structured.errors or self._encoder.mismatch or unavailable:
+            report_request_errors(self, outputs, unavailable)
         if self._rejected:
             report_rejected(self, outputs)
-        kv_connector_stats = None
+        kv_connector_stats = ec_connector_stats = None
         if self._bridge is not None:
             kv_connector_stats = kv_transfers_done(self, mro.kv_connector_output)
+        if self.ec_connector is not None:
+            if mro.ec_connector_output:
+                self.ec_connector.update_connector_output(mro.ec_connector_output)
+            ec_connector_stats = ec_stats(self.ec_connector, mro.ec_connector_output)
         self._kv_events.publish()
         spec_stats = None
         if self.log_stats and update.spec_decoding_stats is not None:
             spec_stats = Speculation.stats(scheduler_output, step, update)
         return engine_core_outputs(
-            self, outputs, spec_stats, mro.cudagraph_stats, kv_connector_stats
+            self, outputs, spec_stats, mro.cudagraph_stats, kv_connector_stats, ec_connector_stats
         )
 
     def _drain_kv_events(self) -> None:
@@ -601,6 +621,7 @@ class Scheduler(SchedulerInterface):
             self.has_unfinished_requests()
             or self.has_finished_requests()
             or (self.connector is not None and bool(self.connector.has_pending_push_work()))
+            or (self.ec_connector is not None and bool(self.ec_connector.has_pending_push_work()))
         )
 
     def reset_encoder_cache(self) -> None:
@@ -633,6 +654,8 @@ class Scheduler(SchedulerInterface):
         if self._bridge is not None:
             stats.num_kv_fetch_reqs_by_stage = self._bridge.fetch_counts.copy()
             stats.connector_prefix_cache_stats = self._bridge.take_prefix_cache_stats()
+        if ec_connector_stats:
+            stats.ec_connector_stats = ec_connector_stats.data
         return stats
 
     @property
@@ -651,3 +674,7 @@ class Scheduler(SchedulerInterface):
     def shutdown(self) -> None:
         self._in_flight.clear()
         self.kv_event_publisher.shutdown()
+        if self.connector is not None:
+            self.connector.shutdown()
+        if self.ec_connector is not None:
+            self.ec_connector.shutdown()

@@ -11,6 +11,7 @@ mirror of vLLM's requests, the grammar hand-off, the refused requests)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
@@ -90,6 +91,8 @@ def _complete(
             r.status, r.num_computed_tokens = status, end.num_computed_tokens
             if s._bridge is not None:
                 out.kv_transfer_params = s._bridge.transfer_params.pop(r.request_id, None)
+            if s._ec_bridge is not None:
+                out.ec_transfer_params = s._ec_bridge.transfer_params.pop(r.request_id, None)
             s._forget(r)
     if r.prefill_stats is not None:
         out.prefill_stats, r.prefill_stats = r.prefill_stats, None
@@ -113,12 +116,18 @@ def _complete(
         attach_logprobs(out, r, mro, len(out.new_token_ids))
 
 
-def report_request_errors(s: Scheduler, outputs: dict[int, list[EngineCoreOutput]]) -> None:
-    """End the requests whose grammar failed to compile or whose image came
-    back under a cached identifier with other content, after the step's
-    outputs, in vLLM's order (a set's)."""
+def report_request_errors(
+    s: Scheduler, outputs: dict[int, list[EngineCoreOutput]], unavailable: Iterable[str] = ()
+) -> None:
+    """End the requests whose grammar failed to compile, whose image came
+    back under a cached identifier with other content, or whose encoder
+    outputs the encoder-cache connector can no longer obtain
+    (``unavailable``), after the step's outputs, in vLLM's order (a set's,
+    built as vLLM builds it)."""
     errors = s._structured.take_errors()
-    ids = set(errors) | s._encoder.mismatch
+    ids = set(errors)
+    ids.update(s._encoder.mismatch)
+    ids.update(unavailable)
     s._encoder.mismatch.clear()
     for r in s.finish_requests(ids, RequestStatus.FINISHED_ERROR):
         outputs[r.client_index].append(error_output(r, errors.get(r.request_id)))
@@ -138,6 +147,7 @@ def engine_core_outputs(
     spec_decoding_stats: SpecDecodingStats | None,
     cudagraph_stats: Any,
     kv_connector_stats: Any = None,
+    ec_connector_stats: Any = None,
 ) -> dict[int, EngineCoreOutputs]:
     """The step's outputs as vLLM's ``EngineCoreOutputs`` per client, with
     the ids finished since the last step and the step's stats."""
@@ -154,6 +164,7 @@ def engine_core_outputs(
         spec_decoding_stats=spec_decoding_stats,
         kv_connector_stats=kv_connector_stats,
         cudagraph_stats=cudagraph_stats,
+        ec_connector_stats=ec_connector_stats,
     )
     if stats is not None:
         # Stats go to one front-end only, even in a step without outputs.

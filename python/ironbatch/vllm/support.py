@@ -93,7 +93,10 @@ def unsupported_config(
             c.kv_transfer_config is not None,
             c.kv_transfer_config is not None and unsupported_connector(c, kv_cache_config) or "",
         ),
-        (c.ec_transfer_config is not None, "an encoder-cache connector"),
+        (
+            c.ec_transfer_config is not None,
+            c.ec_transfer_config is not None and unsupported_ec_connector(c) or "",
+        ),
         (
             pc.decode_context_parallel_size > 1 or pc.prefill_context_parallel_size > 1,
             "context parallelism",
@@ -166,6 +169,23 @@ def unsupported_config(
         (sc.policy not in ("fcfs", "priority"), f"the {sc.policy!r} policy"),
     ]
     return next((why for bad, why in checks if bad and why), None)
+
+
+def unsupported_ec_connector(vllm_config: Any) -> str | None:
+    """Why the core cannot take this deployment's encoder-cache connector,
+    if it cannot (docs/scheduling.md §4.20): the core takes one beside an
+    encoder whose outputs are shared by identifier, a vision or audio
+    decoder's (an encoder-decoder's encoder runs per request)."""
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    from ironbatch.vllm.settings import encoder_budget
+
+    mc = vllm_config.model_config
+    if mc.is_encoder_decoder:
+        return "an encoder-cache connector with an encoder-decoder model"
+    if encoder_budget(vllm_config, MULTIMODAL_REGISTRY)[0] is None:
+        return "an encoder-cache connector on a model without multimodal inputs"
+    return None
 
 
 def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:

@@ -5,6 +5,7 @@
 mod args;
 mod block_pool;
 mod debug_state;
+mod ec_connector;
 mod errors;
 mod kv_cache_manager;
 mod kv_connector;

@@ -8,6 +8,7 @@
 
 use super::args::{count, draft_list, u32_list};
 use super::debug_state::debug_state;
+use super::ec_connector::PyEcConnector;
 use super::kv_connector::{kv_report, order_failed, PyKvConnector, StepKvReport};
 use super::kv_events::PyKvEvent;
 use super::request_extras::{lora_adapter, mm_inputs};
@@ -559,6 +560,14 @@ impl PyScheduler {
             requires_kv_delivery,
         };
         Ok(self.core.set_kv_connector(connector, setup)?)
+    }
+
+    /// Attach an encoder-cache connector (docs/scheduling.md §4.20).
+    #[pyo3(signature = (*, connector))]
+    fn set_ec_connector(&mut self, connector: Bound<'_, PyAny>) -> PyResult<()> {
+        Ok(self
+            .core
+            .set_ec_connector(Box::new(PyEcConnector::new(connector)))?)
     }
 
     /// Forget every encoder output (after a weight update).

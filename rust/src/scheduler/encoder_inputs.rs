@@ -8,7 +8,9 @@
 //! only partly cover. An encoder-decoder model (§4.17) runs its encoder
 //! input once, in the step that computes its first decoder token.
 
+use super::ec_transfer::{has_cache_item, notify_allocated};
 use super::{EncoderStore, Scheduler, StepDraft};
+use crate::ec_connector::EcConnector;
 use crate::encoder_decoder_cache::EncoderDecoderCache;
 use crate::multimodal::{inputs_in_window, MultimodalInput};
 use crate::request::Request;
@@ -20,13 +22,18 @@ use smallvec::SmallVec;
 pub(super) struct EncoderPlan {
     /// Inputs the encoder runs for it (vLLM's `scheduled_encoder_inputs`).
     pub scheduled: SmallVec<[u32; 2]>,
-    /// Inputs whose identifier an earlier input of this step runs already:
-    /// they reference that entry.
+    /// Inputs an encoder-cache connector supplies (§4.20): they take cache
+    /// space, not encoder budget.
+    pub external: SmallVec<[u32; 2]>,
+    /// Inputs whose identifier an earlier input of this step runs or loads
+    /// already: they reference that entry.
     pub duplicates: SmallVec<[u32; 2]>,
     /// Its tokens, after the cuts.
     pub num_tokens: usize,
     /// Embeddings the scheduled inputs take from the step's budget.
     pub num_embeds: usize,
+    /// Embeddings the connector's inputs take in the cache.
+    pub num_external_embeds: usize,
 }
 
 /// A request's encoder inputs run this step.
@@ -65,6 +72,7 @@ impl Scheduler {
         let shift = encoder.drafter_read_ahead;
         let window_end = computed + n + shift;
         let mut budget = draft.encoder_budget;
+        let connector = &mut self.ec_connector;
         let cache = match &mut self.encoder {
             EncoderStore::Shared(cache) => cache,
             EncoderStore::EncoderDecoder(cache) => {
@@ -87,6 +95,7 @@ impl Scheduler {
             let earlier = plan
                 .scheduled
                 .iter()
+                .chain(&plan.external)
                 .find(|&&j| inputs[j as usize].identifier == m.identifier);
             if let Some(&j) = earlier {
                 if inputs[j as usize].num_embeds() != num_embeds {
@@ -103,7 +112,8 @@ impl Scheduler {
             if cache.reference_cached(slot, inputs, i as u32) {
                 continue;
             }
-            if !cache.make_room(num_embeds, budget, plan.num_embeds) {
+            let num_to_schedule = plan.num_embeds + plan.num_external_embeds;
+            if !cache.make_room(num_embeds, budget, num_to_schedule) {
                 // Its tokens wait for a step with room; a prefix hit past
                 // its start leaves nothing to schedule before it.
                 plan.num_tokens = if computed < m.offset {
@@ -117,6 +127,11 @@ impl Scheduler {
             let end = m.length.min(window_end - m.offset);
             if m.embeds_in(start, end).is_empty() {
                 continue; // the step covers none of its embeddings
+            }
+            if has_cache_item(connector, m) {
+                plan.num_external_embeds += num_embeds;
+                plan.external.push(i as u32);
+                continue;
             }
             plan.num_embeds += num_embeds;
             budget -= num_embeds;
@@ -133,15 +148,20 @@ impl Scheduler {
         plan: EncoderPlan,
         draft: &mut StepDraft,
     ) {
-        if plan.scheduled.is_empty() && plan.duplicates.is_empty() {
+        if plan.scheduled.is_empty() && plan.external.is_empty() && plan.duplicates.is_empty() {
             return;
         }
-        let inputs = &self.requests[slot].mm_inputs;
+        let r = &self.requests[slot];
+        let inputs = &r.mm_inputs;
         match &mut self.encoder {
             EncoderStore::Shared(cache) => {
-                for &id in &plan.scheduled {
+                // Those the encoder runs, then those the connector loads,
+                // each told to the connector (vLLM's order).
+                for &id in plan.scheduled.iter().chain(&plan.external) {
                     cache.allocate(slot, inputs, id);
                 }
+                notify_allocated(&mut self.ec_connector, &r.request_id, &plan.scheduled);
+                notify_allocated(&mut self.ec_connector, &r.request_id, &plan.external);
                 for &id in &plan.duplicates {
                     cache.reference_cached(slot, inputs, id);
                 }
@@ -233,7 +253,12 @@ fn plan_cross_inputs(
 /// that a rejection could roll back into (vLLM's `_free_encoder_inputs`).
 /// An encoder-decoder's are released whenever it has a computed token,
 /// every step again (vLLM's arithmetic, §4.17).
-pub(super) fn release_encoded(store: &mut EncoderStore, slot: Slot, r: &Request) {
+pub(super) fn release_encoded(
+    store: &mut EncoderStore,
+    connector: &mut Option<Box<dyn EcConnector>>,
+    slot: Slot,
+    r: &Request,
+) {
     if r.mm_inputs.is_empty() {
         return;
     }
@@ -254,6 +279,9 @@ pub(super) fn release_encoded(store: &mut EncoderStore, slot: Slot, r: &Request)
     for id in held {
         if r.mm_inputs[id as usize].end() <= done {
             cache.release(slot, &r.mm_inputs, id);
+            if let Some(connector) = connector.as_mut() {
+                connector.update_state_after_free(&r.request_id, id);
+            }
         }
     }
 }

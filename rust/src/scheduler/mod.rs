@@ -15,6 +15,7 @@
 //! reused the slot.
 
 mod drafts;
+mod ec_transfer;
 mod encoder_inputs;
 mod kv_load_failure;
 mod kv_transfer;
@@ -27,6 +28,8 @@ mod step_columns;
 mod update;
 mod waiting_pass;
 
+#[cfg(test)]
+mod ec_connector_tests;
 #[cfg(test)]
 mod encoder_decoder_tests;
 #[cfg(test)]
@@ -47,6 +50,7 @@ mod spec_decode_tests;
 mod tests;
 
 use crate::block::BlockId;
+use crate::ec_connector::EcConnector;
 use crate::encoder_cache::EncoderCache;
 use crate::encoder_decoder_cache::EncoderDecoderCache;
 use crate::error::Error;
@@ -178,6 +182,8 @@ pub struct Scheduler {
     cadence: PrefillCadence,
     /// Which encoder outputs the model runner holds.
     encoder: EncoderStore,
+    /// The scheduler's side of an encoder-cache connector, if any (§4.20).
+    ec_connector: Option<Box<dyn EcConnector>>,
     /// The scheduler's side of a KV connector, if any (§4.19).
     connector: Option<Box<dyn KvConnector>>,
     /// How the scheduler works with its KV connector (§4.19).
@@ -268,6 +274,7 @@ impl Scheduler {
             current_step: 0,
             cadence,
             encoder,
+            ec_connector: None,
             connector: None,
             kv_setup: KvConnectorSetup::default(),
             sched_step_seq: 0,
@@ -609,8 +616,8 @@ impl Scheduler {
     /// Its blocks stay (and so does its slot, finished) while `loading`, or
     /// when the KV connector holds them for a send (§4.19).
     fn free_request(&mut self, slot: Slot, loading: bool) {
-        self.release_all_encoded(slot);
-        if self.connector.is_none() {
+        if self.connector.is_none() && self.ec_connector.is_none() {
+            self.release_all_encoded(slot);
             let mut r = self.requests.remove(slot);
             self.num_deferred -= r.deferred as usize;
             self.kv.free(&mut r.tables);
@@ -618,7 +625,11 @@ impl Scheduler {
             self.finished_ids.push(r.request_id);
             return;
         }
-        let held = self.connector_finished(slot) || loading;
+        // vLLM asks the KV connector, then the encoder-cache connector
+        // (before the request's encoder inputs go), and ORs their holds.
+        let kv_held = self.connector_finished(slot);
+        let held = self.ec_finished(slot) || kv_held || loading;
+        self.release_all_encoded(slot);
         let r = &mut self.requests[slot];
         self.num_deferred -= std::mem::take(&mut r.deferred) as usize;
         r.inflight_prefill = false;

@@ -56,7 +56,7 @@ impl Scheduler {
             }
         }
         // The step ran, so its encoder inputs are released either way.
-        release_encoded(&mut self.encoder, e.slot, r);
+        release_encoded(&mut self.encoder, &mut self.ec_connector, e.slot, r);
         if !pooled {
             return None; // a prefill chunk: no output
         }

@@ -37,9 +37,22 @@ impl Scheduler {
         while i < self.running.len() && draft.token_budget > 0 && draft.input_budget > draft_slots {
             let slot = self.running[i];
             let r = &self.requests[slot];
-            // Pipeline parallelism: its last decode is still a few stages
-            // away. A held step skips running prefill chunks (§4.11).
-            if self.current_step < r.next_decode_step || (draft.hold_prefills && r.prefill_chunk) {
+            // Async: its last token is in flight already. Pipeline
+            // parallelism: its last decode is still a few stages away. A held
+            // step skips running prefill chunks (§4.11).
+            if last_token_in_flight(r)
+                || self.current_step < r.next_decode_step
+                || (draft.hold_prefills && r.prefill_chunk)
+            {
+                i += 1;
+                continue;
+            }
+            // An encoder output it needs is still on its way (§4.20).
+            let confirmed = r
+                .seq
+                .num_computed_tokens
+                .saturating_sub(r.num_output_placeholders);
+            if self.ec_transfer_pending(slot, confirmed) {
                 i += 1;
                 continue;
             }
@@ -86,13 +99,6 @@ impl Scheduler {
         let r = &self.requests[slot];
         let computed = r.seq.num_computed_tokens;
         let placeholders = r.num_output_placeholders;
-        // Async: when the token in flight is its last one (max_tokens),
-        // another step could only compute a position nobody samples.
-        if placeholders > 0
-            && computed + 2 >= placeholders + r.seq.num_prompt_tokens() + r.stop.max_tokens
-        {
-            return 0;
-        }
         // Its drafts count against the budget and max_model_len (§4.13).
         // Saturating: a second synchronous step scheduled before the first's
         // output finds its drafts' positions computed already (nothing to do).
@@ -201,4 +207,13 @@ impl Scheduler {
             drafts: Drafts::None,
         }
     }
+}
+
+/// Async: the token in flight is the request's last one (max_tokens), so
+/// another step could only compute a position nobody samples.
+fn last_token_in_flight(r: &Request) -> bool {
+    let placeholders = r.num_output_placeholders;
+    placeholders > 0
+        && r.seq.num_computed_tokens + 2
+            >= placeholders + r.seq.num_prompt_tokens() + r.stop.max_tokens
 }

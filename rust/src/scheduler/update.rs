@@ -222,7 +222,7 @@ impl Scheduler {
             }
         }
         if sampled.is_empty() {
-            release_encoded(&mut self.encoder, e.slot, r);
+            release_encoded(&mut self.encoder, &mut self.ec_connector, e.slot, r);
             // An encoder-only deployment samples nothing: a request is done
             // once its prompt is consumed (its images encoded, §4.18).
             let consumed = r.seq.num_computed_tokens >= r.seq.num_prompt_tokens();
@@ -245,7 +245,7 @@ impl Scheduler {
                 .get_or_insert_with(|| SpecDecodingStats::new(num_spec_tokens))
                 .observe(num_drafts, accepted);
         }
-        release_encoded(&mut self.encoder, e.slot, r);
+        release_encoded(&mut self.encoder, &mut self.ec_connector, e.slot, r);
         let status_before = r.status;
         let had_placeholders = r.num_output_placeholders > 0;
         let start = out.tokens.len();

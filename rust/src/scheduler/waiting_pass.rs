@@ -241,6 +241,10 @@ impl Scheduler {
         } else {
             ExternalHit::NONE
         };
+        // An encoder output it needs is still on its way (§4.20).
+        if self.ec_transfer_pending(slot, hit_tokens + external.num_tokens) {
+            return Admit::Skipped;
+        }
         if external.load_async {
             return self.admit_loading(slot, hit_tokens, external.num_tokens, watermark);
         }

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ironbatch.reference.ec_connector import SafeEcConnector
 from ironbatch.reference.encoder_cache import EncoderCache
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
 from ironbatch.reference.error import debug_str, duplicate_request
@@ -50,6 +51,7 @@ from ironbatch.reference.request import (
 from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import (
     drafts,
+    ec_transfer,
     encoder_inputs,
     kv_load_failure,
     kv_transfer,
@@ -219,6 +221,8 @@ class Scheduler:
         self.cadence = PrefillCadence(c.prefill_schedule_interval)
         #: Which encoder outputs the model runner holds.
         self.encoder: EncoderStore = new_encoder_store(c)
+        #: The scheduler's side of an encoder-cache connector, if any (§4.20).
+        self.ec_connector: SafeEcConnector | None = None
         #: The scheduler's side of a KV connector, if any (§4.19).
         self.connector: SafeConnector | None = None
         #: How the scheduler works with its KV connector (§4.19).
@@ -488,8 +492,11 @@ class Scheduler:
         it. Its blocks stay (and so does its slot, finished) while
         ``loading``, or when the KV connector holds them for a send
         (§4.19)."""
+        # vLLM asks the KV connector, then the encoder-cache connector
+        # (before the request's encoder inputs go), and ORs their holds.
+        kv_held = kv_transfer.connector_finished(self, slot)
+        held = ec_transfer.ec_finished(self, slot) or kv_held or loading
         encoder_inputs.release_all_encoded(self, slot)
-        held = kv_transfer.connector_finished(self, slot) or loading
         r = self.requests[slot]
         self.num_deferred -= r.deferred
         r.deferred = False
@@ -533,6 +540,11 @@ class Scheduler:
         still fenced, as vLLM does)."""
         while self.deferred_frees and self.deferred_frees[0].fence <= self.processed_step_seq:
             self.kv.release_blocks_last_first(self.deferred_frees.popleft().blocks)
+
+    def set_ec_connector(self, connector: Any) -> None:
+        """Attach an encoder-cache connector's scheduler side
+        (docs/scheduling.md §4.20), before any request."""
+        ec_transfer.set_ec_connector(self, connector)
 
     def set_kv_connector(self, connector: Any, setup: KvConnectorSetup) -> None:
         """Attach a KV connector's scheduler side (docs/scheduling.md §4.19),

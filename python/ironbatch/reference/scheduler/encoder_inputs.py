@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ironbatch.reference.ec_connector import SafeEcConnector
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
 from ironbatch.reference.multimodal import MultimodalInput, inputs_in_window
 from ironbatch.reference.request import Request
+from ironbatch.reference.scheduler.ec_transfer import has_cache_item, notify_allocated
 
 if TYPE_CHECKING:
     from ironbatch.reference.scheduler import EncoderStore, Scheduler, StepDraft
@@ -27,13 +29,18 @@ class EncoderPlan:
 
     #: Inputs the encoder runs for it (vLLM's ``scheduled_encoder_inputs``).
     scheduled: list[int] = field(default_factory=list)
-    #: Inputs whose identifier an earlier input of this step runs already:
-    #: they reference that entry.
+    #: Inputs an encoder-cache connector supplies (§4.20): they take cache
+    #: space, not encoder budget.
+    external: list[int] = field(default_factory=list)
+    #: Inputs whose identifier an earlier input of this step runs or loads
+    #: already: they reference that entry.
     duplicates: list[int] = field(default_factory=list)
     #: Its tokens, after the cuts.
     num_tokens: int = 0
     #: Embeddings the scheduled inputs take from the step's budget.
     num_embeds: int = 0
+    #: Embeddings the connector's inputs take in the cache.
+    num_external_embeds: int = 0
 
 
 @dataclass
@@ -78,7 +85,10 @@ def plan_encoder_inputs(
             # first placeholder).
             plan.num_tokens = max(m.offset - (computed + shift), 0)
             break
-        earlier = next((j for j in plan.scheduled if inputs[j].identifier == m.identifier), None)
+        earlier = next(
+            (j for j in plan.scheduled + plan.external if inputs[j].identifier == m.identifier),
+            None,
+        )
         if earlier is not None:
             if inputs[earlier].num_embeds() != num_embeds:
                 return mismatch(slot, draft)
@@ -89,7 +99,7 @@ def plan_encoder_inputs(
             return mismatch(slot, draft)
         if cache.reference_cached(slot, inputs, i):
             continue
-        if not cache.make_room(num_embeds, budget, plan.num_embeds):
+        if not cache.make_room(num_embeds, budget, plan.num_embeds + plan.num_external_embeds):
             # Its tokens wait for a step with room; a prefix hit past its
             # start leaves nothing to schedule before it.
             if computed < m.offset:
@@ -102,6 +112,10 @@ def plan_encoder_inputs(
         lo, hi = m.embeds_in(start, end)
         if lo == hi:
             continue  # the step covers none of its embeddings
+        if has_cache_item(s.ec_connector, m):
+            plan.num_external_embeds += num_embeds
+            plan.external.append(i)
+            continue
         plan.num_embeds += num_embeds
         budget -= num_embeds
         plan.scheduled.append(i)
@@ -119,16 +133,21 @@ def mismatch(slot: int, draft: StepDraft) -> EncoderPlan:
 def commit_encoder_plan(s: Scheduler, slot: int, plan: EncoderPlan, draft: StepDraft) -> None:
     """Take cache space for a scheduled request's planned inputs and its
     budget from the step's."""
-    if not plan.scheduled and not plan.duplicates:
+    if not plan.scheduled and not plan.external and not plan.duplicates:
         return
-    inputs = s.requests[slot].mm_inputs
+    r = s.requests[slot]
+    inputs = r.mm_inputs
     cache = s.encoder
     if isinstance(cache, EncoderDecoderCache):
         for id in plan.scheduled:
             cache.allocate(inputs[id])
     else:
-        for id in plan.scheduled:
+        # Those the encoder runs, then those the connector loads, each told
+        # to the connector (vLLM's order).
+        for id in plan.scheduled + plan.external:
             cache.allocate(slot, inputs, id)
+        notify_allocated(s.ec_connector, r.request_id, plan.scheduled)
+        notify_allocated(s.ec_connector, r.request_id, plan.external)
         for id in plan.duplicates:
             cache.reference_cached(slot, inputs, id)
     if plan.scheduled:
@@ -187,7 +206,9 @@ def plan_cross_inputs(
         plan.scheduled.append(i)
 
 
-def release_encoded(store: EncoderStore, slot: int, r: Request) -> None:
+def release_encoded(
+    store: EncoderStore, connector: SafeEcConnector | None, slot: int, r: Request
+) -> None:
     """After a step ran: release the inputs of request ``r`` (in ``slot``)
     whose placeholders are all computed: in its KV cache now, and past any
     draft that a rejection could roll back into (vLLM's
@@ -204,3 +225,5 @@ def release_encoded(store: EncoderStore, slot: int, r: Request) -> None:
     for id in list(cache.held(slot)):
         if r.mm_inputs[id].end() <= done:
             cache.release(slot, r.mm_inputs, id)
+            if connector is not None:
+                connector.update_state_after_free(r.request_id, id)

@@ -55,7 +55,7 @@ def apply_pooled(
         if r.drop_stale:
             return None  # a reset preempted it: discarded (docs/scheduling.md §5.4)
     # The step ran, so its encoder inputs are released either way.
-    release_encoded(s.encoder, e.slot, r)
+    release_encoded(s.encoder, s.ec_connector, e.slot, r)
     if not pooled:
         return None  # a prefill chunk: no output
     return finish_without_tokens(s.kv, row, e.slot, r, out)

@@ -9,7 +9,9 @@ import enum
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.kv_cache_manager import Admission
+from ironbatch.reference.request import Request
 from ironbatch.reference.scheduler.drafts import drafts_unused
+from ironbatch.reference.scheduler.ec_transfer import ec_transfer_pending
 from ironbatch.reference.scheduler.encoder_inputs import commit_encoder_plan, plan_encoder_inputs
 from ironbatch.reference.scheduler.kv_transfer import connector_frees_pending
 from ironbatch.reference.scheduler.preemption import preempt, take_victim, victim_of
@@ -41,9 +43,19 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
     while i < len(s.running) and draft.token_budget > 0 and draft.input_budget > draft_slots:
         slot = s.running[i]
         r = s.requests[slot]
-        # Pipeline parallelism: its last decode is still a few stages away. A
-        # held step skips running prefill chunks (§4.11).
-        if s.current_step < r.next_decode_step or (draft.hold_prefills and r.prefill_chunk):
+        # Async: its last token is in flight already. Pipeline parallelism:
+        # its last decode is still a few stages away. A held step skips
+        # running prefill chunks (§4.11).
+        if (
+            last_token_in_flight(r)
+            or s.current_step < r.next_decode_step
+            or (draft.hold_prefills and r.prefill_chunk)
+        ):
+            i += 1
+            continue
+        # An encoder output it needs is still on its way (§4.20).
+        confirmed = max(r.seq.num_computed_tokens - r.num_output_placeholders, 0)
+        if ec_transfer_pending(s, slot, confirmed):
             i += 1
             continue
         n = num_running_tokens(s, slot, draft)
@@ -84,13 +96,6 @@ def num_running_tokens(s: Scheduler, slot: int, draft: StepDraft) -> int:
     r = s.requests[slot]
     computed = r.seq.num_computed_tokens
     placeholders = r.num_output_placeholders
-    # Async: when the token in flight is its last one (max_tokens), another
-    # step could only compute a position nobody samples.
-    if (
-        placeholders > 0
-        and computed + 2 >= placeholders + r.seq.num_prompt_tokens + r.stop.max_tokens
-    ):
-        return 0
     # Its drafts count against the budget and max_model_len (§4.13). At
     # least 0: a second synchronous step scheduled before the first's output
     # finds its drafts' positions computed already (nothing to do).
@@ -159,4 +164,15 @@ def entry(s: Scheduler, slot: int, n: int, kind: Kind, computed: int, grown: int
         num_computed_tokens=computed,
         samples=computed + n >= r.num_tokens,
         block_start=r.num_blocks - grown if kind is Kind.RUNNING else 0,
+    )
+
+
+def last_token_in_flight(r: Request) -> bool:
+    """Async: the token in flight is the request's last one (max_tokens), so
+    another step could only compute a position nobody samples."""
+    placeholders = r.num_output_placeholders
+    return (
+        placeholders > 0
+        and r.seq.num_computed_tokens + 2
+        >= placeholders + r.seq.num_prompt_tokens + r.stop.max_tokens
     )

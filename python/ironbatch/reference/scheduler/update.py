@@ -176,7 +176,7 @@ def apply_output(
         if r.drop_stale:
             return None  # a reset preempted it: discarded (docs/scheduling.md §5.4)
     if not sampled:
-        release_encoded(s.encoder, e.slot, r)
+        release_encoded(s.encoder, s.ec_connector, e.slot, r)
         # An encoder-only deployment samples nothing: a request is done once
         # its prompt is consumed (its images encoded, §4.18).
         consumed = r.seq.num_computed_tokens >= r.seq.num_prompt_tokens
@@ -195,7 +195,7 @@ def apply_output(
         if out.spec_decoding_stats is None:
             out.spec_decoding_stats = SpecDecodingStats.new(s.config.num_speculative_tokens)
         out.spec_decoding_stats.observe(num_drafts, accepted)
-    release_encoded(s.encoder, e.slot, r)
+    release_encoded(s.encoder, s.ec_connector, e.slot, r)
     status_before = r.status
     had_placeholders = r.num_output_placeholders > 0
     start = len(out.tokens)

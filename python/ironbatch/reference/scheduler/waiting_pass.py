@@ -17,6 +17,7 @@ from ironbatch.reference.lora import LoraBatch
 from ironbatch.reference.prefix_hit import PrefixHit
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler.drafts import drafts_unused
+from ironbatch.reference.scheduler.ec_transfer import ec_transfer_pending
 from ironbatch.reference.scheduler.encoder_inputs import (
     commit_encoder_plan,
     plan_encoder_inputs,
@@ -207,6 +208,9 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
             return Admit.SKIPPED
         if not isinstance(answer, Ask):
             external = answer
+    # An encoder output it needs is still on its way (§4.20).
+    if ec_transfer_pending(s, slot, hit_tokens + external.num_tokens):
+        return Admit.SKIPPED
     if external.load_async:
         return admit_loading(s, slot, hit.blocks, hit_tokens, external.num_tokens, watermark)
     local_tokens = hit_tokens
