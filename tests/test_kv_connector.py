@@ -20,7 +20,7 @@ from ironbatch.bench.standin_connector import (
     StandInWorker,
 )
 
-from scheduler_helpers import BACKENDS, make, req
+from scheduler_helpers import BACKENDS, make, req, rows
 from scheduler_pair import SchedulerPair
 from seeded import Workloads
 
@@ -114,6 +114,24 @@ def test_a_held_request_frees_its_blocks_when_its_send_is_reported(backend: str)
     out = s.schedule()
     s.update_from_output(out, {}, kv_connector_output=Report(finished_sending={"r"}))
     assert s.num_free_blocks == 19 and s.debug_state()["kv_held"] == {}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_lost_block_is_claimed_anew_by_the_running_walk(backend: str) -> None:
+    """vLLM walks the loading requests and the running ones separately,
+    each walk claiming the lost blocks afresh: ``r1`` (running, its first
+    8 tokens loaded in the step) and ``r2`` (loading, hitting ``r1``'s
+    blocks) both hold lost block 1, and each is cut back to 0; the running
+    one then recomputes its whole prompt, not just the step's tokens."""
+    c = Scripted({"r1": (8, False), "r2": (3, True)})
+    s = scheduler(backend, c, policy="recompute")
+    s.add_request(req("r1", range(100, 112), max_tokens=4))
+    s.add_request(req("r2", [*range(100, 112), 7, 8, 9, 10], max_tokens=4))
+    out = s.schedule()
+    assert rows(out) == [["r1", 4, "new", 8, [1, 2, 3]]]
+    assert s.debug_state()["requests"]["r2"]["status"] == "WAITING_FOR_REMOTE_KVS"
+    s.update_from_output(out, {"r1": [5]}, kv_connector_output=Report(invalid_block_ids={1}))
+    assert rows(s.schedule()) == [["r1", 12, "running", 0, []]]
 
 
 def _loads_failing(backend: str, end_order: Any) -> tuple[Any, list[str], Scripted]:

@@ -115,15 +115,16 @@ impl Scheduler {
                 scheduled.push((e.slot, e.num_tokens));
             }
         }
-        let mut marked = FxHashSet::default();
         let loading: Vec<Slot> = self
             .kv_holding
             .iter(&self.requests)
             .filter(|&s| self.requests[s].status == RequestStatus::WaitingForRemoteKvs)
             .collect();
-        let loads = self.cut_at_invalid_blocks(&loading, &invalid, &scheduled, &mut marked);
+        // Each walk claims blocks on its own (vLLM's two calls): a block a
+        // loading request claimed is claimed again by the first running one.
+        let loads = self.cut_at_invalid_blocks(&loading, &invalid, &scheduled);
         let running = self.running.clone();
-        let runs = self.cut_at_invalid_blocks(&running, &invalid, &scheduled, &mut marked);
+        let runs = self.cut_at_invalid_blocks(&running, &invalid, &scheduled);
         if recompute {
             for &slot in &loads.affected {
                 self.requests[slot].kv_load_failed = true;
@@ -145,18 +146,18 @@ impl Scheduler {
     }
 
     /// Cut each of `slots` back to its first invalid block among those it
-    /// had computed before this step, unless a request walked earlier
-    /// claimed that block (it will compute it again; this one only loses
-    /// this step's tokens).
+    /// had computed before this step, unless a request walked earlier in
+    /// this walk claimed that block (it will compute it again; this one only
+    /// loses this step's tokens).
     fn cut_at_invalid_blocks(
         &mut self,
         slots: &[Slot],
         invalid: &FxHashSet<BlockId>,
         scheduled: &[(Slot, usize)],
-        marked: &mut FxHashSet<BlockId>,
     ) -> Cut {
         let bs = self.kv.block_size();
         let mut cut = Cut::default();
+        let mut marked = FxHashSet::default();
         for &slot in slots {
             let r = &mut self.requests[slot];
             let in_step = scheduled

@@ -100,14 +100,15 @@ def apply_failed_loads(s: Scheduler, report: KvTransferReport, step: StepOutput)
     # Tokens each request got in this step: its blocks past what it had
     # computed before hold nothing loaded.
     scheduled = [(e.slot, e.num_tokens) for e in step.entries if s.is_live(e)]
-    marked: set[int] = set()
     loading = [
         slot
         for slot in s.kv_holding()
         if s.requests[slot].status == RequestStatus.WAITING_FOR_REMOTE_KVS
     ]
-    loads = cut_at_invalid_blocks(s, loading, invalid, scheduled, marked)
-    runs = cut_at_invalid_blocks(s, list(s.running), invalid, scheduled, marked)
+    # Each walk claims blocks on its own (vLLM's two calls): a block a
+    # loading request claimed is claimed again by the first running one.
+    loads = cut_at_invalid_blocks(s, loading, invalid, scheduled)
+    runs = cut_at_invalid_blocks(s, list(s.running), invalid, scheduled)
     if recompute:
         for slot in loads.affected:
             s.requests[slot].kv_load_failed = True
@@ -129,14 +130,14 @@ def cut_at_invalid_blocks(
     slots: list[int],
     invalid: set[int],
     scheduled: list[tuple[int, int]],
-    marked: set[int],
 ) -> Cut:
     """Cut each of ``slots`` back to its first invalid block among those it
-    had computed before this step, unless a request walked earlier claimed
-    that block (it will compute it again; this one only loses this step's
-    tokens)."""
+    had computed before this step, unless a request walked earlier in this
+    walk claimed that block (it will compute it again; this one only loses
+    this step's tokens)."""
     bs = s.kv.block_size
     cut = Cut()
+    marked: set[int] = set()
     for slot in slots:
         r = s.requests[slot]
         in_step = next((n for sl, n in scheduled if sl == slot), 0)
