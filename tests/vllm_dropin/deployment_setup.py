@@ -959,6 +959,11 @@ class Engine:
             "ec_connector": None
             if self.scheduler.get_ec_connector() is None
             else type(self.scheduler.get_ec_connector()).__name__,
+            "enable_mfu_metrics": bool(vc.observability_config.enable_mfu_metrics),
+            "iteration_details": bool(vc.observability_config.enable_logging_iteration_details),
+            "per_request_spec_decode_metrics": (
+                vc.observability_config.per_request_spec_decode_metrics
+            ),
         }
 
     def shutdown(self) -> None:
@@ -973,10 +978,19 @@ def _first_difference(a: list[Any], b: list[Any], what: str) -> str | None:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x == y:
             continue
-        if isinstance(x, dict) and isinstance(y, dict):
-            x = {k: v for k, v in x.items() if y.get(k) != v}
-            y = {k: v for k, v in y.items() if k in x}
-        return f"{what} {i} differs:\n vLLM:    {x!r:.1800}\n drop-in: {y!r:.1800}"
+        where = ""
+        # Down to the first field that differs (dicts by key, sequences of
+        # one length by index).
+        while True:
+            if isinstance(x, dict) and isinstance(y, dict) and x.keys() == y.keys():
+                k = next(k for k in x if x[k] != y[k])
+                where, x, y = f"{where}[{k!r}]", x[k], y[k]
+            elif isinstance(x, list | tuple) and isinstance(y, list | tuple) and len(x) == len(y):
+                j = next(j for j in range(len(x)) if x[j] != y[j])
+                where, x, y = f"{where}[{j}]", x[j], y[j]
+            else:
+                break
+        return f"{what} {i}{where} differs:\n vLLM:    {x!r:.1800}\n drop-in: {y!r:.1800}"
     if len(a) != len(b):
         return f"{what}: vLLM has {len(a)}, the drop-in {len(b)}"
     return None
@@ -1022,7 +1036,10 @@ def _exercised(e: Engine) -> dict[str, int]:
         seen["reasoning_ended"] += sum(bool(ended) for _, ended in reasoning)
         seen["still_reasoning"] += sum(not ended for _, ended in reasoning)
         for eco in (view or {}).values():
+            stats = eco["scheduler_stats"]
+            seen["perf_stats"] += stats is not None and stats["perf_stats"] is not None
             for o in eco["outputs"]:
+                seen["spec_decode_metrics"] += o["spec_decode_metrics"] is not None
                 seen["prompt_logprobs_outputs"] += o["new_prompt_logprobs_tensors"] is not None
                 seen["pooled_outputs"] += o["pooling_output"] is not None
                 if o["finish_reason"] is not None:

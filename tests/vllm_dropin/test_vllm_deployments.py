@@ -442,6 +442,22 @@ TABLE = [
         exercises=("connector_metadata", "offload_stores"),
     ),
     Deployment(
+        # vLLM's observability options, passed through: a step's FLOPs and
+        # bytes in the stats, the encoder inputs a step runs (none here), each
+        # request's acceptance histogram on its last output.
+        "observability-options",
+        "llama-3.1-8b",
+        ["--enable-mfu-metrics", "--enable-logging-iteration-details"]
+        + ["--speculative-config", SPEC_NGRAM, "--per-request-spec-decode-metrics", "detailed"],
+        {
+            "enable_mfu_metrics": True,
+            "iteration_details": True,
+            "per_request_spec_decode_metrics": "detailed",
+            "num_speculative_tokens": 3,
+        },
+        exercises=("spec_drafts", "perf_stats", "spec_decode_metrics"),
+    ),
+    Deployment(
         "scheduler-options",
         "llama-3.1-8b",
         ["--prefill-schedule-interval", "4", "--watermark", "0.05"]

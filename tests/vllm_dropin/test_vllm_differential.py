@@ -92,6 +92,7 @@ def random_settings(rng: random.Random) -> dict:
         settings.update(kv_events(rng))
         settings.update(kv_metrics(rng))
         settings.update(speculation(rng, pp))
+        spec_metrics(rng, settings)
     settings.update(kv_layout(rng, bs, hybrid))
     settings.update(lora(rng))  # late: the draws before it stay each seed's
     settings.update(multimodal(rng, settings))
@@ -276,10 +277,30 @@ def embeds_for(rng: random.Random, tokens: list[int]) -> tuple[torch.Tensor, lis
 
 
 def kv_metrics(rng: random.Random) -> dict:
-    """KV-cache residency metrics on in some workloads."""
-    if rng.random() < 0.35:
-        return {"observability_config": ObservabilityConfig(kv_cache_metrics=True)}
-    return {}
+    """KV-cache residency metrics on in some workloads; vLLM's other
+    observability options in some (drawn apart, so the rest stays each
+    seed's): MFU metrics and iteration details (per-request speculative
+    decoding metrics come with speculation, ``spec_metrics``)."""
+    metrics = rng.random() < 0.35
+    other = random.Random(rng.random())
+    options = {
+        "enable_mfu_metrics": other.random() < 0.3,
+        "enable_logging_iteration_details": other.random() < 0.3,
+    }
+    if not metrics and not any(options.values()):
+        return {}
+    return {"observability_config": ObservabilityConfig(kv_cache_metrics=metrics, **options)}
+
+
+def spec_metrics(rng: random.Random, settings: dict) -> None:
+    """Per-request speculative-decoding metrics (basic or detailed) in some
+    workloads that speculate (vLLM refuses them without speculation)."""
+    level = random.Random(rng.random()).choice(["none", "none", "basic", "detailed"])
+    if "speculative_config" not in settings or level == "none":
+        return
+    config = settings.get("observability_config") or ObservabilityConfig()
+    config.per_request_spec_decode_metrics = level
+    settings["observability_config"] = config
 
 
 def kv_events(rng: random.Random) -> dict:
@@ -650,7 +671,14 @@ def drawn_features(seed: int) -> Counter:
         "structured outputs": f.grammars,
         "streaming sessions": f.sessions,
         "KV-cache events": "kv_events_config" in s,
-        "KV-cache metrics": "observability_config" in s,
+        "KV-cache metrics": "observability_config" in s
+        and s["observability_config"].kv_cache_metrics,
+        "observability options": "observability_config" in s
+        and (
+            s["observability_config"].enable_mfu_metrics
+            or s["observability_config"].enable_logging_iteration_details
+            or s["observability_config"].per_request_spec_decode_metrics != "none"
+        ),
         "pipeline parallelism": s["pipeline_parallel_size"] > 1,
         "data parallelism": s["data_parallel_size"] > 1,
         "local prefill cadence": s["data_parallel_size"] == 1
@@ -703,6 +731,7 @@ FEATURES = [
     *(f"feature: {k}" for k in ("local prefill cadence", "async scheduling", "priority policy")),
     *(f"feature: {k}" for k in ("MLA", "window KV-cache groups", "speculative decoding")),
     "feature: LoRA",
+    "feature: observability options",
     "feature: images",
     "feature: encoder-cache connector",
     "feature: encoder-decoder",

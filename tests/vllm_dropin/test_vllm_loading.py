@@ -15,7 +15,6 @@ pytest.importorskip("vllm")
 from vllm.config import (  # noqa: E402
     KVEventsConfig,
     LoRAConfig,
-    ObservabilityConfig,
     SpeculativeConfig,
     StructuredOutputsConfig,
 )
@@ -55,11 +54,19 @@ def test_scheduler_cls_as_a_class_object() -> None:
     ("overrides", "why"),
     [
         (
-            {"observability_config": ObservabilityConfig(enable_mfu_metrics=True)},
-            "MFU metrics",
+            {
+                "speculative_config": SpeculativeConfig(
+                    method="ngram",
+                    num_speculative_tokens=2,
+                    prompt_lookup_max=3,
+                    prompt_lookup_min=1,
+                ),
+                "pipeline_parallel_size": 2,
+            },
+            "speculative decoding with pipeline parallelism",
         ),
     ],
-    ids=["mfu-metrics"],
+    ids=["speculation-with-pp"],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unsupported_config_falls_back_to_vllm_and_says_why(

@@ -113,6 +113,9 @@ def engine_outputs_view(outs: dict[int, Any]) -> dict[int, Any]:
                 len(e.reuse_gaps_seconds) for e in stats.kv_cache_eviction_events
             ]
             v["scheduler_stats"]["kv_connector_stats"] = _untimed(stats.kv_connector_stats)
+            details = v["scheduler_stats"].get("iteration_details")
+            if details is not None:  # EngineCore times the step by the clock
+                details.pop("elapsed_ms", None)
         view[client] = v
     return view
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from vllm.v1.core.sched.output import NewRequestData
+from vllm.v1.core.sched.output import NewRequestData, ScheduledEncoderInputStats
 
 from ironbatch import _core
 
@@ -92,3 +92,20 @@ class EncoderInputs:
                     updates.setdefault(rid, {})[i] = None
                     pending.remove(i)
         return updates
+
+
+def encoder_input_stats(
+    requests: dict[str, Any], scheduled_encoder_inputs: dict[str, list[int]]
+) -> ScheduledEncoderInputStats | None:
+    """What a step's encoder runs, for vLLM's iteration details
+    (``--enable-logging-iteration-details``): its inputs and their
+    embeddings; None when it runs none."""
+    stats = ScheduledEncoderInputStats()
+    for rid, input_ids in scheduled_encoder_inputs.items():
+        request = requests.get(rid)
+        if request is None:
+            continue
+        for i in input_ids:
+            stats.num_inputs += 1
+            stats.output_tokens += request.mm_features[i].mm_position.get_num_embeds()
+    return stats if stats.num_inputs else None

@@ -39,7 +39,13 @@ from vllm.v1.core.sched.output import (
 )
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
-from vllm.v1.metrics.stats import KV_FETCH_STAGES, PrefixCacheStats, SchedulerStats
+from vllm.v1.metrics.perf import ModelMetrics
+from vllm.v1.metrics.stats import (
+    KV_FETCH_STAGES,
+    PrefixCacheStats,
+    RequestSpecDecodeMetrics,
+    SchedulerStats,
+)
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import Request, RequestStatus
 
@@ -47,7 +53,7 @@ from ironbatch import _core
 from ironbatch._core import VllmStepRows as StepRows
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
 from ironbatch.vllm.ec_connector import EcConnectorBridge, build_ec_connector, ec_stats
-from ironbatch.vllm.encoder_inputs import EncoderInputs
+from ironbatch.vllm.encoder_inputs import EncoderInputs, encoder_input_stats
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
 from ironbatch.vllm.kv_connector import ConnectorBridge, build_connector, connector_setup
 from ironbatch.vllm.kv_events import KvEvents
@@ -62,7 +68,7 @@ from ironbatch.vllm.request_mirror import RequestMirror
 from ironbatch.vllm.runner_request_data import RunnerRequestData
 from ironbatch.vllm.sessions import add_session_chunk
 from ironbatch.vllm.settings import core_scheduler
-from ironbatch.vllm.speculation import Speculation
+from ironbatch.vllm.speculation import Speculation, observe_per_request
 from ironbatch.vllm.step_outputs import (
     attach_pooler_outputs,
     engine_core_outputs,
@@ -215,6 +221,16 @@ class Scheduler(SchedulerInterface):
             self.use_v2_model_runner,
             vllm_config.model_config.is_encoder_decoder,
         )
+        # Observability options, as vLLM's scheduler keeps them: the step's
+        # FLOPs and bytes (--enable-mfu-metrics), the encoder inputs a step
+        # runs (--enable-logging-iteration-details), each request's
+        # acceptance (--per-request-spec-decode-metrics).
+        obs = vllm_config.observability_config
+        self._perf_metrics: ModelMetrics | None = None
+        if log_stats and obs.enable_mfu_metrics:
+            self._perf_metrics = ModelMetrics(vllm_config)
+        self._iteration_details = log_stats and obs.enable_logging_iteration_details
+        self._spec_metrics_level: str = obs.per_request_spec_decode_metrics
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
             defaultdict(set) if include_finished_set else None
         )
@@ -252,6 +268,8 @@ class Scheduler(SchedulerInterface):
             self._structured.track(request)
         self._mirror.add(request, slot)
         self.requests[rid] = request
+        if self._spec_metrics_level != "none":
+            request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
 
     def _reject(self, request: Request, message: str) -> None:
         """End a request at admission with an error output."""
@@ -374,6 +392,10 @@ class Scheduler(SchedulerInterface):
                 output.scheduled_encoder_inputs,
                 self._mirror.slot_of,
             )
+        if self._iteration_details:
+            output.scheduled_encoder_input_stats = encoder_input_stats(
+                self.requests, output.scheduled_encoder_inputs
+            )
         if not self.use_v2_model_runner:
             self._runner_data.add_unseen_token_ids(rows, output.scheduled_cached_reqs)
         if self._take_kv_events:
@@ -430,6 +452,9 @@ class Scheduler(SchedulerInterface):
             )
         step = entry[1].step
         mro = model_runner_output
+        perf_stats = None
+        if self._perf_metrics is not None and self._perf_metrics.is_enabled():
+            perf_stats = self._perf_metrics.get_step_perf_stats_per_gpu(scheduler_output)
         # Checked in full before anything changes: a refused output can be
         # retried. Each record's EngineCoreOutput comes made.
         if self._pooling:
@@ -452,6 +477,10 @@ class Scheduler(SchedulerInterface):
                 end_order=end_order if kv_output else None,
             )
         del self._in_flight[key]
+        if update.spec_decoding_stats is not None and self._spec_metrics_level != "none":
+            # Before the outputs are made: a request that finishes leaves then.
+            detailed = self._spec_metrics_level == "detailed"
+            observe_per_request(self.requests, scheduler_output, step, update, mro, detailed)
         if self._kv_events.enabled:
             # Before the finished are forgotten: their stores name their slots.
             self._mirror_tokens(update)
@@ -486,7 +515,13 @@ class Scheduler(SchedulerInterface):
         if self.log_stats and update.spec_decoding_stats is not None:
             spec_stats = Speculation.stats(scheduler_output, step, update)
         return engine_core_outputs(
-            self, outputs, spec_stats, mro.cudagraph_stats, kv_connector_stats, ec_connector_stats
+            self,
+            outputs,
+            spec_stats,
+            mro.cudagraph_stats,
+            kv_connector_stats,
+            ec_connector_stats,
+            perf_stats,
         )
 
     def _drain_kv_events(self) -> None:

@@ -100,3 +100,34 @@ class Speculation:
                     for i in range(d - n, d):
                         stats.num_draft_tokens_per_pos[i] -= 1
         return stats
+
+
+def observe_per_request(
+    requests: dict[str, Request],
+    scheduler_output: SchedulerOutput,
+    step: Any,
+    update: Any,
+    mro: Any,
+    detailed: bool,
+) -> None:
+    """Each request whose drafts this update verified observes them on its
+    ``spec_decode_metrics`` (``--per-request-spec-decode-metrics``): the
+    drafts scheduled, less those a grammar invalidated, and how many the
+    model accepted (what it returned, before any stop trims it)."""
+    num_spec = step.column("num_spec_tokens").tolist()
+    invalid = scheduler_output.num_invalid_spec_tokens or {}
+    index = mro.req_id_to_index
+    for row in update.rows:
+        num_drafts = num_spec[row]
+        if not num_drafts:
+            continue
+        rid = step.req_ids[row]
+        r = requests.get(rid)
+        generated = mro.sampled_token_ids[index[rid]]
+        if r is None or r.spec_decode_metrics is None or not generated:
+            continue
+        r.spec_decode_metrics.observe(
+            num_draft_tokens=num_drafts - invalid.get(rid, 0),
+            num_accepted=max(len(generated) - 1, 0),
+            detailed=detailed,
+        )

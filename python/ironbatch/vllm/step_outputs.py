@@ -83,6 +83,7 @@ def _complete(
         s._mirror.finish_tokens(r, end)
         status, out.finish_reason = FINISHED[end.finish_reason]
         out.stop_reason = r.stop_reason
+        out.spec_decode_metrics = r.spec_decode_metrics  # its acceptance, this step's too
         if end.session_continues:
             end_turn(s, r, slot)
         else:
@@ -148,6 +149,7 @@ def engine_core_outputs(
     cudagraph_stats: Any,
     kv_connector_stats: Any = None,
     ec_connector_stats: Any = None,
+    perf_stats: Any = None,
 ) -> dict[int, EngineCoreOutputs]:
     """The step's outputs as vLLM's ``EngineCoreOutputs`` per client, with
     the ids finished since the last step and the step's stats."""
@@ -164,6 +166,7 @@ def engine_core_outputs(
         spec_decoding_stats=spec_decoding_stats,
         kv_connector_stats=kv_connector_stats,
         cudagraph_stats=cudagraph_stats,
+        perf_stats=perf_stats,
         ec_connector_stats=ec_connector_stats,
     )
     if stats is not None:

@@ -160,12 +160,6 @@ def unsupported_config(
         ),
         (hash_block_size not in (None, block_size), "a hash block size unlike the block size"),
         (c.aux_output_config.enabled, "auxiliary outputs"),
-        (c.observability_config.enable_mfu_metrics, "MFU metrics"),
-        (c.observability_config.enable_logging_iteration_details, "iteration details"),
-        (
-            c.observability_config.per_request_spec_decode_metrics != "none",
-            "per-request speculative-decoding metrics",
-        ),
         (sc.policy not in ("fcfs", "priority"), f"the {sc.policy!r} policy"),
     ]
     return next((why for bad, why in checks if bad and why), None)
