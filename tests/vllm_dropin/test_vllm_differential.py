@@ -98,6 +98,7 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(multimodal(rng, settings))
     settings.update(ec_connector(rng, settings))
     settings.update(prompt_embeddings(rng))
+    settings.update(sampling_masks(rng, settings))
     settings.update(pooling(rng, settings))
     settings.update(no_kv_cache(rng, settings))
     # Every group holds blocks of its own: the same tightness per group.
@@ -245,6 +246,15 @@ def ec_connector(rng: random.Random, settings: dict) -> dict:
     return {"ec_transfer_config": ec_transfer_config(seed, EcShares.draw(rng))}
 
 
+def sampling_masks(rng: random.Random, settings: dict) -> dict:
+    """--return-sampling-mask in some workloads (drawn apart): the runner
+    returns each sample's token support, which each output carries for the
+    tokens it keeps. Not with Whisper, which vLLM runs on its V1 runner only
+    (masks come from V2's)."""
+    drawn = random.Random(rng.random()).random() < 0.2
+    return {"return_sampling_mask": True} if drawn and settings.get("target") != "whisper" else {}
+
+
 def prompt_embeddings(rng: random.Random) -> dict:
     """--enable-prompt-embeds in some workloads: some requests then give
     their prompt as embeddings, alone or mixed with token ids."""
@@ -333,7 +343,9 @@ def workload_features(rng: random.Random, settings: dict) -> Features:
         # vLLM refuses async scheduling with pipeline parallelism, or with
         # n-gram speculation, on its V1 runner.
         runner_v1=(rng.random() < 0.3 or whisper)
-        and not (async_scheduling and (pp > 1 or "speculative_config" in settings)),
+        and not (async_scheduling and (pp > 1 or "speculative_config" in settings))
+        # vLLM returns sampling masks from its V2 runner only.
+        and not settings.get("return_sampling_mask"),
         reasoning=rng.random() < 0.3,
         grammars=rng.random() < 0.5 and generates,
         # Streaming sessions hold their blocks between turns and nobody
@@ -693,6 +705,7 @@ def drawn_features(seed: int) -> Counter:
         "encoder-cache connector": "ec_transfer_config" in s,
         "encoder-decoder": s.get("target") == "whisper",
         "prompt embeddings": bool(s.get("enable_prompt_embeds")),
+        "sampling masks": bool(s.get("return_sampling_mask")),
         "pooling": s.get("runner") == "pooling",
         "no KV cache": s["kv_layout"] == "none",
         "encoder only": bool(s.get("mm_encoder_only")),
@@ -736,6 +749,7 @@ FEATURES = [
     "feature: encoder-cache connector",
     "feature: encoder-decoder",
     "feature: prompt embeddings",
+    "feature: sampling masks",
     "feature: pooling",
     "feature: no KV cache",
     "feature: encoder only",

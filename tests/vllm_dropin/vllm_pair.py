@@ -25,7 +25,7 @@ from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import FinishReason
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput, SamplingMaskLists
 from vllm.v1.request import Request, RequestStatus
 
 from ironbatch import _core
@@ -103,6 +103,8 @@ def engine_outputs_view(outs: dict[int, Any]) -> dict[int, Any]:
             ov["events"] = None if o.events is None else [e.type for e in o.events]
             if o.pooling_output is not None:  # a tensor: compared by value
                 ov["pooling_output"] = o.pooling_output.tolist()
+            if o.new_sampling_mask is not None:  # arrays: compared by value
+                ov["new_sampling_mask"] = o.new_sampling_mask.to_nested_list()
             v["outputs"].append(ov)
         stats = eco.scheduler_stats
         v["scheduler_stats"] = None if stats is None else dataclasses.asdict(stats)
@@ -195,6 +197,8 @@ class VllmPair:
         self.masks: dict[int, tuple[list[str], np.ndarray]] = {}
         self.settings = settings
         self.bs = settings.get("block_size", vllm_setup.DEFAULTS["block_size"])
+        # The runner returns each sample's token support (--return-sampling-mask).
+        self.sampling_masks = settings.get("return_sampling_mask", False)
         # Both schedulers read the runner version once, when built; V2 is the
         # default, V1 gets resumptions as cached data with all_token_ids.
         with vllm_setup.env_var("VLLM_USE_V2_MODEL_RUNNER", "0" if model_runner_v1 else None):
@@ -438,6 +442,8 @@ class VllmPair:
             req_id_to_index={rid: i for i, rid in enumerate(runner_order)},
             sampled_token_ids=[tokens.get(rid, []) for rid in runner_order],
         )
+        if self.sampling_masks:
+            mro.sampling_masks = sampling_masks(mro.sampled_token_ids)
         if self.kv_reports is not None:
             mro.kv_connector_output = self.kv_reports(a)
         # A copy for each: vLLM trims a request's token list in place at a stop.
@@ -587,3 +593,17 @@ class VllmPair:
                     "freeable": list(ecm.freeable),
                 }
             assert _core.vllm_encoder_cache_state(b._core.core) == expected
+
+
+def sampling_masks(sampled: list[list[int]]) -> SamplingMaskLists:
+    """A runner's sampling masks for ``sampled`` (one row per request, in
+    runner order): each sampled position's support, the token and a few
+    others fixed by it, as vLLM's CSR lists."""
+    token_ids: list[int] = []
+    offsets, cu = [0], [0]
+    for tokens in sampled:
+        for t in tokens:
+            token_ids += sorted({t, (7 * t + 1) % 97, (3 * t + 5) % 89})
+            offsets.append(len(token_ids))
+        cu.append(len(offsets) - 1)
+    return SamplingMaskLists(np.array(token_ids, np.int64), np.array(offsets, np.int64), cu)

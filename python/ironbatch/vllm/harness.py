@@ -99,6 +99,9 @@ DEFAULTS: dict[str, Any] = {
     # vLLM's --mm-encoder-only (with the "vision" target): the instance runs
     # the multimodal encoder alone, with no KV cache (kv_layout "none").
     "mm_encoder_only": False,
+    # The runner returns each sample's post-processing token support
+    # (--return-sampling-mask).
+    "return_sampling_mask": False,
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
 EXTRAS = (
@@ -362,6 +365,9 @@ def vllm_config(
         enable_prompt_embeds=cfg["enable_prompt_embeds"],
         runner=cfg["runner"],
         mm_encoder_only=cfg["mm_encoder_only"] or None,
+        return_sampling_mask=cfg["return_sampling_mask"],
+        # vLLM replays the sampling distribution only over processed logprobs.
+        **({"logprobs_mode": "processed_logprobs"} if cfg["return_sampling_mask"] else {}),
     )
     cc = CacheConfig(
         block_size=cfg["block_size"],

@@ -231,6 +231,8 @@ class Scheduler(SchedulerInterface):
             self._perf_metrics = ModelMetrics(vllm_config)
         self._iteration_details = log_stats and obs.enable_logging_iteration_details
         self._spec_metrics_level: str = obs.per_request_spec_decode_metrics
+        # --return-sampling-mask: each output's token support, passed through.
+        self.return_sampling_mask: bool = vllm_config.model_config.return_sampling_mask
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
             defaultdict(set) if include_finished_set else None
         )

@@ -45,6 +45,16 @@ def outputs_by_client(s: Scheduler, update: Any, mro: Any) -> dict[int, list[Eng
         completed = range(len(outs)) if logprobs else update.records_of(list(full))
         for k in completed:
             _complete(s, outs[k], record_slots[k], ends.get(k), cached_tokens[k], mro, logprobs)
+    masks = mro.sampling_masks if s.return_sampling_mask else None
+    if masks is not None:
+        # Each sample's token support (--return-sampling-mask), for the
+        # tokens the output keeps.
+        index = mro.req_id_to_index
+        for out in outs:
+            if out.new_token_ids:
+                out.new_sampling_mask = masks.slice_request(
+                    index[out.request_id], len(out.new_token_ids)
+                )
     outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
     if only_client is not None:
         if outs:

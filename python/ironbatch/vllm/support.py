@@ -139,7 +139,6 @@ def unsupported_config(
             not groups and c.cache_config.enable_prefix_caching,
             "a model without a KV cache with prefix caching on",
         ),
-        (bool(mc.return_sampling_mask), "sampling masks"),
         (
             any(type(g.kv_cache_spec) not in attention for g in groups),
             "a KV cache with groups other than full-attention, MLA, sliding-window and "
