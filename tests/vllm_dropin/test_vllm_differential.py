@@ -190,8 +190,12 @@ def kv_layout(rng: random.Random, bs: int, hybrid: bool) -> dict:
 # own), EAGLE and EAGLE-3 (lookahead KV slots, block hashes over the next
 # token), MTP (the same, on a DeepSeek-shaped target with MLA) and a draft
 # model (lookahead slots, and a drafting slot per request in the budget);
-# n-gram on the GPU hands over k drafts, -1 in the slots it could not fill.
+# n-gram on the GPU hands over k drafts, -1 in the slots it could not fill;
+# hidden-state extraction (a "drafter" that caches the target's hidden states
+# for a KV connector and proposes the sampled tokens: drafts of the usual
+# shape, no lookahead).
 SPEC_METHODS = ("ngram", "ngram_gpu", "eagle", "eagle3", "mtp", "draft_model")
+SPEC_METHODS += ("extract_hidden_states",)
 
 
 def speculation(rng: random.Random, pp: int) -> dict:

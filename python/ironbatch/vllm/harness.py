@@ -157,6 +157,8 @@ DRAFT_ARCHITECTURES: dict[str, str | None] = {
     "draft_model": None,
     "ngram": None,
     "ngram_gpu": None,
+    "suffix": None,
+    "extract_hidden_states": None,
 }
 
 
