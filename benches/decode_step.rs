@@ -35,6 +35,7 @@ fn scheduler(running: usize) -> Scheduler {
         decode_stagger: 0,
         num_speculative_tokens: 0,
         num_draft_slots: 0,
+        drafts_by_batch_size: None,
         max_loras: None,
         encoder: None,
         runner: Runner::Generate,

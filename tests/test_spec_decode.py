@@ -160,3 +160,67 @@ def test_a_drafter_gets_lookahead_slots_and_pays_drafting_slots(backend: str) ->
     # Then its last token and 2 lookahead slots reach into a second block.
     assert out.num_scheduled.tolist()[0] == 1
     assert len(s.debug_state()["requests"]["a"]["block_ids"]) == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pad", [True, False])
+def test_a_full_hit_admission_is_padded_to_a_draft_step_unless_speculation_is_dynamic(
+    backend: str, pad: bool
+) -> None:
+    """§4.13: a request admitted with only its last token left (its prompt a
+    full prefix hit) beside a running decode is padded with k placeholder
+    drafts, keeping the step's decode shape uniform; vLLM does not pad under
+    dynamic speculation lengths (``drafts_by_batch_size``)."""
+    s = make(
+        backend,
+        block_size=4,
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+        num_speculative_tokens=2,
+        drafts_by_batch_size=None if pad else (0, 2, 2, 1, 1),
+    )
+    s.add_request(req("a", list(range(3, 11)), max_tokens=20))  # two full blocks
+    s.update_from_output(s.schedule(), {"a": [50]})
+    s.add_request(req("b", [*range(3, 11), 12], max_tokens=5))  # hits a's 8 tokens
+    out = s.schedule()
+    assert out.req_ids == ["a", "b"]
+    assert out.num_scheduled.tolist() == [1, 3 if pad else 1]
+    assert out.spec_token_ids.tolist() == ([-1, -1] if pad else [])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("table", "step_two"), [(None, [4, 4]), ((0, 3, 1), [2, 2])])
+def test_async_placeholders_follow_the_batch_size_under_dynamic_speculation(
+    backend: str, table: tuple[int, ...] | None, step_two: list[int]
+) -> None:
+    """Async scheduling: each request a step schedules waits for the drafts
+    the runner proposes meanwhile, k placeholders; under dynamic speculation
+    lengths, as many as the table gives for the step's batch size (here 2
+    requests: 1 draft)."""
+    s = make(
+        backend,
+        max_num_batched_tokens=64,
+        max_num_seqs=2,
+        num_speculative_tokens=3,
+        async_scheduling=True,
+        drafts_by_batch_size=table,
+    )
+    s.add_request(req("a", list(range(3, 8)), max_tokens=20))
+    s.add_request(req("b", list(range(13, 18)), max_tokens=20))
+    first = s.schedule()
+    assert first.num_scheduled.tolist() == [5, 5]
+    assert s.schedule().num_scheduled.tolist() == step_two
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("table", "match"),
+    [
+        ((0, 3), "max_num_seqs \\+ 1 = 3 entries, got 2"),
+        ((0, 3, 4), "drafts_by_batch_size\\[2\\] must be in \\[0, 3\\], got 4"),
+        ((0, 3, True), "drafts_by_batch_size\\[2\\] must be an int"),
+    ],
+)
+def test_a_bad_draft_table_is_refused(backend: str, table: tuple, match: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=match):
+        make(backend, max_num_seqs=2, num_speculative_tokens=3, drafts_by_batch_size=table)

@@ -451,6 +451,7 @@ class Scheduler:
         num_lookahead_tokens: SupportsIndex | None = None,
         num_hash_lookahead_tokens: SupportsIndex | None = None,
         num_draft_slots: SupportsIndex | None = None,
+        drafts_by_batch_size: Sequence[int] | None = None,
         kv_cache_groups: Sequence[tuple[str, int, int | None]] | None = None,
         sparse_retention: bool = True,
         max_loras: SupportsIndex | None = None,

@@ -3,6 +3,7 @@ a ValueError naming the field and the value."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ironbatch.reference.block import cdiv
@@ -77,6 +78,13 @@ class SchedulerConfig:
     num_lookahead_tokens: int = 0
     num_hash_lookahead_tokens: int = 0
     num_draft_slots: int = 0
+    # Dynamic speculation lengths (vLLM's num_speculative_tokens_per_batch_size,
+    # docs/scheduling.md §4.13): entry b is how many drafts the runner proposes
+    # after a step of b requests (entry 0 unused; max_num_seqs + 1 entries,
+    # each at most num_speculative_tokens). Async scheduling then waits for
+    # that many placeholders, and no admission is padded to a draft step.
+    # None: always num_speculative_tokens.
+    drafts_by_batch_size: tuple[int, ...] | None = None
     # Distinct LoRA adapters one step's batch may hold (vLLM's max_loras;
     # docs/scheduling.md §4.14): a request bringing one more waits. None =
     # no cap (adapters still key the prefix cache).
@@ -110,6 +118,14 @@ class SchedulerConfig:
         _bool("scheduler_reserve_full_isl", self.scheduler_reserve_full_isl)
         _bool("async_scheduling", self.async_scheduling)
         _bool("long_prefill_token_threshold_adaptive", self.long_prefill_token_threshold_adaptive)
+        if self.drafts_by_batch_size is not None:
+            table = self.drafts_by_batch_size
+            if isinstance(table, str) or not isinstance(table, Sequence):
+                raise TypeError(
+                    f"drafts_by_batch_size must be a sequence of ints, got {type(table).__name__}"
+                )
+            for i, k in enumerate(table):
+                _int(f"drafts_by_batch_size[{i}]", k, 0, self.num_speculative_tokens)
         if self.max_num_scheduled_tokens is not None:
             _int(
                 "max_num_scheduled_tokens", self.max_num_scheduled_tokens, 1, MAX_NUM_BATCHED_TOKENS

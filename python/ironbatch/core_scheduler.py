@@ -78,6 +78,9 @@ class CoreScheduler:
             num_lookahead_tokens=c.num_lookahead_tokens,
             num_hash_lookahead_tokens=c.num_hash_lookahead_tokens,
             num_draft_slots=c.num_draft_slots,
+            drafts_by_batch_size=None
+            if c.drafts_by_batch_size is None
+            else list(c.drafts_by_batch_size),
             num_blocks=c.num_blocks,
             block_size=c.block_size,
             enable_prefix_caching=c.enable_prefix_caching,

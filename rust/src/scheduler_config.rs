@@ -101,6 +101,14 @@ pub struct SchedulerConfig {
     /// parallel drafting); charged to `max_num_batched_tokens` beside the
     /// request's own tokens, never to the token budget (§4.13).
     pub num_draft_slots: usize,
+    /// Dynamic speculation lengths (vLLM's
+    /// `num_speculative_tokens_per_batch_size`, §4.13): entry `b` is how
+    /// many drafts the runner proposes after a step of `b` requests (entry 0
+    /// unused; `max_num_seqs + 1` entries). Under async scheduling each
+    /// request scheduled waits for that many placeholder drafts; and no
+    /// admission is padded to a draft step (the step's shape varies anyway).
+    /// `None`: always `num_speculative_tokens`.
+    pub drafts_by_batch_size: Option<Vec<usize>>,
     /// Distinct LoRA adapters a step's batch may hold (vLLM's `max_loras`,
     /// §4.14); `None`: no cap (vLLM's scheduler without a LoRA config
     /// checks none; adapters still key the hashes).
@@ -185,6 +193,22 @@ impl SchedulerConfig {
             0,
             c.num_speculative_tokens,
         )?;
+        if let Some(table) = &c.drafts_by_batch_size {
+            if c.num_speculative_tokens == 0 || table.len() != c.max_num_seqs + 1 {
+                return invalid(format!(
+                    "drafts_by_batch_size needs speculative decoding and max_num_seqs + 1 = {} \
+                     entries, got {}",
+                    c.max_num_seqs + 1,
+                    table.len()
+                ));
+            }
+            if let Some(&k) = table.iter().find(|&&k| k > c.num_speculative_tokens) {
+                return invalid(format!(
+                    "drafts_by_batch_size: {k} drafts is more than num_speculative_tokens ({})",
+                    c.num_speculative_tokens
+                ));
+            }
+        }
         if let Some(max_loras) = c.max_loras {
             check_range("max_loras", max_loras, 1, MAX_NUM_SEQS)?;
         }

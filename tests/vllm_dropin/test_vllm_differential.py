@@ -207,6 +207,15 @@ def speculation(rng: random.Random, pp: int) -> dict:
         spec: dict = {"method": method, "num_speculative_tokens": k}
         if method in ("ngram", "ngram_gpu"):
             spec.update(prompt_lookup_max=3, prompt_lookup_min=1)
+        # Dynamic speculation lengths in some (drawn apart): k drafts for
+        # small batches, fewer for larger ones.
+        dynamic = random.Random(rng.random())
+        if dynamic.random() < 0.25:
+            small = dynamic.randint(1, 3)
+            spec["num_speculative_tokens_per_batch_size"] = [
+                (1, small, k),
+                (small + 1, 64, dynamic.randint(1, k)),
+            ]
         settings: dict = {"speculative_config": spec}
         if method == "mtp":
             settings.update(target="deepseek_mtp", mla=True)
@@ -718,6 +727,8 @@ def drawn_features(seed: int) -> Counter:
         drawn[f"layout: {s['kv_layout']}"] = True
     if "speculative_config" in s:
         drawn[f"speculation: {s['speculative_config']['method']}"] = True
+        dynamic = "num_speculative_tokens_per_batch_size" in s["speculative_config"]
+        drawn["dynamic speculation lengths"] = dynamic
     return Counter({f"feature: {k}": 1 for k, v in drawn.items() if v})
 
 
@@ -733,6 +744,7 @@ FEATURE_SHARES = {
     "feature: no KV cache": 60,
     "feature: encoder only": 30,
     "feature: encoder-cache connector": 40,
+    "feature: dynamic speculation lengths": 40,
 }
 
 
@@ -753,6 +765,7 @@ FEATURES = [
     "feature: encoder-cache connector",
     "feature: encoder-decoder",
     "feature: prompt embeddings",
+    "feature: dynamic speculation lengths",
     "feature: sampling masks",
     "feature: pooling",
     "feature: no KV cache",

@@ -115,6 +115,10 @@ class SchedulerSettings:
     #: Input tokens a drafter adds per scheduled request (vLLM's
     #: ``max_num_new_slots_for_drafting``), charged to the input budget.
     num_draft_slots: int
+    #: Dynamic speculation lengths: entry ``b`` the drafts the runner
+    #: proposes after a step of ``b`` requests; None: always
+    #: ``num_speculative_tokens`` (and admissions padded to a draft step).
+    drafts_by_batch_size: tuple[int, ...] | None
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool
@@ -170,6 +174,7 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         decode_stagger=getattr(c, "decode_stagger", 0),
         num_speculative_tokens=getattr(c, "num_speculative_tokens", 0),
         num_draft_slots=getattr(c, "num_draft_slots", 0),
+        drafts_by_batch_size=getattr(c, "drafts_by_batch_size", None),
         num_blocks=num_blocks,
         block_size=cache_config.block_size,
         enable_prefix_caching=cache_config.enable_prefix_caching,
@@ -269,6 +274,19 @@ def validate(c: SchedulerSettings) -> None:
     check_range("decode_stagger", c.decode_stagger, 0, MAX_NUM_SEQS)
     check_range("num_speculative_tokens", c.num_speculative_tokens, 0, c.max_model_len)
     check_range("num_draft_slots", c.num_draft_slots, 0, c.num_speculative_tokens)
+    table = c.drafts_by_batch_size
+    if table is not None:
+        if c.num_speculative_tokens == 0 or len(table) != c.max_num_seqs + 1:
+            raise ValueError(
+                "drafts_by_batch_size needs speculative decoding and max_num_seqs + 1 = "
+                f"{c.max_num_seqs + 1} entries, got {len(table)}"
+            )
+        for k in table:
+            if k > c.num_speculative_tokens:
+                raise ValueError(
+                    f"drafts_by_batch_size: {k} drafts is more than num_speculative_tokens "
+                    f"({c.num_speculative_tokens})"
+                )
     if c.max_loras is not None:
         check_range("max_loras", c.max_loras, 1, MAX_NUM_SEQS)
     if c.encoder is not None:

@@ -67,7 +67,7 @@ from ironbatch.vllm.kv_transfer import (
 from ironbatch.vllm.request_mirror import RequestMirror
 from ironbatch.vllm.runner_request_data import RunnerRequestData
 from ironbatch.vllm.sessions import add_session_chunk
-from ironbatch.vllm.settings import core_scheduler
+from ironbatch.vllm.settings import core_scheduler, drafts_by_batch_size
 from ironbatch.vllm.speculation import Speculation, observe_per_request
 from ironbatch.vllm.step_outputs import (
     attach_pooler_outputs,
@@ -231,6 +231,9 @@ class Scheduler(SchedulerInterface):
             self._perf_metrics = ModelMetrics(vllm_config)
         self._iteration_details = log_stats and obs.enable_logging_iteration_details
         self._spec_metrics_level: str = obs.per_request_spec_decode_metrics
+        # Dynamic speculation lengths: the drafts each step's runner proposes,
+        # by its batch size (vLLM's lookup, built as vLLM builds it).
+        self._drafts_by_batch_size = drafts_by_batch_size(vllm_config)
         # --return-sampling-mask: each output's token support, passed through.
         self.return_sampling_mask: bool = vllm_config.model_config.return_sampling_mask
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
@@ -394,6 +397,9 @@ class Scheduler(SchedulerInterface):
                 output.scheduled_encoder_inputs,
                 self._mirror.slot_of,
             )
+        if self._drafts_by_batch_size is not None and output.num_scheduled_tokens:
+            batch = len(output.num_scheduled_tokens)
+            output.num_spec_tokens_to_schedule = self._drafts_by_batch_size[batch]
         if self._iteration_details:
             output.scheduled_encoder_input_stats = encoder_input_stats(
                 self.requests, output.scheduled_encoder_inputs

@@ -43,6 +43,8 @@ def core_scheduler(
             num_lookahead_tokens=vllm_config.num_lookahead_tokens,
             num_hash_lookahead_tokens=vllm_config.num_hash_lookahead_tokens,
             num_draft_slots=0 if spec is None else spec.max_num_new_slots_for_drafting,
+            # Dynamic speculation lengths: vLLM's lookup, built as it builds it.
+            drafts_by_batch_size=drafts_by_batch_size(vllm_config),
             max_loras=None if lora is None else lora.max_loras,
             encoder_compute_budget=compute_budget,
             encoder_cache_size=cache_size,
@@ -59,6 +61,24 @@ def core_scheduler(
             # blocks sparsely; None caches them all.
             sparse_retention=kv_cache_config.prefix_cache_retention_interval is not None,
         ),
+    )
+
+
+def drafts_by_batch_size(vllm_config: Any) -> tuple[int, ...] | None:
+    """vLLM's dynamic speculation lengths as the core takes them: the drafts
+    its runner proposes after a step, by the step's batch size (vLLM's own
+    lookup, built as its scheduler builds it); None without them."""
+    spec = vllm_config.speculative_config
+    if spec is None or not spec.num_speculative_tokens_per_batch_size:
+        return None
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    return tuple(
+        build_dynamic_sd_schedule_lookup(
+            spec.num_speculative_tokens_per_batch_size,
+            vllm_max_batch_size=vllm_config.scheduler_config.max_num_seqs,
+            vllm_num_speculative_tokens=vllm_config.num_speculative_tokens,
+        )
     )
 
 

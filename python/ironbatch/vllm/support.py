@@ -83,10 +83,6 @@ def unsupported_config(
             "EAGLE's last-block drop (lookahead block hashes disabled)",
         ),
         (
-            spec is not None and bool(spec.num_speculative_tokens_per_batch_size),
-            "dynamic speculative decoding (num_speculative_tokens_per_batch_size)",
-        ),
-        (
             spec is not None and pc.pipeline_parallel_size > 1,
             "speculative decoding with pipeline parallelism",
         ),

@@ -20,6 +20,15 @@ impl Scheduler {
             // A step that writes KV: frees of its requests wait for it.
             self.sched_step_seq += 1;
         }
+        // The drafts the runner proposes after this step (async: each
+        // request scheduled waits for that many placeholders).
+        let next_drafts = match &self.config.drafts_by_batch_size {
+            Some(table) if !entries.is_empty() => table
+                .get(entries.len())
+                .copied()
+                .unwrap_or(self.config.num_speculative_tokens),
+            _ => self.config.num_speculative_tokens,
+        };
         let bs = self.kv.block_size();
         let mut out = StepOutput::with_capacity(entries.len(), self.kv.groups().len(), bs);
         out.cross_groups = self.kv.cross_groups();
@@ -77,7 +86,7 @@ impl Scheduler {
                     // proposes the next drafts meanwhile.
                     r.num_output_placeholders +=
                         self.config.runner.sampled_tokens_per_step() + e.drafts.len();
-                    r.drafts = match self.config.num_speculative_tokens {
+                    r.drafts = match next_drafts {
                         0 => Drafts::None,
                         k => Drafts::Placeholders(k),
                     };

@@ -70,6 +70,7 @@ pub(super) fn config(s: Setup) -> SchedulerConfig {
         decode_stagger: 0,
         num_speculative_tokens: s.num_speculative_tokens,
         num_draft_slots: s.num_draft_slots,
+        drafts_by_batch_size: None,
         max_loras: s.max_loras,
         encoder: s.encoder,
         runner: s.runner,

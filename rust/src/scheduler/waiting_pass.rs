@@ -266,6 +266,7 @@ impl Scheduler {
         let k = c.num_speculative_tokens;
         let mut padded = false;
         if k > 0
+            && c.drafts_by_batch_size.is_none()
             && n == 1
             && !draft.running_prefill
             && (draft.running_scheduled || hit_tokens > 0)

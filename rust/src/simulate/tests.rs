@@ -24,6 +24,7 @@ fn config(async_scheduling: bool) -> SchedulerConfig {
         decode_stagger: 0,
         num_speculative_tokens: 0,
         num_draft_slots: 0,
+        drafts_by_batch_size: None,
         max_loras: None,
         encoder: None,
         runner: Runner::Generate,

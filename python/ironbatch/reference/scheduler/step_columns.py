@@ -23,6 +23,12 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
         s.sched_step_seq += 1
     assert total <= s.config.max_num_batched_tokens
     assert len(s.running) <= s.config.max_num_seqs
+    # The drafts the runner proposes after this step (async: each request
+    # scheduled waits for that many placeholders).
+    next_drafts = s.config.num_speculative_tokens
+    table = s.config.drafts_by_batch_size
+    if table is not None and 0 < len(entries) < len(table):
+        next_drafts = table[len(entries)]
     out = StepOutput.with_capacity(len(entries), total)
     for e in entries:
         r = s.requests[e.slot]
@@ -60,7 +66,7 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
                 # drafts meanwhile.
                 sampled = s.config.runner.sampled_tokens_per_step()
                 r.num_output_placeholders += sampled + len(e.drafts)
-                k = s.config.num_speculative_tokens
+                k = next_drafts
                 r.drafts = Drafts(placeholders=k) if k else NO_DRAFTS
                 if s.config.decode_stagger > 0:
                     r.next_decode_step = s.current_step + s.config.decode_stagger

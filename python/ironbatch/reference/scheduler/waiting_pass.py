@@ -229,6 +229,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     padded = False
     if (
         k > 0
+        and c.drafts_by_batch_size is None
         and n == 1
         and not draft.running_prefill
         and (draft.running_scheduled or hit_tokens > 0)
