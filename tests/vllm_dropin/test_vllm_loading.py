@@ -61,12 +61,13 @@ def test_scheduler_cls_as_a_class_object() -> None:
                     prompt_lookup_max=3,
                     prompt_lookup_min=1,
                 ),
-                "pipeline_parallel_size": 2,
+                "kv_layout": "gpt-oss",
+                "window": 19,
             },
-            "speculative decoding with pipeline parallelism",
+            "speculative decoding with window KV-cache groups",
         ),
     ],
-    ids=["speculation-with-pp"],
+    ids=["speculation-with-windows"],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unsupported_config_falls_back_to_vllm_and_says_why(
@@ -272,9 +273,7 @@ def test_gpu_ngram_speculation_keeps_the_drop_in(async_scheduling: bool) -> None
     assert type(s) is ironbatch.vllm.Scheduler
 
 
-@pytest.mark.parametrize(
-    "method", ["suffix", "dflash", "dspark", "custom_class", "extract_hidden_states"]
-)
+@pytest.mark.parametrize("method", ["suffix", "dflash", "dspark", "custom_class"])
 def test_unproven_speculative_methods_fall_back_and_say_which(
     method: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -83,10 +83,6 @@ def unsupported_config(
             "EAGLE's last-block drop (lookahead block hashes disabled)",
         ),
         (
-            spec is not None and pc.pipeline_parallel_size > 1,
-            "speculative decoding with pipeline parallelism",
-        ),
-        (
             c.kv_transfer_config is not None,
             c.kv_transfer_config is not None and unsupported_connector(c, kv_cache_config) or "",
         ),
