@@ -206,6 +206,29 @@ TABLE = [
         exercises=("spec_drafts",),
     ),
     Deployment(
+        # N-gram speculation beside pipeline parallelism (two stages).
+        "pipeline-parallel-2-ngram",
+        "llama-3.1-8b",
+        ["--pipeline-parallel-size", "2", "--speculative-config", SPEC_NGRAM],
+        {"pipeline_parallel_size": 2, "workers": 2, "num_speculative_tokens": 3},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
+        # Dynamic speculation lengths: 3 drafts for batches of up to 2, 1
+        # beyond (vLLM's ranges).
+        "ngram-dynamic-speculation",
+        "llama-3.1-8b",
+        [
+            "--speculative-config",
+            json.dumps(
+                json.loads(SPEC_NGRAM)
+                | {"num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 256, 1]]}
+            ),
+        ],
+        {"num_speculative_tokens": 3},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
         "eagle3-speculation",
         "llama-3.1-8b",
         ["--speculative-config", SPEC_EAGLE3],
