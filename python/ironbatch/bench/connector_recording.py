@@ -158,11 +158,16 @@ class RecordedConnector:
     """One seed's connector: how vLLM builds it, its load-failure policy,
     the share of requests that arrive with a remote prefill, and the worker."""
 
-    name: str  # informational, written to the header
     kv_transfer_config: KVTransferConfig
     policy: str
     worker: Any
     remote_prefill_share: float = 0.0
+
+    @property
+    def name(self) -> str:
+        """``NixlConnector (kv_consumer)``: informational, for the header."""
+        config = self.kv_transfer_config
+        return f"{config.kv_connector} ({config.kv_role})"
 
 
 def draw_connector(seed: int, name: str) -> RecordedConnector:
@@ -173,14 +178,12 @@ def draw_connector(seed: int, name: str) -> RecordedConnector:
     if name == "standin":
         shares = StandInShares.draw(rng)
         return RecordedConnector(
-            name="StandInKVConnector (kv_both)",
             kv_transfer_config=standin.kv_transfer_config(seed, policy, shares),
             policy=policy,
             worker=StandInReports(),
         )
     if name == "nixl":
         return RecordedConnector(
-            name="NixlConnector (kv_consumer)",
             kv_transfer_config=KVTransferConfig(
                 kv_connector="NixlConnector",
                 kv_role="kv_consumer",
@@ -194,7 +197,6 @@ def draw_connector(seed: int, name: str) -> RecordedConnector:
         )
     if name == "offloading":
         return RecordedConnector(
-            name="OffloadingConnector (kv_both)",
             kv_transfer_config=KVTransferConfig(
                 kv_connector="OffloadingConnector",
                 kv_role="kv_both",
