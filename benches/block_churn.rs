@@ -30,6 +30,7 @@ fn main() {
         enable_prefix_caching: true,
         num_lookahead_tokens: 0,
         num_hash_lookahead_tokens: 0,
+        drop_eagle_block: false,
         groups: vec![GroupSpec::FULL],
         sparse_retention: true,
     })

@@ -37,6 +37,7 @@ fn scheduler(running: usize) -> Scheduler {
         num_draft_slots: 0,
         drafts_by_batch_size: None,
         max_loras: None,
+        drafter_read_ahead: 0,
         encoder: None,
         runner: Runner::Generate,
         cache: KvCacheConfig::new(

@@ -306,6 +306,12 @@ def test_several_groups_refuse_a_hash_lookahead(backend: str) -> None:
         hybrid(backend, (FULL, SWA), num_hash_lookahead_tokens=1, num_speculative_tokens=1)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_several_groups_refuse_the_eagle_block_drop(backend: str) -> None:
+    with pytest.raises(ValueError, match="drop_eagle_block needs exactly one KV-cache group"):
+        hybrid(backend, (FULL, SWA), drop_eagle_block=True, num_speculative_tokens=1)
+
+
 def test_group_settings_are_checked() -> None:
     with pytest.raises(ValueError, match=r"KVCacheGroup.kind must be one of .*'sliding'"):
         KVCacheGroup("sliding", 4)

@@ -179,6 +179,17 @@ def random_config(rng: random.Random) -> dict:
         for key in ("num_speculative_tokens", "num_lookahead_tokens", "num_draft_slots"):
             config[key] = 0
         config["drafter_read_ahead"] = 0
+    # EAGLE's last-block drop (lookahead hashes off) in half the drafting
+    # workloads that hash without them, on one full-attention group.
+    drafting = config["num_speculative_tokens"] and not config["num_hash_lookahead_tokens"]
+    config["drop_eagle_block"] = (
+        bool(drafting) and config["kv_cache_groups"] is None and rng.random() < 0.5
+    )
+    # Multi-module MTP in some: the drafter reads k prompt tokens ahead, so
+    # no chunk ends within k of the prompt's end and k - 1 computed tokens
+    # stay out of the hash cache.
+    if config["num_speculative_tokens"] > 1 and rng.random() < 0.3:
+        config["drafter_read_ahead"] = config["num_speculative_tokens"]
     return config
 
 
@@ -498,6 +509,8 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         seen[state] = step
     assert not pair.rust.has_unfinished_requests(), "no progress"
     assert pair.rust.num_free_blocks == config["num_blocks"] - 1
+    pair.events["eagle_block_drop"] += config["drop_eagle_block"] and config["caching"]
+    pair.events["multi_module_drafter"] += config.get("drafter_read_ahead", 0) > 1
     if ec_connectors:
         core, twin = ec_connectors
         assert core.log == twin.log, "the encoder-cache connector was called differently"
@@ -570,6 +583,10 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     for what in ("ec_workloads", "ec_loaded", "ec_in_transit", "ec_allocated", "ec_freed"):
         needs[what] = workloads.scaled(6, WORKLOADS, FULL_WORKLOADS)
     needs["ec_finished"] = workloads.scaled(6, WORKLOADS, FULL_WORKLOADS)
+    # EAGLE's last-block drop and multi-module MTP's read-ahead (about one
+    # workload in ten each).
+    for what in ("eagle_block_drop", "multi_module_drafter"):
+        needs[what] = workloads.scaled(4, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():

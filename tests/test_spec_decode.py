@@ -111,6 +111,8 @@ DRAFTER_SETTINGS = [
     ({"num_hash_lookahead_tokens": 17}, "num_hash_lookahead_tokens"),
     ({"num_draft_slots": 3}, None),
     ({"num_draft_slots": 4}, "num_draft_slots"),
+    ({"drop_eagle_block": True}, None),
+    ({"drop_eagle_block": True, "num_hash_lookahead_tokens": 1}, "drop_eagle_block"),
 ]
 
 

@@ -450,6 +450,7 @@ class Scheduler:
         num_speculative_tokens: SupportsIndex | None = None,
         num_lookahead_tokens: SupportsIndex | None = None,
         num_hash_lookahead_tokens: SupportsIndex | None = None,
+        drop_eagle_block: bool = False,
         num_draft_slots: SupportsIndex | None = None,
         drafts_by_batch_size: Sequence[int] | None = None,
         kv_cache_groups: Sequence[tuple[str, int, int | None]] | None = None,
@@ -472,7 +473,11 @@ class Scheduler:
         the pool; None is one full-attention group, an empty list none (a
         model without a KV cache). ``sparse_retention``: sliding-window
         groups cache only the blocks a later request can resume from (vLLM's
-        default ``prefix_cache_retention_interval=0``). ``runner``:
+        default ``prefix_cache_retention_interval=0``).
+        ``drop_eagle_block``: a prefix hit gives up its last block (EAGLE
+        without lookahead hashes, §7.4). ``drafter_read_ahead``: prompt
+        tokens an EAGLE-style drafter reads past a step (vLLM's
+        ``num_prefill_lookahead_tokens``, §4.13). ``runner``:
         "generate", "pooling" or "encoder_only" (docs/scheduling.md §4.16,
         §4.18)."""
     def add_request(

@@ -78,6 +78,11 @@ class SchedulerConfig:
     num_lookahead_tokens: int = 0
     num_hash_lookahead_tokens: int = 0
     num_draft_slots: int = 0
+    # An EAGLE-style drafter without lookahead hashes (vLLM's
+    # use_eagle_block_drop, e.g. with disable_lookahead_block_hashes or a KV
+    # connector): a prefix hit gives up its last block, whose draft KV read
+    # a token the hit does not prove (docs/scheduling.md §7.4).
+    drop_eagle_block: bool = False
     # Dynamic speculation lengths (vLLM's num_speculative_tokens_per_batch_size,
     # docs/scheduling.md §4.13): entry b is how many drafts the runner proposes
     # after a step of b requests (entry 0 unused; max_num_seqs + 1 entries,
@@ -96,9 +101,12 @@ class SchedulerConfig:
     encoder_cache_size: int | None = None
     # Never split an item's placeholders across steps.
     disable_chunked_mm_input: bool = False
-    # Tokens past a step that an EAGLE-style drafter reads (vLLM's
-    # num_prefill_lookahead_tokens: 1 with such a drafter): the encoder
-    # inputs they fall in run in the step too.
+    # Prompt tokens past a step that an EAGLE-style drafter reads (vLLM's
+    # num_prefill_lookahead_tokens: 1 for EAGLE, EAGLE-3 and one MTP module,
+    # num_speculative_tokens for multi-module MTP): the encoder inputs they
+    # fall in run in the step too; above 1, no prefill chunk ends within
+    # that many tokens of the prompt's end, and the last drafter_read_ahead
+    # - 1 computed tokens are not hash cached (docs/scheduling.md §4.13).
     drafter_read_ahead: int = 0
     # What the model does with a step (vLLM's --runner): "generate" samples a
     # token per step; "pooling" (embedding and classification models) pools
@@ -142,6 +150,12 @@ class SchedulerConfig:
         _int("num_lookahead_tokens", self.num_lookahead_tokens, 0, self.max_model_len)
         _int("num_hash_lookahead_tokens", self.num_hash_lookahead_tokens, 0, MAX_BLOCK_SIZE)
         _int("num_draft_slots", self.num_draft_slots, 0, self.num_speculative_tokens)
+        _bool("drop_eagle_block", self.drop_eagle_block)
+        if self.drop_eagle_block and self.num_hash_lookahead_tokens:
+            raise ValueError(
+                "drop_eagle_block must be false with num_hash_lookahead_tokens above 0 "
+                "(lookahead hashes prove the token after a block)"
+            )
         if self.max_loras is not None:
             _int("max_loras", self.max_loras, 1, MAX_NUM_SEQS)
         if (self.encoder_compute_budget is None) != (self.encoder_cache_size is None):
@@ -153,7 +167,7 @@ class SchedulerConfig:
             _int("encoder_compute_budget", self.encoder_compute_budget, 1, MAX_NUM_BATCHED_TOKENS)
             _int("encoder_cache_size", self.encoder_cache_size, 1, MAX_MODEL_LEN)
         _bool("disable_chunked_mm_input", self.disable_chunked_mm_input)
-        _int("drafter_read_ahead", self.drafter_read_ahead, 0, 1)
+        _int("drafter_read_ahead", self.drafter_read_ahead, 0, max(self.num_speculative_tokens, 1))
         if self.runner not in RUNNERS:
             raise ValueError(f"runner must be one of {RUNNERS}, got {self.runner!r}")
         if self.runner != "generate" and self.num_speculative_tokens > 0:

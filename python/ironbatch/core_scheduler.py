@@ -77,6 +77,7 @@ class CoreScheduler:
             num_speculative_tokens=c.num_speculative_tokens,
             num_lookahead_tokens=c.num_lookahead_tokens,
             num_hash_lookahead_tokens=c.num_hash_lookahead_tokens,
+            drop_eagle_block=c.drop_eagle_block,
             num_draft_slots=c.num_draft_slots,
             drafts_by_batch_size=None
             if c.drafts_by_batch_size is None
@@ -90,7 +91,7 @@ class CoreScheduler:
             encoder_compute_budget=None if c.encoder is None else c.encoder.compute_budget,
             encoder_cache_size=None if c.encoder is None else c.encoder.cache_size,
             disable_chunked_mm_input=c.encoder is not None and c.encoder.disable_chunked_mm_input,
-            drafter_read_ahead=0 if c.encoder is None else c.encoder.drafter_read_ahead,
+            drafter_read_ahead=c.drafter_read_ahead,
             runner=c.runner.value,
         )
 

@@ -113,6 +113,14 @@ pub struct SchedulerConfig {
     /// §4.14); `None`: no cap (vLLM's scheduler without a LoRA config
     /// checks none; adapters still key the hashes).
     pub max_loras: Option<usize>,
+    /// Prompt tokens past a step's range that an EAGLE-style drafter reads
+    /// (vLLM's `num_prefill_lookahead_tokens`: 1 for EAGLE, EAGLE-3 and one
+    /// MTP module, `num_speculative_tokens` for multi-module MTP, else 0;
+    /// §4.13): the encoder inputs those fall in run in the step too; above
+    /// 1, no prefill chunk ends within this many tokens of the prompt's end,
+    /// and the last `drafter_read_ahead − 1` computed tokens are not hash
+    /// cached (the drafter may prefill them again).
+    pub drafter_read_ahead: usize,
     /// The encoder's limits, for a model that takes images or audio
     /// (§4.15); `None`: a text model, which refuses multimodal inputs.
     pub encoder: Option<EncoderConfig>,
@@ -130,10 +138,6 @@ pub struct EncoderConfig {
     pub cache_size: usize,
     /// Never split an item's placeholders across steps.
     pub disable_chunked_mm_input: bool,
-    /// Tokens past a step's range that an EAGLE-style drafter reads (vLLM's
-    /// `num_prefill_lookahead_tokens`: 1 for such a drafter, else 0): the
-    /// encoder inputs those fall in run in the step too.
-    pub drafter_read_ahead: usize,
 }
 
 fn invalid(msg: String) -> Result<(), Error> {
@@ -209,6 +213,14 @@ impl SchedulerConfig {
                 ));
             }
         }
+        // An EAGLE-style drafter reads one token ahead; multi-module MTP one
+        // per module.
+        check_range(
+            "drafter_read_ahead",
+            c.drafter_read_ahead,
+            0,
+            c.num_speculative_tokens.max(1),
+        )?;
         if let Some(max_loras) = c.max_loras {
             check_range("max_loras", max_loras, 1, MAX_NUM_SEQS)?;
         }
@@ -220,7 +232,6 @@ impl SchedulerConfig {
                 MAX_NUM_BATCHED_TOKENS,
             )?;
             check_range("encoder_cache_size", e.cache_size, 1, MAX_MODEL_LEN)?;
-            check_range("drafter_read_ahead", e.drafter_read_ahead, 0, 1)?;
         }
         if c.cache.has_cross_attention() && c.encoder.is_none() {
             // Cross-attention blocks are taken when the encoder input runs.

@@ -220,6 +220,11 @@ def speculation(rng: random.Random, pp: int) -> dict:
                 (1, small, k),
                 (small + 1, 64, dynamic.randint(1, k)),
             ]
+        # EAGLE's last-block drop in some EAGLE-style workloads (drawn
+        # apart): lookahead block hashes off, so a prefix hit gives up its
+        # last block instead.
+        if method in ("eagle", "eagle3", "mtp") and random.Random(rng.random()).random() < 0.4:
+            spec["disable_lookahead_block_hashes"] = True
         settings: dict = {"speculative_config": spec}
         if method == "mtp":
             settings.update(target="deepseek_mtp", mla=True)
@@ -736,6 +741,10 @@ def drawn_features(seed: int) -> Counter:
         drawn[f"speculation: {s['speculative_config']['method']}"] = True
         dynamic = "num_speculative_tokens_per_batch_size" in s["speculative_config"]
         drawn["dynamic speculation lengths"] = dynamic
+        drawn["EAGLE last-block drop"] = bool(
+            s["speculative_config"].get("disable_lookahead_block_hashes")
+            and s["enable_prefix_caching"]
+        )
     return Counter({f"feature: {k}": 1 for k, v in drawn.items() if v})
 
 
@@ -752,6 +761,7 @@ FEATURE_SHARES = {
     "feature: encoder only": 30,
     "feature: encoder-cache connector": 40,
     "feature: dynamic speculation lengths": 40,
+    "feature: EAGLE last-block drop": 40,
 }
 
 
@@ -773,6 +783,7 @@ FEATURES = [
     "feature: encoder-decoder",
     "feature: prompt embeddings",
     "feature: dynamic speculation lengths",
+    "feature: EAGLE last-block drop",
     "feature: sampling masks",
     "feature: pooling",
     "feature: no KV cache",

@@ -70,10 +70,6 @@ class EncoderConfig:
     cache_size: int
     #: Never split an item's placeholders across steps.
     disable_chunked_mm_input: bool = False
-    #: Tokens past a step's range that an EAGLE-style drafter reads (vLLM's
-    #: ``num_prefill_lookahead_tokens``: 1 for such a drafter, else 0): the
-    #: encoder inputs those fall in run in the step too.
-    drafter_read_ahead: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +124,9 @@ class SchedulerSettings:
     #: Tokens after each block that its hash covers (vLLM's
     #: ``num_hash_lookahead_tokens``, §7.4).
     num_hash_lookahead_tokens: int
+    #: A prefix hit gives up its last block (vLLM's EAGLE block drop
+    #: without lookahead hashes, §7.4).
+    drop_eagle_block: bool
     #: The KV-cache groups, in vLLM's order; one full-attention group for
     #: most models.
     kv_cache_groups: tuple[GroupSpec, ...] = (FULL,)
@@ -135,6 +134,14 @@ class SchedulerSettings:
     #: §4.14); None: no cap (vLLM's scheduler without a LoRA config checks
     #: none; adapters still key the hashes).
     max_loras: int | None = None
+    #: Prompt tokens past a step's range that an EAGLE-style drafter reads
+    #: (vLLM's ``num_prefill_lookahead_tokens``: 1 for EAGLE, EAGLE-3 and
+    #: one MTP module, ``num_speculative_tokens`` for multi-module MTP, else
+    #: 0; §4.13): the encoder inputs those fall in run in the step too;
+    #: above 1, no prefill chunk ends within this many tokens of the
+    #: prompt's end, and the last ``drafter_read_ahead - 1`` computed tokens
+    #: are not hash cached.
+    drafter_read_ahead: int = 0
     #: The encoder's limits, for a model that takes images or audio (§4.15);
     #: None: a text model, which refuses multimodal inputs.
     encoder: EncoderConfig | None = None
@@ -180,8 +187,10 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         enable_prefix_caching=cache_config.enable_prefix_caching,
         num_lookahead_tokens=getattr(c, "num_lookahead_tokens", 0),
         num_hash_lookahead_tokens=getattr(c, "num_hash_lookahead_tokens", 0),
+        drop_eagle_block=getattr(c, "drop_eagle_block", False),
         kv_cache_groups=group_specs(getattr(cache_config, "kv_cache_groups", None)),
         max_loras=getattr(c, "max_loras", None),
+        drafter_read_ahead=getattr(c, "drafter_read_ahead", 0),
         encoder=encoder_config(c),
         runner=runner_named(getattr(c, "runner", "generate")),
         sparse_retention=getattr(cache_config, "sparse_retention", True),
@@ -216,7 +225,6 @@ def encoder_config(c: Any) -> EncoderConfig | None:
         compute_budget=budget,
         cache_size=size,
         disable_chunked_mm_input=getattr(c, "disable_chunked_mm_input", False),
-        drafter_read_ahead=getattr(c, "drafter_read_ahead", 0),
     )
 
 
@@ -265,7 +273,12 @@ def validate(c: SchedulerSettings) -> None:
     check_range("num_blocks", c.num_blocks, 1 if not c.kv_cache_groups else 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", c.num_lookahead_tokens, 0, c.max_model_len)
     check_range("num_hash_lookahead_tokens", c.num_hash_lookahead_tokens, 0, c.block_size)
-    check_groups(c.kv_cache_groups, c.num_hash_lookahead_tokens, c.enable_prefix_caching)
+    check_groups(
+        c.kv_cache_groups,
+        c.num_hash_lookahead_tokens,
+        c.enable_prefix_caching,
+        c.drop_eagle_block,
+    )
     check_scheduler(c)
     check_range("max_num_scheduled_tokens", c.max_num_scheduled_tokens, 1, MAX_NUM_BATCHED_TOKENS)
     check_range("max_num_active_seqs", c.max_num_active_seqs, 1, c.max_num_seqs)
@@ -287,13 +300,14 @@ def validate(c: SchedulerSettings) -> None:
                     f"drafts_by_batch_size: {k} drafts is more than num_speculative_tokens "
                     f"({c.num_speculative_tokens})"
                 )
+    # An EAGLE-style drafter reads one token ahead; multi-module MTP one per module.
+    check_range("drafter_read_ahead", c.drafter_read_ahead, 0, max(c.num_speculative_tokens, 1))
     if c.max_loras is not None:
         check_range("max_loras", c.max_loras, 1, MAX_NUM_SEQS)
     if c.encoder is not None:
         e = c.encoder
         check_range("encoder_compute_budget", e.compute_budget, 1, MAX_NUM_BATCHED_TOKENS)
         check_range("encoder_cache_size", e.cache_size, 1, MAX_MODEL_LEN)
-        check_range("drafter_read_ahead", e.drafter_read_ahead, 0, 1)
     if any(g.kind.is_cross() for g in c.kv_cache_groups) and c.encoder is None:
         # Cross-attention blocks are taken when the encoder input runs.
         raise ValueError(

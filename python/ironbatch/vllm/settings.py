@@ -42,6 +42,7 @@ def core_scheduler(
             # it from the speculative config (docs/scheduling.md §4.13).
             num_lookahead_tokens=vllm_config.num_lookahead_tokens,
             num_hash_lookahead_tokens=vllm_config.num_hash_lookahead_tokens,
+            drop_eagle_block=drops_eagle_block(vllm_config),
             num_draft_slots=0 if spec is None else spec.max_num_new_slots_for_drafting,
             # Dynamic speculation lengths: vLLM's lookup, built as it builds it.
             drafts_by_batch_size=drafts_by_batch_size(vllm_config),
@@ -49,7 +50,7 @@ def core_scheduler(
             encoder_compute_budget=compute_budget,
             encoder_cache_size=cache_size,
             disable_chunked_mm_input=sc.disable_chunked_mm_input,
-            drafter_read_ahead=vllm_config.num_prefill_lookahead_tokens if compute_budget else 0,
+            drafter_read_ahead=vllm_config.num_prefill_lookahead_tokens,
             runner=runner(vllm_config),
         ),
         CacheConfig(
@@ -61,6 +62,20 @@ def core_scheduler(
             # blocks sparsely; None caches them all.
             sparse_retention=kv_cache_config.prefix_cache_retention_interval is not None,
         ),
+    )
+
+
+def drops_eagle_block(vllm_config: Any) -> bool:
+    """Whether a prefix hit gives up its last block (vLLM's scheduler hands
+    its KV-cache manager ``use_eagle_block_drop``, cleared by lookahead
+    hashes; docs/scheduling.md §7.4): an EAGLE-style drafter with prefix
+    caching and lookahead block hashes off, or beside a KV connector."""
+    spec = vllm_config.speculative_config
+    return (
+        spec is not None
+        and spec.use_eagle_block_drop()
+        and vllm_config.cache_config.enable_prefix_caching
+        and not vllm_config.num_hash_lookahead_tokens
     )
 
 

@@ -74,15 +74,6 @@ def unsupported_config(
             f"multi-module MTP (a prefill lookahead of {c.num_prefill_lookahead_tokens})",
         ),
         (
-            # EAGLE with prefix caching but without lookahead block hashes
-            # drops the last block of every prefix hit instead.
-            spec is not None
-            and spec.use_eagle_block_drop()
-            and c.cache_config.enable_prefix_caching
-            and not c.num_hash_lookahead_tokens,
-            "EAGLE's last-block drop (lookahead block hashes disabled)",
-        ),
-        (
             c.kv_transfer_config is not None,
             c.kv_transfer_config is not None and unsupported_connector(c, kv_cache_config) or "",
         ),

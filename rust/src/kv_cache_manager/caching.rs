@@ -55,6 +55,9 @@ impl KvCacheManager {
         seq: &Sequence,
         upto: usize,
     ) {
+        // Only tokens whose KV is final: multi-module MTP may prefill the
+        // last few again.
+        let upto = upto.saturating_sub(self.reprefillable);
         if upto < (table.num_cached + 1) * self.block_size {
             return; // no new full block: the common case, without a division
         }

@@ -25,6 +25,11 @@ pub struct KvCacheConfig {
     /// Tokens after each block that its hash covers (vLLM's
     /// `num_hash_lookahead_tokens`, §7.4); 0 otherwise.
     pub num_hash_lookahead_tokens: usize,
+    /// A prefix hit gives up its last block, which an EAGLE-style drafter
+    /// must recompute: its draft KV there read the token after the block,
+    /// which the hit does not prove (vLLM's `use_eagle_block_drop` without
+    /// lookahead hashes, §7.4).
+    pub drop_eagle_block: bool,
     /// The KV-cache groups, in vLLM's order (its layers' first appearance),
     /// all of `block_size` (§7.13); one full-attention group for most models,
     /// none for a model without a KV cache (§7.14).
@@ -50,6 +55,7 @@ impl KvCacheConfig {
             enable_prefix_caching,
             num_lookahead_tokens: 0,
             num_hash_lookahead_tokens: 0,
+            drop_eagle_block: false,
             groups: vec![GroupSpec::FULL],
             sparse_retention: true,
         }
@@ -115,6 +121,17 @@ impl KvCacheConfig {
             return Err(Error::invalid(
                 "kv_cache_groups[0] must be a decoder group: cross-attention groups \
                  follow the decoder's (as vLLM orders them)",
+            ));
+        }
+        if self.drop_eagle_block && self.num_hash_lookahead_tokens > 0 {
+            // Lookahead hashes prove the token after a block: nothing to drop.
+            return Err(Error::invalid(
+                "drop_eagle_block must be false with num_hash_lookahead_tokens above 0",
+            ));
+        }
+        if self.drop_eagle_block && self.groups.len() != 1 {
+            return Err(Error::invalid(
+                "drop_eagle_block needs exactly one KV-cache group",
             ));
         }
         if self.groups.len() > 1 && self.num_hash_lookahead_tokens > 0 {

@@ -44,7 +44,11 @@ pub struct KvCacheManager {
     lookup: Vec<LookupGroup>,
     /// One full-attention group: the common case, on the fast paths.
     single_full: bool,
+    drop_eagle_block: bool,
     sparse_retention: bool,
+    /// Computed tokens at a sequence's end that are not hash cached: a
+    /// multi-module drafter may prefill them again (§4.13).
+    reprefillable: usize,
     hasher: BlockHasher,
     stats: PrefixCacheStats,
 }
@@ -68,10 +72,20 @@ impl KvCacheManager {
             groups: config.groups.clone(),
             lookup: lookup_groups(&config.groups.iter().map(|g| g.kind).collect::<Vec<_>>()),
             single_full: config.groups.len() == 1 && config.groups[0].kind.is_full(),
+            drop_eagle_block: config.drop_eagle_block,
             sparse_retention: config.sparse_retention,
+            reprefillable: 0,
             hasher: hasher.with_lookahead(config.num_hash_lookahead_tokens),
             stats: PrefixCacheStats::default(),
         })
+    }
+
+    /// The same manager, leaving the last `tokens` computed tokens of each
+    /// sequence out of the hash cache (multi-module MTP's re-prefilled
+    /// tokens: its drafter's read-ahead less one, §4.13).
+    pub fn with_reprefillable_tokens(mut self, tokens: usize) -> Self {
+        self.reprefillable = tokens;
+        self
     }
 
     /// The hasher every request of this cache must use for its chain.
@@ -116,7 +130,12 @@ impl KvCacheManager {
             return PrefixHit::default();
         }
         if self.single_full {
-            let tokens = self.get_computed_blocks(seq, &mut hits[0]);
+            let mut tokens = self.get_computed_blocks(seq, &mut hits[0]);
+            if self.drop_eagle_block && tokens > 0 {
+                // The drafter recomputes the hit's last block (§7.4).
+                hits[0].pop();
+                tokens -= self.block_size;
+            }
             return PrefixHit {
                 tokens,
                 shared_prefix_boundary: 0,

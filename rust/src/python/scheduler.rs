@@ -210,7 +210,8 @@ impl PyScheduler {
                         block_size, enable_prefix_caching, async_scheduling,
                         prefill_schedule_interval, decode_stagger,
                         num_speculative_tokens=None, num_lookahead_tokens=None,
-                        num_hash_lookahead_tokens=None, num_draft_slots=None,
+                        num_hash_lookahead_tokens=None, drop_eagle_block=false,
+                        num_draft_slots=None,
                         drafts_by_batch_size=None,
                         kv_cache_groups=None, sparse_retention=true, max_loras=None,
                         encoder_compute_budget=None, encoder_cache_size=None,
@@ -238,6 +239,7 @@ impl PyScheduler {
         num_speculative_tokens: Option<&Bound<'_, PyAny>>,
         num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         num_hash_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+        drop_eagle_block: bool,
         num_draft_slots: Option<&Bound<'_, PyAny>>,
         drafts_by_batch_size: Option<Vec<usize>>,
         kv_cache_groups: Option<Vec<(String, usize, Option<usize>)>>,
@@ -269,7 +271,6 @@ impl PyScheduler {
                 compute_budget: count("encoder_compute_budget", budget)?,
                 cache_size: count("encoder_cache_size", size)?,
                 disable_chunked_mm_input,
-                drafter_read_ahead: optional("drafter_read_ahead", drafter_read_ahead)?,
             }),
             _ => {
                 return Err(PyValueError::new_err(
@@ -303,6 +304,7 @@ impl PyScheduler {
             num_draft_slots: optional("num_draft_slots", num_draft_slots)?,
             drafts_by_batch_size,
             max_loras: max_loras.map(|v| count("max_loras", v)).transpose()?,
+            drafter_read_ahead: optional("drafter_read_ahead", drafter_read_ahead)?,
             encoder,
             runner: runner_named(runner)?,
             cache: KvCacheConfig {
@@ -315,6 +317,7 @@ impl PyScheduler {
                     "num_hash_lookahead_tokens",
                     num_hash_lookahead_tokens,
                 )?,
+                drop_eagle_block,
                 groups,
                 sparse_retention,
             },

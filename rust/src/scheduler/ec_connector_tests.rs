@@ -23,7 +23,6 @@ fn with_connector(items: &[&str], compute: usize) -> (Scheduler, Log, InTransit)
             compute_budget: compute,
             cache_size: 1000,
             disable_chunked_mm_input: false,
-            drafter_read_ahead: 0,
         }),
         ..Setup::default()
     });

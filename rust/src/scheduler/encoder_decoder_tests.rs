@@ -28,7 +28,6 @@ fn whisper(num_blocks: usize, compute: usize, cache: usize) -> Scheduler {
             compute_budget: compute,
             cache_size: cache,
             disable_chunked_mm_input: true,
-            drafter_read_ahead: 0,
         }),
         ..Setup::default()
     });
@@ -220,7 +219,6 @@ fn bad_encoder_decoder_setups_are_refused() {
                 compute_budget: 64,
                 cache_size: 64,
                 disable_chunked_mm_input: true,
-                drafter_read_ahead: 0,
             }),
             ..Setup::default()
         });

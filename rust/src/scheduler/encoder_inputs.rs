@@ -69,7 +69,7 @@ impl Scheduler {
         if n == 0 || inputs.is_empty() {
             return plan;
         }
-        let shift = encoder.drafter_read_ahead;
+        let shift = self.config.drafter_read_ahead;
         let window_end = computed + n + shift;
         let mut budget = draft.encoder_budget;
         let connector = &mut self.ec_connector;

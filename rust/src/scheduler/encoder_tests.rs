@@ -16,7 +16,6 @@ fn with_encoder(budget: usize, compute: usize, cache: usize, whole: bool) -> Sch
             compute_budget: compute,
             cache_size: cache,
             disable_chunked_mm_input: whole,
-            drafter_read_ahead: 0,
         }),
         ..Setup::default()
     })
@@ -153,7 +152,6 @@ fn a_full_cache_of_referenced_entries_makes_the_request_wait() {
             compute_budget: 100,
             cache_size: 30,
             disable_chunked_mm_input: false,
-            drafter_read_ahead: 0,
         }),
         ..Setup::default()
     });

@@ -21,6 +21,7 @@ mod kv_load_failure;
 mod kv_transfer;
 mod pooler_output;
 mod preemption;
+mod prefill_lookahead;
 mod read_ahead;
 mod running_pass;
 mod session;
@@ -244,7 +245,8 @@ impl Scheduler {
     /// A scheduler over a fresh KV cache.
     pub fn new(config: SchedulerConfig) -> Result<Self, Error> {
         config.validate()?;
-        let kv = KvCacheManager::new(&config.cache)?;
+        let kv = KvCacheManager::new(&config.cache)?
+            .with_reprefillable_tokens(config.drafter_read_ahead.saturating_sub(1));
         let num_groups = config.cache.groups.len();
         let queue = || match config.policy {
             Policy::Fcfs => WaitingQueue::Fcfs(VecDeque::new()),

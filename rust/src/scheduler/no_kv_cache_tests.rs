@@ -46,7 +46,6 @@ fn encoder_only(chunked: bool) -> Scheduler {
             compute_budget: 24,
             cache_size: 48,
             disable_chunked_mm_input: false,
-            drafter_read_ahead: 0,
         }),
         ..Setup::default()
     });

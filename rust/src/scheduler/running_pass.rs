@@ -66,7 +66,8 @@ impl Scheduler {
             let computed = self.requests[slot].seq.num_computed_tokens;
             // Cut before an image the encoder cannot run this step (§4.15).
             let plan = self.plan_encoder_inputs(slot, computed, n, draft);
-            let n = plan.num_tokens;
+            // Nor within a multi-module drafter's read-ahead of the prompt's end.
+            let n = self.reserve_prefill_lookahead(slot, computed, plan.num_tokens);
             if n == 0 {
                 i += 1;
                 continue;

@@ -197,6 +197,36 @@ fn a_lookahead_hash_needs_the_next_token_to_match_too() {
 }
 
 #[test]
+fn without_lookahead_hashes_a_hit_drops_its_last_block() {
+    // `b` repeats `a`'s first 40 tokens: two whole blocks cached, one
+    // kept once the drafter's block is dropped; none from a one-block hit.
+    let hit = |drop_eagle_block: bool, shared: u32| {
+        let mut s = scheduler(Setup {
+            num_speculative_tokens: 1,
+            drop_eagle_block,
+            ..Setup::default()
+        });
+        add(&mut s, "a", 1..=40);
+        let out = s.schedule();
+        let (t, o) = sampled(&s, &out, |_| Some(50));
+        s.update_from_output(&out, &t, &o).unwrap();
+        let mut b: Vec<u32> = (1..=shared).collect();
+        b.extend(100..120);
+        let mut r = super::tests::new_request("b", b, 4);
+        r.arrival_time = 1.0;
+        s.add_request(r).unwrap();
+        let out = s.schedule();
+        (
+            out.entries[1].num_computed_tokens,
+            out.block_ids_of(1).len(),
+        )
+    };
+    assert_eq!(hit(false, 40), (32, 4));
+    assert_eq!(hit(true, 40), (16, 4));
+    assert_eq!(hit(true, 20), (0, 3));
+}
+
+#[test]
 fn drafting_slots_come_out_of_the_input_budget_only() {
     let mut s = scheduler(Setup {
         budget: 12,
@@ -236,4 +266,55 @@ fn drafts_are_needed_unless_every_request_is_a_chunk_or_at_its_last_token() {
     s.add_request(r).unwrap();
     let out = s.schedule();
     assert!(out.entries.len() == 2 && out.drafts_needed);
+}
+
+#[test]
+fn a_prefill_chunk_leaves_a_multi_module_drafter_its_read_ahead() {
+    // A 20-token prompt under an 18-token budget: with three modules the
+    // chunk stops 3 short of the end (17), with one it takes the 18.
+    let chunks = |drafter_read_ahead: usize| {
+        let mut s = scheduler(Setup {
+            budget: 18,
+            max_num_seqs: 4,
+            num_speculative_tokens: 3,
+            drafter_read_ahead,
+            ..Setup::default()
+        });
+        add(&mut s, "a", 1..=20);
+        let first = s.schedule();
+        let (t, o) = sampled(&s, &first, |_| None);
+        s.update_from_output(&first, &t, &o).unwrap();
+        (
+            first.entries[0].num_tokens,
+            s.schedule().entries[0].num_tokens,
+        )
+    };
+    assert_eq!(chunks(1), (18, 2));
+    assert_eq!(chunks(3), (17, 3));
+}
+
+#[test]
+fn a_multi_module_drafters_last_tokens_are_not_hash_cached() {
+    // `a` computes 33 tokens and ends: two full blocks, but with three
+    // modules the last two tokens may be prefilled again, so only the first
+    // is cached.
+    let hit = |drafter_read_ahead: usize| {
+        let mut s = scheduler(Setup {
+            num_speculative_tokens: 3,
+            drafter_read_ahead,
+            ..Setup::default()
+        });
+        s.add_request(super::tests::new_request("a", (1..=33).collect(), 1))
+            .unwrap();
+        let out = s.schedule();
+        let (t, o) = sampled(&s, &out, |_| Some(50));
+        s.update_from_output(&out, &t, &o).unwrap();
+        let mut b: Vec<u32> = (1..=33).collect();
+        b.extend(100..120);
+        let mut r = super::tests::new_request("b", b, 4);
+        r.arrival_time = 1.0;
+        s.add_request(r).unwrap();
+        s.schedule().entries[0].num_computed_tokens
+    };
+    assert_eq!((hit(1), hit(3)), (32, 16));
 }

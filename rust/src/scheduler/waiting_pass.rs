@@ -289,10 +289,11 @@ impl Scheduler {
         n = n.min(budget);
         // Cut before an image the encoder cannot run this step.
         let plan = self.plan_encoder_inputs(slot, hit_tokens, n, draft);
-        if plan.num_tokens == 0 {
+        // Nor within a multi-module drafter's read-ahead of the prompt's end.
+        let n = self.reserve_prefill_lookahead(slot, hit_tokens, plan.num_tokens);
+        if n == 0 {
             return Admit::Skipped;
         }
-        let n = plan.num_tokens;
         let r = &mut self.requests[slot];
         // A session's computed tokens are in its table already.
         let (new_hit_tokens, first) = if lookup {

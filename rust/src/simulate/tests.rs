@@ -26,6 +26,7 @@ fn config(async_scheduling: bool) -> SchedulerConfig {
         num_draft_slots: 0,
         drafts_by_batch_size: None,
         max_loras: None,
+        drafter_read_ahead: 0,
         encoder: None,
         runner: Runner::Generate,
         cache: KvCacheConfig {
@@ -35,6 +36,7 @@ fn config(async_scheduling: bool) -> SchedulerConfig {
             enable_prefix_caching: true,
             num_lookahead_tokens: 0,
             num_hash_lookahead_tokens: 0,
+            drop_eagle_block: false,
             groups: vec![GroupSpec::FULL],
             sparse_retention: true,
         },

@@ -48,6 +48,7 @@ class KvCacheManager:
         *,
         num_lookahead_tokens: int = 0,
         num_hash_lookahead_tokens: int = 0,
+        drop_eagle_block: bool = False,
         groups: Seq[GroupSpec] = (FULL,),
         sparse_retention: bool = True,
     ) -> None:
@@ -56,7 +57,9 @@ class KvCacheManager:
         ``num_lookahead_tokens`` KV slots are reserved past each
         allocation's tokens (an EAGLE, MTP or draft-model drafter writes
         there); each block's hash covers ``num_hash_lookahead_tokens``
-        tokens after it (docs/scheduling.md §7.4). ``groups`` are the
+        tokens after it (docs/scheduling.md §7.4); without them, under
+        ``drop_eagle_block`` a hit gives up its last block, which an
+        EAGLE-style drafter recomputes. ``groups`` are the
         KV-cache groups in vLLM's order (its layers' first appearance), all
         of ``block_size``; under ``sparse_retention`` (vLLM's default
         ``prefix_cache_retention_interval = 0``) sliding-window groups cache
@@ -69,6 +72,7 @@ class KvCacheManager:
             num_hash_lookahead_tokens,
             groups,
             enable_prefix_caching,
+            drop_eagle_block,
         )
         self._pool = BlockPool(num_blocks)
         self._block_size = block_size
@@ -80,10 +84,21 @@ class KvCacheManager:
         self._lookup = lookup_groups([g.kind for g in self._groups])
         #: One full-attention group: the common case, on the fast paths.
         self._single_full = len(self._groups) == 1 and self._groups[0].kind.is_full()
+        self._drop_eagle_block = bool(drop_eagle_block)
         self._sparse_retention = bool(sparse_retention)
+        #: Computed tokens at a sequence's end that are not hash cached: a
+        #: multi-module drafter may prefill them again (§4.13).
+        self._reprefillable = 0
         hasher = BlockHasher() if hasher is None else hasher
         self._hasher = hasher.with_lookahead(num_hash_lookahead_tokens)
         self._stats = PrefixCacheStats()
+
+    def with_reprefillable_tokens(self, tokens: int) -> KvCacheManager:
+        """The same manager, leaving the last ``tokens`` computed tokens of
+        each sequence out of the hash cache (multi-module MTP's re-prefilled
+        tokens: its drafter's read-ahead less one, §4.13)."""
+        self._reprefillable = tokens
+        return self
 
     @property
     def hasher(self) -> BlockHasher:
@@ -153,6 +168,10 @@ class KvCacheManager:
             return PrefixHit(blocks=[[] for _ in range(num_groups)])
         if self._single_full:
             hits, tokens = self.get_computed_blocks(seq)
+            if self._drop_eagle_block and tokens > 0:
+                # The drafter recomputes the hit's last block (§7.4).
+                hits.pop()
+                tokens -= self._block_size
             return PrefixHit(tokens, 0, [hits])
         return find_longest_hit(
             self._pool,

@@ -52,6 +52,9 @@ def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, up
     a window group under sparse retention, those no later request could
     resume from."""
     bs = m._block_size
+    # Only tokens whose KV is final: multi-module MTP may prefill the last
+    # few again.
+    upto = max(upto - m._reprefillable, 0)
     if upto < (table.num_cached + 1) * bs:
         return  # no new full block: the common case
     hashes = seq.block_hashes

@@ -29,6 +29,7 @@ def validate(
     num_hash_lookahead_tokens: int,
     groups: Seq[GroupSpec],
     enable_prefix_caching: bool,
+    drop_eagle_block: bool = False,
 ) -> None:
     """Check every setting of a ``KvCacheManager``, naming the first bad one."""
     check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
@@ -38,16 +39,20 @@ def validate(
     check_range("num_lookahead_tokens", num_lookahead_tokens, 0, max_model_len)
     # A block's hash covers at most the next block.
     check_range("num_hash_lookahead_tokens", num_hash_lookahead_tokens, 0, block_size)
-    check_groups(groups, num_hash_lookahead_tokens, enable_prefix_caching)
+    check_groups(groups, num_hash_lookahead_tokens, enable_prefix_caching, drop_eagle_block)
 
 
 def check_groups(
-    groups: Seq[GroupSpec], num_hash_lookahead_tokens: int, enable_prefix_caching: bool
+    groups: Seq[GroupSpec],
+    num_hash_lookahead_tokens: int,
+    enable_prefix_caching: bool,
+    drop_eagle_block: bool = False,
 ) -> None:
     """The KV-cache groups' rules, after the cache's sizes (the core's
     ``KvCacheConfig::validate`` order): how many, each window and chunk in
     range, cross-attention without prefix caching and after a decoder
-    group, and no hash lookahead across several groups."""
+    group, EAGLE's last-block drop without lookahead hashes on one group,
+    and no hash lookahead across several groups."""
     check_range("kv_cache_groups", len(groups), 0, MAX_KV_CACHE_GROUPS)
     if not groups and enable_prefix_caching:
         # Nothing to cache; vLLM turns prefix caching off for such a model
@@ -73,5 +78,10 @@ def check_groups(
             "kv_cache_groups[0] must be a decoder group: cross-attention groups follow the "
             "decoder's (as vLLM orders them)"
         )
+    if drop_eagle_block and num_hash_lookahead_tokens > 0:
+        # Lookahead hashes prove the token after a block: nothing to drop.
+        raise ValueError("drop_eagle_block must be false with num_hash_lookahead_tokens above 0")
+    if drop_eagle_block and len(groups) != 1:
+        raise ValueError("drop_eagle_block needs exactly one KV-cache group")
     if len(groups) > 1 and num_hash_lookahead_tokens > 0:
         raise ValueError("num_hash_lookahead_tokens must be 0 with several KV-cache groups")

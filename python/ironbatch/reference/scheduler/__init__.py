@@ -188,9 +188,10 @@ class Scheduler:
             c.enable_prefix_caching,
             num_lookahead_tokens=c.num_lookahead_tokens,
             num_hash_lookahead_tokens=c.num_hash_lookahead_tokens,
+            drop_eagle_block=c.drop_eagle_block,
             groups=c.kv_cache_groups,
             sparse_retention=c.sparse_retention,
-        )
+        ).with_reprefillable_tokens(max(c.drafter_read_ahead - 1, 0))
         self.requests: Slab[Request] = Slab()
         self.ids: dict[str, int] = {}
         self.waiting_queue = WaitingQueue(self.policy)

@@ -66,7 +66,7 @@ def plan_encoder_inputs(
     encoder = s.config.encoder
     if encoder is None or n == 0 or not inputs:
         return plan
-    shift = encoder.drafter_read_ahead
+    shift = s.config.drafter_read_ahead
     window_end = computed + n + shift
     budget = draft.encoder_budget
     cache = s.encoder

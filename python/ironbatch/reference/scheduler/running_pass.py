@@ -15,6 +15,7 @@ from ironbatch.reference.scheduler.ec_transfer import ec_transfer_pending
 from ironbatch.reference.scheduler.encoder_inputs import commit_encoder_plan, plan_encoder_inputs
 from ironbatch.reference.scheduler.kv_transfer import connector_frees_pending
 from ironbatch.reference.scheduler.preemption import preempt, take_victim, victim_of
+from ironbatch.reference.scheduler.prefill_lookahead import reserve_prefill_lookahead
 from ironbatch.reference.scheduler_config import Policy
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
 from ironbatch.reference.step import Kind, StepEntry
@@ -67,7 +68,8 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
         computed = s.requests[slot].seq.num_computed_tokens
         # Cut before an image the encoder cannot run this step (§4.15).
         plan = plan_encoder_inputs(s, slot, computed, n, draft)
-        n = plan.num_tokens
+        # Nor within a multi-module drafter's read-ahead of the prompt's end.
+        n = reserve_prefill_lookahead(s, slot, computed, plan.num_tokens)
         if n == 0:
             i += 1
             continue

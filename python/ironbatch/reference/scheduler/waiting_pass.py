@@ -30,6 +30,7 @@ from ironbatch.reference.scheduler.kv_transfer import (
     reserved_for_inflight_prefills,
     settle_load,
 )
+from ironbatch.reference.scheduler.prefill_lookahead import reserve_prefill_lookahead
 from ironbatch.reference.scheduler.running_pass import entry
 from ironbatch.reference.scheduler_config import Runner
 from ironbatch.reference.spec_decode import Drafts
@@ -248,9 +249,10 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     n = min(n, budget)
     # Cut before an image the encoder cannot run this step.
     plan = plan_encoder_inputs(s, slot, hit_tokens, n, draft)
-    if plan.num_tokens == 0:
+    # Nor within a multi-module drafter's read-ahead of the prompt's end.
+    n = reserve_prefill_lookahead(s, slot, hit_tokens, plan.num_tokens)
+    if n == 0:
         return Admit.SKIPPED
-    n = plan.num_tokens
     # A session's computed tokens are in its table already.
     new_hit_tokens, first = (local_tokens, num_hit_blocks) if lookup else (0, r.num_cached_blocks())
     grown = s.kv.allocate(
