@@ -34,6 +34,10 @@ pub(super) struct EncoderPlan {
     pub num_embeds: usize,
     /// Embeddings the connector's inputs take in the cache.
     pub num_external_embeds: usize,
+    /// The step's encoder budget when planned: committing sets the budget
+    /// to it less `num_embeds` (vLLM's `new_encoder_compute_budget`), so a
+    /// refund from a victim preempted meanwhile is lost, as in vLLM.
+    pub budget_at_plan: usize,
 }
 
 /// A request's encoder inputs run this step.
@@ -60,6 +64,7 @@ impl Scheduler {
     ) -> EncoderPlan {
         let mut plan = EncoderPlan {
             num_tokens: n,
+            budget_at_plan: draft.encoder_budget,
             ..Default::default()
         };
         let inputs = &self.requests[slot].mm_inputs;
@@ -173,7 +178,7 @@ impl Scheduler {
             }
         }
         if !plan.scheduled.is_empty() {
-            draft.encoder_budget -= plan.num_embeds;
+            draft.encoder_budget = plan.budget_at_plan - plan.num_embeds;
             draft.encoder_inputs.push(ScheduledEncoderInputs {
                 slot,
                 input_ids: plan.scheduled.to_vec(),

@@ -263,3 +263,57 @@ fn a_session_chunk_image_past_the_chunk_is_refused_and_changes_nothing() {
     assert!(s.request(slot).unwrap().mm_inputs.is_empty());
     assert_eq!(step(&mut s).rows, [row("s", 8, &[])]);
 }
+
+#[test]
+fn a_victims_encoder_budget_is_lost_when_its_preempter_runs_an_image() {
+    // Under priority, A's allocation preempts V, scheduled earlier in the
+    // step with an image: V's budget comes back, but A then commits the
+    // budget it planned with (vLLM's `new_encoder_compute_budget`), so C's
+    // 15-embedding image finds 10 left, not 20, and C waits.
+    let mut s = scheduler(Setup {
+        num_blocks: 9, // 8 usable blocks of 16
+        budget: 200,
+        max_num_seqs: 8,
+        threshold: 20,
+        policy: crate::scheduler_config::Policy::Priority,
+        encoder: Some(EncoderConfig {
+            compute_budget: 30,
+            cache_size: 1000,
+            disable_chunked_mm_input: false,
+        }),
+        ..Setup::default()
+    });
+    let add =
+        |s: &mut Scheduler, id: &str, len: u32, arrival: f64, images: &[(usize, usize, &str)]| {
+            let priority = if id == "V" { 1 } else { 0 };
+            let mut r = new_request(
+                id,
+                (0..len).map(|t| t + 1000 * arrival as u32).collect(),
+                40,
+            );
+            r.priority = priority;
+            r.arrival_time = arrival;
+            r.mm_inputs = images
+                .iter()
+                .map(|&(offset, length, identifier)| {
+                    MultimodalInput::new(offset, length, identifier)
+                })
+                .collect();
+            s.add_request(r).unwrap();
+        };
+    add(&mut s, "V", 60, 1.0, &[(20, 10, "v0"), (40, 10, "v1")]);
+    // F, done in one step, only keeps V's first chunk at the threshold.
+    let mut f = new_request("F", vec![7, 8], 1);
+    f.priority = 2;
+    s.add_request(f).unwrap();
+    assert_eq!(step(&mut s).rows, [row("V", 20, &[]), row("F", 2, &[])]);
+    add(&mut s, "A", 60, 2.0, &[(20, 10, "a0")]);
+    add(&mut s, "C", 40, 3.0, &[(20, 15, "c0")]);
+    let second = step(&mut s).rows;
+    assert_eq!(
+        second,
+        [row("V", 20, &[0]), row("A", 20, &[]), row("C", 20, &[])]
+    );
+    // V (4 blocks) is preempted for A's third block; C's image does not fit.
+    assert_eq!(step(&mut s).rows, [row("A", 20, &[0])]);
+}

@@ -41,6 +41,10 @@ class EncoderPlan:
     num_embeds: int = 0
     #: Embeddings the connector's inputs take in the cache.
     num_external_embeds: int = 0
+    #: The step's encoder budget when planned: committing sets the budget to
+    #: it less ``num_embeds`` (vLLM's ``new_encoder_compute_budget``), so a
+    #: refund from a victim preempted meanwhile is lost, as in vLLM.
+    budget_at_plan: int = 0
 
 
 @dataclass
@@ -61,7 +65,7 @@ def plan_encoder_inputs(
     scheduled (as in vLLM). An identifier the cache holds with another
     number of embeddings (a client reusing an id for other content)
     schedules nothing and ends the request with an error."""
-    plan = EncoderPlan(num_tokens=n)
+    plan = EncoderPlan(num_tokens=n, budget_at_plan=draft.encoder_budget)
     inputs = s.requests[slot].mm_inputs
     encoder = s.config.encoder
     if encoder is None or n == 0 or not inputs:
@@ -151,7 +155,7 @@ def commit_encoder_plan(s: Scheduler, slot: int, plan: EncoderPlan, draft: StepD
         for id in plan.duplicates:
             cache.reference_cached(slot, inputs, id)
     if plan.scheduled:
-        draft.encoder_budget -= plan.num_embeds
+        draft.encoder_budget = plan.budget_at_plan - plan.num_embeds
         draft.encoder_inputs.append(ScheduledEncoderInputs(slot, list(plan.scheduled)))
 
 
