@@ -33,6 +33,7 @@ fn main() {
         drop_eagle_block: false,
         groups: vec![GroupSpec::FULL],
         sparse_retention: true,
+        retention_interval: 0,
     })
     .expect("a valid cache");
     let mut buffer = vec![1u64; evict_mib * 1024 * 1024 / 8];

@@ -285,6 +285,8 @@ def record(
             raise RuntimeError(f"vLLM built {groups} for {hybrid}")
         cfg["kv_cache_groups"] = group_records(groups)
         cfg["sparse_retention"] = sched.kv_cache_config.prefix_cache_retention_interval is not None
+        if sched.kv_cache_config.prefix_cache_retention_interval:
+            cfg["retention_interval"] = sched.kv_cache_config.prefix_cache_retention_interval
         # A request must fit the cache alone, a table in every group, or
         # vLLM preempts it for itself forever.
         capacity = (cfg["num_blocks"] - 1) // len(groups) * cfg["block_size"]
@@ -595,6 +597,8 @@ def describe_layout(header: dict[str, Any]) -> str:
     kinds = [g for g in config["kv_cache_groups"] if g["kind"] != "full"]
     window = f"{kinds[0]['kind']} {kinds[0]['size']} (cap {kinds[0].get('admission_cap_blocks')})"
     retention = "sparse" if config["sparse_retention"] else "dense"
+    if config.get("retention_interval"):
+        retention += f" every {config['retention_interval']} tokens"
     caching = "prefix caching" if config["enable_prefix_caching"] else "no prefix caching"
     return f"{header['kv_layout']}, {window}, {retention}, {caching}"
 

@@ -28,6 +28,7 @@ def make(
     caching: bool = True,
     kv_cache_groups: tuple[KVCacheGroup, ...] | None = None,
     sparse_retention: bool = True,
+    retention_interval: int = 0,
     **sched: Any,
 ) -> Scheduler:
     sched.setdefault("max_model_len", 2048)
@@ -39,6 +40,7 @@ def make(
             enable_prefix_caching=caching,
             kv_cache_groups=kv_cache_groups,
             sparse_retention=sparse_retention,
+            retention_interval=retention_interval,
         ),
         backend=backend,
     )
@@ -109,11 +111,12 @@ def step(s: Scheduler, tokens: int | Mapping[str, int] = 100) -> tuple[Any, list
 
 def kv_events(s: Any) -> list[tuple[Any, ...]]:
     """KV-cache events of the core (``CoreScheduler``) or the twin, as
-    (kind, slot, first block, block ids or count)."""
+    (kind, slot, first block, block ids or count), a store with its group
+    last."""
     out = []
     for e in s.take_kv_events():
         if isinstance(e, reference.kv_events.Stored):
-            out.append(("stored", e.owner, e.first_block, e.block_ids))
+            out.append(("stored", e.owner, e.first_block, e.block_ids, e.group))
         elif isinstance(e, reference.kv_events.Hit):
             out.append(("hit", e.owner, 0, e.num_blocks))
         elif isinstance(e, reference.kv_events.Removed):
@@ -125,7 +128,7 @@ def kv_events(s: Any) -> list[tuple[Any, ...]]:
         elif isinstance(e, reference.kv_events.Accessed):
             out.append(("accessed", None, 0, e.block_id))
         elif e.kind == "stored":
-            out.append(("stored", e.slot, e.first_block, e.block_ids))
+            out.append(("stored", e.slot, e.first_block, e.block_ids, e.group))
         elif e.kind == "hit":
             out.append(("hit", e.slot, 0, e.num_blocks))
         elif e.kind in ("removed", "allocated", "accessed"):

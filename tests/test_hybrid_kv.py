@@ -301,9 +301,27 @@ def test_admission_cap_bounds_the_whole_prompt_check(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_several_groups_refuse_a_hash_lookahead(backend: str) -> None:
-    with pytest.raises(ValueError, match="num_hash_lookahead_tokens must be 0 with several"):
-        hybrid(backend, (FULL, SWA), num_hash_lookahead_tokens=1, num_speculative_tokens=1)
+def test_a_lookahead_hash_keys_every_groups_blocks(backend: str) -> None:
+    """With an EAGLE drafter's lookahead hashes (vLLM's default beside
+    window groups), a block hits in every group only when the token after
+    it matches too: B shares A's first 64 tokens (three blocks hit), or
+    those and the 65th (four)."""
+
+    def hit(shared: int) -> int:
+        s = hybrid(
+            backend,
+            (FULL, KVCacheGroup("sliding_window", 20)),
+            num_hash_lookahead_tokens=1,
+            num_speculative_tokens=1,
+            sparse_retention=False,
+        )
+        s.add_request(req("A", PROMPT[:80], max_tokens=1, ignore_eos=True))
+        out = s.schedule()
+        s.update_from_output(out, {"A": [7]})
+        s.add_request(req("B", PROMPT[:shared] + [5] * (80 - shared), max_tokens=1))
+        return int(s.schedule().num_computed_tokens[0])
+
+    assert (hit(64), hit(65)) == (48, 64)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -73,14 +73,14 @@ def test_events_follow_caching_eviction_lookups_and_resets(backend: str) -> None
     s.enable_kv_events()
     a = add(s, "a", list(range(3, 35)))
     step(s)  # 32 prompt tokens: two full blocks, cached when allocated
-    assert kv_events(s) == [("stored", a, 0, [1, 2])]
+    assert kv_events(s) == [("stored", a, 0, [1, 2], 0)]
     step(s)  # its first output starts block 3: nothing full yet
     assert kv_events(s) == []
     # Freed last block first: unhashed 3 to the head, cached 2 and 1 to the tail.
     finish(s, ["a"])
     b = add(s, "b", list(range(60, 124)))
     step(s)  # four blocks from [3, 4, 5, 2, 1]: reusing 2 evicts it
-    assert kv_events(s) == [("removed", None, 0, 2), ("stored", b, 0, [3, 4, 5, 2])]
+    assert kv_events(s) == [("removed", None, 0, 2), ("stored", b, 0, [3, 4, 5, 2], 0)]
     c = add(s, "c", list(range(60, 124)), report_hits=True)
     s.schedule()  # b's next block evicts 1; c finds 3 blocks but no room
     assert kv_events(s) == [("removed", None, 0, 1), ("hit", c, 0, 3)]

@@ -98,8 +98,7 @@ def random_config(rng: random.Random) -> dict:
         # A drafter with its own forward pass (EAGLE, MTP, draft models):
         # lookahead KV slots, hashes over the next token, input slots.
         num_lookahead_tokens=rng.choice([0, k]),
-        # (A hash over the next token spans groups: one group only.)
-        num_hash_lookahead_tokens=rng.choice([0, min(1, k), min(k, bs)]) if groups is None else 0,
+        num_hash_lookahead_tokens=rng.choice([0, min(1, k), min(k, bs)]),
         num_draft_slots=rng.choice([0, 0, min(1, k), k]),
         kv_cache_groups=groups,
         sparse_retention=rng.random() < 0.7,
@@ -185,6 +184,11 @@ def random_config(rng: random.Random) -> dict:
     config["drop_eagle_block"] = (
         bool(drafting) and config["kv_cache_groups"] is None and rng.random() < 0.5
     )
+    # A retention interval in some sparse workloads with a sliding window:
+    # each segment of 1 to 8 blocks keeps its tail too.
+    windowed = any(g.kind == "sliding_window" for g in config["kv_cache_groups"] or ())
+    if windowed and config["sparse_retention"] and rng.random() < 0.4:
+        config["retention_interval"] = bs * rng.choice([1, 2, 4, 8])
     # Multi-module MTP in some: the drafter reads k prompt tokens ahead, so
     # no chunk ends within k of the prompt's end and k - 1 computed tokens
     # stay out of the hash cache.
@@ -511,6 +515,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     assert pair.rust.num_free_blocks == config["num_blocks"] - 1
     pair.events["eagle_block_drop"] += config["drop_eagle_block"] and config["caching"]
     pair.events["multi_module_drafter"] += config.get("drafter_read_ahead", 0) > 1
+    pair.events["retention_interval"] += config.get("retention_interval", 0) > 0
     if ec_connectors:
         core, twin = ec_connectors
         assert core.log == twin.log, "the encoder-cache connector was called differently"
@@ -583,9 +588,9 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     for what in ("ec_workloads", "ec_loaded", "ec_in_transit", "ec_allocated", "ec_freed"):
         needs[what] = workloads.scaled(6, WORKLOADS, FULL_WORKLOADS)
     needs["ec_finished"] = workloads.scaled(6, WORKLOADS, FULL_WORKLOADS)
-    # EAGLE's last-block drop and multi-module MTP's read-ahead (about one
-    # workload in ten each).
-    for what in ("eagle_block_drop", "multi_module_drafter"):
+    # EAGLE's last-block drop, multi-module MTP's read-ahead and a window's
+    # retention interval (about one workload in ten each).
+    for what in ("eagle_block_drop", "multi_module_drafter", "retention_interval"):
         needs[what] = workloads.scaled(4, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

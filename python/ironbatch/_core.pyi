@@ -455,6 +455,7 @@ class Scheduler:
         drafts_by_batch_size: Sequence[int] | None = None,
         kv_cache_groups: Sequence[tuple[str, int, int | None]] | None = None,
         sparse_retention: bool = True,
+        retention_interval: SupportsIndex | None = None,
         max_loras: SupportsIndex | None = None,
         encoder_compute_budget: SupportsIndex | None = None,
         encoder_cache_size: SupportsIndex | None = None,
@@ -473,7 +474,8 @@ class Scheduler:
         the pool; None is one full-attention group, an empty list none (a
         model without a KV cache). ``sparse_retention``: sliding-window
         groups cache only the blocks a later request can resume from (vLLM's
-        default ``prefix_cache_retention_interval=0``).
+        default ``prefix_cache_retention_interval=0``), with
+        ``retention_interval`` above 0 also each segment's tail.
         ``drop_eagle_block``: a prefix hit gives up its last block (EAGLE
         without lookahead hashes, §7.4). ``drafter_read_ahead``: prompt
         tokens an EAGLE-style drafter reads past a step (vLLM's

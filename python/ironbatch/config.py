@@ -245,6 +245,11 @@ class CacheConfig:
     # from (vLLM's default prefix_cache_retention_interval=0); False caches
     # every block (vLLM's None).
     sparse_retention: bool = True
+    # Under sparse retention, window groups also cache the blocks that end
+    # each segment of this many tokens (vLLM's prefix_cache_retention_interval
+    # above 0: resumable checkpoints along long prompts); a multiple of
+    # block_size, 0 for none (docs/scheduling.md §7.13).
+    retention_interval: int = 0
 
     def __post_init__(self) -> None:
         _int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
@@ -274,6 +279,7 @@ class CacheConfig:
                 )
             object.__setattr__(self, "kv_cache_groups", groups)  # frozen: a list becomes a tuple
         _bool("sparse_retention", self.sparse_retention)
+        _int("retention_interval", self.retention_interval, 0, MAX_MODEL_LEN)
 
     @property
     def num_kv_cache_groups(self) -> int:

@@ -87,6 +87,7 @@ class CoreScheduler:
             enable_prefix_caching=c.enable_prefix_caching,
             kv_cache_groups=binding_groups(c.kv_cache_groups),
             sparse_retention=c.sparse_retention,
+            retention_interval=c.retention_interval,
             max_loras=c.max_loras,
             encoder_compute_budget=None if c.encoder is None else c.encoder.compute_budget,
             encoder_cache_size=None if c.encoder is None else c.encoder.cache_size,

@@ -81,11 +81,15 @@ pub fn group_key(hash: BlockHash, group: usize) -> BlockHash {
 }
 
 /// Which of blocks `start..end` a sliding-window group caches under sparse
-/// retention (vLLM's default `prefix_cache_retention_interval = 0`): only
-/// the `need` blocks that end at a position a later request can resume at
-/// — the prompt's last token (`num_prompt_tokens − 1`) and a shared prefix
-/// another request was found to have (`shared_prefix_boundary`, 0 for
-/// none) — since a hit there is all a window needs.
+/// retention (vLLM's `prefix_cache_retention_interval` 0, its default, or
+/// above): the `need` blocks that end at a position a later request can
+/// resume at — the prompt's last token (`num_prompt_tokens − 1`) and a
+/// shared prefix another request was found to have
+/// (`shared_prefix_boundary`, 0 for none) — since a hit there is all a
+/// window needs; with a retention interval (`segment_tokens`, a multiple of
+/// the block size; 0 for none) also the last `need` blocks of every
+/// segment of that many tokens, and every block when a segment is no
+/// longer than `need` blocks.
 pub fn sparse_mask(
     start: usize,
     end: usize,
@@ -93,6 +97,7 @@ pub fn sparse_mask(
     window: usize,
     num_prompt_tokens: usize,
     shared_prefix_boundary: usize,
+    segment_tokens: usize,
 ) -> impl Fn(usize) -> bool {
     let need = contiguous_blocks_for_hit(window, block_size);
     let tail = |boundary: usize| {
@@ -101,8 +106,15 @@ pub fn sparse_mask(
     };
     let prompt = tail(num_prompt_tokens.saturating_sub(1));
     let shared = (shared_prefix_boundary > 0).then(|| tail(shared_prefix_boundary));
+    let per_segment = segment_tokens / block_size;
+    let dense = per_segment > 0 && need >= per_segment;
     debug_assert!(start <= end);
-    move |i| prompt.contains(&i) || shared.as_ref().is_some_and(|r| r.contains(&i))
+    move |i| {
+        dense
+            || (per_segment > 0 && i % per_segment >= per_segment - need)
+            || prompt.contains(&i)
+            || shared.as_ref().is_some_and(|r| r.contains(&i))
+    }
 }
 
 #[cfg(test)]
@@ -124,11 +136,23 @@ mod tests {
     fn sparse_retention_keeps_the_tails_at_resume_points() {
         // vLLM's example: a 300-token prompt, blocks of 16, window 128: the
         // eight blocks before position 299's block (indices 10..17).
-        let keep = sparse_mask(0, 19, 16, 128, 300, 0);
+        let keep = sparse_mask(0, 19, 16, 128, 300, 0, 0);
         let kept: Vec<usize> = (0..19).filter(|&i| keep(i)).collect();
         assert_eq!(kept, (10..18).collect::<Vec<_>>());
-        let keep = sparse_mask(0, 19, 16, 128, 300, 192);
+        let keep = sparse_mask(0, 19, 16, 128, 300, 192, 0);
         assert!(keep(4) && keep(11) && !keep(3) && !keep(18));
+    }
+
+    #[test]
+    fn a_retention_interval_keeps_a_tail_per_segment_too() {
+        // Window 33 needs two blocks of 16; segments of 64 tokens (four
+        // blocks) keep their last two, besides the prompt's tail (15..17).
+        let keep = sparse_mask(0, 19, 16, 33, 280, 0, 64);
+        let kept: Vec<usize> = (0..19).filter(|&i| keep(i)).collect();
+        assert_eq!(kept, vec![2, 3, 6, 7, 10, 11, 14, 15, 16, 18]);
+        // Segments of two blocks: every block is a segment's tail.
+        let keep = sparse_mask(0, 19, 16, 33, 280, 0, 32);
+        assert!((0..19).all(keep));
     }
 
     #[test]

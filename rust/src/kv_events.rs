@@ -14,10 +14,14 @@ use crate::slab::Slot;
 /// One KV-cache event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvEvent {
-    /// The request in `owner` hash-cached its blocks `first_block..`, whose
-    /// ids are `block_ids` (vLLM's `BlockStored` from caching full blocks).
+    /// The request in `owner` hash-cached group `group`'s full blocks
+    /// `first_block..first_block + block_ids.len()` (vLLM's `BlockStored`
+    /// from caching full blocks, one per group in group order); `block_ids`
+    /// holds each one's id, or the null block where a window group holds
+    /// none or keeps it out of the cache (§7.13).
     Stored {
         owner: Slot,
+        group: usize,
         first_block: usize,
         block_ids: Vec<BlockId>,
     },

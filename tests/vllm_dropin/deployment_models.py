@@ -183,6 +183,19 @@ _LLAMA_3_1_8B_EAGLE3 = {
     "bos_token_id": 128000,
     "eos_token_id": 128001,
 }
+# An EAGLE-3 drafter for gpt-oss-20b (its hidden size and vocabulary): one
+# Llama layer of full attention.
+_GPT_OSS_20B_EAGLE3 = _LLAMA_3_1_8B_EAGLE3 | {
+    "hidden_size": 2880,
+    "intermediate_size": 7680,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 201088,
+    "rope_theta": 150000.0,
+    "bos_token_id": 199998,
+    "eos_token_id": 200002,
+}
 # DeepSeek-V3's shape: MLA, 256 routed experts, one multi-token-prediction
 # layer (what `--speculative-config '{"method": "mtp"}'` drafts with).
 _DEEPSEEK_V3 = _DEEPSEEK_V2_LITE | {
@@ -429,10 +442,13 @@ MODELS: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": _LLAMA_3_1_8B,
     "llama-3.1-8b-eagle3": _LLAMA_3_1_8B_EAGLE3,
     "deepseek-v3": _DEEPSEEK_V3,
+    # Three multi-token-prediction modules (multi-module MTP).
+    "deepseek-v3-mtp3": _DEEPSEEK_V3 | {"num_nextn_predict_layers": 3},
     "qwen3-8b": _QWEN3_8B,
     "qwen3-30b-a3b": _QWEN3_30B_A3B,
     "deepseek-v2-lite": _DEEPSEEK_V2_LITE,
     "gpt-oss-20b": _GPT_OSS_20B,
+    "gpt-oss-20b-eagle3": _GPT_OSS_20B_EAGLE3,
     "gemma-3-12b": _GEMMA_3_12B,
     "llama-4-scout": _LLAMA_4_SCOUT,
     "qwen2.5-vl-7b": _QWEN2_5_VL_7B,

@@ -61,6 +61,9 @@ class Deployment(NamedTuple):
     expect: dict[str, Any]
     exercises: tuple[str, ...] = ()
     exercises_when_sync: tuple[str, ...] = ()  # only without async scheduling
+    # The flavours it runs in: all, but for what vLLM builds on one only
+    # (prefill context parallelism needs model runner V2, a GPU host's).
+    flavors: tuple[str, ...] = ("cpu-host", "gpu-defaults")
 
 
 KV_EVENTS = json.dumps({"enable_kv_cache_events": True, "publisher": "null"})  # binds no port
@@ -74,6 +77,9 @@ SPEC_EAGLE3 = json.dumps(
     {"method": "eagle3", "model": "{models}/llama-3.1-8b-eagle3", "num_speculative_tokens": 3}
 )
 SPEC_MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+SPEC_GPT_OSS_EAGLE3 = json.dumps(
+    {"method": "eagle3", "model": "{models}/gpt-oss-20b-eagle3", "num_speculative_tokens": 3}
+)
 
 
 def kv_connector(name: str, role: str = "kv_both", **extra: Any) -> str:
@@ -133,6 +139,23 @@ TABLE = [
         },
     ),
     Deployment(
+        # gpt-oss's window groups with an EAGLE-3 drafter (lookahead block
+        # hashes over both groups), KV-cache events (a BlockStored per
+        # group) and KV-cache residency metrics.
+        "gpt-oss-20b-eagle3-events-metrics",
+        "gpt-oss-20b",
+        ["--speculative-config", SPEC_GPT_OSS_EAGLE3, "--kv-events-config", KV_EVENTS]
+        + ["--kv-cache-metrics"],
+        {
+            "kv_groups": ["SlidingWindowSpec", "FullAttentionSpec"],
+            "num_speculative_tokens": 3,
+            "num_hash_lookahead_tokens": 1,
+            "kv_events": True,
+            "kv_cache_metrics": True,
+        },
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
         # Five sliding-window layers to one full: six KV-cache groups.
         "gemma-3-12b",
         "gemma-3-12b",
@@ -159,6 +182,23 @@ TABLE = [
         "deepseek-v2-lite",
         [],
         {"use_mla": True, "kv_groups": ["MLAAttentionSpec"], "is_moe": True},
+    ),
+    Deployment(
+        # Decode context parallelism: each of two ranks holds every other
+        # token of a block's KV, so the scheduler's blocks are 32 tokens.
+        "deepseek-v2-lite-tp2-dcp2",
+        "deepseek-v2-lite",
+        ["--tensor-parallel-size", "2", "--decode-context-parallel-size", "2"],
+        {"use_mla": True, "tensor_parallel_size": 2, "decode_context_parallel_size": 2},
+    ),
+    Deployment(
+        # Prefill context parallelism: the scheduler's blocks stay 16 tokens
+        # (vLLM builds it on model runner V2 only: the GPU-defaults flavour).
+        "llama-3.1-8b-pcp2",
+        "llama-3.1-8b",
+        ["--prefill-context-parallel-size", "2"],
+        {"prefill_context_parallel_size": 2},
+        flavors=("gpu-defaults",),
     ),
     Deployment(
         "qwen3-30b-a3b-moe",
@@ -236,10 +276,31 @@ TABLE = [
         exercises=("spec_drafts",),
     ),
     Deployment(
+        # EAGLE-3 with lookahead block hashes off: each prefix hit gives up
+        # its last block instead.
+        "eagle3-last-block-drop",
+        "llama-3.1-8b",
+        [
+            "--speculative-config",
+            json.dumps({**json.loads(SPEC_EAGLE3), "disable_lookahead_block_hashes": True}),
+        ],
+        {"num_speculative_tokens": 3, "num_hash_lookahead_tokens": 0},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
         "deepseek-v3-mtp",
         "deepseek-v3",
         ["--speculative-config", SPEC_MTP],
         {"use_mla": True, "num_speculative_tokens": 1, "num_lookahead_tokens": 1},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
+        # Three MTP modules, three drafts: each prefill chunk leaves the
+        # modules their three-token read-ahead.
+        "deepseek-v3-mtp3",
+        "deepseek-v3-mtp3",
+        ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3})],
+        {"use_mla": True, "num_speculative_tokens": 3, "num_lookahead_tokens": 3},
         exercises=("spec_drafts",),
     ),
     Deployment(
@@ -512,7 +573,7 @@ def _key(row: Deployment, flavor: str) -> str:
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every row in every flavour, built and run once, in one child process."""
     tmp = tmp_path_factory.mktemp("deployments")
-    rows = [{**row._asdict(), "flavor": f} for row in TABLE for f in FLAVORS]
+    rows = [{**row._asdict(), "flavor": f} for row in TABLE for f in row.flavors]
     (tmp / "rows.json").write_text(json.dumps(rows))
     env = {k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"}
     env |= {
@@ -542,7 +603,7 @@ def _row(report: dict[str, Any], row: Deployment, flavor: str) -> dict[str, Any]
 
 
 def _params(rows: list[Deployment]) -> list[Any]:
-    return [pytest.param(row, f, id=f"{row.id}-{f}") for row in rows for f in FLAVORS]
+    return [pytest.param(row, f, id=f"{row.id}-{f}") for row in rows for f in row.flavors]
 
 
 @pytest.mark.parametrize(("row", "flavor"), _params(TABLE))

@@ -61,8 +61,7 @@ def random_settings(rng: random.Random) -> dict:
     blocks = rng.randint(need // 2 + 2, need + 2) if tight else rng.randint(3 * need, 6 * need)
     pp = rng.choice([1] * 4 + [2, 3])
     # Window KV-cache groups (gpt-oss, Gemma 3, Llama 4) in about a third of
-    # the workloads; the drop-in does not take them with KV-cache events,
-    # metrics or speculation yet, so those come in the others.
+    # the workloads.
     hybrid = rng.random() < 0.35
     settings = dict(
         block_size=bs,
@@ -88,11 +87,10 @@ def random_settings(rng: random.Random) -> dict:
         pipeline_parallel_size=pp,
         data_parallel_size=rng.choice([1, 1, 2]),
     )
-    if not hybrid:
-        settings.update(kv_events(rng))
-        settings.update(kv_metrics(rng))
-        settings.update(speculation(rng, pp))
-        spec_metrics(rng, settings)
+    settings.update(kv_events(rng))
+    settings.update(kv_metrics(rng))
+    settings.update(speculation(rng, pp, bs, hybrid))
+    spec_metrics(rng, settings)
     settings.update(kv_layout(rng, bs, hybrid))
     settings.update(lora(rng))  # late: the draws before it stay each seed's
     settings.update(multimodal(rng, settings))
@@ -101,6 +99,7 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(sampling_masks(rng, settings))
     settings.update(pooling(rng, settings))
     settings.update(no_kv_cache(rng, settings))
+    settings.update(context_parallel(rng, settings))
     # Every group holds blocks of its own: the same tightness per group.
     settings["num_blocks"] = (blocks - 1) * GROUPS[settings["kv_layout"]] + 1
     if settings.get("target") == "whisper":
@@ -174,6 +173,20 @@ def no_kv_cache(rng: random.Random, settings: dict) -> dict:
     return out
 
 
+def context_parallel(rng: random.Random, settings: dict) -> dict:
+    """Decode context parallelism over two ranks in some workloads with one
+    full-attention decoder group (drawn apart; vLLM has no window groups
+    with it): vLLM then schedules blocks twice the configured size."""
+    drawn = random.Random(rng.random()).random() < 0.35
+    if not drawn or settings["kv_layout"] != "full" or settings.get("target") == "whisper":
+        return {}
+    if "kv_events_config" in settings:
+        # vLLM 0.33's hit events (kv_cache_report_mode "full") assert on
+        # decode context parallelism's blocks: its own engine cannot run it.
+        return {}
+    return {"decode_context_parallel_size": 2}
+
+
 def kv_layout(rng: random.Random, bs: int, hybrid: bool) -> dict:
     """The KV-cache groups: one full-attention group mostly, else gpt-oss's
     (a sliding window, then full), Gemma 3's (five windows, then full) or
@@ -198,12 +211,13 @@ SPEC_METHODS = ("ngram", "ngram_gpu", "eagle", "eagle3", "mtp", "draft_model")
 SPEC_METHODS += ("extract_hidden_states",)
 
 
-def speculation(rng: random.Random, pp: int) -> dict:
+def speculation(rng: random.Random, pp: int, bs: int, hybrid: bool) -> dict:
     """Speculative decoding in some workloads, with pipeline parallelism in
     some (not hidden-state extraction, whose model vLLM cannot split into
     stages). Less often beside pipeline parallelism, so that what comes
     without speculation (pooling, Whisper) keeps its share."""
-    if rng.random() < (0.75 if pp == 1 else 0.3):
+    # Less often beside window groups too, for the same reason.
+    if rng.random() < (0.3 if pp > 1 else 0.4 if hybrid else 0.75):
         k = rng.choice([1, 2, 3, 5])
         method = rng.choice(SPEC_METHODS)
         if pp > 1 and method == "extract_hidden_states":
@@ -223,11 +237,19 @@ def speculation(rng: random.Random, pp: int) -> dict:
         # EAGLE's last-block drop in some EAGLE-style workloads (drawn
         # apart): lookahead block hashes off, so a prefix hit gives up its
         # last block instead.
-        if method in ("eagle", "eagle3", "mtp") and random.Random(rng.random()).random() < 0.4:
+        # (Not beside window groups, where the drop-in does not take it.)
+        drop = random.Random(rng.random()).random() < 0.4
+        if method in ("eagle", "eagle3", "mtp") and drop and not hybrid:
             spec["disable_lookahead_block_hashes"] = True
         settings: dict = {"speculative_config": spec}
         if method == "mtp":
             settings.update(target="deepseek_mtp", mla=True)
+            # DeepSeek-V3's three MTP modules in some (drawn apart): the
+            # drafter reads k prompt tokens ahead (vLLM refuses a block
+            # smaller than that with prefix caching).
+            multi = random.Random(rng.random()).random() < 0.8
+            if k in (2, 3) and k <= bs and multi and not hybrid:
+                settings["num_mtp_layers"] = 3
         return settings
     return {}
 
@@ -287,7 +309,7 @@ def pooling(rng: random.Random, settings: dict) -> dict:
     """An embedding model (--runner pooling) in about a quarter of the
     workloads: prompts only, each finished by its pooled result. Not with a
     drafter (vLLM builds none for a pooling model) nor on the vision target."""
-    if rng.random() >= 0.5 or "speculative_config" in settings or "target" in settings:
+    if rng.random() >= 0.6 or "speculative_config" in settings or "target" in settings:
         return {}
     return {"runner": "pooling"}
 
@@ -724,6 +746,15 @@ def drawn_features(seed: int) -> Counter:
         "priority policy": s["policy"] == "priority",
         "MLA": s["mla"],
         "window KV-cache groups": s["kv_layout"] not in ("full", "none"),
+        "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
+        "window retention interval": bool(s.get("retention_interval")),
+        "window groups with speculation": s["kv_layout"] not in ("full", "none")
+        and "speculative_config" in s,
+        "window groups with KV-cache events": s["kv_layout"] not in ("full", "none")
+        and "kv_events_config" in s,
+        "window groups with KV-cache metrics": s["kv_layout"] not in ("full", "none")
+        and "observability_config" in s
+        and s["observability_config"].kv_cache_metrics,
         "speculative decoding": "speculative_config" in s,
         "LoRA": "lora_config" in s,
         "images": s.get("target") == "vision",
@@ -741,6 +772,7 @@ def drawn_features(seed: int) -> Counter:
         drawn[f"speculation: {s['speculative_config']['method']}"] = True
         dynamic = "num_speculative_tokens_per_batch_size" in s["speculative_config"]
         drawn["dynamic speculation lengths"] = dynamic
+        drawn["multi-module MTP"] = s.get("num_mtp_layers", 1) > 1
         drawn["EAGLE last-block drop"] = bool(
             s["speculative_config"].get("disable_lookahead_block_hashes")
             and s["enable_prefix_caching"]
@@ -751,8 +783,12 @@ def drawn_features(seed: int) -> Counter:
 # What 1,040 workloads draw at least, on average: each feature 200, each
 # speculative method and window layout 40, speculation and window groups 300,
 # the encoder-decoder (only beside one decoder group, without speculation)
-# 40, no KV cache 60 and an encoder-only deployment (one group's worth,
-# without speculation or pooling) 30.
+# 40, no KV cache 60, an encoder-only deployment (one group's worth,
+# without speculation or pooling) 30, and multi-module MTP (MTP's three
+# modules with 2 or 3 drafts, at most the block size) 15; window groups
+# with KV-cache events, and with KV-cache metrics, 100 each; a window
+# retention interval above 0, 40; decode context parallelism (one
+# full-attention group, no KV-cache events) 80; window groups with speculation 120.
 FEATURE_SHARES = {
     "feature: speculative decoding": 300,
     "feature: window KV-cache groups": 300,
@@ -762,6 +798,12 @@ FEATURE_SHARES = {
     "feature: encoder-cache connector": 40,
     "feature: dynamic speculation lengths": 40,
     "feature: EAGLE last-block drop": 40,
+    "feature: multi-module MTP": 15,
+    "feature: window groups with KV-cache events": 100,
+    "feature: window groups with KV-cache metrics": 100,
+    "feature: window retention interval": 40,
+    "feature: decode context parallelism": 80,
+    "feature: window groups with speculation": 120,
 }
 
 
@@ -784,6 +826,12 @@ FEATURES = [
     "feature: prompt embeddings",
     "feature: dynamic speculation lengths",
     "feature: EAGLE last-block drop",
+    "feature: multi-module MTP",
+    "feature: window groups with KV-cache events",
+    "feature: window groups with KV-cache metrics",
+    "feature: window retention interval",
+    "feature: decode context parallelism",
+    "feature: window groups with speculation",
     "feature: sampling masks",
     "feature: pooling",
     "feature: no KV cache",

@@ -55,19 +55,18 @@ def test_scheduler_cls_as_a_class_object() -> None:
     [
         (
             {
-                "speculative_config": SpeculativeConfig(
-                    method="ngram",
-                    num_speculative_tokens=2,
-                    prompt_lookup_max=3,
-                    prompt_lookup_min=1,
-                ),
+                "speculative_config": {
+                    "method": "eagle",
+                    "num_speculative_tokens": 2,
+                    "disable_lookahead_block_hashes": True,
+                },
                 "kv_layout": "gpt-oss",
                 "window": 19,
             },
-            "speculative decoding with window KV-cache groups",
+            "EAGLE's last-block drop (lookahead block hashes off) with window KV-cache groups",
         ),
     ],
-    ids=["speculation-with-windows"],
+    ids=["eagle-block-drop-with-windows"],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unsupported_config_falls_back_to_vllm_and_says_why(

@@ -196,7 +196,11 @@ class VllmPair:
         self.real_grammars = settings.get("tokenizer") is not None
         self.masks: dict[int, tuple[list[str], np.ndarray]] = {}
         self.settings = settings
-        self.bs = settings.get("block_size", vllm_setup.DEFAULTS["block_size"])
+        # The scheduler's block: decode context parallelism's ranks each hold
+        # a part of one.
+        self.bs = settings.get("block_size", vllm_setup.DEFAULTS["block_size"]) * settings.get(
+            "decode_context_parallel_size", 1
+        )
         # The runner returns each sample's token support (--return-sampling-mask).
         self.sampling_masks = settings.get("return_sampling_mask", False)
         # Both schedulers read the runner version once, when built; V2 is the

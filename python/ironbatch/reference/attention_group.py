@@ -130,14 +130,18 @@ def sparse_mask(
     window: int,
     num_prompt_tokens: int,
     shared_prefix_boundary: int,
+    segment_tokens: int = 0,
 ) -> Callable[[int], bool]:
     """Which of blocks ``start..end`` a sliding-window group caches under
-    sparse retention (vLLM's default ``prefix_cache_retention_interval =
-    0``): only the ``need`` blocks that end at a position a later request can
-    resume at — the prompt's last token (``num_prompt_tokens - 1``) and a
-    shared prefix another request was found to have
+    sparse retention (vLLM's ``prefix_cache_retention_interval`` 0, its
+    default, or above): the ``need`` blocks that end at a position a later
+    request can resume at — the prompt's last token (``num_prompt_tokens -
+    1``) and a shared prefix another request was found to have
     (``shared_prefix_boundary``, 0 for none) — since a hit there is all a
-    window needs."""
+    window needs; with a retention interval (``segment_tokens``, a multiple
+    of the block size; 0 for none) also the last ``need`` blocks of every
+    segment of that many tokens, and every block when a segment is no longer
+    than ``need`` blocks."""
     assert start <= end
     need = contiguous_blocks_for_hit(window, block_size)
 
@@ -147,4 +151,11 @@ def sparse_mask(
 
     prompt = tail(max(num_prompt_tokens - 1, 0))
     shared = tail(shared_prefix_boundary) if shared_prefix_boundary > 0 else range(0)
-    return lambda i: i in prompt or i in shared
+    per_segment = segment_tokens // block_size
+    dense = per_segment > 0 and need >= per_segment
+    return lambda i: (
+        dense
+        or (per_segment > 0 and i % per_segment >= per_segment - need)
+        or i in prompt
+        or i in shared
+    )

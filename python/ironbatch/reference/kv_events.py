@@ -15,10 +15,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Stored:
-    """The request in ``owner`` hash-cached its blocks ``first_block..``,
-    whose ids are ``block_ids`` (vLLM's ``BlockStored`` from caching)."""
+    """The request in ``owner`` hash-cached group ``group``'s full blocks
+    ``first_block..first_block + len(block_ids)`` (vLLM's ``BlockStored``
+    from caching full blocks, one per group in group order); ``block_ids``
+    holds each one's id, or the null block where a window group holds none
+    or keeps it out of the cache (§7.13)."""
 
     owner: int
+    group: int
     first_block: int
     block_ids: list[int]
 

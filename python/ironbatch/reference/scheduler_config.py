@@ -150,6 +150,10 @@ class SchedulerSettings:
     #: resume from (vLLM's ``prefix_cache_retention_interval = 0``, its
     #: default); False caches them all.
     sparse_retention: bool = True
+    #: Under sparse retention, window groups also cache each segment's
+    #: tail, segments of this many tokens (vLLM's
+    #: ``prefix_cache_retention_interval`` above 0); 0 for none.
+    retention_interval: int = 0
 
 
 def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
@@ -194,6 +198,7 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         encoder=encoder_config(c),
         runner=runner_named(getattr(c, "runner", "generate")),
         sparse_retention=getattr(cache_config, "sparse_retention", True),
+        retention_interval=getattr(cache_config, "retention_interval", 0),
     )
 
 
@@ -278,6 +283,9 @@ def validate(c: SchedulerSettings) -> None:
         c.num_hash_lookahead_tokens,
         c.enable_prefix_caching,
         c.drop_eagle_block,
+        sparse_retention=c.sparse_retention,
+        retention_interval=c.retention_interval,
+        block_size=c.block_size,
     )
     check_scheduler(c)
     check_range("max_num_scheduled_tokens", c.max_num_scheduled_tokens, 1, MAX_NUM_BATCHED_TOKENS)

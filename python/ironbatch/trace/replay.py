@@ -105,6 +105,7 @@ def build_scheduler(config: dict[str, Any], backend: str) -> Scheduler:
             # group; sparse window caching is vLLM's default.
             kv_cache_groups=kv_cache_groups(config),
             sparse_retention=config.get("sparse_retention", True),
+            retention_interval=config.get("retention_interval", 0),
         ),
         backend=backend,
     )

@@ -75,6 +75,10 @@ DEFAULTS: dict[str, Any] = {
     # data-parallel ranks (coordinated ones: MoE models).
     "pipeline_parallel_size": 1,
     "data_parallel_size": 1,
+    # Decode context parallelism (with as many tensor-parallel ranks): each
+    # rank holds every n-th token of a block, so vLLM schedules blocks of
+    # block_size * n tokens.
+    "decode_context_parallel_size": 1,
     # A local tokenizer folder (for grammars over it); None: no tokenizer.
     "tokenizer": None,
     # The target model's shape: "llama", "deepseek_mtp" (DeepSeek-V3's,
@@ -84,6 +88,9 @@ DEFAULTS: dict[str, Any] = {
     # self-attention group and a cross-attention group; as vLLM's engine
     # arguments do for such a model, prefix caching is off).
     "target": "llama",
+    # For "deepseek_mtp": its MTP layers (num_nextn_predict_layers); above
+    # one, with as many drafts, vLLM's multi-module MTP.
+    "num_mtp_layers": 1,
     # For "vision" and "whisper": the encoder's compute budget and cache size, in
     # embeddings, as vLLM's MultiModalBudget would derive them from the
     # model's processor (which needs files this offline config lacks).
@@ -339,7 +346,10 @@ def vllm_config(
     whisper = cfg["target"] == "whisper"
     if cfg["target"] not in dirs:
         raise ValueError(f"target must be one of {sorted(dirs)}, got {cfg['target']!r}")
-    model_dir = dirs[cfg["target"]]()
+    if cfg["target"] == "deepseek_mtp":
+        model_dir = tiny_mtp_model_dir(cfg["num_mtp_layers"])
+    else:
+        model_dir = dirs[cfg["target"]]()
     sc = SchedulerConfig(
         max_num_seqs=cfg["max_num_seqs"],
         max_num_batched_tokens=cfg["max_num_batched_tokens"],
@@ -379,9 +389,13 @@ def vllm_config(
         and not whisper
         and cfg["kv_layout"] != "none",
     )
+    dcp = cfg["decode_context_parallel_size"]
     pc = ParallelConfig(
         pipeline_parallel_size=cfg["pipeline_parallel_size"],
         data_parallel_size=cfg["data_parallel_size"],
+        # vLLM splits a GQA model's KV heads first: more ranks than heads.
+        tensor_parallel_size=dcp * _TINY_LLAMA["num_key_value_heads"] if dcp > 1 else 1,
+        decode_context_parallel_size=dcp,
         distributed_executor_backend="mp",
     )
     extras = {k: cfg[k] for k in EXTRAS if k in cfg}
@@ -436,22 +450,27 @@ def draw_layout(rng: random.Random, layout: str, block_size: int) -> dict[str, A
     """Settings for a window ``layout`` drawn from ``rng``: a window or chunk
     from under a block to several (chunks whole blocks, as vLLM's chunked
     attention needs), and vLLM's retention interval 0 (sparse window
-    caching) three times in four, else None (dense)."""
+    caching) most often, else None (dense) or, beside sliding windows, 1 to
+    8 blocks (sparse, with a tail kept per segment)."""
     bs = block_size
     if layout == "llama4":
         window = rng.choice([bs, 2 * bs, 4 * bs])
     else:
         window = rng.choice([bs // 2 + 1, bs + 3, 2 * bs, 5 * bs + 1])
-    return {
-        "kv_layout": layout,
-        "window": window,
-        "retention_interval": rng.choice([0, 0, 0, None]),
-    }
+    retention = rng.choice([0, 0, 0, None])
+    # (Drawn apart, so the draws above stay each seed's; vLLM refuses an
+    # interval without a sliding window.)
+    segments = random.Random(rng.random())
+    if layout != "llama4" and retention == 0 and segments.random() < 0.35:
+        retention = bs * segments.choice([1, 2, 4, 8])
+    return {"kv_layout": layout, "window": window, "retention_interval": retention}
 
 
 def construct(cls: type, vc: VllmConfig, kvc: KVCacheConfig, log_stats: bool = True) -> Any:
-    """Construct ``cls`` with the arguments vLLM's EngineCore passes."""
-    bs = vc.cache_config.block_size
+    """Construct ``cls`` with the arguments vLLM's EngineCore passes: the
+    block size its KV-cache groups schedule (decode context parallelism's
+    ranks each hold part of a block)."""
+    bs = vc.cache_config.block_size * vc.parallel_config.decode_context_parallel_size
     return cls(
         vllm_config=vc,
         kv_cache_config=kvc,

@@ -50,18 +50,23 @@ class KvEvents:
         self.publisher = EventPublisherFactory.create(
             config, vllm_config.parallel_config.data_parallel_index
         )
-        groups = kv_cache_config.kv_cache_groups
-        # A model without a KV cache (no group) stores nothing to report.
-        spec = groups[0].kv_cache_spec if groups else None
-        self.spec_kind = None if spec is None else get_kv_cache_spec_kind(spec).value
-        self.spec_sliding_window = None if spec is None else get_kv_cache_spec_sliding_window(spec)
+        # Each group's kind and window, which vLLM's manager writes on the
+        # group's stores (a model without a KV cache has none and stores
+        # nothing).
+        self.group_specs = [
+            (
+                get_kv_cache_spec_kind(g.kv_cache_spec).value,
+                get_kv_cache_spec_sliding_window(g.kv_cache_spec),
+            )
+            for g in kv_cache_config.kv_cache_groups
+        ]
         self.block_size = block_size
         # An EAGLE-style drafter's block hashes cover the tokens after the
         # block too; its events name those tokens.
         self.hash_lookahead: int = vllm_config.num_hash_lookahead_tokens
         self.pending: list[KVCacheEvent] = []
-        # Each cached block's published hash, for its BlockRemoved later.
-        self.hashes: dict[int, ExternalBlockHash] = {}
+        # Each cached block's published hash and group, for its BlockRemoved.
+        self.hashes: dict[int, tuple[ExternalBlockHash, int]] = {}
 
     def convert(self, events: list[_core.KvEvent], request_of: Callable[[int], Request]) -> None:
         """Queue vLLM's events for the core's, in order. ``request_of(slot)``
@@ -69,34 +74,43 @@ class KvEvents:
         for e in events:
             if e.kind == "stored":
                 r = request_of(e.slot)
-                stored = self.stored(r, e.first_block, e.num_blocks)
-                self.hashes.update(zip(e.block_ids, stored.block_hashes, strict=True))
+                kept = [b != 0 for b in e.block_ids]  # 0: the null block, none stored
+                stored = self.stored(r, e.group, e.first_block, kept)
+                ids = [b for b in e.block_ids if b]
+                published = ((h, e.group) for h in stored.block_hashes)
+                self.hashes.update(zip(ids, published, strict=True))
                 self.pending.append(stored)
             elif e.kind == "hit":
-                self.pending.append(self.stored(request_of(e.slot), 0, e.num_blocks))
+                # Every group finds the hit, its window's nulls counted.
+                r = request_of(e.slot)
+                for g in range(len(self.group_specs)):
+                    self.pending.append(self.stored(r, g, 0, [True] * e.num_blocks))
             elif e.kind == "removed":
                 (block_id,) = e.block_ids
+                block_hash, group = self.hashes.pop(block_id)
                 self.pending.append(
-                    BlockRemoved(
-                        block_hashes=[self.hashes.pop(block_id)], medium=MEDIUM_GPU, group_idx=0
-                    )
+                    BlockRemoved(block_hashes=[block_hash], medium=MEDIUM_GPU, group_idx=group)
                 )
             elif e.kind == "cleared":
                 self.hashes.clear()
                 self.pending.append(AllBlocksCleared())
             # "allocated" and "accessed" are the residency metrics' (kv_metrics).
 
-    def stored(self, r: Request, first: int, n: int) -> BlockStored:
-        """vLLM's BlockStored for blocks ``first..first+n`` of ``r``, built as
-        vLLM's block pool builds it."""
+    def stored(self, r: Request, group: int, first: int, kept: list[bool]) -> BlockStored:
+        """vLLM's BlockStored for group ``group``'s blocks ``first..`` of
+        ``r``, ``kept[i]`` whether block ``first + i`` was stored (a window
+        group skips its nulls and what sparse retention leaves out; the
+        tokens span them all), built as vLLM's block pool builds it."""
         r.update_block_hashes()  # vLLM's hasher, over the tokens so far
         bs = self.block_size
         hashes = r.block_hashes
+        n = len(kept)
+        stored = [first + i for i in range(n) if kept[i]]
         extra_keys = []
         lookahead = self.hash_lookahead
         lookahead_token_ids: list[list[int]] | None = [] if lookahead else None
         mm_index = 0
-        for k in range(first, first + n):
+        for k in stored:
             start, end = k * bs, (k + 1) * bs
             if lookahead_token_ids is None:
                 keys, mm_index = generate_block_hash_extra_keys(r, start, end, mm_index)
@@ -107,8 +121,9 @@ class KvEvents:
                 lookahead_token_ids.append(r.all_token_ids[end : end + lookahead])
             extra_keys.append(keys)
         lora = r.lora_request
+        kind, window = self.group_specs[group]
         return BlockStored(
-            block_hashes=[maybe_convert_block_hash(h) for h in hashes[first : first + n]],
+            block_hashes=[maybe_convert_block_hash(hashes[k]) for k in stored],
             parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first else None,
             token_ids=r.all_token_ids[first * bs : (first + n) * bs],
             block_size=bs,
@@ -116,9 +131,9 @@ class KvEvents:
             medium=MEDIUM_GPU,
             lora_name=None if lora is None else lora.name,
             extra_keys=to_event_extra_keys(extra_keys),
-            group_idx=0,
-            kv_cache_spec_kind=self.spec_kind,
-            kv_cache_spec_sliding_window=self.spec_sliding_window,
+            group_idx=group,
+            kv_cache_spec_kind=kind,
+            kv_cache_spec_sliding_window=window,
             session_id=r.session_id,
             lookahead_token_ids=lookahead_token_ids,
         )

@@ -61,6 +61,7 @@ def core_scheduler(
             # vLLM's default retention interval, 0, caches a window group's
             # blocks sparsely; None caches them all.
             sparse_retention=kv_cache_config.prefix_cache_retention_interval is not None,
+            retention_interval=kv_cache_config.prefix_cache_retention_interval or 0,
         ),
     )
 

@@ -38,6 +38,8 @@ def unsupported_config(
         SlidingWindowSpec,
     )
 
+    from ironbatch.vllm.settings import drops_eagle_block
+
     if vllm.__version__ != VLLM_VERSION:
         # Another version may decide differently, or name its settings otherwise.
         return f"vLLM {vllm.__version__} (it makes vLLM {VLLM_VERSION}'s decisions)"
@@ -68,22 +70,12 @@ def unsupported_config(
             f"{', '.join(sorted(PROVEN_SPECULATIVE_METHODS))})",
         ),
         (
-            # Multi-module MTP never ends a prefill chunk within K tokens of
-            # the prompt's end and re-prefills K-1 of them.
-            c.num_prefill_lookahead_tokens > 1,
-            f"multi-module MTP (a prefill lookahead of {c.num_prefill_lookahead_tokens})",
-        ),
-        (
             c.kv_transfer_config is not None,
             c.kv_transfer_config is not None and unsupported_connector(c, kv_cache_config) or "",
         ),
         (
             c.ec_transfer_config is not None,
             c.ec_transfer_config is not None and unsupported_ec_connector(c) or "",
-        ),
-        (
-            pc.decode_context_parallel_size > 1 or pc.prefill_context_parallel_size > 1,
-            "context parallelism",
         ),
         # Images and audio run through the core's encoder budget and cache
         # (docs/scheduling.md §4.15), an encoder-decoder's audio through its
@@ -129,17 +121,28 @@ def unsupported_config(
             "chunked-local ones (Mamba, linear attention, ...)",
         ),
         (
-            any(g.kv_cache_spec.block_size != block_size for g in groups),
+            # Decode context parallelism shards a block's tokens across its
+            # ranks: vLLM schedules blocks that many times larger.
+            any(
+                g.kv_cache_spec.block_size
+                * (pc.decode_context_parallel_size if g.kv_cache_spec.dcp_sharded else 1)
+                != block_size
+                for g in groups
+            ),
             "KV-cache groups of different block sizes",
         ),
         (
-            hybrid and kv_cache_config.prefix_cache_retention_interval not in (None, 0),
-            "a prefix-cache retention interval above 0",
+            # Window groups take a drafter's lookahead hashes (vLLM's
+            # default); without them vLLM's hybrid coordinator looks a block
+            # past each group's hit before dropping it back, which the core
+            # does for one group only.
+            hybrid and drops_eagle_block(c),
+            "EAGLE's last-block drop (lookahead block hashes off) with window KV-cache groups",
         ),
-        (hybrid and spec is not None, "speculative decoding with window KV-cache groups"),
         (
-            hybrid and (observed or c.observability_config.kv_cache_metrics),
-            "KV-cache events or metrics with window KV-cache groups",
+            # Multi-module MTP keeps a window's last k - 1 tokens' blocks.
+            hybrid and c.num_prefill_lookahead_tokens > 1,
+            "multi-module MTP with window KV-cache groups",
         ),
         (hash_block_size not in (None, block_size), "a hash block size unlike the block size"),
         (c.aux_output_config.enabled, "auxiliary outputs"),

@@ -4,7 +4,7 @@
 
 use super::KvCacheManager;
 use crate::attention_group::{group_key, sparse_mask, AttentionKind};
-use crate::block::NULL_BLOCK;
+use crate::block::{BlockId, NULL_BLOCK};
 use crate::block_table::BlockTable;
 use crate::sequence::Sequence;
 
@@ -18,6 +18,23 @@ impl KvCacheManager {
                 self.cache_blocks(g, table, seq, upto);
             }
         }
+    }
+
+    /// `blocks` as a `BlockStored` event names them: each block's id, or
+    /// the null block where the table holds none or a window group's
+    /// sparse retention kept the block out of the cache (it has no hash).
+    pub fn stored_block_ids(&self, blocks: &[BlockId]) -> Vec<BlockId> {
+        blocks
+            .iter()
+            .map(|&b| {
+                let hashed = self.pool.block(b).is_some_and(|b| b.hash.is_some());
+                if b != NULL_BLOCK && hashed {
+                    b
+                } else {
+                    NULL_BLOCK
+                }
+            })
+            .collect()
     }
 
     /// Tokens the request holds in hash-cached blocks, as vLLM estimates
@@ -74,6 +91,7 @@ impl KvCacheManager {
                         window,
                         seq.num_prompt_tokens(),
                         seq.shared_prefix_boundary,
+                        self.retention_interval,
                     ))
                 }
                 _ => None,

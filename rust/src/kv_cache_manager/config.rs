@@ -38,6 +38,11 @@ pub struct KvCacheConfig {
     /// resume from (vLLM's `prefix_cache_retention_interval = 0`, its
     /// default); false caches them all (`None`).
     pub sparse_retention: bool,
+    /// Under sparse retention, a sliding-window group also caches the
+    /// blocks that end each segment of this many tokens (vLLM's
+    /// `prefix_cache_retention_interval` above 0: resumable checkpoints
+    /// along long prompts); a multiple of `block_size`, 0 for none.
+    pub retention_interval: usize,
 }
 
 impl KvCacheConfig {
@@ -58,6 +63,7 @@ impl KvCacheConfig {
             drop_eagle_block: false,
             groups: vec![GroupSpec::FULL],
             sparse_retention: true,
+            retention_interval: 0,
         }
     }
 
@@ -116,6 +122,28 @@ impl KvCacheConfig {
                 }
             }
         }
+        if self.retention_interval > 0 {
+            // vLLM's rule: checkpoints land on block boundaries, and only a
+            // sliding window keeps them.
+            check_range(
+                "retention_interval",
+                self.retention_interval,
+                1,
+                MAX_MODEL_LEN,
+            )?;
+            let windowed = self
+                .groups
+                .iter()
+                .any(|g| matches!(g.kind, AttentionKind::SlidingWindow { .. }));
+            if self.retention_interval % self.block_size != 0 || !self.sparse_retention || !windowed
+            {
+                return Err(Error::invalid(format!(
+                    "retention_interval ({}) needs sparse_retention, a sliding-window \
+                     KV-cache group and a multiple of block_size ({})",
+                    self.retention_interval, self.block_size
+                )));
+            }
+        }
         if self.groups.first().is_some_and(|g| g.kind.is_cross()) {
             // A step's block ranges are read off the first group's table.
             return Err(Error::invalid(
@@ -132,11 +160,6 @@ impl KvCacheConfig {
         if self.drop_eagle_block && self.groups.len() != 1 {
             return Err(Error::invalid(
                 "drop_eagle_block needs exactly one KV-cache group",
-            ));
-        }
-        if self.groups.len() > 1 && self.num_hash_lookahead_tokens > 0 {
-            return Err(Error::invalid(
-                "num_hash_lookahead_tokens must be 0 with several KV-cache groups",
             ));
         }
         Ok(())

@@ -46,6 +46,7 @@ pub struct KvCacheManager {
     single_full: bool,
     drop_eagle_block: bool,
     sparse_retention: bool,
+    retention_interval: usize,
     /// Computed tokens at a sequence's end that are not hash cached: a
     /// multi-module drafter may prefill them again (§4.13).
     reprefillable: usize,
@@ -74,6 +75,7 @@ impl KvCacheManager {
             single_full: config.groups.len() == 1 && config.groups[0].kind.is_full(),
             drop_eagle_block: config.drop_eagle_block,
             sparse_retention: config.sparse_retention,
+            retention_interval: config.retention_interval,
             reprefillable: 0,
             hasher: hasher.with_lookahead(config.num_hash_lookahead_tokens),
             stats: PrefixCacheStats::default(),

@@ -13,9 +13,13 @@ pub struct PyKvEvent {
     kind: &'static str,
     /// The request's slot ("stored", "hit"); None for the others.
     slot: Option<Slot>,
+    /// The KV-cache group whose blocks were stored ("stored"); 0 for the
+    /// others.
+    group: usize,
     /// The first block stored ("stored"); 0 for the others.
     first_block: usize,
-    /// The blocks stored, or the one removed, allocated or accessed.
+    /// The blocks stored (the null block 0 where a window group stored
+    /// none), or the one removed, allocated or accessed.
     block_ids: Vec<BlockId>,
     /// Blocks stored or found cached ("stored", "hit"); 0 for the others.
     num_blocks: usize,
@@ -25,8 +29,9 @@ pub struct PyKvEvent {
 impl PyKvEvent {
     fn __repr__(&self) -> String {
         format!(
-            "KvEvent(kind={:?}, slot={:?}, first_block={}, block_ids={:?}, num_blocks={})",
-            self.kind, self.slot, self.first_block, self.block_ids, self.num_blocks
+            "KvEvent(kind={:?}, slot={:?}, group={}, first_block={}, block_ids={:?}, \
+             num_blocks={})",
+            self.kind, self.slot, self.group, self.first_block, self.block_ids, self.num_blocks
         )
     }
 }
@@ -36,6 +41,7 @@ impl From<KvEvent> for PyKvEvent {
         let none = |kind| PyKvEvent {
             kind,
             slot: None,
+            group: 0,
             first_block: 0,
             block_ids: Vec::new(),
             num_blocks: 0,
@@ -43,11 +49,13 @@ impl From<KvEvent> for PyKvEvent {
         match event {
             KvEvent::Stored {
                 owner,
+                group,
                 first_block,
                 block_ids,
             } => PyKvEvent {
                 kind: "stored",
                 slot: Some(owner),
+                group,
                 first_block,
                 num_blocks: block_ids.len(),
                 block_ids,

@@ -213,7 +213,8 @@ impl PyScheduler {
                         num_hash_lookahead_tokens=None, drop_eagle_block=false,
                         num_draft_slots=None,
                         drafts_by_batch_size=None,
-                        kv_cache_groups=None, sparse_retention=true, max_loras=None,
+                        kv_cache_groups=None, sparse_retention=true, retention_interval=None,
+                        max_loras=None,
                         encoder_compute_budget=None, encoder_cache_size=None,
                         disable_chunked_mm_input=false, drafter_read_ahead=None,
                         runner="generate"))]
@@ -244,6 +245,7 @@ impl PyScheduler {
         drafts_by_batch_size: Option<Vec<usize>>,
         kv_cache_groups: Option<Vec<(String, usize, Option<usize>)>>,
         sparse_retention: bool,
+        retention_interval: Option<&Bound<'_, PyAny>>,
         max_loras: Option<&Bound<'_, PyAny>>,
         encoder_compute_budget: Option<&Bound<'_, PyAny>>,
         encoder_cache_size: Option<&Bound<'_, PyAny>>,
@@ -320,6 +322,7 @@ impl PyScheduler {
                 drop_eagle_block,
                 groups,
                 sparse_retention,
+                retention_interval: optional("retention_interval", retention_interval)?,
             },
         };
         Ok(PyScheduler {

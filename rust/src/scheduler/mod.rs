@@ -51,6 +51,7 @@ mod spec_decode_tests;
 mod tests;
 
 use crate::block::BlockId;
+use crate::block_table::BlockTable;
 use crate::ec_connector::EcConnector;
 use crate::encoder_cache::EncoderCache;
 use crate::encoder_decoder_cache::EncoderDecoderCache;
@@ -347,18 +348,7 @@ impl Scheduler {
     }
 
     fn log_stored_event(&mut self, slot: Slot, first: usize) {
-        let Some(table) = self.requests[slot].tables.first() else {
-            return; // no KV cache, nothing cached
-        };
-        let cached = table.num_cached_blocks();
-        if cached > first {
-            let block_ids = table.block_ids()[first..cached].to_vec();
-            self.kv.log_event(KvEvent::Stored {
-                owner: slot,
-                first_block: first,
-                block_ids,
-            });
-        }
+        log_stored_groups(&mut self.kv, slot, &self.requests[slot].tables, first);
     }
 
     /// The live request in `slot`.
@@ -797,6 +787,29 @@ impl Scheduler {
             kv_cache_usage: self.kv.usage(),
             prefix_cache_stats: self.kv.make_prefix_cache_stats(),
             num_preempted_reqs: std::mem::take(&mut self.num_preempted),
+        }
+    }
+}
+
+/// Log each group's blocks `first..` that the request in `slot` just
+/// hash-cached (its decoder groups cache in step, so `first` holds for
+/// each), in group order as vLLM's coordinator caches them.
+pub(super) fn log_stored_groups(
+    kv: &mut KvCacheManager,
+    slot: Slot,
+    tables: &[BlockTable],
+    first: usize,
+) {
+    for (group, table) in tables.iter().enumerate() {
+        let cached = table.num_cached_blocks();
+        if cached > first {
+            let block_ids = kv.stored_block_ids(&table.block_ids()[first..cached]);
+            kv.log_event(KvEvent::Stored {
+                owner: slot,
+                group,
+                first_block: first,
+                block_ids,
+            });
         }
     }
 }

@@ -569,6 +569,7 @@ fn kv_events_follow_caching_eviction_lookups_and_resets() {
     step(&mut s); // 32 prompt tokens: two full blocks, cached when allocated
     let stored = |owner, first_block, block_ids: Vec<BlockId>| KvEvent::Stored {
         owner,
+        group: 0,
         first_block,
         block_ids,
     };

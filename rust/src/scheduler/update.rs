@@ -9,7 +9,6 @@ use super::Scheduler;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
 use crate::kv_connector::KvTransferReport;
-use crate::kv_events::KvEvent;
 use crate::request::{Request, RequestStatus};
 use crate::scheduler_config::Runner;
 use crate::slab::Slot;
@@ -263,13 +262,8 @@ impl Scheduler {
         if !stale && status_before == RequestStatus::Running && confirms_blocks {
             let first = r.num_cached_blocks();
             cache_arrived(kv, r);
-            let cached = r.num_cached_blocks(); // above `first`: a table exists
-            if cached > first && kv.events_enabled() {
-                kv.log_event(KvEvent::Stored {
-                    owner: e.slot,
-                    first_block: first,
-                    block_ids: r.tables[0].block_ids()[first..cached].to_vec(),
-                });
+            if kv.events_enabled() {
+                super::log_stored_groups(kv, e.slot, &r.tables, first);
             }
         }
         if r.grammar.is_some() && !accept(e.slot, r, &out.tokens[start..]) {

@@ -39,6 +39,7 @@ fn config(async_scheduling: bool) -> SchedulerConfig {
             drop_eagle_block: false,
             groups: vec![GroupSpec::FULL],
             sparse_retention: true,
+            retention_interval: 0,
         },
     }
 }

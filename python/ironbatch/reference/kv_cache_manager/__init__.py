@@ -51,6 +51,7 @@ class KvCacheManager:
         drop_eagle_block: bool = False,
         groups: Seq[GroupSpec] = (FULL,),
         sparse_retention: bool = True,
+        retention_interval: int = 0,
     ) -> None:
         """A manager over a fresh pool, hashing under a random secret key
         unless ``hasher`` is given (fixed keys make tests reproducible).
@@ -63,7 +64,8 @@ class KvCacheManager:
         KV-cache groups in vLLM's order (its layers' first appearance), all
         of ``block_size``; under ``sparse_retention`` (vLLM's default
         ``prefix_cache_retention_interval = 0``) sliding-window groups cache
-        only the blocks a later request can resume from."""
+        only the blocks a later request can resume from, and with a
+        ``retention_interval`` above 0 also each segment's tail."""
         validate(
             num_blocks,
             block_size,
@@ -73,6 +75,8 @@ class KvCacheManager:
             groups,
             enable_prefix_caching,
             drop_eagle_block,
+            sparse_retention=sparse_retention,
+            retention_interval=retention_interval,
         )
         self._pool = BlockPool(num_blocks)
         self._block_size = block_size
@@ -86,6 +90,7 @@ class KvCacheManager:
         self._single_full = len(self._groups) == 1 and self._groups[0].kind.is_full()
         self._drop_eagle_block = bool(drop_eagle_block)
         self._sparse_retention = bool(sparse_retention)
+        self._retention_interval = retention_interval
         #: Computed tokens at a sequence's end that are not hash cached: a
         #: multi-module drafter may prefill them again (§4.13).
         self._reprefillable = 0
@@ -237,6 +242,12 @@ class KvCacheManager:
         filled, a KV connector's load those it wrote, once reported
         (§4.19)."""
         caching.cache_full_blocks(self, tables, seq, upto)
+
+    def stored_block_ids(self, blocks: list[Block]) -> list[int]:
+        """``blocks`` as a ``BlockStored`` event names them: each block's id,
+        or the null block where the table holds none or a window group's
+        sparse retention kept the block out of the cache (it has no hash)."""
+        return caching.stored_block_ids(blocks)
 
     def num_cached_tokens(self, tables: list[BlockTable]) -> int:
         """Tokens the request holds in hash-cached blocks, as vLLM estimates

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.attention_group import SlidingWindow, group_key, sparse_mask
-from ironbatch.reference.block import NULL_BLOCK
+from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.sequence import Sequence
 
@@ -23,6 +23,16 @@ def cache_full_blocks(
     if m._enable_caching:
         for g, table in enumerate(tables):
             cache_blocks(m, g, table, seq, upto)
+
+
+def stored_block_ids(blocks: list[Block]) -> list[int]:
+    """``KvCacheManager.stored_block_ids``: each block's id, or the null
+    block where the table holds none or sparse retention kept the block out
+    of the cache (it has no hash)."""
+    return [
+        b.block_id if b.block_id != NULL_BLOCK and b.hash is not None else NULL_BLOCK
+        for b in blocks
+    ]
 
 
 def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
@@ -70,6 +80,7 @@ def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, up
             kind.window,
             seq.num_prompt_tokens,
             seq.shared_prefix_boundary,
+            m._retention_interval,
         )
     for k in range(start, full):
         block = table.blocks[k]

@@ -30,6 +30,9 @@ def validate(
     groups: Seq[GroupSpec],
     enable_prefix_caching: bool,
     drop_eagle_block: bool = False,
+    *,
+    sparse_retention: bool = True,
+    retention_interval: int = 0,
 ) -> None:
     """Check every setting of a ``KvCacheManager``, naming the first bad one."""
     check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
@@ -39,7 +42,15 @@ def validate(
     check_range("num_lookahead_tokens", num_lookahead_tokens, 0, max_model_len)
     # A block's hash covers at most the next block.
     check_range("num_hash_lookahead_tokens", num_hash_lookahead_tokens, 0, block_size)
-    check_groups(groups, num_hash_lookahead_tokens, enable_prefix_caching, drop_eagle_block)
+    check_groups(
+        groups,
+        num_hash_lookahead_tokens,
+        enable_prefix_caching,
+        drop_eagle_block,
+        sparse_retention=sparse_retention,
+        retention_interval=retention_interval,
+        block_size=block_size,
+    )
 
 
 def check_groups(
@@ -47,12 +58,16 @@ def check_groups(
     num_hash_lookahead_tokens: int,
     enable_prefix_caching: bool,
     drop_eagle_block: bool = False,
+    *,
+    sparse_retention: bool = True,
+    retention_interval: int = 0,
+    block_size: int = 1,
 ) -> None:
     """The KV-cache groups' rules, after the cache's sizes (the core's
     ``KvCacheConfig::validate`` order): how many, each window and chunk in
     range, cross-attention without prefix caching and after a decoder
-    group, EAGLE's last-block drop without lookahead hashes on one group,
-    and no hash lookahead across several groups."""
+    group, a retention interval on window groups' block boundaries, and
+    EAGLE's last-block drop only without lookahead hashes, on one group."""
     check_range("kv_cache_groups", len(groups), 0, MAX_KV_CACHE_GROUPS)
     if not groups and enable_prefix_caching:
         # Nothing to cache; vLLM turns prefix caching off for such a model
@@ -72,6 +87,16 @@ def check_groups(
                 "enable_prefix_caching must be false with a cross-attention KV-cache group "
                 "(an encoder-decoder model)"
             )
+    if retention_interval > 0:
+        # vLLM's rule: checkpoints land on block boundaries, and only a
+        # sliding window keeps them.
+        check_range("retention_interval", retention_interval, 1, MAX_MODEL_LEN)
+        windowed = any(isinstance(g.kind, SlidingWindow) for g in groups)
+        if retention_interval % block_size or not sparse_retention or not windowed:
+            raise ValueError(
+                f"retention_interval ({retention_interval}) needs sparse_retention, a "
+                f"sliding-window KV-cache group and a multiple of block_size ({block_size})"
+            )
     if groups and groups[0].kind.is_cross():
         # A step's block ranges are read off the first group's table.
         raise ValueError(
@@ -83,5 +108,3 @@ def check_groups(
         raise ValueError("drop_eagle_block must be false with num_hash_lookahead_tokens above 0")
     if drop_eagle_block and len(groups) != 1:
         raise ValueError("drop_eagle_block needs exactly one KV-cache group")
-    if len(groups) > 1 and num_hash_lookahead_tokens > 0:
-        raise ValueError("num_hash_lookahead_tokens must be 0 with several KV-cache groups")

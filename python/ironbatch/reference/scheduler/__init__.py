@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.ec_connector import SafeEcConnector
 from ironbatch.reference.encoder_cache import EncoderCache
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
@@ -191,6 +192,7 @@ class Scheduler:
             drop_eagle_block=c.drop_eagle_block,
             groups=c.kv_cache_groups,
             sparse_retention=c.sparse_retention,
+            retention_interval=c.retention_interval,
         ).with_reprefillable_tokens(max(c.drafter_read_ahead - 1, 0))
         self.requests: Slab[Request] = Slab()
         self.ids: dict[str, int] = {}
@@ -367,15 +369,8 @@ class Scheduler:
     def log_stored(self, slot: int, first: int) -> None:
         """Log the blocks the request in ``slot`` hash-cached from block
         ``first`` on (vLLM's ``BlockStored``), when events are on."""
-        if not self.kv.events_enabled:
-            return
-        tables = self.requests[slot].tables
-        if not tables:
-            return  # no KV cache, nothing cached
-        table = tables[0]
-        cached = table.num_cached_blocks()
-        if cached > first:
-            self.kv.log_event(Stored(slot, first, table.block_ids()[first:cached]))
+        if self.kv.events_enabled:
+            log_stored_groups(self.kv, slot, self.requests[slot].tables, first)
 
     def update_draft_token_ids(
         self, request_ids: list[str], tokens: list[int], offsets: list[int]
@@ -734,3 +729,14 @@ def drafts_column(drafts: Drafts) -> list[int]:
     column: list[int] = []
     drafts.write_to(column)
     return column
+
+
+def log_stored_groups(kv: KvCacheManager, slot: int, tables: list[BlockTable], first: int) -> None:
+    """Log each group's blocks ``first..`` that the request in ``slot`` just
+    hash-cached (its decoder groups cache in step, so ``first`` holds for
+    each), in group order as vLLM's coordinator caches them."""
+    for group, table in enumerate(tables):
+        cached = table.num_cached_blocks()
+        if cached > first:
+            block_ids = kv.stored_block_ids(table.blocks[first:cached])
+            kv.log_event(Stored(slot, group, first, block_ids))

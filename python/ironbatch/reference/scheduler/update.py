@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 from ironbatch.reference.error import foreign_step, step_already_applied
 from ironbatch.reference.kv_cache_manager import KvCacheManager
 from ironbatch.reference.kv_connector import NO_REPORT, KvTransferReport
-from ironbatch.reference.kv_events import Stored
 from ironbatch.reference.request import Request, RequestStatus
 from ironbatch.reference.scheduler import kv_load_failure, kv_transfer, session, waiting_pass
 from ironbatch.reference.scheduler.encoder_inputs import release_encoded
@@ -211,9 +210,10 @@ def apply_output(
     if not stale and status_before == RequestStatus.RUNNING and confirms_blocks:
         first = r.num_cached_blocks()
         cache_arrived(kv, r)
-        cached = r.num_cached_blocks()  # above ``first``: a table exists
-        if cached > first and kv.events_enabled:
-            kv.log_event(Stored(e.slot, first, r.tables[0].block_ids()[first:cached]))
+        if kv.events_enabled:
+            from ironbatch.reference.scheduler import log_stored_groups  # (a cycle)
+
+            log_stored_groups(kv, e.slot, r.tables, first)
     if r.grammar is not None and not accept(e.slot, r, out.tokens[start:]):
         r.status = RequestStatus.FINISHED_ERROR  # the grammar rejected them
         r.resumable = False  # which ends a session too
