@@ -384,6 +384,15 @@ TABLE = [
         exercises=("image_requests", "encoder_inputs", "encoder_freed"),
     ),
     Deployment(
+        # Whisper with KV-cache events (prefix caching is off: nothing is
+        # stored) and residency metrics over both groups' blocks.
+        "whisper-large-v3-events-metrics",
+        "whisper-large-v3",
+        ["--kv-events-config", KV_EVENTS, "--kv-cache-metrics"],
+        {"is_encoder_decoder": True, "kv_events": True, "kv_cache_metrics": True},
+        exercises=("encoder_inputs",),
+    ),
+    Deployment(
         # Prompts may come as embeddings: the option alone changes nothing
         # in how token prompts are scheduled.
         "prompt-embeds",

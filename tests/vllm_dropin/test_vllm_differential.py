@@ -111,12 +111,10 @@ def encoder_decoder(settings: dict, blocks: int) -> None:
     """A Whisper-shaped workload's settings, as vLLM's engine makes them
     for an encoder-decoder model: no chunked prefill (its budget then holds
     a whole prompt), no prefix caching, no pipeline parallelism (Whisper has
-    none); and without what the drop-in still leaves to vLLM with
-    cross-attention (KV-cache events and metrics) and prompt embeddings.
-    Its blocks: the decoder's as drawn, and a step's encoder tokens for
-    cross-attention (vLLM's start-up sizing)."""
-    for key in ("kv_events_config", "observability_config", "enable_prompt_embeds"):
-        settings.pop(key, None)
+    none); and without prompt embeddings. Its blocks: the decoder's as
+    drawn, and a step's encoder tokens for cross-attention (vLLM's start-up
+    sizing)."""
+    settings.pop("enable_prompt_embeds", None)
     settings.update(
         enable_chunked_prefill=False,
         max_num_batched_tokens=max(settings["max_num_batched_tokens"], settings["max_model_len"]),
@@ -748,6 +746,8 @@ def drawn_features(seed: int) -> Counter:
         "window KV-cache groups": s["kv_layout"] not in ("full", "none"),
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "window retention interval": bool(s.get("retention_interval")),
+        "encoder-decoder with KV-cache events or metrics": s.get("target") == "whisper"
+        and ("kv_events_config" in s or "observability_config" in s),
         "window groups with speculation": s["kv_layout"] not in ("full", "none")
         and "speculative_config" in s,
         "window groups with KV-cache events": s["kv_layout"] not in ("full", "none")
@@ -788,7 +788,8 @@ def drawn_features(seed: int) -> Counter:
 # modules with 2 or 3 drafts, at most the block size) 15; window groups
 # with KV-cache events, and with KV-cache metrics, 100 each; a window
 # retention interval above 0, 40; decode context parallelism (one
-# full-attention group, no KV-cache events) 80; window groups with speculation 120.
+# full-attention group, no KV-cache events) 80; window groups with speculation 120;
+# the encoder-decoder with KV-cache events or metrics 20.
 FEATURE_SHARES = {
     "feature: speculative decoding": 300,
     "feature: window KV-cache groups": 300,
@@ -804,6 +805,7 @@ FEATURE_SHARES = {
     "feature: window retention interval": 40,
     "feature: decode context parallelism": 80,
     "feature: window groups with speculation": 120,
+    "feature: encoder-decoder with KV-cache events or metrics": 20,
 }
 
 
@@ -832,6 +834,7 @@ FEATURES = [
     "feature: window retention interval",
     "feature: decode context parallelism",
     "feature: window groups with speculation",
+    "feature: encoder-decoder with KV-cache events or metrics",
     "feature: sampling masks",
     "feature: pooling",
     "feature: no KV cache",

@@ -62,7 +62,6 @@ def unsupported_config(
     hybrid = len(groups) > 1 or any(
         isinstance(g.kv_cache_spec, SlidingWindowSpec | ChunkedLocalAttentionSpec) for g in groups
     )
-    observed = c.kv_events_config is not None and c.kv_events_config.enable_kv_cache_events
     checks: list[tuple[bool, str]] = [
         (
             spec is not None and spec.method not in PROVEN_SPECULATIVE_METHODS,
@@ -85,10 +84,6 @@ def unsupported_config(
         (
             mc.is_encoder_decoder and spec is not None,
             "speculative decoding with an encoder-decoder model",
-        ),
-        (
-            mc.is_encoder_decoder and (observed or c.observability_config.kv_cache_metrics),
-            "KV-cache events or metrics with an encoder-decoder model",
         ),
         (
             # An encoder-only deployment samples nothing (docs/scheduling.md
