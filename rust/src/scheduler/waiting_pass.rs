@@ -334,8 +334,13 @@ impl Scheduler {
         }
         draft.carried_prefill |= prompt_left;
         draft.sync_kv_loads |= external.num_tokens > 0;
-        // Still prefilling after this chunk: an async load keeps room for it.
-        r.inflight_prefill = hit_tokens + n < r.num_tokens();
+        // Still prefilling after this chunk: an async load keeps room for
+        // it. One whose load arrived keeps its reservation for the rest of
+        // this pass even when this chunk ends its prefill (vLLM only adds
+        // to its set here and drops a request when the step is built).
+        if hit_tokens + n < r.num_tokens() {
+            r.inflight_prefill = true;
+        }
         let kind = match r.status {
             RequestStatus::Waiting => Kind::New,
             _ => Kind::Resumed,

@@ -281,7 +281,11 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     draft.carried_prefill |= prompt_left
     draft.sync_kv_loads |= external.num_tokens > 0
     # Still prefilling after this chunk: an async load keeps room for it.
-    r.inflight_prefill = hit_tokens + n < r.num_tokens
+    # One whose load arrived keeps its reservation for the rest of this pass
+    # even when this chunk ends its prefill (vLLM only adds to its set here
+    # and drops a request when the step is built).
+    if hit_tokens + n < r.num_tokens:
+        r.inflight_prefill = True
     kind = Kind.NEW if r.status == RequestStatus.WAITING else Kind.RESUMED
     before = (r.seq.num_computed_tokens, r.status)
     r.status = RequestStatus.RUNNING
