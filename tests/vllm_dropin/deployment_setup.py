@@ -34,6 +34,7 @@ Per row:
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 import os
@@ -884,6 +885,15 @@ class Engine:
         som._use_async_grammar_compilation = False  # compile at once: both sides alike
         self.events = EventRecorder()
         self.scheduler.kv_event_publisher = self.events
+        # Residency metrics sample blocks at random: here every third block
+        # handed out, the same ones in both engines when both hand out alike.
+        metrics = getattr(self.scheduler, "_kv_metrics", None)
+        collector = getattr(metrics, "collector", None) or getattr(
+            self.scheduler, "kv_metrics_collector", None
+        )
+        if collector is not None:
+            calls = itertools.count()
+            collector.should_sample_block = lambda: next(calls) % 3 == 0
         self.steps: list[Any] = []
 
     def apply(self, action: str, arg: Any) -> None:

@@ -272,7 +272,9 @@ def multimodal(rng: random.Random, settings: dict) -> dict:
     whole = settings["long_prefill_token_threshold"] == 0 and rng.random() < 0.3
     # Whisper (audio for an encoder, cross-attention) in some, where the
     # drop-in takes it: one KV-cache group of the decoder's, no speculation.
-    if settings["kv_layout"] == "full" and "speculative_config" not in settings:
+    # (With n-gram speculation in some: a drafter needs no model of its own.)
+    method = settings.get("speculative_config", {}).get("method", "ngram")
+    if settings["kv_layout"] == "full" and method in ("ngram", "ngram_gpu"):
         if rng.random() < 0.6:
             return {"target": "whisper", "mm_budget": (compute, cache)}
     return {"target": "vision", "mm_budget": (compute, cache), "disable_chunked_mm_input": whole}
@@ -746,6 +748,8 @@ def drawn_features(seed: int) -> Counter:
         "window KV-cache groups": s["kv_layout"] not in ("full", "none"),
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "window retention interval": bool(s.get("retention_interval")),
+        "encoder-decoder with speculation": s.get("target") == "whisper"
+        and "speculative_config" in s,
         "encoder-decoder with KV-cache events or metrics": s.get("target") == "whisper"
         and ("kv_events_config" in s or "observability_config" in s),
         "window groups with speculation": s["kv_layout"] not in ("full", "none")
@@ -789,7 +793,8 @@ def drawn_features(seed: int) -> Counter:
 # with KV-cache events, and with KV-cache metrics, 100 each; a window
 # retention interval above 0, 40; decode context parallelism (one
 # full-attention group, no KV-cache events) 80; window groups with speculation 120;
-# the encoder-decoder with KV-cache events or metrics 20.
+# the encoder-decoder with KV-cache events or metrics 20, with n-gram
+# speculation 10.
 FEATURE_SHARES = {
     "feature: speculative decoding": 300,
     "feature: window KV-cache groups": 300,
@@ -806,6 +811,7 @@ FEATURE_SHARES = {
     "feature: decode context parallelism": 80,
     "feature: window groups with speculation": 120,
     "feature: encoder-decoder with KV-cache events or metrics": 20,
+    "feature: encoder-decoder with speculation": 10,
 }
 
 
@@ -835,6 +841,7 @@ FEATURES = [
     "feature: decode context parallelism",
     "feature: window groups with speculation",
     "feature: encoder-decoder with KV-cache events or metrics",
+    "feature: encoder-decoder with speculation",
     "feature: sampling masks",
     "feature: pooling",
     "feature: no KV cache",

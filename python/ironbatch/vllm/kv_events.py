@@ -106,6 +106,13 @@ class KvEvents:
         hashes = r.block_hashes
         n = len(kept)
         stored = [first + i for i in range(n) if kept[i]]
+        if stored and stored[-1] >= len(hashes):
+            # The core and vLLM's hasher disagree on what a block's hash
+            # covers: a broken setting, not a request's fault.
+            raise ValueError(
+                f"request {r.request_id!r}: block {stored[-1]} stored, but vLLM's "
+                f"hasher has {len(hashes)} block hashes"
+            )
         extra_keys = []
         lookahead = self.hash_lookahead
         lookahead_token_ids: list[list[int]] | None = [] if lookahead else None
