@@ -204,9 +204,10 @@ def kv_layout(rng: random.Random, bs: int, hybrid: bool) -> dict:
 # n-gram on the GPU hands over k drafts, -1 in the slots it could not fill;
 # hidden-state extraction (a "drafter" that caches the target's hidden states
 # for a KV connector and proposes the sampled tokens: drafts of the usual
-# shape, no lookahead).
+# shape, no lookahead); DFlash (a block drafter over the target's hidden
+# states: k + 1 lookahead slots, no hash lookahead, no block drop).
 SPEC_METHODS = ("ngram", "ngram_gpu", "eagle", "eagle3", "mtp", "draft_model")
-SPEC_METHODS += ("extract_hidden_states",)
+SPEC_METHODS += ("extract_hidden_states", "dflash")
 
 
 def speculation(rng: random.Random, pp: int, bs: int, hybrid: bool) -> dict:

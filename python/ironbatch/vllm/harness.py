@@ -166,6 +166,9 @@ DRAFT_ARCHITECTURES: dict[str, str | None] = {
     "ngram_gpu": None,
     "suffix": None,
     "extract_hidden_states": None,
+    # DFlash: a Qwen3-shaped block drafter over the target's hidden states
+    # (its own folder: it names the target layers it reads).
+    "dflash": "DFlashDraftModel",
 }
 
 
@@ -175,6 +178,20 @@ def tiny_draft_dir(architecture: str) -> str:
     tiny Llama's shapes."""
     config = _TINY_LLAMA | {"architectures": [architecture], "num_hidden_layers": 1}
     return _config_dir("ironbatch-tiny-draft-", config)
+
+
+@functools.cache
+def tiny_dflash_dir() -> str:
+    """A folder with a one-layer DFlash drafter config over the tiny Llama's
+    shapes, reading the target's two layers and masking with token 5."""
+    config = _TINY_LLAMA | {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "num_hidden_layers": 1,
+        "head_dim": _TINY_LLAMA["hidden_size"] // _TINY_LLAMA["num_attention_heads"],
+        "dflash_config": {"target_layer_ids": [0, 1], "mask_token_id": 5},
+    }
+    return _config_dir("ironbatch-tiny-dflash-", config)
 
 
 @functools.cache
@@ -321,7 +338,9 @@ def speculative_config(
     if method not in DRAFT_ARCHITECTURES:
         raise ValueError(f"speculative method must be one of {sorted(DRAFT_ARCHITECTURES)}")
     architecture = DRAFT_ARCHITECTURES[method]
-    if architecture is not None:
+    if method == "dflash":
+        spec.setdefault("model", tiny_dflash_dir())
+    elif architecture is not None:
         spec.setdefault("model", tiny_draft_dir(architecture))
     elif method == "draft_model":
         spec.setdefault("model", tiny_model_dir())

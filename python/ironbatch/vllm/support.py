@@ -15,13 +15,22 @@ VLLM_VERSION = "0.33.0"  # the scheduler whose decisions the core makes
 # Speculative methods whose scheduling the differential test proves equal to
 # vLLM's (tests/vllm_dropin/test_vllm_differential.py draws each): n-gram
 # lookup on the CPU and on the GPU (k drafts padded with -1), EAGLE, EAGLE-3,
-# MTP (vLLM names every model's MTP "mtp"), a draft model and hidden-state
-# extraction (it proposes the sampled tokens). Another method (suffix
-# decoding, which needs the arctic-inference package; DFlash, DSpark, a
-# custom proposer) may hand over drafts of a shape no test has shown the
-# core, so it uses vLLM's scheduler until one does.
+# MTP (vLLM names every model's MTP "mtp"), a draft model, hidden-state
+# extraction (it proposes the sampled tokens) and DFlash (k + 1 lookahead
+# slots). Another method (suffix decoding, which needs the arctic-inference
+# package; DSpark, a custom proposer) may hand over drafts of a shape no
+# test has shown the core, so it uses vLLM's scheduler until one does.
 PROVEN_SPECULATIVE_METHODS = frozenset(
-    {"ngram", "ngram_gpu", "eagle", "eagle3", "mtp", "draft_model", "extract_hidden_states"}
+    {
+        "ngram",
+        "ngram_gpu",
+        "eagle",
+        "eagle3",
+        "mtp",
+        "draft_model",
+        "extract_hidden_states",
+        "dflash",
+    }
 )
 
 
