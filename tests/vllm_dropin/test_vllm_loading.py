@@ -272,7 +272,7 @@ def test_gpu_ngram_speculation_keeps_the_drop_in(async_scheduling: bool) -> None
     assert type(s) is ironbatch.vllm.Scheduler
 
 
-@pytest.mark.parametrize("method", ["suffix", "dflash", "dspark", "custom_class"])
+@pytest.mark.parametrize("method", ["suffix", "dspark", "custom_class"])
 def test_unproven_speculative_methods_fall_back_and_say_which(
     method: str, caplog: pytest.LogCaptureFixture
 ) -> None:
