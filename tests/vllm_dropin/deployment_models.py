@@ -54,6 +54,15 @@ _QWEN3_8B = {
     "bos_token_id": 151643,
     "eos_token_id": 151645,
 }
+# A DFlash block drafter for Qwen3-8B (z-lab's shape: a few Qwen3 layers
+# over five of the target's hidden states, a mask token for the block).
+_QWEN3_8B_DFLASH = {
+    **_QWEN3_8B,
+    "architectures": ["DFlashDraftModel"],
+    "num_hidden_layers": 5,
+    "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669},
+    "block_size": 16,
+}
 _QWEN3_30B_A3B = {
     **_QWEN3_8B,
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -439,6 +448,7 @@ _BGE_BASE_EN_V1_5: dict[str, Any] = {
     "torch_dtype": "float32",
 }
 MODELS: dict[str, dict[str, Any]] = {
+    "qwen3-8b-dflash": _QWEN3_8B_DFLASH,
     "llama-3.1-8b": _LLAMA_3_1_8B,
     "llama-3.1-8b-eagle3": _LLAMA_3_1_8B_EAGLE3,
     "deepseek-v3": _DEEPSEEK_V3,

@@ -276,6 +276,24 @@ TABLE = [
         exercises=("spec_drafts",),
     ),
     Deployment(
+        # DFlash: a block drafter over the target's hidden states (k + 1
+        # lookahead slots, no hash lookahead, no block drop).
+        "qwen3-8b-dflash",
+        "qwen3-8b",
+        [
+            "--speculative-config",
+            json.dumps(
+                {
+                    "method": "dflash",
+                    "model": "{models}/qwen3-8b-dflash",
+                    "num_speculative_tokens": 7,
+                }
+            ),
+        ],
+        {"num_speculative_tokens": 7, "num_lookahead_tokens": 8, "num_hash_lookahead_tokens": 0},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
         # EAGLE-3 with lookahead block hashes off: each prefix hit gives up
         # its last block instead.
         "eagle3-last-block-drop",
