@@ -9,7 +9,7 @@ from collections.abc import Set
 from typing import Any
 
 from ironbatch import Scheduler, _core
-from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, SlidingWindow
+from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, Mamba, SlidingWindow
 from ironbatch.reference.block import cdiv
 from ironbatch.reference.scheduler_config import group_specs
 from ironbatch.scheduler_output import STEP_COLUMNS
@@ -333,8 +333,10 @@ class SchedulerPair:
         self.last_state = a
         # A cut-back request's placeholder resolves with its next output.
         self.kv_cut = {rid for rid in self.kv_cut if rid in a["requests"]}
+        # ``block_ids`` is group 0's table, in blocks of that group's size.
+        bs0 = self.groups[0].kind.tokens_per_block(self.bs) if self.groups else self.bs
         check_scheduler_invariants(
-            self.rust, a, self.bs, kv_cut=self.kv_cut, connector=self.with_connector
+            self.rust, a, bs0, kv_cut=self.kv_cut, connector=self.with_connector
         )
         check_group_invariants(self.groups, a, self.bs)
         assert self.rust.num_free_blocks == self.twin.num_free_blocks
@@ -448,7 +450,9 @@ def null_prefix(table: list[int]) -> int:
 
 def check_group_invariants(groups: tuple[GroupSpec, ...], state: dict[str, Any], bs: int) -> None:
     """Hybrid KV caches: every decoder group's table of a request is as long
-    as the others; group 0's is the one ``block_ids`` reports; full and
+    as the others of the cache's block size (a recurrent group's, of its
+    own, holds its scratch states past its tokens' blocks and nulls before
+    its last processed token's); group 0's is the one ``block_ids`` reports; full and
     cross-attention hold no null position, and cross-attention tables (the
     encoder's tokens) exist only beside a decoder table; a window group's
     nulls are a prefix, and only of positions no token after the computed
@@ -460,8 +464,14 @@ def check_group_invariants(groups: tuple[GroupSpec, ...], state: dict[str, Any],
             assert r["block_ids"] == [] and r["num_cached_blocks"] == 0, rid
             continue
         assert tables[0] == r["block_ids"] and cached[0] == r["num_cached_blocks"], rid
-        decoder = [t for g, t in zip(groups, tables, strict=True) if not g.kind.is_cross()]
-        assert all(len(t) == len(tables[0]) for t in decoder), rid
+        decoder = [
+            t
+            for g, t in zip(groups, tables, strict=True)
+            if not g.kind.is_cross()
+            and g.kind.tokens_per_block(bs) == bs
+            and not g.kind.extra_blocks()
+        ]
+        assert all(len(t) == len(decoder[0]) for t in decoder), rid
         assert all(c <= len(t) for c, t in zip(cached, tables, strict=True)), rid
         for g, table, num_cached in zip(groups, tables, cached, strict=True):
             nulls = null_prefix(table)
@@ -473,12 +483,16 @@ def check_group_invariants(groups: tuple[GroupSpec, ...], state: dict[str, Any],
                 assert num_cached == 0, rid  # never prefix cached
             # A chunk that is not a whole number of blocks lets vLLM's hit
             # pad a block more than the chunk skips (the core does too).
-            exact = isinstance(g.kind, SlidingWindow) or (
+            exact = isinstance(g.kind, SlidingWindow | Mamba) or (
                 isinstance(g.kind, ChunkedLocal) and g.kind.chunk % bs == 0
             )
             if exact:
-                skipped = g.kind.num_skipped_tokens(r["num_computed_tokens"]) // bs
+                group_bs = g.kind.tokens_per_block(bs)
+                skipped = g.kind.num_skipped_tokens(r["num_computed_tokens"]) // group_bs
                 assert nulls <= skipped, (rid, g, table, r["num_computed_tokens"])
+            if isinstance(g.kind, Mamba) and table:
+                # Its scratch states come with its first blocks.
+                assert len(table) > g.kind.speculative_blocks, (rid, g, table)
 
 
 def check_windows_after_step(
@@ -493,5 +507,6 @@ def check_windows_after_step(
             continue  # preempted later in the step
         processed = max(r["num_computed_tokens"] - r["in_flight_tokens"], 0)
         for g, table in zip(groups, r["tables"], strict=True):
-            skipped = min(g.kind.num_skipped_tokens(processed) // bs, len(table))
+            group_bs = g.kind.tokens_per_block(bs)
+            skipped = min(g.kind.num_skipped_tokens(processed) // group_bs, len(table))
             assert all(b == 0 for b in table[:skipped]), (rid, g, table, processed)

@@ -194,7 +194,43 @@ def random_config(rng: random.Random) -> dict:
     # stay out of the hash cache.
     if config["num_speculative_tokens"] > 1 and rng.random() < 0.3:
         config["drafter_read_ahead"] = config["num_speculative_tokens"]
+    add_mamba_groups(random.Random(rng.random()), config)
     return config
+
+
+def add_mamba_groups(rng: random.Random, config: dict) -> None:
+    """Recurrent-state groups (Mamba, linear attention) in some decoder
+    workloads: one to three beside the drawn groups (Qwen3-Next, Jamba) or
+    alone (a pure Mamba model), prefix caching off (vLLM's cache mode
+    "none"), each a state block of the model's length (vLLM's default) or
+    shorter, with a scratch state per draft in most drafting workloads.
+    The pool is sized for the extra tables."""
+    groups = config["kv_cache_groups"]
+    if groups == () or any(g.kind == "cross_attention" for g in groups or ()):
+        return
+    if rng.random() >= 0.15:
+        return
+    bs, max_len = config["block_size"], config["max_model_len"]
+    k = config["num_speculative_tokens"]
+    spec = k if k and rng.random() < 0.8 else 0
+    mamba = [
+        KVCacheGroup(
+            "mamba", rng.choice([max_len, max_len, max_len // 2, bs, 3]), speculative_blocks=spec
+        )
+        for _ in range(rng.choice([1, 1, 2, 3]))
+    ]
+    attention = [] if rng.random() < 0.15 else list(groups or (KVCacheGroup("full"),))
+    mixed = attention + mamba
+    rng.shuffle(mixed)
+    config.update(
+        kv_cache_groups=tuple(mixed),
+        caching=False,
+        num_hash_lookahead_tokens=0,
+        drop_eagle_block=False,
+    )
+    need = blocks_per_request(config)
+    tight = rng.random() < 0.6
+    config["num_blocks"] = rng.randint(need + 1, 2 * need + 2) if tight else 4 * need
 
 
 def audio_inputs(
@@ -291,15 +327,24 @@ def end_tie_livelock(pair: SchedulerPair, cycle: list[list[str]]) -> None:
         pair.apply_oldest(lambda rid: EOS, reject=11)
 
 
+def blocks_per_request(config: dict) -> int:
+    """Blocks one request of ``max_model_len`` tokens holds, over all groups
+    (a recurrent group's of its own size, with its scratch states)."""
+    bs, max_len = config["block_size"], config["max_model_len"]
+    groups = config["kv_cache_groups"] or (KVCacheGroup("full"),)
+    return sum(
+        -(-max_len // g.size) + g.speculative_blocks if g.kind == "mamba" else -(-max_len // bs)
+        for g in groups
+    )
+
+
 def takes_sessions(config: dict) -> bool:
     """Whether a workload on ``config`` opens streaming sessions."""
     # Sessions between turns hold their blocks and nobody can preempt them:
     # vLLM stalls as the core does when they hold the whole cache, so they
     # come only with room for them, and stay well inside max_model_len.
     groups = config["kv_cache_groups"]
-    need = -(-config["max_model_len"] // config["block_size"]) * (
-        1 if groups is None else len(groups)
-    )
+    need = blocks_per_request(config)
     # A pooling runner takes no sessions (its prompts may fill
     # max_model_len), nor does an encoder-only one, nor an encoder-decoder
     # (its requests carry audio for the encoder).
@@ -516,6 +561,9 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     pair.events["eagle_block_drop"] += config["drop_eagle_block"] and config["caching"]
     pair.events["multi_module_drafter"] += config.get("drafter_read_ahead", 0) > 1
     pair.events["retention_interval"] += config.get("retention_interval", 0) > 0
+    mamba = [g for g in config["kv_cache_groups"] or () if g.kind == "mamba"]
+    pair.events["mamba_groups"] += bool(mamba)
+    pair.events["mamba_speculative_blocks"] += any(g.speculative_blocks for g in mamba)
     if ec_connectors:
         core, twin = ec_connectors
         assert core.log == twin.log, "the encoder-cache connector was called differently"
@@ -592,6 +640,10 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     # retention interval (about one workload in ten each).
     for what in ("eagle_block_drop", "multi_module_drafter", "retention_interval"):
         needs[what] = workloads.scaled(4, WORKLOADS, FULL_WORKLOADS)
+    # Recurrent-state groups (about one workload in eight), with scratch
+    # states for drafts in about one in three of those.
+    needs["mamba_groups"] = workloads.scaled(4, WORKLOADS, FULL_WORKLOADS)
+    needs["mamba_speculative_blocks"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():

@@ -204,7 +204,9 @@ def test_the_block_ids_are_compared_per_group(tmp_path: Path, backend: str) -> N
     [
         ({"kind": "full"}, "kv_cache_groups must be a list"),
         (["full"], r"kv_cache_groups\[0\] must be an object"),
-        ([{"kind": "mamba"}, {"kind": "full"}], "kind"),
+        ([{"kind": "recurrent"}, {"kind": "full"}], "kind"),
+        ([{"kind": "mamba"}, {"kind": "full"}], "size"),
+        ([{"kind": "mamba", "size": 128, "speculative_blocks": -1}], "speculative_blocks"),
         ([{"kind": "sliding_window"}, {"kind": "full"}], "size"),
         ([{"kind": "full", "admission_cap_blocks": 3}], "admission_cap_blocks"),
         ([], "kv_cache_groups"),

@@ -453,7 +453,7 @@ class Scheduler:
         drop_eagle_block: bool = False,
         num_draft_slots: SupportsIndex | None = None,
         drafts_by_batch_size: Sequence[int] | None = None,
-        kv_cache_groups: Sequence[tuple[str, int, int | None]] | None = None,
+        kv_cache_groups: Sequence[tuple[str, int, int | None, int]] | None = None,
         sparse_retention: bool = True,
         retention_interval: SupportsIndex | None = None,
         max_loras: SupportsIndex | None = None,
@@ -468,10 +468,12 @@ class Scheduler:
         (both or neither): a multimodal model's encoder limits, in
         embeddings (docs/scheduling.md §4.15). ``kv_cache_groups``: the
         KV-cache groups in vLLM's order, each
-        ``(kind, size, admission_cap_blocks)`` with kind "full" or
-        "cross_attention" (size ignored), "sliding_window" (size: the window)
-        or "chunked_local" (size: the chunk), all of ``block_size``, sharing
-        the pool; None is one full-attention group, an empty list none (a
+        ``(kind, size, admission_cap_blocks, speculative_blocks)`` with kind
+        "full" or "cross_attention" (size ignored), "sliding_window" (size:
+        the window), "chunked_local" (size: the chunk), all of
+        ``block_size``, or "mamba" (size: its own tokens per state block;
+        speculative_blocks: scratch states for drafts; prefix caching off),
+        sharing the pool; None is one full-attention group, an empty list none (a
         model without a KV cache). ``sparse_retention``: sliding-window
         groups cache only the blocks a later request can resume from (vLLM's
         default ``prefix_cache_retention_interval=0``), with

@@ -189,7 +189,8 @@ class SchedulerConfig:
 class KVCacheGroup:
     """One KV-cache group of a hybrid model (vLLM's ``KVCacheGroupSpec``):
     layers that attend alike, with a block table of their own per request;
-    every group shares the cache's blocks and block size.
+    every group shares the cache's blocks, and all but recurrent ones its
+    block size.
 
     ``kind`` is "full" (every earlier token; ``size`` 0), "sliding_window"
     (``size``: the window, in tokens), "chunked_local" (``size``: the
@@ -200,17 +201,36 @@ class KVCacheGroup:
     max_model_len), block_size) + 1`` for a sliding window, ``cdiv(min(chunk
     + in_flight, max_model_len), block_size)`` for chunked local attention,
     where ``in_flight`` is the tokens that can be in flight); None counts
-    them all."""
+    them all.
+
+    ``kind`` "mamba" is a recurrent state (Mamba, linear attention) with
+    prefix caching off (vLLM's ``mamba_cache_mode`` "none"): ``size`` is
+    its tokens per state block (vLLM's ``mamba_block_size``, the model's
+    length unless set) and ``speculative_blocks`` the scratch states a
+    drafter's tokens take (vLLM's ``MambaSpec.num_speculative_blocks``)."""
 
     kind: str
     size: int = 0
     admission_cap_blocks: int | None = None
+    speculative_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in GROUP_KINDS:
             raise ValueError(f"KVCacheGroup.kind must be one of {GROUP_KINDS}, got {self.kind!r}")
         if isinstance(self.size, bool) or not isinstance(self.size, int):
             raise TypeError(f"KVCacheGroup.size must be an int, got {type(self.size).__name__}")
+        if self.kind == "mamba":
+            _int("KVCacheGroup.speculative_blocks", self.speculative_blocks, 0, MAX_NUM_BLOCKS)
+            if self.admission_cap_blocks is not None:
+                raise ValueError(
+                    "KVCacheGroup.admission_cap_blocks must be None for a mamba group, "
+                    f"got {self.admission_cap_blocks}"
+                )
+        elif self.speculative_blocks != 0:
+            raise ValueError(
+                f"KVCacheGroup.speculative_blocks must be 0 for a {self.kind} group, "
+                f"got {self.speculative_blocks}"
+            )
         if self.kind in ("full", "cross_attention"):
             what = "full-attention" if self.kind == "full" else "cross-attention"
             if self.size != 0:
@@ -292,8 +312,10 @@ def blocks_for_one_sequence(
 ) -> int:
     """Blocks one max_model_len sequence holds: a table's worth in every
     decoder group, a window group's capped at its admission cap when it has
-    one, and ``max_encoder_tokens``' worth in a cross-attention group (as
-    vLLM sizes a hybrid or encoder-decoder cache at start-up)."""
+    one, ``max_encoder_tokens``' worth in a cross-attention group, and its
+    states in a recurrent group (one of vLLM's default size, plus the
+    scratch states: as vLLM sizes a hybrid or encoder-decoder cache at
+    start-up)."""
     bs = cache_config.block_size
     per_group = cdiv(max_model_len, bs)
     groups = cache_config.kv_cache_groups
@@ -302,6 +324,8 @@ def blocks_for_one_sequence(
     return sum(
         cdiv(max_encoder_tokens, bs)
         if g.kind == "cross_attention"
+        else cdiv(max_model_len, g.size) + g.speculative_blocks
+        if g.kind == "mamba"
         else per_group
         if g.admission_cap_blocks is None
         else min(per_group, g.admission_cap_blocks)

@@ -25,6 +25,7 @@ from ironbatch.reference.attention_group import (
     ChunkedLocal,
     CrossAttention,
     GroupSpec,
+    Mamba,
     SlidingWindow,
 )
 from ironbatch.reference.kv_connector import KvConnectorSetup
@@ -32,19 +33,22 @@ from ironbatch.reference.scheduler_config import settings
 from ironbatch.scheduler_stats import SchedulerStats
 
 
-def binding_groups(groups: Sequence[GroupSpec]) -> list[tuple[str, int, int | None]]:
+def binding_groups(groups: Sequence[GroupSpec]) -> list[tuple[str, int, int | None, int]]:
     """Resolved KV-cache groups as the binding takes them: ``(kind, size,
-    admission_cap_blocks)``."""
-    out: list[tuple[str, int, int | None]] = []
+    admission_cap_blocks, speculative_blocks)``."""
+    out: list[tuple[str, int, int | None, int]] = []
     for g in groups:
+        cap = g.admission_cap_blocks
         if isinstance(g.kind, SlidingWindow):
-            out.append(("sliding_window", g.kind.window, g.admission_cap_blocks))
+            out.append(("sliding_window", g.kind.window, cap, 0))
         elif isinstance(g.kind, ChunkedLocal):
-            out.append(("chunked_local", g.kind.chunk, g.admission_cap_blocks))
+            out.append(("chunked_local", g.kind.chunk, cap, 0))
         elif isinstance(g.kind, CrossAttention):
-            out.append(("cross_attention", 0, g.admission_cap_blocks))
+            out.append(("cross_attention", 0, cap, 0))
+        elif isinstance(g.kind, Mamba):
+            out.append(("mamba", g.kind.block_size, cap, g.kind.speculative_blocks))
         else:
-            out.append(("full", 0, g.admission_cap_blocks))
+            out.append(("full", 0, cap, 0))
     return out
 
 

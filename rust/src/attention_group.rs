@@ -3,7 +3,9 @@
 //! on one block pool. Full attention keeps every block; a sliding window
 //! (gpt-oss, Gemma) and chunked local attention (Llama 4) stop reading old
 //! blocks, which then go back to the pool, and make prefix hits and caching
-//! follow their own rules. Each rule here is vLLM 0.33's, per attention type.
+//! follow their own rules. A recurrent group (Mamba, linear attention) keeps
+//! a state per block rather than a token's KV per slot. Each rule here is
+//! vLLM 0.33's, per attention type.
 
 use crate::block::cdiv;
 use crate::block_hash::BlockHash;
@@ -21,6 +23,16 @@ pub enum AttentionKind {
     /// (Whisper): blocks for the encoder tokens, taken once when the encoder
     /// input runs and held until the request frees, never prefix cached.
     CrossAttention,
+    /// A recurrent state (Mamba, linear attention: Qwen3-Next, Nemotron-H,
+    /// Granite-4.0-H, Jamba) in vLLM's cache mode "none", prefix caching off
+    /// (§7.14): one state block per `block_size` tokens (vLLM's
+    /// `mamba_block_size`, the model's length unless set, so one block), of
+    /// which only the last computed token's is kept, plus
+    /// `speculative_blocks` scratch states for a drafter's tokens.
+    Mamba {
+        block_size: usize,
+        speculative_blocks: usize,
+    },
 }
 
 /// One KV-cache group.
@@ -50,7 +62,38 @@ impl AttentionKind {
             AttentionKind::SlidingWindow { window } => (processed + 1).saturating_sub(window),
             AttentionKind::ChunkedLocal { chunk } => processed / chunk * chunk,
             AttentionKind::CrossAttention => 0,
+            // Only the last computed token's state is read again.
+            AttentionKind::Mamba { .. } => processed.saturating_sub(1),
         }
+    }
+
+    /// Tokens per block of this group: its own for a recurrent state, else
+    /// the cache's `block_size`.
+    pub fn tokens_per_block(self, cache_block_size: usize) -> usize {
+        match self {
+            AttentionKind::Mamba { block_size, .. } => block_size,
+            _ => cache_block_size,
+        }
+    }
+
+    /// Blocks held past those covering the tokens: a recurrent group's
+    /// scratch states for drafts.
+    pub fn extra_blocks(self) -> usize {
+        match self {
+            AttentionKind::Mamba {
+                speculative_blocks, ..
+            } => speculative_blocks,
+            _ => 0,
+        }
+    }
+
+    /// Whether its blocks hold no per-token slots (cross-attention's follow
+    /// the encoder, a recurrent group's hold states).
+    pub fn is_slotless(self) -> bool {
+        matches!(
+            self,
+            AttentionKind::CrossAttention | AttentionKind::Mamba { .. }
+        )
     }
 
     /// Whether it is full attention.
@@ -130,6 +173,20 @@ mod tests {
         assert_eq!(chunked.num_skipped_tokens(63), 0);
         assert_eq!(chunked.num_skipped_tokens(130), 128);
         assert_eq!(AttentionKind::Full.num_skipped_tokens(10_000), 0);
+        let mamba = AttentionKind::Mamba {
+            block_size: 64,
+            speculative_blocks: 2,
+        };
+        assert_eq!(mamba.num_skipped_tokens(0), 0);
+        assert_eq!(mamba.num_skipped_tokens(130), 129);
+        assert_eq!((mamba.tokens_per_block(16), mamba.extra_blocks()), (64, 2));
+        assert_eq!(
+            (
+                AttentionKind::Full.tokens_per_block(16),
+                AttentionKind::Full.extra_blocks()
+            ),
+            (16, 0)
+        );
     }
 
     #[test]

@@ -12,6 +12,9 @@ pub struct BlockTable {
     /// fall in the last block, and reading it here spares a cache miss on
     /// the table's heap array for every request in every step.
     pub(crate) last: BlockId,
+    /// Blocks the latest allocation appended (the step's new block ids of
+    /// a running request).
+    pub(crate) grown: usize,
 }
 
 impl BlockTable {

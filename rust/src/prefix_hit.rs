@@ -200,7 +200,7 @@ fn find_for(
             }
         }
         // Never cached (prefix caching is off beside it): no hit.
-        AttentionKind::CrossAttention => {}
+        AttentionKind::CrossAttention | AttentionKind::Mamba { .. } => {}
     }
     blocks[l.group_ids[0]].len() * block_size
 }

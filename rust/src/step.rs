@@ -35,8 +35,6 @@ pub struct StepEntry {
     /// Output tokens before this step, placeholders included (written as
     /// the step ends).
     pub num_output_tokens: usize,
-    /// Where this step's blocks start in the table (0: the whole table).
-    pub(crate) block_start: usize,
     /// The drafts scheduled: the last `drafts.len()` of its `num_tokens`
     /// positions (vLLM's `scheduled_spec_decode_tokens`).
     pub drafts: Drafts,
@@ -184,9 +182,10 @@ pub struct StepOutput {
     pub(crate) span_offsets: Vec<u32>,
     pub(crate) block_size: usize,
     pub(crate) num_groups: usize,
-    /// Cross-attention groups (bit `g`): their slots are the encoder's,
-    /// not the scheduled tokens', so the slot mapping leaves them out.
-    pub(crate) cross_groups: u64,
+    /// Groups without per-token slots (bit `g`): cross-attention's are the
+    /// encoder's, a recurrent group's blocks hold states; the slot mapping
+    /// leaves them out.
+    pub(crate) slotless_groups: u64,
     /// Preempted since the previous step's output (sorted).
     pub preempted_req_ids: Vec<String>,
     /// Finished since the previous step's output (sorted).
@@ -301,13 +300,13 @@ impl StepOutput {
     }
 
     /// Per scheduled token and decoder KV-cache group: its KV-cache slot,
-    /// group 0's run of the step's tokens first (cross-attention groups
-    /// have none: the encoder's tokens fill them).
+    /// group 0's run of the step's tokens first (cross-attention and
+    /// recurrent groups have none).
     pub fn slot_mapping(&self) -> Vec<i64> {
         let bs = self.block_size;
         let groups = self.num_groups;
         let mut out = Vec::with_capacity(self.total_num_scheduled_tokens() * groups);
-        for g in (0..groups).filter(|&g| self.cross_groups & 1 << g == 0) {
+        for g in (0..groups).filter(|&g| self.slotless_groups & 1 << g == 0) {
             for (i, e) in self.entries.iter().enumerate() {
                 let k = i * groups + g;
                 let span = &self.span_blocks

@@ -148,9 +148,7 @@ def rope_and_cache(
     )
     check(cos_sin.stride(1) == 1, "cos_sin's rows must be contiguous")
     qk_norm = q_norm_weight is not None
-    check(
-        qk_norm == (k_norm_weight is not None), "q_norm_weight and k_norm_weight come together"
-    )
+    check(qk_norm == (k_norm_weight is not None), "q_norm_weight and k_norm_weight come together")
     if qk_norm:
         for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
             assert w is not None

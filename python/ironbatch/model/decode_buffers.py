@@ -77,8 +77,7 @@ class DecodeBuffers:
             for size in sizes
         }
         self._host = {
-            size: self._views(size, self.longs.host_tensor, self.ints.host_tensor)
-            for size in sizes
+            size: self._views(size, self.longs.host_tensor, self.ints.host_tensor) for size in sizes
         }
 
     def _views(self, size: int, longs: torch.Tensor, ints: torch.Tensor) -> StepViews:

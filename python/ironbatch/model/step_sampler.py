@@ -89,9 +89,7 @@ class StepSampler:
 
     def all_plain(self, slots: np.ndarray, num_outputs: np.ndarray) -> bool:
         """Whether every row is greedy argmax: plain, ``min_tokens`` reached."""
-        return bool(
-            self.plain[slots].all() and (num_outputs >= self.min_tokens[slots]).all()
-        )
+        return bool(self.plain[slots].all() and (num_outputs >= self.min_tokens[slots]).all())
 
     def sample(
         self,

@@ -3,8 +3,9 @@ whose layers attend differently keeps one block table per group of alike
 layers, all drawing on one block pool. Full attention keeps every block; a
 sliding window (gpt-oss, Gemma) and chunked local attention (Llama 4) stop
 reading old blocks, which then go back to the pool, and make prefix hits and
-caching follow their own rules. Each rule here is vLLM 0.33's, per attention
-type."""
+caching follow their own rules. A recurrent group (Mamba, linear attention)
+keeps a state per block rather than a token's KV per slot. Each rule here is
+vLLM 0.33's, per attention type."""
 
 from __future__ import annotations
 
@@ -14,8 +15,25 @@ from dataclasses import dataclass
 from ironbatch.reference.block import cdiv
 
 
+class _Attention:
+    """What every kind shares: blocks of the cache's size, one slot per
+    token, nothing held past the tokens."""
+
+    def tokens_per_block(self, cache_block_size: int) -> int:
+        """Tokens per block of this group: the cache's ``block_size``."""
+        return cache_block_size
+
+    def extra_blocks(self) -> int:
+        """Blocks held past those covering the tokens: none."""
+        return 0
+
+    def is_slotless(self) -> bool:
+        """Whether its blocks hold no per-token slots."""
+        return False
+
+
 @dataclass(frozen=True)
-class Full:
+class Full(_Attention):
     """Every earlier token."""
 
     def num_skipped_tokens(self, processed: int) -> int:
@@ -32,7 +50,7 @@ class Full:
 
 
 @dataclass(frozen=True)
-class SlidingWindow:
+class SlidingWindow(_Attention):
     """The last ``window`` tokens (the token itself included)."""
 
     window: int
@@ -49,7 +67,7 @@ class SlidingWindow:
 
 
 @dataclass(frozen=True)
-class ChunkedLocal:
+class ChunkedLocal(_Attention):
     """The tokens of the current ``chunk``-sized chunk."""
 
     chunk: int
@@ -66,7 +84,7 @@ class ChunkedLocal:
 
 
 @dataclass(frozen=True)
-class CrossAttention:
+class CrossAttention(_Attention):
     """An encoder-decoder's decoder attending to the encoder's output
     (Whisper): blocks for the encoder tokens, taken once when the encoder
     input runs and held until the request frees, never prefix cached."""
@@ -83,9 +101,49 @@ class CrossAttention:
         """Its blocks follow the encoder's tokens, not the decoder's."""
         return True
 
+    def is_slotless(self) -> bool:
+        """Its slots are the encoder's tokens'."""
+        return True
+
+
+@dataclass(frozen=True)
+class Mamba(_Attention):
+    """A recurrent state (Mamba, linear attention: Qwen3-Next, Nemotron-H,
+    Granite-4.0-H, Jamba) in vLLM's cache mode "none", prefix caching off
+    (§7.14): one state block per ``block_size`` tokens (vLLM's
+    ``mamba_block_size``, the model's length unless set, so one block), of
+    which only the last computed token's is kept, plus
+    ``speculative_blocks`` scratch states for a drafter's tokens."""
+
+    block_size: int
+    speculative_blocks: int = 0
+
+    def num_skipped_tokens(self, processed: int) -> int:
+        """All but the last computed token: only its state is read again."""
+        return max(processed - 1, 0)
+
+    def tokens_per_block(self, cache_block_size: int) -> int:
+        """Its own block size."""
+        del cache_block_size
+        return self.block_size
+
+    def extra_blocks(self) -> int:
+        """Its drafts' scratch states."""
+        return self.speculative_blocks
+
+    def is_full(self) -> bool:
+        return False
+
+    def is_cross(self) -> bool:
+        return False
+
+    def is_slotless(self) -> bool:
+        """Its blocks hold states."""
+        return True
+
 
 #: How a group's layers attend (the core's ``AttentionKind`` enum).
-AttentionKind = Full | SlidingWindow | ChunkedLocal | CrossAttention
+AttentionKind = Full | SlidingWindow | ChunkedLocal | CrossAttention | Mamba
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ class BlockTable:
 
     blocks: list[Block] = field(default_factory=list)
     num_cached: int = 0
+    #: Blocks the latest allocation appended (the step's new block ids of a
+    #: running request).
+    grown: int = 0
 
     def block_ids(self) -> list[int]:
         return [b.block_id for b in self.blocks]

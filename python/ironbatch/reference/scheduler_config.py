@@ -13,6 +13,7 @@ from ironbatch.reference.attention_group import (
     CrossAttention,
     Full,
     GroupSpec,
+    Mamba,
     SlidingWindow,
 )
 from ironbatch.reference.error import debug_str
@@ -234,13 +235,13 @@ def encoder_config(c: Any) -> EncoderConfig | None:
 
 
 #: The API's group kinds (``KVCacheGroup.kind``), as the binding names them.
-GROUP_KINDS = ("full", "sliding_window", "chunked_local", "cross_attention")
+GROUP_KINDS = ("full", "sliding_window", "chunked_local", "cross_attention", "mamba")
 
 
 def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
     """The API's ``kv_cache_groups`` (``kind``, ``size``,
-    ``admission_cap_blocks`` read by attribute) as the core's groups; None is
-    one full-attention group. An unknown kind is refused as the binding
+    ``admission_cap_blocks``, ``speculative_blocks`` read by attribute) as
+    the core's groups; None is one full-attention group. An unknown kind is refused as the binding
     refuses it."""
     if groups is None:
         return (FULL,)
@@ -255,10 +256,12 @@ def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
             out.append(GroupSpec(ChunkedLocal(g.size), cap))
         elif g.kind == "cross_attention":
             out.append(GroupSpec(CrossAttention(), cap))
+        elif g.kind == "mamba":
+            out.append(GroupSpec(Mamba(g.size, g.speculative_blocks), cap))
         else:
             raise ValueError(
-                "kv_cache_groups kind must be 'full', 'sliding_window', 'chunked_local' or "
-                f"'cross_attention', got {debug_str(str(g.kind))}"
+                "kv_cache_groups kind must be 'full', 'sliding_window', 'chunked_local', "
+                f"'cross_attention' or 'mamba', got {debug_str(str(g.kind))}"
             )
     return tuple(out)
 

@@ -41,8 +41,6 @@ class StepEntry:
     num_computed_tokens: int
     #: The step reaches the request's last known token, so it samples.
     samples: bool
-    #: Where this step's blocks start in the table (0: the whole table).
-    block_start: int
     #: The drafts scheduled: the last ``len(drafts)`` of its ``num_tokens``
     #: positions (vLLM's ``scheduled_spec_decode_tokens``).
     drafts: Drafts = NO_DRAFTS

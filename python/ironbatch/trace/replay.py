@@ -125,6 +125,7 @@ def kv_cache_groups(config: dict[str, Any]) -> tuple[KVCacheGroup, ...] | None:
                 kind=g["kind"],
                 size=g.get("size", 0),
                 admission_cap_blocks=g.get("admission_cap_blocks"),
+                speculative_blocks=g.get("speculative_blocks", 0),
             )
         )
     return tuple(out)

@@ -34,9 +34,10 @@ pub struct Admission {
 
 impl KvCacheManager {
     /// Blocks group `g` must take to cover `tokens` after its `hits`:
-    /// positions not held yet, plus hits that sit in the free queue (taking
-    /// them lowers the free count too). `capped`: the admission check,
-    /// which counts a window group's blocks only up to its cap.
+    /// positions not held yet (and a recurrent group's scratch states),
+    /// plus hits that sit in the free queue (taking them lowers the free
+    /// count too). `capped`: the admission check, which counts a window
+    /// group's blocks only up to its cap.
     fn blocks_needed(
         &self,
         g: usize,
@@ -45,7 +46,8 @@ impl KvCacheManager {
         hits: &[BlockId],
         capped: bool,
     ) -> usize {
-        let mut required = cdiv(tokens, self.block_size);
+        let kind = self.groups[g].kind;
+        let mut required = cdiv(tokens, self.group_block_size(g)) + kind.extra_blocks();
         if capped {
             if let Some(cap) = self.groups[g].admission_cap_blocks {
                 required = required.min(cap);
@@ -138,8 +140,8 @@ impl KvCacheManager {
     }
 
     /// [`Self::allocate_slots`] over every group's table, with arguments the
-    /// caller guarantees (the scheduler's own): `Some(k)` new blocks per
-    /// group, or `None`. `hits` holds one list per group (or none);
+    /// caller guarantees (the scheduler's own): `Some(k)`, group 0's new
+    /// blocks (each table records its own growth), or `None`. `hits` holds one list per group (or none);
     /// `in_flight` of the computed tokens are still being computed. Before
     /// the step's own check, window groups give back the blocks no position
     /// reads any more (whether or not the allocation succeeds, as vLLM's
@@ -176,6 +178,7 @@ impl KvCacheManager {
                 .saturating_add(num_new_tokens)
                 .saturating_add(self.lookahead)
                 .min(self.max_model_len);
+            table.grown = 0;
             if slots <= table.len() * self.block_size {
                 if self.enable_caching {
                     let upto = computed
@@ -261,19 +264,18 @@ impl KvCacheManager {
                 self.take_hits(g, table, &hits[g], computed);
             }
         }
-        // Group by group, in order (as vLLM's coordinator takes them); the
-        // decoder's groups all grow by the same `k`.
-        let mut k = 0;
+        // Group by group, in order (as vLLM's coordinator takes them); each
+        // table records its growth for the step's new block ids.
         for (g, table) in tables.iter_mut().enumerate() {
             let t = self.slots_of(g, slots, encoder_tokens);
-            let grow = cdiv(t, self.block_size).saturating_sub(table.len());
-            if !self.groups[g].kind.is_cross() {
-                debug_assert!(k == 0 || grow == k);
-                k = grow;
-            }
+            let kind = self.groups[g].kind;
+            let required = cdiv(t, self.group_block_size(g)) + kind.extra_blocks();
+            let grow = required.saturating_sub(table.len());
             self.pool.take_free_blocks(grow, &mut table.blocks);
+            table.grown = grow;
             table.sync_last();
         }
+        let k = tables.first().map_or(0, |t| t.grown);
         // A load still on its way is cached once it is reported.
         if self.enable_caching && !load_async {
             let upto = computed
@@ -289,7 +291,7 @@ impl KvCacheManager {
     /// Adopt group `g`'s prefix hits: the blocks a window no longer reads
     /// (before `computed`'s window) stay null, the rest are taken.
     fn take_hits(&mut self, g: usize, table: &mut BlockTable, hits: &[BlockId], computed: usize) {
-        let skipped = self.groups[g].kind.num_skipped_tokens(computed) / self.block_size;
+        let skipped = self.groups[g].kind.num_skipped_tokens(computed) / self.group_block_size(g);
         let skipped = skipped.min(hits.len());
         let taken = &hits[skipped..];
         let live: Vec<BlockId> = taken.iter().copied().filter(|&b| b != NULL_BLOCK).collect();
@@ -304,7 +306,7 @@ impl KvCacheManager {
     /// tokens reads (a window's past), last first, leaving nulls; stops at
     /// the first position already null.
     fn remove_skipped_blocks(&mut self, g: usize, table: &mut BlockTable, processed: usize) {
-        let skipped = self.groups[g].kind.num_skipped_tokens(processed) / self.block_size;
+        let skipped = self.groups[g].kind.num_skipped_tokens(processed) / self.group_block_size(g);
         let k = skipped.min(table.len());
         if k == 0 || table.blocks[k - 1] == NULL_BLOCK {
             return; // nothing newly out of the window: most steps

@@ -120,6 +120,21 @@ impl KvCacheConfig {
                         ));
                     }
                 }
+                AttentionKind::Mamba {
+                    block_size,
+                    speculative_blocks,
+                } => {
+                    check_range("mamba_block_size", block_size, 1, MAX_MODEL_LEN)?;
+                    check_range("speculative_blocks", speculative_blocks, 0, MAX_NUM_BLOCKS)?;
+                    // Prefix caching over recurrent states is vLLM's cache
+                    // mode "align", which the core does not model.
+                    if self.enable_prefix_caching {
+                        return Err(Error::invalid(
+                            "enable_prefix_caching must be false with a Mamba KV-cache group \
+                             (vLLM's mamba_cache_mode 'none'; 'align' is not supported)",
+                        ));
+                    }
+                }
             }
         }
         if self.retention_interval > 0 {

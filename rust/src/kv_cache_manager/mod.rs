@@ -105,14 +105,20 @@ impl KvCacheManager {
         self.block_size
     }
 
-    /// The cross-attention groups, as a mask (bit `g` for group `g`; at
-    /// most 64 groups).
-    pub fn cross_groups(&self) -> u64 {
+    /// The groups whose blocks hold no per-token slots (cross-attention's
+    /// follow the encoder, a recurrent group's hold states), as a mask (bit
+    /// `g` for group `g`; at most 64 groups).
+    pub fn slotless_groups(&self) -> u64 {
         self.groups
             .iter()
             .enumerate()
-            .filter(|(_, g)| g.kind.is_cross())
+            .filter(|(_, g)| g.kind.is_slotless())
             .fold(0, |mask, (g, _)| mask | 1 << g)
+    }
+
+    /// Tokens per block of group `g`.
+    pub(crate) fn group_block_size(&self, g: usize) -> usize {
+        self.groups[g].kind.tokens_per_block(self.block_size)
     }
 
     /// The KV-cache groups.

@@ -2,6 +2,7 @@
 //! values) at the core's level; tests/test_kv_scenarios.py runs them on
 //! both backends through the Python API.
 use super::*;
+use crate::attention_group::AttentionKind;
 
 const BS: usize = 16;
 
@@ -124,4 +125,64 @@ fn hits_must_be_the_requests_own_cached_blocks() {
     assert!(got.is_err());
     assert!(table.is_empty());
     assert_eq!(kv.num_free_blocks(), 6);
+}
+
+/// A Qwen3-Next-like layout in vLLM 0.33's Mamba cache mode "none": full
+/// attention in blocks of 16 beside a recurrent group of `mamba_block`
+/// tokens per state block with `speculative` scratch states.
+fn mamba_manager(mamba_block: usize, speculative: usize) -> KvCacheManager {
+    let mut config = KvCacheConfig::new(30, BS, 64, false);
+    let mamba = AttentionKind::Mamba {
+        block_size: mamba_block,
+        speculative_blocks: speculative,
+    };
+    config.groups = vec![
+        GroupSpec::FULL,
+        GroupSpec {
+            kind: mamba,
+            admission_cap_blocks: None,
+        },
+    ];
+    KvCacheManager::new(&config).unwrap()
+}
+
+#[test]
+fn a_mamba_group_holds_one_state_block_and_its_scratch_states() {
+    // The default state block spans the model's 64 tokens: one block, plus
+    // two drafts' scratch states, taken with the first chunk and kept.
+    let mut kv = mamba_manager(64, 2);
+    let mut seq = Sequence::new((0..60).collect(), &[], kv.hasher(), BS);
+    let mut tables = vec![BlockTable::default(), BlockTable::default()];
+    let admission = Admission::default();
+    assert_eq!(
+        kv.allocate(&mut tables, &seq, 40, 0, &[], admission, 0),
+        Some(3)
+    );
+    assert_eq!(tables[0].block_ids(), [1, 2, 3]);
+    assert_eq!(tables[1].block_ids(), [4, 5, 6]);
+    seq.num_computed_tokens = 40;
+    // The next chunk grows full attention's table only.
+    kv.allocate(&mut tables, &seq, 20, 0, &[], admission, 0);
+    assert_eq!((tables[0].grown, tables[1].grown), (1, 0));
+    assert_eq!(tables[1].block_ids(), [4, 5, 6]);
+    assert_eq!(kv.pool().num_free_blocks(), 29 - 7);
+}
+
+#[test]
+fn a_short_mamba_state_block_frees_all_but_the_last_tokens() {
+    // State blocks of 16 tokens: once 40 are computed, only the block of
+    // the 40th token's state is read again; the two before it go back.
+    let mut kv = mamba_manager(16, 0);
+    let mut seq = Sequence::new((0..60).collect(), &[], kv.hasher(), BS);
+    let mut tables = vec![BlockTable::default(), BlockTable::default()];
+    let admission = Admission::default();
+    kv.allocate(&mut tables, &seq, 40, 0, &[], admission, 0);
+    assert_eq!(tables[1].block_ids(), [4, 5, 6]);
+    seq.num_computed_tokens = 40;
+    kv.allocate(&mut tables, &seq, 10, 0, &[], admission, 0);
+    // Unhashed blocks go back to the free queue's head, the last first:
+    // full attention's next block is 5, the state block for tokens 48.. 4.
+    assert_eq!(tables[0].block_ids(), [1, 2, 3, 5]);
+    assert_eq!(tables[1].block_ids(), [0, 0, 6, 4]);
+    assert_eq!(kv.pool().num_free_blocks(), 29 - 6);
 }

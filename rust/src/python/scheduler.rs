@@ -48,19 +48,31 @@ fn status_named(name: &str) -> PyResult<RequestStatus> {
     }
 }
 
-/// A KV-cache group from the binding's `(kind, size, admission_cap_blocks)`:
-/// kind "full" or "cross_attention" (size ignored), "sliding_window" (size:
-/// the window) or "chunked_local" (size: the chunk).
-fn group_spec(kind: &str, size: usize, admission_cap_blocks: Option<usize>) -> PyResult<GroupSpec> {
-    let kind = match kind {
+/// A KV-cache group as the binding takes it: `(kind, size,
+/// admission_cap_blocks, speculative_blocks)`.
+type BindingGroup = (String, usize, Option<usize>, usize);
+
+/// A KV-cache group from the binding's [`BindingGroup`]: kind "full" or "cross_attention" (size ignored),
+/// "sliding_window" (size: the window), "chunked_local" (size: the chunk)
+/// or "mamba" (size: tokens per state block; speculative_blocks its drafts'
+/// scratch states).
+fn group_spec(
+    (kind, size, admission_cap_blocks, speculative_blocks): &BindingGroup,
+) -> PyResult<GroupSpec> {
+    let (size, admission_cap_blocks) = (*size, *admission_cap_blocks);
+    let kind = match kind.as_str() {
         "full" => AttentionKind::Full,
         "cross_attention" => AttentionKind::CrossAttention,
         "sliding_window" => AttentionKind::SlidingWindow { window: size },
         "chunked_local" => AttentionKind::ChunkedLocal { chunk: size },
+        "mamba" => AttentionKind::Mamba {
+            block_size: size,
+            speculative_blocks: *speculative_blocks,
+        },
         other => {
             return Err(PyValueError::new_err(format!(
-                "kv_cache_groups kind must be 'full', 'sliding_window', 'chunked_local' or \
-                 'cross_attention', got {other:?}"
+                "kv_cache_groups kind must be 'full', 'sliding_window', 'chunked_local', \
+                 'cross_attention' or 'mamba', got {other:?}"
             )))
         }
     };
@@ -243,7 +255,7 @@ impl PyScheduler {
         drop_eagle_block: bool,
         num_draft_slots: Option<&Bound<'_, PyAny>>,
         drafts_by_batch_size: Option<Vec<usize>>,
-        kv_cache_groups: Option<Vec<(String, usize, Option<usize>)>>,
+        kv_cache_groups: Option<Vec<BindingGroup>>,
         sparse_retention: bool,
         retention_interval: Option<&Bound<'_, PyAny>>,
         max_loras: Option<&Bound<'_, PyAny>>,
@@ -255,10 +267,7 @@ impl PyScheduler {
     ) -> PyResult<Self> {
         let groups = match kv_cache_groups {
             None => vec![GroupSpec::FULL],
-            Some(specs) => specs
-                .iter()
-                .map(|(kind, size, cap)| group_spec(kind, *size, *cap))
-                .collect::<PyResult<Vec<_>>>()?,
+            Some(specs) => specs.iter().map(group_spec).collect::<PyResult<Vec<_>>>()?,
         };
         // The speculative-decoding settings default to off.
         let optional = |name: &str, value: Option<&Bound<'_, PyAny>>| match value {

@@ -13,8 +13,8 @@ use crate::step::{Kind, StepEntry};
 
 /// What a running request's allocation came to.
 enum Grant {
-    /// Its table grew by this many blocks.
-    Grown(usize),
+    /// Its tables cover the tokens (each records what it grew by).
+    Granted,
     /// It was the victim itself.
     PreemptedItself,
     /// Too few blocks, and the KV connector is about to free some, or the
@@ -73,11 +73,11 @@ impl Scheduler {
                 continue;
             }
             match self.allocate_or_preempt(slot, n, &mut i, draft) {
-                Grant::Grown(grown) => {
+                Grant::Granted => {
                     self.commit_encoder_plan(slot, plan, draft);
                     draft.carried_prefill |= self.requests[slot].prefill_chunk;
                     draft.running_prefill |= self.requests[slot].prefill_chunk;
-                    let mut entry = self.entry(slot, n, Kind::Running, computed, grown);
+                    let mut entry = self.entry(slot, n, Kind::Running, computed);
                     entry.drafts = self.take_scheduled_drafts(slot, n);
                     draft.entries.push(entry);
                     draft.token_budget -= n;
@@ -154,12 +154,13 @@ impl Scheduler {
             };
             let admission = Admission::default();
             let in_flight = r.in_flight_tokens;
-            if let Some(grown) =
-                self.kv
-                    .allocate(&mut r.tables, &r.seq, n, 0, &[], admission, in_flight)
+            if self
+                .kv
+                .allocate(&mut r.tables, &r.seq, n, 0, &[], admission, in_flight)
+                .is_some()
             {
                 self.log_stored(slot, first);
-                return Grant::Grown(grown);
+                return Grant::Granted;
             }
             // A KV connector is about to free blocks: wait for them rather
             // than preempt (§4.19).
@@ -180,18 +181,10 @@ impl Scheduler {
         }
     }
 
-    /// A step entry for the request in `slot`: `n` tokens after `computed`,
-    /// its table grown by `grown` blocks (new and resumed entries report the
-    /// whole table).
+    /// A step entry for the request in `slot`: `n` tokens after `computed`
+    /// (its tables record the blocks they grew by).
     #[inline] // once per scheduled request: out of line, ~50 instructions each
-    pub(super) fn entry(
-        &self,
-        slot: Slot,
-        n: usize,
-        kind: Kind,
-        computed: usize,
-        grown: usize,
-    ) -> StepEntry {
+    pub(super) fn entry(&self, slot: Slot, n: usize, kind: Kind, computed: usize) -> StepEntry {
         let r = &self.requests[slot];
         StepEntry {
             slot,
@@ -201,10 +194,6 @@ impl Scheduler {
             num_computed_tokens: computed,
             samples: computed + n >= r.num_tokens(),
             num_output_tokens: 0, // written as the step ends
-            block_start: match kind {
-                Kind::Running => r.num_blocks() - grown,
-                Kind::New | Kind::Resumed => 0,
-            },
             drafts: Drafts::None,
         }
     }

@@ -31,7 +31,7 @@ impl Scheduler {
         };
         let bs = self.kv.block_size();
         let mut out = StepOutput::with_capacity(entries.len(), self.kv.groups().len(), bs);
-        out.cross_groups = self.kv.cross_groups();
+        out.slotless_groups = self.kv.slotless_groups();
         for e in &mut entries {
             let r = &mut self.requests[e.slot];
             e.num_output_tokens = r.num_output_tokens() + r.num_output_placeholders;
@@ -48,10 +48,19 @@ impl Scheduler {
                     continue;
                 }
                 // Each group's new blocks (the whole table for an admission).
-                if e.block_start < len {
-                    out.push_new_blocks(&table.block_ids()[e.block_start..]);
+                let block_start = match e.kind {
+                    Kind::Running => len - table.grown,
+                    Kind::New | Kind::Resumed => 0,
+                };
+                if block_start < len {
+                    out.push_new_blocks(&table.block_ids()[block_start..]);
                 }
                 out.end_group();
+                if group.kind.is_slotless() {
+                    // A recurrent group's blocks hold states, not slots.
+                    out.push_span(&[]);
+                    continue;
+                }
                 // The blocks its tokens fall in: the per-token slots are
                 // made from these when read (StepOutput::slot_mapping).
                 if e.num_tokens > 0 && len > 0 && e.num_computed_tokens >= (len - 1) * bs {

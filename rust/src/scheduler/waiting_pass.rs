@@ -313,7 +313,7 @@ impl Scheduler {
             external_tokens: external.num_tokens,
             ..Admission::default()
         };
-        let Some(grown) = self.kv.allocate(
+        let allocated = self.kv.allocate(
             &mut r.tables,
             &r.seq,
             n,
@@ -321,11 +321,12 @@ impl Scheduler {
             hits,
             admission,
             r.in_flight_tokens,
-        ) else {
+        );
+        if allocated.is_none() {
             // Its references to cached encoder outputs go too.
             self.release_all_encoded(slot);
             return Admit::Blocked;
-        };
+        }
         // Counted on admission only (Q15), after a lookup, and never for a
         // request that does not read the cache.
         if lookup && !r.skip_reading_prefix_cache {
@@ -354,7 +355,7 @@ impl Scheduler {
         self.pop_waiting(from_kv);
         self.running.push(slot);
         self.notify_after_alloc(slot, external.num_tokens, before);
-        let mut entry = self.entry(slot, n, kind, hit_tokens, grown);
+        let mut entry = self.entry(slot, n, kind, hit_tokens);
         if padded {
             entry.drafts = Drafts::Placeholders(n - 1);
         }

@@ -142,6 +142,10 @@ class KvCacheManager:
         """Fraction of usable blocks held by requests."""
         return self._pool.usage
 
+    def group_block_size(self, g: int) -> int:
+        """Tokens per block of group ``g``."""
+        return self._groups[g].kind.tokens_per_block(self._block_size)
+
     def slot_of(self, table: BlockTable, pos: int) -> int:
         """The KV-cache slot of position ``pos`` in a request's ``table``."""
         bs = self._block_size

@@ -45,11 +45,13 @@ def blocks_needed(
     m: KvCacheManager, g: int, table: BlockTable, tokens: int, hits: list[Block], capped: bool
 ) -> int:
     """Blocks group ``g`` must take to cover ``tokens`` after its
-    ``hits``: positions not held yet, plus hits that sit in the free
-    queue (taking them shrinks the free count too). ``capped``: the
+    ``hits``: positions not held yet (and a recurrent group's scratch
+    states), plus hits that sit in the free queue (taking them shrinks the
+    free count too). ``capped``: the
     admission check, which counts a window group's blocks only up to its
     cap."""
-    required = cdiv(tokens, m._block_size)
+    kind = m._groups[g].kind
+    required = cdiv(tokens, m.group_block_size(g)) + kind.extra_blocks()
     cap = m._groups[g].admission_cap_blocks
     if capped and cap is not None:
         required = min(required, cap)
@@ -137,6 +139,7 @@ def allocate(
         # Fast path (most decode steps): the table already covers the new
         # tokens, so nothing can be refused or allocated.
         table = tables[0]
+        table.grown = 0
         computed = min(seq.num_computed_tokens, max_len)
         if min(computed + num_new_tokens + m._lookahead, max_len) <= len(table) * bs:
             if m._enable_caching:
@@ -169,15 +172,15 @@ def allocate(
     if hits:
         for g, table in enumerate(tables):
             take_hits(m, g, table, hits[g], computed)
-    # Group by group, in order (as vLLM's coordinator takes them); the
-    # decoder's groups all grow by the same ``k``.
-    k = 0
+    # Group by group, in order (as vLLM's coordinator takes them); each
+    # table records its growth for the step's new block ids.
     for g, table in enumerate(tables):
-        grow = max(cdiv(slots_of(m, g, slots, encoder_tokens), bs) - len(table), 0)
-        if not m._groups[g].kind.is_cross():
-            assert k == 0 or grow == k
-            k = grow
+        kind = m._groups[g].kind
+        required = cdiv(slots_of(m, g, slots, encoder_tokens), m.group_block_size(g))
+        grow = max(required + kind.extra_blocks() - len(table), 0)
         table.blocks.extend(m._pool.take_free_blocks(grow))
+        table.grown = grow
+    k = tables[0].grown if tables else 0
     # A load still on its way is cached once it is reported.
     if m._enable_caching and not admission.load_async:
         upto = min(computed + num_new_tokens, seq.num_tokens)
@@ -191,7 +194,7 @@ def take_hits(
 ) -> None:
     """Adopt group ``g``'s prefix hits: the blocks a window no longer
     reads (before ``computed``'s window) stay null, the rest are taken."""
-    skipped = m._groups[g].kind.num_skipped_tokens(computed) // m._block_size
+    skipped = m._groups[g].kind.num_skipped_tokens(computed) // m.group_block_size(g)
     skipped = min(skipped, len(hits))
     taken = hits[skipped:]
     m._pool.add_refs([b for b in taken if b.block_id != NULL_BLOCK])
@@ -206,7 +209,7 @@ def remove_skipped_blocks(m: KvCacheManager, g: int, table: BlockTable, processe
     """Give back group ``g``'s blocks that no position after
     ``processed`` tokens reads (a window's past), last first, leaving
     nulls; stops at the first position already null."""
-    skipped = m._groups[g].kind.num_skipped_tokens(processed) // m._block_size
+    skipped = m._groups[g].kind.num_skipped_tokens(processed) // m.group_block_size(g)
     k = min(skipped, len(table))
     if k == 0 or table.blocks[k - 1].block_id == NULL_BLOCK:
         return  # nothing newly out of the window: most steps

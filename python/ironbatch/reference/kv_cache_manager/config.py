@@ -10,6 +10,7 @@ from ironbatch.reference.attention_group import (
     ChunkedLocal,
     CrossAttention,
     GroupSpec,
+    Mamba,
     SlidingWindow,
 )
 from ironbatch.reference.limits import (
@@ -65,9 +66,10 @@ def check_groups(
 ) -> None:
     """The KV-cache groups' rules, after the cache's sizes (the core's
     ``KvCacheConfig::validate`` order): how many, each window and chunk in
-    range, cross-attention without prefix caching and after a decoder
-    group, a retention interval on window groups' block boundaries, and
-    EAGLE's last-block drop only without lookahead hashes, on one group."""
+    range, cross-attention and recurrent states without prefix caching,
+    cross-attention after a decoder group, a retention interval on window
+    groups' block boundaries, and EAGLE's last-block drop only without
+    lookahead hashes, on one group."""
     check_range("kv_cache_groups", len(groups), 0, MAX_KV_CACHE_GROUPS)
     if not groups and enable_prefix_caching:
         # Nothing to cache; vLLM turns prefix caching off for such a model
@@ -87,6 +89,16 @@ def check_groups(
                 "enable_prefix_caching must be false with a cross-attention KV-cache group "
                 "(an encoder-decoder model)"
             )
+        elif isinstance(g.kind, Mamba):
+            check_range("mamba_block_size", g.kind.block_size, 1, MAX_MODEL_LEN)
+            check_range("speculative_blocks", g.kind.speculative_blocks, 0, MAX_NUM_BLOCKS)
+            # Prefix caching over recurrent states is vLLM's cache mode
+            # "align", which the core does not model.
+            if enable_prefix_caching:
+                raise ValueError(
+                    "enable_prefix_caching must be false with a Mamba KV-cache group "
+                    "(vLLM's mamba_cache_mode 'none'; 'align' is not supported)"
+                )
     if retention_interval > 0:
         # vLLM's rule: checkpoints land on block boundaries, and only a
         # sliding window keeps them.

@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 
 
 class Grant(enum.Enum):
-    """Why a running request's allocation got no blocks."""
+    """What a running request's allocation came to."""
 
+    #: Its tables cover the tokens (each records what it grew by).
+    GRANTED = enum.auto()
     #: It was the victim itself.
     PREEMPTED_ITSELF = enum.auto()
     #: Too few blocks, and the KV connector is about to free some, or the
@@ -73,19 +75,19 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
         if n == 0:
             i += 1
             continue
-        grown, i = allocate_or_preempt(s, slot, n, i, draft)
-        if not isinstance(grown, Grant):
+        grant, i = allocate_or_preempt(s, slot, n, i, draft)
+        if grant is Grant.GRANTED:
             commit_encoder_plan(s, slot, plan, draft)
             draft.carried_prefill |= s.requests[slot].prefill_chunk
             draft.running_prefill |= s.requests[slot].prefill_chunk
-            e = entry(s, slot, n, Kind.RUNNING, computed, grown)
+            e = entry(s, slot, n, Kind.RUNNING, computed)
             e.drafts = take_scheduled_drafts(s, slot, n)
             draft.entries.append(e)
             draft.token_budget -= n
             draft.input_budget -= n + draft_slots
             draft.drafts_needed |= not drafts_unused(s, slot, computed, n)
             i += 1
-        elif grown is Grant.PREEMPTED_ITSELF and s.policy is Policy.PRIORITY:
+        elif grant is Grant.PREEMPTED_ITSELF and s.policy is Policy.PRIORITY:
             # It preempted itself: running[i] is now the next request and
             # the pass goes on (Q10).
             continue
@@ -126,18 +128,17 @@ def take_scheduled_drafts(s: Scheduler, slot: int, n: int) -> Drafts:
 
 def allocate_or_preempt(
     s: Scheduler, slot: int, n: int, cursor: int, draft: StepDraft
-) -> tuple[int | Grant, int]:
+) -> tuple[Grant, int]:
     """Blocks for ``n`` more tokens of the running request in ``slot``
     (``running[cursor]``). While too few are free, a victim is preempted;
-    the cursor and the budget follow what that removes. Returns how many
-    blocks the table grew by (or why it got none) and the cursor."""
+    the cursor and the budget follow what that removes. Returns what the
+    allocation came to and the cursor."""
     while True:
         r = s.requests[slot]
         first = r.num_cached_blocks()
-        grown = s.kv.allocate(r.tables, r.seq, n, 0, [], Admission(), r.in_flight_tokens)
-        if grown is not None:
+        if s.kv.allocate(r.tables, r.seq, n, 0, [], Admission(), r.in_flight_tokens) is not None:
             s.log_stored(slot, first)
-            return grown, cursor
+            return Grant.GRANTED, cursor
         # A KV connector is about to free blocks: wait for them rather than
         # preempt (§4.19).
         if connector_frees_pending(s):
@@ -153,10 +154,9 @@ def allocate_or_preempt(
             return Grant.PREEMPTED_ITSELF, cursor
 
 
-def entry(s: Scheduler, slot: int, n: int, kind: Kind, computed: int, grown: int) -> StepEntry:
+def entry(s: Scheduler, slot: int, n: int, kind: Kind, computed: int) -> StepEntry:
     """A step entry for the request in ``slot``: ``n`` tokens after
-    ``computed``, its table grown by ``grown`` blocks (new and resumed
-    entries report the whole table)."""
+    ``computed`` (its tables record the blocks they grew by)."""
     r = s.requests[slot]
     return StepEntry(
         slot=slot,
@@ -165,7 +165,6 @@ def entry(s: Scheduler, slot: int, n: int, kind: Kind, computed: int, grown: int
         kind=kind,
         num_computed_tokens=computed,
         samples=computed + n >= r.num_tokens,
-        block_start=r.num_blocks - grown if kind is Kind.RUNNING else 0,
     )
 
 

@@ -40,11 +40,15 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
                 # Taken whole on admission, read by no decoder position.
                 if e.kind is not Kind.RUNNING:
                     out.push_new_blocks(table.block_ids())
-            elif e.block_start < len(table):
-                out.push_new_blocks(table.block_ids()[e.block_start :])
+            else:
+                start = len(table) - table.grown if e.kind is Kind.RUNNING else 0
+                if start < len(table):
+                    out.push_new_blocks(table.block_ids()[start:])
             out.end_group()
         end = e.num_computed_tokens + e.num_tokens
-        first = r.tables[0] if r.tables else None  # none without a KV cache
+        # None without a KV cache, or when group 0 holds recurrent states.
+        slotted = r.tables and not s.kv.groups[0].kind.is_slotless()
+        first = r.tables[0] if slotted else None
         for p in range(e.num_computed_tokens, end):
             out.push_token(p, None if first is None else s.kv.slot_of(first, p))
         out.end_entry(end)
@@ -71,9 +75,10 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
                 if s.config.decode_stagger > 0:
                     r.next_decode_step = s.current_step + s.config.decode_stagger
     # The other decoder groups' slots follow group 0's, group by group, each
-    # in the tokens' order (cross-attention's are the encoder's: none).
+    # in the tokens' order (cross-attention's are the encoder's, a recurrent
+    # group's blocks hold states: none).
     for g in range(1, len(s.kv.groups)):
-        if s.kv.groups[g].kind.is_cross():
+        if s.kv.groups[g].kind.is_slotless():
             continue
         for e in entries:
             table = s.requests[e.slot].tables[g]

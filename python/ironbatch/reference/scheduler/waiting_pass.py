@@ -255,7 +255,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         return Admit.SKIPPED
     # A session's computed tokens are in its table already.
     new_hit_tokens, first = (local_tokens, num_hit_blocks) if lookup else (0, r.num_cached_blocks())
-    grown = s.kv.allocate(
+    allocated = s.kv.allocate(
         r.tables,
         r.seq,
         n,
@@ -270,7 +270,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         ),
         r.in_flight_tokens,
     )
-    if grown is None:
+    if allocated is None:
         # Its references to cached encoder outputs go too.
         release_all_encoded(s, slot)
         return Admit.BLOCKED
@@ -296,7 +296,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     pop_waiting(s, from_kv)
     s.running.append(slot)
     notify_after_alloc(s, slot, external.num_tokens, before)
-    e = entry(s, slot, n, kind, hit_tokens, grown)
+    e = entry(s, slot, n, kind, hit_tokens)
     if padded:
         e.drafts = Drafts(placeholders=n - 1)
     draft.entries.append(e)
