@@ -97,6 +97,7 @@ class SchedulerPair:
             assert r.block_ids_per_group(i) == p.block_ids_per_group(i)
         assert r.preempted_req_ids == p.preempted_req_ids
         assert r.finished_req_ids == p.finished_req_ids
+        assert r.new_block_ids_to_zero == p.new_block_ids_to_zero
         for grammar in (
             "has_structured_output_requests",
             "pending_structured_output_tokens",

@@ -220,6 +220,8 @@ def add_mamba_groups(rng: random.Random, config: dict) -> None:
         for _ in range(rng.choice([1, 1, 2, 3]))
     ]
     attention = [] if rng.random() < 0.15 else list(groups or (KVCacheGroup("full"),))
+    if not attention:
+        config.pop("retention_interval", None)  # no window to retain
     mixed = attention + mamba
     rng.shuffle(mixed)
     config.update(

@@ -284,6 +284,7 @@ class FakeSchedulerOutput:
     num_spec_tokens_to_schedule: int = 0
     num_common_prefix_blocks: list[int] = dataclasses.field(default_factory=list)
     skip_drafts: bool = False
+    new_block_ids_to_zero: list[int] | None = None
 
 
 @dataclasses.dataclass

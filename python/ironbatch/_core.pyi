@@ -174,6 +174,11 @@ class Step:
     def free_encoder_mm_hashes(self) -> list[str]:
         """Encoder-cache entries evicted since the previous step."""
     @property
+    def new_block_ids_to_zero(self) -> list[int]:
+        """Attention blocks handed out during the step, for the runner to
+        zero (vLLM's ``new_block_ids_to_zero``; empty without recurrent
+        groups)."""
+    @property
     def encoder_mismatch(self) -> list[str]:
         """Ids whose item reuses a cached identifier with other embeddings."""
 

@@ -194,6 +194,10 @@ class _TwinStep:
     encoder_mismatch: list[str] = field(default_factory=list)
 
     @property
+    def new_block_ids_to_zero(self) -> list[int]:
+        return self.step.new_block_ids_to_zero
+
+    @property
     def has_sync_kv_loads(self) -> bool:
         return self.step.has_sync_kv_loads
 

@@ -135,6 +135,7 @@ class StepHandle(Protocol):
     scheduled_encoder_inputs: Sequence[tuple[str, list[int]]]
     free_encoder_mm_hashes: Sequence[str]
     encoder_mismatch: Sequence[str]
+    new_block_ids_to_zero: Sequence[int]
 
     def column(self, name: str) -> np.ndarray: ...
 
@@ -223,6 +224,13 @@ class SchedulerOutput(StepColumns):
         """Encoder-cache entries evicted since the previous step, by
         identifier: the runner drops them (vLLM's field)."""
         return list(self._handle.free_encoder_mm_hashes)
+
+    @property
+    def new_block_ids_to_zero(self) -> list[int]:
+        """Attention blocks handed out during the step, which the runner
+        zeroes before use when a recurrent group (Mamba, linear attention)
+        shares the pool (vLLM's field); empty otherwise."""
+        return list(self._handle.new_block_ids_to_zero)
 
     @property
     def encoder_mismatch_req_ids(self) -> list[str]:

@@ -87,6 +87,11 @@ impl AttentionKind {
         }
     }
 
+    /// Whether it is a recurrent state (Mamba, linear attention).
+    pub fn is_recurrent(self) -> bool {
+        matches!(self, AttentionKind::Mamba { .. })
+    }
+
     /// Whether its blocks hold no per-token slots (cross-attention's follow
     /// the encoder, a recurrent group's hold states).
     pub fn is_slotless(self) -> bool {

@@ -186,6 +186,9 @@ pub struct StepOutput {
     /// encoder's, a recurrent group's blocks hold states; the slot mapping
     /// leaves them out.
     pub(crate) slotless_groups: u64,
+    /// Attention blocks handed out during the step, for the runner to zero
+    /// (vLLM's `new_block_ids_to_zero`; empty without recurrent groups).
+    pub new_block_ids_to_zero: Vec<BlockId>,
     /// Preempted since the previous step's output (sorted).
     pub preempted_req_ids: Vec<String>,
     /// Finished since the previous step's output (sorted).

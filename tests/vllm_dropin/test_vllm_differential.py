@@ -100,8 +100,11 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(pooling(rng, settings))
     settings.update(no_kv_cache(rng, settings))
     settings.update(context_parallel(rng, settings))
-    # Every group holds blocks of its own: the same tightness per group.
+    settings.update(recurrent_layout(rng, settings))
+    # Every group holds blocks of its own: the same tightness per attention
+    # group, and room for two requests' states in each recurrent group.
     settings["num_blocks"] = (blocks - 1) * GROUPS[settings["kv_layout"]] + 1
+    settings["num_blocks"] += 2 * recurrent_blocks(settings)
     if settings.get("target") == "whisper":
         encoder_decoder(settings, blocks)
     return settings
@@ -126,8 +129,52 @@ def encoder_decoder(settings: dict, blocks: int) -> None:
     settings["num_blocks"] = blocks + -(-compute // settings["block_size"])
 
 
-# KV-cache groups per layout ("none": the null block alone, vLLM's one block).
+# Attention KV-cache groups per layout ("none": the null block alone, vLLM's
+# one block).
 GROUPS = {"full": 1, "gpt-oss": 2, "gemma3": 6, "llama4": 4, "none": 0}
+GROUPS.update({"qwen3-next": 1, "jamba": 1, "swa-mamba": 2, "mamba": 0})
+# Recurrent-state groups per layout.
+RECURRENT_GROUPS = {"qwen3-next": 3, "jamba": 1, "swa-mamba": 1, "mamba": 1}
+
+
+def recurrent_layout(rng: random.Random, settings: dict) -> dict:
+    """Recurrent-state groups (Mamba, linear attention) in some workloads
+    with one full-attention group (drawn apart): Qwen3-Next's three
+    linear-attention groups beside full attention, Jamba's Mamba group
+    beside it, a sliding window beside both, or Mamba alone; prefix caching
+    off (vLLM's mamba_cache_mode "none", which the drop-in takes), the state
+    block the model's length mostly (vLLM's default), else two blocks. Not
+    with Whisper, decode context parallelism or multi-module MTP (vLLM runs
+    neither beside recurrent layers)."""
+    drawn = random.Random(rng.random())
+    if drawn.random() >= 0.28 or settings["kv_layout"] != "full":
+        return {}
+    if settings.get("target") == "whisper" or "decode_context_parallel_size" in settings:
+        return {}
+    if settings.get("num_mtp_layers", 1) > 1:
+        return {}
+    layout = drawn.choice(["qwen3-next", "qwen3-next", "jamba", "swa-mamba", "mamba"])
+    bs = settings["block_size"]
+    out = {
+        "kv_layout": layout,
+        "enable_prefix_caching": False,
+        "mamba_block_size": drawn.choice([None, None, None, 2 * bs]),
+    }
+    if layout == "swa-mamba":
+        out["window"] = drawn.choice([bs // 2 + 1, bs + 3, 2 * bs])
+    return out
+
+
+def recurrent_blocks(settings: dict) -> int:
+    """Blocks one request's states take in a layout's recurrent groups: a
+    block per state block of its length, and a scratch state per draft."""
+    groups = RECURRENT_GROUPS.get(settings["kv_layout"], 0)
+    if not groups:
+        return 0
+    max_len = settings["max_model_len"]
+    per_state = settings.get("mamba_block_size") or max_len
+    k = settings.get("speculative_config", {}).get("num_speculative_tokens", 0)
+    return groups * (-(-max_len // per_state) + k)
 
 
 def no_kv_cache(rng: random.Random, settings: dict) -> dict:
@@ -727,6 +774,8 @@ def drawn_features(seed: int) -> Counter:
     rng = random.Random(seed)
     s = random_settings(rng)
     f = workload_features(rng, s)
+    windowed = s["kv_layout"] in WINDOW_LAYOUTS
+    recurrent = s["kv_layout"] in RECURRENT_GROUPS
     drawn = {
         "structured outputs": f.grammars,
         "streaming sessions": f.sessions,
@@ -746,18 +795,18 @@ def drawn_features(seed: int) -> Counter:
         "async scheduling": s["async_scheduling"],
         "priority policy": s["policy"] == "priority",
         "MLA": s["mla"],
-        "window KV-cache groups": s["kv_layout"] not in ("full", "none"),
+        "window KV-cache groups": windowed,
+        "recurrent-state groups": recurrent,
+        "recurrent-state groups with speculation": recurrent and "speculative_config" in s,
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "window retention interval": bool(s.get("retention_interval")),
         "encoder-decoder with speculation": s.get("target") == "whisper"
         and "speculative_config" in s,
         "encoder-decoder with KV-cache events or metrics": s.get("target") == "whisper"
         and ("kv_events_config" in s or "observability_config" in s),
-        "window groups with speculation": s["kv_layout"] not in ("full", "none")
-        and "speculative_config" in s,
-        "window groups with KV-cache events": s["kv_layout"] not in ("full", "none")
-        and "kv_events_config" in s,
-        "window groups with KV-cache metrics": s["kv_layout"] not in ("full", "none")
+        "window groups with speculation": windowed and "speculative_config" in s,
+        "window groups with KV-cache events": windowed and "kv_events_config" in s,
+        "window groups with KV-cache metrics": windowed
         and "observability_config" in s
         and s["observability_config"].kv_cache_metrics,
         "speculative decoding": "speculative_config" in s,
@@ -795,7 +844,8 @@ def drawn_features(seed: int) -> Counter:
 # retention interval above 0, 40; decode context parallelism (one
 # full-attention group, no KV-cache events) 80; window groups with speculation 120;
 # the encoder-decoder with KV-cache events or metrics 20, with n-gram
-# speculation 10.
+# speculation 10; recurrent-state groups 100 (Qwen3-Next's layout 40, the
+# others 15 each), with speculation 30.
 FEATURE_SHARES = {
     "feature: speculative decoding": 300,
     "feature: window KV-cache groups": 300,
@@ -813,6 +863,11 @@ FEATURE_SHARES = {
     "feature: window groups with speculation": 120,
     "feature: encoder-decoder with KV-cache events or metrics": 20,
     "feature: encoder-decoder with speculation": 10,
+    "feature: recurrent-state groups": 100,
+    "feature: recurrent-state groups with speculation": 30,
+    "feature: layout: jamba": 15,
+    "feature: layout: swa-mamba": 15,
+    "feature: layout: mamba": 15,
 }
 
 
@@ -821,7 +876,8 @@ def feature_need(name: str) -> int:
     return FEATURE_SHARES.get(name, 40 if ": " in name.removeprefix("feature: ") else 200)
 
 
-LAYOUTS = ("gpt-oss", "gemma3", "llama4")
+LAYOUTS = ("gpt-oss", "gemma3", "llama4", "qwen3-next", "jamba", "swa-mamba", "mamba")
+WINDOW_LAYOUTS = ("gpt-oss", "gemma3", "llama4", "swa-mamba")
 FEATURES = [
     *(f"feature: {k}" for k in ("structured outputs", "streaming sessions", "KV-cache events")),
     *(f"feature: {k}" for k in ("KV-cache metrics", "pipeline parallelism", "data parallelism")),
@@ -841,6 +897,8 @@ FEATURES = [
     "feature: window retention interval",
     "feature: decode context parallelism",
     "feature: window groups with speculation",
+    "feature: recurrent-state groups",
+    "feature: recurrent-state groups with speculation",
     "feature: encoder-decoder with KV-cache events or metrics",
     "feature: encoder-decoder with speculation",
     "feature: sampling masks",

@@ -31,6 +31,10 @@ class _Attention:
         """Whether its blocks hold no per-token slots."""
         return False
 
+    def is_recurrent(self) -> bool:
+        """Whether it is a recurrent state (Mamba, linear attention)."""
+        return False
+
 
 @dataclass(frozen=True)
 class Full(_Attention):
@@ -139,6 +143,9 @@ class Mamba(_Attention):
 
     def is_slotless(self) -> bool:
         """Its blocks hold states."""
+        return True
+
+    def is_recurrent(self) -> bool:
         return True
 
 

@@ -119,6 +119,9 @@ class StepOutput:
     columns: StepColumns = field(default_factory=StepColumns)
     #: Preempted since the previous step's output (sorted).
     preempted_req_ids: list[str] = field(default_factory=list)
+    #: Attention blocks handed out during the step, for the runner to zero
+    #: (vLLM's ``new_block_ids_to_zero``; empty without recurrent groups).
+    new_block_ids_to_zero: list[int] = field(default_factory=list)
     #: Finished since the previous step's output (sorted).
     finished_req_ids: list[str] = field(default_factory=list)
     #: A structured-output request samples this step (vLLM's

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import random
 import tempfile
@@ -33,6 +34,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
@@ -63,9 +65,17 @@ DEFAULTS: dict[str, Any] = {
     # chunked-local groups, then full attention), "none" (no KV cache: a
     # model with encoder-only attention, an encoder-only deployment; vLLM
     # gives it one block, the null block, and turns prefix caching off);
-    # `window` is the sliding window or the attention chunk, in tokens.
+    # and with recurrent-state groups (Mamba, linear attention; prefix
+    # caching off, vLLM's mamba_cache_mode "none"): "qwen3-next" (three
+    # linear-attention groups, then full attention), "jamba" (a Mamba group,
+    # then full attention), "swa-mamba" (a sliding window, a Mamba group,
+    # full attention), "mamba" (a Mamba group alone); `window` is the
+    # sliding window or the attention chunk, in tokens; `mamba_block_size`
+    # a recurrent group's tokens per state block (None: max_model_len,
+    # vLLM's default without prefix caching).
     "kv_layout": "full",
     "window": 32,
+    "mamba_block_size": None,
     # vLLM's prefix_cache_retention_interval as its engine sets it (0: a
     # window group caches only the blocks a later request can resume from);
     # None caches them all.
@@ -400,13 +410,17 @@ def vllm_config(
         # vLLM replays the sampling distribution only over processed logprobs.
         **({"logprobs_mode": "processed_logprobs"} if cfg["return_sampling_mask"] else {}),
     )
+    recurrent = cfg["kv_layout"] in RECURRENT_LAYOUTS
     cc = CacheConfig(
         block_size=cfg["block_size"],
         gpu_memory_utilization=0.9,
         cache_dtype="auto",
+        # vLLM turns prefix caching off without a KV cache and for an
+        # encoder-decoder; the drop-in takes recurrent groups without it.
         enable_prefix_caching=cfg["enable_prefix_caching"]
         and not whisper
-        and cfg["kv_layout"] != "none",
+        and cfg["kv_layout"] != "none"
+        and not recurrent,
     )
     dcp = cfg["decode_context_parallel_size"]
     pc = ParallelConfig(
@@ -433,15 +447,21 @@ def vllm_config(
     kvc = KVCacheConfig(
         num_blocks=cfg["num_blocks"],
         kv_cache_tensors=[],
-        kv_cache_groups=kv_cache_groups(cfg),
+        kv_cache_groups=kv_cache_groups(cfg, vc.num_speculative_tokens),
         prefix_cache_retention_interval=cfg["retention_interval"],
     )
     cc.num_gpu_blocks = cfg["num_blocks"]
     return vc, kvc
 
 
-def kv_cache_groups(cfg: dict[str, Any]) -> list[KVCacheGroupSpec]:
-    """The KV-cache groups of ``cfg["kv_layout"]`` (see DEFAULTS)."""
+#: The layouts with recurrent-state groups (see DEFAULTS).
+RECURRENT_LAYOUTS = ("qwen3-next", "jamba", "swa-mamba", "mamba")
+
+
+def kv_cache_groups(cfg: dict[str, Any], num_speculative_tokens: int = 0) -> list[KVCacheGroupSpec]:
+    """The KV-cache groups of ``cfg["kv_layout"]`` (see DEFAULTS); a
+    recurrent group keeps a scratch state per draft, as vLLM's Mamba layers
+    ask."""
     common = {"block_size": cfg["block_size"], "num_kv_heads": 1, "head_size": 1}
     common["dtype"] = torch.float32
     full_cls = MLAAttentionSpec if cfg["mla"] else FullAttentionSpec
@@ -462,7 +482,24 @@ def kv_cache_groups(cfg: dict[str, Any]) -> list[KVCacheGroupSpec]:
     if layout == "llama4":
         chunked = ChunkedLocalAttentionSpec(attention_chunk_size=window, **common)
         return [KVCacheGroupSpec([f"chunked{i}"], chunked) for i in range(3)] + [full]
-    raise ValueError(f"kv_layout must be full, gpt-oss, gemma3, llama4 or none, got {layout!r}")
+    if layout in RECURRENT_LAYOUTS:
+        mamba = MambaSpec(
+            block_size=cfg["mamba_block_size"] or cfg["max_model_len"],
+            shapes=((1,),),
+            dtypes=(torch.float32,),
+            mamba_cache_mode="none",
+            num_speculative_blocks=num_speculative_tokens,
+        )
+        n = 3 if layout == "qwen3-next" else 1
+        groups = [KVCacheGroupSpec([f"mamba{i}"], mamba) for i in range(n)]
+        if layout == "swa-mamba":
+            swa = SlidingWindowSpec(sliding_window=window, **common)
+            groups.insert(0, KVCacheGroupSpec(["swa"], swa))
+        return groups if layout == "mamba" else [*groups, full]
+    raise ValueError(
+        "kv_layout must be full, gpt-oss, gemma3, llama4, none or one of "
+        f"{RECURRENT_LAYOUTS}, got {layout!r}"
+    )
 
 
 def draw_layout(rng: random.Random, layout: str, block_size: int) -> dict[str, Any]:
@@ -488,8 +525,12 @@ def draw_layout(rng: random.Random, layout: str, block_size: int) -> dict[str, A
 def construct(cls: type, vc: VllmConfig, kvc: KVCacheConfig, log_stats: bool = True) -> Any:
     """Construct ``cls`` with the arguments vLLM's EngineCore passes: the
     block size its KV-cache groups schedule (decode context parallelism's
-    ranks each hold part of a block)."""
+    ranks each hold part of a block; a recurrent group's blocks are its own
+    size, and the scheduler's is the least common multiple)."""
     bs = vc.cache_config.block_size * vc.parallel_config.decode_context_parallel_size
+    specs = [g.kv_cache_spec for g in kvc.kv_cache_groups]
+    if any(isinstance(spec, MambaSpec) for spec in specs):
+        bs = math.lcm(*(spec.block_size for spec in specs))
     return cls(
         vllm_config=vc,
         kv_cache_config=kvc,

@@ -151,7 +151,8 @@ class Scheduler(SchedulerInterface):
         # its scheduler (and so the core) runs with whatever it was given.
         self._core = core_scheduler(vllm_config, kv_cache_config, block_size, mm_registry)
         # What EngineCore reads of vLLM's KV-cache manager (group block sizes).
-        self.kv_cache_manager = KVCacheManagerView(kv_cache_config, block_size, self._core)
+        dcp = vllm_config.parallel_config.decode_context_parallel_size
+        self.kv_cache_manager = KVCacheManagerView(kv_cache_config, dcp, self._core)
         # Unfinished, in arrival order, and finished ones whose blocks a KV
         # transfer still holds (as in vLLM).
         self.requests: dict[str, Request] = {}

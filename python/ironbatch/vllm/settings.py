@@ -55,7 +55,7 @@ def core_scheduler(
         ),
         CacheConfig(
             num_blocks=kv_cache_config.num_blocks,
-            block_size=block_size,
+            block_size=attention_block_size(vllm_config, kv_cache_config, block_size),
             enable_prefix_caching=vllm_config.cache_config.enable_prefix_caching,
             kv_cache_groups=kv_cache_groups(vllm_config, kv_cache_config),
             # vLLM's default retention interval, 0, caches a window group's
@@ -64,6 +64,27 @@ def core_scheduler(
             retention_interval=kv_cache_config.prefix_cache_retention_interval or 0,
         ),
     )
+
+
+def attention_block_size(vllm_config: Any, kv_cache_config: Any, block_size: int) -> int:
+    """The block size of the cache's attention groups, the core's
+    ``block_size``: the scheduler's (``block_size``, the least common
+    multiple of every group's) unless recurrent groups, of their own block
+    size, sit beside them. A cache of recurrent groups alone has no token
+    slots, and vLLM hashes nothing without prefix caching: the scheduler's
+    block size, capped to what the core takes, is as good as any."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from ironbatch.reference.limits import MAX_BLOCK_SIZE
+    from ironbatch.vllm.kv_cache_view import group_block_size
+
+    dcp = vllm_config.parallel_config.decode_context_parallel_size
+    sizes = {
+        group_block_size(g.kv_cache_spec, dcp)
+        for g in kv_cache_config.kv_cache_groups
+        if not isinstance(g.kv_cache_spec, MambaSpec)
+    }
+    return min(sizes) if sizes else min(block_size, MAX_BLOCK_SIZE)
 
 
 def drops_eagle_block(vllm_config: Any) -> bool:
@@ -128,15 +149,20 @@ def encoder_budget(vllm_config: Any, mm_registry: Any) -> tuple[int | None, int 
 def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGroup, ...] | None:
     """The KV-cache groups as the core takes them, in vLLM's order, with
     vLLM's admission cap for each window group; None for one full-attention
-    (or MLA) group. An encoder-decoder's cross-attention group is one too."""
+    (or MLA) group. An encoder-decoder's cross-attention group is one too,
+    and so is a recurrent state's (Mamba, linear attention: prefix caching
+    off, support.py), with its own block size and its drafts' scratch
+    states."""
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
         CrossAttentionSpec,
+        MambaSpec,
         SlidingWindowSpec,
     )
 
     specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-    if len(specs) == 1 and not isinstance(specs[0], SlidingWindowSpec | ChunkedLocalAttentionSpec):
+    one_kind = SlidingWindowSpec | ChunkedLocalAttentionSpec | MambaSpec
+    if len(specs) == 1 and not isinstance(specs[0], one_kind):
         return None
     max_len = vllm_config.model_config.max_model_len
     in_flight = vllm_config.max_in_flight_tokens
@@ -155,6 +181,10 @@ def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGrou
             )
         if isinstance(spec, CrossAttentionSpec):
             return KVCacheGroup(kind="cross_attention")
+        if isinstance(spec, MambaSpec):
+            return KVCacheGroup(
+                kind="mamba", size=spec.block_size, speculative_blocks=spec.num_speculative_blocks
+            )
         return KVCacheGroup(kind="full")
 
     return tuple(group(spec) for spec in specs)

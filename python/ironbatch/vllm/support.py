@@ -43,10 +43,12 @@ def unsupported_config(
         ChunkedLocalAttentionSpec,
         CrossAttentionSpec,
         FullAttentionSpec,
+        MambaSpec,
         MLAAttentionSpec,
         SlidingWindowSpec,
     )
 
+    from ironbatch.vllm.kv_cache_view import group_block_size
     from ironbatch.vllm.settings import drops_eagle_block
 
     if vllm.__version__ != VLLM_VERSION:
@@ -59,8 +61,9 @@ def unsupported_config(
     spec = c.speculative_config
     # The KV-cache groups the core models: full attention (or MLA, counted
     # and cached alike), sliding windows, chunked local attention and an
-    # encoder-decoder's cross-attention, all of the scheduler's block size
-    # (docs/scheduling.md §7.13, §4.17).
+    # encoder-decoder's cross-attention, all of one block size, and
+    # recurrent states (Mamba, linear attention) of their own without
+    # prefix caching (docs/scheduling.md §7.13, §4.17, §7.15).
     attention = (
         FullAttentionSpec,
         MLAAttentionSpec,
@@ -68,6 +71,13 @@ def unsupported_config(
         ChunkedLocalAttentionSpec,
         CrossAttentionSpec,
     )
+    dcp = pc.decode_context_parallel_size
+    recurrent = [g.kv_cache_spec for g in groups if type(g.kv_cache_spec) is MambaSpec]
+    attention_sizes = {
+        group_block_size(g.kv_cache_spec, dcp)
+        for g in groups
+        if type(g.kv_cache_spec) is not MambaSpec
+    }
     hybrid = len(groups) > 1 or any(
         isinstance(g.kv_cache_spec, SlidingWindowSpec | ChunkedLocalAttentionSpec) for g in groups
     )
@@ -124,19 +134,29 @@ def unsupported_config(
             "a model without a KV cache with prefix caching on",
         ),
         (
-            any(type(g.kv_cache_spec) not in attention for g in groups),
-            "a KV cache with groups other than full-attention, MLA, sliding-window and "
-            "chunked-local ones (Mamba, linear attention, ...)",
+            any(type(g.kv_cache_spec) not in (*attention, MambaSpec) for g in groups),
+            "a KV cache with groups other than full-attention, MLA, sliding-window, "
+            "chunked-local and Mamba ones",
+        ),
+        (
+            # vLLM's "align" mode caches recurrent states at block
+            # boundaries (checkpoints, partial tails, copy-on-write): not
+            # modelled yet.
+            any(s.mamba_cache_mode != "none" for s in recurrent),
+            "Mamba or linear-attention groups with prefix caching on (vLLM's "
+            "mamba_cache_mode 'align')",
+        ),
+        (
+            # A mixed-precision cache has vLLM zero new blocks too; the core
+            # lists them only beside recurrent groups.
+            kv_cache_config.needs_kv_cache_zeroing and not recurrent,
+            "a mixed-precision KV cache (vLLM zeroes its new blocks)",
         ),
         (
             # Decode context parallelism shards a block's tokens across its
-            # ranks: vLLM schedules blocks that many times larger.
-            any(
-                g.kv_cache_spec.block_size
-                * (pc.decode_context_parallel_size if g.kv_cache_spec.dcp_sharded else 1)
-                != block_size
-                for g in groups
-            ),
+            # ranks: vLLM schedules blocks that many times larger. Recurrent
+            # groups alone have sizes of their own.
+            len(attention_sizes) > 1 or (not recurrent and bool(attention_sizes - {block_size})),
             "KV-cache groups of different block sizes",
         ),
         (

@@ -274,6 +274,11 @@ impl KvCacheManager {
             self.pool.take_free_blocks(grow, &mut table.blocks);
             table.grown = grow;
             table.sync_last();
+            if let Some(log) = &mut self.blocks_to_zero {
+                if !kind.is_recurrent() {
+                    log[g].extend_from_slice(&table.blocks[table.len() - grow..]);
+                }
+            }
         }
         let k = tables.first().map_or(0, |t| t.grown);
         // A load still on its way is cached once it is reported.

@@ -52,6 +52,11 @@ pub struct KvCacheManager {
     reprefillable: usize,
     hasher: BlockHasher,
     stats: PrefixCacheStats,
+    /// Attention groups' blocks handed out since the last step's output, group
+    /// by group, when a recurrent group shares the pool: the runner zeroes
+    /// them before use (a Mamba state reads its block before writing it all;
+    /// vLLM's `new_block_ids_to_zero`). `None` without recurrent groups.
+    blocks_to_zero: Option<Vec<Vec<BlockId>>>,
 }
 
 impl KvCacheManager {
@@ -79,6 +84,11 @@ impl KvCacheManager {
             reprefillable: 0,
             hasher: hasher.with_lookahead(config.num_hash_lookahead_tokens),
             stats: PrefixCacheStats::default(),
+            blocks_to_zero: config
+                .groups
+                .iter()
+                .any(|g| g.kind.is_recurrent())
+                .then(|| vec![Vec::new(); config.groups.len()]),
         })
     }
 
@@ -114,6 +124,17 @@ impl KvCacheManager {
             .enumerate()
             .filter(|(_, g)| g.kind.is_slotless())
             .fold(0, |mask, (g, _)| mask | 1 << g)
+    }
+
+    /// The attention groups' blocks handed out since the last call, group by
+    /// group in allocation order (vLLM's `new_block_ids_to_zero`: a block
+    /// taken by a request preempted later in the step counts too); empty
+    /// without recurrent groups.
+    pub fn take_blocks_to_zero(&mut self) -> Vec<BlockId> {
+        match &mut self.blocks_to_zero {
+            Some(groups) => groups.iter_mut().flat_map(std::mem::take).collect(),
+            None => Vec::new(),
+        }
     }
 
     /// Tokens per block of group `g`.

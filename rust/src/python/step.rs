@@ -86,6 +86,13 @@ impl PyStep {
         self.step.entries.len()
     }
 
+    /// Attention blocks handed out during the step, for the runner to zero
+    /// (vLLM's `new_block_ids_to_zero`; empty without recurrent groups).
+    #[getter]
+    fn new_block_ids_to_zero(&self) -> Vec<u32> {
+        self.step.new_block_ids_to_zero.clone()
+    }
+
     /// A structured-output request samples this step.
     #[getter]
     fn has_structured_output_requests(&self) -> bool {

@@ -140,6 +140,7 @@ const SCHEDULER_OUTPUT: &[&str] = &[
     "has_structured_output_requests",
     "pending_structured_output_tokens",
     "skip_drafts",
+    "new_block_ids_to_zero",
 ];
 const CACHED_REQUEST_DATA: &[&str] = &[
     "req_ids",
@@ -384,6 +385,11 @@ impl PyVllmObjects {
                 pybool(py, flags.has_structured_output_requests),
                 pybool(py, flags.pending_structured_output_tokens),
                 pybool(py, skip_drafts),
+                // vLLM's `ids or None`.
+                match step.step.new_block_ids_to_zero.as_slice() {
+                    [] => py.None().into_bound(py),
+                    ids => PyList::new(py, ids)?.into_any(),
+                },
             ],
         )?;
         rows.output = Some(output.unbind());

@@ -106,6 +106,7 @@ impl Scheduler {
             }
         }
         out.entries = entries;
+        out.new_block_ids_to_zero = self.kv.take_blocks_to_zero();
         self.preempted_ids.sort_unstable();
         self.finished_ids.sort_unstable();
         out.preempted_req_ids = std::mem::take(&mut self.preempted_ids);

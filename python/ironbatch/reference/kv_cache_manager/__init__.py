@@ -97,6 +97,12 @@ class KvCacheManager:
         hasher = BlockHasher() if hasher is None else hasher
         self._hasher = hasher.with_lookahead(num_hash_lookahead_tokens)
         self._stats = PrefixCacheStats()
+        # Attention groups' blocks handed out since the last step's output,
+        # group by group, when a recurrent group shares the pool (vLLM's
+        # ``new_block_ids_to_zero``); None without recurrent groups.
+        self._blocks_to_zero: list[list[int]] | None = (
+            [[] for _ in self._groups] if any(g.kind.is_recurrent() for g in self._groups) else None
+        )
 
     def with_reprefillable_tokens(self, tokens: int) -> KvCacheManager:
         """The same manager, leaving the last ``tokens`` computed tokens of
@@ -141,6 +147,15 @@ class KvCacheManager:
     def usage(self) -> float:
         """Fraction of usable blocks held by requests."""
         return self._pool.usage
+
+    def take_blocks_to_zero(self) -> list[int]:
+        """The attention groups' blocks handed out since the last call, group
+        by group in allocation order; empty without recurrent groups."""
+        if self._blocks_to_zero is None:
+            return []
+        out = [b for group in self._blocks_to_zero for b in group]
+        self._blocks_to_zero = [[] for _ in self._groups]
+        return out
 
     def group_block_size(self, g: int) -> int:
         """Tokens per block of group ``g``."""

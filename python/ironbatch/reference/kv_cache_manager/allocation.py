@@ -180,6 +180,8 @@ def allocate(
         grow = max(required + kind.extra_blocks() - len(table), 0)
         table.blocks.extend(m._pool.take_free_blocks(grow))
         table.grown = grow
+        if m._blocks_to_zero is not None and not kind.is_recurrent():
+            m._blocks_to_zero[g].extend(b.block_id for b in table.blocks[len(table) - grow :])
     k = tables[0].grown if tables else 0
     # A load still on its way is cached once it is reported.
     if m._enable_caching and not admission.load_async:

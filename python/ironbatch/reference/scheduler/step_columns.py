@@ -85,6 +85,7 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
             for p in range(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens):
                 out.push_slot(s.kv.slot_of(table, p))
     out.entries = entries
+    out.new_block_ids_to_zero = s.kv.take_blocks_to_zero()
     out.preempted_req_ids, s.preempted_ids = sorted(s.preempted_ids), []
     out.finished_req_ids, s.finished_ids = sorted(s.finished_ids), []
     out.scheduler_id = s.id
