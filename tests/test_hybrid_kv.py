@@ -408,3 +408,40 @@ def test_slot_mapping_has_one_run_of_the_tokens_per_group(backend: str) -> None:
     assert len(slots) == 2 * 300 == 2 * len(out.positions)
     assert slots[:300] == [16 + p for p in range(300)]  # blocks 1, 2, ...
     assert slots[300:] == [20 * 16 + p for p in range(300)]  # blocks 20, 21, ...
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_qwen3_next_states_without_prefix_caching(backend: str) -> None:
+    """docs/scheduling.md §7.15's worked example: three linear-attention
+    groups of one state block each (the model's 512 tokens) beside full
+    attention in blocks of 16, prefix caching off. A state block comes with
+    a request's first chunk and stays; only attention blocks are listed for
+    zeroing; a preempted request gives every block back and takes one state
+    block per group again when it resumes."""
+    mamba = KVCacheGroup("mamba", 512)
+    s = make(
+        backend,
+        num_blocks=47,
+        caching=False,
+        kv_cache_groups=(mamba, mamba, mamba, KVCacheGroup("full")),
+        max_model_len=512,
+        max_num_seqs=4,
+        max_num_batched_tokens=1024,
+    )
+    s.add_request(req("A", [5] * 300, max_tokens=40, ignore_eos=True))
+    s.add_request(req("B", [6] * 280, max_tokens=40, ignore_eos=True))
+    seen: dict[int, Any] = {}
+    for step in range(41):
+        out = s.schedule()
+        ids = {rid: out.block_ids_per_group(i) for i, rid in enumerate(out.req_ids)}
+        seen[step] = (ids, sorted(out.preempted_req_ids), out.new_block_ids_to_zero)
+        s.update_from_output(out, {rid: [7] for rid in out.req_ids})
+    ids, _, zero = seen[0]
+    assert ids["A"] == [[1], [2], [3], list(range(4, 23))]
+    assert ids["B"] == [[23], [24], [25], list(range(26, 44))]
+    assert zero == [*range(4, 23), *range(26, 44)]  # attention blocks only
+    assert seen[5] == ({"A": [[], [], [], [44]], "B": [[], [], [], []]}, [], [44])
+    assert seen[25][1] == ["B"]  # no 20th block for B: it goes
+    ids, _, zero = seen[40]  # A finished; B resumes with its 305 tokens
+    assert ids["B"] == [[45], [46], [44], list(range(22, 2, -1))]
+    assert zero == list(range(22, 2, -1))

@@ -340,15 +340,34 @@ def _model_parallel_groups(vc: VllmConfig, root: str) -> None:
     parallel_state.ensure_model_parallel_initialized(1, 1)
 
 
+# The flags that change a layer's KV-cache spec: prefix caching decides a
+# recurrent (Mamba) layer's cache mode and state block size, and the drafts
+# its scratch states.
+SPEC_FLAGS = ("--no-enable-prefix-caching",)
+SPEC_FLAGS_WITH_VALUE = ("--speculative-config",)
+
+
+def spec_flags(flags: list[str]) -> tuple[str, ...]:
+    """The row's flags that its model's layer specs are built under."""
+    out: list[str] = []
+    for i, flag in enumerate(flags):
+        if flag in SPEC_FLAGS:
+            out.append(flag)
+        elif flag in SPEC_FLAGS_WITH_VALUE:
+            out += flags[i : i + 2]
+    return tuple(out)
+
+
 class ModelSpecs:
     """One model's attention layers, built once on the meta device under its
-    default `vllm serve` config: their KV-cache specs and the KV layouts
-    their backends support (what a worker's model runner reports). None of
-    the table's flags changes a layer's KV cache, so every row of a model
-    shares them; pipeline stages split them by layer."""
+    `vllm serve` config with ``flags`` (SPEC_FLAGS): their KV-cache specs
+    and the KV layouts their backends support (what a worker's model runner
+    reports). No other flag of the table changes a layer's KV cache, so every
+    row of a model with those flags shares them; pipeline stages split them
+    by layer."""
 
-    def __init__(self, model_dir: str) -> None:
-        vc = engine_config(model_dir, [], None)
+    def __init__(self, model_dir: str, flags: tuple[str, ...] = ()) -> None:
+        vc = engine_config(model_dir, list(flags), None)
         with set_current_vllm_config(vc):
             _model_parallel_groups(vc, os.path.dirname(model_dir))
             model_cls, _ = get_model_architecture(vc.model_config)
@@ -610,11 +629,15 @@ def executor_class(
 
 def memory_for(specs: dict[str, KVCacheSpec], max_model_len: int) -> int:
     """Bytes a worker reports free for its KV cache: room for one
-    ``max_model_len`` sequence in every layer, and some spare blocks."""
+    ``max_model_len`` sequence in every layer, and some spare blocks. Beside
+    recurrent (Mamba) layers vLLM pads every layer's page to the largest,
+    so each block is counted at that size."""
+    pages = [spec.page_size_bytes for spec in specs.values()]
+    hybrid = any(type(spec).__name__ == "MambaSpec" for spec in specs.values())
     total = 0
     for spec in specs.values():
         blocks = -(-max_model_len // spec.block_size) + 64
-        total += blocks * spec.page_size_bytes
+        total += blocks * (max(pages) if hybrid else spec.page_size_bytes)
     return total
 
 
@@ -1061,11 +1084,13 @@ def _exercised(e: Engine) -> dict[str, int]:
     return dict(seen)
 
 
-def run_row(row: dict[str, Any], root: str, specs_cache: dict[str, ModelSpecs]) -> dict[str, Any]:
+def run_row(
+    row: dict[str, Any], root: str, specs_cache: dict[tuple[str, tuple[str, ...]], ModelSpecs]
+) -> dict[str, Any]:
     """Build the row both ways and run the workload through both engines."""
     started = time.monotonic()
     model_dir = write_model(root, row["model"])
-    model = specs_cache[row["model"]]
+    model = specs_cache[(row["model"], spec_flags(row["flags"]))]
     log = WarningLog()
     logging.getLogger("ironbatch.vllm").addHandler(log)
     gpu_defaults = row["flavor"] == "gpu-defaults"
@@ -1174,8 +1199,8 @@ def main(rows_path: str, report_path: str) -> None:
     # Every model's layers first: EngineCore's shutdown tears down the
     # torch.distributed state that building them needs.
     specs_cache = {
-        name: ModelSpecs(write_model(root, name))
-        for name in dict.fromkeys(r["model"] for r in rows)
+        (name, flags): ModelSpecs(write_model(root, name), flags)
+        for name, flags in dict.fromkeys((r["model"], spec_flags(r["flags"])) for r in rows)
     }
     report: dict[str, Any] = {}
     for row in rows:

@@ -77,6 +77,7 @@ SPEC_EAGLE3 = json.dumps(
     {"method": "eagle3", "model": "{models}/llama-3.1-8b-eagle3", "num_speculative_tokens": 3}
 )
 SPEC_MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+SPEC_QWEN3_NEXT_MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
 SPEC_GPT_OSS_EAGLE3 = json.dumps(
     {"method": "eagle3", "model": "{models}/gpt-oss-20b-eagle3", "num_speculative_tokens": 3}
 )
@@ -576,12 +577,57 @@ TABLE = [
         {"prefill_schedule_interval": 4, "watermark": 0.05, "max_num_scheduled_tokens": 64},
         exercises=("steps_at_token_cap",),
     ),
+    Deployment(
+        # Linear attention beside full attention, prefix caching off: vLLM's
+        # Mamba cache mode "none", a state block of the model's length.
+        "qwen3-next-80b-a3b-no-prefix-caching",
+        "qwen3-next-80b-a3b",
+        ["--no-enable-prefix-caching"],
+        {"enable_prefix_caching": False, "kv_groups": ["MambaSpec"] * 3 + ["FullAttentionSpec"]},
+    ),
+    Deployment(
+        # Qwen3-Next's own MTP layer drafting: a scratch state per draft in
+        # each linear-attention group.
+        "qwen3-next-80b-a3b-mtp-no-prefix-caching",
+        "qwen3-next-80b-a3b",
+        ["--no-enable-prefix-caching", "--speculative-config", SPEC_QWEN3_NEXT_MTP],
+        {"enable_prefix_caching": False, "num_speculative_tokens": 2},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
+        "nemotron-h-8b-no-prefix-caching",
+        "nemotron-h-8b",
+        ["--no-enable-prefix-caching"],
+        {"enable_prefix_caching": False},
+    ),
+    Deployment(
+        "jamba-v0.1-no-prefix-caching",
+        "jamba-v0.1",
+        ["--no-enable-prefix-caching", "--max-model-len", "32768"],
+        {"enable_prefix_caching": False},
+    ),
+    Deployment(
+        "granite-4.0-h-small-no-prefix-caching",
+        "granite-4.0-h-small",
+        ["--no-enable-prefix-caching", "--max-model-len", "32768"],
+        {"enable_prefix_caching": False},
+    ),
+    Deployment(
+        # vLLM's default for a hybrid: prefix caching on, Mamba cache mode
+        # "align" (checkpointed states): not taken yet (NOT_YET).
+        "qwen3-next-80b-a3b",
+        "qwen3-next-80b-a3b",
+        [],
+        {"enable_prefix_caching": True},
+    ),
 ]
 # Rows the drop-in does not take yet, and the reason it logs. Their
 # engagement test xfails once the row is built and falls back, and fails
 # when the row starts to engage; remove a row from here to make its
 # fallback a failure.
-NOT_YET: dict[str, str] = {}
+NOT_YET: dict[str, str] = {
+    "qwen3-next-80b-a3b": "Mamba or linear-attention groups with prefix caching on",
+}
 # What every engaged row's workload must go through (deployment_setup.workload),
 # prefix hits wherever prefix caching is on (the CPU platform turns it off
 # for MLA models).

@@ -2,7 +2,8 @@
 state lives outside the core: each test breaks the drop-in one way (a grammar
 that is not advanced, a KV-cache event dropped, events reordered, a draft
 lost, acceptance miscounted, a drafter's settings not passed on, drafting
-never skipped, window KV-cache groups passed on wrong, an encoder budget
+never skipped, window or recurrent KV-cache groups passed on wrong, the
+blocks to zero left out, an encoder budget
 or cache short by one, images' data updates lost, prompt embeddings left
 out of the hash, a pooled result left off its output) and checks
 that the random workloads of test_vllm_differential fail within a few seeds."""
@@ -139,6 +140,36 @@ def test_drafts_never_skipped_is_caught(monkeypatch: pytest.MonkeyPatch) -> None
     assert caught(seeds=SPEC_SEEDS)
 
 
+def patch_groups(
+    monkeypatch: pytest.MonkeyPatch,
+    change: Callable[[tuple[KVCacheGroup, ...]], tuple[KVCacheGroup, ...]],
+) -> None:
+    """Hand the core ``change`` of the KV-cache groups the drop-in reads off
+    vLLM's config (one full-attention group, None, stays as it is)."""
+    groups_of = settings.kv_cache_groups
+
+    def wrong(vllm_config: Any, kv_cache_config: Any) -> Any:
+        groups = groups_of(vllm_config, kv_cache_config)
+        return None if groups is None else change(groups)
+
+    monkeypatch.setattr(settings, "kv_cache_groups", wrong)
+
+
+def replace_kinds(kinds: tuple[str, ...], **changes: Any) -> Any:
+    """A group change: ``changes`` (or a callable of the group, by field)
+    applied to the groups of ``kinds``."""
+
+    def change(groups: tuple[KVCacheGroup, ...]) -> tuple[KVCacheGroup, ...]:
+        return tuple(
+            dataclasses.replace(g, **{k: v(g) if callable(v) else v for k, v in changes.items()})
+            if g.kind in kinds
+            else g
+            for g in groups
+        )
+
+    return change
+
+
 @pytest.mark.parametrize("mutation", ["all full attention", "window 16 tokens wider"])
 def test_window_groups_passed_on_wrong_are_caught(
     monkeypatch: pytest.MonkeyPatch, mutation: str
@@ -146,20 +177,40 @@ def test_window_groups_passed_on_wrong_are_caught(
     """The core told the model's window groups wrong: as full attention
     (blocks never given back, every hit a full-attention hit), or with a
     window off by a block's worth."""
-    groups_of = settings.kv_cache_groups
-
-    def wrong(vllm_config: Any, kv_cache_config: Any) -> Any:
-        groups = groups_of(vllm_config, kv_cache_config)
-        if groups is None:
-            return None
-        if mutation == "all full attention":
-            return tuple(KVCacheGroup(kind="full") for _ in groups)
-        return tuple(
-            g if g.kind == "full" else dataclasses.replace(g, size=g.size + 16) for g in groups
-        )
-
-    monkeypatch.setattr(settings, "kv_cache_groups", wrong)
+    if mutation == "all full attention":
+        patch_groups(monkeypatch, lambda groups: tuple(KVCacheGroup(kind="full") for _ in groups))
+    else:
+        windows = ("sliding_window", "chunked_local")
+        patch_groups(monkeypatch, replace_kinds(windows, size=lambda g: g.size + 16))
     assert caught()
+
+
+@pytest.mark.parametrize(
+    "mutation", ["no scratch states", "half the state block", "nothing to zero"]
+)
+def test_recurrent_groups_passed_on_wrong_are_caught(
+    monkeypatch: pytest.MonkeyPatch, mutation: str
+) -> None:
+    """Mamba and linear-attention groups (prefix caching off) told the core
+    wrong: without their drafts' scratch states, with state blocks half
+    their size (freed as tokens pass), or the attention blocks vLLM's
+    runner must zero left out of the step."""
+    seeds = SEEDS
+    if mutation == "nothing to zero":
+        schedule = Scheduler.schedule
+
+        def schedule_without_zeroing(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
+            output = schedule(self, *args, **kwargs)
+            output.new_block_ids_to_zero = None
+            return output
+
+        monkeypatch.setattr(Scheduler, "schedule", schedule_without_zeroing)
+    elif mutation == "no scratch states":
+        patch_groups(monkeypatch, replace_kinds(("mamba",), speculative_blocks=0))
+        seeds = SPEC_SEEDS  # drafting beside recurrent groups is rarer
+    else:
+        patch_groups(monkeypatch, replace_kinds(("mamba",), size=lambda g: max(g.size // 2, 1)))
+    assert caught(seeds)
 
 
 @pytest.mark.parametrize("mutation", ["compute budget", "cache size"])

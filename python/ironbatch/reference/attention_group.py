@@ -114,7 +114,7 @@ class CrossAttention(_Attention):
 class Mamba(_Attention):
     """A recurrent state (Mamba, linear attention: Qwen3-Next, Nemotron-H,
     Granite-4.0-H, Jamba) in vLLM's cache mode "none", prefix caching off
-    (§7.14): one state block per ``block_size`` tokens (vLLM's
+    (§7.15): one state block per ``block_size`` tokens (vLLM's
     ``mamba_block_size``, the model's length unless set, so one block), of
     which only the last computed token's is kept, plus
     ``speculative_blocks`` scratch states for a drafter's tokens."""
