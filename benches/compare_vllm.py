@@ -10,7 +10,8 @@ README shows how):
 
     python benches/compare_vllm.py [--steps 100] [--turn 1] [--async-scheduling]
                                    [--workloads decode-256,...] [--no-twin]
-                                   [--spec ngram | --layout gpt-oss | --lora | --vision | --pd]
+                                   [--spec ngram | --layout gpt-oss|qwen3-next|jamba | --lora
+                                    | --vision | --pd]
     python benches/compare_vllm.py --offload [--steps 100] [--async-scheduling]
 
 ``--offload`` times vLLM's CPU offloading connector under KV pressure on
@@ -60,9 +61,10 @@ def main() -> int:
     )
     ap.add_argument(
         "--layout",
-        choices=["gpt-oss"],
-        help="time a hybrid KV cache (gpt-oss: a 128-token window beside full attention) "
-        "at 64 and 256 running requests with 4k-token contexts",
+        choices=["gpt-oss", "qwen3-next", "jamba"],
+        help="time a hybrid KV cache (gpt-oss: a 128-token window beside full attention; "
+        "qwen3-next: three linear-attention groups beside it, jamba: one Mamba group, both "
+        "with prefix caching off) at 64 and 256 running requests with 4k-token contexts",
     )
     ap.add_argument(
         "--lora",
@@ -92,7 +94,7 @@ def main() -> int:
     if a.spec:
         a.workloads = "decode-256,ngram3-64,ngram3-256,ngram5-64,ngram5-256"
     if a.layout:
-        a.workloads = "decode-256,gpt-oss-64,gpt-oss-256"
+        a.workloads = f"decode-256,{a.layout}-64,{a.layout}-256"
     if a.lora:
         a.workloads = "decode-256,lora-64,lora-256"
     if a.vision:

@@ -36,6 +36,10 @@ from ironbatch.scheduler import Scheduler
 TOKEN = 5
 
 
+#: Recurrent-state groups per KV-cache layout (Workload.kv_layout).
+RECURRENT_GROUPS = {"qwen3-next": 3, "jamba": 1}
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -55,8 +59,11 @@ class Workload:
     # n-gram speculative decoding with this many drafts a step (0: off); the
     # runner accepts 0, 1, ..., k of them in turn.
     num_speculative_tokens: int = 0
-    # The KV-cache groups: "full" (one group) or "gpt-oss" (a sliding window
-    # of `window` tokens, then full attention, as vLLM groups gpt-oss).
+    # The KV-cache groups: "full" (one group), "gpt-oss" (a sliding window
+    # of `window` tokens, then full attention, as vLLM groups gpt-oss), or
+    # with recurrent states of max_model_len tokens, prefix caching off:
+    # "qwen3-next" (three linear-attention groups, then full attention),
+    # "jamba" (a Mamba group, then full attention).
     kv_layout: str = "full"
     window: int = 128
     # LoRA: request i takes adapter i % lora_adapters + 1 (0: none), at most
@@ -83,20 +90,35 @@ class Workload:
 
     @property
     def num_groups(self) -> int:
+        """Attention groups."""
         return 2 if self.kv_layout == "gpt-oss" else 1
+
+    @property
+    def num_recurrent_groups(self) -> int:
+        return RECURRENT_GROUPS.get(self.kv_layout, 0)
+
+    @property
+    def prefix_caching(self) -> bool:
+        """vLLM caches recurrent states only in its "align" mode, which the
+        drop-in does not take: recurrent layouts run without."""
+        return self.num_recurrent_groups == 0
 
     @property
     def num_blocks(self) -> int:
         if self.gpu_blocks is not None:
             return self.gpu_blocks
         per_request = -(-self.max_model_len // self.block_size)
-        return self.num_groups * self.max_num_seqs * per_request + 1
+        states = self.num_recurrent_groups * self.max_num_seqs  # one state block each
+        return self.num_groups * self.max_num_seqs * per_request + states + 1
 
     def kv_cache_groups(self, async_scheduling: bool) -> tuple[KVCacheGroup, ...] | None:
         """The groups as the core takes them, the window's admission cap as
         vLLM computes it (one step in flight, two with async scheduling)."""
         if self.kv_layout == "full":
             return None
+        if self.num_recurrent_groups:
+            state = KVCacheGroup(kind="mamba", size=self.max_model_len)
+            return (state,) * self.num_recurrent_groups + (KVCacheGroup(kind="full"),)
         in_flight = (2 if async_scheduling else 1) * self.max_num_batched_tokens
         tokens = min(self.window - 1 + in_flight, self.max_model_len)
         cap = -(-tokens // self.block_size) + 1
@@ -183,6 +205,14 @@ WORKLOADS = {
         # then, and takes blocks for both groups.
         Workload("gpt-oss-64", 64, 8192, 64, 4096, kv_layout="gpt-oss"),
         Workload("gpt-oss-256", 256, 8192, 256, 4096, kv_layout="gpt-oss"),
+        # Qwen3-Next's and Jamba's KV caches (recurrent states beside full
+        # attention, prefix caching off) at 4k-token contexts: a state block
+        # per group and request, taken once; attention blocks to zero.
+        *(
+            Workload(f"{layout}-{n}", n, 8192, n, 4096, kv_layout=layout)
+            for layout in ("qwen3-next", "jamba")
+            for n in (64, 256)
+        ),
         # 8 adapters, 4 a batch: half the requests run (decoding), the other
         # half wait and are skipped by every step's waiting pass.
         Workload("lora-64", 64, 2048, 128, 32, lora_adapters=8, max_loras=4),
@@ -318,6 +348,7 @@ class IronbatchDriver(TimedDriver):
             CacheConfig(
                 num_blocks=workload.num_blocks,
                 block_size=workload.block_size,
+                enable_prefix_caching=workload.prefix_caching,
                 kv_cache_groups=workload.kv_cache_groups(async_scheduling),
             ),
             backend=backend,

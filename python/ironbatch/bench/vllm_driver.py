@@ -275,7 +275,7 @@ class VllmDriver(TimedDriver):
                 "policy": "fcfs",
                 "block_size": workload.block_size,
                 "num_blocks": workload.num_blocks,
-                "enable_prefix_caching": True,
+                "enable_prefix_caching": workload.prefix_caching,
             },
             kind,
             async_scheduling,
