@@ -13,8 +13,10 @@ drafting slot in the budget, as vLLM derives them), or ``mixed`` (one of
 the five drawn per seed). With ``--layout LAYOUT`` vLLM's KV cache is a
 hybrid model's: gpt-oss's (a sliding window, then full attention), Gemma 3's
 (five sliding windows, then full attention) or Llama 4's (three chunked-local
-groups, then full attention), or ``mixed`` (one drawn per seed), with the
-window or chunk and vLLM's window retention drawn per seed. With ``--lora``,
+groups, then full attention), or ``mixed`` (one of those drawn per seed),
+with the window or chunk and vLLM's window retention drawn per seed; or
+Qwen3-Next's (three linear-attention groups, then full attention) or
+Jamba's (a Mamba group, then full attention), prefix caching off. With ``--lora``,
 vLLM's LoRA config (max_loras 1 to 4) and most requests under one of up to
 8 adapters (``lora_request`` in each request object, ``max_loras`` in the
 config). With ``--connector NAME``, vLLM's scheduler runs with a KV
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -54,10 +57,14 @@ VOCAB, EOS = 256, 2
 # gives them lookahead slots, lookahead block hashes or drafting slots.
 DRAFTER_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
 SPEC_METHODS = ("ngram", *DRAFTER_METHODS)
-# Hybrid KV-cache layouts (the harness's ``kv_layout``) and their KV-cache
-# groups: gpt-oss a sliding window and full attention, Gemma 3 five windows
-# and full attention, Llama 4 three chunked-local groups and full attention.
-LAYOUT_GROUPS = {"gpt-oss": 2, "gemma3": 6, "llama4": 4}
+# Hybrid KV-cache layouts (the harness's ``kv_layout``) and their attention
+# KV-cache groups: gpt-oss a sliding window and full attention, Gemma 3 five
+# windows and full attention, Llama 4 three chunked-local groups and full
+# attention; Qwen3-Next and Jamba full attention beside recurrent states
+# (RECURRENT_GROUPS of them: three linear-attention groups, one Mamba group),
+# prefix caching off, a state block of max_model_len per group and request.
+LAYOUT_GROUPS = {"gpt-oss": 2, "gemma3": 6, "llama4": 4, "qwen3-next": 1, "jamba": 1}
+RECURRENT_GROUPS = {"qwen3-next": 3, "jamba": 1}
 LAYOUTS = tuple(LAYOUT_GROUPS)
 
 
@@ -158,10 +165,12 @@ def draw_layout(seed: int, layout: str, block_size: int) -> dict[str, Any]:
     chunked attention needs), and vLLM's engine default retention interval
     0 (sparse window caching) three times in four, else None (dense)."""
     rng = random.Random(f"ironbatch-record-layout-{seed}")
-    if layout == "mixed":
-        layout = rng.choice(LAYOUTS)
+    if layout == "mixed":  # (the window layouts, as before the recurrent ones)
+        layout = rng.choice([x for x in LAYOUTS if x not in RECURRENT_GROUPS])
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS} or mixed, got {layout!r}")
+    if layout in RECURRENT_GROUPS:
+        return {"kv_layout": layout}  # nothing to draw: states of max_model_len
     return harness.draw_layout(rng, layout, block_size)
 
 
@@ -175,6 +184,8 @@ def group_records(groups: Any) -> list[dict[str, Any]]:
             record["size"] = g.size
             if g.admission_cap_blocks is not None:
                 record["admission_cap_blocks"] = g.admission_cap_blocks
+            if g.speculative_blocks:
+                record["speculative_blocks"] = g.speculative_blocks
         records.append(record)
     return records
 
@@ -229,6 +240,13 @@ def record(
         # Every group holds a table of its own: the cache drawn for one group
         # in each, so a tight cache stays as tight per group.
         cfg["num_blocks"] = (cfg["num_blocks"] - 1) * LAYOUT_GROUPS[hybrid["kv_layout"]] + 1
+        # Recurrent states: a block per group for each request that runs,
+        # and no prefix caching (vLLM's cache mode "none", which the
+        # drop-in takes).
+        states = RECURRENT_GROUPS.get(hybrid["kv_layout"], 0)
+        if states:
+            cfg["num_blocks"] += states * cfg["max_num_seqs"]
+            cfg["enable_prefix_caching"] = False
     spec: RandomSpeculation | None = None
     extras: dict[str, Any] = {}
     drafter = bool(num_speculative_tokens) and method != "ngram"
@@ -273,15 +291,21 @@ def record(
     sched = vs.build(cfg, **extras, **hybrid)
     calls = None if recorded_connector is None else ConnectorCalls(sched.connector)
     vc = sched.vllm_config
-    if sched.block_size != cfg["block_size"]:
-        raise RuntimeError(f"vLLM chose block size {sched.block_size}, not {cfg['block_size']}")
+    # (Beside recurrent states of max_model_len tokens, the scheduler's block
+    # is the least common multiple of the groups'.)
+    expected = cfg["block_size"]
+    if hybrid.get("kv_layout") in RECURRENT_GROUPS:
+        expected = math.lcm(expected, cfg["max_model_len"])
+    if sched.block_size != expected:
+        raise RuntimeError(f"vLLM chose block size {sched.block_size}, not {expected}")
     capacity = None
     if hybrid:
         # The groups as vLLM built them, with its admission caps, and its
         # window retention (written only for a hybrid layout, so other
         # traces stay as they were).
         groups = kv_cache_groups(vc, sched.kv_cache_config)
-        if groups is None or len(groups) != LAYOUT_GROUPS[hybrid["kv_layout"]]:
+        states = RECURRENT_GROUPS.get(hybrid["kv_layout"], 0)
+        if groups is None or len(groups) != LAYOUT_GROUPS[hybrid["kv_layout"]] + states:
             raise RuntimeError(f"vLLM built {groups} for {hybrid}")
         cfg["kv_cache_groups"] = group_records(groups)
         cfg["sparse_retention"] = sched.kv_cache_config.prefix_cache_retention_interval is not None
@@ -289,7 +313,8 @@ def record(
             cfg["retention_interval"] = sched.kv_cache_config.prefix_cache_retention_interval
         # A request must fit the cache alone, a table in every group, or
         # vLLM preempts it for itself forever.
-        capacity = (cfg["num_blocks"] - 1) // len(groups) * cfg["block_size"]
+        attention = len(groups) - states
+        capacity = (cfg["num_blocks"] - 1 - states) // attention * cfg["block_size"]
     if drafter:
         # What vLLM derives from the method, as the trace's replay needs it
         # (only for these methods, so n-gram traces stay as they were).
@@ -595,6 +620,9 @@ def describe_layout(header: dict[str, Any]) -> str:
     hybrid trace's groups, as printed after it is written."""
     config = header["config"]
     kinds = [g for g in config["kv_cache_groups"] if g["kind"] != "full"]
+    if kinds[0]["kind"] == "mamba":
+        caching = "prefix caching" if config["enable_prefix_caching"] else "no prefix caching"
+        return f"{header['kv_layout']}, {len(kinds)} × mamba {kinds[0]['size']}, {caching}"
     window = f"{kinds[0]['kind']} {kinds[0]['size']} (cap {kinds[0].get('admission_cap_blocks')})"
     retention = "sparse" if config["sparse_retention"] else "dense"
     if config.get("retention_interval"):

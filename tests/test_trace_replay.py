@@ -43,7 +43,11 @@ DATA = Path(__file__).parent / "data"
 # nixl as a decode instance (1102, 1106, 1108, 1109, 1119, 1124, and 1150
 # with --big, gzipped) and offloading (1200, 1201, 1203, 1209), chosen for
 # both failure policies, failed loads, lost blocks and held frees
-# (tests/test_trace_connector.py).
+# (tests/test_trace_connector.py); recorded-recurrent/: 10 of Mamba and
+# linear-attention hybrids, prefix caching off (--layout qwen3-next: seeds
+# 1400, 1403, 1405, 1407; --layout jamba: 1400, 1403, 1404, 1410; and one
+# --big each, gzipped: 1452), chosen for preemptions
+# (tests/test_trace_recurrent.py).
 TRACES = sorted((DATA / "traces").glob("*.jsonl"))
 RECORDED = sorted((DATA / "recorded").glob("*.jsonl"))
 SPEC = sorted((DATA / "recorded-spec").glob("*.jsonl*"))
@@ -51,7 +55,8 @@ HYBRID = sorted((DATA / "recorded-hybrid").glob("*.jsonl*"))
 LORA = sorted((DATA / "recorded-lora").glob("*.jsonl*"))
 IMAGES = sorted((DATA / "recorded-images").glob("*.jsonl*"))
 CONNECTOR = sorted((DATA / "recorded-connector").glob("*.jsonl*"))
-ALL = TRACES + RECORDED + SPEC + HYBRID + LORA + IMAGES + CONNECTOR
+RECURRENT = sorted((DATA / "recorded-recurrent").glob("*.jsonl*"))
+ALL = TRACES + RECORDED + SPEC + HYBRID + LORA + IMAGES + CONNECTOR + RECURRENT
 
 
 def test_the_traces_are_there() -> None:
@@ -62,6 +67,7 @@ def test_the_traces_are_there() -> None:
     assert len(LORA) == 11
     assert len(IMAGES) == 11
     assert len(CONNECTOR) == 22
+    assert len(RECURRENT) == 10
 
 
 def _lines(path: Path) -> list[str]:
