@@ -358,6 +358,37 @@ def test_group_settings_are_checked() -> None:
     assert c.kv_cache_groups == (FULL, SWA) and c.num_kv_cache_groups == 2
 
 
+def test_recurrent_group_settings_are_checked() -> None:
+    """A Mamba group's size is its state block, its scratch states a count;
+    neither a cap nor scratch states on other kinds."""
+    with pytest.raises(ValueError, match=r"KVCacheGroup.size must be in \[1, .*mamba group, got 0"):
+        KVCacheGroup("mamba")
+    with pytest.raises(ValueError, match=r"speculative_blocks must be in \[0, .*got -1"):
+        KVCacheGroup("mamba", 512, speculative_blocks=-1)
+    with pytest.raises(TypeError, match="speculative_blocks must be an int, got bool"):
+        KVCacheGroup("mamba", 512, speculative_blocks=True)
+    with pytest.raises(ValueError, match="admission_cap_blocks must be None for a mamba group"):
+        KVCacheGroup("mamba", 512, admission_cap_blocks=2)
+    with pytest.raises(ValueError, match="speculative_blocks must be 0 for a sliding_window"):
+        KVCacheGroup("sliding_window", 128, speculative_blocks=1)
+    # One state per model length plus the scratch states, in the start-up check.
+    sched = SchedulerConfig(max_model_len=320)
+    mamba = KVCacheGroup("mamba", 320, speculative_blocks=2)
+    check_fits(sched, CacheConfig(num_blocks=24, kv_cache_groups=(mamba, FULL)))
+    with pytest.raises(ValueError, match="fewer than the 23 one sequence"):
+        check_fits(sched, CacheConfig(num_blocks=23, kv_cache_groups=(mamba, FULL)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recurrent_groups_refuse_prefix_caching(backend: str) -> None:
+    """vLLM caches recurrent states only in its "align" mode, which the core
+    does not model: a clear refusal, on both backends alike."""
+    mamba = KVCacheGroup("mamba", 2048)
+    with pytest.raises(ValueError, match="enable_prefix_caching must be false with a Mamba"):
+        make(backend, caching=True, kv_cache_groups=(mamba, FULL))
+    make(backend, caching=False, kv_cache_groups=(mamba, FULL))
+
+
 def test_the_cache_must_hold_one_sequence_in_every_group() -> None:
     """Start-up: one max_model_len sequence's blocks in every group, a
     window group's capped at its admission cap."""
