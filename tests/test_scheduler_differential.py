@@ -179,11 +179,16 @@ def random_config(rng: random.Random) -> dict:
             config[key] = 0
         config["drafter_read_ahead"] = 0
     # EAGLE's last-block drop (lookahead hashes off) in half the drafting
-    # workloads that hash without them, on one full-attention group.
+    # workloads that hash without them, on one full-attention group, and in
+    # a quarter of those that would hash ahead (drawn apart, so the draws
+    # above stay each seed's: about one prefix-caching workload in twenty).
     drafting = config["num_speculative_tokens"] and not config["num_hash_lookahead_tokens"]
     config["drop_eagle_block"] = (
         bool(drafting) and config["kv_cache_groups"] is None and rng.random() < 0.5
     )
+    more = random.Random(rng.random()).random() < 0.25
+    if config["num_speculative_tokens"] and config["kv_cache_groups"] is None and more:
+        config.update(drop_eagle_block=True, num_hash_lookahead_tokens=0)
     # A retention interval in some sparse workloads with a sliding window:
     # each segment of 1 to 8 blocks keeps its tail too.
     windowed = any(g.kind == "sliding_window" for g in config["kv_cache_groups"] or ())
@@ -200,15 +205,19 @@ def random_config(rng: random.Random) -> dict:
 
 def add_mamba_groups(rng: random.Random, config: dict) -> None:
     """Recurrent-state groups (Mamba, linear attention) in some decoder
-    workloads: one to three beside the drawn groups (Qwen3-Next, Jamba) or
-    alone (a pure Mamba model), prefix caching off (vLLM's cache mode
+    workloads (more of the drafting ones): one to three beside the drawn
+    groups (Qwen3-Next, Jamba) or alone (a pure Mamba model), prefix
+    caching off (vLLM's cache mode
     "none"), each a state block of the model's length (vLLM's default) or
     shorter, with a scratch state per draft in most drafting workloads.
     The pool is sized for the extra tables."""
     groups = config["kv_cache_groups"]
     if groups == () or any(g.kind == "cross_attention" for g in groups or ()):
         return
-    if rng.random() >= 0.15:
+    if config["drop_eagle_block"]:
+        return  # (kept for the drop's share)
+    # More often beside drafts: their scratch states are the rarer case.
+    if rng.random() >= (0.3 if config["num_speculative_tokens"] else 0.12):
         return
     bs, max_len = config["block_size"], config["max_model_len"]
     k = config["num_speculative_tokens"]
@@ -224,12 +233,7 @@ def add_mamba_groups(rng: random.Random, config: dict) -> None:
         config.pop("retention_interval", None)  # no window to retain
     mixed = attention + mamba
     rng.shuffle(mixed)
-    config.update(
-        kv_cache_groups=tuple(mixed),
-        caching=False,
-        num_hash_lookahead_tokens=0,
-        drop_eagle_block=False,
-    )
+    config.update(kv_cache_groups=tuple(mixed), caching=False, num_hash_lookahead_tokens=0)
     need = blocks_per_request(config)
     tight = rng.random() < 0.6
     config["num_blocks"] = rng.randint(need + 1, 2 * need + 2) if tight else 4 * need

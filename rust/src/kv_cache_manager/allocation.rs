@@ -141,8 +141,9 @@ impl KvCacheManager {
 
     /// [`Self::allocate_slots`] over every group's table, with arguments the
     /// caller guarantees (the scheduler's own): `Some(k)`, group 0's new
-    /// blocks (each table records its own growth), or `None`. `hits` holds one list per group (or none);
-    /// `in_flight` of the computed tokens are still being computed. Before
+    /// blocks (each table records its own growth), or `None`. `hits` holds
+    /// one list per group (or none); `in_flight` of the computed tokens are
+    /// still being computed. Before
     /// the step's own check, window groups give back the blocks no position
     /// reads any more (whether or not the allocation succeeds, as vLLM's
     /// does); nothing else changes on `None`.
