@@ -35,7 +35,7 @@ from ironbatch.bench.vllm_standin_ec_connector import ec_transfer_config  # noqa
 
 import vllm_setup  # noqa: E402
 from fake_grammar import REJECTED, THINK_END  # noqa: E402
-from seeded import Workloads  # noqa: E402
+from seeded import REACH, Workloads  # noqa: E402
 from vllm_pair import VllmPair  # noqa: E402
 
 VOCAB = 60
@@ -882,6 +882,17 @@ def feature_need(name: str) -> int:
     return FEATURE_SHARES.get(name, 40 if ": " in name.removeprefix("feature: ") else 200)
 
 
+# The workloads a chunk may run at most (the seeded runs' reach).
+CHUNK_REACH = REACH * FULL_WORKLOADS // CHUNKS
+
+
+def checked_per_chunk(name: str) -> bool:
+    """Whether a chunk must run the feature ``name`` itself: only a feature
+    a chunk's reach draws 12 times or more on average, so that none misses
+    it by chance (e^-12); the rarer ones run in test_rare_features_agree_with_vllm."""
+    return feature_need(name) * CHUNK_REACH >= 12 * FULL_WORKLOADS
+
+
 LAYOUTS = ("gpt-oss", "gemma3", "llama4", "qwen3-next", "jamba", "swa-mamba", "mamba")
 WINDOW_LAYOUTS = ("gpt-oss", "gemma3", "llama4", "swa-mamba")
 FEATURES = [
@@ -930,6 +941,33 @@ def test_each_feature_gets_its_share_of_workloads(workloads: Workloads) -> None:
         assert counts[name] >= 10 * feature_need(name), (name, counts)
 
 
+# Workloads of each rare feature (checked_per_chunk false) a run goes
+# through, the first its stream draws.
+RARE_RUNS = 2
+
+
+def test_rare_features_agree_with_vllm(workloads: Workloads) -> None:
+    """The features too rare for every chunk (multi-module MTP, Whisper with
+    speculation, each recurrent layout, ...): the first RARE_RUNS workloads
+    of this run's stream that draw each run and agree with vLLM, so every
+    run goes through each without a chunk chasing it by chance."""
+    rare = [name for name in FEATURES if not checked_per_chunk(name)]
+    found: dict[str, list[int]] = {name: [] for name in rare}
+    for seed in workloads.seeds(10 * FULL_WORKLOADS, 10 * FULL_WORKLOADS, "rare"):
+        drawn = drawn_features(seed)
+        for name in rare:
+            if drawn[name] and len(found[name]) < RARE_RUNS:
+                found[name].append(seed)
+        if all(len(seeds) == RARE_RUNS for seeds in found.values()):
+            break
+    assert all(len(seeds) == RARE_RUNS for seeds in found.values()), found
+    for seed in sorted({seed for seeds in found.values() for seed in seeds}):
+        try:
+            run_workload(seed)
+        except AssertionError as e:
+            raise AssertionError(f"workload seed {seed}: {e}") from e
+
+
 # Events each chunk of 80 workloads must see at least 10 times (fewer, in
 # proportion, in a smaller chunk), and KV-cache resets at least once: a reset
 # succeeds only with nothing held (or everything preempted), so it is rarer.
@@ -955,14 +993,15 @@ def test_random_workloads_agree_with_vllm(chunk: int, workloads: Workloads) -> N
     # The workloads must really run what they claim to: each feature in its
     # share of them (``feature_need`` of 1,040) ...
     for name in FEATURES:
-        if name.count(": ") == 1:
+        if name.count(": ") == 1 and checked_per_chunk(name):
             needs[name] = -(-feature_need(name) * size // FULL_WORKLOADS)
     # ... and each chunk one speculative method and one window layout of its
     # own (rarer: all of them in every chunk would run twice its workloads),
     # 3 of 80 workloads, so a run covers each in two chunks or more.
     own = (SPEC_METHODS[chunk % len(SPEC_METHODS)], LAYOUTS[chunk % len(LAYOUTS)])
-    needs[f"feature: speculation: {own[0]}"] = workloads.scaled(3, per_run, full)
-    needs[f"feature: layout: {own[1]}"] = workloads.scaled(3, per_run, full)
+    for name in (f"feature: speculation: {own[0]}", f"feature: layout: {own[1]}"):
+        if checked_per_chunk(name):
+            needs[name] = workloads.scaled(3, per_run, full)
 
     def run(seed: int) -> Counter:
         return run_workload(seed) + drawn_features(seed) + Counter(workloads=1)
