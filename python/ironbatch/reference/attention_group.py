@@ -27,6 +27,14 @@ class _Attention:
         """Blocks held past those covering the tokens: none."""
         return 0
 
+    def is_full(self) -> bool:
+        """Whether it is full attention."""
+        return False
+
+    def is_cross(self) -> bool:
+        """Whether it is cross-attention."""
+        return False
+
     def is_slotless(self) -> bool:
         """Whether its blocks hold no per-token slots."""
         return False
@@ -49,9 +57,6 @@ class Full(_Attention):
     def is_full(self) -> bool:
         return True
 
-    def is_cross(self) -> bool:
-        return False
-
 
 @dataclass(frozen=True)
 class SlidingWindow(_Attention):
@@ -62,12 +67,6 @@ class SlidingWindow(_Attention):
     def num_skipped_tokens(self, processed: int) -> int:
         """Everything before the window of the next position."""
         return max(processed + 1 - self.window, 0)
-
-    def is_full(self) -> bool:
-        return False
-
-    def is_cross(self) -> bool:
-        return False
 
 
 @dataclass(frozen=True)
@@ -80,12 +79,6 @@ class ChunkedLocal(_Attention):
         """Every chunk before the one the next position is in."""
         return processed // self.chunk * self.chunk
 
-    def is_full(self) -> bool:
-        return False
-
-    def is_cross(self) -> bool:
-        return False
-
 
 @dataclass(frozen=True)
 class CrossAttention(_Attention):
@@ -97,9 +90,6 @@ class CrossAttention(_Attention):
         """None: the decoder reads the whole encoder output every step."""
         del processed
         return 0
-
-    def is_full(self) -> bool:
-        return False
 
     def is_cross(self) -> bool:
         """Its blocks follow the encoder's tokens, not the decoder's."""
@@ -134,12 +124,6 @@ class Mamba(_Attention):
     def extra_blocks(self) -> int:
         """Its drafts' scratch states."""
         return self.speculative_blocks
-
-    def is_full(self) -> bool:
-        return False
-
-    def is_cross(self) -> bool:
-        return False
 
     def is_slotless(self) -> bool:
         """Its blocks hold states."""
