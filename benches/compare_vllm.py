@@ -10,7 +10,7 @@ README shows how):
 
     python benches/compare_vllm.py [--steps 100] [--turn 1] [--async-scheduling]
                                    [--workloads decode-256,...] [--no-twin]
-                                   [--spec ngram | --layout gpt-oss|qwen3-next|jamba | --lora
+                                   [--spec ngram | --layout gpt-oss|qwen3-next[-align]|jamba[-align] | --lora
                                     | --vision | --pd]
     python benches/compare_vllm.py --offload [--steps 100] [--async-scheduling]
 
@@ -61,10 +61,11 @@ def main() -> int:
     )
     ap.add_argument(
         "--layout",
-        choices=["gpt-oss", "qwen3-next", "jamba"],
+        choices=["gpt-oss", "qwen3-next", "jamba", "qwen3-next-align", "jamba-align"],
         help="time a hybrid KV cache (gpt-oss: a 128-token window beside full attention; "
         "qwen3-next: three linear-attention groups beside it, jamba: one Mamba group, both "
-        "with prefix caching off) at 64 and 256 running requests with 4k-token contexts",
+        "with prefix caching off, or with -align on: vLLM's mamba_cache_mode 'align') at 64 "
+        "and 256 running requests with 4k-token contexts",
     )
     ap.add_argument(
         "--lora",

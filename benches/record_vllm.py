@@ -186,6 +186,8 @@ def group_records(groups: Any) -> list[dict[str, Any]]:
                 record["admission_cap_blocks"] = g.admission_cap_blocks
             if g.speculative_blocks:
                 record["speculative_blocks"] = g.speculative_blocks
+            if g.prefill_checkpoint_alignment is not None:
+                record["prefill_checkpoint_alignment"] = g.prefill_checkpoint_alignment
         records.append(record)
     return records
 

@@ -127,11 +127,13 @@ def kv_events(s: Any) -> list[tuple[Any, ...]]:
             out.append(("allocated", None, 0, e.block_id))
         elif isinstance(e, reference.kv_events.Accessed):
             out.append(("accessed", None, 0, e.block_id))
+        elif isinstance(e, reference.kv_events.Evicted):
+            out.append(("evicted", None, 0, e.block_id))
         elif e.kind == "stored":
             out.append(("stored", e.slot, e.first_block, e.block_ids, e.group))
         elif e.kind == "hit":
             out.append(("hit", e.slot, 0, e.num_blocks))
-        elif e.kind in ("removed", "allocated", "accessed"):
+        elif e.kind in ("removed", "allocated", "accessed", "evicted"):
             out.append((e.kind, None, 0, e.block_ids[0]))
         else:
             out.append((e.kind, None, 0, None))

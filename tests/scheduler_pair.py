@@ -339,7 +339,8 @@ class SchedulerPair:
         check_scheduler_invariants(
             self.rust, a, bs0, kv_cut=self.kv_cut, connector=self.with_connector
         )
-        check_group_invariants(self.groups, a, self.bs)
+        aligned = bool(self.rust.cache_config.enable_prefix_caching)
+        check_group_invariants(self.groups, a, self.bs, caches_states=aligned)
         assert self.rust.num_free_blocks == self.twin.num_free_blocks
         assert self.rust.get_num_unfinished_requests() == len(a["requests"])
 
@@ -449,7 +450,9 @@ def null_prefix(table: list[int]) -> int:
     return n
 
 
-def check_group_invariants(groups: tuple[GroupSpec, ...], state: dict[str, Any], bs: int) -> None:
+def check_group_invariants(
+    groups: tuple[GroupSpec, ...], state: dict[str, Any], bs: int, caches_states: bool = False
+) -> None:
     """Hybrid KV caches: every decoder group's table of a request is as long
     as the others of the cache's block size (a recurrent group's, of its
     own, holds its scratch states past its tokens' blocks and nulls before
@@ -457,7 +460,8 @@ def check_group_invariants(groups: tuple[GroupSpec, ...], state: dict[str, Any],
     cross-attention hold no null position, and cross-attention tables (the
     encoder's tokens) exist only beside a decoder table; a window group's
     nulls are a prefix, and only of positions no token after the computed
-    ones reads."""
+    ones reads. A recurrent group caching its states (``caches_states``:
+    cache mode "align") holds nulls between them, its scratch states last."""
     for rid, r in state["requests"].items():
         tables, cached = r["tables"], r["num_cached_per_group"]
         assert len(tables) == len(groups) == len(cached), rid
@@ -471,11 +475,20 @@ def check_group_invariants(groups: tuple[GroupSpec, ...], state: dict[str, Any],
             if not g.kind.is_cross()
             and g.kind.tokens_per_block(bs) == bs
             and not g.kind.extra_blocks()
+            # (an "align" state table covers no lookahead slots)
+            and not (caches_states and g.kind.is_recurrent())
         ]
         assert all(len(t) == len(decoder[0]) for t in decoder), rid
         assert all(c <= len(t) for c, t in zip(cached, tables, strict=True)), rid
         for g, table, num_cached in zip(groups, tables, cached, strict=True):
             nulls = null_prefix(table)
+            if caches_states and isinstance(g.kind, Mamba):
+                # States at chunk ends, nulls between (what lies before the
+                # processed tokens' state is checked after each step), and
+                # the scratch states past the last.
+                assert not table or len(table) > g.kind.speculative_blocks, (rid, g, table)
+                assert all(b != 0 for b in table[len(table) - g.kind.speculative_blocks :])
+                continue
             assert 0 not in table[nulls:], (rid, table)
             if g.kind.is_full() or g.kind.is_cross():
                 assert nulls == 0, (rid, table)

@@ -371,22 +371,47 @@ def test_recurrent_group_settings_are_checked() -> None:
         KVCacheGroup("mamba", 512, admission_cap_blocks=2)
     with pytest.raises(ValueError, match="speculative_blocks must be 0 for a sliding_window"):
         KVCacheGroup("sliding_window", 128, speculative_blocks=1)
-    # One state per model length plus the scratch states, in the start-up check.
+    with pytest.raises(ValueError, match=r"prefill_checkpoint_alignment must be in \[1, .*got 0"):
+        KVCacheGroup("mamba", 16, prefill_checkpoint_alignment=0)
+    with pytest.raises(ValueError, match="prefill_checkpoint_alignment must be None for a full"):
+        KVCacheGroup("full", prefill_checkpoint_alignment=1)
+    # Prefix caching off: one state per model length plus the scratch
+    # states, in the start-up check.
     sched = SchedulerConfig(max_model_len=320)
     mamba = KVCacheGroup("mamba", 320, speculative_blocks=2)
-    check_fits(sched, CacheConfig(num_blocks=24, kv_cache_groups=(mamba, FULL)))
+    off = {"kv_cache_groups": (mamba, FULL), "enable_prefix_caching": False}
+    check_fits(sched, CacheConfig(num_blocks=24, **off))
     with pytest.raises(ValueError, match="fewer than the 23 one sequence"):
-        check_fits(sched, CacheConfig(num_blocks=23, kv_cache_groups=(mamba, FULL)))
+        check_fits(sched, CacheConfig(num_blocks=23, **off))
+    # On (vLLM's "align"): two states, a prefill checkpoint's, the scratch
+    # states.
+    aligned = KVCacheGroup("mamba", 16, speculative_blocks=2, prefill_checkpoint_alignment=1)
+    check_fits(sched, CacheConfig(num_blocks=26, kv_cache_groups=(aligned, FULL)))
+    with pytest.raises(ValueError, match="fewer than the 25 one sequence"):
+        check_fits(sched, CacheConfig(num_blocks=25, kv_cache_groups=(aligned, FULL)))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_recurrent_groups_refuse_prefix_caching(backend: str) -> None:
-    """vLLM caches recurrent states only in its "align" mode, which the core
-    does not model: a clear refusal, on both backends alike."""
-    mamba = KVCacheGroup("mamba", 2048)
-    with pytest.raises(ValueError, match="enable_prefix_caching must be false with a Mamba"):
-        make(backend, caching=True, kv_cache_groups=(mamba, FULL))
-    make(backend, caching=False, kv_cache_groups=(mamba, FULL))
+def test_recurrent_groups_refuse_what_align_mode_does_not_model(backend: str) -> None:
+    """vLLM caches recurrent states in its "align" mode, with states of the
+    cache's block size (its default) and chunked prefill (which it
+    requires); the core models neither another state size nor lookahead
+    hashes past a token: clear refusals, on both backends alike."""
+    with pytest.raises(ValueError, match=r"mamba_block_size \(2048\) must equal block_size"):
+        make(backend, caching=True, kv_cache_groups=(KVCacheGroup("mamba", 2048), FULL))
+    mamba = KVCacheGroup("mamba", 16)
+    with pytest.raises(ValueError, match="enable_chunked_prefill must be true"):
+        make(backend, kv_cache_groups=(mamba, FULL), enable_chunked_prefill=False)
+    with pytest.raises(ValueError, match=r"num_hash_lookahead_tokens \(2\) must be at most 1"):
+        make(
+            backend,
+            kv_cache_groups=(mamba, FULL),
+            num_speculative_tokens=2,
+            num_lookahead_tokens=2,
+            num_hash_lookahead_tokens=2,
+        )
+    make(backend, caching=True, kv_cache_groups=(mamba, FULL))
+    make(backend, caching=False, kv_cache_groups=(KVCacheGroup("mamba", 2048), FULL))
 
 
 def test_the_cache_must_hold_one_sequence_in_every_group() -> None:
@@ -476,3 +501,58 @@ def test_qwen3_next_states_without_prefix_caching(backend: str) -> None:
     ids, _, zero = seen[40]  # A finished; B resumes with its 305 tokens
     assert ids["B"] == [[45], [46], [44], list(range(22, 2, -1))]
     assert zero == list(range(22, 2, -1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_qwen3_next_states_cached_in_align_mode(backend: str) -> None:
+    """docs/scheduling.md §7.15's second worked example: Qwen3-Next's groups
+    with prefix caching on (vLLM's cache mode "align"), states in blocks of
+    16 like attention's. Prefill chunks end on block boundaries and at the
+    prompt's checkpoint; a state cached this step is hit only the next; a
+    hit needs a cached state, so the preempted B, whose states were
+    evicted, starts over although its attention blocks are cached."""
+    mamba = KVCacheGroup("mamba", 16)
+    s = make(
+        backend,
+        num_blocks=24,
+        kv_cache_groups=(mamba, mamba, mamba, KVCacheGroup("full")),
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=44,
+    )
+    prompt = list(range(1, 101))
+    s.add_request(req("A", prompt, max_tokens=80, ignore_eos=True))
+    seen: dict[int, Any] = {}
+    for n in range(90):
+        if n == 2:  # A's first 96 tokens, then its own
+            s.add_request(req("B", prompt[:96] + [500 + i for i in range(10)], max_tokens=80))
+        out = s.schedule()
+        ids = {rid: out.block_ids_per_group(i) for i, rid in enumerate(out.req_ids)}
+        scheduled = dict(zip(out.req_ids, (e.num_tokens for e in out.entries()), strict=True))
+        computed = {e.request_id: e.num_computed_tokens for e in out.entries()}
+        seen[n] = (ids, scheduled, computed, sorted(out.preempted_req_ids))
+        s.update_from_output(out, {rid: [7] for i, rid in enumerate(out.req_ids) if out.samples[i]})
+    # Chunks of 32, not the budget's 44: each ends on a block, its state in
+    # the block it ends in, nulls before.
+    assert seen[0][:2] == ({"A": [[0, 1], [0, 2], [0, 3], [4, 5]]}, {"A": 32})
+    assert seen[1][:2] == ({"A": [[0, 6], [0, 7], [0, 8], [9, 10]]}, {"A": 32})
+    # The third stops at the prompt's checkpoint (96 = 99 rounded down to a
+    # block), reusing the states freed once passed; B, arriving, would hit
+    # the state cached this very step: it waits.
+    assert seen[2][:2] == ({"A": [[0, 3], [0, 2], [0, 1], [11, 12]]}, {"A": 32})
+    ids, scheduled, computed, _ = seen[3]
+    assert scheduled == {"A": 4, "B": 10} and computed == {"A": 96, "B": 96}
+    assert ids["B"] == [
+        [0, 0, 0, 0, 0, 3, 14],
+        [0, 0, 0, 0, 0, 2, 15],
+        [0, 0, 0, 0, 0, 1, 16],
+        [4, 5, 9, 10, 11, 12, 17],
+    ]
+    # Decoding, a state moves to a new block at each block boundary.
+    assert seen[10][0]["B"] == [[18], [19], [20], [21]]
+    assert seen[58][3] == ["B"]
+    # B's attention prefix is cached still, but the states at 96 went to A's
+    # growth (blocks 1-3): no state, no hit.
+    ids, scheduled, computed, _ = seen[83]
+    assert (scheduled, computed) == ({"B": 32}, {"B": 0})
+    assert ids["B"] == [[0, 19], [0, 8], [0, 7], [6, 14]]

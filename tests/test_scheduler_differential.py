@@ -206,11 +206,13 @@ def random_config(rng: random.Random) -> dict:
 def add_mamba_groups(rng: random.Random, config: dict) -> None:
     """Recurrent-state groups (Mamba, linear attention) in some decoder
     workloads (more of the drafting ones): one to three beside the drawn
-    groups (Qwen3-Next, Jamba) or alone (a pure Mamba model), prefix
-    caching off (vLLM's cache mode
-    "none"), each a state block of the model's length (vLLM's default) or
-    shorter, with a scratch state per draft in most drafting workloads.
-    The pool is sized for the extra tables."""
+    groups (Qwen3-Next, Jamba) or alone (a pure Mamba model), with a scratch
+    state per draft in most drafting workloads. Half have prefix caching
+    off (vLLM's cache mode "none"), each a state block of the model's length
+    (vLLM's default) or shorter; half have it on (cache mode "align"),
+    states of the cache's block size, hashes one token ahead in some
+    drafting ones (MTP's), dense or sparse retention, a retention interval
+    in some. The pool is sized for the extra tables."""
     groups = config["kv_cache_groups"]
     if groups == () or any(g.kind == "cross_attention" for g in groups or ()):
         return
@@ -222,18 +224,44 @@ def add_mamba_groups(rng: random.Random, config: dict) -> None:
     bs, max_len = config["block_size"], config["max_model_len"]
     k = config["num_speculative_tokens"]
     spec = k if k and rng.random() < 0.8 else 0
+    align = rng.random() < 0.5
+    sizes = [bs] if align else [max_len, max_len, max_len // 2, bs, 3]
+    # Mamba2's backend writes the prompt's checkpoint inside a chunk.
+    alignment = random.Random(rng.random()).choice([None, 1, 4]) if align else None
     mamba = [
         KVCacheGroup(
-            "mamba", rng.choice([max_len, max_len, max_len // 2, bs, 3]), speculative_blocks=spec
+            "mamba",
+            rng.choice(sizes),
+            speculative_blocks=spec,
+            prefill_checkpoint_alignment=alignment,
         )
         for _ in range(rng.choice([1, 1, 2, 3]))
     ]
     attention = [] if rng.random() < 0.15 else list(groups or (KVCacheGroup("full"),))
-    if not attention:
-        config.pop("retention_interval", None)  # no window to retain
+    if not attention or align:
+        config.pop("retention_interval", None)  # no window to retain, or drawn below
     mixed = attention + mamba
     rng.shuffle(mixed)
-    config.update(kv_cache_groups=tuple(mixed), caching=False, num_hash_lookahead_tokens=0)
+    lookahead = 1 if align and k and rng.random() < 0.5 else 0
+    config.update(kv_cache_groups=tuple(mixed), caching=align, num_hash_lookahead_tokens=lookahead)
+    if align:
+        # vLLM requires chunked prefill here: states are cached at chunk ends.
+        config["enable_chunked_prefill"] = True
+        # Multi-module MTP's read-ahead and the split to a block's end can
+        # leave a prompt's last tokens nothing to schedule, for ever (vLLM's
+        # too): no such drafter here.
+        config["drafter_read_ahead"] = min(config.get("drafter_read_ahead", 0), 1)
+        # Likewise a block that fits the token budget but not the input
+        # budget a drafter's slots leave.
+        slots = config.get("num_draft_slots", 0)
+        if config["max_num_batched_tokens"] - slots < bs:
+            config["max_num_batched_tokens"] = bs + slots
+        # Likewise an image that must run whole across a block's end.
+        if "disable_chunked_mm_input" in config:
+            config["disable_chunked_mm_input"] = False
+        config["sparse_retention"] = rng.random() < 0.7
+        if config["sparse_retention"] and rng.random() < 0.3:
+            config["retention_interval"] = bs * rng.choice([1, 2, 4])
     need = blocks_per_request(config)
     tight = rng.random() < 0.6
     config["num_blocks"] = rng.randint(need + 1, 2 * need + 2) if tight else 4 * need
@@ -335,13 +363,17 @@ def end_tie_livelock(pair: SchedulerPair, cycle: list[list[str]]) -> None:
 
 def blocks_per_request(config: dict) -> int:
     """Blocks one request of ``max_model_len`` tokens holds, over all groups
-    (a recurrent group's of its own size, with its scratch states)."""
+    (a recurrent group's of its own size, with its scratch states; with
+    prefix caching, two states and a prefill checkpoint's)."""
     bs, max_len = config["block_size"], config["max_model_len"]
     groups = config["kv_cache_groups"] or (KVCacheGroup("full"),)
-    return sum(
-        -(-max_len // g.size) + g.speculative_blocks if g.kind == "mamba" else -(-max_len // bs)
-        for g in groups
-    )
+
+    def states(g: KVCacheGroup) -> int:
+        if config["caching"]:
+            return 2 + (g.prefill_checkpoint_alignment is not None) + g.speculative_blocks
+        return -(-max_len // g.size) + g.speculative_blocks
+
+    return sum(states(g) if g.kind == "mamba" else -(-max_len // bs) for g in groups)
 
 
 def takes_sessions(config: dict) -> bool:
@@ -570,6 +602,9 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     mamba = [g for g in config["kv_cache_groups"] or () if g.kind == "mamba"]
     pair.events["mamba_groups"] += bool(mamba)
     pair.events["mamba_speculative_blocks"] += any(g.speculative_blocks for g in mamba)
+    pair.events["mamba_align"] += bool(mamba) and bool(config["caching"])
+    checkpoints = any(g.prefill_checkpoint_alignment for g in mamba)
+    pair.events["mamba_checkpoints"] += checkpoints and bool(config["caching"])
     if ec_connectors:
         core, twin = ec_connectors
         assert core.log == twin.log, "the encoder-cache connector was called differently"
@@ -650,6 +685,8 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     # states for drafts in about one in three of those.
     needs["mamba_groups"] = workloads.scaled(4, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_speculative_blocks"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
+    needs["mamba_align"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
+    needs["mamba_checkpoints"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():

@@ -187,7 +187,8 @@ class KvEvent:
 
     @property
     def kind(self) -> str:
-        """ "stored", "hit", "removed", "cleared", "allocated" or "accessed"."""
+        """ "stored", "hit", "removed", "cleared", "allocated", "accessed" or
+        "evicted"."""
     @property
     def slot(self) -> int | None:
         """The request's slot ("stored", "hit")."""
@@ -458,7 +459,7 @@ class Scheduler:
         drop_eagle_block: bool = False,
         num_draft_slots: SupportsIndex | None = None,
         drafts_by_batch_size: Sequence[int] | None = None,
-        kv_cache_groups: Sequence[tuple[str, int, int | None, int]] | None = None,
+        kv_cache_groups: Sequence[tuple[str, int, int | None, int, int | None]] | None = None,
         sparse_retention: bool = True,
         retention_interval: SupportsIndex | None = None,
         max_loras: SupportsIndex | None = None,
@@ -473,11 +474,13 @@ class Scheduler:
         (both or neither): a multimodal model's encoder limits, in
         embeddings (docs/scheduling.md §4.15). ``kv_cache_groups``: the
         KV-cache groups in vLLM's order, each
-        ``(kind, size, admission_cap_blocks, speculative_blocks)`` with kind
-        "full" or "cross_attention" (size ignored), "sliding_window" (size:
-        the window), "chunked_local" (size: the chunk), all of
-        ``block_size``, or "mamba" (size: its own tokens per state block;
-        speculative_blocks: scratch states for drafts; prefix caching off),
+        ``(kind, size, admission_cap_blocks, speculative_blocks,
+        checkpoint_alignment)`` with kind "full" or "cross_attention" (size
+        ignored), "sliding_window" (size: the window), "chunked_local" (size:
+        the chunk), all of ``block_size``, or "mamba" (size: its own tokens
+        per state block, ``block_size`` with prefix caching on;
+        speculative_blocks: scratch states for drafts; checkpoint_alignment:
+        prefill checkpoints written inside a chunk, or None),
         sharing the pool; None is one full-attention group, an empty list none (a
         model without a KV cache). ``sparse_retention``: sliding-window
         groups cache only the blocks a later request can resume from (vLLM's

@@ -203,16 +203,23 @@ class KVCacheGroup:
     where ``in_flight`` is the tokens that can be in flight); None counts
     them all.
 
-    ``kind`` "mamba" is a recurrent state (Mamba, linear attention) with
-    prefix caching off (vLLM's ``mamba_cache_mode`` "none"): ``size`` is
-    its tokens per state block (vLLM's ``mamba_block_size``, the model's
-    length unless set) and ``speculative_blocks`` the scratch states a
-    drafter's tokens take (vLLM's ``MambaSpec.num_speculative_blocks``)."""
+    ``kind`` "mamba" is a recurrent state (Mamba, linear attention):
+    ``size`` is its tokens per state block (vLLM's ``mamba_block_size``:
+    with prefix caching off, the model's length unless set; with it on,
+    vLLM's mamba_cache_mode "align", the block size, which it must be here)
+    and ``speculative_blocks`` the scratch states a drafter's tokens take
+    (vLLM's ``MambaSpec.num_speculative_blocks``). With prefix caching on,
+    ``prefill_checkpoint_alignment`` says the backend writes the prompt's
+    checkpoint state from inside the chunk that passes it, at query offsets
+    a multiple of it (vLLM's ``MambaSpec.prefill_checkpoint_alignment``
+    where ``num_prefill_checkpoint_blocks`` is above 0: Mamba2 layers); None
+    when it does not."""
 
     kind: str
     size: int = 0
     admission_cap_blocks: int | None = None
     speculative_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in GROUP_KINDS:
@@ -221,6 +228,13 @@ class KVCacheGroup:
             raise TypeError(f"KVCacheGroup.size must be an int, got {type(self.size).__name__}")
         if self.kind == "mamba":
             _int("KVCacheGroup.speculative_blocks", self.speculative_blocks, 0, MAX_NUM_BLOCKS)
+            if self.prefill_checkpoint_alignment is not None:
+                _int(
+                    "KVCacheGroup.prefill_checkpoint_alignment",
+                    self.prefill_checkpoint_alignment,
+                    1,
+                    MAX_MODEL_LEN,
+                )
             if self.admission_cap_blocks is not None:
                 raise ValueError(
                     "KVCacheGroup.admission_cap_blocks must be None for a mamba group, "
@@ -230,6 +244,11 @@ class KVCacheGroup:
             raise ValueError(
                 f"KVCacheGroup.speculative_blocks must be 0 for a {self.kind} group, "
                 f"got {self.speculative_blocks}"
+            )
+        elif self.prefill_checkpoint_alignment is not None:
+            raise ValueError(
+                f"KVCacheGroup.prefill_checkpoint_alignment must be None for a {self.kind} "
+                f"group, got {self.prefill_checkpoint_alignment}"
             )
         if self.kind in ("full", "cross_attention"):
             what = "full-attention" if self.kind == "full" else "cross-attention"
@@ -314,17 +333,26 @@ def blocks_for_one_sequence(
     decoder group, a window group's capped at its admission cap when it has
     one, ``max_encoder_tokens``' worth in a cross-attention group, and its
     states in a recurrent group (one of vLLM's default size, plus the
-    scratch states: as vLLM sizes a hybrid or encoder-decoder cache at
-    start-up)."""
+    scratch states; with prefix caching, vLLM's cache mode "align", the two
+    it holds at most between steps plus the scratch states: as vLLM sizes a
+    hybrid or encoder-decoder cache at start-up)."""
     bs = cache_config.block_size
     per_group = cdiv(max_model_len, bs)
+    align = cache_config.enable_prefix_caching
     groups = cache_config.kv_cache_groups
     if groups is None:
         groups = (KVCacheGroup("full"),)
+
+    def states(g: KVCacheGroup) -> int:
+        # "align": the state a step starts from, the one it ends in, and a
+        # prefill checkpoint's where the backend writes one.
+        held = 2 + int(g.prefill_checkpoint_alignment is not None)
+        return (held if align else cdiv(max_model_len, g.size)) + g.speculative_blocks
+
     return sum(
         cdiv(max_encoder_tokens, bs)
         if g.kind == "cross_attention"
-        else cdiv(max_model_len, g.size) + g.speculative_blocks
+        else states(g)
         if g.kind == "mamba"
         else per_group
         if g.admission_cap_blocks is None

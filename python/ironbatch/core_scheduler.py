@@ -32,23 +32,27 @@ from ironbatch.reference.kv_connector import KvConnectorSetup
 from ironbatch.reference.scheduler_config import settings
 from ironbatch.scheduler_stats import SchedulerStats
 
+#: A KV-cache group as the binding takes it: ``(kind, size,
+#: admission_cap_blocks, speculative_blocks, checkpoint_alignment)``.
+BindingGroup = tuple[str, int, int | None, int, int | None]
 
-def binding_groups(groups: Sequence[GroupSpec]) -> list[tuple[str, int, int | None, int]]:
-    """Resolved KV-cache groups as the binding takes them: ``(kind, size,
-    admission_cap_blocks, speculative_blocks)``."""
-    out: list[tuple[str, int, int | None, int]] = []
+
+def binding_groups(groups: Sequence[GroupSpec]) -> list[BindingGroup]:
+    """Resolved KV-cache groups as the binding takes them."""
+    out: list[BindingGroup] = []
     for g in groups:
         cap = g.admission_cap_blocks
-        if isinstance(g.kind, SlidingWindow):
-            out.append(("sliding_window", g.kind.window, cap, 0))
-        elif isinstance(g.kind, ChunkedLocal):
-            out.append(("chunked_local", g.kind.chunk, cap, 0))
-        elif isinstance(g.kind, CrossAttention):
-            out.append(("cross_attention", 0, cap, 0))
-        elif isinstance(g.kind, Mamba):
-            out.append(("mamba", g.kind.block_size, cap, g.kind.speculative_blocks))
+        k = g.kind
+        if isinstance(k, SlidingWindow):
+            out.append(("sliding_window", k.window, cap, 0, None))
+        elif isinstance(k, ChunkedLocal):
+            out.append(("chunked_local", k.chunk, cap, 0, None))
+        elif isinstance(k, CrossAttention):
+            out.append(("cross_attention", 0, cap, 0, None))
+        elif isinstance(k, Mamba):
+            out.append(("mamba", k.block_size, cap, k.speculative_blocks, k.checkpoint_alignment))
         else:
-            out.append(("full", 0, cap, 0))
+            out.append(("full", 0, cap, 0, None))
     return out
 
 

@@ -24,14 +24,23 @@ pub enum AttentionKind {
     /// input runs and held until the request frees, never prefix cached.
     CrossAttention,
     /// A recurrent state (Mamba, linear attention: Qwen3-Next, Nemotron-H,
-    /// Granite-4.0-H, Jamba) in vLLM's cache mode "none", prefix caching off
-    /// (§7.15): one state block per `block_size` tokens (vLLM's
-    /// `mamba_block_size`, the model's length unless set, so one block), of
-    /// which only the last computed token's is kept, plus
-    /// `speculative_blocks` scratch states for a drafter's tokens.
+    /// Granite-4.0-H, Jamba; §7.15): one state block per `block_size`
+    /// tokens (vLLM's `mamba_block_size`), of which only the last computed
+    /// token's is kept, plus `speculative_blocks` scratch states for a
+    /// drafter's tokens. With prefix caching off (vLLM's cache mode "none")
+    /// the block size is the model's length unless set, so one block; with
+    /// it on (cache mode "align") it is the cache's block size, and the
+    /// states at block boundaries are cached (`recurrent_table`).
     Mamba {
         block_size: usize,
         speculative_blocks: usize,
+        /// With prefix caching, the backend can also write the state at
+        /// the prompt's checkpoint from inside the chunk that passes it,
+        /// into a block of its own, at query offsets a multiple of this
+        /// (vLLM's `prefill_checkpoint_alignment` beside
+        /// `num_prefill_checkpoint_blocks`: Mamba2's kernels); `None` when
+        /// it cannot.
+        checkpoint_alignment: Option<usize>,
     },
 }
 
@@ -87,6 +96,18 @@ impl AttentionKind {
         }
     }
 
+    /// The query offsets at which a recurrent group can write a prefill
+    /// checkpoint from inside a chunk, if it can.
+    pub fn checkpoint_alignment(self) -> Option<usize> {
+        match self {
+            AttentionKind::Mamba {
+                checkpoint_alignment,
+                ..
+            } => checkpoint_alignment,
+            _ => None,
+        }
+    }
+
     /// Whether it is a recurrent state (Mamba, linear attention).
     pub fn is_recurrent(self) -> bool {
         matches!(self, AttentionKind::Mamba { .. })
@@ -126,6 +147,59 @@ pub fn contiguous_blocks_for_hit(window: usize, block_size: usize) -> usize {
 pub fn group_key(hash: BlockHash, group: usize) -> BlockHash {
     const MIX: u128 = 0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835;
     BlockHash(hash.0 ^ (group as u128).wrapping_mul(MIX))
+}
+
+/// Whether a chunk computing tokens `start..end` can write the state after
+/// `checkpoint` tokens from inside itself (vLLM's
+/// `is_mamba_prefill_checkpoint_valid`, hashes of the block size): the
+/// checkpoint lies strictly inside the chunk, a block or more past its
+/// start, at a multiple of `alignment` from it, in a block before the one
+/// the chunk ends in and after the one it starts from.
+pub fn checkpoint_in_chunk(
+    start: usize,
+    end: usize,
+    checkpoint: usize,
+    block_size: usize,
+    alignment: usize,
+) -> bool {
+    // The block the chunk's initial state is in (none before token 0).
+    let initial = (start as isize - 1).div_euclid(block_size as isize);
+    let checkpoint_block = cdiv(end, block_size) as isize - 2;
+    start % block_size == 0
+        && checkpoint_block > initial
+        && start + block_size <= checkpoint
+        && start < checkpoint
+        && checkpoint < end
+        && (checkpoint - start) % alignment == 0
+}
+
+/// Which blocks a recurrent group caches in cache mode
+/// "align" (vLLM's Mamba `reachable_block_mask`): every block with dense
+/// retention (`sparse` false); else the state block that ends where a later
+/// request can resume — the prompt's last token (`num_prompt_tokens − 1`)
+/// and a shared prefix (`shared_prefix_boundary`, 0 for none), each rounded
+/// down to a block — since a hit needs that one state alone; with a
+/// retention interval (`segment_tokens`; 0 for none) also the last block of
+/// every segment, and every block when a segment is one block or less.
+pub fn recurrent_mask(
+    block_size: usize,
+    sparse: bool,
+    num_prompt_tokens: usize,
+    shared_prefix_boundary: usize,
+    segment_tokens: usize,
+) -> impl Fn(usize) -> bool {
+    let per_segment = segment_tokens / block_size;
+    let dense = !sparse || (segment_tokens > 0 && per_segment <= 1);
+    // The block ending at `boundary` rounded down; none below one block.
+    let ending_at = |boundary: usize| (boundary / block_size).checked_sub(1);
+    let prompt = ending_at(num_prompt_tokens.saturating_sub(1));
+    let shared = ending_at(shared_prefix_boundary);
+    move |i| {
+        dense
+            || (per_segment > 1 && (i + 1) % per_segment == 0)
+            || prompt == Some(i)
+            || shared == Some(i)
+    }
 }
 
 /// Which of blocks `start..end` a sliding-window group caches under sparse
@@ -181,6 +255,7 @@ mod tests {
         let mamba = AttentionKind::Mamba {
             block_size: 64,
             speculative_blocks: 2,
+            checkpoint_alignment: None,
         };
         assert_eq!(mamba.num_skipped_tokens(0), 0);
         assert_eq!(mamba.num_skipped_tokens(130), 129);
@@ -215,6 +290,43 @@ mod tests {
         // Segments of two blocks: every block is a segment's tail.
         let keep = sparse_mask(0, 19, 16, 33, 280, 0, 32);
         assert!((0..19).all(keep));
+    }
+
+    #[test]
+    fn a_recurrent_group_keeps_the_states_at_resume_points() {
+        // Blocks of 16, a 100-token prompt: the state after 96 tokens
+        // (block 5), the one a resend of the prompt resumes from.
+        let kept = |keep: &dyn Fn(usize) -> bool| (0..8).filter(|&i| keep(i)).collect::<Vec<_>>();
+        assert_eq!(kept(&recurrent_mask(16, true, 100, 0, 0)), vec![5]);
+        // A prompt of 96 resumes at 95: the state after 80 (block 4).
+        assert_eq!(kept(&recurrent_mask(16, true, 96, 0, 0)), vec![4]);
+        // A shared prefix of 40 tokens: the state after 32 too.
+        assert_eq!(kept(&recurrent_mask(16, true, 100, 40, 0)), vec![1, 5]);
+        // Segments of 64 tokens keep their last state each.
+        assert_eq!(kept(&recurrent_mask(16, true, 100, 0, 64)), vec![3, 5, 7]);
+        assert_eq!(
+            kept(&recurrent_mask(16, true, 100, 0, 16)),
+            (0..8).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            kept(&recurrent_mask(16, false, 100, 0, 0)),
+            (0..8).collect::<Vec<_>>()
+        );
+        // Nothing before the first whole block.
+        assert!(kept(&recurrent_mask(16, true, 10, 0, 0)).is_empty());
+    }
+
+    #[test]
+    fn a_checkpoint_lies_inside_the_chunk() {
+        // Blocks of 16: a chunk 0..100 can write the state after 96 (the
+        // prompt's checkpoint), as can 32..100; 80..100 cannot (96 is in
+        // the block after its start's); 0..96 cannot (96 is its end).
+        assert!(checkpoint_in_chunk(0, 100, 96, 16, 1));
+        assert!(checkpoint_in_chunk(32, 100, 96, 16, 1));
+        assert!(!checkpoint_in_chunk(80, 100, 96, 16, 1));
+        assert!(!checkpoint_in_chunk(0, 96, 96, 16, 1));
+        assert!(!checkpoint_in_chunk(8, 100, 96, 16, 1)); // starts inside a block
+        assert!(!checkpoint_in_chunk(32, 100, 96, 16, 5)); // 64 is no multiple of 5
     }
 
     #[test]

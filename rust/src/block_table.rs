@@ -13,8 +13,47 @@ pub struct BlockTable {
     /// the table's heap array for every request in every step.
     pub(crate) last: BlockId,
     /// Blocks the latest allocation appended (the step's new block ids of
-    /// a running request).
-    pub(crate) grown: usize,
+    /// a running request). 32 bits, like the state's fields, keep a
+    /// request's hot lines as they were.
+    grown: u32,
+    /// A recurrent group's states in cache mode "align"; unused otherwise.
+    pub(crate) states: StateSlots,
+}
+
+/// Where a recurrent group's table keeps its live states in cache mode
+/// "align" (docs/scheduling.md §7.15; vLLM's `MambaManager` bookkeeping):
+/// the table holds a state block at each position a chunk ended on, nulls
+/// between them, and the scratch states at its end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateSlots {
+    /// 0 before the table's first allocation; then 1, or 2 more than the
+    /// position of the state the latest growth started from (freed once
+    /// the step after it has read it). Positions are below `MAX_MODEL_LEN`.
+    stage: u32,
+    /// Positions below this one were given back already.
+    pub(crate) retired: u32,
+}
+
+impl StateSlots {
+    /// The table has been through an allocation (its scratch states are
+    /// taken): later growth is one state block per step.
+    pub(crate) fn allocated(&self) -> bool {
+        self.stage > 0
+    }
+
+    pub(crate) fn set_allocated(&mut self) {
+        self.stage = self.stage.max(1);
+    }
+
+    /// The position of the state the latest growth started from.
+    pub(crate) fn previous(&self) -> Option<usize> {
+        (self.stage as usize).checked_sub(2)
+    }
+
+    /// Record it (the table is allocated once the growth ends).
+    pub(crate) fn set_previous(&mut self, position: usize) {
+        self.stage = position as u32 + 2;
+    }
 }
 
 impl BlockTable {
@@ -35,6 +74,15 @@ impl BlockTable {
     /// Number of blocks held.
     pub fn len(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// Blocks the latest allocation appended.
+    pub(crate) fn grown(&self) -> usize {
+        self.grown as usize
+    }
+
+    pub(crate) fn set_grown(&mut self, blocks: usize) {
+        self.grown = blocks as u32;
     }
 
     /// Whether the table holds no block.

@@ -40,6 +40,11 @@ pub enum KvEvent {
     Allocated { block_id: BlockId },
     /// A cached block was hit (vLLM's `touch`): a residency-metrics event.
     Accessed { block_id: BlockId },
+    /// A block's residency ends without its being handed out again: a
+    /// prefill checkpoint's state that no later request can resume from
+    /// (vLLM's `_maybe_evict_cached_block`, which ends it whether or not
+    /// the block is cached): a residency-metrics event.
+    Evicted { block_id: BlockId },
 }
 
 /// The events since they were last taken; each kind off (and free) unless
@@ -78,7 +83,9 @@ impl KvEventLog {
     /// Log `event` when its kind is enabled.
     pub fn push(&mut self, event: KvEvent) {
         let on = match event {
-            KvEvent::Allocated { .. } | KvEvent::Accessed { .. } => self.lifecycle,
+            KvEvent::Allocated { .. } | KvEvent::Accessed { .. } | KvEvent::Evicted { .. } => {
+                self.lifecycle
+            }
             KvEvent::Cleared => self.routing || self.lifecycle,
             _ => self.routing,
         };

@@ -6,7 +6,8 @@
 //! window the rightmost run of `cdiv(window − 1, bs)` cached blocks (what
 //! its window reads back from the hit's end; the blocks before it are not
 //! needed); chunked local attention the cached blocks of the candidate's
-//! last chunk. Groups of one kind and size are asked together (a block must
+//! last chunk; a recurrent state (cache mode "align") the rightmost cached
+//! state, the one block it needs. Groups of one kind and size are asked together (a block must
 //! be cached in each). Full attention goes first; each answer becomes the
 //! next candidate, until a pass changes nothing (one pass when there are two
 //! kinds, or one group: vLLM's unitary coordinator asks its group once).
@@ -199,8 +200,21 @@ fn find_for(
                 push_row(blocks, &row);
             }
         }
+        AttentionKind::Mamba { .. } => {
+            // One state is all a hit needs: the rightmost cached one, after
+            // nulls (cache mode "align", §7.15).
+            for i in (0..num_blocks).rev() {
+                if cached_in_all(pool, l, hashes[i], &mut row) {
+                    for &g in &l.group_ids {
+                        blocks[g].resize(i, NULL_BLOCK);
+                    }
+                    push_row(blocks, &row);
+                    break;
+                }
+            }
+        }
         // Never cached (prefix caching is off beside it): no hit.
-        AttentionKind::CrossAttention | AttentionKind::Mamba { .. } => {}
+        AttentionKind::CrossAttention => {}
     }
     blocks[l.group_ids[0]].len() * block_size
 }

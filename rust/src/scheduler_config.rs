@@ -241,6 +241,17 @@ impl SchedulerConfig {
                     .to_string(),
             );
         }
+        let caches_states =
+            c.cache.enable_prefix_caching && c.cache.groups.iter().any(|g| g.kind.is_recurrent());
+        if caches_states && !c.enable_chunked_prefill {
+            // A prompt's states are cached at the ends of its chunks (vLLM
+            // asserts the same).
+            return invalid(
+                "enable_chunked_prefill must be true with prefix caching over a Mamba KV-cache \
+                 group (vLLM's mamba_cache_mode 'align')"
+                    .to_string(),
+            );
+        }
         if c.runner != Runner::Generate && c.num_speculative_tokens > 0 {
             // vLLM builds no drafter for a pooling model or an encoder alone.
             return invalid(format!(

@@ -141,9 +141,10 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     """Recurrent-state groups (Mamba, linear attention) in some workloads
     with one full-attention group (drawn apart): Qwen3-Next's three
     linear-attention groups beside full attention, Jamba's Mamba group
-    beside it, a sliding window beside both, or Mamba alone; prefix caching
-    off (vLLM's mamba_cache_mode "none", which the drop-in takes), the state
-    block the model's length mostly (vLLM's default), else two blocks. Not
+    beside it, a sliding window beside both, or Mamba alone; half with
+    prefix caching off (vLLM's mamba_cache_mode "none"), the state block the
+    model's length mostly (vLLM's default), else two blocks; half with it on
+    ("align", states of the block size). Not
     with Whisper, decode context parallelism or multi-module MTP (vLLM runs
     neither beside recurrent layers)."""
     drawn = random.Random(rng.random())
@@ -164,18 +165,39 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     }
     if layout == "swa-mamba":
         out["window"] = drawn.choice([bs // 2 + 1, bs + 3, 2 * bs])
+    if drawn.random() < 0.5:
+        # Prefix caching on (vLLM's default, mamba_cache_mode "align"):
+        # states of the block size, chunked prefill (vLLM requires it), a
+        # budget of more than a block besides a drafter's slots (else no
+        # chunk ends on a block, in vLLM too), images that may be split
+        # (else one across a block's end never runs, in vLLM too).
+        out.update(
+            enable_prefix_caching=True,
+            enable_chunked_prefill=True,
+            mamba_block_size=None,
+            max_num_batched_tokens=max(settings["max_num_batched_tokens"], bs + 16),
+        )
+        if settings.get("disable_chunked_mm_input"):
+            out["disable_chunked_mm_input"] = False
+        # Mamba2's backend writes the prompt's checkpoint inside a chunk.
+        out["mamba_checkpoint_alignment"] = random.Random(drawn.random()).choice([None, 1, 4])
     return out
 
 
 def recurrent_blocks(settings: dict) -> int:
     """Blocks one request's states take in a layout's recurrent groups: a
-    block per state block of its length, and a scratch state per draft."""
+    block per state block of its length (at most three live states with
+    prefix caching), and a scratch state per draft."""
     groups = RECURRENT_GROUPS.get(settings["kv_layout"], 0)
     if not groups:
         return 0
     max_len = settings["max_model_len"]
     per_state = settings.get("mamba_block_size") or max_len
     k = settings.get("speculative_config", {}).get("num_speculative_tokens", 0)
+    if settings["enable_prefix_caching"]:
+        # "align": the state a step starts from, the one it ends in, one
+        # more with a step in flight, and a prefill checkpoint's.
+        return groups * (4 + k)
     return groups * (-(-max_len // per_state) + k)
 
 

@@ -61,11 +61,14 @@ class Workload:
     num_speculative_tokens: int = 0
     # The KV-cache groups: "full" (one group), "gpt-oss" (a sliding window
     # of `window` tokens, then full attention, as vLLM groups gpt-oss), or
-    # with recurrent states of max_model_len tokens, prefix caching off:
-    # "qwen3-next" (three linear-attention groups, then full attention),
-    # "jamba" (a Mamba group, then full attention).
+    # with recurrent states: "qwen3-next" (three linear-attention groups,
+    # then full attention), "jamba" (a Mamba group, then full attention);
+    # states of max_model_len tokens with prefix caching off, or with
+    # `cached_states` of the block size, prefix caching on (vLLM's
+    # mamba_cache_mode "align").
     kv_layout: str = "full"
     window: int = 128
+    cached_states: bool = False
     # LoRA: request i takes adapter i % lora_adapters + 1 (0: none), at most
     # max_loras of them in a step's batch; the rest wait, skipped each step.
     lora_adapters: int = 0
@@ -99,16 +102,18 @@ class Workload:
 
     @property
     def prefix_caching(self) -> bool:
-        """vLLM caches recurrent states only in its "align" mode, which the
-        drop-in does not take: recurrent layouts run without."""
-        return self.num_recurrent_groups == 0
+        """Recurrent layouts run without unless their states are cached
+        (vLLM's "align" mode)."""
+        return self.num_recurrent_groups == 0 or self.cached_states
 
     @property
     def num_blocks(self) -> int:
         if self.gpu_blocks is not None:
             return self.gpu_blocks
         per_request = -(-self.max_model_len // self.block_size)
-        states = self.num_recurrent_groups * self.max_num_seqs  # one state block each
+        # One state block each, or with cached states the two a step holds.
+        held = 2 if self.cached_states else 1
+        states = self.num_recurrent_groups * self.max_num_seqs * held
         return self.num_groups * self.max_num_seqs * per_request + states + 1
 
     def kv_cache_groups(self, async_scheduling: bool) -> tuple[KVCacheGroup, ...] | None:
@@ -117,7 +122,8 @@ class Workload:
         if self.kv_layout == "full":
             return None
         if self.num_recurrent_groups:
-            state = KVCacheGroup(kind="mamba", size=self.max_model_len)
+            size = self.block_size if self.cached_states else self.max_model_len
+            state = KVCacheGroup(kind="mamba", size=size)
             return (state,) * self.num_recurrent_groups + (KVCacheGroup(kind="full"),)
         in_flight = (2 if async_scheduling else 1) * self.max_num_batched_tokens
         tokens = min(self.window - 1 + in_flight, self.max_model_len)
@@ -210,6 +216,14 @@ WORKLOADS = {
         # per group and request, taken once; attention blocks to zero.
         *(
             Workload(f"{layout}-{n}", n, 8192, n, 4096, kv_layout=layout)
+            for layout in ("qwen3-next", "jamba")
+            for n in (64, 256)
+        ),
+        # The same with prefix caching on (vLLM's default, mamba_cache_mode
+        # "align"): a state block per group every 16 tokens, the one before
+        # freed, chunks aligned to blocks.
+        *(
+            Workload(f"{layout}-align-{n}", n, 8192, n, 4096, kv_layout=layout, cached_states=True)
             for layout in ("qwen3-next", "jamba")
             for n in (64, 256)
         ),

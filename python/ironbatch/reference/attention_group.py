@@ -27,6 +27,11 @@ class _Attention:
         """Blocks held past those covering the tokens: none."""
         return 0
 
+    def prefill_checkpoint_alignment(self) -> int | None:
+        """The query offsets at which a recurrent group can write a prefill
+        checkpoint from inside a chunk: none."""
+        return None
+
     def is_full(self) -> bool:
         """Whether it is full attention."""
         return False
@@ -103,14 +108,21 @@ class CrossAttention(_Attention):
 @dataclass(frozen=True)
 class Mamba(_Attention):
     """A recurrent state (Mamba, linear attention: Qwen3-Next, Nemotron-H,
-    Granite-4.0-H, Jamba) in vLLM's cache mode "none", prefix caching off
-    (§7.15): one state block per ``block_size`` tokens (vLLM's
-    ``mamba_block_size``, the model's length unless set, so one block), of
-    which only the last computed token's is kept, plus
-    ``speculative_blocks`` scratch states for a drafter's tokens."""
+    Granite-4.0-H, Jamba; §7.15): one state block per ``block_size`` tokens
+    (vLLM's ``mamba_block_size``), of which only the last computed token's
+    is kept, plus ``speculative_blocks`` scratch states for a drafter's
+    tokens. With prefix caching off (vLLM's cache mode "none") the block
+    size is the model's length unless set, so one block; with it on ("align")
+    it is the cache's block size, and the states at block boundaries are
+    cached. ``checkpoint_alignment``: with prefix caching, the backend can
+    also write the prompt's checkpoint from inside the chunk that passes it,
+    at query offsets a multiple of this (vLLM's
+    ``prefill_checkpoint_alignment`` beside ``num_prefill_checkpoint_blocks``:
+    Mamba2's kernels); None when it cannot."""
 
     block_size: int
     speculative_blocks: int = 0
+    checkpoint_alignment: int | None = None
 
     def num_skipped_tokens(self, processed: int) -> int:
         """All but the last computed token: only its state is read again."""
@@ -131,6 +143,9 @@ class Mamba(_Attention):
 
     def is_recurrent(self) -> bool:
         return True
+
+    def prefill_checkpoint_alignment(self) -> int | None:
+        return self.checkpoint_alignment
 
 
 #: How a group's layers attend (the core's ``AttentionKind`` enum).
@@ -170,6 +185,56 @@ def group_key(block_hash: int, group: int) -> int:
     (vLLM's ``BlockHashWithGroupId``). Group 0's keys are the hashes
     themselves; the others are a bijection of them."""
     return block_hash ^ ((group * _MIX) & _U128)
+
+
+def checkpoint_in_chunk(
+    start: int, end: int, checkpoint: int, block_size: int, alignment: int
+) -> bool:
+    """Whether a chunk computing tokens ``start..end`` can write the state
+    after ``checkpoint`` tokens from inside itself (vLLM's
+    ``is_mamba_prefill_checkpoint_valid``, hashes of the block size): the
+    checkpoint lies strictly inside the chunk, a block or more past its
+    start, at a multiple of ``alignment`` from it, in a block before the one
+    the chunk ends in and after the one it starts from."""
+    initial = (start - 1) // block_size  # the initial state's block (-1: none)
+    checkpoint_block = cdiv(end, block_size) - 2
+    return (
+        start % block_size == 0
+        and checkpoint_block > initial
+        and start + block_size <= checkpoint
+        and start < checkpoint < end
+        and (checkpoint - start) % alignment == 0
+    )
+
+
+def recurrent_mask(
+    block_size: int,
+    sparse: bool,
+    num_prompt_tokens: int,
+    shared_prefix_boundary: int,
+    segment_tokens: int = 0,
+) -> Callable[[int], bool]:
+    """Which blocks a recurrent group caches in cache mode "align" (vLLM's
+    Mamba ``reachable_block_mask``): every block with dense retention
+    (``sparse`` false); else the state block that ends where a later request
+    can resume — the prompt's last token (``num_prompt_tokens - 1``) and a
+    shared prefix (``shared_prefix_boundary``, 0 for none), each rounded down
+    to a block — since a hit needs that one state alone; with a retention
+    interval (``segment_tokens``; 0 for none) also the last block of every
+    segment, and every block when a segment is one block or less."""
+    per_segment = segment_tokens // block_size
+    dense = not sparse or (segment_tokens > 0 and per_segment <= 1)
+
+    def ending_at(boundary: int) -> int | None:
+        # The block ending at ``boundary`` rounded down; none below one block.
+        k = boundary // block_size - 1
+        return k if k >= 0 else None
+
+    prompt = ending_at(max(num_prompt_tokens - 1, 0))
+    shared = ending_at(shared_prefix_boundary)
+    return lambda i: (
+        dense or (per_segment > 1 and (i + 1) % per_segment == 0) or i in (prompt, shared)
+    )
 
 
 def sparse_mask(

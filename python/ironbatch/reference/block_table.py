@@ -10,6 +10,23 @@ from ironbatch.reference.block import Block
 
 
 @dataclass
+class StateSlots:
+    """Where a recurrent group's table keeps its live states in cache mode
+    "align" (docs/scheduling.md §7.15; vLLM's ``MambaManager`` bookkeeping):
+    the table holds a state block at each position a chunk ended on, nulls
+    between them, and the scratch states at its end."""
+
+    #: The table has been through an allocation (its scratch states are
+    #: taken): later growth is one state block per step.
+    allocated: bool = False
+    #: The position of the state the latest growth started from, freed once
+    #: the step after it has read it; None before any.
+    previous: int | None = None
+    #: Positions below this one were given back already.
+    retired: int = 0
+
+
+@dataclass
 class BlockTable:
     """The blocks one request holds, in token order."""
 
@@ -18,6 +35,8 @@ class BlockTable:
     #: Blocks the latest allocation appended (the step's new block ids of a
     #: running request).
     grown: int = 0
+    #: A recurrent group's states in cache mode "align"; unused otherwise.
+    states: StateSlots = field(default_factory=lambda: StateSlots())
 
     def block_ids(self) -> list[int]:
         return [b.block_id for b in self.blocks]

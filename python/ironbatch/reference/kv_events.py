@@ -65,7 +65,17 @@ class Accessed:
     block_id: int
 
 
-KvEvent = Stored | Hit | Removed | Cleared | Allocated | Accessed
+@dataclass(frozen=True)
+class Evicted:
+    """A block's residency ends without its being handed out again: a
+    prefill checkpoint's state that no later request can resume from
+    (vLLM's ``_maybe_evict_cached_block``, which ends it whether or not the
+    block is cached): a residency-metrics event."""
+
+    block_id: int
+
+
+KvEvent = Stored | Hit | Removed | Cleared | Allocated | Accessed | Evicted
 
 
 class KvEventLog:
@@ -98,7 +108,7 @@ class KvEventLog:
 
     def push(self, event: KvEvent) -> None:
         """Log ``event`` when its kind is enabled."""
-        if isinstance(event, (Allocated, Accessed)):
+        if isinstance(event, (Allocated, Accessed, Evicted)):
             on = self._lifecycle
         elif isinstance(event, Cleared):
             on = self._routing or self._lifecycle

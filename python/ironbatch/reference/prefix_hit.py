@@ -21,6 +21,7 @@ from ironbatch.reference.attention_group import (
     ChunkedLocal,
     CrossAttention,
     Full,
+    Mamba,
     SlidingWindow,
     contiguous_blocks_for_hit,
     group_key,
@@ -169,6 +170,14 @@ def _find_for(
             # A shorter run counts only from the first block.
             for column in out:
                 del column[run:]
+    elif isinstance(kind, Mamba):
+        # One state is all a hit needs: the rightmost cached one, after
+        # nulls (cache mode "align", §7.15).
+        for i in range(num_blocks - 1, -1, -1):
+            row = _cached_in_all(pool, lg, hashes[i])
+            if row is not None:
+                out = [[null] * i + [block] for block in row]
+                break
     elif isinstance(kind, CrossAttention):
         pass  # never cached (prefix caching is off beside it): no hit
     else:

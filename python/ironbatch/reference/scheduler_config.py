@@ -240,7 +240,8 @@ GROUP_KINDS = ("full", "sliding_window", "chunked_local", "cross_attention", "ma
 
 def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
     """The API's ``kv_cache_groups`` (``kind``, ``size``,
-    ``admission_cap_blocks``, ``speculative_blocks`` read by attribute) as
+    ``admission_cap_blocks``, ``speculative_blocks``,
+    ``prefill_checkpoint_alignment`` read by attribute) as
     the core's groups; None is one full-attention group. An unknown kind is refused as the binding
     refuses it."""
     if groups is None:
@@ -257,7 +258,8 @@ def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
         elif g.kind == "cross_attention":
             out.append(GroupSpec(CrossAttention(), cap))
         elif g.kind == "mamba":
-            out.append(GroupSpec(Mamba(g.size, g.speculative_blocks), cap))
+            alignment = g.prefill_checkpoint_alignment
+            out.append(GroupSpec(Mamba(g.size, g.speculative_blocks, alignment), cap))
         else:
             raise ValueError(
                 "kv_cache_groups kind must be 'full', 'sliding_window', 'chunked_local', "
@@ -324,6 +326,16 @@ def validate(c: SchedulerSettings) -> None:
         raise ValueError(
             "a cross-attention KV-cache group (an encoder-decoder model) needs an encoder: "
             "configure its encoder budget and cache size"
+        )
+    caches_states = c.enable_prefix_caching and any(
+        g.kind.is_recurrent() for g in c.kv_cache_groups
+    )
+    if caches_states and not c.enable_chunked_prefill:
+        # A prompt's states are cached at the ends of its chunks (vLLM
+        # asserts the same).
+        raise ValueError(
+            "enable_chunked_prefill must be true with prefix caching over a Mamba KV-cache "
+            "group (vLLM's mamba_cache_mode 'align')"
         )
     if c.runner is not Runner.GENERATE and c.num_speculative_tokens > 0:
         # vLLM builds no drafter for a pooling model or an encoder alone.

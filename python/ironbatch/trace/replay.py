@@ -126,6 +126,7 @@ def kv_cache_groups(config: dict[str, Any]) -> tuple[KVCacheGroup, ...] | None:
                 size=g.get("size", 0),
                 admission_cap_blocks=g.get("admission_cap_blocks"),
                 speculative_blocks=g.get("speculative_blocks", 0),
+                prefill_checkpoint_alignment=g.get("prefill_checkpoint_alignment"),
             )
         )
     return tuple(out)

@@ -65,17 +65,23 @@ DEFAULTS: dict[str, Any] = {
     # chunked-local groups, then full attention), "none" (no KV cache: a
     # model with encoder-only attention, an encoder-only deployment; vLLM
     # gives it one block, the null block, and turns prefix caching off);
-    # and with recurrent-state groups (Mamba, linear attention; prefix
-    # caching off, vLLM's mamba_cache_mode "none"): "qwen3-next" (three
-    # linear-attention groups, then full attention), "jamba" (a Mamba group,
-    # then full attention), "swa-mamba" (a sliding window, a Mamba group,
-    # full attention), "mamba" (a Mamba group alone); `window` is the
-    # sliding window or the attention chunk, in tokens; `mamba_block_size`
-    # a recurrent group's tokens per state block (None: max_model_len,
-    # vLLM's default without prefix caching).
+    # and with recurrent-state groups (Mamba, linear attention; vLLM's
+    # mamba_cache_mode "align" with prefix caching, else "none"):
+    # "qwen3-next" (three linear-attention groups, then full attention),
+    # "jamba" (a Mamba group, then full attention), "swa-mamba" (a sliding
+    # window, a Mamba group, full attention), "mamba" (a Mamba group alone);
+    # `window` is the sliding window or the attention chunk, in tokens;
+    # `mamba_block_size` a recurrent group's tokens per state block (None:
+    # vLLM's default, the block size with prefix caching, else
+    # max_model_len).
     "kv_layout": "full",
     "window": 32,
     "mamba_block_size": None,
+    # With prefix caching: the offsets at which the recurrent groups' backend
+    # writes a prefill checkpoint inside a chunk (vLLM's
+    # prefill_checkpoint_alignment with one num_prefill_checkpoint_blocks:
+    # Mamba2's), None for none.
+    "mamba_checkpoint_alignment": None,
     # vLLM's prefix_cache_retention_interval as its engine sets it (0: a
     # window group caches only the blocks a later request can resume from);
     # None caches them all.
@@ -411,16 +417,17 @@ def vllm_config(
         **({"logprobs_mode": "processed_logprobs"} if cfg["return_sampling_mask"] else {}),
     )
     recurrent = cfg["kv_layout"] in RECURRENT_LAYOUTS
+    # vLLM turns prefix caching off without a KV cache and for an
+    # encoder-decoder.
+    caching = cfg["enable_prefix_caching"] and not whisper and cfg["kv_layout"] != "none"
     cc = CacheConfig(
         block_size=cfg["block_size"],
         gpu_memory_utilization=0.9,
         cache_dtype="auto",
-        # vLLM turns prefix caching off without a KV cache and for an
-        # encoder-decoder; the drop-in takes recurrent groups without it.
-        enable_prefix_caching=cfg["enable_prefix_caching"]
-        and not whisper
-        and cfg["kv_layout"] != "none"
-        and not recurrent,
+        enable_prefix_caching=caching,
+        # Recurrent states with prefix caching: vLLM's mode "align", its
+        # states of the cache's block size.
+        **({"mamba_cache_mode": "align"} if recurrent and caching else {}),
     )
     dcp = cfg["decode_context_parallel_size"]
     pc = ParallelConfig(
@@ -483,12 +490,18 @@ def kv_cache_groups(cfg: dict[str, Any], num_speculative_tokens: int = 0) -> lis
         chunked = ChunkedLocalAttentionSpec(attention_chunk_size=window, **common)
         return [KVCacheGroupSpec([f"chunked{i}"], chunked) for i in range(3)] + [full]
     if layout in RECURRENT_LAYOUTS:
+        # With prefix caching, vLLM's mode "align": states of the cache's
+        # block size unless set.
+        align = cfg["enable_prefix_caching"]
+        default = cfg["block_size"] if align else cfg["max_model_len"]
         mamba = MambaSpec(
-            block_size=cfg["mamba_block_size"] or cfg["max_model_len"],
+            block_size=cfg["mamba_block_size"] or default,
             shapes=((1,),),
             dtypes=(torch.float32,),
-            mamba_cache_mode="none",
+            mamba_cache_mode="align" if align else "none",
             num_speculative_blocks=num_speculative_tokens,
+            num_prefill_checkpoint_blocks=int(cfg["mamba_checkpoint_alignment"] is not None),
+            prefill_checkpoint_alignment=cfg["mamba_checkpoint_alignment"],
         )
         n = 3 if layout == "qwen3-next" else 1
         groups = [KVCacheGroupSpec([f"mamba{i}"], mamba) for i in range(n)]

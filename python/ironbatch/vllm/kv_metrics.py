@@ -46,6 +46,8 @@ class KvMetrics:
                 collector.on_block_allocated(block)
             elif e.kind == "accessed":
                 collector.on_block_accessed(self.blocks[e.block_ids[0]])
+            elif e.kind == "evicted":
+                collector.on_block_evicted(self.blocks[e.block_ids[0]])
             elif e.kind == "cleared":
                 collector.reset()
 

@@ -182,8 +182,16 @@ def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGrou
         if isinstance(spec, CrossAttentionSpec):
             return KVCacheGroup(kind="cross_attention")
         if isinstance(spec, MambaSpec):
+            # A backend that writes prefill checkpoints inside a chunk (in
+            # cache mode "align": Mamba2's) says at what offsets.
+            checkpoints = spec.mamba_cache_mode == "align" and spec.num_prefill_checkpoint_blocks
             return KVCacheGroup(
-                kind="mamba", size=spec.block_size, speculative_blocks=spec.num_speculative_blocks
+                kind="mamba",
+                size=spec.block_size,
+                speculative_blocks=spec.num_speculative_blocks,
+                prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment
+                if checkpoints
+                else None,
             )
         return KVCacheGroup(kind="full")
 

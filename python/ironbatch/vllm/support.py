@@ -139,12 +139,29 @@ def unsupported_config(
             "chunked-local and Mamba ones",
         ),
         (
-            # vLLM's "align" mode caches recurrent states at block
-            # boundaries (checkpoints, partial tails, copy-on-write): not
-            # modelled yet.
-            any(s.mamba_cache_mode != "none" for s in recurrent),
-            "Mamba or linear-attention groups with prefix caching on (vLLM's "
-            "mamba_cache_mode 'align')",
+            # EAGLE's drop moves the prompt's checkpoint a block back, off
+            # the block a prefill checkpoint is written to.
+            any(s.mamba_cache_mode == "align" for s in recurrent) and drops_eagle_block(c),
+            "EAGLE's last-block drop with Mamba groups and prefix caching on",
+        ),
+        (
+            # States of another size than the attention blocks: the hit
+            # search and caching then work on their least common multiple.
+            any(s.mamba_cache_mode == "align" and s.block_size != block_size for s in recurrent),
+            "Mamba state blocks unlike the attention block size with prefix caching on",
+        ),
+        (
+            # Lookahead hashes past one token move the prompt's checkpoint
+            # inside a block (a partial tail, re-keyed in place).
+            any(s.mamba_cache_mode == "align" for s in recurrent)
+            and c.num_hash_lookahead_tokens > 1,
+            "Mamba groups with prefix caching on and lookahead hashes past one token",
+        ),
+        (
+            # vLLM looks up unlike Mamba specs apart (a fixed point over
+            # three kinds); the core asks alike kinds together.
+            len({s for s in recurrent if s.mamba_cache_mode == "align"}) > 1,
+            "Mamba groups of different specs with prefix caching on",
         ),
         (
             # A mixed-precision cache has vLLM zero new blocks too; the core

@@ -5,6 +5,7 @@
 //! refusal leaves the pool, the map and the tables as they were.
 
 use super::KvCacheManager;
+use crate::attention_group::checkpoint_in_chunk;
 use crate::block::{BlockId, NULL_BLOCK};
 use crate::block_table::BlockTable;
 use crate::cdiv;
@@ -32,53 +33,124 @@ pub struct Admission {
     pub load_async: bool,
 }
 
+/// The tokens an allocation covers, as the groups count them.
+#[derive(Copy, Clone, Debug)]
+struct Span {
+    /// Slots: the tokens, a drafter's lookahead included.
+    slots: usize,
+    /// The model's own tokens: those computed and the new ones.
+    main: usize,
+    /// Tokens computed before the step, hits included.
+    computed: usize,
+    /// Where the request's prefill ends: its prompt, or for a resumed
+    /// request its tokens but the last.
+    prefill_end: usize,
+}
+
 impl KvCacheManager {
     /// Blocks group `g` must take to cover `tokens` after its `hits`:
     /// positions not held yet (and a recurrent group's scratch states),
     /// plus hits that sit in the free queue (taking them lowers the free
     /// count too). `capped`: the admission check, which counts a window
-    /// group's blocks only up to its cap.
+    /// group's blocks only up to its cap. A recurrent group caching its
+    /// states counts them by `main_tokens` (the tokens without a drafter's
+    /// lookahead) and may come out negative (§7.15).
     fn blocks_needed(
         &self,
         g: usize,
         table: &BlockTable,
-        tokens: usize,
+        span: Span,
         hits: &[BlockId],
         capped: bool,
-    ) -> usize {
+    ) -> isize {
         let kind = self.groups[g].kind;
-        let mut required = cdiv(tokens, self.group_block_size(g)) + kind.extra_blocks();
+        let evictable_hits = hits
+            .iter()
+            .filter(|&&b| b != NULL_BLOCK && self.pool.block(b).is_some_and(|b| b.ref_cnt == 0))
+            .count() as isize;
+        if self.align && kind.is_recurrent() {
+            return self.states_needed(g, table, span, hits.len()) + evictable_hits;
+        }
+        let mut required = cdiv(span.slots, self.group_block_size(g)) + kind.extra_blocks();
         if capped {
             if let Some(cap) = self.groups[g].admission_cap_blocks {
                 required = required.min(cap);
             }
         }
         let have = table.len() + hits.len();
-        let evictable_hits = hits
-            .iter()
-            .filter(|&&b| b != NULL_BLOCK && self.pool.block(b).is_some_and(|b| b.ref_cnt == 0))
-            .count();
-        required.saturating_sub(have) + evictable_hits
+        required.saturating_sub(have) as isize + evictable_hits
+    }
+
+    /// New state blocks recurrent group `g` takes for the step in cache mode
+    /// "align" (vLLM's `MambaManager.get_num_blocks_to_allocate`): the
+    /// positions not held yet, at most one state per step (and one for a
+    /// prefill checkpoint) once the scratch states are taken; negative when
+    /// drafts left it more than it needs.
+    fn states_needed(&self, g: usize, table: &BlockTable, span: Span, hits: usize) -> isize {
+        let extra = self.groups[g].kind.extra_blocks();
+        let required = cdiv(span.main, self.group_block_size(g)) + extra;
+        let new = required as isize - (hits + table.len()) as isize;
+        if new <= 0 {
+            return new;
+        }
+        let checkpoint = usize::from(self.checkpoint_in_step(g, table, span).is_some());
+        let most = 1 + checkpoint + if table.states.allocated() { 0 } else { extra };
+        new.min(most as isize)
+    }
+
+    /// Where recurrent group `g` writes the prompt's checkpoint from inside
+    /// the step (vLLM's `_needs_internal_checkpoint`): the step ends the
+    /// prefill, its backend can write a state inside a chunk, the
+    /// checkpoint lies inside the chunk, and the block for it is still free
+    /// to take (a null or beyond the table, or a scratch state). Its token
+    /// position, if so.
+    fn checkpoint_in_step(&self, g: usize, table: &BlockTable, span: Span) -> Option<usize> {
+        let alignment = self.groups[g].kind.checkpoint_alignment()?;
+        let bs = self.group_block_size(g);
+        let position = self.state_checkpoint(span.main);
+        let index = cdiv(span.main, bs).checked_sub(2)?;
+        let extra = self.groups[g].kind.extra_blocks();
+        let free_slot = index >= table.len()
+            || table.blocks[index] == NULL_BLOCK
+            || (table.states.allocated() && index + extra >= table.len());
+        let inside = span.main >= span.prefill_end
+            && checkpoint_in_chunk(span.computed, span.main, position, bs, alignment);
+        (inside && free_slot && position > 0).then_some(position)
     }
 
     /// Blocks all groups must take (`hits`: one list per group, or none):
-    /// `tokens` slots in the decoder's groups, `encoder_tokens` in the
+    /// `span`'s slots in the decoder's groups, `encoder_tokens` in the
     /// cross-attention ones.
     fn blocks_needed_all(
         &self,
         tables: &[BlockTable],
-        tokens: usize,
+        span: Span,
         encoder_tokens: usize,
         hits: &[Vec<BlockId>],
         capped: bool,
-    ) -> usize {
+    ) -> isize {
         (0..tables.len())
             .map(|g| {
                 let h = hits.get(g).map_or(&[][..], |h| &h[..]);
-                let t = self.slots_of(g, tokens, encoder_tokens);
-                self.blocks_needed(g, &tables[g], t, h, capped)
+                let slots = self.slots_of(g, span.slots, encoder_tokens);
+                self.blocks_needed(g, &tables[g], Span { slots, ..span }, h, capped)
             })
             .sum()
+    }
+
+    /// Whether a recurrent group's hit ends on a state cached this step,
+    /// which the step's forward pass has yet to write: the request waits a
+    /// step (vLLM's `MambaManager` answers "more blocks than the pool").
+    fn hits_a_state_in_flight(&self, hits: &[Vec<BlockId>]) -> bool {
+        self.align
+            && !self.states_cached_this_step.is_empty()
+            && hits.iter().enumerate().any(|(g, h)| {
+                self.groups[g].kind.is_recurrent()
+                    && h.last().is_some_and(|&b| {
+                        let hash = self.pool.block(b).and_then(|b| b.hash);
+                        hash.is_some_and(|k| self.states_cached_this_step.contains(&k))
+                    })
+            })
     }
 
     /// The slots group `g` covers: the encoder's tokens for cross-attention.
@@ -179,7 +251,7 @@ impl KvCacheManager {
                 .saturating_add(num_new_tokens)
                 .saturating_add(self.lookahead)
                 .min(self.max_model_len);
-            table.grown = 0;
+            table.set_grown(0);
             if slots <= table.len() * self.block_size {
                 if self.enable_caching {
                     let upto = computed
@@ -232,10 +304,23 @@ impl KvCacheManager {
             .saturating_add(num_new_computed_tokens)
             .saturating_add(external_tokens)
             .min(self.max_model_len);
+        if self.hits_a_state_in_flight(hits) {
+            return None;
+        }
+        let free = |kv: &Self| kv.pool.num_free_blocks() as isize;
+        let prefill_end = seq
+            .num_prompt_tokens()
+            .max(seq.num_tokens().saturating_sub(1));
         if full_sequence_must_fit {
             let full = seq.num_tokens().min(self.max_model_len);
-            let need = self.blocks_needed_all(tables, full, encoder_tokens, hits, true);
-            if need + watermark > self.pool.num_free_blocks() {
+            let span = Span {
+                slots: full,
+                main: full,
+                computed,
+                prefill_end,
+            };
+            let need = self.blocks_needed_all(tables, span, encoder_tokens, hits, true);
+            if need + watermark as isize > free(self) {
                 return None;
             }
         }
@@ -243,8 +328,8 @@ impl KvCacheManager {
         // The lookahead slots come on top; the admission gate above ignores
         // them, as vLLM's does.
         let lookahead = if load_async { 0 } else { self.lookahead };
-        let slots = computed
-            .saturating_add(num_new_tokens)
+        let main_tokens = computed.saturating_add(num_new_tokens);
+        let slots = main_tokens
             .saturating_add(lookahead)
             .min(self.max_model_len);
         if !self.single_full {
@@ -255,11 +340,24 @@ impl KvCacheManager {
                 self.remove_skipped_blocks(g, table, processed);
             }
         }
-        let needed = self.blocks_needed_all(tables, slots, encoder_tokens, hits, false);
-        if needed + watermark + reserved_blocks > self.pool.num_free_blocks() {
+        let span = Span {
+            slots,
+            main: main_tokens,
+            computed,
+            prefill_end,
+        };
+        let needed = self.blocks_needed_all(tables, span, encoder_tokens, hits, false);
+        if needed + (watermark + reserved_blocks) as isize > free(self) {
             return None;
         }
-        // Enough is free: from here on nothing can fail.
+        // Enough is free: from here on nothing can fail. A prefill
+        // checkpoint is decided on the tables before their hits, as vLLM
+        // decides it; every recurrent group's table has the same shape.
+        self.step_checkpoint = self
+            .groups
+            .iter()
+            .position(|g| self.align && g.kind.is_recurrent())
+            .and_then(|g| self.checkpoint_in_step(g, &tables[g], span));
         if !hits.is_empty() {
             for (g, table) in tables.iter_mut().enumerate() {
                 self.take_hits(g, table, &hits[g], computed);
@@ -268,12 +366,16 @@ impl KvCacheManager {
         // Group by group, in order (as vLLM's coordinator takes them); each
         // table records its growth for the step's new block ids.
         for (g, table) in tables.iter_mut().enumerate() {
-            let t = self.slots_of(g, slots, encoder_tokens);
             let kind = self.groups[g].kind;
+            if self.align && kind.is_recurrent() {
+                self.grow_states(g, table, main_tokens, self.step_checkpoint.is_some());
+                continue;
+            }
+            let t = self.slots_of(g, slots, encoder_tokens);
             let required = cdiv(t, self.group_block_size(g)) + kind.extra_blocks();
             let grow = required.saturating_sub(table.len());
             self.pool.take_free_blocks(grow, &mut table.blocks);
-            table.grown = grow;
+            table.set_grown(grow);
             table.sync_last();
             if let Some(log) = &mut self.blocks_to_zero {
                 if !kind.is_recurrent() {
@@ -281,7 +383,7 @@ impl KvCacheManager {
                 }
             }
         }
-        let k = tables.first().map_or(0, |t| t.grown);
+        let k = tables.first().map_or(0, BlockTable::grown);
         // A load still on its way is cached once it is reported.
         if self.enable_caching && !load_async {
             let upto = computed
@@ -291,7 +393,65 @@ impl KvCacheManager {
                 self.cache_blocks(g, table, seq, upto);
             }
         }
+        self.step_checkpoint = None;
         Some(k)
+    }
+
+    /// Grow recurrent group `g`'s table to `main_tokens` in cache mode
+    /// "align" (vLLM's `MambaManager.allocate_new_blocks`, §7.15): nulls up
+    /// to the position of the state the step ends in (or, with a prefill
+    /// `checkpoint`, the block before it, which holds the checkpoint), the
+    /// scratch states moved past them, and a new block at each (with the
+    /// scratch states, the first time). The step's new block ids are the
+    /// table's tail from where it stood, nulls and moved blocks included, as
+    /// vLLM sends them.
+    fn grow_states(
+        &mut self,
+        g: usize,
+        table: &mut BlockTable,
+        main_tokens: usize,
+        checkpoint: bool,
+    ) {
+        let extra = self.groups[g].kind.extra_blocks();
+        let required = cdiv(main_tokens, self.group_block_size(g)) + extra;
+        let before = table.len();
+        table.set_grown(0);
+        if required <= before && !checkpoint {
+            table.states.set_allocated();
+            return;
+        }
+        let allocated = table.states.allocated();
+        // The state this step starts from: the running one past the first
+        // allocation, else a hit's.
+        if allocated {
+            table.states.set_previous(before - 1 - extra);
+        } else if before > 0 {
+            table.states.set_previous(before - 1);
+        }
+        let ends_in = required - extra - 1;
+        // The first position that keeps a block: the checkpoint's, else the
+        // state the step ends in.
+        let kept = ends_in - usize::from(checkpoint);
+        if before < ends_in {
+            table.blocks.resize(kept.max(before), NULL_BLOCK);
+        }
+        if allocated {
+            // Scratch states the step passed move to the end, in order.
+            for i in before - extra..before {
+                if i >= kept {
+                    break;
+                }
+                let moved = table.blocks[i];
+                table.blocks[i] = NULL_BLOCK;
+                table.blocks.push(moved);
+            }
+        }
+        let grow = required.saturating_sub(table.len());
+        debug_assert!(grow <= 1 + usize::from(checkpoint) + if allocated { 0 } else { extra });
+        self.pool.take_free_blocks(grow, &mut table.blocks);
+        table.states.set_allocated();
+        table.set_grown(table.len() - before);
+        table.sync_last();
     }
 
     /// Adopt group `g`'s prefix hits: the blocks a window no longer reads
@@ -312,6 +472,9 @@ impl KvCacheManager {
     /// tokens reads (a window's past), last first, leaving nulls; stops at
     /// the first position already null.
     fn remove_skipped_blocks(&mut self, g: usize, table: &mut BlockTable, processed: usize) {
+        if self.align && self.groups[g].kind.is_recurrent() {
+            return self.remove_past_states(g, table, processed);
+        }
         let skipped = self.groups[g].kind.num_skipped_tokens(processed) / self.group_block_size(g);
         let k = skipped.min(table.len());
         if k == 0 || table.blocks[k - 1] == NULL_BLOCK {
@@ -329,6 +492,36 @@ impl KvCacheManager {
             self.pool.release(freed.into_iter());
             table.sync_last();
         }
+    }
+
+    /// Give back recurrent group `g`'s states before the last processed
+    /// token's block in cache mode "align" (vLLM's `MambaManager`), last
+    /// first, past the nulls between them; then the state the previous
+    /// step started from, once the table has moved past it.
+    fn remove_past_states(&mut self, g: usize, table: &mut BlockTable, processed: usize) {
+        let bs = self.group_block_size(g);
+        let skipped = (processed.saturating_sub(1) / bs).min(table.len());
+        let first = table.states.retired as usize;
+        if first < skipped {
+            let mut freed: Vec<BlockId> = Vec::new();
+            for i in (first..skipped).rev() {
+                if table.blocks[i] != NULL_BLOCK {
+                    freed.push(table.blocks[i]);
+                    table.blocks[i] = NULL_BLOCK;
+                }
+            }
+            if !freed.is_empty() {
+                self.pool.release(freed.into_iter());
+            }
+            table.states.retired = skipped as u32;
+        }
+        if let Some(p) = table.states.previous() {
+            if p + 1 < cdiv(processed, bs) && table.blocks[p] != NULL_BLOCK {
+                self.pool.release(std::iter::once(table.blocks[p]));
+                table.blocks[p] = NULL_BLOCK;
+            }
+        }
+        table.sync_last();
     }
 
     fn check_allocation(

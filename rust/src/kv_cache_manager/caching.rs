@@ -3,9 +3,10 @@
 //! how many tokens a request holds in cached blocks.
 
 use super::KvCacheManager;
-use crate::attention_group::{group_key, sparse_mask, AttentionKind};
+use crate::attention_group::{group_key, recurrent_mask, sparse_mask, AttentionKind};
 use crate::block::{BlockId, NULL_BLOCK};
 use crate::block_table::BlockTable;
+use crate::kv_events::KvEvent;
 use crate::sequence::Sequence;
 
 impl KvCacheManager {
@@ -48,23 +49,30 @@ impl KvCacheManager {
         if self.single_full {
             return tables[0].num_cached * self.block_size;
         }
-        // Nulls are a table's prefix (a window gives back its oldest blocks
-        // first), so the search stops at the first: a window group's scan
-        // covers its window, not the whole sequence.
-        let cached_end = |table: &BlockTable| {
+        // A window's nulls are a table's prefix (it gives back its oldest
+        // blocks first), so the search stops at the first: a window group's
+        // scan covers its window, not the whole sequence. A recurrent
+        // group's states have nulls between them.
+        let cached_end = |(g, table): (usize, &BlockTable)| {
             let held = &table.blocks[..table.num_cached.min(table.len())];
-            let live = held.iter().rev().take_while(|&&b| b != NULL_BLOCK);
+            let recurrent = self.groups[g].kind.is_recurrent();
+            let live = held
+                .iter()
+                .rev()
+                .take_while(|&&b| recurrent || b != NULL_BLOCK);
             live.enumerate()
-                .find(|&(_, &b)| self.pool.block(b).is_some_and(|b| b.hash.is_some()))
+                .find(|&(_, &b)| {
+                    b != NULL_BLOCK && self.pool.block(b).is_some_and(|b| b.hash.is_some())
+                })
                 .map_or(0, |(back, _)| (held.len() - back) * self.block_size)
         };
-        tables.iter().map(cached_end).min().unwrap_or(0)
+        tables.iter().enumerate().map(cached_end).min().unwrap_or(0)
     }
 
     /// Hash-cache group `g`'s full blocks up to token `upto`
-    /// (docs/scheduling.md §7.7, §7.13): every one, except null positions
-    /// and, for a window group under sparse retention, those no later
-    /// request could resume from.
+    /// (docs/scheduling.md §7.7, §7.13, §7.15): every one, except null
+    /// positions and, for a window or recurrent group under sparse
+    /// retention, those no later request could resume from.
     pub(super) fn cache_blocks(
         &mut self,
         g: usize,
@@ -75,14 +83,28 @@ impl KvCacheManager {
         // Only tokens whose KV is final: multi-module MTP may prefill the
         // last few again.
         let upto = upto.saturating_sub(self.reprefillable);
-        if upto < (table.num_cached + 1) * self.block_size {
-            return; // no new full block: the common case, without a division
+        if upto >= (table.num_cached + 1) * self.block_size {
+            self.cache_new_full_blocks(g, table, seq, upto);
         }
+        if self.align && self.groups[g].kind.is_recurrent() {
+            self.cache_prompt_state(g, table, seq, upto);
+        }
+    }
+
+    /// [`Self::cache_blocks`] once a block has filled since the last call.
+    fn cache_new_full_blocks(
+        &mut self,
+        g: usize,
+        table: &mut BlockTable,
+        seq: &Sequence,
+        upto: usize,
+    ) {
         let hashes = seq.block_hashes();
         let full = (upto.min(hashes.len() * self.block_size) / self.block_size).min(table.len());
         let start = table.num_cached;
         if start < full {
-            let mask = match self.groups[g].kind {
+            let kind = self.groups[g].kind;
+            let window_mask = match kind {
                 AttentionKind::SlidingWindow { window } if self.sparse_retention => {
                     Some(sparse_mask(
                         start,
@@ -96,18 +118,122 @@ impl KvCacheManager {
                 }
                 _ => None,
             };
+            let state_mask = kind.is_recurrent().then(|| {
+                recurrent_mask(
+                    self.block_size,
+                    self.sparse_retention,
+                    seq.num_prompt_tokens(),
+                    seq.shared_prefix_boundary,
+                    self.retention_interval,
+                )
+            });
+            let recurrent = kind.is_recurrent();
             if full - start > 1 {
                 let keys = hashes[start..full].iter().map(|&h| group_key(h, g));
                 self.pool.read_ahead_map(keys);
             }
             let fresh = table.blocks[start..full].iter().zip(&hashes[start..full]);
             for (i, (&block, &hash)) in (start..).zip(fresh) {
-                if block == NULL_BLOCK || mask.as_ref().is_some_and(|keep| !keep(i)) {
+                let dropped = window_mask.as_ref().is_some_and(|keep| !keep(i))
+                    || state_mask.as_ref().is_some_and(|keep| !keep(i));
+                if block == NULL_BLOCK || dropped {
                     continue;
                 }
-                self.pool.cache_block(block, group_key(hash, g));
+                let key = group_key(hash, g);
+                self.pool.cache_block(block, key);
+                if recurrent {
+                    // Its state is this step's to write (§7.15).
+                    self.states_cached_this_step.push(key);
+                }
             }
         }
         table.num_cached = table.num_cached.max(full);
+    }
+
+    /// Cache the state where a later request with this prompt resumes, if a
+    /// block holds it unhashed (vLLM's Mamba `_cache_partial_tail_block`):
+    /// sparse retention passed it by when the prompt was shorter (a
+    /// session's next turn).
+    fn cache_prompt_state(&mut self, g: usize, table: &BlockTable, seq: &Sequence, upto: usize) {
+        if let Some(position) = self.step_checkpoint {
+            return self.cache_checkpoint_state(g, table, seq, position);
+        }
+        let bs = self.block_size;
+        // What vLLM's hybrid coordinator hands its groups: whole blocks.
+        let num_tokens = if self.groups.len() > 1 {
+            upto / bs * bs
+        } else {
+            upto
+        };
+        let idx = num_tokens / bs;
+        if num_tokens == 0
+            || num_tokens % bs != 0
+            || idx > table.len()
+            || idx > seq.block_hashes().len()
+        {
+            return;
+        }
+        if num_tokens != self.state_checkpoint(seq.num_prompt_tokens()) {
+            return;
+        }
+        self.cache_state(g, table, seq, idx - 1);
+    }
+
+    /// Key the block a prefill checkpoint was written to in this step
+    /// (vLLM's checkpoint branch of `_cache_partial_tail_block`), when a
+    /// later request could resume there: the prompt's checkpoint, a state
+    /// the retention keeps, or a shared prefix's end. Otherwise the block's
+    /// state is only passing through, and any key it has goes.
+    fn cache_checkpoint_state(
+        &mut self,
+        g: usize,
+        table: &BlockTable,
+        seq: &Sequence,
+        position: usize,
+    ) {
+        let bs = self.block_size;
+        let idx = position / bs - 1;
+        let per_segment = self.retention_interval / bs;
+        let retained = !self.sparse_retention
+            || (self.retention_interval > 0 && (per_segment <= 1 || (idx + 1) % per_segment == 0));
+        let reachable = position == self.state_checkpoint(seq.num_prompt_tokens())
+            || retained
+            || position == seq.shared_prefix_boundary;
+        if !reachable {
+            let block_id = table.blocks[idx];
+            if block_id != NULL_BLOCK {
+                self.pool.events.push(KvEvent::Evicted { block_id });
+            }
+            self.pool.uncache(&table.blocks[idx..=idx]);
+            return;
+        }
+        self.cache_state(g, table, seq, idx);
+    }
+
+    /// Hash-cache the state in group `g`'s block `idx` out of turn, unless
+    /// it is null or keyed already.
+    fn cache_state(&mut self, g: usize, table: &BlockTable, seq: &Sequence, idx: usize) {
+        let block = table.blocks[idx];
+        if block == NULL_BLOCK || self.pool.block(block).is_some_and(|b| b.hash.is_some()) {
+            return;
+        }
+        // A decode step verifying at least a block of drafts can pass for a
+        // checkpoint past the hashed tokens: vLLM asserts there; nothing
+        // to key.
+        let Some(&hash) = seq.block_hashes().get(idx) else {
+            return;
+        };
+        let key = group_key(hash, g);
+        self.pool.cache_block(block, key);
+        self.states_cached_this_step.push(key);
+        if self.pool.events.enabled() {
+            self.prompt_states_stored.push((g, idx, block));
+        }
+    }
+
+    /// Prompt states [`Self::cache_prompt_state`] cached since last taken,
+    /// as (group, position, block), for their `Stored` events.
+    pub(crate) fn take_prompt_states_stored(&mut self) -> Vec<(usize, usize, BlockId)> {
+        std::mem::take(&mut self.prompt_states_stored)
     }
 }

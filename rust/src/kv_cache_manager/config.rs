@@ -123,40 +123,78 @@ impl KvCacheConfig {
                 AttentionKind::Mamba {
                     block_size,
                     speculative_blocks,
+                    checkpoint_alignment,
                 } => {
                     check_range("mamba_block_size", block_size, 1, MAX_MODEL_LEN)?;
                     check_range("speculative_blocks", speculative_blocks, 0, MAX_NUM_BLOCKS)?;
+                    if let Some(alignment) = checkpoint_alignment {
+                        check_range("checkpoint_alignment", alignment, 1, MAX_MODEL_LEN)?;
+                    }
                     // Prefix caching over recurrent states is vLLM's cache
-                    // mode "align", which the core does not model.
-                    if self.enable_prefix_caching {
+                    // mode "align": states at the cache's block boundaries.
+                    // vLLM's finer hash units are not modelled, so neither
+                    // are lookahead hashes past one token (they move the
+                    // prompt's checkpoint off the block boundary) nor a
+                    // state block of another size.
+                    if self.enable_prefix_caching && block_size != self.block_size {
+                        return Err(Error::invalid(format!(
+                            "mamba_block_size ({block_size}) must equal block_size ({}) with \
+                             prefix caching on (vLLM's mamba_cache_mode 'align')",
+                            self.block_size
+                        )));
+                    }
+                    if self.enable_prefix_caching && self.drop_eagle_block {
                         return Err(Error::invalid(
-                            "enable_prefix_caching must be false with a Mamba KV-cache group \
-                             (vLLM's mamba_cache_mode 'none'; 'align' is not supported)",
+                            "drop_eagle_block must be false with a Mamba KV-cache group and \
+                             prefix caching on",
                         ));
+                    }
+                    if self.enable_prefix_caching && self.num_hash_lookahead_tokens > 1 {
+                        return Err(Error::invalid(format!(
+                            "num_hash_lookahead_tokens ({}) must be at most 1 with a Mamba \
+                             KV-cache group and prefix caching on",
+                            self.num_hash_lookahead_tokens
+                        )));
                     }
                 }
             }
         }
         if self.retention_interval > 0 {
             // vLLM's rule: checkpoints land on block boundaries, and only a
-            // sliding window keeps them.
+            // sliding window or a recurrent group keeps them.
             check_range(
                 "retention_interval",
                 self.retention_interval,
                 1,
                 MAX_MODEL_LEN,
             )?;
-            let windowed = self
-                .groups
-                .iter()
-                .any(|g| matches!(g.kind, AttentionKind::SlidingWindow { .. }));
+            let windowed = self.groups.iter().any(|g| {
+                matches!(
+                    g.kind,
+                    AttentionKind::SlidingWindow { .. } | AttentionKind::Mamba { .. }
+                )
+            });
             if self.retention_interval % self.block_size != 0 || !self.sparse_retention || !windowed
             {
                 return Err(Error::invalid(format!(
-                    "retention_interval ({}) needs sparse_retention, a sliding-window \
-                     KV-cache group and a multiple of block_size ({})",
+                    "retention_interval ({}) needs sparse_retention, a sliding-window or \
+                     Mamba KV-cache group and a multiple of block_size ({})",
                     self.retention_interval, self.block_size
                 )));
+            }
+        }
+        let mut alignments = self
+            .groups
+            .iter()
+            .filter(|g| g.kind.is_recurrent())
+            .map(|g| g.kind.checkpoint_alignment());
+        if let Some(first) = alignments.next() {
+            // vLLM's scheduler splits by the first group's and checkpoints
+            // only when every group can.
+            if alignments.any(|a| a != first) {
+                return Err(Error::invalid(
+                    "kv_cache_groups: every Mamba group must have the same checkpoint_alignment",
+                ));
             }
         }
         if self.groups.first().is_some_and(|g| g.kind.is_cross()) {

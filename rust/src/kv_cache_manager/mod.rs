@@ -21,7 +21,7 @@ pub use config::KvCacheConfig;
 
 use crate::attention_group::GroupSpec;
 use crate::block::{BlockId, NULL_BLOCK};
-use crate::block_hash::BlockHasher;
+use crate::block_hash::{BlockHash, BlockHasher};
 use crate::block_pool::BlockPool;
 use crate::block_table::BlockTable;
 use crate::error::Error;
@@ -57,6 +57,18 @@ pub struct KvCacheManager {
     /// them before use (a Mamba state reads its block before writing it all;
     /// vLLM's `new_block_ids_to_zero`). `None` without recurrent groups.
     blocks_to_zero: Option<Vec<Vec<BlockId>>>,
+    /// Recurrent groups cache their states (vLLM's cache mode "align"):
+    /// prefix caching on beside a recurrent group.
+    align: bool,
+    /// The recurrent groups' keys cached this step: a state is written by
+    /// the step's forward pass, so no request may hit it before the next
+    /// step (vLLM's `cached_blocks_this_step`).
+    states_cached_this_step: Vec<BlockHash>,
+    /// Prompt states cached out of turn, for their events (§7.15).
+    prompt_states_stored: Vec<(usize, usize, BlockId)>,
+    /// The prefill checkpoint the allocation in progress writes, if any
+    /// (§7.15): its caching keys the checkpoint's block.
+    step_checkpoint: Option<usize>,
 }
 
 impl KvCacheManager {
@@ -89,6 +101,11 @@ impl KvCacheManager {
                 .iter()
                 .any(|g| g.kind.is_recurrent())
                 .then(|| vec![Vec::new(); config.groups.len()]),
+            align: config.enable_prefix_caching
+                && config.groups.iter().any(|g| g.kind.is_recurrent()),
+            states_cached_this_step: Vec::new(),
+            prompt_states_stored: Vec::new(),
+            step_checkpoint: None,
         })
     }
 
@@ -135,6 +152,41 @@ impl KvCacheManager {
             Some(groups) => groups.iter_mut().flat_map(std::mem::take).collect(),
             None => Vec::new(),
         }
+    }
+
+    /// Whether recurrent groups cache their states (vLLM's cache mode
+    /// "align": prefix caching on beside a recurrent group).
+    pub fn caches_states(&self) -> bool {
+        self.align
+    }
+
+    /// The last block boundary whose state a later request with the same
+    /// `num_tokens` tokens could resume from (vLLM's
+    /// `get_mamba_prefill_checkpoint_position`): its last token is always
+    /// computed, and a lookahead hash needs its tokens known; an
+    /// EAGLE-style drafter's hit gives up a block more.
+    pub fn state_checkpoint(&self, num_tokens: usize) -> usize {
+        let bs = self.block_size;
+        if self.drop_eagle_block {
+            return (num_tokens / bs * bs).saturating_sub(bs);
+        }
+        let proof_limit = num_tokens.saturating_sub(self.hasher.lookahead().max(1));
+        proof_limit / bs * bs
+    }
+
+    /// The query offsets at which the recurrent groups write a prefill
+    /// checkpoint from inside a chunk, when they cache states and can.
+    pub fn checkpoint_alignment(&self) -> Option<usize> {
+        let recurrent = self.groups.iter().find(|g| g.kind.is_recurrent());
+        recurrent
+            .filter(|_| self.align)?
+            .kind
+            .checkpoint_alignment()
+    }
+
+    /// A step begins: states cached by the last one are readable now.
+    pub fn new_step_starts(&mut self) {
+        self.states_cached_this_step.clear();
     }
 
     /// Tokens per block of group `g`.
@@ -236,6 +288,7 @@ impl KvCacheManager {
             table.blocks.clear();
             table.sync_last();
             table.num_cached = 0;
+            table.states = Default::default();
         }
     }
 
@@ -249,6 +302,7 @@ impl KvCacheManager {
             table.blocks.clear();
             table.sync_last();
             table.num_cached = 0;
+            table.states = Default::default();
         }
         blocks
     }

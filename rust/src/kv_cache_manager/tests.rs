@@ -135,6 +135,7 @@ fn mamba_manager(mamba_block: usize, speculative: usize) -> KvCacheManager {
     let mamba = AttentionKind::Mamba {
         block_size: mamba_block,
         speculative_blocks: speculative,
+        checkpoint_alignment: None,
     };
     config.groups = vec![
         GroupSpec::FULL,
@@ -163,7 +164,7 @@ fn a_mamba_group_holds_one_state_block_and_its_scratch_states() {
     seq.num_computed_tokens = 40;
     // The next chunk grows full attention's table only.
     kv.allocate(&mut tables, &seq, 20, 0, &[], admission, 0);
-    assert_eq!((tables[0].grown, tables[1].grown), (1, 0));
+    assert_eq!((tables[0].grown(), tables[1].grown()), (1, 0));
     assert_eq!(tables[1].block_ids(), [4, 5, 6]);
     assert_eq!(kv.pool().num_free_blocks(), 29 - 7);
 }

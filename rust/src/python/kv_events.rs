@@ -9,7 +9,8 @@ use pyo3::prelude::*;
 /// One KV-cache event, oldest first as the scheduler logged them.
 #[pyclass(name = "KvEvent", module = "ironbatch._core", frozen, get_all)]
 pub struct PyKvEvent {
-    /// "stored", "hit", "removed", "cleared", "allocated" or "accessed".
+    /// "stored", "hit", "removed", "cleared", "allocated", "accessed" or
+    /// "evicted".
     kind: &'static str,
     /// The request's slot ("stored", "hit"); None for the others.
     slot: Option<Slot>,
@@ -77,6 +78,10 @@ impl From<KvEvent> for PyKvEvent {
             KvEvent::Accessed { block_id } => PyKvEvent {
                 block_ids: vec![block_id],
                 ..none("accessed")
+            },
+            KvEvent::Evicted { block_id } => PyKvEvent {
+                block_ids: vec![block_id],
+                ..none("evicted")
             },
         }
     }

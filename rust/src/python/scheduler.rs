@@ -49,15 +49,15 @@ fn status_named(name: &str) -> PyResult<RequestStatus> {
 }
 
 /// A KV-cache group as the binding takes it: `(kind, size,
-/// admission_cap_blocks, speculative_blocks)`.
-type BindingGroup = (String, usize, Option<usize>, usize);
+/// admission_cap_blocks, speculative_blocks, checkpoint_alignment)`.
+type BindingGroup = (String, usize, Option<usize>, usize, Option<usize>);
 
 /// A KV-cache group from the binding's [`BindingGroup`]: kind "full" or "cross_attention" (size ignored),
 /// "sliding_window" (size: the window), "chunked_local" (size: the chunk)
 /// or "mamba" (size: tokens per state block; speculative_blocks its drafts'
-/// scratch states).
+/// scratch states; checkpoint_alignment its prefill checkpoints').
 fn group_spec(
-    (kind, size, admission_cap_blocks, speculative_blocks): &BindingGroup,
+    (kind, size, admission_cap_blocks, speculative_blocks, checkpoint_alignment): &BindingGroup,
 ) -> PyResult<GroupSpec> {
     let (size, admission_cap_blocks) = (*size, *admission_cap_blocks);
     let kind = match kind.as_str() {
@@ -68,6 +68,7 @@ fn group_spec(
         "mamba" => AttentionKind::Mamba {
             block_size: size,
             speculative_blocks: *speculative_blocks,
+            checkpoint_alignment: *checkpoint_alignment,
         },
         other => {
             return Err(PyValueError::new_err(format!(

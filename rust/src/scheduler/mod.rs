@@ -25,6 +25,7 @@ mod prefill_lookahead;
 mod read_ahead;
 mod running_pass;
 mod session;
+mod state_aligned_split;
 mod step_columns;
 mod update;
 mod waiting_pass;
@@ -688,6 +689,7 @@ impl Scheduler {
     /// local cadence says so (§4.11).
     pub fn schedule_throttled(&mut self, throttle_prefills: bool) -> StepOutput {
         self.current_step += 1;
+        self.kv.new_step_starts();
         let (requests, running) = (&self.requests, &self.running);
         let any_decoding = || running.iter().any(|&s| !requests[s].prefill_chunk);
         let hold_prefills = self.cadence.holds(throttle_prefills, any_decoding);
@@ -800,6 +802,7 @@ pub(super) fn log_stored_groups(
     tables: &[BlockTable],
     first: usize,
 ) {
+    let prompt_states = kv.take_prompt_states_stored();
     for (group, table) in tables.iter().enumerate() {
         let cached = table.num_cached_blocks();
         if cached > first {
@@ -809,6 +812,15 @@ pub(super) fn log_stored_groups(
                 group,
                 first_block: first,
                 block_ids,
+            });
+        }
+        // A prompt's state cached out of turn, after its group's blocks.
+        for &(_, position, block) in prompt_states.iter().filter(|s| s.0 == group) {
+            kv.log_event(KvEvent::Stored {
+                owner: slot,
+                group,
+                first_block: position,
+                block_ids: vec![block],
             });
         }
     }

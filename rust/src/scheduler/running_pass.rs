@@ -64,6 +64,12 @@ impl Scheduler {
                 continue;
             }
             let computed = self.requests[slot].seq.num_computed_tokens;
+            // A prefill chunk ends where a recurrent state is cached (§7.15).
+            let n = self.state_aligned_split(slot, n, computed);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
             // Cut before an image the encoder cannot run this step (§4.15).
             let plan = self.plan_encoder_inputs(slot, computed, n, draft);
             // Nor within a multi-module drafter's read-ahead of the prompt's end.

@@ -49,7 +49,7 @@ impl Scheduler {
                 }
                 // Each group's new blocks (the whole table for an admission).
                 let block_start = match e.kind {
-                    Kind::Running => len - table.grown,
+                    Kind::Running => len - table.grown(),
                     Kind::New | Kind::Resumed => 0,
                 };
                 if block_start < len {

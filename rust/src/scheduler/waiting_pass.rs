@@ -287,6 +287,17 @@ impl Scheduler {
             return Admit::Blocked; // without chunking, the head blocks the queue (Q6)
         }
         n = n.min(budget);
+        // A prefill chunk ends where a recurrent state is cached (§7.15);
+        // when none fits, the request waits at the head.
+        n = self.state_aligned_split(slot, n, hit_tokens);
+        if n == 0 {
+            return Admit::Blocked;
+        }
+        if padded && n != 1 + k {
+            // The cut took placeholder drafts: unpadded, not shortened.
+            n = 1;
+            padded = false;
+        }
         // Cut before an image the encoder cannot run this step.
         let plan = self.plan_encoder_inputs(slot, hit_tokens, n, draft);
         // Nor within a multi-module drafter's read-ahead of the prompt's end.

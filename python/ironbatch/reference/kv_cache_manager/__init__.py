@@ -23,7 +23,7 @@ from ironbatch.reference.attention_group import FULL, GroupSpec
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.block_hash import BlockHasher
 from ironbatch.reference.block_pool import BlockPool
-from ironbatch.reference.block_table import BlockTable
+from ironbatch.reference.block_table import BlockTable, StateSlots
 from ironbatch.reference.kv_cache_manager import allocation, caching
 from ironbatch.reference.kv_cache_manager.allocation import Admission
 from ironbatch.reference.kv_cache_manager.config import check_groups, validate
@@ -103,6 +103,18 @@ class KvCacheManager:
         self._blocks_to_zero: list[list[int]] | None = (
             [[] for _ in self._groups] if any(g.kind.is_recurrent() for g in self._groups) else None
         )
+        #: Recurrent groups cache their states (vLLM's cache mode "align"):
+        #: prefix caching on beside a recurrent group.
+        self._align = self._enable_caching and any(g.kind.is_recurrent() for g in self._groups)
+        #: The recurrent groups' keys cached this step: a state is written by
+        #: the step's forward pass, so no request may hit it before the next
+        #: step (vLLM's ``cached_blocks_this_step``).
+        self._states_cached_this_step: set[int] = set()
+        #: Prompt states cached out of turn, for their events (§7.15).
+        self._prompt_states_stored: list[tuple[int, int, int]] = []
+        #: The prefill checkpoint the allocation in progress writes, if any
+        #: (§7.15): its caching keys the checkpoint's block.
+        self._step_checkpoint: int | None = None
 
     def with_reprefillable_tokens(self, tokens: int) -> KvCacheManager:
         """The same manager, leaving the last ``tokens`` computed tokens of
@@ -156,6 +168,41 @@ class KvCacheManager:
         out = [b for group in self._blocks_to_zero for b in group]
         self._blocks_to_zero = [[] for _ in self._groups]
         return out
+
+    def caches_states(self) -> bool:
+        """Whether recurrent groups cache their states (vLLM's cache mode
+        "align": prefix caching on beside a recurrent group)."""
+        return self._align
+
+    def state_checkpoint(self, num_tokens: int) -> int:
+        """The last block boundary whose state a later request with the same
+        ``num_tokens`` tokens could resume from (vLLM's
+        ``get_mamba_prefill_checkpoint_position``): its last token is always
+        computed, and a lookahead hash needs its tokens known; an EAGLE-style
+        drafter's hit gives up a block more."""
+        bs = self._block_size
+        if self._drop_eagle_block:
+            return max(num_tokens // bs * bs - bs, 0)
+        proof_limit = max(num_tokens - max(self._hasher.lookahead, 1), 0)
+        return proof_limit // bs * bs
+
+    def checkpoint_alignment(self) -> int | None:
+        """The query offsets at which the recurrent groups write a prefill
+        checkpoint from inside a chunk, when they cache states and can."""
+        if not self._align:
+            return None
+        recurrent = next(g for g in self._groups if g.kind.is_recurrent())
+        return recurrent.kind.prefill_checkpoint_alignment()
+
+    def take_prompt_states_stored(self) -> list[tuple[int, int, int]]:
+        """Prompt states cached out of turn since last taken, as (group,
+        position, block id), for their ``Stored`` events."""
+        out, self._prompt_states_stored = self._prompt_states_stored, []
+        return out
+
+    def new_step_starts(self) -> None:
+        """A step begins: states cached by the last one are readable now."""
+        self._states_cached_this_step.clear()
 
     def group_block_size(self, g: int) -> int:
         """Tokens per block of group ``g``."""
@@ -283,6 +330,7 @@ class KvCacheManager:
             self._pool.release([b for b in reversed(table.blocks) if b.block_id != NULL_BLOCK])
             table.blocks.clear()
             table.num_cached = 0
+            table.states = StateSlots()
 
     def take_blocks(self, tables: list[BlockTable]) -> list[int]:
         """Empty every group's table without returning its blocks to the
@@ -293,6 +341,7 @@ class KvCacheManager:
             blocks += [b.block_id for b in table.blocks if b.block_id != NULL_BLOCK]
             table.blocks.clear()
             table.num_cached = 0
+            table.states = StateSlots()
         return blocks
 
     def release_blocks_last_first(self, block_ids: list[int]) -> None:

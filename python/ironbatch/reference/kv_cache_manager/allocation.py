@@ -7,9 +7,10 @@ they were."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ironbatch.reference.attention_group import checkpoint_in_chunk
 from ironbatch.reference.block import NULL_BLOCK, Block, cdiv
 from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.kv_cache_manager.caching import cache_blocks
@@ -41,41 +42,116 @@ class Admission:
     load_async: bool = False
 
 
+@dataclass(frozen=True)
+class Span:
+    """The tokens an allocation covers, as the groups count them."""
+
+    #: Slots: the tokens, a drafter's lookahead included.
+    slots: int
+    #: The model's own tokens: those computed and the new ones.
+    main: int
+    #: Tokens computed before the step, hits included.
+    computed: int
+    #: Where the request's prefill ends: its prompt, or for a resumed
+    #: request its tokens but the last.
+    prefill_end: int
+
+
 def blocks_needed(
-    m: KvCacheManager, g: int, table: BlockTable, tokens: int, hits: list[Block], capped: bool
+    m: KvCacheManager, g: int, table: BlockTable, span: Span, hits: list[Block], capped: bool
 ) -> int:
-    """Blocks group ``g`` must take to cover ``tokens`` after its
-    ``hits``: positions not held yet (and a recurrent group's scratch
-    states), plus hits that sit in the free queue (taking them shrinks the
-    free count too). ``capped``: the
-    admission check, which counts a window group's blocks only up to its
-    cap."""
+    """Blocks group ``g`` must take to cover ``span`` after its ``hits``:
+    positions not held yet (and a recurrent group's scratch states), plus
+    hits that sit in the free queue (taking them shrinks the free count
+    too). ``capped``: the admission check, which counts a window group's
+    blocks only up to its cap. A recurrent group caching its states counts
+    them by the model's tokens and may come out negative (§7.15)."""
     kind = m._groups[g].kind
-    required = cdiv(tokens, m.group_block_size(g)) + kind.extra_blocks()
+    evictable_hits = sum(1 for b in hits if b.block_id != NULL_BLOCK and b.ref_cnt == 0)
+    if m._align and kind.is_recurrent():
+        return states_needed(m, g, table, span, len(hits)) + evictable_hits
+    required = cdiv(span.slots, m.group_block_size(g)) + kind.extra_blocks()
     cap = m._groups[g].admission_cap_blocks
     if capped and cap is not None:
         required = min(required, cap)
     have = len(table) + len(hits)
-    evictable_hits = sum(1 for b in hits if b.block_id != NULL_BLOCK and b.ref_cnt == 0)
     return max(required - have, 0) + evictable_hits
+
+
+def states_needed(m: KvCacheManager, g: int, table: BlockTable, span: Span, hits: int) -> int:
+    """New state blocks recurrent group ``g`` takes for the step in cache
+    mode "align" (vLLM's ``MambaManager.get_num_blocks_to_allocate``): the
+    positions not held yet, at most one state per step (and one for a
+    prefill checkpoint) once the scratch states are taken; negative when
+    drafts left it more than it needs."""
+    extra = m._groups[g].kind.extra_blocks()
+    required = cdiv(span.main, m.group_block_size(g)) + extra
+    new = required - hits - len(table)
+    if new <= 0:
+        return new
+    checkpoint = int(checkpoint_in_step(m, g, table, span) is not None)
+    return min(new, 1 + checkpoint + (0 if table.states.allocated else extra))
+
+
+def checkpoint_in_step(m: KvCacheManager, g: int, table: BlockTable, span: Span) -> int | None:
+    """Where recurrent group ``g`` writes the prompt's checkpoint from inside
+    the step (vLLM's ``_needs_internal_checkpoint``): the step ends the
+    prefill, its backend can write a state inside a chunk, the checkpoint
+    lies inside the chunk, and the block for it is still free to take (a
+    null or beyond the table, or a scratch state). Its token position, if
+    so."""
+    kind = m._groups[g].kind
+    alignment = kind.prefill_checkpoint_alignment()
+    bs = m.group_block_size(g)
+    index = cdiv(span.main, bs) - 2
+    if alignment is None or index < 0:
+        return None
+    position = m.state_checkpoint(span.main)
+    free_slot = (
+        index >= len(table)
+        or table.blocks[index].block_id == NULL_BLOCK
+        or (table.states.allocated and index + kind.extra_blocks() >= len(table))
+    )
+    inside = span.main >= span.prefill_end and checkpoint_in_chunk(
+        span.computed, span.main, position, bs, alignment
+    )
+    return position if inside and free_slot and position > 0 else None
 
 
 def blocks_needed_all(
     m: KvCacheManager,
     tables: list[BlockTable],
-    tokens: int,
+    span: Span,
     encoder_tokens: int,
     hits: list[list[Block]],
     capped: bool,
 ) -> int:
     """Blocks all groups must take (``hits``: one list per group, or none):
-    ``tokens`` slots in the decoder's groups, ``encoder_tokens`` in the
+    ``span``'s slots in the decoder's groups, ``encoder_tokens`` in the
     cross-attention ones."""
     return sum(
         blocks_needed(
-            m, g, table, slots_of(m, g, tokens, encoder_tokens), hits[g] if hits else [], capped
+            m,
+            g,
+            table,
+            replace(span, slots=slots_of(m, g, span.slots, encoder_tokens)),
+            hits[g] if hits else [],
+            capped,
         )
         for g, table in enumerate(tables)
+    )
+
+
+def hits_a_state_in_flight(m: KvCacheManager, hits: list[list[Block]]) -> bool:
+    """Whether a recurrent group's hit ends on a state cached this step,
+    which the step's forward pass has yet to write: the request waits a step
+    (vLLM's ``MambaManager`` answers "more blocks than the pool")."""
+    return m._align and any(
+        m._groups[g].kind.is_recurrent()
+        and bool(h)
+        and h[-1].hash is not None
+        and h[-1].hash in m._states_cached_this_step
+        for g, h in enumerate(hits)
     )
 
 
@@ -149,15 +225,20 @@ def allocate(
     computed = min(
         seq.num_computed_tokens + num_new_computed_tokens + admission.external_tokens, max_len
     )
+    if hits_a_state_in_flight(m, hits):
+        return None
+    prefill_end = max(seq.num_prompt_tokens, seq.num_tokens - 1)
     if full_sequence_must_fit:
         full = min(seq.num_tokens, max_len)
-        need = blocks_needed_all(m, tables, full, admission.encoder_tokens, hits, True)
+        span = Span(full, full, computed, prefill_end)
+        need = blocks_needed_all(m, tables, span, admission.encoder_tokens, hits, True)
         if need + watermark > m._pool.num_free_blocks:
             return None
     # The lookahead slots come on top; the admission gate above ignores
     # them, as vLLM's does.
     lookahead = 0 if admission.load_async else m._lookahead
-    slots = min(computed + num_new_tokens + lookahead, max_len)
+    main_tokens = computed + num_new_tokens
+    slots = min(main_tokens + lookahead, max_len)
     if not m._single_full:
         # What the steps computed for sure (not what is still in flight)
         # is all a window can have left behind.
@@ -165,10 +246,17 @@ def allocate(
         for g, table in enumerate(tables):
             remove_skipped_blocks(m, g, table, processed)
     encoder_tokens = admission.encoder_tokens
-    needed = blocks_needed_all(m, tables, slots, encoder_tokens, hits, False)
+    span = Span(slots, main_tokens, computed, prefill_end)
+    needed = blocks_needed_all(m, tables, span, encoder_tokens, hits, False)
     if needed + watermark + admission.reserved_blocks > m._pool.num_free_blocks:
         return None
-    # Enough is free: from here on nothing can fail.
+    # Enough is free: from here on nothing can fail. A prefill checkpoint is
+    # decided on the tables before their hits, as vLLM decides it; every
+    # recurrent group's table has the same shape.
+    recurrent = [g for g, spec in enumerate(m._groups) if m._align and spec.kind.is_recurrent()]
+    m._step_checkpoint = (
+        checkpoint_in_step(m, recurrent[0], tables[recurrent[0]], span) if recurrent else None
+    )
     if hits:
         for g, table in enumerate(tables):
             take_hits(m, g, table, hits[g], computed)
@@ -176,6 +264,9 @@ def allocate(
     # table records its growth for the step's new block ids.
     for g, table in enumerate(tables):
         kind = m._groups[g].kind
+        if m._align and kind.is_recurrent():
+            grow_states(m, g, table, main_tokens, m._step_checkpoint is not None)
+            continue
         required = cdiv(slots_of(m, g, slots, encoder_tokens), m.group_block_size(g))
         grow = max(required + kind.extra_blocks() - len(table), 0)
         table.blocks.extend(m._pool.take_free_blocks(grow))
@@ -188,7 +279,53 @@ def allocate(
         upto = min(computed + num_new_tokens, seq.num_tokens)
         for g, table in enumerate(tables):
             cache_blocks(m, g, table, seq, upto)
+    m._step_checkpoint = None
     return k
+
+
+def grow_states(
+    m: KvCacheManager, g: int, table: BlockTable, main_tokens: int, checkpoint: bool
+) -> None:
+    """Grow recurrent group ``g``'s table to ``main_tokens`` in cache mode
+    "align" (vLLM's ``MambaManager.allocate_new_blocks``, §7.15): nulls up to
+    the position of the state the step ends in (or, with a prefill
+    ``checkpoint``, the block before it, which holds the checkpoint), the
+    scratch states moved past them, and a new block at each (with the
+    scratch states, the first time). The step's new block ids are the
+    table's tail from where it stood, nulls and moved blocks included, as
+    vLLM sends them."""
+    extra = m._groups[g].kind.extra_blocks()
+    required = cdiv(main_tokens, m.group_block_size(g)) + extra
+    before = len(table)
+    table.grown = 0
+    states = table.states
+    if required <= before and not checkpoint:
+        states.allocated = True
+        return
+    # The state this step starts from: the running one past the first
+    # allocation, else a hit's.
+    if states.allocated:
+        states.previous = before - 1 - extra
+    elif before > 0:
+        states.previous = before - 1
+    ends_in = required - extra - 1
+    # The first position that keeps a block: the checkpoint's, else the
+    # state the step ends in.
+    kept = ends_in - int(checkpoint)
+    null = null_block(m)
+    if before < ends_in:
+        table.blocks.extend([null] * (kept - before))
+    if states.allocated:
+        # Scratch states the step passed move to the end, in order.
+        for i in range(before - extra, before):
+            if i >= kept:
+                break
+            table.blocks.append(table.blocks[i])
+            table.blocks[i] = null
+    grow = max(required - len(table), 0)
+    table.blocks.extend(m._pool.take_free_blocks(grow))
+    states.allocated = True
+    table.grown = len(table) - before
 
 
 def take_hits(
@@ -211,6 +348,9 @@ def remove_skipped_blocks(m: KvCacheManager, g: int, table: BlockTable, processe
     """Give back group ``g``'s blocks that no position after
     ``processed`` tokens reads (a window's past), last first, leaving
     nulls; stops at the first position already null."""
+    if m._align and m._groups[g].kind.is_recurrent():
+        remove_past_states(m, g, table, processed)
+        return
     skipped = m._groups[g].kind.num_skipped_tokens(processed) // m.group_block_size(g)
     k = min(skipped, len(table))
     if k == 0 or table.blocks[k - 1].block_id == NULL_BLOCK:
@@ -223,6 +363,29 @@ def remove_skipped_blocks(m: KvCacheManager, g: int, table: BlockTable, processe
         table.blocks[i] = null_block(m)
     if freed:
         m._pool.release(freed)
+
+
+def remove_past_states(m: KvCacheManager, g: int, table: BlockTable, processed: int) -> None:
+    """Give back recurrent group ``g``'s states before the last processed
+    token's block in cache mode "align" (vLLM's ``MambaManager``), last
+    first, past the nulls between them; then the state the previous step
+    started from, once the table has moved past it."""
+    bs = m.group_block_size(g)
+    skipped = min(max(processed - 1, 0) // bs, len(table))
+    states = table.states
+    if states.retired < skipped:
+        freed = []
+        for i in range(skipped - 1, states.retired - 1, -1):
+            if table.blocks[i].block_id != NULL_BLOCK:
+                freed.append(table.blocks[i])
+                table.blocks[i] = null_block(m)
+        if freed:
+            m._pool.release(freed)
+        states.retired = skipped
+    p = states.previous
+    if p is not None and p + 1 < cdiv(processed, bs) and table.blocks[p].block_id != NULL_BLOCK:
+        m._pool.release([table.blocks[p]])
+        table.blocks[p] = null_block(m)
 
 
 def null_block(m: KvCacheManager) -> Block:

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ironbatch.reference.attention_group import SlidingWindow, group_key, sparse_mask
+from ironbatch.reference.attention_group import (
+    SlidingWindow,
+    group_key,
+    recurrent_mask,
+    sparse_mask,
+)
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.block_table import BlockTable
+from ironbatch.reference.kv_events import Evicted
 from ironbatch.reference.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -58,15 +64,24 @@ def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
 
 def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int) -> None:
     """Hash-cache group ``g``'s full blocks up to token ``upto``
-    (docs/scheduling.md §7.7): every one, except null positions and, for
-    a window group under sparse retention, those no later request could
-    resume from."""
+    (docs/scheduling.md §7.7, §7.13, §7.15): every one, except null
+    positions and, for a window or recurrent group under sparse retention,
+    those no later request could resume from."""
     bs = m._block_size
     # Only tokens whose KV is final: multi-module MTP may prefill the last
     # few again.
     upto = max(upto - m._reprefillable, 0)
-    if upto < (table.num_cached + 1) * bs:
-        return  # no new full block: the common case
+    if upto >= (table.num_cached + 1) * bs:
+        cache_new_full_blocks(m, g, table, seq, upto)
+    if m._align and m._groups[g].kind.is_recurrent():
+        cache_prompt_state(m, g, table, seq, upto)
+
+
+def cache_new_full_blocks(
+    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int
+) -> None:
+    """``cache_blocks`` once a block has filled since the last call."""
+    bs = m._block_size
     hashes = seq.block_hashes
     full = min(min(upto, len(hashes) * bs) // bs, len(table))
     start = table.num_cached
@@ -82,9 +97,89 @@ def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, up
             seq.shared_prefix_boundary,
             m._retention_interval,
         )
+    recurrent = kind.is_recurrent()
+    if recurrent:
+        keep = recurrent_mask(
+            bs,
+            m._sparse_retention,
+            seq.num_prompt_tokens,
+            seq.shared_prefix_boundary,
+            m._retention_interval,
+        )
     for k in range(start, full):
         block = table.blocks[k]
         if block.block_id == NULL_BLOCK or (keep is not None and not keep(k)):
             continue
-        m._pool.cache_block(block, group_key(hashes[k], g))
+        key = group_key(hashes[k], g)
+        m._pool.cache_block(block, key)
+        if recurrent:
+            # Its state is this step's to write (§7.15).
+            m._states_cached_this_step.add(key)
     table.num_cached = max(table.num_cached, full)
+
+
+def cache_prompt_state(
+    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int
+) -> None:
+    """Cache the state where a later request with this prompt resumes, if a
+    block holds it unhashed (vLLM's Mamba ``_cache_partial_tail_block``):
+    sparse retention passed it by when the prompt was shorter (a session's
+    next turn)."""
+    if m._step_checkpoint is not None:
+        cache_checkpoint_state(m, g, table, seq, m._step_checkpoint)
+        return
+    bs = m._block_size
+    # What vLLM's hybrid coordinator hands its groups: whole blocks.
+    num_tokens = upto // bs * bs if len(m._groups) > 1 else upto
+    idx = num_tokens // bs
+    if num_tokens == 0 or num_tokens % bs or idx > len(table) or idx > len(seq.block_hashes):
+        return
+    if num_tokens != m.state_checkpoint(seq.num_prompt_tokens):
+        return
+    cache_state(m, g, table, seq, idx - 1)
+
+
+def cache_checkpoint_state(
+    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, position: int
+) -> None:
+    """Key the block a prefill checkpoint was written to in this step
+    (vLLM's checkpoint branch of ``_cache_partial_tail_block``), when a later
+    request could resume there: the prompt's checkpoint, a state the
+    retention keeps, or a shared prefix's end. Otherwise the block's state is
+    only passing through, and any key it has goes."""
+    bs = m._block_size
+    idx = position // bs - 1
+    per_segment = m._retention_interval // bs
+    retained = not m._sparse_retention or (
+        m._retention_interval > 0 and (per_segment <= 1 or (idx + 1) % per_segment == 0)
+    )
+    reachable = (
+        position == m.state_checkpoint(seq.num_prompt_tokens)
+        or retained
+        or position == seq.shared_prefix_boundary
+    )
+    if not reachable:
+        block_id = table.blocks[idx].block_id
+        if block_id != NULL_BLOCK:
+            m._pool.events.push(Evicted(block_id))
+        m._pool.uncache([block_id])
+        return
+    cache_state(m, g, table, seq, idx)
+
+
+def cache_state(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, idx: int) -> None:
+    """Hash-cache the state in group ``g``'s block ``idx`` out of turn,
+    unless it is null or keyed already."""
+    block = table.blocks[idx]
+    if block.block_id == NULL_BLOCK or block.hash is not None:
+        return
+    if idx >= len(seq.block_hashes):
+        # A decode step verifying at least a block of drafts can pass for a
+        # checkpoint past the hashed tokens: vLLM asserts there; nothing to
+        # key.
+        return
+    key = group_key(seq.block_hashes[idx], g)
+    m._pool.cache_block(block, key)
+    m._states_cached_this_step.add(key)
+    if m._pool.events.enabled:
+        m._prompt_states_stored.append((g, idx, block.block_id))

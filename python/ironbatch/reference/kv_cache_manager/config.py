@@ -92,23 +92,47 @@ def check_groups(
         elif isinstance(g.kind, Mamba):
             check_range("mamba_block_size", g.kind.block_size, 1, MAX_MODEL_LEN)
             check_range("speculative_blocks", g.kind.speculative_blocks, 0, MAX_NUM_BLOCKS)
+            if g.kind.checkpoint_alignment is not None:
+                check_range("checkpoint_alignment", g.kind.checkpoint_alignment, 1, MAX_MODEL_LEN)
             # Prefix caching over recurrent states is vLLM's cache mode
-            # "align", which the core does not model.
-            if enable_prefix_caching:
+            # "align": states at the cache's block boundaries. vLLM's finer
+            # hash units and prefill checkpoints are not modelled, so
+            # neither are lookahead hashes past one token (they move the
+            # prompt's checkpoint off the block boundary) nor a state block
+            # of another size.
+            if enable_prefix_caching and g.kind.block_size != block_size:
                 raise ValueError(
-                    "enable_prefix_caching must be false with a Mamba KV-cache group "
-                    "(vLLM's mamba_cache_mode 'none'; 'align' is not supported)"
+                    f"mamba_block_size ({g.kind.block_size}) must equal block_size "
+                    f"({block_size}) with prefix caching on (vLLM's mamba_cache_mode 'align')"
+                )
+            if enable_prefix_caching and drop_eagle_block:
+                raise ValueError(
+                    "drop_eagle_block must be false with a Mamba KV-cache group and prefix "
+                    "caching on"
+                )
+            if enable_prefix_caching and num_hash_lookahead_tokens > 1:
+                raise ValueError(
+                    f"num_hash_lookahead_tokens ({num_hash_lookahead_tokens}) must be at most 1 "
+                    "with a Mamba KV-cache group and prefix caching on"
                 )
     if retention_interval > 0:
         # vLLM's rule: checkpoints land on block boundaries, and only a
-        # sliding window keeps them.
+        # sliding window or a recurrent group keeps them.
         check_range("retention_interval", retention_interval, 1, MAX_MODEL_LEN)
-        windowed = any(isinstance(g.kind, SlidingWindow) for g in groups)
+        windowed = any(isinstance(g.kind, (SlidingWindow, Mamba)) for g in groups)
         if retention_interval % block_size or not sparse_retention or not windowed:
             raise ValueError(
                 f"retention_interval ({retention_interval}) needs sparse_retention, a "
-                f"sliding-window KV-cache group and a multiple of block_size ({block_size})"
+                "sliding-window or Mamba KV-cache group and a multiple of block_size "
+                f"({block_size})"
             )
+    alignments = {g.kind.prefill_checkpoint_alignment() for g in groups if g.kind.is_recurrent()}
+    if len(alignments) > 1:
+        # vLLM's scheduler splits by the first group's and checkpoints only
+        # when every group can.
+        raise ValueError(
+            "kv_cache_groups: every Mamba group must have the same checkpoint_alignment"
+        )
     if groups and groups[0].kind.is_cross():
         # A step's block ranges are read off the first group's table.
         raise ValueError(

@@ -558,6 +558,7 @@ class Scheduler:
         asks (``throttle_prefills``, vLLM's DP prefill balancing) or the local
         cadence says so (docs/scheduling.md §4.11)."""
         self.current_step += 1
+        self.kv.new_step_starts()
         hold_prefills = self.cadence.holds(
             throttle_prefills,
             lambda: any(not self.requests[s].prefill_chunk for s in self.running),
@@ -735,8 +736,13 @@ def log_stored_groups(kv: KvCacheManager, slot: int, tables: list[BlockTable], f
     """Log each group's blocks ``first..`` that the request in ``slot`` just
     hash-cached (its decoder groups cache in step, so ``first`` holds for
     each), in group order as vLLM's coordinator caches them."""
+    prompt_states = kv.take_prompt_states_stored()
     for group, table in enumerate(tables):
         cached = table.num_cached_blocks()
         if cached > first:
             block_ids = kv.stored_block_ids(table.blocks[first:cached])
             kv.log_event(Stored(slot, group, first, block_ids))
+        # A prompt's state cached out of turn, after its group's blocks.
+        for g, position, block_id in prompt_states:
+            if g == group:
+                kv.log_event(Stored(slot, group, position, [block_id]))

@@ -16,6 +16,7 @@ from ironbatch.reference.scheduler.encoder_inputs import commit_encoder_plan, pl
 from ironbatch.reference.scheduler.kv_transfer import connector_frees_pending
 from ironbatch.reference.scheduler.preemption import preempt, take_victim, victim_of
 from ironbatch.reference.scheduler.prefill_lookahead import reserve_prefill_lookahead
+from ironbatch.reference.scheduler.state_aligned_split import state_aligned_split
 from ironbatch.reference.scheduler_config import Policy
 from ironbatch.reference.spec_decode import NO_DRAFTS, Drafts
 from ironbatch.reference.step import Kind, StepEntry
@@ -68,6 +69,11 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
             i += 1
             continue
         computed = s.requests[slot].seq.num_computed_tokens
+        # A prefill chunk ends where a recurrent state is cached (§7.15).
+        n = state_aligned_split(s, slot, n, computed)
+        if n == 0:
+            i += 1
+            continue
         # Cut before an image the encoder cannot run this step (§4.15).
         plan = plan_encoder_inputs(s, slot, computed, n, draft)
         # Nor within a multi-module drafter's read-ahead of the prompt's end.

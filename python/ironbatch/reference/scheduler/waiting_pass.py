@@ -32,6 +32,7 @@ from ironbatch.reference.scheduler.kv_transfer import (
 )
 from ironbatch.reference.scheduler.prefill_lookahead import reserve_prefill_lookahead
 from ironbatch.reference.scheduler.running_pass import entry
+from ironbatch.reference.scheduler.state_aligned_split import state_aligned_split
 from ironbatch.reference.scheduler_config import Runner
 from ironbatch.reference.spec_decode import Drafts
 from ironbatch.reference.step import Kind
@@ -247,6 +248,15 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     if not c.enable_chunked_prefill and n > budget and c.runner is not Runner.ENCODER_ONLY:
         return Admit.BLOCKED  # without chunking, the head blocks the queue (Q6)
     n = min(n, budget)
+    # A prefill chunk ends where a recurrent state is cached (§7.15); when
+    # none fits, the request waits at the head.
+    n = state_aligned_split(s, slot, n, hit_tokens)
+    if n == 0:
+        return Admit.BLOCKED
+    if padded and n != 1 + k:
+        # The cut took placeholder drafts: unpadded, not shortened.
+        n = 1
+        padded = False
     # Cut before an image the encoder cannot run this step.
     plan = plan_encoder_inputs(s, slot, hit_tokens, n, draft)
     # Nor within a multi-module drafter's read-ahead of the prompt's end.
