@@ -319,11 +319,13 @@ mod tests {
     #[test]
     fn a_checkpoint_lies_inside_the_chunk() {
         // Blocks of 16: a chunk 0..100 can write the state after 96 (the
-        // prompt's checkpoint), as can 32..100; 80..100 cannot (96 is in
-        // the block after its start's); 0..96 cannot (96 is its end).
+        // prompt's checkpoint), as can 32..100 and 80..100 (a block past
+        // its start); 96..120 cannot write the state after 104 (less than a
+        // block past its start), nor 0..96 the one after 96 (its end).
         assert!(checkpoint_in_chunk(0, 100, 96, 16, 1));
         assert!(checkpoint_in_chunk(32, 100, 96, 16, 1));
-        assert!(!checkpoint_in_chunk(80, 100, 96, 16, 1));
+        assert!(checkpoint_in_chunk(80, 100, 96, 16, 1));
+        assert!(!checkpoint_in_chunk(96, 120, 104, 16, 1));
         assert!(!checkpoint_in_chunk(0, 96, 96, 16, 1));
         assert!(!checkpoint_in_chunk(8, 100, 96, 16, 1)); // starts inside a block
         assert!(!checkpoint_in_chunk(32, 100, 96, 16, 5)); // 64 is no multiple of 5
