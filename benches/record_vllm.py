@@ -62,10 +62,14 @@ SPEC_METHODS = ("ngram", *DRAFTER_METHODS)
 # windows and full attention, Llama 4 three chunked-local groups and full
 # attention; Qwen3-Next and Jamba full attention beside recurrent states
 # (RECURRENT_GROUPS of them: three linear-attention groups, one Mamba group),
-# prefix caching off, a state block of max_model_len per group and request.
+# prefix caching off, a state block of max_model_len per group and request;
+# or, as "qwen3-next-align" and "jamba-align", prefix caching on (vLLM's
+# mamba_cache_mode "align": states of the block size, Mamba2's prefill
+# checkpoints in some).
 LAYOUT_GROUPS = {"gpt-oss": 2, "gemma3": 6, "llama4": 4, "qwen3-next": 1, "jamba": 1}
 RECURRENT_GROUPS = {"qwen3-next": 3, "jamba": 1}
-LAYOUTS = tuple(LAYOUT_GROUPS)
+ALIGNED = ("qwen3-next-align", "jamba-align")
+LAYOUTS = (*LAYOUT_GROUPS, *ALIGNED)
 
 
 def draw_config(rng: random.Random) -> dict[str, Any]:
@@ -166,11 +170,16 @@ def draw_layout(seed: int, layout: str, block_size: int) -> dict[str, Any]:
     0 (sparse window caching) three times in four, else None (dense)."""
     rng = random.Random(f"ironbatch-record-layout-{seed}")
     if layout == "mixed":  # (the window layouts, as before the recurrent ones)
-        layout = rng.choice([x for x in LAYOUTS if x not in RECURRENT_GROUPS])
+        layout = rng.choice([x for x in LAYOUT_GROUPS if x not in RECURRENT_GROUPS])
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS} or mixed, got {layout!r}")
     if layout in RECURRENT_GROUPS:
         return {"kv_layout": layout}  # nothing to draw: states of max_model_len
+    if layout in ALIGNED:
+        # States of the block size; Mamba2's prefill checkpoints in half.
+        alignment = rng.choice([None, 1])
+        return {"kv_layout": layout.removesuffix("-align"), "mamba_checkpoint_alignment": alignment}
+    return harness.draw_layout(rng, layout, block_size)
     return harness.draw_layout(rng, layout, block_size)
 
 
@@ -243,12 +252,20 @@ def record(
         # in each, so a tight cache stays as tight per group.
         cfg["num_blocks"] = (cfg["num_blocks"] - 1) * LAYOUT_GROUPS[hybrid["kv_layout"]] + 1
         # Recurrent states: a block per group for each request that runs,
-        # and no prefix caching (vLLM's cache mode "none", which the
-        # drop-in takes).
+        # and no prefix caching (vLLM's cache mode "none"); or with it
+        # ("align"), room for two requests' states (four blocks per group each),
+        # chunked prefill (vLLM requires it) and a budget of more than a
+        # block (else no chunk ends on one).
         states = RECURRENT_GROUPS.get(hybrid["kv_layout"], 0)
-        if states:
+        aligned = "mamba_checkpoint_alignment" in hybrid
+        if states and not aligned:
             cfg["num_blocks"] += states * cfg["max_num_seqs"]
             cfg["enable_prefix_caching"] = False
+        if aligned:
+            cfg["num_blocks"] += 4 * states * 2
+            cfg["enable_prefix_caching"] = True
+            cfg["enable_chunked_prefill"] = True
+            cfg["max_num_batched_tokens"] = max(cfg["max_num_batched_tokens"], 2 * cfg["block_size"])
     spec: RandomSpeculation | None = None
     extras: dict[str, Any] = {}
     drafter = bool(num_speculative_tokens) and method != "ngram"
@@ -296,7 +313,7 @@ def record(
     # (Beside recurrent states of max_model_len tokens, the scheduler's block
     # is the least common multiple of the groups'.)
     expected = cfg["block_size"]
-    if hybrid.get("kv_layout") in RECURRENT_GROUPS:
+    if hybrid.get("kv_layout") in RECURRENT_GROUPS and not cfg["enable_prefix_caching"]:
         expected = math.lcm(expected, cfg["max_model_len"])
     if sched.block_size != expected:
         raise RuntimeError(f"vLLM chose block size {sched.block_size}, not {expected}")
@@ -316,7 +333,8 @@ def record(
         # A request must fit the cache alone, a table in every group, or
         # vLLM preempts it for itself forever.
         attention = len(groups) - states
-        capacity = (cfg["num_blocks"] - 1 - states) // attention * cfg["block_size"]
+        held = 4 * states if cfg["enable_prefix_caching"] else states
+        capacity = (cfg["num_blocks"] - 1 - held) // attention * cfg["block_size"]
     if drafter:
         # What vLLM derives from the method, as the trace's replay needs it
         # (only for these methods, so n-gram traces stay as they were).

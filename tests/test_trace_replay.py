@@ -47,7 +47,11 @@ DATA = Path(__file__).parent / "data"
 # linear-attention hybrids, prefix caching off (--layout qwen3-next: seeds
 # 1400, 1403, 1405, 1407; --layout jamba: 1400, 1403, 1404, 1410; and one
 # --big each, gzipped: 1452), chosen for preemptions
-# (tests/test_trace_recurrent.py).
+# (tests/test_trace_recurrent.py); recorded-recurrent-align/: 10 of the
+# same with prefix caching on, vLLM's cache mode "align" (--layout
+# qwen3-next-align: seeds 1500, 1501, 1509, 1512; --layout jamba-align:
+# 1500, 1506, 1508, 1513; and one --big each, gzipped: 1552), chosen for
+# preemptions, with and without Mamba2's prefill checkpoints.
 TRACES = sorted((DATA / "traces").glob("*.jsonl"))
 RECORDED = sorted((DATA / "recorded").glob("*.jsonl"))
 SPEC = sorted((DATA / "recorded-spec").glob("*.jsonl*"))
@@ -56,7 +60,8 @@ LORA = sorted((DATA / "recorded-lora").glob("*.jsonl*"))
 IMAGES = sorted((DATA / "recorded-images").glob("*.jsonl*"))
 CONNECTOR = sorted((DATA / "recorded-connector").glob("*.jsonl*"))
 RECURRENT = sorted((DATA / "recorded-recurrent").glob("*.jsonl*"))
-ALL = TRACES + RECORDED + SPEC + HYBRID + LORA + IMAGES + CONNECTOR + RECURRENT
+ALIGNED = sorted((DATA / "recorded-recurrent-align").glob("*.jsonl*"))
+ALL = TRACES + RECORDED + SPEC + HYBRID + LORA + IMAGES + CONNECTOR + RECURRENT + ALIGNED
 
 
 def test_the_traces_are_there() -> None:
@@ -68,6 +73,7 @@ def test_the_traces_are_there() -> None:
     assert len(IMAGES) == 11
     assert len(CONNECTOR) == 22
     assert len(RECURRENT) == 10
+    assert len(ALIGNED) == 10
 
 
 def _lines(path: Path) -> list[str]:
