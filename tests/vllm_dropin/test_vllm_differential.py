@@ -822,6 +822,10 @@ def drawn_features(seed: int) -> Counter:
         "window KV-cache groups": windowed,
         "recurrent-state groups": recurrent,
         "recurrent-state groups with speculation": recurrent and "speculative_config" in s,
+        "recurrent states cached": recurrent and s["enable_prefix_caching"],
+        "recurrent states with prefill checkpoints": recurrent
+        and s["enable_prefix_caching"]
+        and s.get("mamba_checkpoint_alignment") is not None,
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "window retention interval": bool(s.get("retention_interval")),
         "encoder-decoder with speculation": s.get("target") == "whisper"
@@ -869,7 +873,8 @@ def drawn_features(seed: int) -> Counter:
 # full-attention group, no KV-cache events) 80; window groups with speculation 120;
 # the encoder-decoder with KV-cache events or metrics 20, with n-gram
 # speculation 10; recurrent-state groups 100 (Qwen3-Next's layout 35, the
-# others 15 each), with speculation 30; pooling 180 and EAGLE's last-block
+# others 15 each), with speculation 30, with prefix caching on (vLLM's
+# "align") 35, with Mamba2's prefill checkpoints 20; pooling 180 and EAGLE's last-block
 # drop 38 (about four standard deviations under what the draws give: 197
 # and 45 of 1,040, as encoder-only's 31 and Qwen3-Next's 42).
 FEATURE_SHARES = {
@@ -892,6 +897,8 @@ FEATURE_SHARES = {
     "feature: encoder-decoder with speculation": 10,
     "feature: recurrent-state groups": 100,
     "feature: recurrent-state groups with speculation": 30,
+    "feature: recurrent states cached": 35,
+    "feature: recurrent states with prefill checkpoints": 20,
     "feature: layout: qwen3-next": 35,
     "feature: layout: jamba": 15,
     "feature: layout: swa-mamba": 15,

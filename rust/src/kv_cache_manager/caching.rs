@@ -52,11 +52,19 @@ impl KvCacheManager {
         // A window's nulls are a table's prefix (it gives back its oldest
         // blocks first), so the search stops at the first: a window group's
         // scan covers its window, not the whole sequence. A recurrent
-        // group's states have nulls between them.
+        // group's states have nulls between them, but none is held before
+        // the positions it gave back: its scan covers its few live states
+        // (at 256 running, scanning whole tables took the core's Qwen3-Next
+        // step from ~130 to ~620 µs).
         let cached_end = |(g, table): (usize, &BlockTable)| {
             let held = &table.blocks[..table.num_cached.min(table.len())];
             let recurrent = self.groups[g].kind.is_recurrent();
-            let live = held
+            let first = if recurrent {
+                (table.states.retired as usize).min(held.len())
+            } else {
+                0
+            };
+            let live = held[first..]
                 .iter()
                 .rev()
                 .take_while(|&&b| recurrent || b != NULL_BLOCK);
