@@ -10,8 +10,8 @@ README shows how):
 
     python benches/compare_vllm.py [--steps 100] [--turn 1] [--async-scheduling]
                                    [--workloads decode-256,...] [--no-twin]
-                                   [--spec ngram | --layout gpt-oss|qwen3-next[-align]|jamba[-align] | --lora
-                                    | --vision | --pd]
+                                   [--spec ngram | --layout LAYOUT | --lora | --vision | --pd]
+    (LAYOUT: gpt-oss, qwen3-next, jamba, qwen3-next-align or jamba-align)
     python benches/compare_vllm.py --offload [--steps 100] [--async-scheduling]
 
 ``--offload`` times vLLM's CPU offloading connector under KV pressure on

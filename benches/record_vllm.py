@@ -265,7 +265,9 @@ def record(
             cfg["num_blocks"] += 4 * states * 2
             cfg["enable_prefix_caching"] = True
             cfg["enable_chunked_prefill"] = True
-            cfg["max_num_batched_tokens"] = max(cfg["max_num_batched_tokens"], 2 * cfg["block_size"])
+            cfg["max_num_batched_tokens"] = max(
+                cfg["max_num_batched_tokens"], 2 * cfg["block_size"]
+            )
     spec: RandomSpeculation | None = None
     extras: dict[str, Any] = {}
     drafter = bool(num_speculative_tokens) and method != "ngram"
