@@ -145,6 +145,9 @@ class Mamba(_Attention):
         return True
 
     def prefill_checkpoint_alignment(self) -> int | None:
+        """Its ``checkpoint_alignment`` (the core's
+        ``AttentionKind::checkpoint_alignment()``: a method here cannot share
+        the field's name)."""
         return self.checkpoint_alignment
 
 

@@ -48,12 +48,12 @@ struct Span {
 }
 
 impl KvCacheManager {
-    /// Blocks group `g` must take to cover `tokens` after its `hits`:
-    /// positions not held yet (and a recurrent group's scratch states),
-    /// plus hits that sit in the free queue (taking them lowers the free
-    /// count too). `capped`: the admission check, which counts a window
-    /// group's blocks only up to its cap. A recurrent group caching its
-    /// states counts them by `main_tokens` (the tokens without a drafter's
+    /// Blocks group `g` must take to cover `span`'s slots after its
+    /// `hits`: positions not held yet (and a recurrent group's scratch
+    /// states), plus hits that sit in the free queue (taking them lowers
+    /// the free count too). `capped`: the admission check, which counts a
+    /// window group's blocks only up to its cap. A recurrent group caching
+    /// its states counts them by the model's own tokens (no drafter's
     /// lookahead) and may come out negative (§7.15).
     fn blocks_needed(
         &self,
