@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 
 from ironbatch.bench import WORKLOADS, IronbatchDriver, format_table, run
@@ -69,12 +70,20 @@ def names(
     return parse
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps option help at spaces only: a workload's name
+    (``jamba-align-64``) stays whole on its line, to be copied as it is."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
         "bench",
         help="time schedule() + update_from_output() per step",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     b.add_argument(
         "--workloads",
