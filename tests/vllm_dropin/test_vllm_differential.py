@@ -945,6 +945,8 @@ FEATURES = [
     "feature: window groups with speculation",
     "feature: recurrent-state groups",
     "feature: recurrent-state groups with speculation",
+    "feature: recurrent states cached",
+    "feature: recurrent states with prefill checkpoints",
     "feature: encoder-decoder with KV-cache events or metrics",
     "feature: encoder-decoder with speculation",
     "feature: sampling masks",
