@@ -32,6 +32,18 @@ def _lines(path: Path) -> list[str]:
     return (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines()
 
 
+def _recorded(path: Path) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+    """A recurrent trace's layout, config and steps, its name and groups
+    checked: the layout's recurrent groups, then full attention."""
+    lines = _lines(path)
+    header = json.loads(lines[0])
+    layout, config = header["kv_layout"], header["config"]
+    assert path.name.removeprefix("big-").startswith(layout + "-"), path.name
+    kinds = [g["kind"] for g in config["kv_cache_groups"]]
+    assert kinds == ["mamba"] * LAYOUTS[layout] + ["full"], path.name
+    return layout, config, [json.loads(x) for x in lines[1:]]
+
+
 def test_each_layout_is_recorded_with_vllms_groups() -> None:
     """Every layout has traces (one big), some with preemptions; each header
     has the layout's groups, state blocks of max_model_len (vLLM's default
@@ -39,16 +51,11 @@ def test_each_layout_is_recorded_with_vllms_groups() -> None:
     block list per group, a recurrent group's a state block on admission."""
     seen: dict[str, list[int]] = {layout: [] for layout in LAYOUTS}
     for path in TRACES:
-        lines = _lines(path)
-        header = json.loads(lines[0])
-        layout, config = header["kv_layout"], header["config"]
-        assert path.name.removeprefix("big-").startswith(layout + "-"), path.name
+        layout, config, steps = _recorded(path)
         states = LAYOUTS[layout]
         groups = config["kv_cache_groups"]
-        assert [g["kind"] for g in groups] == ["mamba"] * states + ["full"], path.name
         assert all(g["size"] == config["max_model_len"] for g in groups[:states]), path.name
         assert not config["enable_prefix_caching"], path.name
-        steps = [json.loads(x) for x in lines[1:]]
         for e in (e for s in steps for e in s["schedule"]["scheduled"]):
             assert len(e[4]) == states + 1, path.name
             if e[2] != "running":  # admitted or resumed: the whole tables
@@ -91,16 +98,11 @@ def test_each_layout_is_recorded_with_cached_states() -> None:
     seen: dict[str, list[tuple[int, bool]]] = {layout: [] for layout in LAYOUTS}
     nulls = 0
     for path in ALIGNED:
-        lines = _lines(path)
-        header = json.loads(lines[0])
-        layout, config = header["kv_layout"], header["config"]
-        assert path.name.removeprefix("big-").startswith(layout + "-"), path.name
+        layout, config, steps = _recorded(path)
         states = LAYOUTS[layout]
         groups = config["kv_cache_groups"]
-        assert [g["kind"] for g in groups] == ["mamba"] * states + ["full"], path.name
         assert all(g["size"] == config["block_size"] for g in groups[:states]), path.name
         assert config["enable_prefix_caching"], path.name
-        steps = [json.loads(x) for x in lines[1:]]
         rows = [e for s in steps for e in s["schedule"]["scheduled"]]
         nulls += sum(0 in e[4][0] for e in rows)
         checkpoints = groups[0].get("prefill_checkpoint_alignment") is not None
