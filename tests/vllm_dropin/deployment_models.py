@@ -63,6 +63,16 @@ _QWEN3_8B_DFLASH = {
     "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669},
     "block_size": 16,
 }
+# DeepSeek's DSpark drafter for Qwen3-8B: seven drafts a step from the
+# target's hidden states (its num_speculative_tokens by default).
+_QWEN3_8B_DSPARK = {
+    **_QWEN3_8B,
+    "architectures": ["DSparkDraftModel"],
+    "num_hidden_layers": 5,
+    "dspark_target_layer_ids": [1, 9, 17, 25, 33],
+    "use_aux_hidden_state": True,
+    "block_size": 7,
+}
 _QWEN3_30B_A3B = {
     **_QWEN3_8B,
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -592,6 +602,7 @@ _GRANITE_4_0_H_SMALL = {
 }
 MODELS: dict[str, dict[str, Any]] = {
     "qwen3-8b-dflash": _QWEN3_8B_DFLASH,
+    "qwen3-8b-dspark": _QWEN3_8B_DSPARK,
     "llama-3.1-8b": _LLAMA_3_1_8B,
     "llama-3.1-8b-eagle3": _LLAMA_3_1_8B_EAGLE3,
     "deepseek-v3": _DEEPSEEK_V3,

@@ -87,6 +87,7 @@ from vllm.v1.worker.utils import customize_attention_spec  # noqa: E402
 
 import ironbatch.vllm  # noqa: E402
 from ironbatch.bench.vllm_driver import offload_jobs_done  # noqa: E402
+from ironbatch.vllm.harness import suffix_decoding_allowed  # noqa: E402
 
 import fake_grammar  # noqa: E402
 from deployment_models import MODELS  # noqa: E402
@@ -279,7 +280,10 @@ def engine_config(model_dir: str, flags: list[str], scheduler_cls: str | None) -
         argv += ["--scheduler-cls", scheduler_cls]
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
     engine_args = AsyncEngineArgs.from_cli_args(args)
-    return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    # Suffix decoding's trees (the arctic-inference package) run in the
+    # workers, which these engines stand in for.
+    with suffix_decoding_allowed(True):
+        return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
 
 
 # What a CUDA host resolves differently from this CPU host for the same
@@ -344,7 +348,13 @@ def _model_parallel_groups(vc: VllmConfig, root: str) -> None:
 # recurrent (Mamba) layer's cache mode and state block size, and the drafts
 # its scratch states.
 SPEC_FLAGS = ("--no-enable-prefix-caching",)
-SPEC_FLAGS_WITH_VALUE = ("--speculative-config",)
+SPEC_FLAGS_WITH_VALUE = ("--speculative-config", "--kv-cache-dtype", "--kv-cache-dtype-skip-layers")
+
+
+def specs_key(row: dict[str, Any]) -> tuple[str, tuple[str, ...], bool]:
+    """The layers a row runs on: its model's, under its spec flags, on a
+    GPU host's runner where the row runs there only."""
+    return row["model"], spec_flags(row["flags"]), row["flavors"] == ["gpu-defaults"]
 
 
 def spec_flags(flags: list[str]) -> tuple[str, ...]:
@@ -366,8 +376,20 @@ class ModelSpecs:
     row of a model with those flags shares them; pipeline stages split them
     by layer."""
 
-    def __init__(self, model_dir: str, flags: tuple[str, ...] = ()) -> None:
-        vc = engine_config(model_dir, list(flags), None)
+    def __init__(self, model_dir: str, flags: tuple[str, ...] = (), gpu_only: bool = False) -> None:
+        # A row that vLLM builds on a GPU host's runner only (DSpark's
+        # drafter) builds its layers there too.
+        saved = {k: os.environ.get(k) for k in GPU_DEFAULTS_ENV}
+        if gpu_only:
+            os.environ.update(GPU_DEFAULTS_ENV)
+        try:
+            vc = engine_config(model_dir, list(flags), None)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         with set_current_vllm_config(vc):
             _model_parallel_groups(vc, os.path.dirname(model_dir))
             model_cls, _ = get_model_architecture(vc.model_config)
@@ -956,6 +978,7 @@ class Engine:
             "scheduler": f"{type(self.scheduler).__module__}.{type(self.scheduler).__qualname__}",
             "kv_groups": [type(g.kv_cache_spec).__name__ for g in kvc.kv_cache_groups],
             "num_blocks": kvc.num_blocks,
+            "needs_kv_cache_zeroing": bool(kvc.needs_kv_cache_zeroing),
             "block_size": vc.cache_config.block_size,
             "max_model_len": mc.max_model_len,
             "workers": len(self.executor.worker_specs),
@@ -1085,12 +1108,14 @@ def _exercised(e: Engine) -> dict[str, int]:
 
 
 def run_row(
-    row: dict[str, Any], root: str, specs_cache: dict[tuple[str, tuple[str, ...]], ModelSpecs]
+    row: dict[str, Any],
+    root: str,
+    specs_cache: dict[tuple[str, tuple[str, ...], bool], ModelSpecs],
 ) -> dict[str, Any]:
     """Build the row both ways and run the workload through both engines."""
     started = time.monotonic()
     model_dir = write_model(root, row["model"])
-    model = specs_cache[(row["model"], spec_flags(row["flags"]))]
+    model = specs_cache[specs_key(row)]
     log = WarningLog()
     logging.getLogger("ironbatch.vllm").addHandler(log)
     gpu_defaults = row["flavor"] == "gpu-defaults"
@@ -1199,8 +1224,8 @@ def main(rows_path: str, report_path: str) -> None:
     # Every model's layers first: EngineCore's shutdown tears down the
     # torch.distributed state that building them needs.
     specs_cache = {
-        (name, flags): ModelSpecs(write_model(root, name), flags)
-        for name, flags in dict.fromkeys((r["model"], spec_flags(r["flags"])) for r in rows)
+        (name, flags, gpu_only): ModelSpecs(write_model(root, name), flags, gpu_only)
+        for name, flags, gpu_only in dict.fromkeys(specs_key(r) for r in rows)
     }
     report: dict[str, Any] = {}
     for row in rows:

@@ -78,6 +78,7 @@ SPEC_EAGLE3 = json.dumps(
 )
 SPEC_MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
 SPEC_QWEN3_NEXT_MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
+SPEC_DSPARK = json.dumps({"method": "dspark", "model": "{models}/qwen3-8b-dspark"})
 SPEC_GPT_OSS_EAGLE3 = json.dumps(
     {"method": "eagle3", "model": "{models}/gpt-oss-20b-eagle3", "num_speculative_tokens": 3}
 )
@@ -293,6 +294,58 @@ TABLE = [
         ],
         {"num_speculative_tokens": 7, "num_lookahead_tokens": 8, "num_hash_lookahead_tokens": 0},
         exercises=("spec_drafts",),
+    ),
+    Deployment(
+        # DSpark: a block drafter that samples its first draft from the
+        # anchor (k lookahead slots, no hash lookahead, no block drop);
+        # vLLM runs it on model runner V2 only, a GPU host's.
+        "qwen3-8b-dspark",
+        "qwen3-8b",
+        [
+            "--speculative-config",
+            json.dumps({"method": "dspark", "model": "{models}/qwen3-8b-dspark"}),
+        ],
+        {"num_speculative_tokens": 7, "num_lookahead_tokens": 7, "num_hash_lookahead_tokens": 0},
+        exercises=("spec_drafts",),
+        flavors=("gpu-defaults",),
+    ),
+    Deployment(
+        # Suffix decoding at its defaults (24 drafts at most, no drafter
+        # model): vLLM runs it on model runner V1 without async scheduling,
+        # on a GPU host too, which is what this host resolves.
+        "llama-3.1-8b-suffix-decoding",
+        "llama-3.1-8b",
+        ["--speculative-config", json.dumps({"method": "suffix"})],
+        {"num_speculative_tokens": 24, "num_lookahead_tokens": 0, "async_scheduling": False},
+        exercises=("spec_drafts",),
+        flavors=("cpu-host",),
+    ),
+    Deployment(
+        # A proposer class of the user's (vLLM imports it in the workers):
+        # model runner V1, no async scheduling, as for suffix decoding.
+        "llama-3.1-8b-custom-proposer",
+        "llama-3.1-8b",
+        [
+            "--speculative-config",
+            json.dumps(
+                {
+                    "method": "custom_class",
+                    "model": "my_proposers.Lookup",
+                    "num_speculative_tokens": 4,
+                }
+            ),
+        ],
+        {"num_speculative_tokens": 4, "num_lookahead_tokens": 0, "async_scheduling": False},
+        exercises=("spec_drafts",),
+        flavors=("cpu-host",),
+    ),
+    Deployment(
+        # An FP8 KV cache with its first layer kept in BF16: one group of
+        # two precisions, which vLLM's scheduler is not told to zero.
+        "llama-3.1-8b-fp8-kv-skip-layer",
+        "llama-3.1-8b",
+        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "0"],
+        {"kv_groups": ["FullAttentionSpec"], "needs_kv_cache_zeroing": False},
     ),
     Deployment(
         # EAGLE-3 with lookahead block hashes off: each prefix hit gives up

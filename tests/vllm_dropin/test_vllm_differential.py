@@ -32,6 +32,7 @@ from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
 from ironbatch.bench.standin_ec_connector import EcShares  # noqa: E402
 from ironbatch.bench.vllm_standin_ec_connector import ec_transfer_config  # noqa: E402
+from ironbatch.vllm import harness  # noqa: E402
 
 import vllm_setup  # noqa: E402
 from fake_grammar import REJECTED, THINK_END  # noqa: E402
@@ -90,6 +91,8 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(kv_events(rng))
     settings.update(kv_metrics(rng))
     settings.update(speculation(rng, pp, bs, hybrid))
+    if method_of(settings) in RUNNER_V1_METHODS:
+        settings["async_scheduling"] = False
     spec_metrics(rng, settings)
     settings.update(kv_layout(rng, bs, hybrid))
     settings.update(lora(rng))  # late: the draws before it stay each seed's
@@ -276,9 +279,21 @@ def kv_layout(rng: random.Random, bs: int, hybrid: bool) -> dict:
 # hidden-state extraction (a "drafter" that caches the target's hidden states
 # for a KV connector and proposes the sampled tokens: drafts of the usual
 # shape, no lookahead); DFlash (a block drafter over the target's hidden
-# states: k + 1 lookahead slots, no hash lookahead, no block drop).
+# states: k + 1 lookahead slots, no hash lookahead, no block drop); DSpark
+# (the same on model runner V2, with k slots when it samples from the
+# anchor); suffix decoding and a proposer class of the user's (no drafter
+# forward pass: drafts of any length up to k, on model runner V1 and
+# without async scheduling, as vLLM runs them).
 SPEC_METHODS = ("ngram", "ngram_gpu", "eagle", "eagle3", "mtp", "draft_model")
-SPEC_METHODS += ("extract_hidden_states", "dflash")
+SPEC_METHODS += ("extract_hidden_states", "dflash", "dspark", "suffix", "custom_class")
+# The methods vLLM runs on its V1 model runner only, where it refuses them
+# with async scheduling.
+RUNNER_V1_METHODS = ("suffix", "custom_class")
+
+
+def method_of(settings: dict) -> str | None:
+    """The workload's speculative method, if it speculates."""
+    return settings.get("speculative_config", {}).get("method")
 
 
 def speculation(rng: random.Random, pp: int, bs: int, hybrid: bool) -> dict:
@@ -295,6 +310,10 @@ def speculation(rng: random.Random, pp: int, bs: int, hybrid: bool) -> dict:
         spec: dict = {"method": method, "num_speculative_tokens": k}
         if method in ("ngram", "ngram_gpu"):
             spec.update(prompt_lookup_max=3, prompt_lookup_min=1)
+        if method == "dspark":
+            # Fill-in drafting after a bonus query in some (drawn apart).
+            anchor = random.Random(rng.random()).random() < 0.5
+            spec["model"] = harness.tiny_dspark_dir(sample_from_anchor=anchor)
         # Dynamic speculation lengths in some (drawn apart): k drafts for
         # small batches, fewer for larger ones.
         dynamic = random.Random(rng.random())
@@ -368,7 +387,8 @@ def sampling_masks(rng: random.Random, settings: dict) -> dict:
     tokens it keeps. Not with Whisper, which vLLM runs on its V1 runner only
     (masks come from V2's)."""
     drawn = random.Random(rng.random()).random() < 0.25
-    return {"return_sampling_mask": True} if drawn and settings.get("target") != "whisper" else {}
+    runner_v1 = settings.get("target") == "whisper" or method_of(settings) in RUNNER_V1_METHODS
+    return {"return_sampling_mask": True} if drawn and not runner_v1 else {}
 
 
 def prompt_embeddings(rng: random.Random) -> dict:
@@ -458,10 +478,12 @@ def workload_features(rng: random.Random, settings: dict) -> Features:
     return Features(
         # vLLM refuses async scheduling with pipeline parallelism, or with
         # n-gram speculation, on its V1 runner.
-        runner_v1=(rng.random() < 0.3 or whisper)
+        runner_v1=(rng.random() < 0.3 or whisper or method_of(settings) in RUNNER_V1_METHODS)
         and not (async_scheduling and (pp > 1 or "speculative_config" in settings))
-        # vLLM returns sampling masks from its V2 runner only.
-        and not settings.get("return_sampling_mask"),
+        # vLLM returns sampling masks from its V2 runner only, and runs
+        # DSpark on it only.
+        and not settings.get("return_sampling_mask")
+        and method_of(settings) != "dspark",
         reasoning=rng.random() < 0.3,
         grammars=rng.random() < 0.5 and generates,
         # Streaming sessions hold their blocks between turns and nobody
@@ -886,15 +908,21 @@ FEATURE_SHARES = {
     "feature: pooling": 180,
     "feature: encoder-cache connector": 40,
     "feature: dynamic speculation lengths": 40,
-    "feature: EAGLE last-block drop": 38,
-    "feature: multi-module MTP": 15,
+    "feature: EAGLE last-block drop": 30,
+    "feature: multi-module MTP": 9,
+    # Each of eleven methods: about 48 (39 is four standard deviations
+    # under, and still enough for every chunk to check it) ...
+    **{f"feature: speculation: {m}": 39 for m in SPEC_METHODS},
+    # ... but hidden-state extraction, not drawn beside pipeline
+    # parallelism (n-gram lookup stands in there): about 38.
+    "feature: speculation: extract_hidden_states": 30,
     "feature: window groups with KV-cache events": 100,
     "feature: window groups with KV-cache metrics": 100,
     "feature: window retention interval": 40,
     "feature: decode context parallelism": 80,
     "feature: window groups with speculation": 120,
     "feature: encoder-decoder with KV-cache events or metrics": 20,
-    "feature: encoder-decoder with speculation": 10,
+    "feature: encoder-decoder with speculation": 9,
     "feature: recurrent-state groups": 100,
     "feature: recurrent-state groups with speculation": 30,
     "feature: recurrent states cached": 35,

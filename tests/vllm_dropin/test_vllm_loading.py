@@ -273,20 +273,32 @@ def test_gpu_ngram_speculation_keeps_the_drop_in(async_scheduling: bool) -> None
 
 
 @pytest.mark.parametrize("method", ["suffix", "dspark", "custom_class"])
-def test_unproven_speculative_methods_fall_back_and_say_which(
-    method: str, caplog: pytest.LogCaptureFixture
+def test_every_speculative_method_of_vllm_engages(method: str) -> None:
+    """Suffix decoding, DSpark and a proposer class of the user's, the
+    last methods the differential test proved: each engages on the model
+    runner vLLM runs it on (V2 for DSpark, V1 for the others)."""
+    spec = {"method": method, "num_speculative_tokens": 3}
+    with vllm_setup.env_var("VLLM_USE_V2_MODEL_RUNNER", "1" if method == "dspark" else "0"):
+        vc, kvc = vllm_setup.vllm_config(CLS, async_scheduling=False, speculative_config=spec)
+        s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
+    assert type(s) is ironbatch.vllm.Scheduler
+    s.add_request(vllm_setup.make_request("a", range(3, 20), 8))
+    assert s.schedule().num_scheduled_tokens == {"a": 17}
+
+
+def test_a_speculative_method_of_another_version_falls_back_and_says_which(
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A method no differential test has shown the core is vLLM's to
-    schedule. vLLM builds these only with their drafters (a package, a
-    model) that this machine lacks, so an n-gram config stands in with the
-    method's name: the name is all the check reads first."""
+    """A method vLLM 0.33 does not have (a later version's) is vLLM's to
+    schedule: no test has shown the core its drafts. An n-gram config
+    stands in with the method's name: the name is all the check reads."""
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
     vc, kvc = vllm_setup.vllm_config(CLS, speculative_config=spec)
-    object.__setattr__(vc.speculative_config, "method", method)
+    object.__setattr__(vc.speculative_config, "method", "lookahead_decoding")
     with caplog.at_level(logging.WARNING, logger="ironbatch.vllm"):
         s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
     assert type(s) is VllmScheduler
-    assert f"the {method!r} speculative method" in caplog.text
+    assert "the 'lookahead_decoding' speculative method" in caplog.text
 
 
 def test_a_vision_model_engages_and_so_does_a_realtime_one(

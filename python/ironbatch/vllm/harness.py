@@ -182,9 +182,14 @@ DRAFT_ARCHITECTURES: dict[str, str | None] = {
     "ngram_gpu": None,
     "suffix": None,
     "extract_hidden_states": None,
-    # DFlash: a Qwen3-shaped block drafter over the target's hidden states
-    # (its own folder: it names the target layers it reads).
+    # DFlash and DSpark: Qwen3-shaped block drafters over the target's
+    # hidden states (folders of their own: they name the target layers they
+    # read).
     "dflash": "DFlashDraftModel",
+    "dspark": "DSparkDraftModel",
+    # A proposer class of the user's: vLLM imports it in the worker only,
+    # which the harness stands in for, so its path names nothing here.
+    "custom_class": None,
 }
 
 
@@ -208,6 +213,24 @@ def tiny_dflash_dir() -> str:
         "dflash_config": {"target_layer_ids": [0, 1], "mask_token_id": 5},
     }
     return _config_dir("ironbatch-tiny-dflash-", config)
+
+
+@functools.cache
+def tiny_dspark_dir(sample_from_anchor: bool = True) -> str:
+    """A folder with a one-layer Qwen3 DSpark drafter config over the tiny
+    Llama's shapes, reading the target's two layers: it samples its first
+    draft from the anchor (k lookahead slots) or, with
+    ``sample_from_anchor=False``, fills in after a bonus query (k + 1)."""
+    config = _TINY_LLAMA | {
+        "architectures": ["DSparkDraftModel"],
+        "model_type": "qwen3",
+        "num_hidden_layers": 1,
+        "head_dim": _TINY_LLAMA["hidden_size"] // _TINY_LLAMA["num_attention_heads"],
+        "dspark_target_layer_ids": [0, 1],
+        "use_aux_hidden_state": True,
+        "sample_from_anchor": sample_from_anchor,
+    }
+    return _config_dir("ironbatch-tiny-dspark-", config)
 
 
 @functools.cache
@@ -356,13 +379,34 @@ def speculative_config(
     architecture = DRAFT_ARCHITECTURES[method]
     if method == "dflash":
         spec.setdefault("model", tiny_dflash_dir())
+    elif method == "dspark":
+        spec.setdefault("model", tiny_dspark_dir())
+    elif method == "custom_class":
+        spec.setdefault("model", "custom_proposer.Proposer")
     elif architecture is not None:
         spec.setdefault("model", tiny_draft_dir(architecture))
     elif method == "draft_model":
         spec.setdefault("model", tiny_model_dir())
-    return SpeculativeConfig(
-        **spec, target_model_config=model_config, target_parallel_config=parallel_config
-    )
+    with suffix_decoding_allowed(method == "suffix"):
+        return SpeculativeConfig(
+            **spec, target_model_config=model_config, target_parallel_config=parallel_config
+        )
+
+
+@contextlib.contextmanager
+def suffix_decoding_allowed(allowed: bool) -> Iterator[None]:
+    """vLLM refuses suffix decoding without the arctic-inference package,
+    whose suffix trees run in the worker; the scheduler reads only the
+    config, so the harness lets vLLM build it without the package."""
+    import vllm.config.speculative as speculative
+
+    real = speculative.has_arctic_inference
+    if allowed:
+        speculative.has_arctic_inference = lambda: True
+    try:
+        yield
+    finally:
+        speculative.has_arctic_inference = real
 
 
 def vllm_config(

@@ -16,10 +16,10 @@ VLLM_VERSION = "0.33.0"  # the scheduler whose decisions the core makes
 # vLLM's (tests/vllm_dropin/test_vllm_differential.py draws each): n-gram
 # lookup on the CPU and on the GPU (k drafts padded with -1), EAGLE, EAGLE-3,
 # MTP (vLLM names every model's MTP "mtp"), a draft model, hidden-state
-# extraction (it proposes the sampled tokens) and DFlash (k + 1 lookahead
-# slots). Another method (suffix decoding, which needs the arctic-inference
-# package; DSpark, a custom proposer) may hand over drafts of a shape no
-# test has shown the core, so it uses vLLM's scheduler until one does.
+# extraction (it proposes the sampled tokens), DFlash (k + 1 lookahead
+# slots), DSpark (k or k + 1), suffix decoding and a proposer class of the
+# user's (drafts of any length up to k, no lookahead). That is every method
+# vLLM 0.33 has; a method of another version uses vLLM's scheduler.
 PROVEN_SPECULATIVE_METHODS = frozenset(
     {
         "ngram",
@@ -30,6 +30,9 @@ PROVEN_SPECULATIVE_METHODS = frozenset(
         "draft_model",
         "extract_hidden_states",
         "dflash",
+        "dspark",
+        "suffix",
+        "custom_class",
     }
 )
 
@@ -164,8 +167,10 @@ def unsupported_config(
             "Mamba groups of different specs with prefix caching on",
         ),
         (
-            # A mixed-precision cache has vLLM zero new blocks too; the core
-            # lists them only beside recurrent groups.
+            # A mixed-precision cache over several groups has vLLM zero new
+            # blocks too (one group of several precisions reaches the
+            # scheduler as one spec: no zeroing); the core lists them only
+            # beside recurrent groups.
             kv_cache_config.needs_kv_cache_zeroing and not recurrent,
             "a mixed-precision KV cache (vLLM zeroes its new blocks)",
         ),
