@@ -160,7 +160,8 @@ class SchedulerPair:
         self.in_flight.append((r, p))
         self.check()
         self.count_groups(before, r)
-        check_windows_after_step(self.groups, state, r.req_ids, self.bs)
+        retained = max(self.config.get("drafter_read_ahead", 0) - 1, 0)
+        check_windows_after_step(self.groups, state, r.req_ids, self.bs, retained)
 
     def compare_encoder(self, r: Any, p: Any) -> None:
         """The same encoder inputs, evictions and mismatches; the twin's
@@ -340,7 +341,8 @@ class SchedulerPair:
             self.rust, a, bs0, kv_cut=self.kv_cut, connector=self.with_connector
         )
         aligned = bool(self.rust.cache_config.enable_prefix_caching)
-        check_group_invariants(self.groups, a, self.bs, caches_states=aligned)
+        retained = max(self.config.get("drafter_read_ahead", 0) - 1, 0)
+        check_group_invariants(self.groups, a, self.bs, retained, caches_states=aligned)
         assert self.rust.num_free_blocks == self.twin.num_free_blocks
         assert self.rust.get_num_unfinished_requests() == len(a["requests"])
 
@@ -451,7 +453,11 @@ def null_prefix(table: list[int]) -> int:
 
 
 def check_group_invariants(
-    groups: tuple[GroupSpec, ...], state: dict[str, Any], bs: int, caches_states: bool = False
+    groups: tuple[GroupSpec, ...],
+    state: dict[str, Any],
+    bs: int,
+    retained: int,
+    caches_states: bool = False,
 ) -> None:
     """Hybrid KV caches: every decoder group's table of a request is as long
     as the others of the cache's block size (a recurrent group's, of its
@@ -460,8 +466,10 @@ def check_group_invariants(
     cross-attention hold no null position, and cross-attention tables (the
     encoder's tokens) exist only beside a decoder table; a window group's
     nulls are a prefix, and only of positions no token after the computed
-    ones reads. A recurrent group caching its states (``caches_states``:
-    cache mode "align") holds nulls between them, its scratch states last."""
+    ones reads, nor of the ``retained`` last computed ones under a sliding
+    window (multi-module MTP's, vLLM's ``extra_retained_tokens``). A
+    recurrent group caching its states (``caches_states``: cache mode
+    "align") holds nulls between them, its scratch states last."""
     for rid, r in state["requests"].items():
         tables, cached = r["tables"], r["num_cached_per_group"]
         assert len(tables) == len(groups) == len(cached), rid
@@ -502,7 +510,10 @@ def check_group_invariants(
             )
             if exact:
                 group_bs = g.kind.tokens_per_block(bs)
-                skipped = g.kind.num_skipped_tokens(r["num_computed_tokens"]) // group_bs
+                read = r["num_computed_tokens"]
+                if isinstance(g.kind, SlidingWindow):
+                    read = max(read - retained, 0)
+                skipped = g.kind.num_skipped_tokens(read) // group_bs
                 assert nulls <= skipped, (rid, g, table, r["num_computed_tokens"])
             if isinstance(g.kind, Mamba) and table:
                 # Its scratch states come with its first blocks.
@@ -510,11 +521,16 @@ def check_group_invariants(
 
 
 def check_windows_after_step(
-    groups: tuple[GroupSpec, ...], state: dict[str, Any], scheduled: list[str], bs: int
+    groups: tuple[GroupSpec, ...],
+    state: dict[str, Any],
+    scheduled: list[str],
+    bs: int,
+    retained: int,
 ) -> None:
     """Right after a step, each request it scheduled that still runs holds
     no block wholly before its windows as of the tokens it has processed
-    (computed and not in flight): those went back when it allocated."""
+    (computed and not in flight), less the ``retained`` last ones a sliding
+    window keeps for multi-module MTP: those went back when it allocated."""
     for rid in scheduled:
         r = state["requests"].get(rid)
         if r is None or r["status"] != "RUNNING":
@@ -522,5 +538,6 @@ def check_windows_after_step(
         processed = max(r["num_computed_tokens"] - r["in_flight_tokens"], 0)
         for g, table in zip(groups, r["tables"], strict=True):
             group_bs = g.kind.tokens_per_block(bs)
-            skipped = min(g.kind.num_skipped_tokens(processed) // group_bs, len(table))
+            read = processed - retained if isinstance(g.kind, SlidingWindow) else processed
+            skipped = min(g.kind.num_skipped_tokens(max(read, 0)) // group_bs, len(table))
             assert all(b == 0 for b in table[:skipped]), (rid, g, table, processed)

@@ -337,7 +337,7 @@ def speculation(rng: random.Random, pp: int, bs: int, hybrid: bool) -> dict:
             # drafter reads k prompt tokens ahead (vLLM refuses a block
             # smaller than that with prefix caching).
             multi = random.Random(rng.random()).random() < 0.8
-            if k in (2, 3) and k <= bs and multi and not hybrid:
+            if k in (2, 3) and k <= bs and multi:
                 settings["num_mtp_layers"] = 3
         return settings
     return {}
@@ -877,6 +877,9 @@ def drawn_features(seed: int) -> Counter:
         dynamic = "num_speculative_tokens_per_batch_size" in s["speculative_config"]
         drawn["dynamic speculation lengths"] = dynamic
         drawn["multi-module MTP"] = s.get("num_mtp_layers", 1) > 1
+        drawn["multi-module MTP with window groups"] = (
+            s.get("num_mtp_layers", 1) > 1 and s["kv_layout"] in WINDOW_LAYOUTS
+        )
         drawn["EAGLE last-block drop"] = bool(
             s["speculative_config"].get("disable_lookahead_block_hashes")
             and s["enable_prefix_caching"]
@@ -910,6 +913,7 @@ FEATURE_SHARES = {
     "feature: dynamic speculation lengths": 40,
     "feature: EAGLE last-block drop": 30,
     "feature: multi-module MTP": 9,
+    "feature: multi-module MTP with window groups": 2,
     # Each of eleven methods: about 48 (39 is four standard deviations
     # under, and still enough for every chunk to check it) ...
     **{f"feature: speculation: {m}": 39 for m in SPEC_METHODS},
@@ -966,6 +970,7 @@ FEATURES = [
     "feature: dynamic speculation lengths",
     "feature: EAGLE last-block drop",
     "feature: multi-module MTP",
+    "feature: multi-module MTP with window groups",
     "feature: window groups with KV-cache events",
     "feature: window groups with KV-cache metrics",
     "feature: window retention interval",

@@ -498,7 +498,9 @@ def vllm_config(
     kvc = KVCacheConfig(
         num_blocks=cfg["num_blocks"],
         kv_cache_tensors=[],
-        kv_cache_groups=kv_cache_groups(cfg, vc.num_speculative_tokens),
+        kv_cache_groups=kv_cache_groups(
+            cfg, vc.num_speculative_tokens, vc.num_prefill_lookahead_tokens
+        ),
         prefix_cache_retention_interval=cfg["retention_interval"],
     )
     cc.num_gpu_blocks = cfg["num_blocks"]
@@ -509,15 +511,19 @@ def vllm_config(
 RECURRENT_LAYOUTS = ("qwen3-next", "jamba", "swa-mamba", "mamba")
 
 
-def kv_cache_groups(cfg: dict[str, Any], num_speculative_tokens: int = 0) -> list[KVCacheGroupSpec]:
+def kv_cache_groups(
+    cfg: dict[str, Any], num_speculative_tokens: int = 0, num_prefill_lookahead_tokens: int = 0
+) -> list[KVCacheGroupSpec]:
     """The KV-cache groups of ``cfg["kv_layout"]`` (see DEFAULTS); a
     recurrent group keeps a scratch state per draft, as vLLM's Mamba layers
-    ask."""
+    ask, and a window the blocks of the tokens a drafter may prefill again
+    (vLLM's engine sets ``extra_retained_tokens`` so)."""
     common = {"block_size": cfg["block_size"], "num_kv_heads": 1, "head_size": 1}
     common["dtype"] = torch.float32
     full_cls = MLAAttentionSpec if cfg["mla"] else FullAttentionSpec
     full = KVCacheGroupSpec(["full"], full_cls(**common))
     layout, window = cfg["kv_layout"], cfg["window"]
+    retained = max(0, num_prefill_lookahead_tokens - 1)
     if layout == "none":
         return []
     if cfg["target"] == "whisper":
@@ -527,7 +533,7 @@ def kv_cache_groups(cfg: dict[str, Any], num_speculative_tokens: int = 0) -> lis
     if layout == "full":
         return [full]
     if layout in ("gpt-oss", "gemma3"):
-        swa = SlidingWindowSpec(sliding_window=window, **common)
+        swa = SlidingWindowSpec(sliding_window=window, extra_retained_tokens=retained, **common)
         n = 1 if layout == "gpt-oss" else 5
         return [KVCacheGroupSpec([f"swa{i}"], swa) for i in range(n)] + [full]
     if layout == "llama4":
@@ -550,7 +556,7 @@ def kv_cache_groups(cfg: dict[str, Any], num_speculative_tokens: int = 0) -> lis
         n = 3 if layout == "qwen3-next" else 1
         groups = [KVCacheGroupSpec([f"mamba{i}"], mamba) for i in range(n)]
         if layout == "swa-mamba":
-            swa = SlidingWindowSpec(sliding_window=window, **common)
+            swa = SlidingWindowSpec(sliding_window=window, extra_retained_tokens=retained, **common)
             groups.insert(0, KVCacheGroupSpec(["swa"], swa))
         return groups if layout == "mamba" else [*groups, full]
     raise ValueError(

@@ -190,10 +190,10 @@ def unsupported_config(
             "EAGLE's last-block drop (lookahead block hashes off) with window KV-cache groups",
         ),
         (
-            # Multi-module MTP keeps a window's last k - 1 tokens' blocks;
-            # no test has combined it with other groups either.
-            hybrid and c.num_prefill_lookahead_tokens > 1,
-            "multi-module MTP with window or several KV-cache groups",
+            # Untested: its read-ahead and the block-aligned split can
+            # leave a prompt nothing to schedule (in vLLM too).
+            bool(recurrent) and c.num_prefill_lookahead_tokens > 1,
+            "multi-module MTP with Mamba or linear-attention groups",
         ),
         (hash_block_size not in (None, block_size), "a hash block size unlike the block size"),
         (c.aux_output_config.enabled, "auxiliary outputs"),

@@ -457,7 +457,7 @@ impl KvCacheManager {
     /// Adopt group `g`'s prefix hits: the blocks a window no longer reads
     /// (before `computed`'s window) stay null, the rest are taken.
     fn take_hits(&mut self, g: usize, table: &mut BlockTable, hits: &[BlockId], computed: usize) {
-        let skipped = self.groups[g].kind.num_skipped_tokens(computed) / self.group_block_size(g);
+        let skipped = self.skipped_blocks(g, computed);
         let skipped = skipped.min(hits.len());
         let taken = &hits[skipped..];
         let live: Vec<BlockId> = taken.iter().copied().filter(|&b| b != NULL_BLOCK).collect();
@@ -475,7 +475,7 @@ impl KvCacheManager {
         if self.align && self.groups[g].kind.is_recurrent() {
             return self.remove_past_states(g, table, processed);
         }
-        let skipped = self.groups[g].kind.num_skipped_tokens(processed) / self.group_block_size(g);
+        let skipped = self.skipped_blocks(g, processed);
         let k = skipped.min(table.len());
         if k == 0 || table.blocks[k - 1] == NULL_BLOCK {
             return; // nothing newly out of the window: most steps

@@ -89,8 +89,14 @@ impl KvCacheManager {
         upto: usize,
     ) {
         // Only tokens whose KV is final: multi-module MTP may prefill the
-        // last few again.
-        let upto = upto.saturating_sub(self.reprefillable);
+        // last few again. (vLLM's hybrid coordinator, for several groups,
+        // caches them anyway: a window keeps their blocks instead,
+        // `skipped_blocks`.)
+        let upto = if self.groups.len() == 1 {
+            upto.saturating_sub(self.reprefillable)
+        } else {
+            upto
+        };
         if upto >= (table.num_cached + 1) * self.block_size {
             self.cache_new_full_blocks(g, table, seq, upto);
         }

@@ -19,7 +19,7 @@ mod tests;
 pub use allocation::Admission;
 pub use config::KvCacheConfig;
 
-use crate::attention_group::GroupSpec;
+use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::block::{BlockId, NULL_BLOCK};
 use crate::block_hash::{BlockHash, BlockHasher};
 use crate::block_pool::BlockPool;
@@ -109,9 +109,10 @@ impl KvCacheManager {
         })
     }
 
-    /// The same manager, leaving the last `tokens` computed tokens of each
-    /// sequence out of the hash cache (multi-module MTP's re-prefilled
-    /// tokens: its drafter's read-ahead less one, §4.13).
+    /// The same manager, minding the last `tokens` computed tokens of each
+    /// sequence (multi-module MTP's re-prefilled tokens: its drafter's
+    /// read-ahead less one, §4.13): one group leaves them out of the hash
+    /// cache, a window keeps their blocks (§7.7, §7.13).
     pub fn with_reprefillable_tokens(mut self, tokens: usize) -> Self {
         self.reprefillable = tokens;
         self
@@ -192,6 +193,19 @@ impl KvCacheManager {
     /// Tokens per block of group `g`.
     pub(crate) fn group_block_size(&self, g: usize) -> usize {
         self.groups[g].kind.tokens_per_block(self.block_size)
+    }
+
+    /// Group `g`'s leading blocks no position after `processed` tokens
+    /// reads. A window also keeps the blocks of the last tokens that
+    /// multi-module MTP may prefill again (vLLM's `extra_retained_tokens`
+    /// on every sliding-window spec), though it no longer attends to them.
+    pub(crate) fn skipped_blocks(&self, g: usize, processed: usize) -> usize {
+        let kind = self.groups[g].kind;
+        let processed = match kind {
+            AttentionKind::SlidingWindow { .. } => processed.saturating_sub(self.reprefillable),
+            _ => processed,
+        };
+        kind.num_skipped_tokens(processed) / self.group_block_size(g)
     }
 
     /// The KV-cache groups.

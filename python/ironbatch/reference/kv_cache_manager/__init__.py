@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from ironbatch.reference.attention_group import FULL, GroupSpec
+from ironbatch.reference.attention_group import FULL, GroupSpec, SlidingWindow
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.block_hash import BlockHasher
 from ironbatch.reference.block_pool import BlockPool
@@ -117,9 +117,10 @@ class KvCacheManager:
         self._step_checkpoint: int | None = None
 
     def with_reprefillable_tokens(self, tokens: int) -> KvCacheManager:
-        """The same manager, leaving the last ``tokens`` computed tokens of
-        each sequence out of the hash cache (multi-module MTP's re-prefilled
-        tokens: its drafter's read-ahead less one, §4.13)."""
+        """The same manager, minding the last ``tokens`` computed tokens of
+        each sequence (multi-module MTP's re-prefilled tokens: its
+        drafter's read-ahead less one, §4.13): one group leaves them out of
+        the hash cache, a window keeps their blocks (§7.7, §7.13)."""
         self._reprefillable = tokens
         return self
 
@@ -207,6 +208,17 @@ class KvCacheManager:
     def group_block_size(self, g: int) -> int:
         """Tokens per block of group ``g``."""
         return self._groups[g].kind.tokens_per_block(self._block_size)
+
+    def skipped_blocks(self, g: int, processed: int) -> int:
+        """Group ``g``'s leading blocks no position after ``processed``
+        tokens reads. A window also keeps the blocks of the last tokens
+        that multi-module MTP may prefill again (vLLM's
+        ``extra_retained_tokens`` on every sliding-window spec), though it
+        no longer attends to them."""
+        kind = self._groups[g].kind
+        if isinstance(kind, SlidingWindow):
+            processed = max(processed - self._reprefillable, 0)
+        return kind.num_skipped_tokens(processed) // self.group_block_size(g)
 
     def slot_of(self, table: BlockTable, pos: int) -> int:
         """The KV-cache slot of position ``pos`` in a request's ``table``."""

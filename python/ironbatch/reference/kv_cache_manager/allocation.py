@@ -333,7 +333,7 @@ def take_hits(
 ) -> None:
     """Adopt group ``g``'s prefix hits: the blocks a window no longer
     reads (before ``computed``'s window) stay null, the rest are taken."""
-    skipped = m._groups[g].kind.num_skipped_tokens(computed) // m.group_block_size(g)
+    skipped = m.skipped_blocks(g, computed)
     skipped = min(skipped, len(hits))
     taken = hits[skipped:]
     m._pool.add_refs([b for b in taken if b.block_id != NULL_BLOCK])
@@ -351,7 +351,7 @@ def remove_skipped_blocks(m: KvCacheManager, g: int, table: BlockTable, processe
     if m._align and m._groups[g].kind.is_recurrent():
         remove_past_states(m, g, table, processed)
         return
-    skipped = m._groups[g].kind.num_skipped_tokens(processed) // m.group_block_size(g)
+    skipped = m.skipped_blocks(g, processed)
     k = min(skipped, len(table))
     if k == 0 or table.blocks[k - 1].block_id == NULL_BLOCK:
         return  # nothing newly out of the window: most steps

@@ -69,8 +69,10 @@ def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, up
     those no later request could resume from."""
     bs = m._block_size
     # Only tokens whose KV is final: multi-module MTP may prefill the last
-    # few again.
-    upto = max(upto - m._reprefillable, 0)
+    # few again. (vLLM's hybrid coordinator, for several groups, caches
+    # them anyway: a window keeps their blocks instead, skipped_blocks.)
+    if len(m._groups) == 1:
+        upto = max(upto - m._reprefillable, 0)
     if upto >= (table.num_cached + 1) * bs:
         cache_new_full_blocks(m, g, table, seq, upto)
     if m._align and m._groups[g].kind.is_recurrent():
