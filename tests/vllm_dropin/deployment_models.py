@@ -140,6 +140,33 @@ _DEEPSEEK_V2_LITE = {
     "bos_token_id": 100000,
     "eos_token_id": 100001,
 }
+# Step-3.5-Flash: three 128-token sliding-window layers to one full, and
+# three MTP layers (MTP-3, a multi-module drafter).
+_STEP_3_5_FLASH = {
+    "architectures": ["Step3p5ForCausalLM"],
+    "model_type": "step3p5",
+    "hidden_size": 4096,
+    "num_hidden_layers": 45,
+    "num_attention_heads": 64,
+    "num_attention_groups": 8,
+    "head_dim": 128,
+    "vocab_size": 128896,
+    "max_position_embeddings": 262144,
+    "sliding_window": 128,
+    # The last three entries are the MTP layers' own.
+    "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 12,
+    "num_nextn_predict_layers": 3,
+    "moe_num_experts": 288,
+    "moe_top_k": 8,
+    "moe_intermediate_size": 1280,
+    "share_expert_dim": 1280,
+    "rope_theta": 5000000.0,
+    "use_moe_router_bias": True,
+    "need_fp32_gate": True,
+    "norm_expert_weight": True,
+    "moe_router_scaling_factor": 3.0,
+    "torch_dtype": "bfloat16",
+}
 _GPT_OSS_20B = {
     "architectures": ["GptOssForCausalLM"],
     "model_type": "gpt_oss",
@@ -612,6 +639,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "qwen3-30b-a3b": _QWEN3_30B_A3B,
     "deepseek-v2-lite": _DEEPSEEK_V2_LITE,
     "gpt-oss-20b": _GPT_OSS_20B,
+    "step-3.5-flash": _STEP_3_5_FLASH,
     "gpt-oss-20b-eagle3": _GPT_OSS_20B_EAGLE3,
     "gemma-3-12b": _GEMMA_3_12B,
     "llama-4-scout": _LLAMA_4_SCOUT,

@@ -158,6 +158,21 @@ TABLE = [
         exercises=("spec_drafts",),
     ),
     Deployment(
+        # Step-3.5-Flash with its three MTP layers: multi-module MTP beside
+        # four window groups (each keeps the blocks of the two tokens the
+        # drafter may prefill again), lookahead hashes over three tokens.
+        "step-3.5-flash-mtp3",
+        "step-3.5-flash",
+        ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3})]
+        + ["--max-model-len", "32768"],
+        {
+            "kv_groups": ["SlidingWindowSpec"] * 4 + ["FullAttentionSpec"],
+            "num_speculative_tokens": 3,
+            "num_hash_lookahead_tokens": 3,
+        },
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
         # Five sliding-window layers to one full: six KV-cache groups.
         "gemma-3-12b",
         "gemma-3-12b",
