@@ -33,6 +33,7 @@ Per row:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -43,6 +44,7 @@ import time
 import traceback
 import zlib
 from collections import Counter, deque
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
@@ -292,6 +294,21 @@ def engine_config(model_dir: str, flags: list[str], scheduler_cls: str | None) -
 GPU_DEFAULTS_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
+@contextlib.contextmanager
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set for the block, the process's own values back after."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def with_gpu_defaults(vc: VllmConfig) -> None:
     """Async scheduling back on, as on a CUDA host (where nothing in these
     command lines turns it off); the V2 runner comes from GPU_DEFAULTS_ENV.
@@ -379,17 +396,8 @@ class ModelSpecs:
     def __init__(self, model_dir: str, flags: tuple[str, ...] = (), gpu_only: bool = False) -> None:
         # A row that vLLM builds on a GPU host's runner only (DSpark's
         # drafter) builds its layers there too.
-        saved = {k: os.environ.get(k) for k in GPU_DEFAULTS_ENV}
-        if gpu_only:
-            os.environ.update(GPU_DEFAULTS_ENV)
-        try:
+        with environment(GPU_DEFAULTS_ENV if gpu_only else {}):
             vc = engine_config(model_dir, list(flags), None)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         with set_current_vllm_config(vc):
             _model_parallel_groups(vc, os.path.dirname(model_dir))
             model_cls, _ = get_model_architecture(vc.model_config)
@@ -1119,47 +1127,40 @@ def run_row(
     log = WarningLog()
     logging.getLogger("ironbatch.vllm").addHandler(log)
     gpu_defaults = row["flavor"] == "gpu-defaults"
-    env = GPU_DEFAULTS_ENV if gpu_defaults else {}
-    saved_env = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    engines: list[Engine] = []
-    try:
-        sampler = Sampler()
-        for leads, cls in ((True, None), (False, DROP_IN)):
-            vc = engine_config(model_dir, row["flags"], cls)
-            served_dp = vc.parallel_config.data_parallel_size
-            if gpu_defaults:
-                with_gpu_defaults(vc)
-            as_engine_process(vc)
-            stages = model.by_stage(vc.parallel_config.pipeline_parallel_size)
-            if vc.is_mm_encoder_only:
-                # The encoder's runner builds no language model: no KV cache.
-                stages = [{} for _ in stages]
-            memory = max(memory_for(s, vc.model_config.max_model_len) for s in stages)
-            exec_cls = executor_class(stages, model.layouts, memory, sampler, leads)
-            log.lines.clear()
-            engines.append(Engine(vc, exec_cls, log))
-        theirs, ours = engines
-        report: dict[str, Any] = {
-            "vllm": theirs.facts() | {"served_data_parallel_size": served_dp},
-            "drop_in": ours.facts() | {"served_data_parallel_size": served_dp},
-            "warnings": ours.warnings,
-            "engaged": type(ours.scheduler) is ironbatch.vllm.Scheduler,
-        }
-        if report["engaged"]:
-            report["parity"] = _run_workload(theirs, ours)
-        return report
-    finally:
-        for e in engines:
-            e.shutdown()
-        logging.getLogger("ironbatch.vllm").removeHandler(log)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        elapsed = time.monotonic() - started
-        print(f"{row['id']} [{row['flavor']}]: {elapsed:.1f} s", file=sys.stderr)
+    with environment(GPU_DEFAULTS_ENV if gpu_defaults else {}):
+        engines: list[Engine] = []
+        try:
+            sampler = Sampler()
+            for leads, cls in ((True, None), (False, DROP_IN)):
+                vc = engine_config(model_dir, row["flags"], cls)
+                served_dp = vc.parallel_config.data_parallel_size
+                if gpu_defaults:
+                    with_gpu_defaults(vc)
+                as_engine_process(vc)
+                stages = model.by_stage(vc.parallel_config.pipeline_parallel_size)
+                if vc.is_mm_encoder_only:
+                    # The encoder's runner builds no language model: no KV cache.
+                    stages = [{} for _ in stages]
+                memory = max(memory_for(s, vc.model_config.max_model_len) for s in stages)
+                exec_cls = executor_class(stages, model.layouts, memory, sampler, leads)
+                log.lines.clear()
+                engines.append(Engine(vc, exec_cls, log))
+            theirs, ours = engines
+            report: dict[str, Any] = {
+                "vllm": theirs.facts() | {"served_data_parallel_size": served_dp},
+                "drop_in": ours.facts() | {"served_data_parallel_size": served_dp},
+                "warnings": ours.warnings,
+                "engaged": type(ours.scheduler) is ironbatch.vllm.Scheduler,
+            }
+            if report["engaged"]:
+                report["parity"] = _run_workload(theirs, ours)
+            return report
+        finally:
+            for e in engines:
+                e.shutdown()
+            logging.getLogger("ironbatch.vllm").removeHandler(log)
+            elapsed = time.monotonic() - started
+            print(f"{row['id']} [{row['flavor']}]: {elapsed:.1f} s", file=sys.stderr)
 
 
 def _run_workload(theirs: Engine, ours: Engine) -> dict[str, Any]:

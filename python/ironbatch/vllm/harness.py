@@ -499,7 +499,9 @@ def vllm_config(
         num_blocks=cfg["num_blocks"],
         kv_cache_tensors=[],
         kv_cache_groups=kv_cache_groups(
-            cfg, vc.num_speculative_tokens, vc.num_prefill_lookahead_tokens
+            cfg,
+            num_speculative_tokens=vc.num_speculative_tokens,
+            num_prefill_lookahead_tokens=vc.num_prefill_lookahead_tokens,
         ),
         prefix_cache_retention_interval=cfg["retention_interval"],
     )
@@ -512,7 +514,7 @@ RECURRENT_LAYOUTS = ("qwen3-next", "jamba", "swa-mamba", "mamba")
 
 
 def kv_cache_groups(
-    cfg: dict[str, Any], num_speculative_tokens: int = 0, num_prefill_lookahead_tokens: int = 0
+    cfg: dict[str, Any], *, num_speculative_tokens: int = 0, num_prefill_lookahead_tokens: int = 0
 ) -> list[KVCacheGroupSpec]:
     """The KV-cache groups of ``cfg["kv_layout"]`` (see DEFAULTS); a
     recurrent group keeps a scratch state per draft, as vLLM's Mamba layers
