@@ -250,18 +250,19 @@ def write_model(root: str, name: str) -> str:
     """The folder ``vllm serve`` is pointed at for ``name`` (a Qwen2.5-VL's
     with its image processor's settings too)."""
     path = os.path.join(root, name)
-    if not os.path.isdir(path):
-        os.makedirs(path)
-        with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump(MODELS[name], f)
-        kind = MODELS[name]["model_type"]
-        write_tokenizer(path, kind)
-        if kind in _IMAGE_PROCESSORS:
-            with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
-                json.dump(_IMAGE_PROCESSORS[kind], f)
-        if kind in _PROCESSORS:
-            with open(os.path.join(path, "processor_config.json"), "w") as f:
-                json.dump(_PROCESSORS[kind], f)
+    # Written every time (a few small files): a folder left in the scratch
+    # directory by an earlier run must not keep an older config.
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(MODELS[name], f)
+    kind = MODELS[name]["model_type"]
+    write_tokenizer(path, kind)
+    if kind in _IMAGE_PROCESSORS:
+        with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
+            json.dump(_IMAGE_PROCESSORS[kind], f)
+    if kind in _PROCESSORS:
+        with open(os.path.join(path, "processor_config.json"), "w") as f:
+            json.dump(_PROCESSORS[kind], f)
     return path
 
 
