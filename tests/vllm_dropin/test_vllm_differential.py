@@ -888,20 +888,22 @@ def drawn_features(seed: int) -> Counter:
 
 
 # What 1,040 workloads draw at least, on average: each feature 200, each
-# speculative method and window layout 40, speculation and window groups 300,
-# the encoder-decoder (only beside one decoder group, without speculation)
-# 40, no KV cache 60, an encoder-only deployment (one group's worth,
-# without speculation or pooling) 25, and multi-module MTP (MTP's three
-# modules with 2 or 3 drafts, at most the block size) 15; window groups
-# with KV-cache events, and with KV-cache metrics, 100 each; a window
-# retention interval above 0, 40; decode context parallelism (one
-# full-attention group, no KV-cache events) 80; window groups with speculation 120;
-# the encoder-decoder with KV-cache events or metrics 20, with n-gram
-# speculation 10; recurrent-state groups 100 (Qwen3-Next's layout 35, the
-# others 15 each), with speculation 30, with prefix caching on (vLLM's
-# "align") 35, with Mamba2's prefill checkpoints 20; pooling 180 and EAGLE's last-block
-# drop 38 (about four standard deviations under what the draws give: 197
-# and 45 of 1,040, as encoder-only's 31 and Qwen3-Next's 42).
+# window layout 40, each speculative method 39 (below), speculation and
+# window groups 300, the encoder-decoder (only beside one decoder group,
+# without speculation) 40, no KV cache 60, an encoder-only deployment (one
+# group's worth, without speculation or pooling) 25, and multi-module MTP
+# (MTP's three modules with 2 or 3 drafts, at most the block size) 9, beside
+# window groups 2; window groups with KV-cache events, and with KV-cache
+# metrics, 100 each; a window retention interval above 0, 40; decode
+# context parallelism (one full-attention group, no KV-cache events) 80;
+# window groups with speculation 120; the encoder-decoder with KV-cache
+# events or metrics 20, with n-gram speculation 9; recurrent-state groups
+# 100 (Qwen3-Next's layout 35, the others 15 each), with speculation 30,
+# with prefix caching on (vLLM's "align") 35, with Mamba2's prefill
+# checkpoints 20; pooling 180 and EAGLE's last-block drop 30 (about four
+# standard deviations under what the draws give: 197 and 36 of 1,040; 19,
+# 14 and 5 for multi-module MTP, the encoder-decoder with speculation and
+# MTP beside windows; encoder-only's 31 and Qwen3-Next's 42).
 FEATURE_SHARES = {
     "feature: speculative decoding": 300,
     "feature: window KV-cache groups": 300,
