@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import enum
 import itertools
+import operator
 import random
 from collections import Counter, deque
 from collections.abc import Callable
@@ -82,9 +83,29 @@ def scheduler_output_view(so: SchedulerOutput) -> dict[str, Any]:
     view["kv_connector_metadata"] = connector_metadata_view(so.kv_connector_metadata)
     view["ec_connector_metadata"] = plain(so.ec_connector_metadata)
     view["scheduled_new_reqs"] = [_new_request_data(d) for d in so.scheduled_new_reqs]
-    view["scheduled_cached_reqs"] = dataclasses.asdict(so.scheduled_cached_reqs)
+    # Its fields hold plain lists, sets and dicts: compared as they are
+    # (callers that keep a view copy it).
+    view["scheduled_cached_reqs"] = _fields(so.scheduled_cached_reqs)
     view["num_scheduled_tokens"] = list(so.num_scheduled_tokens.items())  # order matters too
     return view
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def runner_output_copy(mro: ModelRunnerOutput) -> ModelRunnerOutput:
+    """A copy of a runner's output for one scheduler (vLLM trims a
+    request's token list in place at a stop): the token lists copied one
+    level down, which is all they hold, every other field set deep-copied."""
+    kw: dict[str, Any] = {}
+    for f in dataclasses.fields(mro):
+        value = getattr(mro, f.name)
+        if f.name == "sampled_token_ids":
+            kw[f.name] = [list(tokens) for tokens in value]
+        else:
+            kw[f.name] = value if value is None else copy.deepcopy(value)
+    return ModelRunnerOutput(**kw)
 
 
 def _struct_view(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -145,12 +166,27 @@ def _untimed(stats: Any) -> Any:
     return out
 
 
-def request_view(r: Request, tokens: list[int] | None = None, computed: int | None = None) -> dict:
-    """A request's state; ``tokens`` and ``computed`` stand in for its own."""
-    v = {k: getattr(r, k) for k in CURRENT}
-    v["all_token_ids"] = list(r.all_token_ids) if tokens is None else tokens
-    v["num_computed_tokens"] = r.num_computed_tokens if computed is None else computed
-    return v
+_current = operator.attrgetter(*CURRENT)
+REQUEST_VIEW = (*CURRENT, "all_token_ids", "num_computed_tokens")
+
+
+def request_view(r: Request, tokens: list[int] | None = None, computed: int | None = None) -> tuple:
+    """A request's state, as the fields ``REQUEST_VIEW`` names (a tuple: the
+    check runs for every request after every call); ``tokens`` and
+    ``computed`` stand in for its own. Its token list is the request's own,
+    not a copy: compare it before the next call."""
+    return (
+        *_current(r),
+        r._all_token_ids if tokens is None else tokens,
+        r.num_computed_tokens if computed is None else computed,
+    )
+
+
+def assert_same_request(a: tuple, b: tuple, rid: str) -> None:
+    """Two request views equal, or the fields that differ, by name."""
+    if a != b:
+        named = [(k, x, y) for k, x, y in zip(REQUEST_VIEW, a, b, strict=True) if x != y]
+        raise AssertionError(f"{rid}: (field, vLLM, drop-in) {named}")
 
 
 def core_view(ours: Any, r: Request) -> dict:
@@ -317,7 +353,7 @@ class VllmPair:
         b = self.ours.finish_requests(rids, RequestStatus.FINISHED_ABORTED)
         assert [r.request_id for r in a] == [r.request_id for r in b]
         for ra, rb in zip(a, b, strict=True):  # finished requests are brought up to date
-            assert request_view(ra) == request_view(rb)
+            assert_same_request(request_view(ra), request_view(rb), ra.request_id)
         self.events["aborted"] += len(a)
         self.check_requests()
 
@@ -451,7 +487,7 @@ class VllmPair:
         if self.kv_reports is not None:
             mro.kv_connector_output = self.kv_reports(a)
         # A copy for each: vLLM trims a request's token list in place at a stop.
-        oa = self.vllm.update_from_output(a, copy.deepcopy(mro))
+        oa = self.vllm.update_from_output(a, runner_output_copy(mro))
         if mro.kv_connector_output is not None:
             # Its sets copied alike for both: a copy may iterate in another
             # order, and the order transfers are named in is the order they
@@ -489,7 +525,7 @@ class VllmPair:
                         self.events["session_turns"] += 1
                         continue
                     ra, rb = self.made[o.request_id]
-                    assert request_view(ra) == request_view(rb), o.request_id
+                    assert_same_request(request_view(ra), request_view(rb), o.request_id)
                 r = self.vllm.requests.get(o.request_id)
                 # Output of a step that ran before the request was preempted.
                 self.events["stale"] += r is not None and r.status == RequestStatus.PREEMPTED
@@ -511,7 +547,7 @@ class VllmPair:
                 for i, rid in enumerate(runner_order)
             ],
         )
-        oa = self.vllm.update_from_output(a, copy.deepcopy(mro))
+        oa = self.vllm.update_from_output(a, runner_output_copy(mro))
         if mro.kv_connector_output is not None:
             # Its sets copied alike for both: a copy may iterate in another
             # order, and the order transfers are named in is the order they
@@ -570,7 +606,7 @@ class VllmPair:
         a, b = self.vllm, self.ours
         assert list(a.requests) == list(b.requests)
         for rid, r in a.requests.items():
-            assert request_view(r) == core_view(b, b.requests[rid]), rid
+            assert_same_request(request_view(r), core_view(b, b.requests[rid]), rid)
             if r.use_structured_output:  # kept current by the drop-in, for the grammar
                 assert list(b.requests[rid].all_token_ids) == list(r.all_token_ids), rid
                 so_a, so_b = r.structured_output_request, b.requests[rid].structured_output_request
