@@ -342,7 +342,9 @@ class SchedulerPair:
         )
         aligned = bool(self.rust.cache_config.enable_prefix_caching)
         retained = max(self.config.get("drafter_read_ahead", 0) - 1, 0)
-        check_group_invariants(self.groups, a, self.bs, retained, caches_states=aligned)
+        check_group_invariants(
+            self.groups, a, self.bs, retained, caches_states=aligned, kv_cut=self.kv_cut
+        )
         assert self.rust.num_free_blocks == self.twin.num_free_blocks
         assert self.rust.get_num_unfinished_requests() == len(a["requests"])
 
@@ -458,6 +460,7 @@ def check_group_invariants(
     bs: int,
     retained: int,
     caches_states: bool = False,
+    kv_cut: Set[str] = frozenset(),
 ) -> None:
     """Hybrid KV caches: every decoder group's table of a request is as long
     as the others of the cache's block size (a recurrent group's, of its
@@ -508,9 +511,15 @@ def check_group_invariants(
             exact = isinstance(g.kind, SlidingWindow | Mamba) or (
                 isinstance(g.kind, ChunkedLocal) and g.kind.chunk % bs == 0
             )
-            if exact:
+            # (A load that failed in part cuts a request's computed tokens
+            # back below a window's nulls, in vLLM too: ``kv_cut``.)
+            if exact and rid not in kv_cut:
                 group_bs = g.kind.tokens_per_block(bs)
                 read = r["num_computed_tokens"]
+                if r["status"] == "WAITING_FOR_REMOTE_KVS":
+                    # A load's tokens count once it is reported; its table
+                    # already leaves out what a window skips past them.
+                    read = len(table) * group_bs
                 if isinstance(g.kind, SlidingWindow):
                     read = max(read - retained, 0)
                 skipped = g.kind.num_skipped_tokens(read) // group_bs

@@ -12,7 +12,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from test_scheduler_differential import random_groups
 
+from ironbatch import KVCacheGroup
 from ironbatch.bench.standin_connector import (
     CoreStandIn,
     StandInConnector,
@@ -240,6 +242,14 @@ def test_bad_transfer_reports_and_setups_are_refused_unchanged(backend: str) -> 
     pooling = make(backend, max_model_len=64, runner="pooling")
     with pytest.raises(ValueError, match="kv_connector: runner must be 'generate'"):
         pooling.set_kv_connector(Scripted({}))
+    # Window groups beside full attention are taken (a connector with
+    # hybrid support keeps them); recurrent states are not.
+    windows = (KVCacheGroup("sliding_window", 8), KVCacheGroup("full"))
+    make(backend, max_model_len=64, kv_cache_groups=windows).set_kv_connector(Scripted({}))
+    recurrent = (KVCacheGroup("mamba", 16), KVCacheGroup("full"))
+    hybrid = make(backend, max_model_len=64, kv_cache_groups=recurrent, caching=False)
+    with pytest.raises(ValueError, match="kv_cache_groups must be attention groups with per-token"):
+        hybrid.set_kv_connector(Scripted({}))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -272,8 +282,12 @@ def random_config(rng: random.Random) -> dict[str, Any]:
     batched = max(rng.choice([16, 32, 64]), seqs)
     if not chunked:
         batched = max(batched, max_len)
-    need = -(-max_len // bs)
+    # Full attention beside windows or chunked local attention in some
+    # (a connector with hybrid support: NIXL, offloading, Mooncake).
+    groups = random_groups(rng, bs) if rng.random() < 0.4 else None
+    need = -(-max_len // bs) * (1 if groups is None else len(groups))
     return dict(
+        kv_cache_groups=groups,
         block_size=bs,
         num_blocks=rng.randint(2 * need + 2, 3 * need) if rng.random() < 0.4 else 8 * need,
         max_model_len=max_len,

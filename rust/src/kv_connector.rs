@@ -99,8 +99,8 @@ impl KvTransferReport {
 /// A request as vLLM's scheduler holds it at the moment of a connector
 /// call: what a connector reading vLLM's `Request` and `KVCacheBlocks`
 /// would see (its tokens, its computed count and status before the call's
-/// admission changes them, and how many of its first blocks hold cached
-/// KV, i.e. have a block hash).
+/// admission changes them, and which of its blocks hold cached KV, i.e.
+/// have a block hash).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct RequestState<'a> {
     pub request_id: &'a str,
@@ -108,7 +108,9 @@ pub struct RequestState<'a> {
     pub num_computed_tokens: usize,
     /// The status's name, as vLLM spells it.
     pub status: &'static str,
-    pub num_cached_blocks: usize,
+    /// Per KV-cache group, the positions in its table whose block has a
+    /// block hash (a window's nulls have none).
+    pub cached_blocks: &'a [Vec<u32>],
 }
 
 /// The scheduler's calls into a KV connector.
@@ -196,7 +198,7 @@ pub(crate) mod scripted {
                 num_tokens: r.token_ids.len(),
                 num_computed_tokens: r.num_computed_tokens,
                 status: r.status,
-                num_cached_blocks: r.num_cached_blocks,
+                num_cached_blocks: r.cached_blocks.first().map_or(0, Vec::len),
             });
         }
 

@@ -1,6 +1,7 @@
 """The drop-in against vLLM 0.33's own scheduler with a KV connector: the
 stand-in (ironbatch/bench/standin_connector.py) built by vLLM's factory on each side,
-random workloads, sync and async (docs/scheduling.md §4.19). Every
+random workloads, sync and async, in some with hybrid support and window
+KV-cache groups beside it (docs/scheduling.md §4.19). Every
 SchedulerOutput (the connector's metadata included), every
 EngineCoreOutputs (transfer parameters, failed loads' errors, stats) and
 every request must be equal, and so must each connector's call log: which
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 from test_vllm_connector_standin import check_blocks
+from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import RequestStatus
 
@@ -36,7 +38,9 @@ def run_seed(seed: int) -> Counter:
     # An EAGLE-style drafter in some (drawn apart): beside a connector vLLM
     # keeps the plain hashes, so each prefix hit gives up its last block.
     drafter = random.Random(seed ^ 0xEA61E)
-    if drafter.random() < 0.3:
+    # (Not beside window groups: there the drop from plain hashes makes the
+    # drop-in use vLLM's scheduler.)
+    if drafter.random() < 0.3 and settings["kv_layout"] == "full":
         settings["speculative_config"] = {
             "method": drafter.choice(["eagle", "eagle3"]),
             "num_speculative_tokens": drafter.choice([1, 2, 3]),
@@ -100,6 +104,9 @@ def run_seed(seed: int) -> Counter:
     events.update(worker.events)
     events["async" if settings["async_scheduling"] else "sync"] += 1
     events["drafting"] += "speculative_config" in settings
+    # A connector with hybrid support, and window groups beside it.
+    events["hybrid_connector"] += isinstance(pair.vllm.connector, SupportsHMA)
+    events["window_groups"] += len(pair.vllm.kv_cache_config.kv_cache_groups) > 1
     events["workloads"] += 1
     return events
 
@@ -121,6 +128,8 @@ def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
             "preempted": 80,
             "aborted_loading": 40,
             "drafting": 160,
+            "hybrid_connector": 280,
+            "window_groups": 240,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

@@ -37,12 +37,13 @@ FULL_WORKLOADS = 96
 def check_blocks(s: Any) -> None:
     """Each block's reference count is the number of holders: requests'
     tables (finished ones whose blocks a send holds included) and frees
-    vLLM fences until the steps that may write the blocks come back."""
-    manager = s.kv_cache_manager.coordinator.single_type_managers[0]
+    vLLM fences until the steps that may write the blocks come back; every
+    KV-cache group's tables count."""
     held: Counter = Counter()
-    for rid, blocks in manager.req_to_blocks.items():
-        assert rid in s.requests, f"blocks of {rid}, which vLLM no longer tracks"
-        held.update(b.block_id for b in blocks if not b.is_null)
+    for manager in s.kv_cache_manager.coordinator.single_type_managers:
+        for rid, blocks in manager.req_to_blocks.items():
+            assert rid in s.requests, f"blocks of {rid}, which vLLM no longer tracks"
+            held.update(b.block_id for b in blocks if not b.is_null)
     for _, blocks in s.deferred_frees:
         held.update(b.block_id for b in blocks if not b.is_null)
     pool = s.kv_cache_manager.block_pool

@@ -579,6 +579,19 @@ TABLE = [
         exercises=("connector_metadata",),
     ),
     Deployment(
+        # A hybrid model behind NIXL (it supports vLLM's hybrid manager):
+        # the window groups stay beside full attention, and a finished
+        # request's blocks of every group go to the connector.
+        "gpt-oss-20b-nixl-kv-both",
+        "gpt-oss-20b",
+        ["--kv-transfer-config", kv_connector("NixlConnector")],
+        {
+            "kv_connector": "NixlPullConnector",
+            "kv_groups": ["SlidingWindowSpec", "FullAttentionSpec"],
+        },
+        exercises=("connector_metadata",),
+    ),
+    Deployment(
         "example-connector",
         "llama-3.1-8b",
         [
@@ -620,6 +633,18 @@ TABLE = [
         # Full blocks stored to CPU memory as they fill, each job reported
         # done by the stand-in workers.
         exercises=("connector_metadata", "offload_stores"),
+    ),
+    Deployment(
+        # CPU offloading of a hybrid model: the offloading connector stores
+        # every group's blocks (it supports vLLM's hybrid manager).
+        "gpt-oss-20b-cpu-offloading",
+        "gpt-oss-20b",
+        ["--kv-offloading-size", "1"],
+        {
+            "kv_connector": "OffloadingConnector",
+            "kv_groups": ["SlidingWindowSpec", "FullAttentionSpec"],
+        },
+        exercises=("connector_metadata",),
     ),
     Deployment(
         # vLLM's observability options, passed through: a step's FLOPs and

@@ -168,11 +168,20 @@ class StandInConnector:
         assert external == num_external_tokens, (external, num_external_tokens)
         bs = self.block_size
         table = block_ids[0] if block_ids else []
-        written = table[local // bs : -(-(local + external) // bs)]
+        # A window's blocks past its reach are the null block (id 0): no load
+        # writes there.
+        written = [b for b in table[local // bs : -(-(local + external) // bs)] if b != 0]
         rng = self._rng(request_id, "load")
         s = self.shares
         failed = is_async and rng.random() < s.load_failed
-        invalid = rng.choice(written) if written and rng.random() < s.block_invalid else None
+        # With several KV-cache groups a block id names no block on its own:
+        # vLLM takes failures there as whole failed loads only.
+        one_group = len(block_ids) == 1
+        invalid = (
+            rng.choice(written)
+            if written and one_group and rng.random() < s.block_invalid
+            else None
+        )
         steps = rng.randint(1, s.max_steps) if is_async else 1
         self._loads.append(Load(request_id, written, is_async, steps, failed, invalid))
         self.events["async_loads" if is_async else "sync_loads"] += 1
@@ -261,12 +270,12 @@ class CoreStandIn:
         token_ids: list[int],
         num_computed_tokens: int,
         status: str,
-        num_cached_blocks: int,
+        cached_blocks: list[list[int]],
     ) -> None:
         """The request as the next call names it: logged, so a core and a
         twin that show it differently part here."""
         self.stand_in.log.append(
-            ("seen", request_id, list(token_ids), num_computed_tokens, status, num_cached_blocks)
+            ("seen", request_id, list(token_ids), num_computed_tokens, status, cached_blocks)
         )
 
     def get_num_new_matched_tokens(

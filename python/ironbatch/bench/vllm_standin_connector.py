@@ -16,6 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
@@ -26,14 +27,16 @@ from ironbatch.bench.standin_connector import (
     StandInShares,
     WorkerReport,
 )
+from ironbatch.vllm.harness import draw_layout
 
 NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 
 
 def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
     """A small engine with the stand-in, drawn: block size, lengths, budgets,
-    chunking, prefix caching, policy, sync or async, the stand-in's shares
-    and the load-failure policy."""
+    chunking, prefix caching, policy, sync or async, the stand-in's shares,
+    the load-failure policy, and whether the connector has hybrid support
+    (with a window layout beside it, mostly)."""
     bs = rng.choice([4, 8, 16])
     max_model_len = rng.choice([64, 128])
     chunked = rng.random() < 0.8
@@ -46,7 +49,19 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
     # prefills still need, so a cache below two sequences stalls some loads.
     blocks = rng.randint(need + 2, 2 * need + 2) if rng.random() < 0.5 else 8 * need
     shares = StandInShares.draw(rng)
+    # (Drawn apart, so the draws above stay each seed's.) In some, a
+    # connector with hybrid support (NIXL, offloading, Mooncake's): vLLM
+    # then keeps a hybrid model's window groups beside full attention.
+    drawn = random.Random(seed ^ 0x4B1D)
+    hybrid = drawn.random() < 0.45
+    layout: dict[str, Any] = {"kv_layout": "full"}
+    if hybrid and drawn.random() < 0.8:
+        kind = drawn.choice(["gpt-oss", "gpt-oss", "gemma3", "llama4"])
+        layout = draw_layout(drawn, kind, bs)
+        # Each window group takes blocks beside the full one.
+        blocks *= 2 if kind == "gpt-oss" else 4
     return dict(
+        **layout,
         block_size=bs,
         num_blocks=blocks,
         max_model_len=max_model_len,
@@ -56,7 +71,9 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
         enable_prefix_caching=rng.random() < 0.8,
         policy=rng.choice(["fcfs", "priority"]),
         async_scheduling=rng.random() < 0.5,
-        kv_transfer_config=kv_transfer_config(seed, rng.choice(["fail", "recompute"]), shares),
+        kv_transfer_config=kv_transfer_config(
+            seed, rng.choice(["fail", "recompute"]), shares, hybrid=hybrid
+        ),
     )
 
 
@@ -65,11 +82,13 @@ def kv_transfer_config(
     policy: str = "fail",
     shares: StandInShares | None = None,
     scripted: dict[str, tuple[int, bool]] | None = None,
+    hybrid: bool = False,
 ) -> KVTransferConfig:
     """A config that has vLLM build the stand-in (role kv_both: it loads and
-    sends, and vLLM fences its frees under async scheduling)."""
+    sends, and vLLM fences its frees under async scheduling); ``hybrid``:
+    the stand-in with hybrid support (``StandInHMAKVConnector``)."""
     return KVTransferConfig(
-        kv_connector="StandInKVConnector",
+        kv_connector="StandInHMAKVConnector" if hybrid else "StandInKVConnector",
         kv_connector_module_path=__name__,
         kv_role="kv_both",
         kv_load_failure_policy=policy,  # type: ignore[arg-type]
@@ -109,8 +128,11 @@ class StandInKVConnector(KVConnectorBase_V1):
         """The Request (and blocks) as this call sees them, in the log: a
         scheduler that hands a connector stale objects differs here."""
         cached = None
-        if blocks is not None:
-            cached = sum(1 for b in blocks.blocks[0] if b.block_hash is not None)
+        if blocks is not None:  # per group, the positions of blocks with a hash
+            cached = [
+                [i for i, b in enumerate(group) if b.block_hash is not None]
+                for group in blocks.blocks
+            ]
         self.stand_in.log.append(
             (
                 "seen",
@@ -175,3 +197,19 @@ def kv_connector_output(report: WorkerReport) -> KVConnectorOutput:
         invalid_block_ids=set(report.invalid_block_ids),
         failed_recving=set(report.failed_recving),
     )
+
+
+class StandInHMAKVConnector(SupportsHMA, StandInKVConnector):
+    """The stand-in as a connector with hybrid support (vLLM's
+    ``SupportsHMA``: NIXL, offloading, Mooncake): vLLM keeps a hybrid
+    model's KV-cache groups beside it and hands a finished request's
+    blocks of every group."""
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        self._seen(request)
+        normal = request.status in NORMAL_FINISH
+        return self.stand_in.request_finished(
+            request.request_id, [list(ids) for ids in block_ids], normal
+        )

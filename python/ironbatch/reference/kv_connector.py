@@ -145,14 +145,16 @@ class RequestState:
     """A request as vLLM's scheduler holds it at the moment of a connector
     call: what a connector reading vLLM's ``Request`` and ``KVCacheBlocks``
     would see (its tokens, its computed count and status before the call's
-    admission changes them, and how many of its first blocks hold cached
-    KV, i.e. have a block hash)."""
+    admission changes them, and which of its blocks hold cached KV, i.e.
+    have a block hash)."""
 
     request_id: str
     token_ids: list[int]
     num_computed_tokens: int
     status: str  # as vLLM spells it
-    num_cached_blocks: int
+    #: Per KV-cache group, the positions in its table whose block has a
+    #: block hash (a window's nulls have none).
+    cached_blocks: list[list[int]]
 
 
 class KvConnector(Protocol):
@@ -190,7 +192,7 @@ class SafeConnector:
                 list(r.token_ids),
                 r.num_computed_tokens,
                 r.status,
-                r.num_cached_blocks,
+                [list(p) for p in r.cached_blocks],
             )
             self._call("observe_request", args, lambda _: None, None)
 

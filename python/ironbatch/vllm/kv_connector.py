@@ -97,7 +97,8 @@ class ConnectorBridge:
         self._fetch_stage: dict[str, str] | None = {} if log_stats else None
         self.fetch_counts: dict[str, int] = dict.fromkeys(KV_FETCH_STAGES, 0)
         #: Per request: how many of its first blocks hold cached KV now.
-        self._cached_blocks: dict[str, int] = {}
+        # Per request, per group: the table positions whose block has a hash.
+        self._cached_blocks: dict[str, list[list[int]]] = {}
         self.allocated: list[str] = []
         #: Per KV-cache group, a KVCacheBlock per block id (see ``_blocks``).
         self._block_views: list[list[KVCacheBlock]] = []
@@ -114,13 +115,13 @@ class ConnectorBridge:
         token_ids: list[int],
         num_computed_tokens: int,
         status: str,
-        num_cached_blocks: int,
+        cached_blocks: list[list[int]],
     ) -> None:
         r = self.requests[request_id]
         set_tokens(r, token_ids)
         r.num_computed_tokens = num_computed_tokens
         r.status = RequestStatus[status]
-        self._cached_blocks[request_id] = num_cached_blocks
+        self._cached_blocks[request_id] = cached_blocks
 
     def get_num_new_matched_tokens(
         self, request_id: str, num_tokens: int, num_computed_tokens: int
@@ -210,21 +211,22 @@ class ConnectorBridge:
     # -- helpers -----------------------------------------------------------------
 
     def _blocks(self, r: Request, block_ids: list[list[int]]) -> KVCacheBlocks:
-        """The request's blocks as vLLM's ``KVCacheBlocks``: its first
-        cached blocks carry their hashes (connectors tell loaded blocks from
-        hit ones by them). One ``KVCacheBlock`` per block id and group,
-        reused from call to call as vLLM's pool reuses its own."""
-        cached = min(self._cached_blocks.get(r.request_id, 0), len(r.block_hashes))
+        """The request's blocks as vLLM's ``KVCacheBlocks``: each cached one
+        carries its hash (connectors tell loaded blocks from hit ones by
+        them), a window's past is vLLM's null block. One ``KVCacheBlock``
+        per block id and group, reused from call to call as vLLM's pool
+        reuses its own."""
+        cached = self._cached_blocks.get(r.request_id, [])
         hashes = r.block_hashes
         groups = []
         for group_id, ids in enumerate(block_ids):
             views = self._views(group_id, max(ids, default=0))
             blocks = [views[b] for b in ids]
-            for i, block in enumerate(blocks):
-                if i < cached:
-                    block._block_hash = make_block_hash_with_group_id(hashes[i], group_id)
-                elif block._block_hash is not None:
-                    block._block_hash = None
+            for block in blocks:
+                block._block_hash = None
+            for i in cached[group_id] if group_id < len(cached) else ():
+                if i < len(blocks) and i < len(hashes):
+                    blocks[i]._block_hash = make_block_hash_with_group_id(hashes[i], group_id)
             groups.append(blocks)
         return KVCacheBlocks(tuple(groups))
 
@@ -236,6 +238,7 @@ class ConnectorBridge:
         views = self._block_views[group_id]
         if len(views) <= largest:
             views.extend(KVCacheBlock(b, ref_cnt=1) for b in range(len(views), largest + 1))
+            views[0].is_null = True  # vLLM's pool keeps block 0 as its null block
         return views
 
 

@@ -221,25 +221,33 @@ def unsupported_ec_connector(vllm_config: Any) -> str | None:
 
 def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
     """Why the core cannot take this deployment's KV connector yet, if it
-    cannot (docs/scheduling.md §4.19): the core takes connectors on one
-    full-attention KV-cache group of a text model that generates. A
+    cannot (docs/scheduling.md §4.19): the core takes connectors on
+    attention KV-cache groups (full, MLA, sliding windows, chunked local
+    attention; several only beside a connector with hybrid support, as
+    vLLM keeps them) of a text model that generates. A
     connector that manages vLLM's GPU block pool itself (it overrides
     ``bind_gpu_block_pool``: SimpleCPUOffload, Mooncake's store, UMBP) needs
     vLLM's pool, which the drop-in does not have."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
 
     c = vllm_config
     mc = c.model_config
     groups = kv_cache_config.kv_cache_groups
     if mc.is_encoder_decoder:
         return "a KV connector with an encoder-decoder model (vLLM refuses it)"
-    if len(groups) != 1 or type(groups[0].kv_cache_spec) not in (
-        FullAttentionSpec,
-        MLAAttentionSpec,
-    ):
-        return "a KV connector with other than one full-attention KV-cache group"
+    attention = (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+    if not groups or any(type(g.kv_cache_spec) not in attention for g in groups):
+        return "a KV connector with other than attention KV-cache groups (Mamba, cross-attention)"
+    if len(groups) > 1 and not KVConnectorFactory.supports_hma_config(c.kv_transfer_config):
+        # (vLLM turns the hybrid manager off for it unless told otherwise.)
+        return "a KV connector without hybrid support beside several KV-cache groups"
     if mc.runner_type != "generate":
         return f"a KV connector with the {mc.runner_type!r} runner"
     if mc.supports_multimodal_inputs:

@@ -64,12 +64,13 @@ impl KvCacheManager {
         capped: bool,
     ) -> isize {
         let kind = self.groups[g].kind;
-        let evictable_hits = hits
-            .iter()
-            .filter(|&&b| b != NULL_BLOCK && self.pool.block(b).is_some_and(|b| b.ref_cnt == 0))
-            .count() as isize;
+        let evictable = |hits: &[BlockId]| {
+            hits.iter()
+                .filter(|&&b| b != NULL_BLOCK && self.pool.block(b).is_some_and(|b| b.ref_cnt == 0))
+                .count() as isize
+        };
         if self.align && kind.is_recurrent() {
-            return self.states_needed(g, table, span, hits.len()) + evictable_hits;
+            return self.states_needed(g, table, span, hits.len()) + evictable(hits);
         }
         let mut required = cdiv(span.slots, self.group_block_size(g)) + kind.extra_blocks();
         if capped {
@@ -77,8 +78,47 @@ impl KvCacheManager {
                 required = required.min(cap);
             }
         }
-        let have = table.len() + hits.len();
-        required.saturating_sub(have) as isize + evictable_hits
+        if !table.is_empty() {
+            return required.saturating_sub(table.len() + hits.len()) as isize + evictable(hits);
+        }
+        // A new table starts with nulls for the blocks a window no longer
+        // reads after the computed tokens, which an external hit (a KV
+        // connector's) may put past the local hits; the hits there are not
+        // taken (vLLM's `get_num_blocks_to_allocate`).
+        let skipped = self.skipped_blocks(g, span.computed);
+        let taken = &hits[skipped.min(hits.len())..];
+        required.saturating_sub(skipped.max(hits.len())) as isize + evictable(taken)
+    }
+
+    /// Blocks a running request's `tables` still take to hold `slots`
+    /// tokens, each window group's counted up to its admission cap (vLLM's
+    /// `get_num_blocks_to_allocate` as its scheduler asks it for an
+    /// in-flight prefill's reservation).
+    pub(crate) fn blocks_to_hold(
+        &self,
+        tables: &[BlockTable],
+        slots: usize,
+        seq: &Sequence,
+    ) -> usize {
+        let main = seq.num_tokens().min(self.max_model_len);
+        let span = Span {
+            slots,
+            main,
+            computed: seq.num_computed_tokens,
+            prefill_end: seq
+                .num_prompt_tokens()
+                .max(seq.num_tokens().saturating_sub(1)),
+        };
+        self.blocks_needed_all(tables, span, 0, &[], true).max(0) as usize
+    }
+
+    /// The blocks one step of `tokens` drafted tokens takes in each group
+    /// with per-token slots (vLLM's `_spec_decode_step_blocks`).
+    pub(crate) fn draft_step_blocks(&self, tokens: usize) -> usize {
+        (0..self.groups.len())
+            .filter(|&g| !self.groups[g].kind.is_recurrent())
+            .map(|g| cdiv(tokens, self.group_block_size(g)))
+            .sum()
     }
 
     /// New state blocks recurrent group `g` takes for the step in cache mode
@@ -358,9 +398,26 @@ impl KvCacheManager {
             .iter()
             .position(|g| self.align && g.kind.is_recurrent())
             .and_then(|g| self.checkpoint_in_step(g, &tables[g], span));
-        if !hits.is_empty() {
+        // Hits and an external hit (a KV connector's) are taken by a request
+        // that holds no blocks yet; one that does (a load that failed in
+        // part, asked again) grows its tables as a running one does.
+        let fresh = tables.iter().all(BlockTable::is_empty);
+        if !hits.is_empty() || (fresh && external_tokens > 0) {
             for (g, table) in tables.iter_mut().enumerate() {
-                self.take_hits(g, table, &hits[g], computed);
+                let h = hits.get(g).map_or(&[][..], |h| &h[..]);
+                self.take_hits(g, table, h, computed);
+            }
+        }
+        if fresh && external_tokens > 0 {
+            // The external tokens' blocks, every group's, before any
+            // group's new ones (vLLM allocates them in two passes).
+            for (g, table) in tables.iter_mut().enumerate() {
+                let in_window = computed.saturating_sub(self.skipped_tokens(g, computed));
+                if in_window.min(external_tokens) > 0 {
+                    let grow = cdiv(computed, self.group_block_size(g)).saturating_sub(table.len());
+                    self.pool.take_free_blocks(grow, &mut table.blocks);
+                    table.sync_last();
+                }
             }
         }
         // Group by group, in order (as vLLM's coordinator takes them); each
@@ -457,15 +514,31 @@ impl KvCacheManager {
     /// Adopt group `g`'s prefix hits: the blocks a window no longer reads
     /// (before `computed`'s window) stay null, the rest are taken.
     fn take_hits(&mut self, g: usize, table: &mut BlockTable, hits: &[BlockId], computed: usize) {
+        // An external hit (a KV connector's) may skip past the local hits.
         let skipped = self.skipped_blocks(g, computed);
-        let skipped = skipped.min(hits.len());
-        let taken = &hits[skipped..];
+        let taken = &hits[skipped.min(hits.len())..];
         let live: Vec<BlockId> = taken.iter().copied().filter(|&b| b != NULL_BLOCK).collect();
         self.pool.add_refs(&live);
         table.blocks.resize(skipped, NULL_BLOCK);
         table.blocks.extend_from_slice(taken);
         table.num_cached = table.blocks.len();
         table.sync_last();
+    }
+
+    /// Give back every window group's blocks that no position after
+    /// `processed` tokens reads (what vLLM's scheduler does before it hands
+    /// a finished request's blocks to a KV connector).
+    pub(crate) fn remove_blocks_out_of_window(
+        &mut self,
+        tables: &mut [BlockTable],
+        processed: usize,
+    ) {
+        if self.single_full {
+            return;
+        }
+        for (g, table) in tables.iter_mut().enumerate() {
+            self.remove_skipped_blocks(g, table, processed);
+        }
     }
 
     /// Give back group `g`'s blocks that no position after `processed`

@@ -200,12 +200,34 @@ impl KvCacheManager {
     /// multi-module MTP may prefill again (vLLM's `extra_retained_tokens`
     /// on every sliding-window spec), though it no longer attends to them.
     pub(crate) fn skipped_blocks(&self, g: usize, processed: usize) -> usize {
+        self.skipped_tokens(g, processed) / self.group_block_size(g)
+    }
+
+    /// Group `g`'s leading tokens no position after `processed` tokens
+    /// reads (vLLM's `get_num_skipped_tokens`), not rounded to blocks.
+    pub(crate) fn skipped_tokens(&self, g: usize, processed: usize) -> usize {
         let kind = self.groups[g].kind;
         let processed = match kind {
             AttentionKind::SlidingWindow { .. } => processed.saturating_sub(self.reprefillable),
             _ => processed,
         };
-        kind.num_skipped_tokens(processed) / self.group_block_size(g)
+        kind.num_skipped_tokens(processed)
+    }
+
+    /// Per table, the positions whose block has a block hash (what a KV
+    /// connector reading vLLM's blocks sees as cached).
+    pub fn cached_positions(&self, tables: &[BlockTable]) -> Vec<Vec<u32>> {
+        tables
+            .iter()
+            .map(|t| {
+                (0..t.len() as u32)
+                    .filter(|&i| {
+                        let b = t.blocks[i as usize];
+                        b != NULL_BLOCK && self.pool.block(b).is_some_and(|b| b.hash.is_some())
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     /// The KV-cache groups.

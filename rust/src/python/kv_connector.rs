@@ -4,7 +4,8 @@
 //! block_ids, num_external_tokens)`, `request_finished(request_id,
 //! block_ids, status)` and optionally `has_pending_block_frees()` and
 //! `observe_request(request_id, token_ids, num_computed_tokens, status,
-//! num_cached_blocks)`, called before each call that names a request.
+//! cached_blocks)` (per KV-cache group, the table positions whose block has
+//! a hash), called before each call that names a request.
 //!
 //! A call that raises, or answers with the wrong shape, goes to
 //! `sys.unraisablehook` and counts as the safe answer (ask again later, no
@@ -62,7 +63,7 @@ impl KvConnector for PyKvConnector {
                 r.token_ids.to_vec(),
                 r.num_computed_tokens,
                 r.status,
-                r.num_cached_blocks,
+                r.cached_blocks.to_vec(),
             );
             self.call("observe_request", args, |_| Ok(()), ());
         }

@@ -4,7 +4,8 @@
 //! reservation an async load keeps for in-flight prefills.
 
 use super::tests::{config, new_request, Setup};
-use super::Scheduler;
+use super::{Scheduler, SchedulerConfig};
+use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::block::BlockId;
 use crate::error::Error;
 use crate::kv_connector::scripted::{Call, Observed, Scripted};
@@ -49,17 +50,38 @@ fn with_setup(
     setup: KvConnectorSetup,
     async_scheduling: bool,
 ) -> (Scheduler, Arc<Mutex<Vec<Call>>>) {
+    attached(
+        connector_config(num_blocks, budget, async_scheduling),
+        answers,
+        holds,
+        setup,
+    )
+}
+
+/// Block size 4, `num_blocks` blocks, `budget` tokens a step, a long
+/// prompt leaving budget to the requests behind it.
+fn connector_config(num_blocks: usize, budget: usize, async_scheduling: bool) -> SchedulerConfig {
     let mut c = config(Setup {
         num_blocks,
         max_model_len: 64,
         budget,
         max_num_seqs: 8,
-        // A long prompt leaves budget to the requests behind it.
         threshold: 20,
         async_scheduling,
         ..Setup::default()
     });
     c.cache.block_size = 4;
+    c
+}
+
+/// A scheduler of config `c` with a scripted connector answering `answers`
+/// (request id, external tokens, async) and holding `holds`.
+fn attached(
+    c: SchedulerConfig,
+    answers: &[(&str, Option<(usize, bool)>)],
+    holds: &[&str],
+    setup: KvConnectorSetup,
+) -> (Scheduler, Arc<Mutex<Vec<Call>>>) {
     let mut s = Scheduler::new(c).unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let connector = Scripted {
@@ -662,4 +684,39 @@ fn the_caller_orders_the_requests_the_fail_policy_ends() {
             (2, 0, 0)
         );
     }
+}
+
+#[test]
+fn an_external_hit_beside_a_window_group_pads_its_past_and_takes_every_groups_blocks_first() {
+    // A connector with hybrid support beside a 2-token window and full
+    // attention (vLLM keeps both groups). A sync hit of 12 of 14 tokens:
+    // the window reads back one token, so its first two blocks stay null;
+    // every group's blocks for the hit come before any group's new ones.
+    let mut c = connector_config(30, 64, false);
+    c.cache.groups = vec![
+        GroupSpec {
+            kind: AttentionKind::SlidingWindow { window: 2 },
+            admission_cap_blocks: None,
+        },
+        GroupSpec::FULL,
+    ];
+    let answers = [("r", Some((12, false)))];
+    let (mut s, log) = attached(c, &answers, &[], KvConnectorSetup::default());
+    s.add_request(new_request("r", (100..114).collect(), 1))
+        .unwrap();
+    let out = s.schedule();
+    assert_eq!(counts(&s, &out), vec![("r".into(), 12, 2)]);
+    let allocated = vec![vec![0, 0, 1, 5], vec![2, 3, 4, 6]];
+    assert_eq!(sampled(&mut s, &out), vec!["r".to_string()]);
+    // At its finish the window's block out of reach goes before the
+    // connector is shown the tables.
+    let finished = vec![vec![0, 0, 0, 5], vec![2, 3, 4, 6]];
+    assert_eq!(
+        *log.lock().unwrap(),
+        vec![
+            Call::Matched("r".into(), 14, 0),
+            Call::AfterAlloc("r".into(), allocated, 12),
+            Call::Finished("r".into(), finished, "FINISHED_LENGTH_CAPPED".into()),
+        ]
+    );
 }

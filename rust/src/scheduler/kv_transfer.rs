@@ -34,9 +34,10 @@ impl Scheduler {
         let c = &self.config;
         let why = if !self.ids.is_empty() {
             Some("it must be set before the first request")
-        } else if c.cache.groups.len() != 1 || !c.cache.groups[0].kind.is_full() {
-            // vLLM gives a connector without hybrid support one group.
-            Some("kv_cache_groups must be one full-attention group")
+        } else if c.cache.groups.is_empty() || c.cache.groups.iter().any(|g| g.kind.is_slotless()) {
+            // Full attention, windows and chunked local attention (vLLM
+            // gives a connector without hybrid support one group of them).
+            Some("kv_cache_groups must be attention groups with per-token blocks")
         } else if c.runner != Runner::Generate {
             Some("runner must be 'generate'")
         } else if c.encoder.is_some() {
@@ -80,7 +81,8 @@ impl Scheduler {
         };
         let r = &self.requests[slot];
         let num_tokens = r.num_tokens();
-        connector.observe_request(&state_of(r, r.seq.num_computed_tokens, r.status));
+        let cached = self.kv.cached_positions(&r.tables);
+        connector.observe_request(&state_of(r, r.seq.num_computed_tokens, r.status, &cached));
         let answer = connector.get_num_new_matched_tokens(&r.request_id, num_tokens, num_local);
         // A request that reads no cache takes no external hit either (the
         // connector was still asked, as vLLM asks it).
@@ -104,7 +106,8 @@ impl Scheduler {
     ) {
         if let Some(connector) = self.connector.as_mut() {
             let r = &self.requests[slot];
-            connector.observe_request(&state_of(r, before.0, before.1));
+            let cached = self.kv.cached_positions(&r.tables);
+            connector.observe_request(&state_of(r, before.0, before.1, &cached));
             let block_ids: Vec<Vec<BlockId>> =
                 r.tables.iter().map(|t| t.block_ids().to_vec()).collect();
             connector.update_state_after_alloc(&r.request_id, &block_ids, num_external_tokens);
@@ -116,7 +119,6 @@ impl Scheduler {
     /// draft step's blocks of its own (vLLM's reservation).
     pub(super) fn reserved_for_inflight_prefills(&self) -> usize {
         let c = &self.config;
-        let bs = self.kv.block_size();
         let k = c.num_speculative_tokens;
         let spec = if k > 0 {
             1 + k + c.cache.num_lookahead_tokens
@@ -130,10 +132,10 @@ impl Scheduler {
             .filter(|r| r.inflight_prefill)
             .map(|r| {
                 let tokens = r.num_tokens().min(c.max_model_len) + spec;
-                cdiv(tokens, bs).saturating_sub(r.num_blocks())
+                self.kv.blocks_to_hold(&r.tables, tokens, &r.seq)
             })
             .sum();
-        reserved + cdiv(spec, bs)
+        reserved + self.kv.draft_step_blocks(spec)
     }
 
     /// A loading request the waiting pass reached after its load was
@@ -170,15 +172,26 @@ impl Scheduler {
         let Some(connector) = self.connector.as_mut() else {
             return false;
         };
-        let r = &self.requests[slot];
-        let bs = self.kv.block_size();
-        let computed_blocks = cdiv(r.seq.num_computed_tokens, bs);
+        let r = &mut self.requests[slot];
+        // A window's blocks out of reach go first (as far as the steps
+        // that came back computed), then each group's blocks up to the
+        // computed tokens are named.
+        let processed = r.seq.num_computed_tokens.saturating_sub(r.in_flight_tokens);
+        self.kv
+            .remove_blocks_out_of_window(&mut r.tables, processed);
+        let computed = r.seq.num_computed_tokens;
         let block_ids: Vec<Vec<BlockId>> = r
             .tables
             .iter()
-            .map(|t| t.block_ids()[..computed_blocks.min(t.len())].to_vec())
+            .enumerate()
+            .map(|(g, t)| {
+                let n = cdiv(computed, self.kv.group_block_size(g));
+                t.block_ids()[..n.min(t.len())].to_vec()
+            })
             .collect();
-        connector.observe_request(&state_of(r, r.seq.num_computed_tokens, r.status));
+        let r = &self.requests[slot];
+        let cached = self.kv.cached_positions(&r.tables);
+        connector.observe_request(&state_of(r, r.seq.num_computed_tokens, r.status, &cached));
         connector.request_finished(&r.request_id, &block_ids, r.status.name())
     }
 
@@ -269,12 +282,17 @@ impl Scheduler {
 
 /// `r` as a connector call shows it, with `num_computed_tokens` and
 /// `status` as vLLM's scheduler has them at that call.
-fn state_of(r: &Request, num_computed_tokens: usize, status: RequestStatus) -> RequestState<'_> {
+fn state_of<'a>(
+    r: &'a Request,
+    num_computed_tokens: usize,
+    status: RequestStatus,
+    cached_blocks: &'a [Vec<u32>],
+) -> RequestState<'a> {
     RequestState {
         request_id: &r.request_id,
         token_ids: r.seq.tokens(),
         num_computed_tokens,
         status: status.name(),
-        num_cached_blocks: r.num_cached_blocks(),
+        cached_blocks,
     }
 }

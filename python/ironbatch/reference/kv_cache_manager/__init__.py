@@ -215,10 +215,24 @@ class KvCacheManager:
         that multi-module MTP may prefill again (vLLM's
         ``extra_retained_tokens`` on every sliding-window spec), though it
         no longer attends to them."""
+        return self.skipped_tokens(g, processed) // self.group_block_size(g)
+
+    def skipped_tokens(self, g: int, processed: int) -> int:
+        """Group ``g``'s leading tokens no position after ``processed``
+        tokens reads (vLLM's ``get_num_skipped_tokens``), not rounded to
+        blocks."""
         kind = self._groups[g].kind
         if isinstance(kind, SlidingWindow):
             processed = max(processed - self._reprefillable, 0)
-        return kind.num_skipped_tokens(processed) // self.group_block_size(g)
+        return kind.num_skipped_tokens(processed)
+
+    def cached_positions(self, tables: list[BlockTable]) -> list[list[int]]:
+        """Per table, the positions whose block has a block hash (what a KV
+        connector reading vLLM's blocks sees as cached)."""
+        return [
+            [i for i, b in enumerate(t.blocks) if b.block_id != NULL_BLOCK and b.hash is not None]
+            for t in tables
+        ]
 
     def slot_of(self, table: BlockTable, pos: int) -> int:
         """The KV-cache slot of position ``pos`` in a request's ``table``."""
@@ -313,6 +327,21 @@ class KvCacheManager:
         return allocation.allocate(
             self, tables, seq, num_new_tokens, num_new_computed_tokens, hits, admission, in_flight
         )
+
+    def blocks_to_hold(self, tables: list[BlockTable], slots: int, seq: Sequence) -> int:
+        """Blocks a running request's ``tables`` still take to hold
+        ``slots`` tokens, each window group's up to its admission cap."""
+        return allocation.blocks_to_hold(self, tables, slots, seq)
+
+    def draft_step_blocks(self, tokens: int) -> int:
+        """The blocks one step of ``tokens`` drafted tokens takes in each
+        group with per-token slots."""
+        return allocation.draft_step_blocks(self, tokens)
+
+    def remove_blocks_out_of_window(self, tables: list[BlockTable], processed: int) -> None:
+        """Give back every window group's blocks that no position after
+        ``processed`` tokens reads."""
+        allocation.remove_blocks_out_of_window(self, tables, processed)
 
     def cache_full_blocks(self, tables: list[BlockTable], seq: Sequence, upto: int) -> None:
         """Hash-cache every group's full blocks up to token ``upto``, when

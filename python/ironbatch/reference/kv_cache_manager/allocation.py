@@ -67,15 +67,24 @@ def blocks_needed(
     blocks only up to its cap. A recurrent group caching its states counts
     them by the model's tokens and may come out negative (§7.15)."""
     kind = m._groups[g].kind
-    evictable_hits = sum(1 for b in hits if b.block_id != NULL_BLOCK and b.ref_cnt == 0)
+
+    def evictable(blocks: list[Block]) -> int:
+        return sum(1 for b in blocks if b.block_id != NULL_BLOCK and b.ref_cnt == 0)
+
     if m._align and kind.is_recurrent():
-        return states_needed(m, g, table, span, len(hits)) + evictable_hits
+        return states_needed(m, g, table, span, len(hits)) + evictable(hits)
     required = cdiv(span.slots, m.group_block_size(g)) + kind.extra_blocks()
     cap = m._groups[g].admission_cap_blocks
     if capped and cap is not None:
         required = min(required, cap)
-    have = len(table) + len(hits)
-    return max(required - have, 0) + evictable_hits
+    if len(table):
+        return max(required - len(table) - len(hits), 0) + evictable(hits)
+    # A new table starts with nulls for the blocks a window no longer reads
+    # after the computed tokens, which an external hit (a KV connector's)
+    # may put past the local hits; the hits there are not taken (vLLM's
+    # ``get_num_blocks_to_allocate``).
+    skipped = m.skipped_blocks(g, span.computed)
+    return max(required - max(skipped, len(hits)), 0) + evictable(hits[skipped:])
 
 
 def states_needed(m: KvCacheManager, g: int, table: BlockTable, span: Span, hits: int) -> int:
@@ -257,9 +266,20 @@ def allocate(
     m._step_checkpoint = (
         checkpoint_in_step(m, recurrent[0], tables[recurrent[0]], span) if recurrent else None
     )
-    if hits:
+    # Hits and an external hit (a KV connector's) are taken by a request
+    # that holds no blocks yet; one that does (a load that failed in part,
+    # asked again) grows its tables as a running one does.
+    fresh = all(not t.blocks for t in tables)
+    if hits or (fresh and admission.external_tokens):
         for g, table in enumerate(tables):
-            take_hits(m, g, table, hits[g], computed)
+            take_hits(m, g, table, hits[g] if hits else [], computed)
+    if fresh and admission.external_tokens:
+        # The external tokens' blocks, every group's, before any group's new
+        # ones (vLLM allocates them in two passes).
+        for g, table in enumerate(tables):
+            if min(computed - m.skipped_tokens(g, computed), admission.external_tokens) > 0:
+                grow = max(cdiv(computed, m.group_block_size(g)) - len(table), 0)
+                table.blocks.extend(m._pool.take_free_blocks(grow))
     # Group by group, in order (as vLLM's coordinator takes them); each
     # table records its growth for the step's new block ids.
     for g, table in enumerate(tables):
@@ -333,8 +353,8 @@ def take_hits(
 ) -> None:
     """Adopt group ``g``'s prefix hits: the blocks a window no longer
     reads (before ``computed``'s window) stay null, the rest are taken."""
+    # An external hit (a KV connector's) may skip past the local hits.
     skipped = m.skipped_blocks(g, computed)
-    skipped = min(skipped, len(hits))
     taken = hits[skipped:]
     m._pool.add_refs([b for b in taken if b.block_id != NULL_BLOCK])
     null = null_block(m)
@@ -342,6 +362,42 @@ def take_hits(
     table.blocks.extend([null] * (skipped - len(table.blocks)))
     table.blocks.extend(taken)
     table.num_cached = len(table.blocks)
+
+
+def blocks_to_hold(m: KvCacheManager, tables: list[BlockTable], slots: int, seq: Sequence) -> int:
+    """Blocks a running request's ``tables`` still take to hold ``slots``
+    tokens, each window group's counted up to its admission cap (vLLM's
+    ``get_num_blocks_to_allocate`` as its scheduler asks it for an in-flight
+    prefill's reservation)."""
+    span = Span(
+        slots,
+        min(seq.num_tokens, m._max_model_len),
+        seq.num_computed_tokens,
+        max(seq.num_prompt_tokens, seq.num_tokens - 1),
+    )
+    return max(blocks_needed_all(m, tables, span, 0, [], True), 0)
+
+
+def draft_step_blocks(m: KvCacheManager, tokens: int) -> int:
+    """The blocks one step of ``tokens`` drafted tokens takes in each group
+    with per-token slots (vLLM's ``_spec_decode_step_blocks``)."""
+    return sum(
+        cdiv(tokens, m.group_block_size(g))
+        for g, spec in enumerate(m._groups)
+        if not spec.kind.is_recurrent()
+    )
+
+
+def remove_blocks_out_of_window(
+    m: KvCacheManager, tables: list[BlockTable], processed: int
+) -> None:
+    """Give back every window group's blocks that no position after
+    ``processed`` tokens reads (what vLLM's scheduler does before it hands
+    a finished request's blocks to a KV connector)."""
+    if m._single_full:
+        return
+    for g, table in enumerate(tables):
+        remove_skipped_blocks(m, g, table, processed)
 
 
 def remove_skipped_blocks(m: KvCacheManager, g: int, table: BlockTable, processed: int) -> None:

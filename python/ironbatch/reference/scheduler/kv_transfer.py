@@ -43,9 +43,10 @@ def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> N
     why = None
     if s.ids:
         why = "it must be set before the first request"
-    elif len(groups) != 1 or not groups[0].kind.is_full():
-        # vLLM gives a connector without hybrid support one group.
-        why = "kv_cache_groups must be one full-attention group"
+    elif not groups or any(g.kind.is_slotless() for g in groups):
+        # Full attention, windows and chunked local attention (vLLM gives a
+        # connector without hybrid support one group of them).
+        why = "kv_cache_groups must be attention groups with per-token blocks"
     elif c.runner is not Runner.GENERATE:
         why = "runner must be 'generate'"
     elif c.encoder is not None:
@@ -62,7 +63,7 @@ def ask_connector(s: Scheduler, slot: int, num_local: int) -> ExternalHit | Ask:
     if s.connector is None:
         return Ask.NO_CONNECTOR
     r = s.requests[slot]
-    s.connector.observe_request(state_of(r, r.seq.num_computed_tokens, r.status))
+    s.connector.observe_request(state_of(s, r, r.seq.num_computed_tokens, r.status))
     answer = s.connector.get_num_new_matched_tokens(r.request_id, r.num_tokens, num_local)
     # A request that reads no cache takes no external hit either (the
     # connector was still asked, as vLLM asks it).
@@ -81,7 +82,7 @@ def notify_after_alloc(
     connector sees ``before`` (computed tokens, status)."""
     if s.connector is not None:
         r = s.requests[slot]
-        s.connector.observe_request(state_of(r, *before))
+        s.connector.observe_request(state_of(s, r, *before))
         block_ids = [t.block_ids() for t in r.tables]
         s.connector.update_state_after_alloc(r.request_id, block_ids, num_external_tokens)
 
@@ -91,7 +92,6 @@ def reserved_for_inflight_prefills(s: Scheduler) -> int:
     still needs for its whole sequence (and a draft step), plus one draft
     step's blocks of its own (vLLM's reservation)."""
     c = s.config
-    bs = s.kv.block_size
     k = c.num_speculative_tokens
     spec = 1 + k + c.num_lookahead_tokens if k > 0 else 0
     reserved = 0
@@ -99,8 +99,8 @@ def reserved_for_inflight_prefills(s: Scheduler) -> int:
         r = s.requests[slot]
         if r.inflight_prefill:
             tokens = min(r.num_tokens, c.max_model_len) + spec
-            reserved += max(cdiv(tokens, bs) - r.num_blocks, 0)
-    return reserved + cdiv(spec, bs)
+            reserved += s.kv.blocks_to_hold(r.tables, tokens, r.seq)
+    return reserved + s.kv.draft_step_blocks(spec)
 
 
 def settle_load(s: Scheduler, slot: int) -> None:
@@ -131,9 +131,17 @@ def connector_finished(s: Scheduler, slot: int) -> bool:
     if s.connector is None:
         return False
     r = s.requests[slot]
-    computed_blocks = cdiv(r.seq.num_computed_tokens, s.kv.block_size)
-    block_ids = [t.block_ids()[:computed_blocks] for t in r.tables]
-    s.connector.observe_request(state_of(r, r.seq.num_computed_tokens, r.status))
+    # A window's blocks out of reach go first (as far as the steps that
+    # came back computed), then each group's blocks up to the computed
+    # tokens are named.
+    s.kv.remove_blocks_out_of_window(
+        r.tables, max(r.seq.num_computed_tokens - r.in_flight_tokens, 0)
+    )
+    computed = r.seq.num_computed_tokens
+    block_ids = [
+        t.block_ids()[: cdiv(computed, s.kv.group_block_size(g))] for g, t in enumerate(r.tables)
+    ]
+    s.connector.observe_request(state_of(s, r, r.seq.num_computed_tokens, r.status))
     return s.connector.request_finished(r.request_id, block_ids, r.status.name)
 
 
@@ -192,7 +200,9 @@ def settle_kv_transfers(
             s.release_request(slot)
 
 
-def state_of(r: Request, num_computed_tokens: int, status: RequestStatus) -> RequestState:
+def state_of(
+    s: Scheduler, r: Request, num_computed_tokens: int, status: RequestStatus
+) -> RequestState:
     """``r`` as a connector call shows it, with ``num_computed_tokens`` and
     ``status`` as vLLM's scheduler has them at that call."""
     return RequestState(
@@ -200,5 +210,5 @@ def state_of(r: Request, num_computed_tokens: int, status: RequestStatus) -> Req
         token_ids=r.seq.tokens,
         num_computed_tokens=num_computed_tokens,
         status=status.name,
-        num_cached_blocks=r.num_cached_blocks(),
+        cached_blocks=s.kv.cached_positions(r.tables),
     )
