@@ -307,6 +307,12 @@ class SchedulerPair:
             return judge
 
         kv = kv_connector_output
+        if kv is not None and (kv.failed_recving or kv.invalid_block_ids):
+            # A failure may cut back a loading request too.
+            live = self.rust.debug_state()["requests"]
+            self.kv_cut.update(
+                rid for rid, r in live.items() if r["status"] == "WAITING_FOR_REMOTE_KVS"
+            )
         ru = self.rust.update_from_output(r, sampled, accept=accept("rust"), kv_connector_output=kv)
         pu = self.twin.update_from_output(p, sampled, accept=accept("twin"), kv_connector_output=kv)
         assert asked["rust"] == asked["twin"]

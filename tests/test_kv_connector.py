@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from test_scheduler_differential import random_groups
+from test_scheduler_differential import image_pool, place_images, random_groups
 
 from ironbatch import KVCacheGroup
 from ironbatch.bench.standin_connector import (
@@ -286,7 +286,20 @@ def random_config(rng: random.Random) -> dict[str, Any]:
     # (a connector with hybrid support: NIXL, offloading, Mooncake).
     groups = random_groups(rng, bs) if rng.random() < 0.4 else None
     need = -(-max_len // bs) * (1 if groups is None else len(groups))
+    # A vision model's encoder in some (drawn apart): images beside
+    # external hits.
+    vision = random.Random(rng.random())
+    encoder: dict[str, Any] = {}
+    if vision.random() < 0.3:
+        compute = vision.choice([8, 16, 40, 96])
+        encoder = dict(
+            encoder_compute_budget=compute,
+            encoder_cache_size=vision.choice([compute, 2 * compute, 5 * compute]),
+            # (Images never split only without a long-prefill cap, as vLLM.)
+            disable_chunked_mm_input=False,
+        )
     return dict(
+        **encoder,
         kv_cache_groups=groups,
         block_size=bs,
         num_blocks=rng.randint(2 * need + 2, 3 * need) if rng.random() < 0.4 else 8 * need,
@@ -336,6 +349,7 @@ def run_seed(seed: int) -> Counter:
     prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
     depth = 2 if config["async_scheduling"] else rng.choice([1, 1, 2])
     metas: list[Any] = []
+    pool = image_pool(rng, config) if "encoder_compute_budget" in config else []
     events: Counter = Counter()
     arrivals, added, step = rng.randint(6, 20), 0, 0
 
@@ -356,7 +370,15 @@ def run_seed(seed: int) -> Counter:
             n = rng.randint(1, max_len - 2)
             prompt = rng.choice(prefixes)[: rng.randint(0, n)]
             prompt += [rng.randrange(3, VOCAB) for _ in range(n - len(prompt))]
-            pair.add(f"r{added}", prompt, max_tokens=rng.randint(1, 8), priority=rng.randint(0, 2))
+            images = place_images(rng, pool, prompt) if pool else []
+            events["images"] += len(images)
+            pair.add(
+                f"r{added}",
+                prompt,
+                max_tokens=rng.randint(1, 8),
+                priority=rng.randint(0, 2),
+                images=images,
+            )
             added += 1
         live = sorted(pair.rust.debug_state()["requests"])
         if live and rng.random() < 0.05:
@@ -411,6 +433,7 @@ def test_core_and_twin_agree_with_the_stand_in(workloads: Workloads) -> None:
             "invalid_blocks": 60,
             "failed_loads_ended": 30,
             "fenced_frees": 120,
+            "images": 400,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

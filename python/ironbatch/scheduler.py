@@ -317,8 +317,8 @@ class Scheduler:
         (vLLM sets it for a consumer role with more than one step in
         flight). ``requires_kv_delivery`` drops a preempted request's output
         in flight (the connector's own flag). Refused (``ValueError``) where the
-        core does not follow vLLM with a connector yet: several KV-cache
-        groups, a pooling runner, an encoder. The worker's reports come with
+        core does not follow vLLM with a connector yet: recurrent-state or
+        cross-attention KV-cache groups, a pooling runner. The worker's reports come with
         each step's output (``update_from_output(kv_connector_output=...)``)."""
         for name, flag in (
             ("defer_block_free", defer_block_free),

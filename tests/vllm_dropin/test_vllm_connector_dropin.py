@@ -25,6 +25,7 @@ from ironbatch.bench.vllm_standin_connector import kv_connector_output, random_s
 
 import vllm_setup
 from seeded import Workloads
+from test_vllm_differential import image_pool, place_images, step_room
 from vllm_pair import VllmPair
 
 VOCAB = 50
@@ -45,7 +46,16 @@ def run_seed(seed: int) -> Counter:
             "method": drafter.choice(["eagle", "eagle3"]),
             "num_speculative_tokens": drafter.choice([1, 2, 3]),
         }
+    # A vision model (Qwen2.5-VL's shape) in some, drawn apart: images
+    # beside external hits, loaded or in the step.
+    vision = random.Random(seed ^ 0x1AA6E)
+    if vision.random() < 0.25:
+        compute = vision.choice([8, 24, 48, 96])
+        settings["target"] = "vision"
+        settings["mm_budget"] = (compute, vision.choice([compute, 2 * compute]))
+        settings["disable_chunked_mm_input"] = vision.random() < 0.3
     pair = VllmPair(rng, **settings)
+    images = image_pool(vision, settings, step_room(pair)) if "target" in settings else []
     ours, theirs = stand_in_of(pair.ours), stand_in_of(pair.vllm)
     worker = StandInWorker()
     step = 0
@@ -74,7 +84,15 @@ def run_seed(seed: int) -> Counter:
             prompt = rng.choice(prefixes)[: rng.randint(0, n)]
             prompt += [rng.randrange(3, VOCAB) for _ in range(n - len(prompt))]
             max_tokens = rng.randint(1, max(1, min(24, max_len - n - 1)))
-            pair.add(f"r{added}", prompt, max_tokens=max_tokens, priority=rng.randint(0, 2))
+            features = place_images(vision, prompt, images) if images else []
+            pair.events["images"] += len(features)
+            pair.add(
+                f"r{added}",
+                prompt,
+                max_tokens=max_tokens,
+                priority=rng.randint(0, 2),
+                mm_features=features,
+            )
             added += 1
         live = [rid for rid, r in pair.vllm.requests.items() if not r.is_finished()]
         if live and rng.random() < 0.05:
@@ -107,6 +125,7 @@ def run_seed(seed: int) -> Counter:
     # A connector with hybrid support, and window groups beside it.
     events["hybrid_connector"] += isinstance(pair.vllm.connector, SupportsHMA)
     events["window_groups"] += len(pair.vllm.kv_cache_config.kv_cache_groups) > 1
+    events["vision"] += bool(images)
     events["workloads"] += 1
     return events
 
@@ -130,6 +149,8 @@ def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
             "drafting": 160,
             "hybrid_connector": 280,
             "window_groups": 240,
+            "vision": 160,
+            "images": 1200,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

@@ -441,6 +441,30 @@ TABLE = [
         exercises=("image_requests", "encoder_inputs"),
     ),
     Deployment(
+        # A vision model behind NIXL (disaggregated prefill of image
+        # prompts): images scheduled beside the connector's hits.
+        "qwen2.5-vl-7b-images-nixl",
+        "qwen2.5-vl-7b",
+        ["--max-num-batched-tokens", "128", "--kv-transfer-config", kv_connector("NixlConnector")],
+        {
+            "supports_multimodal_inputs": True,
+            "kv_connector": "NixlPullConnector",
+        },
+        exercises=("image_requests", "encoder_inputs", "connector_metadata"),
+    ),
+    Deployment(
+        # ... and Gemma 3's, its five window groups kept beside NIXL.
+        "gemma-3-12b-vision-images-nixl",
+        "gemma-3-12b-vision",
+        ["--max-num-batched-tokens", "128", "--kv-transfer-config", kv_connector("NixlConnector")],
+        {
+            "supports_multimodal_inputs": True,
+            "kv_connector": "NixlPullConnector",
+            "kv_groups": ["SlidingWindowSpec"] * 5 + ["FullAttentionSpec"],
+        },
+        exercises=("image_requests", "encoder_inputs", "connector_metadata"),
+    ),
+    Deployment(
         # Llama 4 with images: chunked local attention in three groups of
         # four, and vLLM's encoder budget from its image processor (2,448
         # embeddings an image: 17 tiles of 144).

@@ -557,16 +557,7 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
             return prompt, [audio_feature(f"audio-{rng.randint(0, 9)}", length)]
         if not images:
             return prompt, []
-        features: list[MultiModalFeatureSpec] = []
-        pos = rng.randint(0, 4)
-        for _ in range(rng.choice([0, 1, 1, 2, 3])):
-            identifier, length, mask = rng.choice(images)
-            if pos + length >= len(prompt):
-                break
-            prompt[pos : pos + length] = [IMAGE] * length
-            features.append(image_feature(identifier, pos, length, mask))
-            pos += length + rng.randint(0, 6)
-        return prompt, features
+        return prompt, place_images(rng, prompt, images)
 
     live: list[str] = []
     next_id = 0
@@ -738,6 +729,23 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
 
 
 IMAGE = 5  # the placeholder token (the scheduler never reads its value)
+
+
+def place_images(
+    rng: random.Random, prompt: list[int], images: list[tuple[str, int, list[bool] | None]]
+) -> list[MultiModalFeatureSpec]:
+    """Up to three images from ``images`` put into ``prompt`` (its tokens
+    there become placeholders), as vLLM's processor hands them over."""
+    features: list[MultiModalFeatureSpec] = []
+    pos = rng.randint(0, 4)
+    for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        identifier, length, mask = rng.choice(images)
+        if pos + length >= len(prompt):
+            break
+        prompt[pos : pos + length] = [IMAGE] * length
+        features.append(image_feature(identifier, pos, length, mask))
+        pos += length + rng.randint(0, 6)
+    return features
 
 
 def step_room(pair: VllmPair) -> int:

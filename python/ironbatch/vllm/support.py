@@ -224,7 +224,7 @@ def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
     cannot (docs/scheduling.md §4.19): the core takes connectors on
     attention KV-cache groups (full, MLA, sliding windows, chunked local
     attention; several only beside a connector with hybrid support, as
-    vLLM keeps them) of a text model that generates. A
+    vLLM keeps them) of a model that generates. A
     connector that manages vLLM's GPU block pool itself (it overrides
     ``bind_gpu_block_pool``: SimpleCPUOffload, Mooncake's store, UMBP) needs
     vLLM's pool, which the drop-in does not have."""
@@ -250,8 +250,6 @@ def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
         return "a KV connector without hybrid support beside several KV-cache groups"
     if mc.runner_type != "generate":
         return f"a KV connector with the {mc.runner_type!r} runner"
-    if mc.supports_multimodal_inputs:
-        return "a KV connector with a multimodal model"
     if kv_cache_config.hisparse_host_num_blocks is not None:
         return "a KV connector with HiSparse (deferred async loads)"
     for config in _connector_configs(c.kv_transfer_config):

@@ -24,8 +24,8 @@ pub(super) enum Answer {
 
 impl Scheduler {
     /// Attach a KV connector; before any request, and only where the core
-    /// follows vLLM with one: one full-attention KV-cache group, a
-    /// generating runner, no encoder.
+    /// follows vLLM with one: attention KV-cache groups with per-token
+    /// blocks (no recurrent state, no cross-attention), a generating runner.
     pub fn set_kv_connector(
         &mut self,
         connector: Box<dyn KvConnector>,
@@ -40,8 +40,6 @@ impl Scheduler {
             Some("kv_cache_groups must be attention groups with per-token blocks")
         } else if c.runner != Runner::Generate {
             Some("runner must be 'generate'")
-        } else if c.encoder.is_some() {
-            Some("a scheduler with an encoder (images, audio) takes no KV connector yet")
         } else {
             None
         };

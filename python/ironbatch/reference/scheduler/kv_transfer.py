@@ -36,8 +36,8 @@ class Ask(enum.Enum):
 
 def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> None:
     """Attach a KV connector; before any request, and only where the core
-    follows vLLM with one: one full-attention KV-cache group, a generating
-    runner, no encoder."""
+    follows vLLM with one: attention KV-cache groups with per-token blocks
+    (no recurrent state, no cross-attention), a generating runner."""
     c = s.config
     groups = c.kv_cache_groups
     why = None
@@ -49,8 +49,6 @@ def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> N
         why = "kv_cache_groups must be attention groups with per-token blocks"
     elif c.runner is not Runner.GENERATE:
         why = "runner must be 'generate'"
-    elif c.encoder is not None:
-        why = "a scheduler with an encoder (images, audio) takes no KV connector yet"
     if why is not None:
         raise ValueError(f"kv_connector: {why}")
     s.connector = SafeConnector(connector)
