@@ -31,6 +31,7 @@ fn main() {
         num_lookahead_tokens: 0,
         num_hash_lookahead_tokens: 0,
         drop_eagle_block: false,
+        eagle_groups: None,
         groups: vec![GroupSpec::FULL],
         sparse_retention: true,
         retention_interval: 0,

@@ -325,9 +325,28 @@ def test_a_lookahead_hash_keys_every_groups_blocks(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_several_groups_refuse_the_eagle_block_drop(backend: str) -> None:
-    with pytest.raises(ValueError, match="drop_eagle_block needs exactly one KV-cache group"):
-        hybrid(backend, (FULL, SWA), drop_eagle_block=True, num_speculative_tokens=1)
+def test_the_eagle_block_drop_beside_a_window(backend: str) -> None:
+    # The 300-token prompt, run and sent again (at most 299 tokens hit).
+    # Without a drop: 18 blocks, the window's 8 cached before block 18. An
+    # EAGLE drafter's group drops a block: full attention looks a block
+    # past (still 18, all the hashes) and drops one, so the hit is 17
+    # blocks, and the window cached its 8 before block 17 (the resend's
+    # resume point is a block lower). When the window drops too (every
+    # group flagged: vLLM's fallback) it keeps a ninth block and drops it.
+    with pytest.raises(ValueError, match="eagle_groups: group 2 is not one of the 2 KV-cache"):
+        hybrid(backend, (FULL, SWA), drop_eagle_block=True, eagle_groups=(2,))
+    with pytest.raises(ValueError, match=r"eagle_groups must be in \[0, .*got -1"):
+        hybrid(backend, (FULL, SWA), drop_eagle_block=True, eagle_groups=(-1,))
+    with pytest.raises(TypeError, match="eagle_groups must be a tuple of KV-cache group indices"):
+        hybrid(backend, (FULL, SWA), drop_eagle_block=True, eagle_groups=0)
+    for drop, flagged, hit in [(False, None, 288), (True, (0,), 272), (True, None, 272)]:
+        s = hybrid(backend, (FULL, SWA), drop_eagle_block=drop, eagle_groups=flagged)
+        run_one(s, 1)
+        s.add_request(req("B", PROMPT, max_tokens=1))
+        out = s.schedule()
+        assert int(out.num_computed_tokens[0]) == hit, (drop, flagged)
+        window = tables(s, "B")[1]
+        assert nulls(window) == (hit - 127) // 16 and 0 not in window[nulls(window) :]
 
 
 def test_group_settings_are_checked() -> None:

@@ -179,16 +179,22 @@ def random_config(rng: random.Random) -> dict:
             config[key] = 0
         config["drafter_read_ahead"] = 0
     # EAGLE's last-block drop (lookahead hashes off) in half the drafting
-    # workloads that hash without them, on one full-attention group, and in
-    # a quarter of those that would hash ahead (drawn apart, so the draws
-    # above stay each seed's: about one prefix-caching workload in twenty).
+    # workloads that hash without them, on full attention and sliding
+    # windows (vLLM keeps no chunked local attention beside it), and in a
+    # quarter of those that would hash ahead (drawn apart, so the draws
+    # above stay each seed's: about one prefix-caching workload in twenty);
+    # the drafter's layers in the full-attention group, or in none (every
+    # group then drops).
+    groups = config["kv_cache_groups"]
+    droppable = groups is None or all(g.kind in ("full", "sliding_window") for g in groups)
     drafting = config["num_speculative_tokens"] and not config["num_hash_lookahead_tokens"]
-    config["drop_eagle_block"] = (
-        bool(drafting) and config["kv_cache_groups"] is None and rng.random() < 0.5
-    )
-    more = random.Random(rng.random()).random() < 0.25
-    if config["num_speculative_tokens"] and config["kv_cache_groups"] is None and more:
+    config["drop_eagle_block"] = bool(drafting) and droppable and rng.random() < 0.5
+    more = random.Random(rng.random())
+    # (Beside windows, half: the drop's rules there are the window's own.)
+    if config["num_speculative_tokens"] and droppable and more.random() < (0.5 if groups else 0.25):
         config.update(drop_eagle_block=True, num_hash_lookahead_tokens=0)
+    if config["drop_eagle_block"] and groups and more.random() < 0.5:
+        config["eagle_groups"] = tuple(i for i, g in enumerate(groups) if g.kind == "full")
     # A retention interval in some sparse workloads with a sliding window:
     # each segment of 1 to 8 blocks keeps its tail too.
     windowed = any(g.kind == "sliding_window" for g in config["kv_cache_groups"] or ())
@@ -597,6 +603,9 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     assert not pair.rust.has_unfinished_requests(), "no progress"
     assert pair.rust.num_free_blocks == config["num_blocks"] - 1
     pair.events["eagle_block_drop"] += config["drop_eagle_block"] and config["caching"]
+    pair.events["eagle_block_drop_windows"] += bool(
+        config["drop_eagle_block"] and config["caching"] and groups and len(groups) > 1
+    )
     pair.events["multi_module_drafter"] += config.get("drafter_read_ahead", 0) > 1
     pair.events["retention_interval"] += config.get("retention_interval", 0) > 0
     mamba = [g for g in config["kv_cache_groups"] or () if g.kind == "mamba"]
@@ -683,6 +692,8 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
         needs[what] = workloads.scaled(4, WORKLOADS, FULL_WORKLOADS)
     # Recurrent-state groups (about one workload in eight), with scratch
     # states for drafts in about one in three of those.
+    # EAGLE's drop beside window groups (about one workload in twenty).
+    needs["eagle_block_drop_windows"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_groups"] = workloads.scaled(4, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_speculative_blocks"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_align"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)

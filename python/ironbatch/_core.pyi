@@ -457,6 +457,7 @@ class Scheduler:
         num_lookahead_tokens: SupportsIndex | None = None,
         num_hash_lookahead_tokens: SupportsIndex | None = None,
         drop_eagle_block: bool = False,
+        eagle_groups: Sequence[int] | None = None,
         num_draft_slots: SupportsIndex | None = None,
         drafts_by_batch_size: Sequence[int] | None = None,
         kv_cache_groups: Sequence[tuple[str, int, int | None, int, int | None]] | None = None,
@@ -487,7 +488,8 @@ class Scheduler:
         default ``prefix_cache_retention_interval=0``), with
         ``retention_interval`` above 0 also each segment's tail.
         ``drop_eagle_block``: a prefix hit gives up its last block (EAGLE
-        without lookahead hashes, §7.4). ``drafter_read_ahead``: prompt
+        without lookahead hashes, §7.4), in the ``eagle_groups`` (None:
+        every group; §7.13). ``drafter_read_ahead``: prompt
         tokens an EAGLE-style drafter reads past a step (vLLM's
         ``num_prefill_lookahead_tokens``, §4.13). ``runner``:
         "generate", "pooling" or "encoder_only" (docs/scheduling.md §4.16,

@@ -83,6 +83,10 @@ class SchedulerConfig:
     # connector): a prefix hit gives up its last block, whose draft KV read
     # a token the hit does not prove (docs/scheduling.md §7.4).
     drop_eagle_block: bool = False
+    # The KV-cache groups whose hits drop that block (vLLM's groups holding
+    # the drafter's layers, its is_eagle_group); None: every group (vLLM's
+    # fallback when none is flagged). A group shares its kind's flag.
+    eagle_groups: tuple[int, ...] | None = None
     # Dynamic speculation lengths (vLLM's num_speculative_tokens_per_batch_size,
     # docs/scheduling.md §4.13): entry b is how many drafts the runner proposes
     # after a step of b requests (entry 0 unused; max_num_seqs + 1 entries,
@@ -156,6 +160,14 @@ class SchedulerConfig:
                 "drop_eagle_block must be false with num_hash_lookahead_tokens above 0 "
                 "(lookahead hashes prove the token after a block)"
             )
+        if self.eagle_groups is not None:
+            if not isinstance(self.eagle_groups, tuple | list):
+                raise TypeError(
+                    "eagle_groups must be a tuple of KV-cache group indices, got "
+                    f"{type(self.eagle_groups).__name__}"
+                )
+            for g in self.eagle_groups:
+                _int("eagle_groups", g, 0, MAX_KV_CACHE_GROUPS - 1)
         if self.max_loras is not None:
             _int("max_loras", self.max_loras, 1, MAX_NUM_SEQS)
         if (self.encoder_compute_budget is None) != (self.encoder_cache_size is None):

@@ -86,6 +86,7 @@ class CoreScheduler:
             num_lookahead_tokens=c.num_lookahead_tokens,
             num_hash_lookahead_tokens=c.num_hash_lookahead_tokens,
             drop_eagle_block=c.drop_eagle_block,
+            eagle_groups=None if c.eagle_groups is None else list(c.eagle_groups),
             num_draft_slots=c.num_draft_slots,
             drafts_by_batch_size=None
             if c.drafts_by_batch_size is None

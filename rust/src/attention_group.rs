@@ -202,6 +202,17 @@ pub fn recurrent_mask(
     }
 }
 
+/// How an EAGLE-style drafter's dropped block moves what a window caches:
+/// `any_group` — some group's hits drop a block (the resume points are then
+/// a block before each of vLLM's two: a resend's and a longer sibling's);
+/// `this_group` — this window's own hits do (it keeps one block more, up to
+/// the block past each resume point, which it matches and drops).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EagleReach {
+    pub any_group: bool,
+    pub this_group: bool,
+}
+
 /// Which of blocks `start..end` a sliding-window group caches under sparse
 /// retention (vLLM's `prefix_cache_retention_interval` 0, its default, or
 /// above): the `need` blocks that end at a position a later request can
@@ -211,7 +222,9 @@ pub fn recurrent_mask(
 /// window needs; with a retention interval (`segment_tokens`, a multiple of
 /// the block size; 0 for none) also the last `need` blocks of every
 /// segment of that many tokens, and every block when a segment is no
-/// longer than `need` blocks.
+/// longer than `need` blocks. `eagle` moves them (vLLM's
+/// `replay_boundaries` and `reachable_block_mask`).
+#[allow(clippy::too_many_arguments)]
 pub fn sparse_mask(
     start: usize,
     end: usize,
@@ -220,22 +233,43 @@ pub fn sparse_mask(
     num_prompt_tokens: usize,
     shared_prefix_boundary: usize,
     segment_tokens: usize,
+    eagle: EagleReach,
 ) -> impl Fn(usize) -> bool {
-    let need = contiguous_blocks_for_hit(window, block_size);
+    let shift = usize::from(eagle.this_group);
+    let need = contiguous_blocks_for_hit(window, block_size) + shift;
     let tail = |boundary: usize| {
-        let end_block = boundary / block_size;
+        let end_block = boundary / block_size + shift;
         end_block.saturating_sub(need)..end_block
     };
-    let prompt = tail(num_prompt_tokens.saturating_sub(1));
+    let bs = block_size;
+    let resume = if eagle.any_group {
+        // A resend hits up to its last whole block but one, a longer
+        // sibling up to the prompt's last whole block but one.
+        let resend = num_prompt_tokens.saturating_sub(1) / bs * bs;
+        let extension = num_prompt_tokens / bs * bs;
+        [
+            Some(tail(resend.saturating_sub(bs))),
+            Some(tail(extension.saturating_sub(bs))),
+        ]
+    } else {
+        [Some(tail(num_prompt_tokens.saturating_sub(1))), None]
+    };
     let shared = (shared_prefix_boundary > 0).then(|| tail(shared_prefix_boundary));
+    // A window that drops a block is also kept for a sibling that parts
+    // right after the shared prefix: its hit lands a block lower.
+    let shared_below = (shared_prefix_boundary > 0 && eagle.this_group)
+        .then(|| tail(shared_prefix_boundary.saturating_sub(bs)));
     let per_segment = segment_tokens / block_size;
     let dense = per_segment > 0 && need >= per_segment;
     debug_assert!(start <= end);
     move |i| {
+        let in_tail =
+            |r: &Option<std::ops::Range<usize>>| r.as_ref().is_some_and(|r| r.contains(&i));
         dense
-            || (per_segment > 0 && i % per_segment >= per_segment - need)
-            || prompt.contains(&i)
-            || shared.as_ref().is_some_and(|r| r.contains(&i))
+            || (per_segment > 0 && i >= shift && (i - shift) % per_segment >= per_segment - need)
+            || resume.iter().any(in_tail)
+            || in_tail(&shared)
+            || in_tail(&shared_below)
     }
 }
 
@@ -273,10 +307,10 @@ mod tests {
     fn sparse_retention_keeps_the_tails_at_resume_points() {
         // vLLM's example: a 300-token prompt, blocks of 16, window 128: the
         // eight blocks before position 299's block (indices 10..17).
-        let keep = sparse_mask(0, 19, 16, 128, 300, 0, 0);
+        let keep = sparse_mask(0, 19, 16, 128, 300, 0, 0, EagleReach::default());
         let kept: Vec<usize> = (0..19).filter(|&i| keep(i)).collect();
         assert_eq!(kept, (10..18).collect::<Vec<_>>());
-        let keep = sparse_mask(0, 19, 16, 128, 300, 192, 0);
+        let keep = sparse_mask(0, 19, 16, 128, 300, 192, 0, EagleReach::default());
         assert!(keep(4) && keep(11) && !keep(3) && !keep(18));
     }
 
@@ -284,11 +318,11 @@ mod tests {
     fn a_retention_interval_keeps_a_tail_per_segment_too() {
         // Window 33 needs two blocks of 16; segments of 64 tokens (four
         // blocks) keep their last two, besides the prompt's tail (15..17).
-        let keep = sparse_mask(0, 19, 16, 33, 280, 0, 64);
+        let keep = sparse_mask(0, 19, 16, 33, 280, 0, 64, EagleReach::default());
         let kept: Vec<usize> = (0..19).filter(|&i| keep(i)).collect();
         assert_eq!(kept, vec![2, 3, 6, 7, 10, 11, 14, 15, 16, 18]);
         // Segments of two blocks: every block is a segment's tail.
-        let keep = sparse_mask(0, 19, 16, 33, 280, 0, 32);
+        let keep = sparse_mask(0, 19, 16, 33, 280, 0, 32, EagleReach::default());
         assert!((0..19).all(keep));
     }
 

@@ -12,29 +12,44 @@
 //! next candidate, until a pass changes nothing (one pass when there are two
 //! kinds, or one group: vLLM's unitary coordinator asks its group once).
 //! Full attention's answer is kept only up to the final hit.
+//!
+//! An EAGLE-style drafter's groups without lookahead hashes (§7.4) give up
+//! the last block of their hit: full attention drops its last block, a
+//! window asks one block more and drops it. Beside other groups such a kind
+//! first looks a block past the candidate, so that after the drop it lands
+//! on it, and does so once per candidate (vLLM's `eagle_verified`).
 
 use crate::attention_group::{contiguous_blocks_for_hit, group_key, AttentionKind};
 use crate::block::{cdiv, BlockId, NULL_BLOCK};
 use crate::block_hash::BlockHash;
 use crate::block_pool::BlockPool;
 
-/// Groups asked together: one attention kind, the group ids that have it.
+/// Groups asked together: one attention kind, the group ids that have it,
+/// and whether their hit gives up its last block (any of them holds an
+/// EAGLE-style drafter's layers).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LookupGroup {
     pub kind: AttentionKind,
     pub group_ids: Vec<usize>,
+    pub drops_eagle_block: bool,
 }
 
-/// The lookup order for groups of these kinds: alike groups together, in
-/// order of first appearance, full attention first (a stable sort).
-pub fn lookup_groups(kinds: &[AttentionKind]) -> Vec<LookupGroup> {
+/// The lookup order for groups of these kinds (`eagle[g]`: group `g` drops
+/// an EAGLE block): alike groups together, in order of first appearance,
+/// full attention first (a stable sort).
+pub fn lookup_groups(kinds: &[AttentionKind], eagle: &[bool]) -> Vec<LookupGroup> {
     let mut out: Vec<LookupGroup> = Vec::new();
     for (g, &kind) in kinds.iter().enumerate() {
+        let drops = eagle.get(g).copied().unwrap_or(false);
         match out.iter_mut().find(|l| l.kind == kind) {
-            Some(l) => l.group_ids.push(g),
+            Some(l) => {
+                l.group_ids.push(g);
+                l.drops_eagle_block |= drops;
+            }
             None => out.push(LookupGroup {
                 kind,
                 group_ids: vec![g],
+                drops_eagle_block: drops,
             }),
         }
     }
@@ -72,16 +87,34 @@ pub fn find_longest_hit(
     // vLLM's hybrid coordinator stops after one pass for full attention
     // beside one other kind; its unitary one (a single group) asks once.
     let one_pass = (groups.len() == 2 && groups[0].kind.is_full()) || num_groups == 1;
+    // A kind that drops an EAGLE block does so once per candidate length.
+    let mut eagle_verified = vec![false; groups.len()];
+    let hashed = hashes.len() * block_size;
     loop {
         let mut candidate = hit;
-        for l in groups {
+        for (idx, l) in groups.iter().enumerate() {
             let first = l.group_ids[0];
             if l.kind.is_full() && looked_up[first] {
                 // Full attention is downward-closed: its first answer holds.
                 candidate = candidate.min(hit_by_group[first]);
                 continue;
             }
-            let found = find_for(pool, l, hashes, candidate, block_size, blocks);
+            let drop = l.drops_eagle_block && !eagle_verified[idx];
+            // Beside other groups it looks a block past the candidate, so
+            // that the drop lands on it (vLLM's hybrid coordinator; its
+            // unitary one asks for the candidate). Not a recurrent state:
+            // its finder never drops.
+            let reach = if drop && num_groups > 1 && !l.kind.is_recurrent() {
+                (candidate + block_size).min(hashed)
+            } else {
+                candidate
+            };
+            let found = find_for(pool, l, hashes, reach, block_size, blocks, drop);
+            if drop {
+                eagle_verified[idx] = true;
+            } else if found < candidate {
+                eagle_verified.fill(false);
+            }
             candidate = found;
             for &g in &l.group_ids {
                 looked_up[g] = true;
@@ -127,7 +160,9 @@ fn cached_in_all(
 }
 
 /// One kind's hit of at most `max_len` tokens, written into `blocks` for
-/// its groups; returns its length in tokens.
+/// its groups, its last block given up when `drop` (full attention and
+/// windows; a window then asks one contiguous block more); returns its
+/// length in tokens.
 fn find_for(
     pool: &BlockPool,
     l: &LookupGroup,
@@ -135,6 +170,7 @@ fn find_for(
     max_len: usize,
     block_size: usize,
     blocks: &mut [Vec<BlockId>],
+    drop: bool,
 ) -> usize {
     let num_blocks = (max_len / block_size).min(hashes.len());
     let mut row = Vec::with_capacity(l.group_ids.len());
@@ -154,10 +190,15 @@ fn find_for(
                 }
                 push_row(blocks, &row);
             }
+            if drop {
+                for &g in &l.group_ids {
+                    blocks[g].pop();
+                }
+            }
         }
         AttentionKind::SlidingWindow { window } => {
             // Right to left: the first run long enough ends the hit there.
-            let need = contiguous_blocks_for_hit(window, block_size);
+            let need = contiguous_blocks_for_hit(window, block_size) + usize::from(drop);
             for &g in &l.group_ids {
                 blocks[g].resize(num_blocks, NULL_BLOCK);
             }
@@ -184,6 +225,11 @@ fn find_for(
                 // A shorter run counts only from the first block.
                 for &g in &l.group_ids {
                     blocks[g].truncate(run);
+                }
+            }
+            if drop {
+                for &g in &l.group_ids {
+                    blocks[g].pop();
                 }
             }
         }
@@ -250,7 +296,7 @@ mod tests {
         let kind = AttentionKind::ChunkedLocal { chunk: 3 };
         for (num_groups, tokens, shared) in [(1, 8, 0), (2, 6, 8)] {
             let pool = pool_with(num_groups, &hashes, 3);
-            let groups = lookup_groups(&vec![kind; num_groups]);
+            let groups = lookup_groups(&vec![kind; num_groups], &[]);
             let mut blocks = vec![Vec::new(); num_groups];
             let hit = find_longest_hit(&pool, &groups, &hashes, 11, 2, &mut blocks);
             assert_eq!((hit.tokens, hit.shared_prefix_boundary), (tokens, shared));
@@ -266,7 +312,7 @@ mod tests {
             AttentionKind::Full,
             AttentionKind::SlidingWindow { window: 128 },
         ];
-        let groups = lookup_groups(&kinds);
+        let groups = lookup_groups(&kinds, &[]);
         assert_eq!(groups.len(), 2);
         assert_eq!(groups[0].group_ids, vec![1]);
         assert_eq!(groups[1].group_ids, vec![0, 2]);

@@ -29,8 +29,11 @@ from test_vllm_differential import image_pool, place_images, step_room
 from vllm_pair import VllmPair
 
 VOCAB = 50
-WORKLOADS = 200  # per run, each sync or async at random; FULL_WORKLOADS with IRONBATCH_FULL=1
-FULL_WORKLOADS = 800
+# Per run, each sync or async at random (about 120 with window groups beside
+# a connector with hybrid support, 75 with images); FULL_WORKLOADS with
+# IRONBATCH_FULL=1.
+WORKLOADS = 300
+FULL_WORKLOADS = 1200
 
 
 def run_seed(seed: int) -> Counter:
@@ -131,7 +134,7 @@ def run_seed(seed: int) -> Counter:
 
 
 def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
-    """At least 200 workloads a run (800 with IRONBATCH_FULL=1), each
+    """At least 300 workloads a run (1,200 with IRONBATCH_FULL=1), each
     connector path seen often enough to matter."""
     needs = {
         what: workloads.scaled(count, WORKLOADS, FULL_WORKLOADS)

@@ -82,6 +82,9 @@ SPEC_DSPARK = json.dumps({"method": "dspark", "model": "{models}/qwen3-8b-dspark
 SPEC_GPT_OSS_EAGLE3 = json.dumps(
     {"method": "eagle3", "model": "{models}/gpt-oss-20b-eagle3", "num_speculative_tokens": 3}
 )
+SPEC_GPT_OSS_EAGLE3_DROP = json.dumps(
+    {**json.loads(SPEC_GPT_OSS_EAGLE3), "disable_lookahead_block_hashes": True}
+)
 
 
 def kv_connector(name: str, role: str = "kv_both", **extra: Any) -> str:
@@ -156,6 +159,34 @@ TABLE = [
             "kv_cache_metrics": True,
         },
         exercises=("spec_drafts",),
+    ),
+    Deployment(
+        # ... with lookahead block hashes off: EAGLE's last-block drop, in
+        # the group vLLM finds the drafter's layers in (full attention).
+        "gpt-oss-20b-eagle3-block-drop",
+        "gpt-oss-20b",
+        ["--speculative-config", SPEC_GPT_OSS_EAGLE3_DROP],
+        {
+            "kv_groups": ["SlidingWindowSpec", "FullAttentionSpec"],
+            "num_speculative_tokens": 3,
+            "num_hash_lookahead_tokens": 0,
+        },
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
+        # ... and behind NIXL (a connector keeps the plain hashes: the drop
+        # again), disaggregated prefill of a hybrid model with a drafter.
+        "gpt-oss-20b-eagle3-nixl",
+        "gpt-oss-20b",
+        ["--speculative-config", SPEC_GPT_OSS_EAGLE3]
+        + ["--kv-transfer-config", kv_connector("NixlConnector")],
+        {
+            "kv_groups": ["SlidingWindowSpec", "FullAttentionSpec"],
+            "num_speculative_tokens": 3,
+            "num_hash_lookahead_tokens": 0,
+            "kv_connector": "NixlPullConnector",
+        },
+        exercises=("spec_drafts", "connector_metadata"),
     ),
     Deployment(
         # Step-3.5-Flash with its three MTP layers: multi-module MTP beside
@@ -773,6 +804,10 @@ NO_PREFIX_HITS: dict[str, str] = {
     # A hit needs a cached state at a block boundary the prompts share, and
     # with MTP's lookahead hashes vLLM caches none in this workload.
     "qwen3-next-80b-a3b-mtp": "no state cached where the prompts meet",
+    # The prompts share 48 tokens, one of gpt-oss's 32-token blocks, which
+    # EAGLE's last-block drop gives up.
+    "gpt-oss-20b-eagle3-block-drop": "the one shared block is the one dropped",
+    "gpt-oss-20b-eagle3-nixl": "the one shared block is the one dropped",
 }
 # What every engaged row's workload must go through (deployment_setup.workload),
 # prefix hits wherever prefix caching is on (the CPU platform turns it off

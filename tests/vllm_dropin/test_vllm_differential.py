@@ -94,7 +94,8 @@ def random_settings(rng: random.Random) -> dict:
     if method_of(settings) in RUNNER_V1_METHODS:
         settings["async_scheduling"] = False
     spec_metrics(rng, settings)
-    settings.update(kv_layout(rng, bs, hybrid))
+    dropping = settings.get("speculative_config", {}).get("disable_lookahead_block_hashes", False)
+    settings.update(kv_layout(rng, bs, hybrid, dropping))
     settings.update(lora(rng))  # late: the draws before it stay each seed's
     settings.update(multimodal(rng, settings))
     settings.update(ec_connector(rng, settings))
@@ -259,7 +260,7 @@ def context_parallel(rng: random.Random, settings: dict) -> dict:
     return {"decode_context_parallel_size": 2}
 
 
-def kv_layout(rng: random.Random, bs: int, hybrid: bool) -> dict:
+def kv_layout(rng: random.Random, bs: int, hybrid: bool, dropping: bool = False) -> dict:
     """The KV-cache groups: one full-attention group mostly, else gpt-oss's
     (a sliding window, then full), Gemma 3's (five windows, then full) or
     Llama 4's (three chunked-local groups, then full), with windows and
@@ -268,6 +269,10 @@ def kv_layout(rng: random.Random, bs: int, hybrid: bool) -> dict:
     if not hybrid:
         return {"kv_layout": "full"}
     layout = rng.choice(["gpt-oss", "gpt-oss", "gemma3", "llama4"])
+    if layout == "llama4" and dropping:
+        # vLLM turns its hybrid manager off for EAGLE's drop beside chunked
+        # local attention: such a model has one group.
+        layout = "gpt-oss"
     return vllm_setup.draw_layout(rng, layout, bs)
 
 
@@ -325,12 +330,15 @@ def speculation(rng: random.Random, pp: int, bs: int, hybrid: bool) -> dict:
             ]
         # EAGLE's last-block drop in some EAGLE-style workloads (drawn
         # apart): lookahead block hashes off, so a prefix hit gives up its
-        # last block instead.
-        # (Not beside window groups, where the drop-in does not take it.)
-        drop = random.Random(rng.random()).random() < 0.4
-        if method in ("eagle", "eagle3", "mtp") and drop and not hybrid:
-            spec["disable_lookahead_block_hashes"] = True
+        # last block instead; beside window groups, with the drafter's
+        # layers in the full-attention group (as vLLM's planner finds them)
+        # or in none (vLLM then drops a block in every group).
+        drawn = random.Random(rng.random())
+        drop = drawn.random() < (0.7 if hybrid else 0.4)
         settings: dict = {"speculative_config": spec}
+        if method in ("eagle", "eagle3", "mtp") and drop:
+            spec["disable_lookahead_block_hashes"] = True
+            settings["drafter_in_full_group"] = drawn.random() < 0.5
         if method == "mtp":
             settings.update(target="deepseek_mtp", mla=True)
             # DeepSeek-V3's three MTP modules in some (drawn apart): the
@@ -892,6 +900,9 @@ def drawn_features(seed: int) -> Counter:
             s["speculative_config"].get("disable_lookahead_block_hashes")
             and s["enable_prefix_caching"]
         )
+        drawn["EAGLE last-block drop beside window groups"] = (
+            drawn["EAGLE last-block drop"] and s["kv_layout"] in WINDOW_LAYOUTS
+        )
     return Counter({f"feature: {k}": 1 for k, v in drawn.items() if v})
 
 
@@ -908,10 +919,11 @@ def drawn_features(seed: int) -> Counter:
 # events or metrics 20, with n-gram speculation 9; recurrent-state groups
 # 100 (Qwen3-Next's layout 35, the others 15 each), with speculation 30,
 # with prefix caching on (vLLM's "align") 35, with Mamba2's prefill
-# checkpoints 20; pooling 180 and EAGLE's last-block drop 30 (about four
-# standard deviations under what the draws give: 197 and 36 of 1,040; 19,
-# 14 and 5 for multi-module MTP, the encoder-decoder with speculation and
-# MTP beside windows; encoder-only's 31 and Qwen3-Next's 42).
+# checkpoints 20; pooling 180 and EAGLE's last-block drop 30, beside
+# window groups 3 (about four standard deviations under what the draws
+# give: 213, 56 and 20 of 1,040; 19, 14 and 5 for multi-module MTP, the
+# encoder-decoder with speculation and MTP beside windows; encoder-only's
+# 31 and Qwen3-Next's 48).
 FEATURE_SHARES = {
     "feature: speculative decoding": 300,
     "feature: window KV-cache groups": 300,
@@ -922,6 +934,7 @@ FEATURE_SHARES = {
     "feature: encoder-cache connector": 40,
     "feature: dynamic speculation lengths": 40,
     "feature: EAGLE last-block drop": 30,
+    "feature: EAGLE last-block drop beside window groups": 3,
     "feature: multi-module MTP": 9,
     "feature: multi-module MTP with window groups": 2,
     # Each of eleven methods: about 48 (39 is four standard deviations
@@ -979,6 +992,7 @@ FEATURES = [
     "feature: prompt embeddings",
     "feature: dynamic speculation lengths",
     "feature: EAGLE last-block drop",
+    "feature: EAGLE last-block drop beside window groups",
     "feature: multi-module MTP",
     "feature: multi-module MTP with window groups",
     "feature: window groups with KV-cache events",

@@ -60,13 +60,13 @@ def test_scheduler_cls_as_a_class_object() -> None:
                     "num_speculative_tokens": 2,
                     "disable_lookahead_block_hashes": True,
                 },
-                "kv_layout": "gpt-oss",
-                "window": 19,
+                "kv_layout": "qwen3-next",
+                "enable_prefix_caching": True,
             },
-            "EAGLE's last-block drop (lookahead block hashes off) with window KV-cache groups",
+            "EAGLE's last-block drop with Mamba groups and prefix caching on",
         ),
     ],
-    ids=["eagle-block-drop-with-windows"],
+    ids=["eagle-block-drop-with-mamba-states-cached"],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unsupported_config_falls_back_to_vllm_and_says_why(

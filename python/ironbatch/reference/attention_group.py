@@ -240,6 +240,19 @@ def recurrent_mask(
     )
 
 
+@dataclass(frozen=True)
+class EagleReach:
+    """How an EAGLE-style drafter's dropped block moves what a window
+    caches: ``any_group`` — some group's hits drop a block (the resume points
+    are then a block before each of vLLM's two: a resend's and a longer
+    sibling's); ``this_group`` — this window's own hits do (it keeps one
+    block more, up to the block past each resume point, which it matches and
+    drops)."""
+
+    any_group: bool = False
+    this_group: bool = False
+
+
 def sparse_mask(
     start: int,
     end: int,
@@ -248,6 +261,7 @@ def sparse_mask(
     num_prompt_tokens: int,
     shared_prefix_boundary: int,
     segment_tokens: int = 0,
+    eagle: EagleReach = EagleReach(),
 ) -> Callable[[int], bool]:
     """Which of blocks ``start..end`` a sliding-window group caches under
     sparse retention (vLLM's ``prefix_cache_retention_interval`` 0, its
@@ -258,21 +272,35 @@ def sparse_mask(
     window needs; with a retention interval (``segment_tokens``, a multiple
     of the block size; 0 for none) also the last ``need`` blocks of every
     segment of that many tokens, and every block when a segment is no longer
-    than ``need`` blocks."""
+    than ``need`` blocks. ``eagle`` moves them (vLLM's ``replay_boundaries``
+    and ``reachable_block_mask``)."""
     assert start <= end
-    need = contiguous_blocks_for_hit(window, block_size)
+    bs = block_size
+    shift = int(eagle.this_group)
+    need = contiguous_blocks_for_hit(window, block_size) + shift
 
     def tail(boundary: int) -> range:
-        end_block = boundary // block_size
+        end_block = boundary // block_size + shift
         return range(max(end_block - need, 0), end_block)
 
-    prompt = tail(max(num_prompt_tokens - 1, 0))
-    shared = tail(shared_prefix_boundary) if shared_prefix_boundary > 0 else range(0)
+    if eagle.any_group:
+        # A resend hits up to its last whole block but one, a longer sibling
+        # up to the prompt's last whole block but one.
+        resend = max(num_prompt_tokens - 1, 0) // bs * bs
+        extension = num_prompt_tokens // bs * bs
+        resume = [tail(max(resend - bs, 0)), tail(max(extension - bs, 0))]
+    else:
+        resume = [tail(max(num_prompt_tokens - 1, 0))]
+    shared = [tail(shared_prefix_boundary)] if shared_prefix_boundary > 0 else []
+    if shared_prefix_boundary > 0 and eagle.this_group:
+        # A window that drops a block is also kept for a sibling that parts
+        # right after the shared prefix: its hit lands a block lower.
+        shared.append(tail(max(shared_prefix_boundary - bs, 0)))
     per_segment = segment_tokens // block_size
     dense = per_segment > 0 and need >= per_segment
     return lambda i: (
         dense
-        or (per_segment > 0 and i % per_segment >= per_segment - need)
-        or i in prompt
-        or i in shared
+        or (per_segment > 0 and i >= shift and (i - shift) % per_segment >= per_segment - need)
+        or any(i in r for r in resume)
+        or any(i in r for r in shared)
     )

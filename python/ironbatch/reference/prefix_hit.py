@@ -10,7 +10,13 @@ one kind and size are asked together (a block must be cached in each). Full
 attention goes first; each answer becomes the next candidate, until a pass
 changes nothing (one pass when there are two kinds, or one group: vLLM's
 unitary coordinator asks its group once). Full attention's answer is kept only
-up to the final hit."""
+up to the final hit.
+
+An EAGLE-style drafter's groups without lookahead hashes (§7.4) give up the
+last block of their hit: full attention drops its last block, a window asks
+one block more and drops it. Beside other groups such a kind first looks a
+block past the candidate, so that after the drop it lands on it, and does so
+once per candidate (vLLM's ``eagle_verified``)."""
 
 from __future__ import annotations
 
@@ -32,22 +38,28 @@ from ironbatch.reference.block_pool import BlockPool
 
 @dataclass
 class LookupGroup:
-    """Groups asked together: one attention kind, the group ids that have it."""
+    """Groups asked together: one attention kind, the group ids that have it,
+    and whether their hit gives up its last block (any of them holds an
+    EAGLE-style drafter's layers)."""
 
     kind: AttentionKind
     group_ids: list[int]
+    drops_eagle_block: bool = False
 
 
-def lookup_groups(kinds: list[AttentionKind]) -> list[LookupGroup]:
-    """The lookup order for groups of these kinds: alike groups together, in
-    order of first appearance, full attention first (a stable sort)."""
+def lookup_groups(kinds: list[AttentionKind], eagle: list[bool] | None = None) -> list[LookupGroup]:
+    """The lookup order for groups of these kinds (``eagle[g]``: group ``g``
+    drops an EAGLE block): alike groups together, in order of first
+    appearance, full attention first (a stable sort)."""
     out: list[LookupGroup] = []
     for g, kind in enumerate(kinds):
+        drops = bool(eagle[g]) if eagle and g < len(eagle) else False
         same = next((lg for lg in out if lg.kind == kind), None)
         if same is None:
-            out.append(LookupGroup(kind, [g]))
+            out.append(LookupGroup(kind, [g], drops))
         else:
             same.group_ids.append(g)
+            same.drops_eagle_block |= drops
     out.sort(key=lambda lg: not lg.kind.is_full())
     return out
 
@@ -86,15 +98,30 @@ def find_longest_hit(
     # vLLM's hybrid coordinator stops after one pass for full attention beside
     # one other kind; its unitary one (a single group) asks once.
     one_pass = (len(groups) == 2 and groups[0].kind.is_full()) or num_groups == 1
+    # A kind that drops an EAGLE block does so once per candidate length.
+    eagle_verified = [False] * len(groups)
+    hashed = len(hashes) * block_size
     while True:
         candidate = hit
-        for lg in groups:
+        for idx, lg in enumerate(groups):
             first = lg.group_ids[0]
             if lg.kind.is_full() and looked_up[first]:
                 # Full attention is downward-closed: its first answer holds.
                 candidate = min(candidate, hit_by_group[first])
                 continue
-            found = _find_for(pool, lg, hashes, candidate, block_size, blocks)
+            drop = lg.drops_eagle_block and not eagle_verified[idx]
+            # Beside other groups it looks a block past the candidate, so
+            # that the drop lands on it (vLLM's hybrid coordinator; its
+            # unitary one asks for the candidate). Not a recurrent state: its
+            # finder never drops.
+            reach = candidate
+            if drop and num_groups > 1 and not lg.kind.is_recurrent():
+                reach = min(candidate + block_size, hashed)
+            found = _find_for(pool, lg, hashes, reach, block_size, blocks, drop)
+            if drop:
+                eagle_verified[idx] = True
+            elif found < candidate:
+                eagle_verified = [False] * len(groups)
             candidate = found
             for g in lg.group_ids:
                 looked_up[g] = True
@@ -132,9 +159,12 @@ def _find_for(
     max_len: int,
     block_size: int,
     blocks: list[list[Block]],
+    drop: bool = False,
 ) -> int:
     """One kind's hit of at most ``max_len`` tokens, written into ``blocks``
-    for its groups; returns its length in tokens."""
+    for its groups, its last block given up when ``drop`` (full attention and
+    windows; a window then asks one contiguous block more); returns its
+    length in tokens."""
     num_blocks = min(max_len // block_size, len(hashes))
     null = pool.block(NULL_BLOCK)
     assert null is not None
@@ -147,9 +177,12 @@ def _find_for(
                 break
             for column, block in zip(out, row, strict=True):
                 column.append(block)
+        if drop:
+            for column in out:
+                del column[-1:]
     elif isinstance(kind, SlidingWindow):
         # Right to left: the first run long enough ends the hit there.
-        need = contiguous_blocks_for_hit(kind.window, block_size)
+        need = contiguous_blocks_for_hit(kind.window, block_size) + int(drop)
         out = [[null] * num_blocks for _ in lg.group_ids]
         run = 0
         found = False
@@ -170,6 +203,9 @@ def _find_for(
             # A shorter run counts only from the first block.
             for column in out:
                 del column[run:]
+        if drop:
+            for column in out:
+                del column[-1:]
     elif isinstance(kind, Mamba):
         # One state is all a hit needs: the rightmost cached one, after
         # nulls (cache mode "align", §7.15).

@@ -131,6 +131,9 @@ class SchedulerSettings:
     #: The KV-cache groups, in vLLM's order; one full-attention group for
     #: most models.
     kv_cache_groups: tuple[GroupSpec, ...] = (FULL,)
+    #: The groups whose hits give up an EAGLE block under ``drop_eagle_block``
+    #: (vLLM's groups holding the drafter's layers); None: every group.
+    eagle_groups: tuple[int, ...] | None = None
     #: Distinct LoRA adapters a step's batch may hold (vLLM's ``max_loras``,
     #: §4.14); None: no cap (vLLM's scheduler without a LoRA config checks
     #: none; adapters still key the hashes).
@@ -193,6 +196,7 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         num_lookahead_tokens=getattr(c, "num_lookahead_tokens", 0),
         num_hash_lookahead_tokens=getattr(c, "num_hash_lookahead_tokens", 0),
         drop_eagle_block=getattr(c, "drop_eagle_block", False),
+        eagle_groups=getattr(c, "eagle_groups", None),
         kv_cache_groups=group_specs(getattr(cache_config, "kv_cache_groups", None)),
         max_loras=getattr(c, "max_loras", None),
         drafter_read_ahead=getattr(c, "drafter_read_ahead", 0),
@@ -291,6 +295,7 @@ def validate(c: SchedulerSettings) -> None:
         sparse_retention=c.sparse_retention,
         retention_interval=c.retention_interval,
         block_size=c.block_size,
+        eagle_groups=c.eagle_groups,
     )
     check_scheduler(c)
     check_range("max_num_scheduled_tokens", c.max_num_scheduled_tokens, 1, MAX_NUM_BATCHED_TOKENS)

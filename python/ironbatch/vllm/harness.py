@@ -75,6 +75,10 @@ DEFAULTS: dict[str, Any] = {
     # vLLM's default, the block size with prefix caching, else
     # max_model_len).
     "kv_layout": "full",
+    # The full-attention group holds an EAGLE-style drafter's layers (vLLM's
+    # planner flags it, is_eagle_group); False flags none, and vLLM then
+    # drops a block in every group.
+    "drafter_in_full_group": False,
     "window": 32,
     "mamba_block_size": None,
     # With prefix caching: the offsets at which the recurrent groups' backend
@@ -523,7 +527,9 @@ def kv_cache_groups(
     common = {"block_size": cfg["block_size"], "num_kv_heads": 1, "head_size": 1}
     common["dtype"] = torch.float32
     full_cls = MLAAttentionSpec if cfg["mla"] else FullAttentionSpec
-    full = KVCacheGroupSpec(["full"], full_cls(**common))
+    full = KVCacheGroupSpec(
+        ["full"], full_cls(**common), is_eagle_group=cfg["drafter_in_full_group"]
+    )
     layout, window = cfg["kv_layout"], cfg["window"]
     retained = max(0, num_prefill_lookahead_tokens - 1)
     if layout == "none":

@@ -43,6 +43,12 @@ def core_scheduler(
             num_lookahead_tokens=vllm_config.num_lookahead_tokens,
             num_hash_lookahead_tokens=vllm_config.num_hash_lookahead_tokens,
             drop_eagle_block=drops_eagle_block(vllm_config),
+            # The groups vLLM flags as holding the drafter's layers (none
+            # flagged: every group drops, as vLLM falls back).
+            eagle_groups=tuple(
+                g for g, group in enumerate(kv_cache_config.kv_cache_groups) if group.is_eagle_group
+            )
+            or None,
             num_draft_slots=0 if spec is None else spec.max_num_new_slots_for_drafting,
             # Dynamic speculation lengths: vLLM's lookup, built as it builds it.
             drafts_by_batch_size=drafts_by_batch_size(vllm_config),

@@ -81,9 +81,6 @@ def unsupported_config(
         for g in groups
         if type(g.kv_cache_spec) is not MambaSpec
     }
-    hybrid = len(groups) > 1 or any(
-        isinstance(g.kv_cache_spec, SlidingWindowSpec | ChunkedLocalAttentionSpec) for g in groups
-    )
     checks: list[tuple[bool, str]] = [
         (
             spec is not None and spec.method not in PROVEN_SPECULATIVE_METHODS,
@@ -182,12 +179,12 @@ def unsupported_config(
             "KV-cache groups of different block sizes",
         ),
         (
-            # Window groups take a drafter's lookahead hashes (vLLM's
-            # default); without them vLLM's hybrid coordinator looks a block
-            # past each group's hit before dropping it back, which the core
-            # does for one group only.
-            hybrid and drops_eagle_block(c),
-            "EAGLE's last-block drop (lookahead block hashes off) with window KV-cache groups",
+            # vLLM turns its hybrid manager off for an EAGLE drafter beside
+            # chunked local attention (one group then), and its coordinator
+            # asserts against the two together.
+            drops_eagle_block(c)
+            and any(isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in groups),
+            "EAGLE's last-block drop (lookahead block hashes off) with chunked local attention",
         ),
         (
             # Untested: its read-ahead and the block-aligned split can

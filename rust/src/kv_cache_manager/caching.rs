@@ -3,7 +3,7 @@
 //! how many tokens a request holds in cached blocks.
 
 use super::KvCacheManager;
-use crate::attention_group::{group_key, recurrent_mask, sparse_mask, AttentionKind};
+use crate::attention_group::{group_key, recurrent_mask, sparse_mask, AttentionKind, EagleReach};
 use crate::block::{BlockId, NULL_BLOCK};
 use crate::block_table::BlockTable;
 use crate::kv_events::KvEvent;
@@ -90,9 +90,9 @@ impl KvCacheManager {
     ) {
         // Only tokens whose KV is final: multi-module MTP may prefill the
         // last few again. (vLLM's hybrid coordinator, for several groups,
-        // caches them anyway: a window keeps their blocks instead,
-        // `skipped_blocks`.)
-        let upto = if self.groups.len() == 1 {
+        // caches them anyway, but in a group that drops an EAGLE block: a
+        // window keeps their blocks instead, `skipped_blocks`.)
+        let upto = if self.groups.len() == 1 || self.drops_eagle[g] {
             upto.saturating_sub(self.reprefillable)
         } else {
             upto
@@ -128,6 +128,10 @@ impl KvCacheManager {
                         seq.num_prompt_tokens(),
                         seq.shared_prefix_boundary,
                         self.retention_interval,
+                        EagleReach {
+                            any_group: self.drop_eagle_block,
+                            this_group: self.drops_eagle[g],
+                        },
                     ))
                 }
                 _ => None,

@@ -30,6 +30,12 @@ pub struct KvCacheConfig {
     /// which the hit does not prove (vLLM's `use_eagle_block_drop` without
     /// lookahead hashes, §7.4).
     pub drop_eagle_block: bool,
+    /// The groups whose hits give up their last block under
+    /// `drop_eagle_block`: vLLM's groups that hold the drafter's layers
+    /// (`is_eagle_group`); `None` for every group (vLLM's fallback when it
+    /// flags none). A group shares the flag of the groups of its kind (vLLM
+    /// looks them up together).
+    pub eagle_groups: Option<Vec<usize>>,
     /// The KV-cache groups, in vLLM's order (its layers' first appearance),
     /// all of `block_size` (§7.13); one full-attention group for most models,
     /// none for a model without a KV cache (§7.14).
@@ -61,6 +67,7 @@ impl KvCacheConfig {
             num_lookahead_tokens: 0,
             num_hash_lookahead_tokens: 0,
             drop_eagle_block: false,
+            eagle_groups: None,
             groups: vec![GroupSpec::FULL],
             sparse_retention: true,
             retention_interval: 0,
@@ -210,10 +217,13 @@ impl KvCacheConfig {
                 "drop_eagle_block must be false with num_hash_lookahead_tokens above 0",
             ));
         }
-        if self.drop_eagle_block && self.groups.len() != 1 {
-            return Err(Error::invalid(
-                "drop_eagle_block needs exactly one KV-cache group",
-            ));
+        for &g in self.eagle_groups.iter().flatten() {
+            if g >= self.groups.len() {
+                return Err(Error::invalid(format!(
+                    "eagle_groups: group {g} is not one of the {} KV-cache groups",
+                    self.groups.len()
+                )));
+            }
         }
         Ok(())
     }

@@ -45,6 +45,10 @@ pub struct KvCacheManager {
     /// One full-attention group: the common case, on the fast paths.
     single_full: bool,
     drop_eagle_block: bool,
+    /// Per group, whether its hits give up an EAGLE block (its kind's
+    /// lookup group's flag: vLLM gives every manager of a spec group the
+    /// bit); a window caches the blocks such a hit reads (§7.13).
+    drops_eagle: Vec<bool>,
     sparse_retention: bool,
     retention_interval: usize,
     /// Computed tokens at a sequence's end that are not hash cached: a
@@ -81,6 +85,16 @@ impl KvCacheManager {
     /// reproducible) and the config's hash lookahead.
     pub fn with_hasher(config: &KvCacheConfig, hasher: BlockHasher) -> Result<Self, Error> {
         config.validate()?;
+        let lookup = lookup_groups(
+            &config.groups.iter().map(|g| g.kind).collect::<Vec<_>>(),
+            &eagle_groups(config),
+        );
+        let mut drops_eagle = vec![false; config.groups.len()];
+        for l in lookup.iter().filter(|l| l.drops_eagle_block) {
+            for &g in &l.group_ids {
+                drops_eagle[g] = true;
+            }
+        }
         Ok(KvCacheManager {
             pool: BlockPool::new(config.num_blocks)?,
             block_size: config.block_size,
@@ -88,7 +102,8 @@ impl KvCacheManager {
             enable_caching: config.enable_prefix_caching,
             lookahead: config.num_lookahead_tokens,
             groups: config.groups.clone(),
-            lookup: lookup_groups(&config.groups.iter().map(|g| g.kind).collect::<Vec<_>>()),
+            lookup,
+            drops_eagle,
             single_full: config.groups.len() == 1 && config.groups[0].kind.is_full(),
             drop_eagle_block: config.drop_eagle_block,
             sparse_retention: config.sparse_retention,
@@ -406,5 +421,19 @@ impl KvCacheManager {
             self.stats.reset = true;
         }
         done
+    }
+}
+
+/// Per group, whether its hits give up an EAGLE block (vLLM's
+/// `drop_eagle_group_ids`): none without `drop_eagle_block`, else the
+/// flagged groups, or every group when none is flagged.
+fn eagle_groups(config: &KvCacheConfig) -> Vec<bool> {
+    let n = config.groups.len();
+    match (&config.eagle_groups, config.drop_eagle_block) {
+        (_, false) => vec![false; n],
+        (Some(flagged), true) if !flagged.is_empty() => {
+            (0..n).map(|g| flagged.contains(&g)).collect()
+        }
+        (_, true) => vec![true; n],
     }
 }

@@ -142,7 +142,7 @@ impl Scheduler {
     /// a load of every token gives the last back (to compute and sample
     /// from), and it waits as before.
     pub(super) fn settle_load(&mut self, slot: Slot) {
-        let first = self.requests[slot].num_cached_blocks();
+        let first = self.requests[slot].cached_marks();
         let r = &mut self.requests[slot];
         let computed = r.seq.num_computed_tokens;
         if r.kv_load_failed && computed == 0 {
@@ -161,7 +161,7 @@ impl Scheduler {
         } else {
             RequestStatus::Waiting
         };
-        self.log_stored(slot, first);
+        self.log_stored(slot, &first);
     }
 
     /// Tell the connector a request finished (its status set); true holds

@@ -342,13 +342,13 @@ impl Scheduler {
     /// Log the blocks the request in `slot` hash-cached from block `first`
     /// on (vLLM's `BlockStored`), when events are on.
     #[inline]
-    fn log_stored(&mut self, slot: Slot, first: usize) {
+    fn log_stored(&mut self, slot: Slot, first: &[usize]) {
         if self.kv.events_enabled() {
             self.log_stored_event(slot, first);
         }
     }
 
-    fn log_stored_event(&mut self, slot: Slot, first: usize) {
+    fn log_stored_event(&mut self, slot: Slot, first: &[usize]) {
         log_stored_groups(&mut self.kv, slot, &self.requests[slot].tables, first);
     }
 
@@ -793,17 +793,17 @@ impl Scheduler {
     }
 }
 
-/// Log each group's blocks `first..` that the request in `slot` just
-/// hash-cached (its decoder groups cache in step, so `first` holds for
-/// each), in group order as vLLM's coordinator caches them.
+/// Log each group's blocks `first[group]..` that the request in `slot`
+/// just hash-cached, in group order as vLLM's coordinator caches them.
 pub(super) fn log_stored_groups(
     kv: &mut KvCacheManager,
     slot: Slot,
     tables: &[BlockTable],
-    first: usize,
+    first: &[usize],
 ) {
     let prompt_states = kv.take_prompt_states_stored();
     for (group, table) in tables.iter().enumerate() {
+        let first = first.get(group).copied().unwrap_or(0);
         let cached = table.num_cached_blocks();
         if cached > first {
             let block_ids = kv.stored_block_ids(&table.block_ids()[first..cached]);

@@ -154,9 +154,9 @@ impl Scheduler {
             let r = &mut self.requests[slot];
             // Where newly cached blocks start, for a KV-cache event.
             let first = if self.kv.events_enabled() {
-                r.num_cached_blocks()
+                r.cached_marks()
             } else {
-                0
+                Vec::new()
             };
             let admission = Admission::default();
             let in_flight = r.in_flight_tokens;
@@ -165,7 +165,7 @@ impl Scheduler {
                 .allocate(&mut r.tables, &r.seq, n, 0, &[], admission, in_flight)
                 .is_some()
             {
-                self.log_stored(slot, first);
+                self.log_stored(slot, &first);
                 return Grant::Granted;
             }
             // A KV connector is about to free blocks: wait for them rather

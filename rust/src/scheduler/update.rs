@@ -260,10 +260,11 @@ impl Scheduler {
         }
         let confirms_blocks = had_placeholders || num_spec_tokens > 0;
         if !stale && status_before == RequestStatus::Running && confirms_blocks {
-            let first = r.num_cached_blocks();
+            let events = kv.events_enabled();
+            let first = if events { r.cached_marks() } else { Vec::new() };
             cache_arrived(kv, r);
-            if kv.events_enabled() {
-                super::log_stored_groups(kv, e.slot, &r.tables, first);
+            if events {
+                super::log_stored_groups(kv, e.slot, &r.tables, &first);
             }
         }
         if r.grammar.is_some() && !accept(e.slot, r, &out.tokens[start..]) {

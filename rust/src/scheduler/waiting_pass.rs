@@ -307,10 +307,14 @@ impl Scheduler {
         }
         let r = &mut self.requests[slot];
         // A session's computed tokens are in its table already.
+        // Each group's blocks cached before this step's (a hit's are), for
+        // the KV-cache events.
+        let events = self.kv.events_enabled();
         let (new_hit_tokens, first) = if lookup {
-            (local_tokens, num_hit_blocks)
+            let n = if events { r.tables.len() } else { 0 };
+            (local_tokens, vec![num_hit_blocks; n])
         } else {
-            (0, r.num_cached_blocks())
+            (0, if events { r.cached_marks() } else { Vec::new() })
         };
         let hits: &[Vec<BlockId>] = if new_hit_tokens > 0 { &self.hits } else { &[] };
         let admission = Admission {
@@ -362,7 +366,7 @@ impl Scheduler {
         r.seq.num_computed_tokens = hit_tokens;
         self.undefer(slot);
         // Its new blocks were cached by the allocation, after the hits.
-        self.log_stored(slot, first);
+        self.log_stored(slot, &first);
         self.pop_waiting(from_kv);
         self.running.push(slot);
         self.notify_after_alloc(slot, external.num_tokens, before);

@@ -52,6 +52,7 @@ class KvCacheManager:
         groups: Seq[GroupSpec] = (FULL,),
         sparse_retention: bool = True,
         retention_interval: int = 0,
+        eagle_groups: Seq[int] | None = None,
     ) -> None:
         """A manager over a fresh pool, hashing under a random secret key
         unless ``hasher`` is given (fixed keys make tests reproducible).
@@ -60,7 +61,9 @@ class KvCacheManager:
         there); each block's hash covers ``num_hash_lookahead_tokens``
         tokens after it (docs/scheduling.md §7.4); without them, under
         ``drop_eagle_block`` a hit gives up its last block, which an
-        EAGLE-style drafter recomputes. ``groups`` are the
+        EAGLE-style drafter recomputes, in the ``eagle_groups`` (vLLM's groups
+        holding the drafter's layers; None or empty: every group, vLLM's
+        fallback) and the groups of their kinds. ``groups`` are the
         KV-cache groups in vLLM's order (its layers' first appearance), all
         of ``block_size``; under ``sparse_retention`` (vLLM's default
         ``prefix_cache_retention_interval = 0``) sliding-window groups cache
@@ -77,6 +80,7 @@ class KvCacheManager:
             drop_eagle_block,
             sparse_retention=sparse_retention,
             retention_interval=retention_interval,
+            eagle_groups=eagle_groups,
         )
         self._pool = BlockPool(num_blocks)
         self._block_size = block_size
@@ -84,8 +88,21 @@ class KvCacheManager:
         self._enable_caching = bool(enable_prefix_caching)
         self._lookahead = num_lookahead_tokens
         self._groups = list(groups)
+        # Per group, whether its hits give up an EAGLE block (vLLM's
+        # ``drop_eagle_group_ids``): every group when none is flagged.
+        n = len(self._groups)
+        flagged = set(eagle_groups or range(n)) if drop_eagle_block else set()
         #: The order groups are asked for prefix hits in.
-        self._lookup = lookup_groups([g.kind for g in self._groups])
+        self._lookup = lookup_groups(
+            [g.kind for g in self._groups], [g in flagged for g in range(n)]
+        )
+        #: Per group, whether its hits give up an EAGLE block (its kind's
+        #: lookup group's flag: vLLM gives every manager of a spec group the
+        #: bit); a window caches the blocks such a hit reads (§7.13).
+        self._drops_eagle = [False] * n
+        for lg in self._lookup:
+            for g in lg.group_ids:
+                self._drops_eagle[g] = lg.drops_eagle_block
         #: One full-attention group: the common case, on the fast paths.
         self._single_full = len(self._groups) == 1 and self._groups[0].kind.is_full()
         self._drop_eagle_block = bool(drop_eagle_block)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.attention_group import (
+    EagleReach,
     SlidingWindow,
     group_key,
     recurrent_mask,
@@ -70,8 +71,9 @@ def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, up
     bs = m._block_size
     # Only tokens whose KV is final: multi-module MTP may prefill the last
     # few again. (vLLM's hybrid coordinator, for several groups, caches
-    # them anyway: a window keeps their blocks instead, skipped_blocks.)
-    if len(m._groups) == 1:
+    # them anyway, but in a group that drops an EAGLE block: a window keeps
+    # their blocks instead, skipped_blocks.)
+    if len(m._groups) == 1 or m._drops_eagle[g]:
         upto = max(upto - m._reprefillable, 0)
     if upto >= (table.num_cached + 1) * bs:
         cache_new_full_blocks(m, g, table, seq, upto)
@@ -98,6 +100,7 @@ def cache_new_full_blocks(
             seq.num_prompt_tokens,
             seq.shared_prefix_boundary,
             m._retention_interval,
+            EagleReach(any_group=m._drop_eagle_block, this_group=m._drops_eagle[g]),
         )
     recurrent = kind.is_recurrent()
     if recurrent:

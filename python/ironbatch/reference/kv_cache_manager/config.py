@@ -34,6 +34,7 @@ def validate(
     *,
     sparse_retention: bool = True,
     retention_interval: int = 0,
+    eagle_groups: Seq[int] | None = None,
 ) -> None:
     """Check every setting of a ``KvCacheManager``, naming the first bad one."""
     check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
@@ -51,6 +52,7 @@ def validate(
         sparse_retention=sparse_retention,
         retention_interval=retention_interval,
         block_size=block_size,
+        eagle_groups=eagle_groups,
     )
 
 
@@ -63,6 +65,7 @@ def check_groups(
     sparse_retention: bool = True,
     retention_interval: int = 0,
     block_size: int = 1,
+    eagle_groups: Seq[int] | None = None,
 ) -> None:
     """The KV-cache groups' rules, after the cache's sizes (the core's
     ``KvCacheConfig::validate`` order): how many, each window and chunk in
@@ -142,5 +145,8 @@ def check_groups(
     if drop_eagle_block and num_hash_lookahead_tokens > 0:
         # Lookahead hashes prove the token after a block: nothing to drop.
         raise ValueError("drop_eagle_block must be false with num_hash_lookahead_tokens above 0")
-    if drop_eagle_block and len(groups) != 1:
-        raise ValueError("drop_eagle_block needs exactly one KV-cache group")
+    for g in eagle_groups or ():
+        if g >= len(groups):
+            raise ValueError(
+                f"eagle_groups: group {g} is not one of the {len(groups)} KV-cache groups"
+            )

@@ -193,6 +193,7 @@ class Scheduler:
             groups=c.kv_cache_groups,
             sparse_retention=c.sparse_retention,
             retention_interval=c.retention_interval,
+            eagle_groups=c.eagle_groups,
         ).with_reprefillable_tokens(max(c.drafter_read_ahead - 1, 0))
         self.requests: Slab[Request] = Slab()
         self.ids: dict[str, int] = {}
@@ -366,9 +367,10 @@ class Scheduler:
         """The KV-cache events since last taken, oldest first."""
         return self.kv.take_events()
 
-    def log_stored(self, slot: int, first: int) -> None:
-        """Log the blocks the request in ``slot`` hash-cached from block
-        ``first`` on (vLLM's ``BlockStored``), when events are on."""
+    def log_stored(self, slot: int, first: list[int]) -> None:
+        """Log the blocks the request in ``slot`` hash-cached from each
+        group's block ``first[group]`` on (vLLM's ``BlockStored``), when
+        events are on."""
         if self.kv.events_enabled:
             log_stored_groups(self.kv, slot, self.requests[slot].tables, first)
 
@@ -732,16 +734,19 @@ def drafts_column(drafts: Drafts) -> list[int]:
     return column
 
 
-def log_stored_groups(kv: KvCacheManager, slot: int, tables: list[BlockTable], first: int) -> None:
-    """Log each group's blocks ``first..`` that the request in ``slot`` just
-    hash-cached (its decoder groups cache in step, so ``first`` holds for
-    each), in group order as vLLM's coordinator caches them."""
+def log_stored_groups(
+    kv: KvCacheManager, slot: int, tables: list[BlockTable], first: list[int]
+) -> None:
+    """Log each group's blocks ``first[group]..`` that the request in
+    ``slot`` just hash-cached, in group order as vLLM's coordinator caches
+    them."""
     prompt_states = kv.take_prompt_states_stored()
     for group, table in enumerate(tables):
+        start = first[group] if group < len(first) else 0
         cached = table.num_cached_blocks()
-        if cached > first:
-            block_ids = kv.stored_block_ids(table.blocks[first:cached])
-            kv.log_event(Stored(slot, group, first, block_ids))
+        if cached > start:
+            block_ids = kv.stored_block_ids(table.blocks[start:cached])
+            kv.log_event(Stored(slot, group, start, block_ids))
         # A prompt's state cached out of turn, after its group's blocks.
         for g, position, block_id in prompt_states:
             if g == group:

@@ -108,7 +108,7 @@ def settle_load(s: Scheduler, slot: int) -> None:
     every token gives the last back (to compute and sample from), and it
     waits as before."""
     r = s.requests[slot]
-    first = r.num_cached_blocks()
+    first = r.cached_marks()
     computed = r.seq.num_computed_tokens
     if r.kv_load_failed and computed == 0:
         # There may be a local hit when it asks again.

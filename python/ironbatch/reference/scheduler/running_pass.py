@@ -141,7 +141,7 @@ def allocate_or_preempt(
     allocation came to and the cursor."""
     while True:
         r = s.requests[slot]
-        first = r.num_cached_blocks()
+        first = r.cached_marks()
         if s.kv.allocate(r.tables, r.seq, n, 0, [], Admission(), r.in_flight_tokens) is not None:
             s.log_stored(slot, first)
             return Grant.GRANTED, cursor

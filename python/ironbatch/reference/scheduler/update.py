@@ -208,7 +208,7 @@ def apply_output(
         r.num_output_placeholders = max(r.num_output_placeholders - len(sampled), 0)
     confirms_blocks = had_placeholders or s.config.num_speculative_tokens > 0
     if not stale and status_before == RequestStatus.RUNNING and confirms_blocks:
-        first = r.num_cached_blocks()
+        first = r.cached_marks()
         cache_arrived(kv, r)
         if kv.events_enabled:
             from ironbatch.reference.scheduler import log_stored_groups  # (a cycle)

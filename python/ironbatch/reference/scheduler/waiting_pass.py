@@ -264,7 +264,11 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     if n == 0:
         return Admit.SKIPPED
     # A session's computed tokens are in its table already.
-    new_hit_tokens, first = (local_tokens, num_hit_blocks) if lookup else (0, r.num_cached_blocks())
+    # Each group's blocks cached before this step's (a hit's are).
+    if lookup:
+        new_hit_tokens, first = local_tokens, [num_hit_blocks] * len(r.tables)
+    else:
+        new_hit_tokens, first = 0, r.cached_marks()
     allocated = s.kv.allocate(
         r.tables,
         r.seq,
