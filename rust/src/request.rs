@@ -324,7 +324,10 @@ impl Request {
     /// that drops an EAGLE block keeps a multi-module drafter's tokens out),
     /// for the KV-cache events of what a step caches next.
     pub fn cached_marks(&self) -> Vec<usize> {
-        self.tables.iter().map(BlockTable::num_cached_blocks).collect()
+        self.tables
+            .iter()
+            .map(BlockTable::num_cached_blocks)
+            .collect()
     }
 
     /// Prompt plus output tokens.
