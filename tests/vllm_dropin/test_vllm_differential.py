@@ -45,7 +45,7 @@ STOP = 7
 REPEATS = RepetitionDetectionParams(max_pattern_size=2, min_count=3)
 # Workloads per run and at full size (IRONBATCH_FULL=1), in CHUNKS tests of
 # their own: each chunk draws its seeds from the run's seed.
-WORKLOADS, FULL_WORKLOADS = 312, 1040
+WORKLOADS, FULL_WORKLOADS = 364, 1040
 CHUNKS = 13
 
 
