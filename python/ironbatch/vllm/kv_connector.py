@@ -96,8 +96,7 @@ class ConnectorBridge:
         #: tracks them with stats on).
         self._fetch_stage: dict[str, str] | None = {} if log_stats else None
         self.fetch_counts: dict[str, int] = dict.fromkeys(KV_FETCH_STAGES, 0)
-        #: Per request: how many of its first blocks hold cached KV now.
-        # Per request, per group: the table positions whose block has a hash.
+        #: Per request, per group: the table positions whose block has a hash.
         self._cached_blocks: dict[str, list[list[int]]] = {}
         self.allocated: list[str] = []
         #: Per KV-cache group, a KVCacheBlock per block id (see ``_blocks``).
