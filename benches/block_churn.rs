@@ -35,6 +35,7 @@ fn main() {
         groups: vec![GroupSpec::FULL],
         sparse_retention: true,
         retention_interval: 0,
+        mixed_precision: false,
     })
     .expect("a valid cache");
     let mut buffer = vec![1u64; evict_mib * 1024 * 1024 / 8];

@@ -36,9 +36,21 @@ class SchedulerPair:
         self.with_connector = False  # set with the backends' KV connectors
         # KV-cache events, compared after every call (the backends' cores).
         self.cores = (self.rust._core.core, self.twin._core.twin)
-        for core in self.cores:
-            core.enable_kv_events()
-            core.enable_block_lifecycle_events()
+        sizes = {g.tokens_per_block(self.bs) for g in self.groups if not g.kind.is_slotless()}
+        if len(sizes) > 1:
+            # Not modelled beside groups of different block sizes: both
+            # refuse alike, and the workload runs without events.
+            errors = []
+            for core in self.cores:
+                try:
+                    core.enable_kv_events()
+                except ValueError as e:
+                    errors.append(str(e))
+            assert len(errors) == 2 and errors[0] == errors[1], errors
+        else:
+            for core in self.cores:
+                core.enable_kv_events()
+                core.enable_block_lifecycle_events()
 
     def add(self, rid: str, tokens: list[int], **kw: Any) -> bool:
         if kw.get("resumable"):

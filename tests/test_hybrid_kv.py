@@ -457,7 +457,8 @@ def test_one_group_is_asked_once() -> None:
             for i, block in enumerate(pool.take_free_blocks(len(hashes))):
                 if i < 3 or i == 5:
                     pool.cache_block(block, group_key(hashes[i], g))
-        hit = find_longest_hit(pool, lookup_groups([kind] * num_groups), hashes, 11, 2, num_groups)
+        groups = lookup_groups([kind] * num_groups, [2] * num_groups)
+        hit = find_longest_hit(pool, groups, hashes, 11, 2, 2, num_groups)
         assert (hit.tokens, hit.shared_prefix_boundary) == (tokens, shared)
         assert [[b.block_id for b in blocks] for blocks in hit.blocks] == [
             [0] * (tokens // 2)

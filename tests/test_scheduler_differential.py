@@ -206,7 +206,39 @@ def random_config(rng: random.Random) -> dict:
     if config["num_speculative_tokens"] > 1 and rng.random() < 0.3:
         config["drafter_read_ahead"] = config["num_speculative_tokens"]
     add_mamba_groups(random.Random(rng.random()), config)
+    add_block_sizes(random.Random(rng.random()), config)
     return config
+
+
+def add_block_sizes(rng: random.Random, config: dict) -> None:
+    """Groups of different block sizes (docs/scheduling.md §7.16: vLLM's
+    mixed-precision hybrids) in half the workloads whose groups are full
+    attention and sliding windows without prefix caching (not yet proven
+    equal to vLLM's there), EAGLE's drop or lookahead hashes:
+    each group two or four times the cache's block size or its own, one at
+    least the cache's (so the hash block is it); a retention interval on
+    the scheduler block (their least common multiple). The pool is sized
+    for the larger tables."""
+    groups = config["kv_cache_groups"]
+    if not groups or len(groups) < 2 or rng.random() < 0.5 or config["caching"]:
+        return
+    if any(g.kind not in ("full", "sliding_window") for g in groups):
+        return
+    if config["drop_eagle_block"] or config["num_hash_lookahead_tokens"]:
+        return
+    bs = config["block_size"]
+    sizes = [rng.choice([None, 2 * bs, 4 * bs]) for _ in groups]
+    sizes[rng.randrange(len(sizes))] = None
+    config["kv_cache_groups"] = tuple(
+        KVCacheGroup(g.kind, g.size, g.admission_cap_blocks, block_size=size)
+        for g, size in zip(groups, sizes, strict=True)
+    )
+    unit = max(s or bs for s in sizes)  # their multiples of bs: the largest is the LCM
+    if config.get("retention_interval"):
+        config["retention_interval"] = unit * rng.choice([1, 2])
+    need = blocks_per_request(config)
+    tight = rng.random() < 0.6
+    config["num_blocks"] = rng.randint(need + 1, 2 * need + 2) if tight else 4 * need
 
 
 def add_mamba_groups(rng: random.Random, config: dict) -> None:
@@ -379,7 +411,9 @@ def blocks_per_request(config: dict) -> int:
             return 2 + (g.prefill_checkpoint_alignment is not None) + g.speculative_blocks
         return -(-max_len // g.size) + g.speculative_blocks
 
-    return sum(states(g) if g.kind == "mamba" else -(-max_len // bs) for g in groups)
+    return sum(
+        states(g) if g.kind == "mamba" else -(-max_len // (g.block_size or bs)) for g in groups
+    )
 
 
 def takes_sessions(config: dict) -> bool:
@@ -607,6 +641,9 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         config["drop_eagle_block"] and config["caching"] and groups and len(groups) > 1
     )
     pair.events["multi_module_drafter"] += config.get("drafter_read_ahead", 0) > 1
+    pair.events["mixed_block_sizes"] += any(
+        g.block_size is not None for g in config["kv_cache_groups"] or ()
+    )
     pair.events["retention_interval"] += config.get("retention_interval", 0) > 0
     mamba = [g for g in config["kv_cache_groups"] or () if g.kind == "mamba"]
     pair.events["mamba_groups"] += bool(mamba)
@@ -698,6 +735,8 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     needs["mamba_speculative_blocks"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_align"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_checkpoints"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
+    # Groups of different block sizes (about one workload in fifty).
+    needs["mixed_block_sizes"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():

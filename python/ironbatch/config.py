@@ -202,7 +202,10 @@ class KVCacheGroup:
     """One KV-cache group of a hybrid model (vLLM's ``KVCacheGroupSpec``):
     layers that attend alike, with a block table of their own per request;
     every group shares the cache's blocks, and all but recurrent ones its
-    block size.
+    block size unless ``block_size`` gives a full-attention or
+    sliding-window group its own (vLLM's mixed-precision hybrids: layers
+    stored at another precision fit another number of tokens in the pool's
+    page; docs/scheduling.md §7.16).
 
     ``kind`` is "full" (every earlier token; ``size`` 0), "sliding_window"
     (``size``: the window, in tokens), "chunked_local" (``size``: the
@@ -232,10 +235,18 @@ class KVCacheGroup:
     admission_cap_blocks: int | None = None
     speculative_blocks: int = 0
     prefill_checkpoint_alignment: int | None = None
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in GROUP_KINDS:
             raise ValueError(f"KVCacheGroup.kind must be one of {GROUP_KINDS}, got {self.kind!r}")
+        if self.block_size is not None:
+            _int("KVCacheGroup.block_size", self.block_size, 1, MAX_BLOCK_SIZE)
+            if self.kind not in ("full", "sliding_window"):
+                raise ValueError(
+                    "KVCacheGroup.block_size: only a full-attention or sliding-window group "
+                    f"sets its own block size, got one on a {self.kind} group"
+                )
         if isinstance(self.size, bool) or not isinstance(self.size, int):
             raise TypeError(f"KVCacheGroup.size must be an int, got {type(self.size).__name__}")
         if self.kind == "mamba":
@@ -301,6 +312,11 @@ class CacheConfig:
     # above 0: resumable checkpoints along long prompts); a multiple of
     # block_size, 0 for none (docs/scheduling.md §7.13).
     retention_interval: int = 0
+    # The attention groups' KV is stored at more than one precision (vLLM's
+    # has_mixed_precision_kv_cache: layers that skip KV-cache quantization):
+    # a freed block may next be read at another precision, so new blocks are
+    # listed for the runner to zero, as beside a recurrent group.
+    mixed_precision: bool = False
 
     def __post_init__(self) -> None:
         _int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
@@ -331,6 +347,7 @@ class CacheConfig:
             object.__setattr__(self, "kv_cache_groups", groups)  # frozen: a list becomes a tuple
         _bool("sparse_retention", self.sparse_retention)
         _int("retention_interval", self.retention_interval, 0, MAX_MODEL_LEN)
+        _bool("mixed_precision", self.mixed_precision)
 
     @property
     def num_kv_cache_groups(self) -> int:
@@ -349,7 +366,6 @@ def blocks_for_one_sequence(
     it holds at most between steps plus the scratch states: as vLLM sizes a
     hybrid or encoder-decoder cache at start-up)."""
     bs = cache_config.block_size
-    per_group = cdiv(max_model_len, bs)
     align = cache_config.enable_prefix_caching
     groups = cache_config.kv_cache_groups
     if groups is None:
@@ -361,14 +377,17 @@ def blocks_for_one_sequence(
         held = 2 + int(g.prefill_checkpoint_alignment is not None)
         return (held if align else cdiv(max_model_len, g.size)) + g.speculative_blocks
 
+    def per_group(g: KVCacheGroup) -> int:
+        return cdiv(max_model_len, bs if g.block_size is None else g.block_size)
+
     return sum(
         cdiv(max_encoder_tokens, bs)
         if g.kind == "cross_attention"
         else states(g)
         if g.kind == "mamba"
-        else per_group
+        else per_group(g)
         if g.admission_cap_blocks is None
-        else min(per_group, g.admission_cap_blocks)
+        else min(per_group(g), g.admission_cap_blocks)
         for g in groups
     )
 

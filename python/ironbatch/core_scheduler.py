@@ -34,25 +34,26 @@ from ironbatch.scheduler_stats import SchedulerStats
 
 #: A KV-cache group as the binding takes it: ``(kind, size,
 #: admission_cap_blocks, speculative_blocks, checkpoint_alignment)``.
-BindingGroup = tuple[str, int, int | None, int, int | None]
+BindingGroup = tuple[str, int, int | None, int, int | None, int | None]
 
 
 def binding_groups(groups: Sequence[GroupSpec]) -> list[BindingGroup]:
     """Resolved KV-cache groups as the binding takes them."""
     out: list[BindingGroup] = []
     for g in groups:
-        cap = g.admission_cap_blocks
+        cap, own = g.admission_cap_blocks, g.block_size
         k = g.kind
         if isinstance(k, SlidingWindow):
-            out.append(("sliding_window", k.window, cap, 0, None))
+            out.append(("sliding_window", k.window, cap, 0, None, own))
         elif isinstance(k, ChunkedLocal):
-            out.append(("chunked_local", k.chunk, cap, 0, None))
+            out.append(("chunked_local", k.chunk, cap, 0, None, own))
         elif isinstance(k, CrossAttention):
-            out.append(("cross_attention", 0, cap, 0, None))
+            out.append(("cross_attention", 0, cap, 0, None, own))
         elif isinstance(k, Mamba):
-            out.append(("mamba", k.block_size, cap, k.speculative_blocks, k.checkpoint_alignment))
+            alignment = k.checkpoint_alignment
+            out.append(("mamba", k.block_size, cap, k.speculative_blocks, alignment, own))
         else:
-            out.append(("full", 0, cap, 0, None))
+            out.append(("full", 0, cap, 0, None, own))
     return out
 
 
@@ -97,6 +98,7 @@ class CoreScheduler:
             kv_cache_groups=binding_groups(c.kv_cache_groups),
             sparse_retention=c.sparse_retention,
             retention_interval=c.retention_interval,
+            mixed_precision=c.mixed_precision,
             max_loras=c.max_loras,
             encoder_compute_budget=None if c.encoder is None else c.encoder.compute_budget,
             encoder_cache_size=None if c.encoder is None else c.encoder.cache_size,

@@ -291,7 +291,9 @@ class PythonBackend:
                 prompt_embeds_digests=None
                 if request.prompt_embeds is None
                 else embeds_digests(
-                    request.prompt_embeds, self.twin.kv.block_size, self.twin.kv.hasher.lookahead
+                    request.prompt_embeds,
+                    self.twin.kv.hash_block_size,
+                    self.twin.kv.hasher.lookahead,
                 ),
             )
         )

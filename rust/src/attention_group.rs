@@ -52,6 +52,12 @@ pub struct GroupSpec {
     /// group (vLLM's `max_admission_blocks_per_request`, from the window and
     /// the tokens that can be in flight); `None` for full attention.
     pub admission_cap_blocks: Option<usize>,
+    /// Tokens per block of an attention group whose blocks hold another
+    /// number of tokens than the cache's `block_size` (vLLM's
+    /// mixed-precision hybrids: a layer stored at another precision fits
+    /// another number of tokens in the pool's page); `None` for the cache's.
+    /// A recurrent group's size is its kind's.
+    pub block_size: Option<usize>,
 }
 
 impl GroupSpec {
@@ -59,7 +65,15 @@ impl GroupSpec {
     pub const FULL: GroupSpec = GroupSpec {
         kind: AttentionKind::Full,
         admission_cap_blocks: None,
+        block_size: None,
     };
+
+    /// Tokens per block: its own, else its kind's (a recurrent state's),
+    /// else the cache's `cache_block_size`.
+    pub fn tokens_per_block(self, cache_block_size: usize) -> usize {
+        self.block_size
+            .unwrap_or_else(|| self.kind.tokens_per_block(cache_block_size))
+    }
 }
 
 impl AttentionKind {
@@ -223,12 +237,15 @@ pub struct EagleReach {
 /// the block size; 0 for none) also the last `need` blocks of every
 /// segment of that many tokens, and every block when a segment is no
 /// longer than `need` blocks. `eagle` moves them (vLLM's
-/// `replay_boundaries` and `reachable_block_mask`).
+/// `replay_boundaries` and `reachable_block_mask`). Resume points are
+/// rounded down to `alignment` (the scheduler block: where hits land; the
+/// block size when the groups' blocks are alike).
 #[allow(clippy::too_many_arguments)]
 pub fn sparse_mask(
     start: usize,
     end: usize,
     block_size: usize,
+    alignment: usize,
     window: usize,
     num_prompt_tokens: usize,
     shared_prefix_boundary: usize,
@@ -238,18 +255,18 @@ pub fn sparse_mask(
     let shift = usize::from(eagle.this_group);
     let need = contiguous_blocks_for_hit(window, block_size) + shift;
     let tail = |boundary: usize| {
-        let end_block = boundary / block_size + shift;
+        let end_block = boundary / alignment * alignment / block_size + shift;
         end_block.saturating_sub(need)..end_block
     };
-    let bs = block_size;
+    let (bs, unit) = (block_size, alignment);
     let resume = if eagle.any_group {
-        // A resend hits up to its last whole block but one, a longer
-        // sibling up to the prompt's last whole block but one.
-        let resend = num_prompt_tokens.saturating_sub(1) / bs * bs;
-        let extension = num_prompt_tokens / bs * bs;
+        // A resend hits up to its last whole unit but one, a longer
+        // sibling up to the prompt's last whole unit but one.
+        let resend = num_prompt_tokens.saturating_sub(1) / unit * unit;
+        let extension = num_prompt_tokens / unit * unit;
         [
-            Some(tail(resend.saturating_sub(bs))),
-            Some(tail(extension.saturating_sub(bs))),
+            Some(tail(resend.saturating_sub(unit))),
+            Some(tail(extension.saturating_sub(unit))),
         ]
     } else {
         [Some(tail(num_prompt_tokens.saturating_sub(1))), None]
@@ -271,6 +288,21 @@ pub fn sparse_mask(
             || in_tail(&shared)
             || in_tail(&shared_below)
     }
+}
+
+/// Which blocks a sliding-window group caches with dense retention (vLLM's
+/// `prefix_cache_retention_interval` None) when the scheduler block
+/// (`alignment`) spans more of its blocks than a hit needs: the `need`
+/// blocks before each multiple of it, where hits land; `None` when that is
+/// every block (always, when the groups' blocks are alike).
+pub fn dense_window_mask(
+    block_size: usize,
+    alignment: usize,
+    window: usize,
+) -> Option<impl Fn(usize) -> bool> {
+    let need = contiguous_blocks_for_hit(window, block_size);
+    let per_segment = alignment / block_size;
+    (need < per_segment).then_some(move |i: usize| i % per_segment >= per_segment - need)
 }
 
 #[cfg(test)]
@@ -307,10 +339,10 @@ mod tests {
     fn sparse_retention_keeps_the_tails_at_resume_points() {
         // vLLM's example: a 300-token prompt, blocks of 16, window 128: the
         // eight blocks before position 299's block (indices 10..17).
-        let keep = sparse_mask(0, 19, 16, 128, 300, 0, 0, EagleReach::default());
+        let keep = sparse_mask(0, 19, 16, 16, 128, 300, 0, 0, EagleReach::default());
         let kept: Vec<usize> = (0..19).filter(|&i| keep(i)).collect();
         assert_eq!(kept, (10..18).collect::<Vec<_>>());
-        let keep = sparse_mask(0, 19, 16, 128, 300, 192, 0, EagleReach::default());
+        let keep = sparse_mask(0, 19, 16, 16, 128, 300, 192, 0, EagleReach::default());
         assert!(keep(4) && keep(11) && !keep(3) && !keep(18));
     }
 
@@ -318,11 +350,11 @@ mod tests {
     fn a_retention_interval_keeps_a_tail_per_segment_too() {
         // Window 33 needs two blocks of 16; segments of 64 tokens (four
         // blocks) keep their last two, besides the prompt's tail (15..17).
-        let keep = sparse_mask(0, 19, 16, 33, 280, 0, 64, EagleReach::default());
+        let keep = sparse_mask(0, 19, 16, 16, 33, 280, 0, 64, EagleReach::default());
         let kept: Vec<usize> = (0..19).filter(|&i| keep(i)).collect();
         assert_eq!(kept, vec![2, 3, 6, 7, 10, 11, 14, 15, 16, 18]);
         // Segments of two blocks: every block is a segment's tail.
-        let keep = sparse_mask(0, 19, 16, 33, 280, 0, 32, EagleReach::default());
+        let keep = sparse_mask(0, 19, 16, 16, 33, 280, 0, 32, EagleReach::default());
         assert!((0..19).all(keep));
     }
 

@@ -24,30 +24,39 @@ use crate::block::{cdiv, BlockId, NULL_BLOCK};
 use crate::block_hash::BlockHash;
 use crate::block_pool::BlockPool;
 
-/// Groups asked together: one attention kind, the group ids that have it,
-/// and whether their hit gives up its last block (any of them holds an
-/// EAGLE-style drafter's layers).
+/// Groups asked together: one attention kind and block size, the group
+/// ids that have them, and whether their hit gives up its last block (any
+/// of them holds an EAGLE-style drafter's layers).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LookupGroup {
     pub kind: AttentionKind,
+    pub block_size: usize,
     pub group_ids: Vec<usize>,
     pub drops_eagle_block: bool,
 }
 
-/// The lookup order for groups of these kinds (`eagle[g]`: group `g` drops
-/// an EAGLE block): alike groups together, in order of first appearance,
-/// full attention first (a stable sort).
-pub fn lookup_groups(kinds: &[AttentionKind], eagle: &[bool]) -> Vec<LookupGroup> {
+/// The lookup order for groups of these kinds and block sizes (`eagle[g]`:
+/// group `g` drops an EAGLE block): alike groups together, in order of
+/// first appearance, full attention first (a stable sort).
+pub fn lookup_groups(
+    kinds: &[AttentionKind],
+    block_sizes: &[usize],
+    eagle: &[bool],
+) -> Vec<LookupGroup> {
     let mut out: Vec<LookupGroup> = Vec::new();
-    for (g, &kind) in kinds.iter().enumerate() {
+    for (g, (&kind, &block_size)) in kinds.iter().zip(block_sizes).enumerate() {
         let drops = eagle.get(g).copied().unwrap_or(false);
-        match out.iter_mut().find(|l| l.kind == kind) {
+        match out
+            .iter_mut()
+            .find(|l| l.kind == kind && l.block_size == block_size)
+        {
             Some(l) => {
                 l.group_ids.push(g);
                 l.drops_eagle_block |= drops;
             }
             None => out.push(LookupGroup {
                 kind,
+                block_size,
                 group_ids: vec![g],
                 drops_eagle_block: drops,
             }),
@@ -58,7 +67,7 @@ pub fn lookup_groups(kinds: &[AttentionKind], eagle: &[bool]) -> Vec<LookupGroup
 }
 
 /// A hit: `blocks[g]` is group `g`'s hit blocks (null where the group needs
-/// none), all `tokens / bs` long.
+/// none), `tokens / bs` long for its block size `bs`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PrefixHit {
     pub tokens: usize,
@@ -69,14 +78,17 @@ pub struct PrefixHit {
     pub shared_prefix_boundary: usize,
 }
 
-/// Find the hit for a request with `hashes`, at most `max_len` tokens, into
-/// `blocks` (one list per group, cleared first).
+/// Find the hit for a request with `hashes` (one per `hash_block_size`
+/// tokens), at most `max_len` tokens, into `blocks` (one list per group,
+/// cleared first). A window's hit ends on a multiple of `alignment` (the
+/// scheduler block; its block size when the groups' are alike).
 pub fn find_longest_hit(
     pool: &BlockPool,
     groups: &[LookupGroup],
     hashes: &[BlockHash],
     max_len: usize,
-    block_size: usize,
+    hash_block_size: usize,
+    alignment: usize,
     blocks: &mut [Vec<BlockId>],
 ) -> PrefixHit {
     let num_groups = blocks.len();
@@ -89,7 +101,7 @@ pub fn find_longest_hit(
     let one_pass = (groups.len() == 2 && groups[0].kind.is_full()) || num_groups == 1;
     // A kind that drops an EAGLE block does so once per candidate length.
     let mut eagle_verified = vec![false; groups.len()];
-    let hashed = hashes.len() * block_size;
+    let hashed = hashes.len() * hash_block_size;
     loop {
         let mut candidate = hit;
         for (idx, l) in groups.iter().enumerate() {
@@ -105,11 +117,15 @@ pub fn find_longest_hit(
             // unitary one asks for the candidate). Not a recurrent state:
             // its finder never drops.
             let reach = if drop && num_groups > 1 && !l.kind.is_recurrent() {
-                (candidate + block_size).min(hashed)
+                (candidate + l.block_size).min(hashed)
             } else {
                 candidate
             };
-            let found = find_for(pool, l, hashes, reach, block_size, blocks, drop);
+            let view = HashView {
+                hashes,
+                per_block: l.block_size / hash_block_size,
+            };
+            let found = find_for(pool, l, view, reach, alignment, blocks, drop);
             if drop {
                 eagle_verified[idx] = true;
             } else if found < candidate {
@@ -130,8 +146,8 @@ pub fn find_longest_hit(
             break;
         }
     }
-    let keep = cdiv(hit, block_size);
     for l in groups.iter().filter(|l| l.kind.is_full()) {
+        let keep = cdiv(hit, l.block_size);
         for &g in &l.group_ids {
             blocks[g].truncate(keep);
         }
@@ -159,19 +175,39 @@ fn cached_in_all(
     true
 }
 
+/// A request's hashes as a group of `per_block` hash blocks a block sees
+/// them: block `i`'s is the chain's hash where it ends (vLLM's
+/// `BlockHashListWithBlockSize`).
+#[derive(Clone, Copy)]
+struct HashView<'a> {
+    hashes: &'a [BlockHash],
+    per_block: usize,
+}
+
+impl HashView<'_> {
+    fn len(self) -> usize {
+        self.hashes.len() / self.per_block
+    }
+
+    fn get(self, i: usize) -> BlockHash {
+        self.hashes[(i + 1) * self.per_block - 1]
+    }
+}
+
 /// One kind's hit of at most `max_len` tokens, written into `blocks` for
 /// its groups, its last block given up when `drop` (full attention and
 /// windows; a window then asks one contiguous block more); returns its
-/// length in tokens.
+/// length in tokens. A window's hit ends on a multiple of `alignment`.
 fn find_for(
     pool: &BlockPool,
     l: &LookupGroup,
-    hashes: &[BlockHash],
+    hashes: HashView<'_>,
     max_len: usize,
-    block_size: usize,
+    alignment: usize,
     blocks: &mut [Vec<BlockId>],
     drop: bool,
 ) -> usize {
+    let block_size = l.block_size;
     let num_blocks = (max_len / block_size).min(hashes.len());
     let mut row = Vec::with_capacity(l.group_ids.len());
     for &g in &l.group_ids {
@@ -184,8 +220,8 @@ fn find_for(
     };
     match l.kind {
         AttentionKind::Full => {
-            for &hash in &hashes[..num_blocks] {
-                if !cached_in_all(pool, l, hash, &mut row) {
+            for i in 0..num_blocks {
+                if !cached_in_all(pool, l, hashes.get(i), &mut row) {
                     break;
                 }
                 push_row(blocks, &row);
@@ -205,7 +241,12 @@ fn find_for(
             let mut run = 0;
             let mut found = false;
             for i in (0..num_blocks).rev() {
-                if cached_in_all(pool, l, hashes[i], &mut row) {
+                if cached_in_all(pool, l, hashes.get(i), &mut row) {
+                    // A run must end where a hit can: on the alignment.
+                    let end = if drop { i } else { i + 1 };
+                    if run == 0 && block_size != alignment && end * block_size % alignment != 0 {
+                        continue;
+                    }
                     for (&g, &b) in l.group_ids.iter().zip(&row) {
                         blocks[g][i] = b;
                     }
@@ -222,14 +263,26 @@ fn find_for(
                 }
             }
             if !found {
-                // A shorter run counts only from the first block.
+                // A shorter run counts only from the first block, and up
+                // to the alignment.
+                let mut len = run;
+                while len * block_size % alignment != 0 {
+                    len -= 1;
+                }
                 for &g in &l.group_ids {
-                    blocks[g].truncate(run);
+                    blocks[g].truncate(len);
                 }
             }
             if drop {
                 for &g in &l.group_ids {
                     blocks[g].pop();
+                }
+                let mut len = blocks[l.group_ids[0]].len();
+                while len * block_size % alignment != 0 {
+                    len -= 1;
+                }
+                for &g in &l.group_ids {
+                    blocks[g].truncate(len);
                 }
             }
         }
@@ -239,8 +292,8 @@ fn find_for(
             for &g in &l.group_ids {
                 blocks[g].resize(start, NULL_BLOCK);
             }
-            for &hash in hashes.iter().take(num_blocks).skip(start) {
-                if !cached_in_all(pool, l, hash, &mut row) {
+            for i in start..num_blocks {
+                if !cached_in_all(pool, l, hashes.get(i), &mut row) {
                     break;
                 }
                 push_row(blocks, &row);
@@ -250,7 +303,7 @@ fn find_for(
             // One state is all a hit needs: the rightmost cached one, after
             // nulls (cache mode "align", §7.15).
             for i in (0..num_blocks).rev() {
-                if cached_in_all(pool, l, hashes[i], &mut row) {
+                if cached_in_all(pool, l, hashes.get(i), &mut row) {
                     for &g in &l.group_ids {
                         blocks[g].resize(i, NULL_BLOCK);
                     }
@@ -296,9 +349,9 @@ mod tests {
         let kind = AttentionKind::ChunkedLocal { chunk: 3 };
         for (num_groups, tokens, shared) in [(1, 8, 0), (2, 6, 8)] {
             let pool = pool_with(num_groups, &hashes, 3);
-            let groups = lookup_groups(&vec![kind; num_groups], &[]);
+            let groups = lookup_groups(&vec![kind; num_groups], &vec![2; num_groups], &[]);
             let mut blocks = vec![Vec::new(); num_groups];
-            let hit = find_longest_hit(&pool, &groups, &hashes, 11, 2, &mut blocks);
+            let hit = find_longest_hit(&pool, &groups, &hashes, 11, 2, 2, &mut blocks);
             assert_eq!((hit.tokens, hit.shared_prefix_boundary), (tokens, shared));
             assert!(blocks.iter().all(|b| b.len() == tokens / 2));
             assert!(blocks.iter().flatten().all(|&b| b == NULL_BLOCK));
@@ -312,7 +365,7 @@ mod tests {
             AttentionKind::Full,
             AttentionKind::SlidingWindow { window: 128 },
         ];
-        let groups = lookup_groups(&kinds, &[]);
+        let groups = lookup_groups(&kinds, &[16; 3], &[]);
         assert_eq!(groups.len(), 2);
         assert_eq!(groups[0].group_ids, vec![1]);
         assert_eq!(groups[1].group_ids, vec![0, 2]);

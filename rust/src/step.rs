@@ -180,7 +180,8 @@ pub struct StepOutput {
     /// its scheduled tokens fall in, as the table held them this step.
     pub(crate) span_blocks: Vec<BlockId>,
     pub(crate) span_offsets: Vec<u32>,
-    pub(crate) block_size: usize,
+    /// Tokens per block of each KV-cache group.
+    pub(crate) group_block_sizes: Vec<usize>,
     pub(crate) num_groups: usize,
     /// Groups without per-token slots (bit `g`): cross-attention's are the
     /// encoder's, a recurrent group's blocks hold states; the slot mapping
@@ -232,14 +233,15 @@ pub struct StepOutput {
 
 impl StepOutput {
     /// An empty step with room for `rows` entries, over `num_groups`
-    /// KV-cache groups of `block_size`-token blocks.
-    pub(crate) fn with_capacity(rows: usize, num_groups: usize, block_size: usize) -> Self {
+    /// KV-cache groups of `group_block_sizes`-token blocks.
+    pub(crate) fn with_capacity(rows: usize, group_block_sizes: &[usize]) -> Self {
+        let num_groups = group_block_sizes.len();
         let mut out = StepOutput {
             entries: Vec::new(),
             new_block_offsets: Vec::with_capacity(rows * num_groups + 1),
             span_blocks: Vec::with_capacity(rows * num_groups),
             span_offsets: Vec::with_capacity(rows * num_groups + 1),
-            block_size,
+            group_block_sizes: group_block_sizes.to_vec(),
             num_groups,
             ..Default::default()
         };
@@ -306,10 +308,10 @@ impl StepOutput {
     /// group 0's run of the step's tokens first (cross-attention and
     /// recurrent groups have none).
     pub fn slot_mapping(&self) -> Vec<i64> {
-        let bs = self.block_size;
         let groups = self.num_groups;
         let mut out = Vec::with_capacity(self.total_num_scheduled_tokens() * groups);
         for g in (0..groups).filter(|&g| self.slotless_groups & 1 << g == 0) {
+            let bs = self.group_block_sizes[g];
             for (i, e) in self.entries.iter().enumerate() {
                 let k = i * groups + g;
                 let span = &self.span_blocks

@@ -105,6 +105,7 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(no_kv_cache(rng, settings))
     settings.update(context_parallel(rng, settings))
     settings.update(recurrent_layout(rng, settings))
+    settings.update(mixed_block_sizes(rng, settings))
     # Every group holds blocks of its own: the same tightness per attention
     # group, and room for two requests' states in each recurrent group.
     settings["num_blocks"] = (blocks - 1) * GROUPS[settings["kv_layout"]] + 1
@@ -112,6 +113,32 @@ def random_settings(rng: random.Random) -> dict:
     if settings.get("target") == "whisper":
         encoder_decoder(settings, blocks)
     return settings
+
+
+def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
+    """Window and full-attention groups of different block sizes (a
+    mixed-precision hybrid, docs/scheduling.md §7.16) in half the gpt-oss
+    and Gemma 3 layouts without what the core does not model beside them
+    (prefix caching, KV-cache events and metrics, drafters with lookahead
+    hashes or EAGLE's drop): the windows' or the full group's blocks two or four times the
+    cache's (drawn apart); a retention interval on the larger block."""
+    drawn = random.Random(rng.random())
+    if settings["kv_layout"] not in ("gpt-oss", "gemma3") or drawn.random() < 0.5:
+        return {}
+    if settings["enable_prefix_caching"]:
+        return {}  # the drop-in falls back there (support.py)
+    metrics = settings.get("observability_config")
+    if "kv_events_config" in settings or (metrics is not None and metrics.kv_cache_metrics):
+        return {}
+    if settings.get("speculative_config", {}).get("method", "ngram") not in ("ngram", "ngram_gpu"):
+        return {}
+    bs = settings["block_size"]
+    larger = bs * drawn.choice([2, 4])
+    which = drawn.choice(["window_block_size", "full_block_size"])
+    out: dict = {which: larger}
+    if settings.get("retention_interval"):
+        out["retention_interval"] = larger * drawn.choice([1, 2])
+    return out
 
 
 def encoder_decoder(settings: dict, blocks: int) -> None:
@@ -865,6 +892,7 @@ def drawn_features(seed: int) -> Counter:
         and s["enable_prefix_caching"]
         and s.get("mamba_checkpoint_alignment") is not None,
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
+        "groups of different block sizes": "window_block_size" in s or "full_block_size" in s,
         "window retention interval": bool(s.get("retention_interval")),
         "encoder-decoder with speculation": s.get("target") == "whisper"
         and "speculative_config" in s,
@@ -947,6 +975,8 @@ FEATURE_SHARES = {
     "feature: window groups with KV-cache metrics": 100,
     "feature: window retention interval": 40,
     "feature: decode context parallelism": 80,
+    # About 14 of 1,040: hybrid, gpt-oss or Gemma 3, prefix caching off.
+    "feature: groups of different block sizes": 5,
     "feature: window groups with speculation": 120,
     "feature: encoder-decoder with KV-cache events or metrics": 20,
     "feature: encoder-decoder with speculation": 9,

@@ -164,6 +164,19 @@ class GroupSpec:
     #: group (vLLM's ``max_admission_blocks_per_request``, from the window
     #: and the tokens that can be in flight); None for full attention.
     admission_cap_blocks: int | None = None
+    #: Tokens per block of an attention group whose blocks hold another
+    #: number of tokens than the cache's ``block_size`` (vLLM's
+    #: mixed-precision hybrids: a layer stored at another precision fits
+    #: another number of tokens in the pool's page); None for the cache's.
+    #: A recurrent group's size is its kind's.
+    block_size: int | None = None
+
+    def tokens_per_block(self, cache_block_size: int) -> int:
+        """Tokens per block: its own, else its kind's (a recurrent
+        state's), else the cache's ``cache_block_size``."""
+        if self.block_size is not None:
+            return self.block_size
+        return self.kind.tokens_per_block(cache_block_size)
 
 
 #: A full-attention group: what a model of one attention type has.
@@ -257,6 +270,7 @@ def sparse_mask(
     start: int,
     end: int,
     block_size: int,
+    alignment: int,
     window: int,
     num_prompt_tokens: int,
     shared_prefix_boundary: int,
@@ -273,22 +287,24 @@ def sparse_mask(
     of the block size; 0 for none) also the last ``need`` blocks of every
     segment of that many tokens, and every block when a segment is no longer
     than ``need`` blocks. ``eagle`` moves them (vLLM's ``replay_boundaries``
-    and ``reachable_block_mask``)."""
+    and ``reachable_block_mask``). Resume points are rounded down to
+    ``alignment`` (the scheduler block: where hits land; the block size when
+    the groups' blocks are alike)."""
     assert start <= end
-    bs = block_size
+    bs, unit = block_size, alignment
     shift = int(eagle.this_group)
     need = contiguous_blocks_for_hit(window, block_size) + shift
 
     def tail(boundary: int) -> range:
-        end_block = boundary // block_size + shift
+        end_block = boundary // alignment * alignment // block_size + shift
         return range(max(end_block - need, 0), end_block)
 
     if eagle.any_group:
-        # A resend hits up to its last whole block but one, a longer sibling
-        # up to the prompt's last whole block but one.
-        resend = max(num_prompt_tokens - 1, 0) // bs * bs
-        extension = num_prompt_tokens // bs * bs
-        resume = [tail(max(resend - bs, 0)), tail(max(extension - bs, 0))]
+        # A resend hits up to its last whole unit but one, a longer sibling
+        # up to the prompt's last whole unit but one.
+        resend = max(num_prompt_tokens - 1, 0) // unit * unit
+        extension = num_prompt_tokens // unit * unit
+        resume = [tail(max(resend - unit, 0)), tail(max(extension - unit, 0))]
     else:
         resume = [tail(max(num_prompt_tokens - 1, 0))]
     shared = [tail(shared_prefix_boundary)] if shared_prefix_boundary > 0 else []
@@ -304,3 +320,16 @@ def sparse_mask(
         or any(i in r for r in resume)
         or any(i in r for r in shared)
     )
+
+
+def dense_window_mask(block_size: int, alignment: int, window: int) -> Callable[[int], bool] | None:
+    """Which blocks a sliding-window group caches with dense retention
+    (vLLM's ``prefix_cache_retention_interval`` None) when the scheduler
+    block (``alignment``) spans more of its blocks than a hit needs: the
+    ``need`` blocks before each multiple of it, where hits land; None when
+    that is every block (always, when the groups' blocks are alike)."""
+    need = contiguous_blocks_for_hit(window, block_size)
+    per_segment = alignment // block_size
+    if need >= per_segment:
+        return None
+    return lambda i: i % per_segment >= per_segment - need

@@ -61,7 +61,7 @@ class KVCacheManager:
             raise ValueError("prompt_token_ids must not be empty")
         self._check_len("prompt_token_ids", len(prompt))
         extras = [] if cache_salt is None else [CacheSalt(cache_salt)]
-        seq = Sequence(prompt, extras, self.kv.hasher, self.kv.block_size)
+        seq = Sequence(prompt, extras, self.kv.hasher, self.kv.hash_block_size)
         self._requests[request_id] = _Entry(seq)
 
     def append_token_ids(self, request_id: str, token_ids: Iterable[int]) -> None:
@@ -69,7 +69,7 @@ class KVCacheManager:
         tokens = u32_list("token_ids", token_ids)
         entry = self._entry(request_id)
         self._check_len("token_ids", entry.seq.num_tokens + len(tokens))
-        entry.seq.append(tokens, self.kv.hasher, self.kv.block_size)
+        entry.seq.append(tokens, self.kv.hasher, self.kv.hash_block_size)
 
     def remove_request(self, request_id: str) -> None:
         """Free a request's blocks and forget it."""
@@ -153,7 +153,7 @@ class KVCacheManager:
         """Set what the scheduler computed; at most the tokens its table
         covers and its known tokens."""
         n = count("num_computed_tokens", num_computed_tokens)
-        bs = self.kv.block_size
+        bs = self.kv.hash_block_size
         entry = self._entry(request_id)
         limit = min(entry.seq.num_tokens, len(entry.table) * bs)
         if n > limit:
@@ -216,7 +216,7 @@ class KVCacheManager:
 
     @property
     def block_size(self) -> int:
-        return self.kv.block_size
+        return self.kv.hash_block_size
 
     @property
     def max_model_len(self) -> int:

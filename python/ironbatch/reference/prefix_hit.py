@@ -38,25 +38,28 @@ from ironbatch.reference.block_pool import BlockPool
 
 @dataclass
 class LookupGroup:
-    """Groups asked together: one attention kind, the group ids that have it,
-    and whether their hit gives up its last block (any of them holds an
-    EAGLE-style drafter's layers)."""
+    """Groups asked together: one attention kind and block size, the group
+    ids that have them, and whether their hit gives up its last block (any of
+    them holds an EAGLE-style drafter's layers)."""
 
     kind: AttentionKind
+    block_size: int
     group_ids: list[int]
     drops_eagle_block: bool = False
 
 
-def lookup_groups(kinds: list[AttentionKind], eagle: list[bool] | None = None) -> list[LookupGroup]:
-    """The lookup order for groups of these kinds (``eagle[g]``: group ``g``
-    drops an EAGLE block): alike groups together, in order of first
-    appearance, full attention first (a stable sort)."""
+def lookup_groups(
+    kinds: list[AttentionKind], block_sizes: list[int], eagle: list[bool] | None = None
+) -> list[LookupGroup]:
+    """The lookup order for groups of these kinds and block sizes
+    (``eagle[g]``: group ``g`` drops an EAGLE block): alike groups together,
+    in order of first appearance, full attention first (a stable sort)."""
     out: list[LookupGroup] = []
-    for g, kind in enumerate(kinds):
+    for g, (kind, block_size) in enumerate(zip(kinds, block_sizes, strict=True)):
         drops = bool(eagle[g]) if eagle and g < len(eagle) else False
-        same = next((lg for lg in out if lg.kind == kind), None)
+        same = next((lg for lg in out if lg.kind == kind and lg.block_size == block_size), None)
         if same is None:
-            out.append(LookupGroup(kind, [g], drops))
+            out.append(LookupGroup(kind, block_size, [g], drops))
         else:
             same.group_ids.append(g)
             same.drops_eagle_block |= drops
@@ -75,7 +78,8 @@ class PrefixHit:
     #: 0 otherwise.
     shared_prefix_boundary: int = 0
     #: ``blocks[g]``: group ``g``'s hit blocks (the null block where the
-    #: group needs none), ``tokens / bs`` of them (the core writes them into
+    #: group needs none), ``tokens / bs`` of them for its block size ``bs``
+    #: (the core writes them into
     #: the caller's scratch lists instead).
     blocks: list[list[Block]] = field(default_factory=list)
 
@@ -85,11 +89,15 @@ def find_longest_hit(
     groups: list[LookupGroup],
     hashes: list[int],
     max_len: int,
-    block_size: int,
+    hash_block_size: int,
+    alignment: int,
     num_groups: int,
 ) -> PrefixHit:
-    """Find the hit for a request with ``hashes``, at most ``max_len`` tokens,
-    over ``num_groups`` groups."""
+    """Find the hit for a request with ``hashes`` (one per
+    ``hash_block_size`` tokens), at most ``max_len`` tokens, over
+    ``num_groups`` groups. A window's hit ends on a multiple of
+    ``alignment`` (the scheduler block; its block size when the groups' are
+    alike)."""
     blocks: list[list[Block]] = [[] for _ in range(num_groups)]
     looked_up = [False] * num_groups
     hit_by_group = [0] * num_groups
@@ -100,7 +108,7 @@ def find_longest_hit(
     one_pass = (len(groups) == 2 and groups[0].kind.is_full()) or num_groups == 1
     # A kind that drops an EAGLE block does so once per candidate length.
     eagle_verified = [False] * len(groups)
-    hashed = len(hashes) * block_size
+    hashed = len(hashes) * hash_block_size
     while True:
         candidate = hit
         for idx, lg in enumerate(groups):
@@ -116,8 +124,9 @@ def find_longest_hit(
             # finder never drops.
             reach = candidate
             if drop and num_groups > 1 and not lg.kind.is_recurrent():
-                reach = min(candidate + block_size, hashed)
-            found = _find_for(pool, lg, hashes, reach, block_size, blocks, drop)
+                reach = min(candidate + lg.block_size, hashed)
+            view = HashView(hashes, lg.block_size // hash_block_size)
+            found = _find_for(pool, lg, view, reach, alignment, blocks, drop)
             if drop:
                 eagle_verified[idx] = True
             elif found < candidate:
@@ -132,9 +141,9 @@ def find_longest_hit(
         hit = candidate
         if one_pass:
             break
-    keep = cdiv(hit, block_size)
     for lg in groups:
         if lg.kind.is_full():
+            keep = cdiv(hit, lg.block_size)
             for g in lg.group_ids:
                 del blocks[g][keep:]
     return PrefixHit(hit, longest if longest > hit else 0, blocks)
@@ -152,27 +161,44 @@ def _cached_in_all(pool: BlockPool, lg: LookupGroup, block_hash: int) -> list[Bl
     return row
 
 
+@dataclass(frozen=True)
+class HashView:
+    """A request's hashes as a group of ``per_block`` hash blocks a block
+    sees them: block ``i``'s is the chain's hash where it ends (vLLM's
+    ``BlockHashListWithBlockSize``)."""
+
+    hashes: list[int]
+    per_block: int
+
+    def __len__(self) -> int:
+        return len(self.hashes) // self.per_block
+
+    def get(self, i: int) -> int:
+        return self.hashes[(i + 1) * self.per_block - 1]
+
+
 def _find_for(
     pool: BlockPool,
     lg: LookupGroup,
-    hashes: list[int],
+    hashes: HashView,
     max_len: int,
-    block_size: int,
+    alignment: int,
     blocks: list[list[Block]],
     drop: bool = False,
 ) -> int:
     """One kind's hit of at most ``max_len`` tokens, written into ``blocks``
     for its groups, its last block given up when ``drop`` (full attention and
     windows; a window then asks one contiguous block more); returns its
-    length in tokens."""
+    length in tokens. A window's hit ends on a multiple of ``alignment``."""
+    block_size = lg.block_size
     num_blocks = min(max_len // block_size, len(hashes))
     null = pool.block(NULL_BLOCK)
     assert null is not None
     out: list[list[Block]] = [[] for _ in lg.group_ids]  # per group of lg
     kind = lg.kind
     if isinstance(kind, Full):
-        for h in hashes[:num_blocks]:
-            row = _cached_in_all(pool, lg, h)
+        for i in range(num_blocks):
+            row = _cached_in_all(pool, lg, hashes.get(i))
             if row is None:
                 break
             for column, block in zip(out, row, strict=True):
@@ -187,9 +213,13 @@ def _find_for(
         run = 0
         found = False
         for i in range(num_blocks - 1, -1, -1):
-            row = _cached_in_all(pool, lg, hashes[i])
+            row = _cached_in_all(pool, lg, hashes.get(i))
             if row is None:
                 run = 0
+                continue
+            # A run must end where a hit can: on the alignment.
+            end = i if drop else i + 1
+            if run == 0 and block_size != alignment and end * block_size % alignment:
                 continue
             for column, block in zip(out, row, strict=True):
                 column[i] = block
@@ -200,17 +230,26 @@ def _find_for(
                 found = True
                 break
         if not found:
-            # A shorter run counts only from the first block.
+            # A shorter run counts only from the first block, and up to the
+            # alignment.
+            keep = run
+            while keep * block_size % alignment:
+                keep -= 1
             for column in out:
-                del column[run:]
+                del column[keep:]
         if drop:
             for column in out:
                 del column[-1:]
+            keep = len(out[0])
+            while keep * block_size % alignment:
+                keep -= 1
+            for column in out:
+                del column[keep:]
     elif isinstance(kind, Mamba):
         # One state is all a hit needs: the rightmost cached one, after
         # nulls (cache mode "align", §7.15).
         for i in range(num_blocks - 1, -1, -1):
-            row = _cached_in_all(pool, lg, hashes[i])
+            row = _cached_in_all(pool, lg, hashes.get(i))
             if row is not None:
                 out = [[null] * i + [block] for block in row]
                 break
@@ -221,8 +260,8 @@ def _find_for(
         # Blocks before the candidate's last chunk need nothing cached.
         start = max_len // kind.chunk * kind.chunk // block_size
         out = [[null] * start for _ in lg.group_ids]
-        for h in hashes[start:num_blocks]:
-            row = _cached_in_all(pool, lg, h)
+        for i in range(start, num_blocks):
+            row = _cached_in_all(pool, lg, hashes.get(i))
             if row is None:
                 break
             for column, block in zip(out, row, strict=True):

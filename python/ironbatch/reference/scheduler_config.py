@@ -18,8 +18,13 @@ from ironbatch.reference.attention_group import (
 )
 from ironbatch.reference.error import debug_str
 from ironbatch.reference.kv_cache_manager import check_groups
+from ironbatch.reference.kv_cache_manager.config import (
+    hash_block_size,
+    validate_group_block_sizes,
+)
 from ironbatch.reference.limits import (
     MAX_BLOCK_SIZE,
+    MAX_KV_CACHE_GROUPS,
     MAX_MODEL_LEN,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_BLOCKS,
@@ -158,6 +163,9 @@ class SchedulerSettings:
     #: tail, segments of this many tokens (vLLM's
     #: ``prefix_cache_retention_interval`` above 0); 0 for none.
     retention_interval: int = 0
+    #: The attention groups' KV has mixed precisions: new blocks are listed
+    #: for zeroing (vLLM's ``has_mixed_precision_kv_cache``).
+    mixed_precision: bool = False
 
 
 def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
@@ -204,6 +212,7 @@ def settings(scheduler_config: Any, cache_config: Any) -> SchedulerSettings:
         runner=runner_named(getattr(c, "runner", "generate")),
         sparse_retention=getattr(cache_config, "sparse_retention", True),
         retention_interval=getattr(cache_config, "retention_interval", 0),
+        mixed_precision=getattr(cache_config, "mixed_precision", False),
     )
 
 
@@ -245,7 +254,7 @@ GROUP_KINDS = ("full", "sliding_window", "chunked_local", "cross_attention", "ma
 def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
     """The API's ``kv_cache_groups`` (``kind``, ``size``,
     ``admission_cap_blocks``, ``speculative_blocks``,
-    ``prefill_checkpoint_alignment`` read by attribute) as
+    ``prefill_checkpoint_alignment``, ``block_size`` read by attribute) as
     the core's groups; None is one full-attention group. An unknown kind is refused as the binding
     refuses it."""
     if groups is None:
@@ -253,10 +262,11 @@ def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
     out = []
     for g in groups:
         cap = g.admission_cap_blocks
+        own = getattr(g, "block_size", None)
         if g.kind == "full":
-            out.append(GroupSpec(Full(), cap))
+            out.append(GroupSpec(Full(), cap, own))
         elif g.kind == "sliding_window":
-            out.append(GroupSpec(SlidingWindow(g.size), cap))
+            out.append(GroupSpec(SlidingWindow(g.size), cap, own))
         elif g.kind == "chunked_local":
             out.append(GroupSpec(ChunkedLocal(g.size), cap))
         elif g.kind == "cross_attention":
@@ -286,7 +296,20 @@ def validate(c: SchedulerSettings) -> None:
     # Without a KV cache, vLLM's pool is the null block alone.
     check_range("num_blocks", c.num_blocks, 1 if not c.kv_cache_groups else 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", c.num_lookahead_tokens, 0, c.max_model_len)
-    check_range("num_hash_lookahead_tokens", c.num_hash_lookahead_tokens, 0, c.block_size)
+    check_range("kv_cache_groups", len(c.kv_cache_groups), 0, MAX_KV_CACHE_GROUPS)
+    validate_group_block_sizes(
+        c.kv_cache_groups,
+        c.block_size,
+        c.drop_eagle_block,
+        num_hash_lookahead_tokens=c.num_hash_lookahead_tokens,
+        enable_prefix_caching=c.enable_prefix_caching,
+    )
+    check_range(
+        "num_hash_lookahead_tokens",
+        c.num_hash_lookahead_tokens,
+        0,
+        hash_block_size(c.kv_cache_groups, c.block_size),
+    )
     check_groups(
         c.kv_cache_groups,
         c.num_hash_lookahead_tokens,

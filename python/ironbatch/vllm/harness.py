@@ -80,6 +80,11 @@ DEFAULTS: dict[str, Any] = {
     # drops a block in every group.
     "drafter_in_full_group": False,
     "window": 32,
+    # A mixed-precision hybrid's groups of other block sizes (gpt-oss and
+    # Gemma 3 layouts): the windows' or the full group's own, None for the
+    # cache's.
+    "window_block_size": None,
+    "full_block_size": None,
     "mamba_block_size": None,
     # With prefix caching: the offsets at which the recurrent groups' backend
     # writes a prefill checkpoint inside a chunk (vLLM's
@@ -527,8 +532,9 @@ def kv_cache_groups(
     common = {"block_size": cfg["block_size"], "num_kv_heads": 1, "head_size": 1}
     common["dtype"] = torch.float32
     full_cls = MLAAttentionSpec if cfg["mla"] else FullAttentionSpec
+    full_common = {**common, "block_size": cfg["full_block_size"] or cfg["block_size"]}
     full = KVCacheGroupSpec(
-        ["full"], full_cls(**common), is_eagle_group=cfg["drafter_in_full_group"]
+        ["full"], full_cls(**full_common), is_eagle_group=cfg["drafter_in_full_group"]
     )
     layout, window = cfg["kv_layout"], cfg["window"]
     retained = max(0, num_prefill_lookahead_tokens - 1)
@@ -541,7 +547,8 @@ def kv_cache_groups(
     if layout == "full":
         return [full]
     if layout in ("gpt-oss", "gemma3"):
-        swa = SlidingWindowSpec(sliding_window=window, extra_retained_tokens=retained, **common)
+        own = {**common, "block_size": cfg["window_block_size"] or cfg["block_size"]}
+        swa = SlidingWindowSpec(sliding_window=window, extra_retained_tokens=retained, **own)
         n = 1 if layout == "gpt-oss" else 5
         return [KVCacheGroupSpec([f"swa{i}"], swa) for i in range(n)] + [full]
     if layout == "llama4":
@@ -600,8 +607,15 @@ def construct(cls: type, vc: VllmConfig, kvc: KVCacheConfig, log_stats: bool = T
     size, and the scheduler's is the least common multiple)."""
     bs = vc.cache_config.block_size * vc.parallel_config.decode_context_parallel_size
     specs = [g.kv_cache_spec for g in kvc.kv_cache_groups]
+    hash_bs = bs
     if any(isinstance(spec, MambaSpec) for spec in specs):
+        bs = hash_bs = math.lcm(*(spec.block_size for spec in specs))
+    elif len({spec.block_size for spec in specs}) > 1:
+        # Groups of different block sizes (a mixed-precision hybrid): the
+        # scheduler's is their least common multiple, hashes their greatest
+        # common divisor's (vLLM's resolve_kv_cache_block_sizes).
         bs = math.lcm(*(spec.block_size for spec in specs))
+        hash_bs = math.gcd(*(spec.block_size for spec in specs))
     return cls(
         vllm_config=vc,
         kv_cache_config=kvc,
@@ -609,7 +623,7 @@ def construct(cls: type, vc: VllmConfig, kvc: KVCacheConfig, log_stats: bool = T
         include_finished_set=False,
         log_stats=log_stats,
         block_size=bs,
-        hash_block_size=bs,
+        hash_block_size=hash_bs,
     )
 
 

@@ -5,6 +5,7 @@ runner)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig
@@ -63,11 +64,17 @@ def core_scheduler(
             num_blocks=kv_cache_config.num_blocks,
             block_size=attention_block_size(vllm_config, kv_cache_config, block_size),
             enable_prefix_caching=vllm_config.cache_config.enable_prefix_caching,
-            kv_cache_groups=kv_cache_groups(vllm_config, kv_cache_config),
+            kv_cache_groups=kv_cache_groups(
+                vllm_config,
+                kv_cache_config,
+                attention_block_size(vllm_config, kv_cache_config, block_size),
+            ),
             # vLLM's default retention interval, 0, caches a window group's
             # blocks sparsely; None caches them all.
             sparse_retention=kv_cache_config.prefix_cache_retention_interval is not None,
             retention_interval=kv_cache_config.prefix_cache_retention_interval or 0,
+            # Layers that skip KV-cache quantization: vLLM zeroes new blocks.
+            mixed_precision=kv_cache_config.has_mixed_precision_kv_cache,
         ),
     )
 
@@ -76,7 +83,10 @@ def attention_block_size(vllm_config: Any, kv_cache_config: Any, block_size: int
     """The block size of the cache's attention groups, the core's
     ``block_size``: the scheduler's (``block_size``, the least common
     multiple of every group's) unless recurrent groups, of their own block
-    size, sit beside them. A cache of recurrent groups alone has no token
+    size, sit beside them. Attention groups of different block sizes (a
+    mixed-precision hybrid's) give their greatest common divisor, vLLM's
+    hash block size, each group its own (``kv_cache_groups``). A cache of
+    recurrent groups alone has no token
     slots, and vLLM hashes nothing without prefix caching: the scheduler's
     block size, capped to what the core takes, is as good as any."""
     from vllm.v1.kv_cache_interface import MambaSpec
@@ -90,7 +100,7 @@ def attention_block_size(vllm_config: Any, kv_cache_config: Any, block_size: int
         for g in kv_cache_config.kv_cache_groups
         if not isinstance(g.kv_cache_spec, MambaSpec)
     }
-    return min(sizes) if sizes else min(block_size, MAX_BLOCK_SIZE)
+    return math.gcd(*sizes) if sizes else min(block_size, MAX_BLOCK_SIZE)
 
 
 def drops_eagle_block(vllm_config: Any) -> bool:
@@ -152,12 +162,15 @@ def encoder_budget(vllm_config: Any, mm_registry: Any) -> tuple[int | None, int 
     return budget.encoder_compute_budget, budget.encoder_cache_size
 
 
-def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGroup, ...] | None:
+def kv_cache_groups(
+    vllm_config: Any, kv_cache_config: Any, cache_block_size: int
+) -> tuple[KVCacheGroup, ...] | None:
     """The KV-cache groups as the core takes them, in vLLM's order, with
-    vLLM's admission cap for each window group; None for one full-attention
-    (or MLA) group. An encoder-decoder's cross-attention group is one too,
-    and so is a recurrent state's (Mamba, linear attention: prefix caching
-    off, support.py), with its own block size and its drafts' scratch
+    vLLM's admission cap for each window group and its own block size where
+    it is not the cache's ``cache_block_size`` (a mixed-precision hybrid's);
+    None for one full-attention (or MLA) group. An encoder-decoder's
+    cross-attention group is one too, and so is a recurrent state's (Mamba,
+    linear attention), with its own block size and its drafts' scratch
     states."""
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
@@ -166,12 +179,19 @@ def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGrou
         SlidingWindowSpec,
     )
 
+    from ironbatch.vllm.kv_cache_view import group_block_size
+
     specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
     one_kind = SlidingWindowSpec | ChunkedLocalAttentionSpec | MambaSpec
     if len(specs) == 1 and not isinstance(specs[0], one_kind):
         return None
     max_len = vllm_config.model_config.max_model_len
     in_flight = vllm_config.max_in_flight_tokens
+    dcp = vllm_config.parallel_config.decode_context_parallel_size
+
+    def own_block_size(spec: Any) -> int | None:
+        size = group_block_size(spec, dcp)
+        return None if size == cache_block_size else size
 
     def group(spec: Any) -> KVCacheGroup:
         if isinstance(spec, SlidingWindowSpec | ChunkedLocalAttentionSpec):
@@ -180,7 +200,10 @@ def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGrou
             )
             if isinstance(spec, SlidingWindowSpec):
                 return KVCacheGroup(
-                    kind="sliding_window", size=spec.sliding_window, admission_cap_blocks=cap
+                    kind="sliding_window",
+                    size=spec.sliding_window,
+                    admission_cap_blocks=cap,
+                    block_size=own_block_size(spec),
                 )
             return KVCacheGroup(
                 kind="chunked_local", size=spec.attention_chunk_size, admission_cap_blocks=cap
@@ -199,7 +222,7 @@ def kv_cache_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[KVCacheGrou
                 if checkpoints
                 else None,
             )
-        return KVCacheGroup(kind="full")
+        return KVCacheGroup(kind="full", block_size=own_block_size(spec))
 
     return tuple(group(spec) for spec in specs)
 

@@ -8,6 +8,7 @@ finished with an error instead of being scheduled wrongly."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 VLLM_VERSION = "0.33.0"  # the scheduler whose decisions the core makes
@@ -64,9 +65,10 @@ def unsupported_config(
     spec = c.speculative_config
     # The KV-cache groups the core models: full attention (or MLA, counted
     # and cached alike), sliding windows, chunked local attention and an
-    # encoder-decoder's cross-attention, all of one block size, and
-    # recurrent states (Mamba, linear attention) of their own without
-    # prefix caching (docs/scheduling.md §7.13, §4.17, §7.15).
+    # encoder-decoder's cross-attention, of one block size or (full
+    # attention and windows alone) of several, and recurrent states (Mamba,
+    # linear attention) of their own (docs/scheduling.md §7.13, §4.17,
+    # §7.15, §7.16).
     attention = (
         FullAttentionSpec,
         MLAAttentionSpec,
@@ -81,6 +83,13 @@ def unsupported_config(
         for g in groups
         if type(g.kv_cache_spec) is not MambaSpec
     }
+    # Attention groups of different block sizes (a mixed-precision hybrid:
+    # layers that skip KV-cache quantization): full attention and windows.
+    mixed_sizes = len(attention_sizes) > 1
+    plain_mixed = mixed_sizes and all(
+        type(g.kv_cache_spec) in (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec)
+        for g in groups
+    )
     checks: list[tuple[bool, str]] = [
         (
             spec is not None and spec.method not in PROVEN_SPECULATIVE_METHODS,
@@ -164,19 +173,29 @@ def unsupported_config(
             "Mamba groups of different specs with prefix caching on",
         ),
         (
-            # A mixed-precision cache over several groups has vLLM zero new
-            # blocks too (one group of several precisions reaches the
-            # scheduler as one spec: no zeroing); the core lists them only
-            # beside recurrent groups.
-            kv_cache_config.needs_kv_cache_zeroing and not recurrent,
-            "a mixed-precision KV cache (vLLM zeroes its new blocks)",
-        ),
-        (
             # Decode context parallelism shards a block's tokens across its
             # ranks: vLLM schedules blocks that many times larger. Recurrent
             # groups alone have sizes of their own.
-            len(attention_sizes) > 1 or (not recurrent and bool(attention_sizes - {block_size})),
-            "KV-cache groups of different block sizes",
+            (mixed_sizes and not plain_mixed)
+            or (not mixed_sizes and not recurrent and bool(attention_sizes - {block_size})),
+            "KV-cache groups of different block sizes beside Mamba, chunked-local or "
+            "cross-attention groups",
+        ),
+        (
+            # What vLLM then reports per group (partial-block entries among
+            # them) and drops per unit is not modelled yet.
+            mixed_sizes
+            and (
+                c.cache_config.enable_prefix_caching
+                or drops_eagle_block(c)
+                or c.num_hash_lookahead_tokens > 0
+                or c.kv_transfer_config is not None
+                or bool(c.kv_events_config and c.kv_events_config.enable_kv_cache_events)
+                or c.observability_config.kv_cache_metrics
+            ),
+            "KV-cache groups of different block sizes with prefix caching, EAGLE's "
+            "last-block drop, lookahead block hashes, a KV connector, KV-cache events or "
+            "KV-cache metrics",
         ),
         (
             # vLLM turns its hybrid manager off for an EAGLE drafter beside
@@ -192,7 +211,13 @@ def unsupported_config(
             bool(recurrent) and c.num_prefill_lookahead_tokens > 1,
             "multi-module MTP with Mamba or linear-attention groups",
         ),
-        (hash_block_size not in (None, block_size), "a hash block size unlike the block size"),
+        (
+            # Groups of different block sizes hash at their greatest common
+            # divisor, as the core does (§7.16).
+            hash_block_size not in (None, block_size)
+            and not (plain_mixed and hash_block_size == math.gcd(*attention_sizes)),
+            "a hash block size unlike the block size",
+        ),
         (c.aux_output_config.enabled, "auxiliary outputs"),
         (sc.policy not in ("fcfs", "priority"), f"the {sc.policy!r} policy"),
     ]

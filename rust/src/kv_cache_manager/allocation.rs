@@ -292,12 +292,13 @@ impl KvCacheManager {
                 .saturating_add(self.lookahead)
                 .min(self.max_model_len);
             table.set_grown(0);
-            if slots <= table.len() * self.block_size {
+            // (One group: its blocks are the hash blocks.)
+            if slots <= table.len() * self.hash_block_size {
                 if self.enable_caching {
                     let upto = computed
                         .saturating_add(num_new_tokens)
                         .min(seq.num_tokens());
-                    if upto >= (table.num_cached + 1) * self.block_size {
+                    if upto >= (table.num_cached + 1) * self.hash_block_size {
                         self.cache_blocks(0, table, seq, upto); // a block just filled
                     }
                 }
@@ -610,11 +611,12 @@ impl KvCacheManager {
                 "allocate_slots: num_new_tokens and num_new_computed_tokens are both 0",
             ));
         }
-        if num_new_computed_tokens != hits.len() * self.block_size {
+        let bs = self.group_block_size(0);
+        if num_new_computed_tokens != hits.len() * bs {
             return Err(Error::invalid(format!(
                 "allocate_slots: num_new_computed_tokens = {num_new_computed_tokens} must be \
                  len(new_computed_blocks) * block_size = {}",
-                hits.len() * self.block_size
+                hits.len() * bs
             )));
         }
         if hits.is_empty() {
@@ -626,7 +628,7 @@ impl KvCacheManager {
                  table and no computed tokens",
             ));
         }
-        if hits.len() * self.block_size >= seq.num_tokens() {
+        if hits.len() * bs >= seq.num_tokens() {
             return Err(Error::invalid(format!(
                 "allocate_slots: {num_new_computed_tokens} hit tokens leave none of the request's \
                  {} tokens to compute",
@@ -637,11 +639,11 @@ impl KvCacheManager {
         // exactly this request's tokens (chained hashes imply the prefix). A
         // hit past the request's last full block has no hash to match.
         for (k, &b) in hits.iter().enumerate() {
-            let hash = seq.block_hashes().get(k);
+            let hash = self.group_block_hash(seq.block_hashes(), 0, k);
             let held = (b != NULL_BLOCK)
                 .then(|| self.pool.block(b))
                 .flatten()
-                .is_some_and(|block| hash.is_some() && block.hash.as_ref() == hash);
+                .is_some_and(|block| hash.is_some() && block.hash == hash);
             if !held {
                 return Err(Error::invalid(format!(
                     "allocate_slots: new_computed_blocks[{k}] = {b} is not a cached copy of the \

@@ -3,7 +3,9 @@
 //! how many tokens a request holds in cached blocks.
 
 use super::KvCacheManager;
-use crate::attention_group::{group_key, recurrent_mask, sparse_mask, AttentionKind, EagleReach};
+use crate::attention_group::{
+    dense_window_mask, group_key, recurrent_mask, sparse_mask, AttentionKind, EagleReach,
+};
 use crate::block::{BlockId, NULL_BLOCK};
 use crate::block_table::BlockTable;
 use crate::kv_events::KvEvent;
@@ -47,7 +49,7 @@ impl KvCacheManager {
             return 0;
         }
         if self.single_full {
-            return tables[0].num_cached * self.block_size;
+            return tables[0].num_cached * self.hash_block_size; // one group
         }
         // A window's nulls are a table's prefix (it gives back its oldest
         // blocks first), so the search stops at the first: a window group's
@@ -72,7 +74,9 @@ impl KvCacheManager {
                 .find(|&(_, &b)| {
                     b != NULL_BLOCK && self.pool.block(b).is_some_and(|b| b.hash.is_some())
                 })
-                .map_or(0, |(back, _)| (held.len() - back) * self.block_size)
+                .map_or(0, |(back, _)| {
+                    (held.len() - back) * self.group_block_size(g)
+                })
         };
         tables.iter().enumerate().map(cached_end).min().unwrap_or(0)
     }
@@ -97,7 +101,16 @@ impl KvCacheManager {
         } else {
             upto
         };
-        if upto >= (table.num_cached + 1) * self.block_size {
+        // vLLM's hybrid coordinator caches up to a multiple of the
+        // scheduler block, where every group's blocks end (a hit lands
+        // there); alike groups' blocks are that unit. (Its unitary one
+        // hands a single group the tokens as they are.)
+        let upto = if self.groups.len() > 1 {
+            upto / self.scheduler_block_size * self.scheduler_block_size
+        } else {
+            upto
+        };
+        if upto >= (table.num_cached + 1) * self.group_block_size(g) {
             self.cache_new_full_blocks(g, table, seq, upto);
         }
         if self.align && self.groups[g].kind.is_recurrent() {
@@ -114,7 +127,8 @@ impl KvCacheManager {
         upto: usize,
     ) {
         let hashes = seq.block_hashes();
-        let full = (upto.min(hashes.len() * self.block_size) / self.block_size).min(table.len());
+        let bs = self.group_block_size(g);
+        let full = (upto.min(hashes.len() * self.hash_block_size) / bs).min(table.len());
         let start = table.num_cached;
         if start < full {
             let kind = self.groups[g].kind;
@@ -123,7 +137,8 @@ impl KvCacheManager {
                     Some(sparse_mask(
                         start,
                         full,
-                        self.block_size,
+                        bs,
+                        self.scheduler_block_size,
                         window,
                         seq.num_prompt_tokens(),
                         seq.shared_prefix_boundary,
@@ -136,9 +151,15 @@ impl KvCacheManager {
                 }
                 _ => None,
             };
+            let dense_mask = match kind {
+                AttentionKind::SlidingWindow { window } if !self.sparse_retention => {
+                    dense_window_mask(bs, self.scheduler_block_size, window)
+                }
+                _ => None,
+            };
             let state_mask = kind.is_recurrent().then(|| {
                 recurrent_mask(
-                    self.block_size,
+                    bs,
                     self.sparse_retention,
                     seq.num_prompt_tokens(),
                     seq.shared_prefix_boundary,
@@ -146,13 +167,21 @@ impl KvCacheManager {
                 )
             });
             let recurrent = kind.is_recurrent();
+            let per_block = bs / self.hash_block_size;
+            let block_hashes = hashes[..full * per_block]
+                .iter()
+                .skip(per_block - 1)
+                .step_by(per_block);
             if full - start > 1 {
-                let keys = hashes[start..full].iter().map(|&h| group_key(h, g));
+                let keys = block_hashes.clone().skip(start).map(|&h| group_key(h, g));
                 self.pool.read_ahead_map(keys);
             }
-            let fresh = table.blocks[start..full].iter().zip(&hashes[start..full]);
+            let fresh = table.blocks[start..full]
+                .iter()
+                .zip(block_hashes.skip(start));
             for (i, (&block, &hash)) in (start..).zip(fresh) {
                 let dropped = window_mask.as_ref().is_some_and(|keep| !keep(i))
+                    || dense_mask.as_ref().is_some_and(|keep| !keep(i))
                     || state_mask.as_ref().is_some_and(|keep| !keep(i));
                 if block == NULL_BLOCK || dropped {
                     continue;
@@ -176,8 +205,8 @@ impl KvCacheManager {
         if let Some(position) = self.step_checkpoint {
             return self.cache_checkpoint_state(g, table, seq, position);
         }
-        let bs = self.block_size;
-        // What vLLM's hybrid coordinator hands its groups: whole blocks.
+        let bs = self.hash_block_size; // a recurrent group's, alike
+                                       // What vLLM's hybrid coordinator hands its groups: whole blocks.
         let num_tokens = if self.groups.len() > 1 {
             upto / bs * bs
         } else {
@@ -209,7 +238,7 @@ impl KvCacheManager {
         seq: &Sequence,
         position: usize,
     ) {
-        let bs = self.block_size;
+        let bs = self.hash_block_size; // a recurrent group's, alike
         let idx = position / bs - 1;
         let per_segment = self.retention_interval / bs;
         let retained = !self.sparse_retention

@@ -12,7 +12,7 @@ use crate::limits::{
 pub struct KvCacheConfig {
     /// Blocks in the pool, the reserved null block included.
     pub num_blocks: usize,
-    /// Tokens per block.
+    /// Tokens per block of every group that sets none of its own.
     pub block_size: usize,
     /// Longest sequence; allocation never covers positions past it.
     pub max_model_len: usize,
@@ -37,8 +37,9 @@ pub struct KvCacheConfig {
     /// looks them up together).
     pub eagle_groups: Option<Vec<usize>>,
     /// The KV-cache groups, in vLLM's order (its layers' first appearance),
-    /// all of `block_size` (§7.13); one full-attention group for most models,
-    /// none for a model without a KV cache (§7.14).
+    /// of `block_size` unless they set their own (§7.13, §7.16); one
+    /// full-attention group for most models, none for a model without a KV
+    /// cache (§7.14).
     pub groups: Vec<GroupSpec>,
     /// Sliding-window groups cache only the blocks a later request can
     /// resume from (vLLM's `prefix_cache_retention_interval = 0`, its
@@ -47,8 +48,23 @@ pub struct KvCacheConfig {
     /// Under sparse retention, a sliding-window group also caches the
     /// blocks that end each segment of this many tokens (vLLM's
     /// `prefix_cache_retention_interval` above 0: resumable checkpoints
-    /// along long prompts); a multiple of `block_size`, 0 for none.
+    /// along long prompts); a multiple of the scheduler block size, 0 for
+    /// none.
     pub retention_interval: usize,
+    /// The attention groups' KV is stored at more than one precision
+    /// (vLLM's `has_mixed_precision_kv_cache`: some layers skip KV-cache
+    /// quantization): a freed block may next be read at another precision,
+    /// so the runner zeroes new blocks, as beside a recurrent group.
+    pub mixed_precision: bool,
+}
+
+/// Greatest common divisor (Euclid's).
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 impl KvCacheConfig {
@@ -71,7 +87,51 @@ impl KvCacheConfig {
             groups: vec![GroupSpec::FULL],
             sparse_retention: true,
             retention_interval: 0,
+            mixed_precision: false,
         }
+    }
+
+    /// Tokens per block of each group.
+    pub fn group_block_sizes(&self) -> Vec<usize> {
+        self.groups
+            .iter()
+            .map(|g| g.tokens_per_block(self.block_size))
+            .collect()
+    }
+
+    /// The block sizes of the groups whose blocks are keyed by token hashes
+    /// (attention over the decoder's tokens: not a recurrent state, whose
+    /// size with prefix caching equals the cache's, nor cross-attention).
+    fn hashed_block_sizes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.groups
+            .iter()
+            .filter(|g| !g.kind.is_slotless())
+            .map(|g| g.tokens_per_block(self.block_size))
+    }
+
+    /// Tokens per block hash (vLLM's `hash_block_size`): the greatest
+    /// common divisor of the attention groups' block sizes, so every
+    /// group's block ends on a hash; the cache's block size when they are
+    /// all alike or there are none.
+    pub fn hash_block_size(&self) -> usize {
+        self.hashed_block_sizes()
+            .reduce(gcd)
+            .unwrap_or(self.block_size)
+    }
+
+    /// The unit prefix hits and hash caching are aligned to (vLLM's
+    /// `scheduler_block_size`): the least common multiple of the attention
+    /// groups' block sizes, where every group's blocks end together.
+    pub fn scheduler_block_size(&self) -> usize {
+        self.hashed_block_sizes()
+            .reduce(|a, b| a / gcd(a, b) * b)
+            .unwrap_or(self.block_size)
+    }
+
+    /// Whether the attention groups' blocks hold different numbers of
+    /// tokens.
+    pub fn has_mixed_block_sizes(&self) -> bool {
+        self.hash_block_size() != self.scheduler_block_size()
     }
 
     /// Whether a group is cross-attention (an encoder-decoder model).
@@ -94,13 +154,14 @@ impl KvCacheConfig {
         )?;
         // A block's hash covers at most the next block (vLLM requires the
         // block size to hold the prefill lookahead it equals).
+        check_range("kv_cache_groups", self.groups.len(), 0, MAX_KV_CACHE_GROUPS)?;
+        self.validate_group_block_sizes()?;
         check_range(
             "num_hash_lookahead_tokens",
             self.num_hash_lookahead_tokens,
             0,
-            self.block_size,
+            self.hash_block_size(),
         )?;
-        check_range("kv_cache_groups", self.groups.len(), 0, MAX_KV_CACHE_GROUPS)?;
         if self.groups.is_empty() && self.enable_prefix_caching {
             // Nothing to cache; vLLM turns prefix caching off for such a
             // model (encoder-only attention, an encoder-only deployment).
@@ -181,12 +242,12 @@ impl KvCacheConfig {
                     AttentionKind::SlidingWindow { .. } | AttentionKind::Mamba { .. }
                 )
             });
-            if self.retention_interval % self.block_size != 0 || !self.sparse_retention || !windowed
-            {
+            let unit = self.scheduler_block_size();
+            if self.retention_interval % unit != 0 || !self.sparse_retention || !windowed {
                 return Err(Error::invalid(format!(
                     "retention_interval ({}) needs sparse_retention, a sliding-window or \
-                     Mamba KV-cache group and a multiple of block_size ({})",
-                    self.retention_interval, self.block_size
+                     Mamba KV-cache group and a multiple of the scheduler block size ({unit})",
+                    self.retention_interval
                 )));
             }
         }
@@ -226,5 +287,58 @@ impl KvCacheConfig {
             }
         }
         Ok(())
+    }
+
+    /// A group's own block size: in range, on full attention or a sliding
+    /// window only; where they differ, only what the core models beside
+    /// them (docs/scheduling.md §7.16).
+    fn validate_group_block_sizes(&self) -> Result<(), Error> {
+        for (i, g) in self.groups.iter().enumerate() {
+            let Some(size) = g.block_size else { continue };
+            check_range(
+                &format!("kv_cache_groups[{i}].block_size"),
+                size,
+                1,
+                MAX_BLOCK_SIZE,
+            )?;
+            if !matches!(
+                g.kind,
+                AttentionKind::Full | AttentionKind::SlidingWindow { .. }
+            ) {
+                return Err(Error::invalid(format!(
+                    "kv_cache_groups[{i}].block_size: only a full-attention or sliding-window \
+                     group sets its own block size"
+                )));
+            }
+        }
+        if !self.has_mixed_block_sizes() {
+            return Ok(());
+        }
+        // With prefix caching on, vLLM's hits and caching over such groups
+        // are not yet proven equal to the core's (docs/scheduling.md §7.16).
+        let why = if self.enable_prefix_caching {
+            Some("prefix caching")
+        } else if self.groups.iter().any(|g| g.kind.is_slotless()) {
+            Some("a Mamba or cross-attention group")
+        } else if self
+            .groups
+            .iter()
+            .any(|g| matches!(g.kind, AttentionKind::ChunkedLocal { .. }))
+        {
+            Some("a chunked-local-attention group")
+        } else if self.drop_eagle_block {
+            Some("drop_eagle_block")
+        } else if self.num_hash_lookahead_tokens > 0 {
+            Some("num_hash_lookahead_tokens above 0")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(Error::invalid(format!(
+                "kv_cache_groups of different block sizes ({:?}) are not modelled beside {why}",
+                self.group_block_sizes()
+            ))),
+            None => Ok(()),
+        }
     }
 }

@@ -34,7 +34,14 @@ use crate::sequence::Sequence;
 #[derive(Clone, Debug)]
 pub struct KvCacheManager {
     pool: BlockPool,
-    block_size: usize,
+    /// Tokens per block hash (the groups' blocks' greatest common divisor;
+    /// their one block size when alike).
+    hash_block_size: usize,
+    /// The unit hits and hash caching are aligned to (the groups' blocks'
+    /// least common multiple).
+    scheduler_block_size: usize,
+    /// Tokens per block of each group.
+    group_block_sizes: Vec<usize>,
     max_model_len: usize,
     enable_caching: bool,
     /// KV slots reserved past each allocation's tokens.
@@ -57,9 +64,11 @@ pub struct KvCacheManager {
     hasher: BlockHasher,
     stats: PrefixCacheStats,
     /// Attention groups' blocks handed out since the last step's output, group
-    /// by group, when a recurrent group shares the pool: the runner zeroes
-    /// them before use (a Mamba state reads its block before writing it all;
-    /// vLLM's `new_block_ids_to_zero`). `None` without recurrent groups.
+    /// by group, when a recurrent group shares the pool or the KV has mixed
+    /// precisions: the runner zeroes them before use (a Mamba state reads
+    /// its block before writing it all; a block's stale bytes read at
+    /// another precision can decode to NaN; vLLM's `new_block_ids_to_zero`).
+    /// `None` otherwise.
     blocks_to_zero: Option<Vec<Vec<BlockId>>>,
     /// Recurrent groups cache their states (vLLM's cache mode "align"):
     /// prefix caching on beside a recurrent group.
@@ -87,6 +96,7 @@ impl KvCacheManager {
         config.validate()?;
         let lookup = lookup_groups(
             &config.groups.iter().map(|g| g.kind).collect::<Vec<_>>(),
+            &config.group_block_sizes(),
             &eagle_groups(config),
         );
         let mut drops_eagle = vec![false; config.groups.len()];
@@ -97,7 +107,9 @@ impl KvCacheManager {
         }
         Ok(KvCacheManager {
             pool: BlockPool::new(config.num_blocks)?,
-            block_size: config.block_size,
+            hash_block_size: config.hash_block_size(),
+            scheduler_block_size: config.scheduler_block_size(),
+            group_block_sizes: config.group_block_sizes(),
             max_model_len: config.max_model_len,
             enable_caching: config.enable_prefix_caching,
             lookahead: config.num_lookahead_tokens,
@@ -111,11 +123,9 @@ impl KvCacheManager {
             reprefillable: 0,
             hasher: hasher.with_lookahead(config.num_hash_lookahead_tokens),
             stats: PrefixCacheStats::default(),
-            blocks_to_zero: config
-                .groups
-                .iter()
-                .any(|g| g.kind.is_recurrent())
-                .then(|| vec![Vec::new(); config.groups.len()]),
+            blocks_to_zero: (config.mixed_precision
+                || config.groups.iter().any(|g| g.kind.is_recurrent()))
+            .then(|| vec![Vec::new(); config.groups.len()]),
             align: config.enable_prefix_caching
                 && config.groups.iter().any(|g| g.kind.is_recurrent()),
             states_cached_this_step: Vec::new(),
@@ -143,9 +153,17 @@ impl KvCacheManager {
         &self.pool
     }
 
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
+    /// Tokens per block hash: what a request's hash chain is cut at
+    /// (vLLM's `hash_block_size`; the block size when the groups' are
+    /// alike).
+    pub fn hash_block_size(&self) -> usize {
+        self.hash_block_size
+    }
+
+    /// The unit prefix hits and hash caching are aligned to (vLLM's
+    /// `scheduler_block_size`; the block size when the groups' are alike).
+    pub fn scheduler_block_size(&self) -> usize {
+        self.scheduler_block_size
     }
 
     /// The groups whose blocks hold no per-token slots (cross-attention's
@@ -182,7 +200,8 @@ impl KvCacheManager {
     /// computed, and a lookahead hash needs its tokens known; an
     /// EAGLE-style drafter's hit gives up a block more.
     pub fn state_checkpoint(&self, num_tokens: usize) -> usize {
-        let bs = self.block_size;
+        // (Recurrent groups keep the cache's one block size.)
+        let bs = self.hash_block_size;
         if self.drop_eagle_block {
             return (num_tokens / bs * bs).saturating_sub(bs);
         }
@@ -205,9 +224,27 @@ impl KvCacheManager {
         self.states_cached_this_step.clear();
     }
 
+    /// Tokens per block of each group.
+    pub fn group_block_sizes(&self) -> &[usize] {
+        &self.group_block_sizes
+    }
+
     /// Tokens per block of group `g`.
     pub(crate) fn group_block_size(&self, g: usize) -> usize {
-        self.groups[g].kind.tokens_per_block(self.block_size)
+        self.group_block_sizes[g]
+    }
+
+    /// Group `g`'s block `k`'s hash: the chain's hash where the block ends
+    /// (a block of several hash blocks is keyed by its last one, which
+    /// chains its whole prefix: vLLM's `BlockHashListWithBlockSize`).
+    pub(crate) fn group_block_hash(
+        &self,
+        hashes: &[BlockHash],
+        g: usize,
+        k: usize,
+    ) -> Option<BlockHash> {
+        let per_block = self.group_block_sizes[g] / self.hash_block_size;
+        hashes.get((k + 1) * per_block - 1).copied()
     }
 
     /// Group `g`'s leading blocks no position after `processed` tokens
@@ -266,7 +303,7 @@ impl KvCacheManager {
             if self.drop_eagle_block && tokens > 0 {
                 // The drafter recomputes the hit's last block (§7.4).
                 hits[0].pop();
-                tokens -= self.block_size;
+                tokens -= self.hash_block_size; // one group: its block
             }
             return PrefixHit {
                 tokens,
@@ -278,7 +315,8 @@ impl KvCacheManager {
             &self.lookup,
             seq.block_hashes(),
             seq.num_tokens().saturating_sub(1),
-            self.block_size,
+            self.hash_block_size,
+            self.scheduler_block_size,
             hits,
         )
     }
@@ -311,7 +349,8 @@ impl KvCacheManager {
         if !self.enable_caching {
             return 0;
         }
-        let max_hit_blocks = seq.num_tokens().saturating_sub(1) / self.block_size;
+        // One group: its blocks are the hash blocks.
+        let max_hit_blocks = seq.num_tokens().saturating_sub(1) / self.hash_block_size;
         let start = out.len();
         for &hash in seq.block_hashes().iter().take(max_hit_blocks) {
             match self.pool.get_cached_block(hash) {
@@ -320,7 +359,7 @@ impl KvCacheManager {
                 None => break,
             }
         }
-        (out.len() - start) * self.block_size
+        (out.len() - start) * self.hash_block_size
     }
 
     /// Release every group's table, in group order, each last block first:

@@ -142,6 +142,7 @@ fn mamba_manager(mamba_block: usize, speculative: usize) -> KvCacheManager {
         GroupSpec {
             kind: mamba,
             admission_cap_blocks: None,
+            block_size: None,
         },
     ];
     KvCacheManager::new(&config).unwrap()

@@ -92,7 +92,7 @@ impl PyKvCacheManager {
         }
         self.check_len("prompt_token_ids", prompt.len())?;
         let keys: Vec<ExtraKey<'_>> = cache_salt.map(ExtraKey::CacheSalt).into_iter().collect();
-        let seq = Sequence::new(prompt, &keys, self.kv.hasher(), self.kv.block_size());
+        let seq = Sequence::new(prompt, &keys, self.kv.hasher(), self.kv.hash_block_size());
         self.requests.insert(
             request_id.to_owned(),
             Entry {
@@ -108,7 +108,7 @@ impl PyKvCacheManager {
         let tokens = u32_list("token_ids", token_ids)?;
         let num_tokens = self.entry(request_id)?.seq.num_tokens() + tokens.len();
         self.check_len("token_ids", num_tokens)?;
-        let (hasher, bs) = (self.kv.hasher(), self.kv.block_size());
+        let (hasher, bs) = (self.kv.hasher(), self.kv.hash_block_size());
         let entry = self.requests.get_mut(request_id).expect("checked above");
         entry.seq.append(&tokens, hasher, bs);
         Ok(())
@@ -214,7 +214,7 @@ impl PyKvCacheManager {
         num_computed_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let n = count("num_computed_tokens", num_computed_tokens)?;
-        let bs = self.kv.block_size();
+        let bs = self.kv.hash_block_size();
         let entry = self
             .requests
             .get_mut(request_id)
@@ -321,7 +321,7 @@ impl PyKvCacheManager {
 
     #[getter]
     fn block_size(&self) -> usize {
-        self.kv.block_size()
+        self.kv.hash_block_size()
     }
 
     #[getter]
@@ -349,7 +349,7 @@ impl PyKvCacheManager {
             "KVCacheManager(num_blocks={}, block_size={}, max_model_len={}, \
              enable_prefix_caching={}, num_free_blocks={}, requests={})",
             self.kv.pool().num_blocks(),
-            self.kv.block_size(),
+            self.kv.hash_block_size(),
             self.kv.max_model_len(),
             if self.kv.enable_prefix_caching() {
                 "True"

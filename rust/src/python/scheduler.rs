@@ -49,15 +49,24 @@ fn status_named(name: &str) -> PyResult<RequestStatus> {
 }
 
 /// A KV-cache group as the binding takes it: `(kind, size,
-/// admission_cap_blocks, speculative_blocks, checkpoint_alignment)`.
-type BindingGroup = (String, usize, Option<usize>, usize, Option<usize>);
+/// admission_cap_blocks, speculative_blocks, checkpoint_alignment,
+/// block_size)`.
+type BindingGroup = (
+    String,
+    usize,
+    Option<usize>,
+    usize,
+    Option<usize>,
+    Option<usize>,
+);
 
 /// A KV-cache group from the binding's [`BindingGroup`]: kind "full" or "cross_attention" (size ignored),
 /// "sliding_window" (size: the window), "chunked_local" (size: the chunk)
 /// or "mamba" (size: tokens per state block; speculative_blocks its drafts'
-/// scratch states; checkpoint_alignment its prefill checkpoints').
+/// scratch states; checkpoint_alignment its prefill checkpoints'); block_size
+/// an attention group's own tokens per block.
 fn group_spec(
-    (kind, size, admission_cap_blocks, speculative_blocks, checkpoint_alignment): &BindingGroup,
+    (kind, size, admission_cap_blocks, speculative_blocks, checkpoint_alignment, block_size): &BindingGroup,
 ) -> PyResult<GroupSpec> {
     let (size, admission_cap_blocks) = (*size, *admission_cap_blocks);
     let kind = match kind.as_str() {
@@ -80,6 +89,7 @@ fn group_spec(
     Ok(GroupSpec {
         kind,
         admission_cap_blocks,
+        block_size: *block_size,
     })
 }
 
@@ -228,6 +238,7 @@ impl PyScheduler {
                         num_draft_slots=None,
                         drafts_by_batch_size=None,
                         kv_cache_groups=None, sparse_retention=true, retention_interval=None,
+                        mixed_precision=false,
                         max_loras=None,
                         encoder_compute_budget=None, encoder_cache_size=None,
                         disable_chunked_mm_input=false, drafter_read_ahead=None,
@@ -261,6 +272,7 @@ impl PyScheduler {
         kv_cache_groups: Option<Vec<BindingGroup>>,
         sparse_retention: bool,
         retention_interval: Option<&Bound<'_, PyAny>>,
+        mixed_precision: bool,
         max_loras: Option<&Bound<'_, PyAny>>,
         encoder_compute_budget: Option<&Bound<'_, PyAny>>,
         encoder_cache_size: Option<&Bound<'_, PyAny>>,
@@ -336,6 +348,7 @@ impl PyScheduler {
                 groups,
                 sparse_retention,
                 retention_interval: optional("retention_interval", retention_interval)?,
+                mixed_precision,
             },
         };
         Ok(PyScheduler {
@@ -413,14 +426,14 @@ impl PyScheduler {
     }
 
     /// Log KV-cache events from now on (docs/scheduling.md §7.12).
-    fn enable_kv_events(&mut self) {
-        self.core.enable_kv_events();
+    fn enable_kv_events(&mut self) -> PyResult<()> {
+        Ok(self.core.enable_kv_events()?)
     }
 
     /// Log blocks' lives (handed out, hit) from now on, for residency
     /// metrics.
-    fn enable_block_lifecycle_events(&mut self) {
-        self.core.enable_block_lifecycle_events();
+    fn enable_block_lifecycle_events(&mut self) -> PyResult<()> {
+        Ok(self.core.enable_block_lifecycle_events()?)
     }
 
     /// The KV-cache events since last taken, oldest first.

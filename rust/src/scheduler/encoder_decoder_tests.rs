@@ -14,6 +14,7 @@ use crate::step::Kind;
 const CROSS: GroupSpec = GroupSpec {
     kind: AttentionKind::CrossAttention,
     admission_cap_blocks: None,
+    block_size: None,
 };
 
 /// Whisper's shape: a decoder group and a cross-attention group of 16-token

@@ -697,6 +697,7 @@ fn an_external_hit_beside_a_window_group_pads_its_past_and_takes_every_groups_bl
         GroupSpec {
             kind: AttentionKind::SlidingWindow { window: 2 },
             admission_cap_blocks: None,
+            block_size: None,
         },
         GroupSpec::FULL,
     ];

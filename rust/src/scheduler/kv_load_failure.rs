@@ -155,7 +155,7 @@ impl Scheduler {
         invalid: &FxHashSet<BlockId>,
         scheduled: &[(Slot, usize)],
     ) -> Cut {
-        let bs = self.kv.block_size();
+        let bs = self.kv.hash_block_size();
         let mut cut = Cut::default();
         let mut marked = FxHashSet::default();
         for &slot in slots {

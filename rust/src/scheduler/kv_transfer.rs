@@ -46,6 +46,7 @@ impl Scheduler {
         if let Some(why) = why {
             return Err(Error::invalid(format!("kv_connector: {why}")));
         }
+        self.refuse_mixed_block_sizes("KV connectors")?;
         self.connector = Some(connector);
         self.kv_setup = setup;
         Ok(())

@@ -323,15 +323,33 @@ impl Scheduler {
         &self.kv
     }
 
-    /// Log KV-cache events from now on (docs/scheduling.md §7.12).
-    pub fn enable_kv_events(&mut self) {
+    /// Log KV-cache events from now on (docs/scheduling.md §7.12); not
+    /// beside KV-cache groups of different block sizes (§7.16).
+    pub fn enable_kv_events(&mut self) -> Result<(), Error> {
+        self.refuse_mixed_block_sizes("KV-cache events")?;
         self.kv.enable_events();
+        Ok(())
     }
 
     /// Log blocks' lives (handed out, hit) from now on, for residency
-    /// metrics (§7.12).
-    pub fn enable_block_lifecycle_events(&mut self) {
+    /// metrics (§7.12); not beside KV-cache groups of different block sizes.
+    pub fn enable_block_lifecycle_events(&mut self) -> Result<(), Error> {
+        self.refuse_mixed_block_sizes("KV-cache residency metrics")?;
         self.kv.enable_lifecycle_events();
+        Ok(())
+    }
+
+    /// An error naming `what` when the groups' blocks differ in size: what
+    /// vLLM then reports per group (partial-block entries among them) is
+    /// not modelled (docs/scheduling.md §7.16).
+    pub(super) fn refuse_mixed_block_sizes(&self, what: &str) -> Result<(), Error> {
+        if self.kv.hash_block_size() == self.kv.scheduler_block_size() {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "{what} are not modelled beside KV-cache groups of different block sizes ({:?})",
+            self.kv.group_block_sizes()
+        )))
     }
 
     /// The KV-cache events since last taken, oldest first.
@@ -439,13 +457,13 @@ impl Scheduler {
             std::mem::take(&mut new.prompt_token_ids),
             &new.hash_keys(),
             self.kv.hasher(),
-            self.kv.block_size(),
+            self.kv.hash_block_size(),
         );
         if !new.mm_inputs.is_empty() {
-            seq.key_by_mm(&new.mm_inputs, self.kv.hasher(), self.kv.block_size());
+            seq.key_by_mm(&new.mm_inputs, self.kv.hasher(), self.kv.hash_block_size());
         }
         if let Some(digests) = &new.prompt_embeds_digests {
-            seq.key_by_embeds(digests, self.kv.hasher(), self.kv.block_size());
+            seq.key_by_embeds(digests, self.kv.hasher(), self.kv.hash_block_size());
         }
         let request = Request::waiting(new, seq, self.kv.groups().len());
         let id = request.request_id.clone();
@@ -529,7 +547,7 @@ impl Scheduler {
             check_inputs(id, &new.mm_inputs, self.input_placement(len))?;
         }
         if let Some(digests) = &new.prompt_embeds_digests {
-            let blocks = len.div_ceil(self.kv.block_size());
+            let blocks = len.div_ceil(self.kv.hash_block_size());
             if digests.len() != blocks {
                 return Err(Error::invalid(format!(
                     "prompt_embeds_digests of request {id:?} has {} digests; its {len}-token \

@@ -121,7 +121,7 @@ impl Scheduler {
     /// becomes prompt, the chunk is appended, and the chunk's rules and
     /// arrival time replace the turn's. It waits again, wherever it waits.
     fn continue_session(&mut self, slot: Slot, update: SessionUpdate) {
-        let (hasher, block_size) = (self.kv.hasher(), self.kv.block_size());
+        let (hasher, block_size) = (self.kv.hasher(), self.kv.hash_block_size());
         let r = &mut self.requests[slot];
         let keep = r.num_tokens() - 1;
         let mut inputs = update.mm_inputs;

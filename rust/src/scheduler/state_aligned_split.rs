@@ -27,7 +27,7 @@ impl Scheduler {
         if start >= prefill_end {
             return n;
         }
-        let bs = self.kv.block_size();
+        let bs = self.kv.hash_block_size();
         let mut end = start + n;
         // A backend that writes the prompt's checkpoint from inside the
         // chunk that ends the prefill needs no stop there.

@@ -29,14 +29,15 @@ impl Scheduler {
                 .unwrap_or(self.config.num_speculative_tokens),
             _ => self.config.num_speculative_tokens,
         };
-        let bs = self.kv.block_size();
-        let mut out = StepOutput::with_capacity(entries.len(), self.kv.groups().len(), bs);
+        let block_sizes = self.kv.group_block_sizes();
+        let mut out = StepOutput::with_capacity(entries.len(), block_sizes);
         out.slotless_groups = self.kv.slotless_groups();
         for e in &mut entries {
             let r = &mut self.requests[e.slot];
             e.num_output_tokens = r.num_output_tokens() + r.num_output_placeholders;
             let end = e.num_computed_tokens + e.num_tokens;
-            for (table, group) in r.tables.iter().zip(self.kv.groups()) {
+            let groups = r.tables.iter().zip(self.kv.groups()).zip(block_sizes);
+            for ((table, group), &bs) in groups {
                 let len = table.len();
                 if group.kind.is_cross() {
                     // Taken whole on admission, read by no decoder position.

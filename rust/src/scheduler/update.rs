@@ -403,7 +403,7 @@ fn append_until_stop(
     out: &mut Vec<u32>,
 ) -> bool {
     for &t in sampled {
-        r.seq.append(&[t], kv.hasher(), kv.block_size());
+        r.seq.append(&[t], kv.hasher(), kv.hash_block_size());
         out.push(t);
         if check_stop(r, max_model_len) {
             return true;

@@ -205,7 +205,7 @@ impl Scheduler {
         if lookup && r.resumable && self.kv.hasher().lookahead() > 0 {
             // A session's kept hashes may cover the token its turn dropped;
             // computing its KV afresh, it hashes its tokens as they are now.
-            r.seq.rehash(self.kv.hasher(), self.kv.block_size());
+            r.seq.rehash(self.kv.hasher(), self.kv.hash_block_size());
         }
         // A request that must compute every prompt token (vLLM: it wants
         // prompt logprobs) reads no hits; its blocks are still cached.
@@ -223,7 +223,7 @@ impl Scheduler {
         } else {
             r.seq.num_computed_tokens
         };
-        let num_hit_blocks = hit_tokens / self.kv.block_size();
+        let num_hit_blocks = hit_tokens / self.kv.hash_block_size();
         if r.report_hits && lookup && hit_tokens > 0 {
             let num_blocks = num_hit_blocks;
             self.kv.log_event(KvEvent::Hit {

@@ -41,6 +41,7 @@ fn config(async_scheduling: bool) -> SchedulerConfig {
             groups: vec![GroupSpec::FULL],
             sparse_retention: true,
             retention_interval: 0,
+            mixed_precision: false,
         },
     }
 }

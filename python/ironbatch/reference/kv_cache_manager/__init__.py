@@ -26,7 +26,13 @@ from ironbatch.reference.block_pool import BlockPool
 from ironbatch.reference.block_table import BlockTable, StateSlots
 from ironbatch.reference.kv_cache_manager import allocation, caching
 from ironbatch.reference.kv_cache_manager.allocation import Admission
-from ironbatch.reference.kv_cache_manager.config import check_groups, validate
+from ironbatch.reference.kv_cache_manager.config import (
+    check_groups,
+    group_block_sizes,
+    hash_block_size,
+    scheduler_block_size,
+    validate,
+)
 from ironbatch.reference.kv_events import KvEvent
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
 from ironbatch.reference.prefix_hit import PrefixHit, find_longest_hit, lookup_groups
@@ -53,6 +59,7 @@ class KvCacheManager:
         sparse_retention: bool = True,
         retention_interval: int = 0,
         eagle_groups: Seq[int] | None = None,
+        mixed_precision: bool = False,
     ) -> None:
         """A manager over a fresh pool, hashing under a random secret key
         unless ``hasher`` is given (fixed keys make tests reproducible).
@@ -64,11 +71,13 @@ class KvCacheManager:
         EAGLE-style drafter recomputes, in the ``eagle_groups`` (vLLM's groups
         holding the drafter's layers; None or empty: every group, vLLM's
         fallback) and the groups of their kinds. ``groups`` are the
-        KV-cache groups in vLLM's order (its layers' first appearance), all
-        of ``block_size``; under ``sparse_retention`` (vLLM's default
+        KV-cache groups in vLLM's order (its layers' first appearance), of
+        ``block_size`` unless they set their own (§7.16); under ``sparse_retention`` (vLLM's default
         ``prefix_cache_retention_interval = 0``) sliding-window groups cache
         only the blocks a later request can resume from, and with a
-        ``retention_interval`` above 0 also each segment's tail."""
+        ``retention_interval`` above 0 also each segment's tail. With
+        ``mixed_precision`` (or a recurrent group) new attention blocks are
+        listed for zeroing."""
         validate(
             num_blocks,
             block_size,
@@ -83,7 +92,14 @@ class KvCacheManager:
             eagle_groups=eagle_groups,
         )
         self._pool = BlockPool(num_blocks)
-        self._block_size = block_size
+        #: Tokens per block hash (the groups' blocks' greatest common
+        #: divisor; their one block size when alike).
+        self._hash_block_size = hash_block_size(groups, block_size)
+        #: The unit hits and hash caching are aligned to (the groups'
+        #: blocks' least common multiple).
+        self._scheduler_block_size = scheduler_block_size(groups, block_size)
+        #: Tokens per block of each group.
+        self._group_block_sizes = group_block_sizes(groups, block_size)
         self._max_model_len = max_model_len
         self._enable_caching = bool(enable_prefix_caching)
         self._lookahead = num_lookahead_tokens
@@ -94,7 +110,9 @@ class KvCacheManager:
         flagged = set(eagle_groups or range(n)) if drop_eagle_block else set()
         #: The order groups are asked for prefix hits in.
         self._lookup = lookup_groups(
-            [g.kind for g in self._groups], [g in flagged for g in range(n)]
+            [g.kind for g in self._groups],
+            self._group_block_sizes,
+            [g in flagged for g in range(n)],
         )
         #: Per group, whether its hits give up an EAGLE block (its kind's
         #: lookup group's flag: vLLM gives every manager of a spec group the
@@ -115,10 +133,12 @@ class KvCacheManager:
         self._hasher = hasher.with_lookahead(num_hash_lookahead_tokens)
         self._stats = PrefixCacheStats()
         # Attention groups' blocks handed out since the last step's output,
-        # group by group, when a recurrent group shares the pool (vLLM's
-        # ``new_block_ids_to_zero``); None without recurrent groups.
+        # group by group, when a recurrent group shares the pool or the KV
+        # has mixed precisions (vLLM's ``new_block_ids_to_zero``); None
+        # otherwise.
+        zeroes = mixed_precision or any(g.kind.is_recurrent() for g in self._groups)
         self._blocks_to_zero: list[list[int]] | None = (
-            [[] for _ in self._groups] if any(g.kind.is_recurrent() for g in self._groups) else None
+            [[] for _ in self._groups] if zeroes else None
         )
         #: Recurrent groups cache their states (vLLM's cache mode "align"):
         #: prefix caching on beside a recurrent group.
@@ -152,8 +172,23 @@ class KvCacheManager:
         return self._pool
 
     @property
-    def block_size(self) -> int:
-        return self._block_size
+    def hash_block_size(self) -> int:
+        """Tokens per block hash: what a request's hash chain is cut at
+        (vLLM's ``hash_block_size``; the block size when the groups' are
+        alike)."""
+        return self._hash_block_size
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """The unit prefix hits and hash caching are aligned to (vLLM's
+        ``scheduler_block_size``; the block size when the groups' are
+        alike)."""
+        return self._scheduler_block_size
+
+    @property
+    def group_block_sizes(self) -> list[int]:
+        """Tokens per block of each group."""
+        return self._group_block_sizes
 
     @property
     def groups(self) -> list[GroupSpec]:
@@ -198,7 +233,7 @@ class KvCacheManager:
         ``get_mamba_prefill_checkpoint_position``): its last token is always
         computed, and a lookahead hash needs its tokens known; an EAGLE-style
         drafter's hit gives up a block more."""
-        bs = self._block_size
+        bs = self._hash_block_size  # (recurrent groups keep the cache's one block size)
         if self._drop_eagle_block:
             return max(num_tokens // bs * bs - bs, 0)
         proof_limit = max(num_tokens - max(self._hasher.lookahead, 1), 0)
@@ -224,7 +259,14 @@ class KvCacheManager:
 
     def group_block_size(self, g: int) -> int:
         """Tokens per block of group ``g``."""
-        return self._groups[g].kind.tokens_per_block(self._block_size)
+        return self._group_block_sizes[g]
+
+    def group_block_hash(self, hashes: list[int], g: int, k: int) -> int | None:
+        """Group ``g``'s block ``k``'s hash: the chain's hash where the block
+        ends (a block of several hash blocks is keyed by its last one, which
+        chains its whole prefix: vLLM's ``BlockHashListWithBlockSize``)."""
+        i = (k + 1) * (self._group_block_sizes[g] // self._hash_block_size) - 1
+        return hashes[i] if i < len(hashes) else None
 
     def skipped_blocks(self, g: int, processed: int) -> int:
         """Group ``g``'s leading blocks no position after ``processed``
@@ -251,9 +293,10 @@ class KvCacheManager:
             for t in tables
         ]
 
-    def slot_of(self, table: BlockTable, pos: int) -> int:
-        """The KV-cache slot of position ``pos`` in a request's ``table``."""
-        bs = self._block_size
+    def slot_of(self, g: int, table: BlockTable, pos: int) -> int:
+        """The KV-cache slot of position ``pos`` in a request's group ``g``
+        ``table``."""
+        bs = self._group_block_sizes[g]
         return table.blocks[pos // bs].block_id * bs + pos % bs
 
     def get_computed_blocks(self, seq: Sequence) -> tuple[list[Block], int]:
@@ -262,14 +305,15 @@ class KvCacheManager:
         the hit blocks and the hit token count. Changes nothing."""
         if not self._enable_caching:
             return [], 0
-        max_hit_blocks = max(seq.num_tokens - 1, 0) // self._block_size
+        # One group: its blocks are the hash blocks.
+        max_hit_blocks = max(seq.num_tokens - 1, 0) // self._hash_block_size
         hits = []
         for block_hash in seq.block_hashes[:max_hit_blocks]:
             block = self._pool.get_cached_block(block_hash)
             if block is None:
                 break  # chained hashes: once one block misses, every later one does
             hits.append(block)
-        return hits, len(hits) * self._block_size
+        return hits, len(hits) * self._hash_block_size
 
     def find_hit(self, seq: Sequence) -> PrefixHit:
         """The longest prefix hit valid for every group (docs/scheduling.md
@@ -285,14 +329,15 @@ class KvCacheManager:
             if self._drop_eagle_block and tokens > 0:
                 # The drafter recomputes the hit's last block (§7.4).
                 hits.pop()
-                tokens -= self._block_size
+                tokens -= self._hash_block_size  # one group: its block
             return PrefixHit(tokens, 0, [hits])
         return find_longest_hit(
             self._pool,
             self._lookup,
             seq.block_hashes,
             max(seq.num_tokens - 1, 0),
-            self._block_size,
+            self._hash_block_size,
+            self._scheduler_block_size,
             num_groups,
         )
 

@@ -212,7 +212,7 @@ def allocate(
     """``KvCacheManager.allocate``: the fast path of most decode steps, then
     the admission gate, window blocks given back, hits taken, new blocks
     and hash caching."""
-    bs, max_len = m._block_size, m._max_model_len
+    bs, max_len = m._hash_block_size, m._max_model_len  # (the fast path's one group)
     full_sequence_must_fit, watermark = admission.full_sequence_must_fit, admission.watermark
     if (
         m._single_full
@@ -460,7 +460,7 @@ def check_allocation(
     hit_ids: list[int],
 ) -> list[Block]:
     """The checks of ``allocate_slots``; returns the hit blocks."""
-    bs = m._block_size
+    bs = m.group_block_size(0)
     if num_new_tokens == 0 and num_new_computed_tokens == 0:
         raise ValueError("allocate_slots: num_new_tokens and num_new_computed_tokens are both 0")
     if num_new_computed_tokens != len(hit_ids) * bs:
@@ -483,11 +483,11 @@ def check_allocation(
     # A hit must be the cached block of the same position, so it holds
     # exactly this request's tokens (chained hashes imply the prefix). A
     # hit past the request's last full block has no hash to match.
-    hashes = seq.block_hashes
     hits = []
     for k, block_id in enumerate(hit_ids):
         block = m._pool.block(block_id) if block_id != NULL_BLOCK else None
-        if block is None or k >= len(hashes) or block.hash != hashes[k]:
+        block_hash = m.group_block_hash(seq.block_hashes, 0, k)
+        if block is None or block_hash is None or block.hash != block_hash:
             raise ValueError(
                 f"allocate_slots: new_computed_blocks[{k}] = {block_id} is not a cached "
                 f"copy of the request's block {k}"

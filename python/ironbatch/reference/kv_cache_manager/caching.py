@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ironbatch.reference.attention_group import (
     EagleReach,
     SlidingWindow,
+    dense_window_mask,
     group_key,
     recurrent_mask,
     sparse_mask,
@@ -47,11 +48,11 @@ def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
     cached block ends; the least over the groups."""
     if not m._enable_caching:
         return 0
-    bs = m._block_size
     if m._single_full:
-        return tables[0].num_cached * bs
+        return tables[0].num_cached * m._hash_block_size  # one group
 
-    def cached_end(table: BlockTable) -> int:
+    def cached_end(g: int, table: BlockTable) -> int:
+        bs = m.group_block_size(g)
         held = table.blocks[: min(table.num_cached, len(table))]
         ends = [
             (i + 1) * bs
@@ -60,7 +61,7 @@ def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
         ]
         return ends[-1] if ends else 0
 
-    return min((cached_end(t) for t in tables), default=0)
+    return min((cached_end(g, t) for g, t in enumerate(tables)), default=0)
 
 
 def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int) -> None:
@@ -68,14 +69,19 @@ def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, up
     (docs/scheduling.md §7.7, §7.13, §7.15): every one, except null
     positions and, for a window or recurrent group under sparse retention,
     those no later request could resume from."""
-    bs = m._block_size
     # Only tokens whose KV is final: multi-module MTP may prefill the last
     # few again. (vLLM's hybrid coordinator, for several groups, caches
     # them anyway, but in a group that drops an EAGLE block: a window keeps
     # their blocks instead, skipped_blocks.)
     if len(m._groups) == 1 or m._drops_eagle[g]:
         upto = max(upto - m._reprefillable, 0)
-    if upto >= (table.num_cached + 1) * bs:
+    # vLLM's hybrid coordinator caches up to a multiple of the scheduler
+    # block, where every group's blocks end (a hit lands there); alike
+    # groups' blocks are that unit. (Its unitary one hands a single group
+    # the tokens as they are.)
+    if len(m._groups) > 1:
+        upto = upto // m._scheduler_block_size * m._scheduler_block_size
+    if upto >= (table.num_cached + 1) * m.group_block_size(g):
         cache_new_full_blocks(m, g, table, seq, upto)
     if m._align and m._groups[g].kind.is_recurrent():
         cache_prompt_state(m, g, table, seq, upto)
@@ -85,9 +91,9 @@ def cache_new_full_blocks(
     m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int
 ) -> None:
     """``cache_blocks`` once a block has filled since the last call."""
-    bs = m._block_size
+    bs = m.group_block_size(g)
     hashes = seq.block_hashes
-    full = min(min(upto, len(hashes) * bs) // bs, len(table))
+    full = min(min(upto, len(hashes) * m._hash_block_size) // bs, len(table))
     start = table.num_cached
     kind = m._groups[g].kind
     keep = None
@@ -96,12 +102,15 @@ def cache_new_full_blocks(
             start,
             full,
             bs,
+            m._scheduler_block_size,
             kind.window,
             seq.num_prompt_tokens,
             seq.shared_prefix_boundary,
             m._retention_interval,
             EagleReach(any_group=m._drop_eagle_block, this_group=m._drops_eagle[g]),
         )
+    elif isinstance(kind, SlidingWindow):
+        keep = dense_window_mask(bs, m._scheduler_block_size, kind.window)
     recurrent = kind.is_recurrent()
     if recurrent:
         keep = recurrent_mask(
@@ -115,7 +124,9 @@ def cache_new_full_blocks(
         block = table.blocks[k]
         if block.block_id == NULL_BLOCK or (keep is not None and not keep(k)):
             continue
-        key = group_key(hashes[k], g)
+        block_hash = m.group_block_hash(hashes, g, k)
+        assert block_hash is not None  # k < full: hashed
+        key = group_key(block_hash, g)
         m._pool.cache_block(block, key)
         if recurrent:
             # Its state is this step's to write (§7.15).
@@ -133,7 +144,7 @@ def cache_prompt_state(
     if m._step_checkpoint is not None:
         cache_checkpoint_state(m, g, table, seq, m._step_checkpoint)
         return
-    bs = m._block_size
+    bs = m._hash_block_size  # a recurrent group's, alike
     # What vLLM's hybrid coordinator hands its groups: whole blocks.
     num_tokens = upto // bs * bs if len(m._groups) > 1 else upto
     idx = num_tokens // bs
@@ -152,7 +163,7 @@ def cache_checkpoint_state(
     request could resume there: the prompt's checkpoint, a state the
     retention keeps, or a shared prefix's end. Otherwise the block's state is
     only passing through, and any key it has goes."""
-    bs = m._block_size
+    bs = m._hash_block_size  # a recurrent group's, alike
     idx = position // bs - 1
     per_segment = m._retention_interval // bs
     retained = not m._sparse_retention or (

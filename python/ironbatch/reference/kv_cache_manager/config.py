@@ -5,10 +5,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from functools import reduce
+from math import gcd, lcm
 
 from ironbatch.reference.attention_group import (
     ChunkedLocal,
     CrossAttention,
+    Full,
     GroupSpec,
     Mamba,
     SlidingWindow,
@@ -42,8 +45,21 @@ def validate(
     # Without a KV cache, vLLM's pool is the null block alone.
     check_range("num_blocks", num_blocks, 1 if not groups else 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", num_lookahead_tokens, 0, max_model_len)
+    check_range("kv_cache_groups", len(groups), 0, MAX_KV_CACHE_GROUPS)
+    validate_group_block_sizes(
+        groups,
+        block_size,
+        drop_eagle_block,
+        num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+        enable_prefix_caching=enable_prefix_caching,
+    )
     # A block's hash covers at most the next block.
-    check_range("num_hash_lookahead_tokens", num_hash_lookahead_tokens, 0, block_size)
+    check_range(
+        "num_hash_lookahead_tokens",
+        num_hash_lookahead_tokens,
+        0,
+        hash_block_size(groups, block_size),
+    )
     check_groups(
         groups,
         num_hash_lookahead_tokens,
@@ -123,11 +139,12 @@ def check_groups(
         # sliding window or a recurrent group keeps them.
         check_range("retention_interval", retention_interval, 1, MAX_MODEL_LEN)
         windowed = any(isinstance(g.kind, (SlidingWindow, Mamba)) for g in groups)
-        if retention_interval % block_size or not sparse_retention or not windowed:
+        unit = scheduler_block_size(groups, block_size)
+        if retention_interval % unit or not sparse_retention or not windowed:
             raise ValueError(
                 f"retention_interval ({retention_interval}) needs sparse_retention, a "
-                "sliding-window or Mamba KV-cache group and a multiple of block_size "
-                f"({block_size})"
+                "sliding-window or Mamba KV-cache group and a multiple of the scheduler "
+                f"block size ({unit})"
             )
     alignments = {g.kind.prefill_checkpoint_alignment() for g in groups if g.kind.is_recurrent()}
     if len(alignments) > 1:
@@ -150,3 +167,79 @@ def check_groups(
             raise ValueError(
                 f"eagle_groups: group {g} is not one of the {len(groups)} KV-cache groups"
             )
+
+
+def group_block_sizes(groups: Seq[GroupSpec], block_size: int) -> list[int]:
+    """Tokens per block of each group."""
+    return [g.tokens_per_block(block_size) for g in groups]
+
+
+def _hashed_block_sizes(groups: Seq[GroupSpec], block_size: int) -> list[int]:
+    """The block sizes of the groups whose blocks are keyed by token hashes
+    (attention over the decoder's tokens: not a recurrent state, whose size
+    with prefix caching equals the cache's, nor cross-attention)."""
+    return [g.tokens_per_block(block_size) for g in groups if not g.kind.is_slotless()]
+
+
+def hash_block_size(groups: Seq[GroupSpec], block_size: int) -> int:
+    """Tokens per block hash (vLLM's ``hash_block_size``): the greatest
+    common divisor of the attention groups' block sizes, so every group's
+    block ends on a hash; the cache's block size when they are all alike or
+    there are none."""
+    return reduce(gcd, _hashed_block_sizes(groups, block_size), 0) or block_size
+
+
+def scheduler_block_size(groups: Seq[GroupSpec], block_size: int) -> int:
+    """The unit prefix hits and hash caching are aligned to (vLLM's
+    ``scheduler_block_size``): the least common multiple of the attention
+    groups' block sizes, where every group's blocks end together."""
+    sizes = _hashed_block_sizes(groups, block_size)
+    return reduce(lcm, sizes) if sizes else block_size
+
+
+def has_mixed_block_sizes(groups: Seq[GroupSpec], block_size: int) -> bool:
+    """Whether the attention groups' blocks hold different numbers of
+    tokens."""
+    return hash_block_size(groups, block_size) != scheduler_block_size(groups, block_size)
+
+
+def validate_group_block_sizes(
+    groups: Seq[GroupSpec],
+    block_size: int,
+    drop_eagle_block: bool,
+    *,
+    num_hash_lookahead_tokens: int,
+    enable_prefix_caching: bool,
+) -> None:
+    """A group's own block size: in range, on full attention or a sliding
+    window only; where they differ, only what the twin models beside them
+    (docs/scheduling.md §7.16)."""
+    for i, g in enumerate(groups):
+        if g.block_size is None:
+            continue
+        check_range(f"kv_cache_groups[{i}].block_size", g.block_size, 1, MAX_BLOCK_SIZE)
+        if not isinstance(g.kind, (Full, SlidingWindow)):
+            raise ValueError(
+                f"kv_cache_groups[{i}].block_size: only a full-attention or sliding-window "
+                "group sets its own block size"
+            )
+    if not has_mixed_block_sizes(groups, block_size):
+        return
+    # With prefix caching on, vLLM's hits and caching over such groups are
+    # not yet proven equal to the twin's (docs/scheduling.md §7.16).
+    if enable_prefix_caching:
+        why = "prefix caching"
+    elif any(g.kind.is_slotless() for g in groups):
+        why = "a Mamba or cross-attention group"
+    elif any(isinstance(g.kind, ChunkedLocal) for g in groups):
+        why = "a chunked-local-attention group"
+    elif drop_eagle_block:
+        why = "drop_eagle_block"
+    elif num_hash_lookahead_tokens > 0:
+        why = "num_hash_lookahead_tokens above 0"
+    else:
+        return
+    sizes = group_block_sizes(groups, block_size)
+    raise ValueError(
+        f"kv_cache_groups of different block sizes ({sizes}) are not modelled beside {why}"
+    )

@@ -194,6 +194,7 @@ class Scheduler:
             sparse_retention=c.sparse_retention,
             retention_interval=c.retention_interval,
             eagle_groups=c.eagle_groups,
+            mixed_precision=c.mixed_precision,
         ).with_reprefillable_tokens(max(c.drafter_read_ahead - 1, 0))
         self.requests: Slab[Request] = Slab()
         self.ids: dict[str, int] = {}
@@ -333,11 +334,13 @@ class Scheduler:
             session.add_session_chunk(self, slot, new)
             return slot
         self.check_new_request(new)
-        seq = Sequence(new.prompt_token_ids, hash_keys(new), self.kv.hasher, self.kv.block_size)
+        seq = Sequence(
+            new.prompt_token_ids, hash_keys(new), self.kv.hasher, self.kv.hash_block_size
+        )
         if new.mm_inputs:
-            seq.key_by_mm(new.mm_inputs, self.kv.hasher, self.kv.block_size)
+            seq.key_by_mm(new.mm_inputs, self.kv.hasher, self.kv.hash_block_size)
         if new.prompt_embeds_digests is not None:
-            seq.key_by_embeds(new.prompt_embeds_digests, self.kv.hasher, self.kv.block_size)
+            seq.key_by_embeds(new.prompt_embeds_digests, self.kv.hasher, self.kv.hash_block_size)
         r = Request.waiting(new, seq, len(self.kv.groups))
         slot = self.requests.insert(r)
         self.ids[r.request_id] = slot
@@ -355,13 +358,27 @@ class Scheduler:
         queue.add(slot, self.requests)
 
     def enable_kv_events(self) -> None:
-        """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
+        """Log KV-cache events from now on (docs/scheduling.md §7.12); not
+        beside KV-cache groups of different block sizes (§7.16)."""
+        self.refuse_mixed_block_sizes("KV-cache events")
         self.kv.enable_events()
 
     def enable_block_lifecycle_events(self) -> None:
         """Log blocks' lives (handed out, hit) from now on, for residency
-        metrics (docs/scheduling.md §7.12)."""
+        metrics (docs/scheduling.md §7.12); not beside KV-cache groups of
+        different block sizes."""
+        self.refuse_mixed_block_sizes("KV-cache residency metrics")
         self.kv.enable_lifecycle_events()
+
+    def refuse_mixed_block_sizes(self, what: str) -> None:
+        """An error naming ``what`` when the groups' blocks differ in size:
+        what vLLM then reports per group (partial-block entries among them)
+        is not modelled (docs/scheduling.md §7.16)."""
+        if self.kv.hash_block_size != self.kv.scheduler_block_size:
+            raise ValueError(
+                f"{what} are not modelled beside KV-cache groups of different block sizes "
+                f"({self.kv.group_block_sizes})"
+            )
 
     def take_kv_events(self) -> list[KvEvent]:
         """The KV-cache events since last taken, oldest first."""
@@ -428,7 +445,7 @@ class Scheduler:
                 )
             check_inputs(rid, new.mm_inputs, self.input_placement(n))
         if new.prompt_embeds_digests is not None:
-            blocks = -(-n // self.kv.block_size)
+            blocks = -(-n // self.kv.hash_block_size)
             if len(new.prompt_embeds_digests) != blocks:
                 raise ValueError(
                     f"prompt_embeds_digests of request {debug_str(rid)} has "

@@ -135,7 +135,7 @@ def cut_at_invalid_blocks(
     had computed before this step, unless a request walked earlier in this
     walk claimed that block (it will compute it again; this one only loses
     this step's tokens)."""
-    bs = s.kv.block_size
+    bs = s.kv.hash_block_size
     cut = Cut()
     marked: set[int] = set()
     for slot in slots:

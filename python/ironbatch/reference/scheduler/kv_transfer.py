@@ -51,6 +51,7 @@ def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> N
         why = "runner must be 'generate'"
     if why is not None:
         raise ValueError(f"kv_connector: {why}")
+    s.refuse_mixed_block_sizes("KV connectors")
     s.connector = SafeConnector(connector)
     s.kv_setup = setup
 

@@ -109,7 +109,7 @@ def continue_session(s: Scheduler, slot: int, update: SessionUpdate) -> None:
     keep = r.num_tokens - 1
     # vLLM's base: the session's tokens, all prompt now.
     inputs = [replace(m, offset=m.offset + keep) for m in update.mm_inputs]
-    r.seq.continue_session(keep, update.prompt_token_ids, inputs, s.kv.hasher, s.kv.block_size)
+    r.seq.continue_session(keep, update.prompt_token_ids, inputs, s.kv.hasher, s.kv.hash_block_size)
     # After the earlier chunks' images: their indices stay theirs.
     r.mm_inputs += tuple(inputs)
     assert r.num_cached_blocks() <= len(r.seq.block_hashes)

@@ -31,7 +31,7 @@ def state_aligned_split(s: Scheduler, slot: int, n: int, start: int) -> int:
     prefill_end = max(r.seq.num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
         return n
-    bs = s.kv.block_size
+    bs = s.kv.hash_block_size
     end = start + n
     # A backend that writes the prompt's checkpoint from inside the chunk
     # that ends the prefill needs no stop there.

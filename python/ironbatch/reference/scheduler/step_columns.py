@@ -50,7 +50,7 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
         slotted = r.tables and not s.kv.groups[0].kind.is_slotless()
         first = r.tables[0] if slotted else None
         for p in range(e.num_computed_tokens, end):
-            out.push_token(p, None if first is None else s.kv.slot_of(first, p))
+            out.push_token(p, None if first is None else s.kv.slot_of(0, first, p))
         out.end_entry(end)
         r.seq.num_computed_tokens += e.num_tokens
         r.in_flight_tokens += e.num_tokens
@@ -83,7 +83,7 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
         for e in entries:
             table = s.requests[e.slot].tables[g]
             for p in range(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens):
-                out.push_slot(s.kv.slot_of(table, p))
+                out.push_slot(s.kv.slot_of(g, table, p))
     out.entries = entries
     out.new_block_ids_to_zero = s.kv.take_blocks_to_zero()
     out.preempted_req_ids, s.preempted_ids = sorted(s.preempted_ids), []

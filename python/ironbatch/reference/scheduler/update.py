@@ -303,7 +303,7 @@ def append_until_stop(
     first token that ends it (docs/scheduling.md §5.2); the appended tokens
     go to ``out`` too. Returns whether it finished."""
     for t in sampled:
-        r.seq.append([t], kv.hasher, kv.block_size)
+        r.seq.append([t], kv.hasher, kv.hash_block_size)
         out.append(t)
         if check_stop(r, max_model_len):
             return True

@@ -191,7 +191,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     if lookup and r.resumable and s.kv.hasher.lookahead > 0:
         # A session's kept hashes may cover the token its turn dropped;
         # computing its KV afresh, it hashes its tokens as they are now.
-        r.seq.rehash(s.kv.hasher, s.kv.block_size)
+        r.seq.rehash(s.kv.hasher, s.kv.hash_block_size)
     # A request that must compute every prompt token (vLLM: it wants prompt
     # logprobs) reads no hits; its blocks are still cached.
     hit = s.kv.find_hit(r.seq) if lookup and not r.skip_reading_prefix_cache else PrefixHit()
@@ -199,7 +199,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         # Every lookup says where a shared prefix ends.
         r.seq.shared_prefix_boundary = hit.shared_prefix_boundary
     hit_tokens = hit.tokens if lookup else r.seq.num_computed_tokens
-    num_hit_blocks = hit_tokens // s.kv.block_size
+    num_hit_blocks = hit_tokens // s.kv.hash_block_size
     if r.report_hits and lookup and hit_tokens > 0:
         s.kv.log_event(Hit(slot, num_hit_blocks))
     # A KV connector's tokens past the local hit (§4.19).
