@@ -7,13 +7,14 @@ blocks, synchronous scheduling."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from ironbatch import CacheConfig, KVCacheGroup, Request, SamplingParams, Scheduler, SchedulerConfig
 from ironbatch.config import check_fits
-from ironbatch.reference.attention_group import ChunkedLocal, group_key
+from ironbatch.reference.attention_group import ChunkedLocal, Full, SlidingWindow, group_key
 from ironbatch.reference.block_pool import BlockPool
 from ironbatch.reference.prefix_hit import find_longest_hit, lookup_groups
 
@@ -463,6 +464,53 @@ def test_one_group_is_asked_once() -> None:
         assert [[b.block_id for b in blocks] for blocks in hit.blocks] == [
             [0] * (tokens // 2)
         ] * num_groups
+
+
+def test_a_window_of_smaller_blocks_ends_its_hit_on_the_scheduler_block() -> None:
+    """vLLM 0.33, a mixed-precision hybrid: full attention in blocks of 4
+    tokens, a 3-token window in blocks of 2, hashes per 2 tokens, hits on
+    multiples of 4. The window cached its blocks 3 and 4 (tokens 6..10); a
+    run ending at token 10 is skipped, the hit ends at 8. The twin's lookup;
+    the core's is rust/src/prefix_hit.rs's test of the same name."""
+    hashes = list(range(1, 9))
+    pool = BlockPool(40)
+    blocks = pool.take_free_blocks(8)
+    for k in range(3):
+        pool.cache_block(blocks[k], group_key(hashes[2 * k + 1], 0))
+    for k in (3, 4):
+        pool.cache_block(blocks[3 + k], group_key(hashes[k], 1))
+    groups = lookup_groups([Full(), SlidingWindow(3)], [4, 2])
+    hit = find_longest_hit(pool, groups, hashes, 15, 2, 4, 2)
+    assert hit.tokens == 8
+    assert [b.block_id for b in hit.blocks[0]] == [b.block_id for b in blocks[:2]]
+    assert [b.block_id for b in hit.blocks[1]] == [0, 0, 0, blocks[6].block_id]
+
+
+def test_groups_of_different_block_sizes_refuse_what_is_not_modelled() -> None:
+    """Beside groups of different block sizes the core and the twin refuse
+    alike what they do not model (KV-cache events, lookahead hashes) and a
+    block size on a group that cannot have its own."""
+    from ironbatch.core_scheduler import CoreScheduler
+    from ironbatch.reference.scheduler import Scheduler as Twin
+
+    groups = (
+        KVCacheGroup("sliding_window", 64, block_size=32),
+        KVCacheGroup("full", block_size=64),
+    )
+    sched = SchedulerConfig(max_model_len=512, max_num_seqs=4, max_num_batched_tokens=256)
+    cache = CacheConfig(num_blocks=100, block_size=32, kv_cache_groups=groups)
+    for build in (CoreScheduler, Twin):
+        s = build(sched, cache)
+        core = s.core if isinstance(s, CoreScheduler) else s
+        with pytest.raises(
+            ValueError, match=r"KV-cache events are not modelled beside .*\[32, 64\]"
+        ):
+            core.enable_kv_events()
+        drafting = dataclasses.replace(sched, num_speculative_tokens=1, num_hash_lookahead_tokens=1)
+        with pytest.raises(ValueError, match="beside num_hash_lookahead_tokens above 0"):
+            build(drafting, cache)
+    with pytest.raises(ValueError, match="only a full-attention or sliding-window group"):
+        KVCacheGroup("chunked_local", 64, block_size=32)
 
 
 @pytest.mark.parametrize("backend", ["rust", "python"])

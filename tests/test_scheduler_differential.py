@@ -213,14 +213,13 @@ def random_config(rng: random.Random) -> dict:
 def add_block_sizes(rng: random.Random, config: dict) -> None:
     """Groups of different block sizes (docs/scheduling.md §7.16: vLLM's
     mixed-precision hybrids) in half the workloads whose groups are full
-    attention and sliding windows without prefix caching (not yet proven
-    equal to vLLM's there), EAGLE's drop or lookahead hashes:
+    attention and sliding windows without EAGLE's drop or lookahead hashes:
     each group two or four times the cache's block size or its own, one at
     least the cache's (so the hash block is it); a retention interval on
     the scheduler block (their least common multiple). The pool is sized
     for the larger tables."""
     groups = config["kv_cache_groups"]
-    if not groups or len(groups) < 2 or rng.random() < 0.5 or config["caching"]:
+    if not groups or len(groups) < 2 or rng.random() < 0.5:
         return
     if any(g.kind not in ("full", "sliding_window") for g in groups):
         return
@@ -735,8 +734,8 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     needs["mamba_speculative_blocks"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_align"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_checkpoints"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
-    # Groups of different block sizes (about one workload in fifty).
-    needs["mixed_block_sizes"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
+    # Groups of different block sizes (about one workload in fifteen).
+    needs["mixed_block_sizes"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():

@@ -359,6 +359,34 @@ mod tests {
     }
 
     #[test]
+    fn a_window_of_smaller_blocks_ends_its_hit_on_the_scheduler_block() {
+        // vLLM 0.33, a mixed-precision hybrid: full attention in blocks of 4
+        // tokens, a 3-token window in blocks of 2, hashes per 2 tokens, hits
+        // on multiples of 4. The window cached its blocks 3 and 4 (tokens
+        // 6..10); a run ending at token 10 is skipped, the hit ends at 8.
+        let hashes: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
+        let mut pool = BlockPool::new(40).unwrap();
+        let mut ids = Vec::new();
+        pool.take_free_blocks(8, &mut ids);
+        for k in 0..3 {
+            pool.cache_block(ids[k], group_key(hashes[2 * k + 1], 0));
+        }
+        for k in [3, 4] {
+            pool.cache_block(ids[3 + k], group_key(hashes[k], 1));
+        }
+        let kinds = [
+            AttentionKind::Full,
+            AttentionKind::SlidingWindow { window: 3 },
+        ];
+        let groups = lookup_groups(&kinds, &[4, 2], &[]);
+        let mut blocks = vec![Vec::new(); 2];
+        let hit = find_longest_hit(&pool, &groups, &hashes, 15, 2, 4, &mut blocks);
+        assert_eq!(hit.tokens, 8);
+        assert_eq!(blocks[0], ids[..2].to_vec());
+        assert_eq!(blocks[1], [NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, ids[6]]);
+    }
+
+    #[test]
     fn full_attention_is_looked_up_first() {
         let kinds = [
             AttentionKind::SlidingWindow { window: 128 },

@@ -222,8 +222,7 @@ TABLE = [
         # mixed-precision hybrid. The bf16 windows fit 32 tokens in the
         # pool's page, the fp8 full layers 64: groups of different block
         # sizes, hashed at 32, hits and caching on 64 (docs/scheduling.md
-        # §7.16), new blocks zeroed. With prefix caching on it falls back
-        # (NOT_YET).
+        # §7.16), new blocks zeroed.
         "gpt-oss-20b-fp8-skip-windows",
         "gpt-oss-20b",
         ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"],
@@ -234,7 +233,15 @@ TABLE = [
         },
     ),
     Deployment(
-        # ... with prefix caching off: engaged.
+        # ... skipping one layer only (layer 1, a full one): each group of
+        # layers alike, 24 groups of two block sizes.
+        "gpt-oss-20b-fp8-skip-layer-1",
+        "gpt-oss-20b",
+        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "1"],
+        {"needs_kv_cache_zeroing": True, "block_size": 64},
+    ),
+    Deployment(
+        # ... with prefix caching off.
         "gpt-oss-20b-fp8-skip-windows-no-prefix-caching",
         "gpt-oss-20b",
         ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"]
@@ -821,11 +828,7 @@ TABLE = [
 # engagement test xfails once the row is built and falls back, and fails
 # when the row starts to engage; remove a row from here to make its
 # fallback a failure.
-NOT_YET: dict[str, str] = {
-    # Hits and caching over groups of different block sizes are not yet
-    # equal to vLLM's (the differential found it; docs/scheduling.md §7.16).
-    "gpt-oss-20b-fp8-skip-windows": "KV-cache groups of different block sizes with prefix caching",
-}
+NOT_YET: dict[str, str] = {}
 # Rows whose workload finds no prefix hit with prefix caching on, in vLLM
 # as in the drop-in, and why.
 NO_PREFIX_HITS: dict[str, str] = {
@@ -836,6 +839,9 @@ NO_PREFIX_HITS: dict[str, str] = {
     # EAGLE's last-block drop gives up.
     "gpt-oss-20b-eagle3-block-drop": "the one shared block is the one dropped",
     "gpt-oss-20b-eagle3-nixl": "the one shared block is the one dropped",
+    # The prompts share 48 tokens, under one 64-token scheduler block: hits
+    # land on its multiples.
+    "gpt-oss-20b-fp8-skip-windows": "the shared prefix is under one scheduler block",
 }
 # What every engaged row's workload must go through (deployment_setup.workload),
 # prefix hits wherever prefix caching is on (the CPU platform turns it off

@@ -119,14 +119,12 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     """Window and full-attention groups of different block sizes (a
     mixed-precision hybrid, docs/scheduling.md §7.16) in half the gpt-oss
     and Gemma 3 layouts without what the core does not model beside them
-    (prefix caching, KV-cache events and metrics, drafters with lookahead
-    hashes or EAGLE's drop): the windows' or the full group's blocks two or four times the
+    (KV-cache events and metrics, drafters with lookahead hashes or EAGLE's
+    drop): the windows' or the full group's blocks two or four times the
     cache's (drawn apart); a retention interval on the larger block."""
     drawn = random.Random(rng.random())
     if settings["kv_layout"] not in ("gpt-oss", "gemma3") or drawn.random() < 0.5:
         return {}
-    if settings["enable_prefix_caching"]:
-        return {}  # the drop-in falls back there (support.py)
     metrics = settings.get("observability_config")
     if "kv_events_config" in settings or (metrics is not None and metrics.kv_cache_metrics):
         return {}
@@ -975,8 +973,9 @@ FEATURE_SHARES = {
     "feature: window groups with KV-cache metrics": 100,
     "feature: window retention interval": 40,
     "feature: decode context parallelism": 80,
-    # About 14 of 1,040: hybrid, gpt-oss or Gemma 3, prefix caching off.
-    "feature: groups of different block sizes": 5,
+    # About 40 of 1,040 (hybrid, gpt-oss or Gemma 3, half of those without
+    # events, metrics or a drafter that hashes ahead or drops).
+    "feature: groups of different block sizes": 15,
     "feature: window groups with speculation": 120,
     "feature: encoder-decoder with KV-cache events or metrics": 20,
     "feature: encoder-decoder with speculation": 9,

@@ -302,7 +302,6 @@ def validate(c: SchedulerSettings) -> None:
         c.block_size,
         c.drop_eagle_block,
         num_hash_lookahead_tokens=c.num_hash_lookahead_tokens,
-        enable_prefix_caching=c.enable_prefix_caching,
     )
     check_range(
         "num_hash_lookahead_tokens",

@@ -186,16 +186,14 @@ def unsupported_config(
             # them) and drops per unit is not modelled yet.
             mixed_sizes
             and (
-                c.cache_config.enable_prefix_caching
-                or drops_eagle_block(c)
+                drops_eagle_block(c)
                 or c.num_hash_lookahead_tokens > 0
                 or c.kv_transfer_config is not None
                 or bool(c.kv_events_config and c.kv_events_config.enable_kv_cache_events)
                 or c.observability_config.kv_cache_metrics
             ),
-            "KV-cache groups of different block sizes with prefix caching, EAGLE's "
-            "last-block drop, lookahead block hashes, a KV connector, KV-cache events or "
-            "KV-cache metrics",
+            "KV-cache groups of different block sizes with EAGLE's last-block drop, "
+            "lookahead block hashes, a KV connector, KV-cache events or KV-cache metrics",
         ),
         (
             # vLLM turns its hybrid manager off for an EAGLE drafter beside

@@ -314,11 +314,7 @@ impl KvCacheConfig {
         if !self.has_mixed_block_sizes() {
             return Ok(());
         }
-        // With prefix caching on, vLLM's hits and caching over such groups
-        // are not yet proven equal to the core's (docs/scheduling.md §7.16).
-        let why = if self.enable_prefix_caching {
-            Some("prefix caching")
-        } else if self.groups.iter().any(|g| g.kind.is_slotless()) {
+        let why = if self.groups.iter().any(|g| g.kind.is_slotless()) {
             Some("a Mamba or cross-attention group")
         } else if self
             .groups

@@ -51,7 +51,6 @@ def validate(
         block_size,
         drop_eagle_block,
         num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-        enable_prefix_caching=enable_prefix_caching,
     )
     # A block's hash covers at most the next block.
     check_range(
@@ -209,7 +208,6 @@ def validate_group_block_sizes(
     drop_eagle_block: bool,
     *,
     num_hash_lookahead_tokens: int,
-    enable_prefix_caching: bool,
 ) -> None:
     """A group's own block size: in range, on full attention or a sliding
     window only; where they differ, only what the twin models beside them
@@ -225,11 +223,7 @@ def validate_group_block_sizes(
             )
     if not has_mixed_block_sizes(groups, block_size):
         return
-    # With prefix caching on, vLLM's hits and caching over such groups are
-    # not yet proven equal to the twin's (docs/scheduling.md §7.16).
-    if enable_prefix_caching:
-        why = "prefix caching"
-    elif any(g.kind.is_slotless() for g in groups):
+    if any(g.kind.is_slotless() for g in groups):
         why = "a Mamba or cross-attention group"
     elif any(isinstance(g.kind, ChunkedLocal) for g in groups):
         why = "a chunked-local-attention group"
