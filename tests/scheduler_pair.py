@@ -42,6 +42,7 @@ class SchedulerPair:
             # refuse alike, and the workload runs without events.
             errors = []
             for core in self.cores:
+                core.enable_block_lifecycle_events()
                 try:
                     core.enable_kv_events()
                 except ValueError as e:
@@ -354,7 +355,7 @@ class SchedulerPair:
         # A cut-back request's placeholder resolves with its next output.
         self.kv_cut = {rid for rid in self.kv_cut if rid in a["requests"]}
         # ``block_ids`` is group 0's table, in blocks of that group's size.
-        bs0 = self.groups[0].kind.tokens_per_block(self.bs) if self.groups else self.bs
+        bs0 = self.groups[0].tokens_per_block(self.bs) if self.groups else self.bs
         check_scheduler_invariants(
             self.rust, a, bs0, kv_cut=self.kv_cut, connector=self.with_connector
         )
@@ -481,11 +482,13 @@ def check_group_invariants(
     kv_cut: Set[str] = frozenset(),
 ) -> None:
     """Hybrid KV caches: every decoder group's table of a request is as long
-    as the others of the cache's block size (a recurrent group's, of its
-    own, holds its scratch states past its tokens' blocks and nulls before
-    its last processed token's); group 0's is the one ``block_ids`` reports; full and
-    cross-attention hold no null position, and cross-attention tables (the
-    encoder's tokens) exist only beside a decoder table; a window group's
+    as the others of the cache's block size, and one of another block size
+    (a mixed-precision hybrid's) covers as many tokens, to within a block (a
+    recurrent group's, of its own, holds its scratch states past its tokens'
+    blocks and nulls before its last processed token's); group 0's is the
+    one ``block_ids`` reports; full and cross-attention hold no null
+    position, and cross-attention tables (the encoder's tokens) exist only
+    beside a decoder table; a window group's
     nulls are a prefix, and only of positions no token after the computed
     ones reads, nor of the ``retained`` last computed ones under a sliding
     window (multi-module MTP's, vLLM's ``extra_retained_tokens``). A
@@ -502,12 +505,16 @@ def check_group_invariants(
             t
             for g, t in zip(groups, tables, strict=True)
             if not g.kind.is_cross()
-            and g.kind.tokens_per_block(bs) == bs
+            and g.tokens_per_block(bs) == bs
             and not g.kind.extra_blocks()
             # (an "align" state table covers no lookahead slots)
             and not (caches_states and g.kind.is_recurrent())
         ]
         assert all(len(t) == len(decoder[0]) for t in decoder), rid
+        sized = [(g, t) for g, t in zip(groups, tables, strict=True) if g.block_size is not None]
+        covered = [len(t) * g.block_size for g, t in sized] + [len(t) * bs for t in decoder]
+        widest = max([bs] + [g.block_size for g, _ in sized])
+        assert max(covered, default=0) - min(covered, default=0) < widest, (rid, covered)
         assert all(c <= len(t) for c, t in zip(cached, tables, strict=True)), rid
         for g, table, num_cached in zip(groups, tables, cached, strict=True):
             nulls = null_prefix(table)
@@ -532,7 +539,7 @@ def check_group_invariants(
             # (A load that failed in part cuts a request's computed tokens
             # back below a window's nulls, in vLLM too: ``kv_cut``.)
             if exact and rid not in kv_cut:
-                group_bs = g.kind.tokens_per_block(bs)
+                group_bs = g.tokens_per_block(bs)
                 read = r["num_computed_tokens"]
                 if r["status"] == "WAITING_FOR_REMOTE_KVS":
                     # A load's tokens count once it is reported; its table
@@ -568,7 +575,7 @@ def check_windows_after_step(
             continue  # preempted later in the step
         processed = max(r["num_computed_tokens"] - r["in_flight_tokens"], 0)
         for g, table in zip(groups, r["tables"], strict=True):
-            group_bs = g.kind.tokens_per_block(bs)
+            group_bs = g.tokens_per_block(bs)
             read = processed - retained if isinstance(g.kind, SlidingWindow) else processed
             skipped = min(g.kind.num_skipped_tokens(max(read, 0)) // group_bs, len(table))
             assert all(b == 0 for b in table[:skipped]), (rid, g, table, processed)

@@ -119,14 +119,13 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     """Window and full-attention groups of different block sizes (a
     mixed-precision hybrid, docs/scheduling.md §7.16) in half the gpt-oss
     and Gemma 3 layouts without what the core does not model beside them
-    (KV-cache events and metrics, drafters with lookahead hashes or EAGLE's
-    drop): the windows' or the full group's blocks two or four times the
-    cache's (drawn apart); a retention interval on the larger block."""
+    (KV-cache events, drafters with lookahead hashes or EAGLE's drop): the
+    windows' or the full group's blocks two or four times the cache's (drawn
+    apart); a retention interval on the larger block."""
     drawn = random.Random(rng.random())
     if settings["kv_layout"] not in ("gpt-oss", "gemma3") or drawn.random() < 0.5:
         return {}
-    metrics = settings.get("observability_config")
-    if "kv_events_config" in settings or (metrics is not None and metrics.kv_cache_metrics):
+    if "kv_events_config" in settings:
         return {}
     if settings.get("speculative_config", {}).get("method", "ngram") not in ("ngram", "ngram_gpu"):
         return {}

@@ -190,10 +190,9 @@ def unsupported_config(
                 or c.num_hash_lookahead_tokens > 0
                 or c.kv_transfer_config is not None
                 or bool(c.kv_events_config and c.kv_events_config.enable_kv_cache_events)
-                or c.observability_config.kv_cache_metrics
             ),
             "KV-cache groups of different block sizes with EAGLE's last-block drop, "
-            "lookahead block hashes, a KV connector, KV-cache events or KV-cache metrics",
+            "lookahead block hashes, a KV connector or KV-cache events",
         ),
         (
             # vLLM turns its hybrid manager off for an EAGLE drafter beside

@@ -432,8 +432,8 @@ impl PyScheduler {
 
     /// Log blocks' lives (handed out, hit) from now on, for residency
     /// metrics.
-    fn enable_block_lifecycle_events(&mut self) -> PyResult<()> {
-        Ok(self.core.enable_block_lifecycle_events()?)
+    fn enable_block_lifecycle_events(&mut self) {
+        self.core.enable_block_lifecycle_events();
     }
 
     /// The KV-cache events since last taken, oldest first.

@@ -332,11 +332,9 @@ impl Scheduler {
     }
 
     /// Log blocks' lives (handed out, hit) from now on, for residency
-    /// metrics (§7.12); not beside KV-cache groups of different block sizes.
-    pub fn enable_block_lifecycle_events(&mut self) -> Result<(), Error> {
-        self.refuse_mixed_block_sizes("KV-cache residency metrics")?;
+    /// metrics (§7.12).
+    pub fn enable_block_lifecycle_events(&mut self) {
         self.kv.enable_lifecycle_events();
-        Ok(())
     }
 
     /// An error naming `what` when the groups' blocks differ in size: what

@@ -365,9 +365,7 @@ class Scheduler:
 
     def enable_block_lifecycle_events(self) -> None:
         """Log blocks' lives (handed out, hit) from now on, for residency
-        metrics (docs/scheduling.md §7.12); not beside KV-cache groups of
-        different block sizes."""
-        self.refuse_mixed_block_sizes("KV-cache residency metrics")
+        metrics (docs/scheduling.md §7.12)."""
         self.kv.enable_lifecycle_events()
 
     def refuse_mixed_block_sizes(self, what: str) -> None:
