@@ -226,11 +226,7 @@ TABLE = [
         "gpt-oss-20b-fp8-skip-windows",
         "gpt-oss-20b",
         ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"],
-        {
-            "kv_groups": ["SlidingWindowSpec", "FullAttentionSpec"],
-            "needs_kv_cache_zeroing": True,
-            "block_size": 64,
-        },
+        {"kv_groups": ["SlidingWindowSpec", "FullAttentionSpec"], "needs_kv_cache_zeroing": True},
     ),
     Deployment(
         # ... skipping one layer only (layer 1, a full one): each group of
@@ -238,7 +234,7 @@ TABLE = [
         "gpt-oss-20b-fp8-skip-layer-1",
         "gpt-oss-20b",
         ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "1"],
-        {"needs_kv_cache_zeroing": True, "block_size": 64},
+        {"needs_kv_cache_zeroing": True},
     ),
     Deployment(
         # ... with prefix caching off.
@@ -246,7 +242,7 @@ TABLE = [
         "gpt-oss-20b",
         ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"]
         + ["--no-enable-prefix-caching"],
-        {"needs_kv_cache_zeroing": True, "block_size": 64, "enable_prefix_caching": False},
+        {"needs_kv_cache_zeroing": True, "enable_prefix_caching": False},
     ),
     Deployment(
         # vLLM's own switch for hybrid models: the sliding layers keep their

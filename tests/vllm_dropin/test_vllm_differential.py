@@ -1027,6 +1027,7 @@ FEATURES = [
     "feature: window groups with KV-cache metrics",
     "feature: window retention interval",
     "feature: decode context parallelism",
+    "feature: groups of different block sizes",
     "feature: window groups with speculation",
     "feature: recurrent-state groups",
     "feature: recurrent-state groups with speculation",

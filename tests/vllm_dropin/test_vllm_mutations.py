@@ -30,7 +30,7 @@ from ironbatch.vllm.scheduler import Scheduler  # noqa: E402
 from ironbatch.vllm.speculation import Speculation  # noqa: E402
 from ironbatch.vllm.structured_outputs import StructuredOutputs  # noqa: E402
 
-from test_vllm_differential import run_workload  # noqa: E402
+from test_vllm_differential import drawn_features, run_workload  # noqa: E402
 
 SEEDS = 40
 # Workloads until one with a drafter of its own (EAGLE, MTP, a draft model)
@@ -38,11 +38,13 @@ SEEDS = 40
 SPEC_SEEDS = 120
 
 
-def caught(seeds: int = SEEDS) -> bool:
+def caught(seeds: int = SEEDS, feature: str | None = None) -> bool:
     """Whether some workload's comparison with vLLM fails, or the broken
     drop-in trips over its own inconsistent state (a ValueError: e.g. block
-    hashes that no longer match the blocks its KV-cache events name)."""
-    for seed in range(seeds):
+    hashes that no longer match the blocks its KV-cache events name); with
+    ``feature``, over the first ``seeds`` workloads that draw it."""
+    drawing = (s for s in range(10**6) if feature is None or drawn_features(s)[feature])
+    for _, seed in zip(range(seeds), drawing, strict=False):
         try:
             run_workload(seed, steps=40)
         except AssertionError:
@@ -148,8 +150,8 @@ def patch_groups(
     vLLM's config (one full-attention group, None, stays as it is)."""
     groups_of = settings.kv_cache_groups
 
-    def wrong(vllm_config: Any, kv_cache_config: Any) -> Any:
-        groups = groups_of(vllm_config, kv_cache_config)
+    def wrong(vllm_config: Any, kv_cache_config: Any, cache_block_size: int) -> Any:
+        groups = groups_of(vllm_config, kv_cache_config, cache_block_size)
         return None if groups is None else change(groups)
 
     monkeypatch.setattr(settings, "kv_cache_groups", wrong)
@@ -183,6 +185,25 @@ def test_window_groups_passed_on_wrong_are_caught(
         windows = ("sliding_window", "chunked_local")
         patch_groups(monkeypatch, replace_kinds(windows, size=lambda g: g.size + 16))
     assert caught()
+
+
+@pytest.mark.parametrize("mutation", ["the cache's block size", "not mixed precision"])
+def test_groups_of_different_block_sizes_passed_on_wrong_are_caught(
+    monkeypatch: pytest.MonkeyPatch, mutation: str
+) -> None:
+    """A mixed-precision hybrid's groups (docs/scheduling.md §7.16) told the
+    core wrong: every group of the cache's block size, or its new blocks not
+    listed for zeroing."""
+    if mutation == "the cache's block size":
+        patch_groups(monkeypatch, replace_kinds(("full", "sliding_window"), block_size=None))
+    else:
+        build = settings.CoreScheduler
+
+        def uniform(scheduler_config: SchedulerConfig, cache_config: Any) -> Any:
+            return build(scheduler_config, dataclasses.replace(cache_config, mixed_precision=False))
+
+        monkeypatch.setattr(settings, "CoreScheduler", uniform)
+    assert caught(8, feature="feature: groups of different block sizes")
 
 
 @pytest.mark.parametrize(

@@ -532,7 +532,12 @@ def kv_cache_groups(
     common = {"block_size": cfg["block_size"], "num_kv_heads": 1, "head_size": 1}
     common["dtype"] = torch.float32
     full_cls = MLAAttentionSpec if cfg["mla"] else FullAttentionSpec
+    # A group of its own block size holds its KV at another precision (a
+    # mixed-precision hybrid's, whose new blocks vLLM zeroes).
+    half = {"dtype": torch.float16}
     full_common = {**common, "block_size": cfg["full_block_size"] or cfg["block_size"]}
+    if cfg["full_block_size"]:
+        full_common |= half
     full = KVCacheGroupSpec(
         ["full"], full_cls(**full_common), is_eagle_group=cfg["drafter_in_full_group"]
     )
@@ -548,6 +553,8 @@ def kv_cache_groups(
         return [full]
     if layout in ("gpt-oss", "gemma3"):
         own = {**common, "block_size": cfg["window_block_size"] or cfg["block_size"]}
+        if cfg["window_block_size"]:
+            own |= half
         swa = SlidingWindowSpec(sliding_window=window, extra_retained_tokens=retained, **own)
         n = 1 if layout == "gpt-oss" else 5
         return [KVCacheGroupSpec([f"swa{i}"], swa) for i in range(n)] + [full]
