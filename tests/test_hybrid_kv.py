@@ -488,8 +488,9 @@ def test_a_window_of_smaller_blocks_ends_its_hit_on_the_scheduler_block() -> Non
 
 def test_groups_of_different_block_sizes_refuse_what_is_not_modelled() -> None:
     """Beside groups of different block sizes the core and the twin refuse
-    alike what they do not model (KV-cache events, lookahead hashes) and a
-    block size on a group that cannot have its own."""
+    alike what they do not model (KV-cache events, EAGLE's last-block drop,
+    multi-module MTP's read-ahead) and a block size on a group that cannot
+    have its own; lookahead hashes they take."""
     from ironbatch.core_scheduler import CoreScheduler
     from ironbatch.reference.scheduler import Scheduler as Twin
 
@@ -499,6 +500,11 @@ def test_groups_of_different_block_sizes_refuse_what_is_not_modelled() -> None:
     )
     sched = SchedulerConfig(max_model_len=512, max_num_seqs=4, max_num_batched_tokens=256)
     cache = CacheConfig(num_blocks=100, block_size=32, kv_cache_groups=groups)
+    spec = dataclasses.replace(sched, num_speculative_tokens=2, num_lookahead_tokens=2)
+    refused = {
+        "beside drop_eagle_block": dataclasses.replace(spec, drop_eagle_block=True),
+        "beside drafter_read_ahead above 1": dataclasses.replace(spec, drafter_read_ahead=2),
+    }
     for build in (CoreScheduler, Twin):
         s = build(sched, cache)
         core = s.core if isinstance(s, CoreScheduler) else s
@@ -506,9 +512,10 @@ def test_groups_of_different_block_sizes_refuse_what_is_not_modelled() -> None:
             ValueError, match=r"KV-cache events are not modelled beside .*\[32, 64\]"
         ):
             core.enable_kv_events()
-        drafting = dataclasses.replace(sched, num_speculative_tokens=1, num_hash_lookahead_tokens=1)
-        with pytest.raises(ValueError, match="beside num_hash_lookahead_tokens above 0"):
-            build(drafting, cache)
+        build(dataclasses.replace(spec, num_hash_lookahead_tokens=1), cache)
+        for why, config in refused.items():
+            with pytest.raises(ValueError, match=why):
+                build(config, cache)
     with pytest.raises(ValueError, match="only a full-attention or sliding-window group"):
         KVCacheGroup("chunked_local", 64, block_size=32)
 

@@ -213,7 +213,7 @@ def random_config(rng: random.Random) -> dict:
 def add_block_sizes(rng: random.Random, config: dict) -> None:
     """Groups of different block sizes (docs/scheduling.md §7.16: vLLM's
     mixed-precision hybrids) in half the workloads whose groups are full
-    attention and sliding windows without EAGLE's drop or lookahead hashes:
+    attention and sliding windows without EAGLE's drop or multi-module MTP:
     each group two or four times the cache's block size or its own, one at
     least the cache's (so the hash block is it); a retention interval on
     the scheduler block (their least common multiple). The pool is sized
@@ -223,7 +223,7 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
         return
     if any(g.kind not in ("full", "sliding_window") for g in groups):
         return
-    if config["drop_eagle_block"] or config["num_hash_lookahead_tokens"]:
+    if config["drop_eagle_block"] or config.get("drafter_read_ahead", 0) > 1:
         return
     bs = config["block_size"]
     sizes = [rng.choice([None, 2 * bs, 4 * bs]) for _ in groups]

@@ -229,6 +229,16 @@ TABLE = [
         {"kv_groups": ["SlidingWindowSpec", "FullAttentionSpec"], "needs_kv_cache_zeroing": True},
     ),
     Deployment(
+        # ... with an EAGLE-3 drafter (lookahead block hashes, per hash
+        # block, seen through each group's block size).
+        "gpt-oss-20b-fp8-skip-windows-eagle3",
+        "gpt-oss-20b",
+        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"]
+        + ["--speculative-config", SPEC_GPT_OSS_EAGLE3],
+        {"needs_kv_cache_zeroing": True, "num_hash_lookahead_tokens": 1},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
         # ... skipping one layer only (layer 1, a full one): each group of
         # layers alike, 24 groups of two block sizes.
         "gpt-oss-20b-fp8-skip-layer-1",
@@ -838,6 +848,7 @@ NO_PREFIX_HITS: dict[str, str] = {
     # The prompts share 48 tokens, under one 64-token scheduler block: hits
     # land on its multiples.
     "gpt-oss-20b-fp8-skip-windows": "the shared prefix is under one scheduler block",
+    "gpt-oss-20b-fp8-skip-windows-eagle3": "the shared prefix is under one scheduler block",
 }
 # What every engaged row's workload must go through (deployment_setup.workload),
 # prefix hits wherever prefix caching is on (the CPU platform turns it off

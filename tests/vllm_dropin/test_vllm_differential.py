@@ -119,15 +119,15 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     """Window and full-attention groups of different block sizes (a
     mixed-precision hybrid, docs/scheduling.md §7.16) in half the gpt-oss
     and Gemma 3 layouts without what the core does not model beside them
-    (KV-cache events, drafters with lookahead hashes or EAGLE's drop): the
+    (KV-cache events, EAGLE's last-block drop, multi-module MTP): the
     windows' or the full group's blocks two or four times the cache's (drawn
     apart); a retention interval on the larger block."""
     drawn = random.Random(rng.random())
     if settings["kv_layout"] not in ("gpt-oss", "gemma3") or drawn.random() < 0.5:
         return {}
-    if "kv_events_config" in settings:
+    if "kv_events_config" in settings or settings.get("num_mtp_layers", 1) > 1:
         return {}
-    if settings.get("speculative_config", {}).get("method", "ngram") not in ("ngram", "ngram_gpu"):
+    if settings.get("speculative_config", {}).get("disable_lookahead_block_hashes"):
         return {}
     bs = settings["block_size"]
     larger = bs * drawn.choice([2, 4])

@@ -19,6 +19,8 @@ from ironbatch.reference.attention_group import (
 from ironbatch.reference.error import debug_str
 from ironbatch.reference.kv_cache_manager import check_groups
 from ironbatch.reference.kv_cache_manager.config import (
+    group_block_sizes,
+    has_mixed_block_sizes,
     hash_block_size,
     validate_group_block_sizes,
 )
@@ -297,12 +299,7 @@ def validate(c: SchedulerSettings) -> None:
     check_range("num_blocks", c.num_blocks, 1 if not c.kv_cache_groups else 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", c.num_lookahead_tokens, 0, c.max_model_len)
     check_range("kv_cache_groups", len(c.kv_cache_groups), 0, MAX_KV_CACHE_GROUPS)
-    validate_group_block_sizes(
-        c.kv_cache_groups,
-        c.block_size,
-        c.drop_eagle_block,
-        num_hash_lookahead_tokens=c.num_hash_lookahead_tokens,
-    )
+    validate_group_block_sizes(c.kv_cache_groups, c.block_size, c.drop_eagle_block)
     check_range(
         "num_hash_lookahead_tokens",
         c.num_hash_lookahead_tokens,
@@ -342,6 +339,14 @@ def validate(c: SchedulerSettings) -> None:
                 )
     # An EAGLE-style drafter reads one token ahead; multi-module MTP one per module.
     check_range("drafter_read_ahead", c.drafter_read_ahead, 0, max(c.num_speculative_tokens, 1))
+    if c.drafter_read_ahead > 1 and has_mixed_block_sizes(c.kv_cache_groups, c.block_size):
+        # Its re-prefilled tokens are cached per group apart: not modelled
+        # beside groups of different block sizes (§7.16).
+        sizes = group_block_sizes(c.kv_cache_groups, c.block_size)
+        raise ValueError(
+            f"kv_cache_groups of different block sizes ({sizes}) are not modelled beside "
+            "drafter_read_ahead above 1 (multi-module MTP)"
+        )
     if c.max_loras is not None:
         check_range("max_loras", c.max_loras, 1, MAX_NUM_SEQS)
     if c.encoder is not None:

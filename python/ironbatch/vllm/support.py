@@ -187,12 +187,12 @@ def unsupported_config(
             mixed_sizes
             and (
                 drops_eagle_block(c)
-                or c.num_hash_lookahead_tokens > 0
+                or c.num_prefill_lookahead_tokens > 1
                 or c.kv_transfer_config is not None
                 or bool(c.kv_events_config and c.kv_events_config.enable_kv_cache_events)
             ),
             "KV-cache groups of different block sizes with EAGLE's last-block drop, "
-            "lookahead block hashes, a KV connector or KV-cache events",
+            "multi-module MTP, a KV connector or KV-cache events",
         ),
         (
             # vLLM turns its hybrid manager off for an EAGLE drafter beside

@@ -95,20 +95,21 @@ impl KvCacheManager {
         // Only tokens whose KV is final: multi-module MTP may prefill the
         // last few again. (vLLM's hybrid coordinator, for several groups,
         // caches them anyway, but in a group that drops an EAGLE block: a
-        // window keeps their blocks instead, `skipped_blocks`.)
-        let upto = if self.groups.len() == 1 || self.drops_eagle[g] {
-            upto.saturating_sub(self.reprefillable)
+        // window keeps their blocks instead, `skipped_blocks`.) That
+        // coordinator caches up to a multiple of the scheduler block, where
+        // every group's blocks end (a hit lands there; alike groups' blocks
+        // are that unit), and a group that drops an EAGLE block one block
+        // of its own past it, the block its hit matches and drops (vLLM's
+        // `get_num_cacheable_tokens`). Its unitary one hands a single group
+        // the tokens as they are.
+        let finalized = upto.saturating_sub(self.reprefillable);
+        let unit = self.scheduler_block_size;
+        let upto = if self.groups.len() == 1 {
+            finalized
+        } else if self.drops_eagle[g] && upto >= unit {
+            finalized.min(finalized / unit * unit + self.group_block_size(g))
         } else {
-            upto
-        };
-        // vLLM's hybrid coordinator caches up to a multiple of the
-        // scheduler block, where every group's blocks end (a hit lands
-        // there); alike groups' blocks are that unit. (Its unitary one
-        // hands a single group the tokens as they are.)
-        let upto = if self.groups.len() > 1 {
-            upto / self.scheduler_block_size * self.scheduler_block_size
-        } else {
-            upto
+            upto / unit * unit
         };
         if upto >= (table.num_cached + 1) * self.group_block_size(g) {
             self.cache_new_full_blocks(g, table, seq, upto);

@@ -324,8 +324,6 @@ impl KvCacheConfig {
             Some("a chunked-local-attention group")
         } else if self.drop_eagle_block {
             Some("drop_eagle_block")
-        } else if self.num_hash_lookahead_tokens > 0 {
-            Some("num_hash_lookahead_tokens above 0")
         } else {
             None
         };

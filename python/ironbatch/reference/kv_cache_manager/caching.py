@@ -72,15 +72,20 @@ def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, up
     # Only tokens whose KV is final: multi-module MTP may prefill the last
     # few again. (vLLM's hybrid coordinator, for several groups, caches
     # them anyway, but in a group that drops an EAGLE block: a window keeps
-    # their blocks instead, skipped_blocks.)
-    if len(m._groups) == 1 or m._drops_eagle[g]:
-        upto = max(upto - m._reprefillable, 0)
-    # vLLM's hybrid coordinator caches up to a multiple of the scheduler
-    # block, where every group's blocks end (a hit lands there); alike
-    # groups' blocks are that unit. (Its unitary one hands a single group
-    # the tokens as they are.)
-    if len(m._groups) > 1:
-        upto = upto // m._scheduler_block_size * m._scheduler_block_size
+    # their blocks instead, skipped_blocks.) That coordinator caches up to
+    # a multiple of the scheduler block, where every group's blocks end (a
+    # hit lands there; alike groups' blocks are that unit), and a group
+    # that drops an EAGLE block one block of its own past it, the block its
+    # hit matches and drops (vLLM's get_num_cacheable_tokens). Its unitary
+    # one hands a single group the tokens as they are.
+    finalized = max(upto - m._reprefillable, 0)
+    unit = m._scheduler_block_size
+    if len(m._groups) == 1:
+        upto = finalized
+    elif m._drops_eagle[g] and upto >= unit:
+        upto = min(finalized, finalized // unit * unit + m.group_block_size(g))
+    else:
+        upto = upto // unit * unit
     if upto >= (table.num_cached + 1) * m.group_block_size(g):
         cache_new_full_blocks(m, g, table, seq, upto)
     if m._align and m._groups[g].kind.is_recurrent():

@@ -46,12 +46,7 @@ def validate(
     check_range("num_blocks", num_blocks, 1 if not groups else 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", num_lookahead_tokens, 0, max_model_len)
     check_range("kv_cache_groups", len(groups), 0, MAX_KV_CACHE_GROUPS)
-    validate_group_block_sizes(
-        groups,
-        block_size,
-        drop_eagle_block,
-        num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-    )
+    validate_group_block_sizes(groups, block_size, drop_eagle_block)
     # A block's hash covers at most the next block.
     check_range(
         "num_hash_lookahead_tokens",
@@ -203,11 +198,7 @@ def has_mixed_block_sizes(groups: Seq[GroupSpec], block_size: int) -> bool:
 
 
 def validate_group_block_sizes(
-    groups: Seq[GroupSpec],
-    block_size: int,
-    drop_eagle_block: bool,
-    *,
-    num_hash_lookahead_tokens: int,
+    groups: Seq[GroupSpec], block_size: int, drop_eagle_block: bool
 ) -> None:
     """A group's own block size: in range, on full attention or a sliding
     window only; where they differ, only what the twin models beside them
@@ -229,8 +220,6 @@ def validate_group_block_sizes(
         why = "a chunked-local-attention group"
     elif drop_eagle_block:
         why = "drop_eagle_block"
-    elif num_hash_lookahead_tokens > 0:
-        why = "num_hash_lookahead_tokens above 0"
     else:
         return
     sizes = group_block_sizes(groups, block_size)
