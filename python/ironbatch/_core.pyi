@@ -460,9 +460,11 @@ class Scheduler:
         eagle_groups: Sequence[int] | None = None,
         num_draft_slots: SupportsIndex | None = None,
         drafts_by_batch_size: Sequence[int] | None = None,
-        kv_cache_groups: Sequence[tuple[str, int, int | None, int, int | None]] | None = None,
+        kv_cache_groups: Sequence[tuple[str, int, int | None, int, int | None, int | None]]
+        | None = None,
         sparse_retention: bool = True,
         retention_interval: SupportsIndex | None = None,
+        mixed_precision: bool = False,
         max_loras: SupportsIndex | None = None,
         encoder_compute_budget: SupportsIndex | None = None,
         encoder_cache_size: SupportsIndex | None = None,
@@ -476,9 +478,11 @@ class Scheduler:
         embeddings (docs/scheduling.md §4.15). ``kv_cache_groups``: the
         KV-cache groups in vLLM's order, each
         ``(kind, size, admission_cap_blocks, speculative_blocks,
-        checkpoint_alignment)`` with kind "full" or "cross_attention" (size
-        ignored), "sliding_window" (size: the window), "chunked_local" (size:
-        the chunk), all of ``block_size``, or "mamba" (size: its own tokens
+        checkpoint_alignment, block_size)`` with kind "full" or
+        "cross_attention" (size ignored), "sliding_window" (size: the
+        window), "chunked_local" (size: the chunk), of ``block_size`` unless a
+        full or window group gives its own (a mixed-precision hybrid, §7.16),
+        or "mamba" (size: its own tokens
         per state block, ``block_size`` with prefix caching on;
         speculative_blocks: scratch states for drafts; checkpoint_alignment:
         prefill checkpoints written inside a chunk, or None),
@@ -487,7 +491,9 @@ class Scheduler:
         groups cache only the blocks a later request can resume from (vLLM's
         default ``prefix_cache_retention_interval=0``), with
         ``retention_interval`` above 0 also each segment's tail.
-        ``drop_eagle_block``: a prefix hit gives up its last block (EAGLE
+        ``mixed_precision``: new attention blocks are listed for zeroing
+        (vLLM's ``has_mixed_precision_kv_cache``). ``drop_eagle_block``: a
+        prefix hit gives up its last block (EAGLE
         without lookahead hashes, §7.4), in the ``eagle_groups`` (None:
         every group; §7.13). ``drafter_read_ahead``: prompt
         tokens an EAGLE-style drafter reads past a step (vLLM's
@@ -555,7 +561,8 @@ class Scheduler:
     def num_waiting_for_input(self) -> int:
         """Streaming sessions waiting for their next input chunk."""
     def enable_kv_events(self) -> None:
-        """Log KV-cache events from now on."""
+        """Log KV-cache events from now on; ValueError beside KV-cache
+        groups of different block sizes (not modelled, §7.16)."""
     def enable_block_lifecycle_events(self) -> None:
         """Log blocks' lives (handed out, hit) for residency metrics."""
     def take_kv_events(self) -> list[KvEvent]:

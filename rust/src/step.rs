@@ -6,6 +6,7 @@ use crate::request::{RequestStatus, StopReason};
 use crate::scheduler::ScheduledEncoderInputs;
 use crate::slab::Slot;
 use crate::spec_decode::{Drafts, SpecDecodingStats};
+use std::sync::Arc;
 
 /// How a request entered this step.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -181,7 +182,7 @@ pub struct StepOutput {
     pub(crate) span_blocks: Vec<BlockId>,
     pub(crate) span_offsets: Vec<u32>,
     /// Tokens per block of each KV-cache group.
-    pub(crate) group_block_sizes: Vec<usize>,
+    pub(crate) group_block_sizes: Arc<[usize]>,
     pub(crate) num_groups: usize,
     /// Groups without per-token slots (bit `g`): cross-attention's are the
     /// encoder's, a recurrent group's blocks hold states; the slot mapping
@@ -234,14 +235,14 @@ pub struct StepOutput {
 impl StepOutput {
     /// An empty step with room for `rows` entries, over `num_groups`
     /// KV-cache groups of `group_block_sizes`-token blocks.
-    pub(crate) fn with_capacity(rows: usize, group_block_sizes: &[usize]) -> Self {
+    pub(crate) fn with_capacity(rows: usize, group_block_sizes: &Arc<[usize]>) -> Self {
         let num_groups = group_block_sizes.len();
         let mut out = StepOutput {
             entries: Vec::new(),
             new_block_offsets: Vec::with_capacity(rows * num_groups + 1),
             span_blocks: Vec::with_capacity(rows * num_groups),
             span_offsets: Vec::with_capacity(rows * num_groups + 1),
-            group_block_sizes: group_block_sizes.to_vec(),
+            group_block_sizes: Arc::clone(group_block_sizes),
             num_groups,
             ..Default::default()
         };

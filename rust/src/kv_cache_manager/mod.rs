@@ -29,6 +29,7 @@ use crate::kv_events::KvEvent;
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::prefix_hit::{find_longest_hit, lookup_groups, LookupGroup, PrefixHit};
 use crate::sequence::Sequence;
+use std::sync::Arc;
 
 /// The paged KV cache's bookkeeping.
 #[derive(Clone, Debug)]
@@ -41,7 +42,9 @@ pub struct KvCacheManager {
     /// least common multiple).
     scheduler_block_size: usize,
     /// Tokens per block of each group.
-    group_block_sizes: Vec<usize>,
+    /// (Shared with each step's output, which maps slots by them: a step
+    /// takes a reference, not a copy.)
+    group_block_sizes: Arc<[usize]>,
     max_model_len: usize,
     enable_caching: bool,
     /// KV slots reserved past each allocation's tokens.
@@ -109,7 +112,7 @@ impl KvCacheManager {
             pool: BlockPool::new(config.num_blocks)?,
             hash_block_size: config.hash_block_size(),
             scheduler_block_size: config.scheduler_block_size(),
-            group_block_sizes: config.group_block_sizes(),
+            group_block_sizes: config.group_block_sizes().into(),
             max_model_len: config.max_model_len,
             enable_caching: config.enable_prefix_caching,
             lookahead: config.num_lookahead_tokens,
@@ -225,7 +228,7 @@ impl KvCacheManager {
     }
 
     /// Tokens per block of each group.
-    pub fn group_block_sizes(&self) -> &[usize] {
+    pub fn group_block_sizes(&self) -> &Arc<[usize]> {
         &self.group_block_sizes
     }
 

@@ -36,7 +36,11 @@ impl Scheduler {
             let r = &mut self.requests[e.slot];
             e.num_output_tokens = r.num_output_tokens() + r.num_output_placeholders;
             let end = e.num_computed_tokens + e.num_tokens;
-            let groups = r.tables.iter().zip(self.kv.groups()).zip(block_sizes);
+            let groups = r
+                .tables
+                .iter()
+                .zip(self.kv.groups())
+                .zip(block_sizes.iter());
             for ((table, group), &bs) in groups {
                 let len = table.len();
                 if group.kind.is_cross() {
