@@ -11,6 +11,7 @@ from typing import Any
 from ironbatch import Scheduler, _core
 from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, Mamba, SlidingWindow
 from ironbatch.reference.block import cdiv
+from ironbatch.reference.kv_cache_manager.config import has_mixed_block_sizes
 from ironbatch.reference.scheduler_config import group_specs
 from ironbatch.scheduler_output import STEP_COLUMNS
 
@@ -36,8 +37,8 @@ class SchedulerPair:
         self.with_connector = False  # set with the backends' KV connectors
         # KV-cache events, compared after every call (the backends' cores).
         self.cores = (self.rust._core.core, self.twin._core.twin)
-        sizes = {g.tokens_per_block(self.bs) for g in self.groups if not g.kind.is_slotless()}
-        if len(sizes) > 1:
+        caching = config.get("caching", True)
+        if has_mixed_block_sizes(self.groups, self.bs, caching):
             # Not modelled beside groups of different block sizes: both
             # refuse alike, and the workload runs without events.
             errors = []

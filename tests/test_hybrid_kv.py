@@ -14,7 +14,13 @@ import pytest
 
 from ironbatch import CacheConfig, KVCacheGroup, Request, SamplingParams, Scheduler, SchedulerConfig
 from ironbatch.config import check_fits
-from ironbatch.reference.attention_group import ChunkedLocal, Full, SlidingWindow, group_key
+from ironbatch.reference.attention_group import (
+    ChunkedLocal,
+    Full,
+    Mamba,
+    SlidingWindow,
+    group_key,
+)
 from ironbatch.reference.block_pool import BlockPool
 from ironbatch.reference.prefix_hit import find_longest_hit, lookup_groups
 
@@ -413,12 +419,19 @@ def test_recurrent_group_settings_are_checked() -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_recurrent_groups_refuse_what_align_mode_does_not_model(backend: str) -> None:
-    """vLLM caches recurrent states in its "align" mode, with states of the
-    cache's block size (its default) and chunked prefill (which it
-    requires); the core models neither another state size nor lookahead
-    hashes past a token: clear refusals, on both backends alike."""
-    with pytest.raises(ValueError, match=r"mamba_block_size \(2048\) must equal block_size"):
+    """vLLM caches recurrent states in its "align" mode, with chunked
+    prefill (which it requires), of the cache's block size or less (a state
+    block that divides the attention blocks: §7.16); the core models
+    neither a state block larger than a hash block (vLLM's hits inside a
+    state block) nor lookahead hashes past a token: clear refusals, on both
+    backends alike."""
+    with pytest.raises(
+        ValueError, match=r"mamba_block_size \(2048\) must divide every other KV-cache group"
+    ):
         make(backend, caching=True, kv_cache_groups=(KVCacheGroup("mamba", 2048), FULL))
+    with pytest.raises(ValueError, match=r"mamba_block_size \(32\) must divide every other"):
+        make(backend, caching=True, kv_cache_groups=(KVCacheGroup("mamba", 32), FULL))
+    make(backend, caching=True, kv_cache_groups=(KVCacheGroup("mamba", 8), FULL))
     mamba = KVCacheGroup("mamba", 16)
     with pytest.raises(ValueError, match="enable_chunked_prefill must be true"):
         make(backend, kv_cache_groups=(mamba, FULL), enable_chunked_prefill=False)
@@ -484,6 +497,68 @@ def test_a_window_of_smaller_blocks_ends_its_hit_on_the_scheduler_block() -> Non
     assert hit.tokens == 8
     assert [b.block_id for b in hit.blocks[0]] == [b.block_id for b in blocks[:2]]
     assert [b.block_id for b in hit.blocks[1]] == [0, 0, 0, blocks[6].block_id]
+
+
+def test_a_state_smaller_than_the_attention_blocks_hits_on_the_scheduler_block() -> None:
+    """vLLM 0.33, Qwen3-Next with MTP in small: full attention in blocks of
+    4 tokens, recurrent states of 2, hashes per 2 tokens, hits on multiples
+    of 4. Full attention cached tokens 0..12, the states after 4, 6 and 10
+    tokens: those after 10 and 6 are skipped (off the alignment), the hit
+    is the state after 4 (12 shared). The twin's lookup; the core's is
+    rust/src/prefix_hit.rs's test of the same name."""
+    hashes = list(range(1, 9))
+    pool = BlockPool(40)
+    blocks = pool.take_free_blocks(6)
+    for k in range(3):
+        pool.cache_block(blocks[k], group_key(hashes[2 * k + 1], 0))
+    for block, k in zip(blocks[3:], (1, 2, 4), strict=True):
+        pool.cache_block(block, group_key(hashes[k], 1))
+    groups = lookup_groups([Full(), Mamba(2)], [4, 2])
+    hit = find_longest_hit(pool, groups, hashes, 15, 2, 4, 2)
+    assert (hit.tokens, hit.shared_prefix_boundary) == (4, 12)
+    assert [b.block_id for b in hit.blocks[0]] == [blocks[0].block_id]
+    assert [b.block_id for b in hit.blocks[1]] == [0, blocks[3].block_id]
+
+
+def test_full_attention_of_smaller_blocks_rounds_its_hit_to_the_scheduler_block() -> None:
+    """Full attention in blocks of 2 cached tokens 0..6, a window in blocks
+    of 4 nothing: no hit, and the prefix the requests share ends on the
+    scheduler block, at 4 (vLLM rounds the full-attention hit down so). The
+    twin's lookup; the core's is rust/src/prefix_hit.rs's test of the same
+    name."""
+    hashes = list(range(1, 9))
+    pool = BlockPool(40)
+    blocks = pool.take_free_blocks(3)
+    for k in range(3):
+        pool.cache_block(blocks[k], group_key(hashes[k], 0))
+    groups = lookup_groups([Full(), SlidingWindow(3)], [2, 4])
+    hit = find_longest_hit(pool, groups, hashes, 15, 2, 4, 2)
+    assert (hit.tokens, hit.shared_prefix_boundary) == (0, 4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_full_attention_prompt_tail_is_keyed_inside_its_block(backend: str) -> None:
+    """vLLM 0.33 keys the full-attention block the prompt's last hash-block
+    boundary falls inside, when its own hash is not known yet (hashes one
+    token ahead): full attention in blocks of 8 beside a window in blocks of
+    4, an 8-token prompt, the tail after 4 tokens. Aborted before its
+    output arrives, the request frees that block to the queue's tail as a
+    cached block (unkeyed, it would go to the head)."""
+    groups = (KVCacheGroup("sliding_window", 64), KVCacheGroup("full", block_size=8))
+    s = make(
+        backend,
+        block_size=4,
+        kv_cache_groups=groups,
+        num_speculative_tokens=1,
+        num_lookahead_tokens=1,
+        num_hash_lookahead_tokens=1,
+    )
+    s.add_request(req("A", list(range(100, 108)), max_tokens=1))
+    s.schedule()
+    window, full = tables(s, "A")
+    s.finish_requests("A")
+    queue = free_queue(s)
+    assert queue[:4] == [full[1], *window[::-1]] and queue[-1] == full[0], queue
 
 
 def test_groups_of_different_block_sizes_refuse_what_is_not_modelled() -> None:

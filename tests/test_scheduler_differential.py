@@ -8,6 +8,7 @@ both draw from the run's seed (docs/testing.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -212,25 +213,36 @@ def random_config(rng: random.Random) -> dict:
 
 def add_block_sizes(rng: random.Random, config: dict) -> None:
     """Groups of different block sizes (docs/scheduling.md §7.16: vLLM's
-    mixed-precision hybrids) in half the workloads whose groups are full
-    attention and sliding windows without EAGLE's drop or multi-module MTP:
-    each group two or four times the cache's block size or its own, one at
-    least the cache's (so the hash block is it); a retention interval on
-    the scheduler block (their least common multiple). The pool is sized
-    for the larger tables."""
+    mixed-precision hybrids, and a hybrid's recurrent states smaller than
+    its attention blocks, Qwen3-Next's with MTP) in half the workloads whose
+    groups are full attention, sliding windows and recurrent states cached
+    in cache mode "align", without EAGLE's drop or multi-module MTP: each
+    attention group two or four times the cache's block size or its own,
+    one at least the cache's (so the hash block is it) unless states of
+    the cache's block size are; a retention interval on the scheduler block
+    (their least common multiple). The pool is sized for the larger
+    tables."""
     groups = config["kv_cache_groups"]
-    if not groups or len(groups) < 2 or rng.random() < 0.5:
+    if (
+        not groups
+        or len(groups) < 2
+        or any(g.kind not in ("full", "sliding_window", "mamba") for g in groups)
+    ):
         return
-    if any(g.kind not in ("full", "sliding_window") for g in groups):
+    recurrent = any(g.kind == "mamba" for g in groups)
+    if recurrent and not config.get("caching", True):
+        return  # (states of the model's length: none of these sizes)
+    # (More often beside recurrent states: the rarer layout.)
+    if rng.random() < (0.25 if recurrent else 0.5):
         return
     if config["drop_eagle_block"] or config.get("drafter_read_ahead", 0) > 1:
         return
     bs = config["block_size"]
-    sizes = [rng.choice([None, 2 * bs, 4 * bs]) for _ in groups]
-    sizes[rng.randrange(len(sizes))] = None
+    sizes = [None if g.kind == "mamba" else rng.choice([None, 2 * bs, 4 * bs]) for g in groups]
+    if not recurrent:
+        sizes[rng.randrange(len(sizes))] = None
     config["kv_cache_groups"] = tuple(
-        KVCacheGroup(g.kind, g.size, g.admission_cap_blocks, block_size=size)
-        for g, size in zip(groups, sizes, strict=True)
+        dataclasses.replace(g, block_size=size) for g, size in zip(groups, sizes, strict=True)
     )
     unit = max(s or bs for s in sizes)  # their multiples of bs: the largest is the LCM
     if config.get("retention_interval"):
@@ -650,6 +662,9 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     pair.events["mamba_align"] += bool(mamba) and bool(config["caching"])
     checkpoints = any(g.prefill_checkpoint_alignment for g in mamba)
     pair.events["mamba_checkpoints"] += checkpoints and bool(config["caching"])
+    pair.events["mamba_smaller_than_attention"] += bool(mamba) and any(
+        g.block_size is not None for g in config["kv_cache_groups"]
+    )
     if ec_connectors:
         core, twin = ec_connectors
         assert core.log == twin.log, "the encoder-cache connector was called differently"
@@ -734,8 +749,10 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     needs["mamba_speculative_blocks"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_align"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_checkpoints"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
-    # Groups of different block sizes (about one workload in fifteen).
+    # Groups of different block sizes (about one workload in fifteen),
+    # recurrent states among them (about one in fifty).
     needs["mixed_block_sizes"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
+    needs["mamba_smaller_than_attention"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():

@@ -221,7 +221,9 @@ class KVCacheGroup:
     ``kind`` "mamba" is a recurrent state (Mamba, linear attention):
     ``size`` is its tokens per state block (vLLM's ``mamba_block_size``:
     with prefix caching off, the model's length unless set; with it on,
-    vLLM's mamba_cache_mode "align", the block size, which it must be here)
+    vLLM's mamba_cache_mode "align", the block size or a divisor of every
+    attention group's, as beside attention blocks grown to hold its page:
+    §7.16)
     and ``speculative_blocks`` the scratch states a drafter's tokens take
     (vLLM's ``MambaSpec.num_speculative_blocks``). With prefix caching on,
     ``prefill_checkpoint_alignment`` says the backend writes the prompt's

@@ -28,6 +28,7 @@ from ironbatch.reference.attention_group import (
     Mamba,
     SlidingWindow,
 )
+from ironbatch.reference.kv_cache_manager.config import hash_block_size
 from ironbatch.reference.kv_connector import KvConnectorSetup
 from ironbatch.reference.scheduler_config import settings
 from ironbatch.scheduler_stats import SchedulerStats
@@ -65,8 +66,11 @@ class CoreScheduler:
             raise ValueError("num_blocks must be set to build a scheduler, got None")
         c = settings(scheduler_config, cache_config)  # defaults resolved as the twin does
         self._has_encoder = c.encoder is not None
-        # What a prompt's embeddings are digested by, block by block.
-        self._block_size = c.block_size
+        # What a prompt's embeddings are digested by: hash block by hash
+        # block (the groups' greatest common divisor, docs/scheduling.md §7.16).
+        self._hash_block_size = hash_block_size(
+            c.kv_cache_groups, c.block_size, c.enable_prefix_caching
+        )
         self._hash_lookahead = c.num_hash_lookahead_tokens
         self.core = _core.Scheduler(
             max_num_seqs=c.max_num_seqs,
@@ -168,7 +172,7 @@ class CoreScheduler:
         embeddings (None for a prompt of tokens)."""
         if prompt_embeds is None:
             return None
-        return embeds_digests(prompt_embeds, self._block_size, self._hash_lookahead)
+        return embeds_digests(prompt_embeds, self._hash_block_size, self._hash_lookahead)
 
     @property
     def has_encoder(self) -> bool:

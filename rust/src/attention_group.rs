@@ -29,8 +29,9 @@ pub enum AttentionKind {
     /// token's is kept, plus `speculative_blocks` scratch states for a
     /// drafter's tokens. With prefix caching off (vLLM's cache mode "none")
     /// the block size is the model's length unless set, so one block; with
-    /// it on (cache mode "align") it is the cache's block size, and the
-    /// states at block boundaries are cached (`recurrent_table`).
+    /// it on (cache mode "align") it is the cache's block size or a divisor
+    /// of every attention group's (§7.16), and the states at block
+    /// boundaries are cached (`recurrent_table`).
     Mamba {
         block_size: usize,
         speculative_blocks: usize,
@@ -192,11 +193,13 @@ pub fn checkpoint_in_chunk(
 /// retention (`sparse` false); else the state block that ends where a later
 /// request can resume — the prompt's last token (`num_prompt_tokens − 1`)
 /// and a shared prefix (`shared_prefix_boundary`, 0 for none), each rounded
-/// down to a block — since a hit needs that one state alone; with a
-/// retention interval (`segment_tokens`; 0 for none) also the last block of
-/// every segment, and every block when a segment is one block or less.
+/// down to `alignment` (the scheduler block, where hits land) — since a hit
+/// needs that one state alone; with a retention interval (`segment_tokens`;
+/// 0 for none) also the last block of every segment, and every block when
+/// a segment is one block or less.
 pub fn recurrent_mask(
     block_size: usize,
+    alignment: usize,
     sparse: bool,
     num_prompt_tokens: usize,
     shared_prefix_boundary: usize,
@@ -205,7 +208,8 @@ pub fn recurrent_mask(
     let per_segment = segment_tokens / block_size;
     let dense = !sparse || (segment_tokens > 0 && per_segment <= 1);
     // The block ending at `boundary` rounded down; none below one block.
-    let ending_at = |boundary: usize| (boundary / block_size).checked_sub(1);
+    let ending_at =
+        |boundary: usize| (boundary / alignment * alignment / block_size).checked_sub(1);
     let prompt = ending_at(num_prompt_tokens.saturating_sub(1));
     let shared = ending_at(shared_prefix_boundary);
     move |i| {
@@ -363,23 +367,30 @@ mod tests {
         // Blocks of 16, a 100-token prompt: the state after 96 tokens
         // (block 5), the one a resend of the prompt resumes from.
         let kept = |keep: &dyn Fn(usize) -> bool| (0..8).filter(|&i| keep(i)).collect::<Vec<_>>();
-        assert_eq!(kept(&recurrent_mask(16, true, 100, 0, 0)), vec![5]);
+        assert_eq!(kept(&recurrent_mask(16, 16, true, 100, 0, 0)), vec![5]);
         // A prompt of 96 resumes at 95: the state after 80 (block 4).
-        assert_eq!(kept(&recurrent_mask(16, true, 96, 0, 0)), vec![4]);
+        assert_eq!(kept(&recurrent_mask(16, 16, true, 96, 0, 0)), vec![4]);
         // A shared prefix of 40 tokens: the state after 32 too.
-        assert_eq!(kept(&recurrent_mask(16, true, 100, 40, 0)), vec![1, 5]);
+        assert_eq!(kept(&recurrent_mask(16, 16, true, 100, 40, 0)), vec![1, 5]);
         // Segments of 64 tokens keep their last state each.
-        assert_eq!(kept(&recurrent_mask(16, true, 100, 0, 64)), vec![3, 5, 7]);
         assert_eq!(
-            kept(&recurrent_mask(16, true, 100, 0, 16)),
+            kept(&recurrent_mask(16, 16, true, 100, 0, 64)),
+            vec![3, 5, 7]
+        );
+        assert_eq!(
+            kept(&recurrent_mask(16, 16, true, 100, 0, 16)),
             (0..8).collect::<Vec<_>>()
         );
         assert_eq!(
-            kept(&recurrent_mask(16, false, 100, 0, 0)),
+            kept(&recurrent_mask(16, 16, false, 100, 0, 0)),
             (0..8).collect::<Vec<_>>()
         );
         // Nothing before the first whole block.
-        assert!(kept(&recurrent_mask(16, true, 10, 0, 0)).is_empty());
+        assert!(kept(&recurrent_mask(16, 16, true, 10, 0, 0)).is_empty());
+        // Hits landing on 64-token scheduler blocks (attention blocks of 64
+        // beside states of 16): the prompt's resume point 99 rounds down to
+        // 64 (block 3), a shared prefix of 40 to nothing.
+        assert_eq!(kept(&recurrent_mask(16, 64, true, 100, 40, 0)), vec![3]);
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub struct PrefixHit {
 
 /// Find the hit for a request with `hashes` (one per `hash_block_size`
 /// tokens), at most `max_len` tokens, into `blocks` (one list per group,
-/// cleared first). A window's hit ends on a multiple of `alignment` (the
+/// cleared first). Each kind's hit ends on a multiple of `alignment` (the
 /// scheduler block; its block size when the groups' are alike).
 pub fn find_longest_hit(
     pool: &BlockPool,
@@ -197,7 +197,8 @@ impl HashView<'_> {
 /// One kind's hit of at most `max_len` tokens, written into `blocks` for
 /// its groups, its last block given up when `drop` (full attention and
 /// windows; a window then asks one contiguous block more); returns its
-/// length in tokens. A window's hit ends on a multiple of `alignment`.
+/// length in tokens. It ends on a multiple of `alignment` (for chunked
+/// local attention, whose blocks are the alignment's, trivially).
 fn find_for(
     pool: &BlockPool,
     l: &LookupGroup,
@@ -230,6 +231,15 @@ fn find_for(
                 for &g in &l.group_ids {
                     blocks[g].pop();
                 }
+            }
+            // Down to the alignment (blocks smaller than the scheduler
+            // block: vLLM's full-attention finder rounds its hit so).
+            let mut len = blocks[l.group_ids[0]].len();
+            while len * block_size % alignment != 0 {
+                len -= 1;
+            }
+            for &g in &l.group_ids {
+                blocks[g].truncate(len);
             }
         }
         AttentionKind::SlidingWindow { window } => {
@@ -301,8 +311,13 @@ fn find_for(
         }
         AttentionKind::Mamba { .. } => {
             // One state is all a hit needs: the rightmost cached one, after
-            // nulls (cache mode "align", §7.15).
+            // nulls (cache mode "align", §7.15), ending where a hit can, on
+            // the alignment (states smaller than the attention blocks,
+            // §7.16).
             for i in (0..num_blocks).rev() {
+                if block_size != alignment && (i + 1) * block_size % alignment != 0 {
+                    continue;
+                }
                 if cached_in_all(pool, l, hashes.get(i), &mut row) {
                     for &g in &l.group_ids {
                         blocks[g].resize(i, NULL_BLOCK);
@@ -384,6 +399,61 @@ mod tests {
         assert_eq!(hit.tokens, 8);
         assert_eq!(blocks[0], ids[..2].to_vec());
         assert_eq!(blocks[1], [NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, ids[6]]);
+    }
+
+    #[test]
+    fn a_state_smaller_than_the_attention_blocks_hits_on_the_scheduler_block() {
+        // vLLM 0.33, Qwen3-Next with MTP in small: full attention in blocks
+        // of 4 tokens, recurrent states of 2, hashes per 2 tokens, hits on
+        // multiples of 4. Full attention cached tokens 0..12, the states
+        // after 4, 6 and 10 tokens: those after 10 and 6 are skipped (off
+        // the alignment), the hit is the state after 4 (12 shared).
+        let hashes: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
+        let mut pool = BlockPool::new(40).unwrap();
+        let mut ids = Vec::new();
+        pool.take_free_blocks(6, &mut ids);
+        for k in 0..3 {
+            pool.cache_block(ids[k], group_key(hashes[2 * k + 1], 0));
+        }
+        for (id, k) in ids[3..].iter().zip([1, 2, 4]) {
+            pool.cache_block(*id, group_key(hashes[k], 1));
+        }
+        let state = AttentionKind::Mamba {
+            block_size: 2,
+            speculative_blocks: 0,
+            checkpoint_alignment: None,
+        };
+        let groups = lookup_groups(&[AttentionKind::Full, state], &[4, 2], &[]);
+        let mut blocks = vec![Vec::new(); 2];
+        let hit = find_longest_hit(&pool, &groups, &hashes, 15, 2, 4, &mut blocks);
+        assert_eq!(hit.tokens, 4);
+        assert_eq!(hit.shared_prefix_boundary, 12);
+        assert_eq!(blocks[0], ids[..1].to_vec());
+        assert_eq!(blocks[1], [NULL_BLOCK, ids[3]]);
+    }
+
+    #[test]
+    fn full_attention_of_smaller_blocks_rounds_its_hit_to_the_scheduler_block() {
+        // Full attention in blocks of 2 cached tokens 0..6, a window in
+        // blocks of 4 nothing: no hit, and the prefix the requests share
+        // ends on the scheduler block, at 4 (vLLM rounds the full-attention
+        // hit down so).
+        let hashes: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
+        let mut pool = BlockPool::new(40).unwrap();
+        let mut ids = Vec::new();
+        pool.take_free_blocks(3, &mut ids);
+        for k in 0..3 {
+            pool.cache_block(ids[k], group_key(hashes[k], 0));
+        }
+        let kinds = [
+            AttentionKind::Full,
+            AttentionKind::SlidingWindow { window: 3 },
+        ];
+        let groups = lookup_groups(&kinds, &[2, 4], &[]);
+        let mut blocks = vec![Vec::new(); 2];
+        let hit = find_longest_hit(&pool, &groups, &hashes, 15, 2, 4, &mut blocks);
+        assert_eq!(hit.tokens, 0);
+        assert_eq!(hit.shared_prefix_boundary, 4);
     }
 
     #[test]

@@ -113,10 +113,11 @@ class Mamba(_Attention):
     is kept, plus ``speculative_blocks`` scratch states for a drafter's
     tokens. With prefix caching off (vLLM's cache mode "none") the block
     size is the model's length unless set, so one block; with it on ("align")
-    it is the cache's block size, and the states at block boundaries are
-    cached. ``checkpoint_alignment``: with prefix caching, the backend can
-    also write the prompt's checkpoint from inside the chunk that passes it,
-    at query offsets a multiple of this (vLLM's
+    it is the cache's block size or a divisor of every attention group's
+    (§7.16), and the states at block boundaries are cached.
+    ``checkpoint_alignment``: with prefix caching, the backend can also write
+    the prompt's checkpoint from inside the chunk that passes it, at query
+    offsets a multiple of this (vLLM's
     ``prefill_checkpoint_alignment`` beside ``num_prefill_checkpoint_blocks``:
     Mamba2's kernels); None when it cannot."""
 
@@ -225,6 +226,7 @@ def checkpoint_in_chunk(
 
 def recurrent_mask(
     block_size: int,
+    alignment: int,
     sparse: bool,
     num_prompt_tokens: int,
     shared_prefix_boundary: int,
@@ -235,15 +237,16 @@ def recurrent_mask(
     (``sparse`` false); else the state block that ends where a later request
     can resume — the prompt's last token (``num_prompt_tokens - 1``) and a
     shared prefix (``shared_prefix_boundary``, 0 for none), each rounded down
-    to a block — since a hit needs that one state alone; with a retention
-    interval (``segment_tokens``; 0 for none) also the last block of every
-    segment, and every block when a segment is one block or less."""
+    to ``alignment`` (the scheduler block, where hits land) — since a hit
+    needs that one state alone; with a retention interval (``segment_tokens``;
+    0 for none) also the last block of every segment, and every block when a
+    segment is one block or less."""
     per_segment = segment_tokens // block_size
     dense = not sparse or (segment_tokens > 0 and per_segment <= 1)
 
     def ending_at(boundary: int) -> int | None:
         # The block ending at ``boundary`` rounded down; none below one block.
-        k = boundary // block_size - 1
+        k = boundary // alignment * alignment // block_size - 1
         return k if k >= 0 else None
 
     prompt = ending_at(max(num_prompt_tokens - 1, 0))

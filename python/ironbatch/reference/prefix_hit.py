@@ -95,7 +95,7 @@ def find_longest_hit(
 ) -> PrefixHit:
     """Find the hit for a request with ``hashes`` (one per
     ``hash_block_size`` tokens), at most ``max_len`` tokens, over
-    ``num_groups`` groups. A window's hit ends on a multiple of
+    ``num_groups`` groups. Each kind's hit ends on a multiple of
     ``alignment`` (the scheduler block; its block size when the groups' are
     alike)."""
     blocks: list[list[Block]] = [[] for _ in range(num_groups)]
@@ -189,7 +189,8 @@ def _find_for(
     """One kind's hit of at most ``max_len`` tokens, written into ``blocks``
     for its groups, its last block given up when ``drop`` (full attention and
     windows; a window then asks one contiguous block more); returns its
-    length in tokens. A window's hit ends on a multiple of ``alignment``."""
+    length in tokens. It ends on a multiple of ``alignment`` (for chunked
+    local attention, whose blocks are the alignment's, trivially)."""
     block_size = lg.block_size
     num_blocks = min(max_len // block_size, len(hashes))
     null = pool.block(NULL_BLOCK)
@@ -206,6 +207,13 @@ def _find_for(
         if drop:
             for column in out:
                 del column[-1:]
+        # Down to the alignment (blocks smaller than the scheduler block:
+        # vLLM's full-attention finder rounds its hit so).
+        keep = len(out[0])
+        while keep * block_size % alignment:
+            keep -= 1
+        for column in out:
+            del column[keep:]
     elif isinstance(kind, SlidingWindow):
         # Right to left: the first run long enough ends the hit there.
         need = contiguous_blocks_for_hit(kind.window, block_size) + int(drop)
@@ -247,8 +255,11 @@ def _find_for(
                 del column[keep:]
     elif isinstance(kind, Mamba):
         # One state is all a hit needs: the rightmost cached one, after
-        # nulls (cache mode "align", §7.15).
+        # nulls (cache mode "align", §7.15), ending where a hit can, on the
+        # alignment (states smaller than the attention blocks, §7.16).
         for i in range(num_blocks - 1, -1, -1):
+            if block_size != alignment and (i + 1) * block_size % alignment:
+                continue
             row = _cached_in_all(pool, lg, hashes.get(i))
             if row is not None:
                 out = [[null] * i + [block] for block in row]

@@ -299,12 +299,14 @@ def validate(c: SchedulerSettings) -> None:
     check_range("num_blocks", c.num_blocks, 1 if not c.kv_cache_groups else 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", c.num_lookahead_tokens, 0, c.max_model_len)
     check_range("kv_cache_groups", len(c.kv_cache_groups), 0, MAX_KV_CACHE_GROUPS)
-    validate_group_block_sizes(c.kv_cache_groups, c.block_size, c.drop_eagle_block)
+    validate_group_block_sizes(
+        c.kv_cache_groups, c.block_size, c.drop_eagle_block, c.enable_prefix_caching
+    )
     check_range(
         "num_hash_lookahead_tokens",
         c.num_hash_lookahead_tokens,
         0,
-        hash_block_size(c.kv_cache_groups, c.block_size),
+        hash_block_size(c.kv_cache_groups, c.block_size, c.enable_prefix_caching),
     )
     check_groups(
         c.kv_cache_groups,
@@ -339,7 +341,8 @@ def validate(c: SchedulerSettings) -> None:
                 )
     # An EAGLE-style drafter reads one token ahead; multi-module MTP one per module.
     check_range("drafter_read_ahead", c.drafter_read_ahead, 0, max(c.num_speculative_tokens, 1))
-    if c.drafter_read_ahead > 1 and has_mixed_block_sizes(c.kv_cache_groups, c.block_size):
+    mixed = has_mixed_block_sizes(c.kv_cache_groups, c.block_size, c.enable_prefix_caching)
+    if c.drafter_read_ahead > 1 and mixed:
         # Its re-prefilled tokens are cached per group apart: not modelled
         # beside groups of different block sizes (§7.16).
         sizes = group_block_sizes(c.kv_cache_groups, c.block_size)

@@ -47,6 +47,18 @@ struct Span {
     prefill_end: usize,
 }
 
+/// A prefill checkpoint a step writes from inside its chunk (vLLM's
+/// `MambaManager._checkpoints`): the state after `position` tokens, into
+/// every recurrent group's block `block`, the one before the block the
+/// chunk ends in. The two agree (`block` ends at `position`) when the
+/// groups' block sizes do; else `position` is on the scheduler block and
+/// `block` where the chunk ends (§7.16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StateCheckpoint {
+    pub position: usize,
+    pub block: usize,
+}
+
 impl KvCacheManager {
     /// Blocks group `g` must take to cover `span`'s slots after its
     /// `hits`: positions not held yet (and a recurrent group's scratch
@@ -140,22 +152,32 @@ impl KvCacheManager {
 
     /// Where recurrent group `g` writes the prompt's checkpoint from inside
     /// the step (vLLM's `_needs_internal_checkpoint`): the step ends the
-    /// prefill, its backend can write a state inside a chunk, the
+    /// prefill (any step, unless retention is sparse without an interval),
+    /// its backend can write a state inside a chunk, the
     /// checkpoint lies inside the chunk, and the block for it is still free
-    /// to take (a null or beyond the table, or a scratch state). Its token
-    /// position, if so.
-    fn checkpoint_in_step(&self, g: usize, table: &BlockTable, span: Span) -> Option<usize> {
+    /// to take (a null or beyond the table, or a scratch state).
+    fn checkpoint_in_step(
+        &self,
+        g: usize,
+        table: &BlockTable,
+        span: Span,
+    ) -> Option<StateCheckpoint> {
         let alignment = self.groups[g].kind.checkpoint_alignment()?;
         let bs = self.group_block_size(g);
-        let position = self.state_checkpoint(span.main);
-        let index = cdiv(span.main, bs).checked_sub(2)?;
+        // (Where a hit lands: vLLM's `cache_hit_alignment_tokens`.)
+        let position = self.state_checkpoint(span.main, self.scheduler_block_size);
+        let block = cdiv(span.main, bs).checked_sub(2)?;
         let extra = self.groups[g].kind.extra_blocks();
-        let free_slot = index >= table.len()
-            || table.blocks[index] == NULL_BLOCK
-            || (table.states.allocated() && index + extra >= table.len());
-        let inside = span.main >= span.prefill_end
+        let free_slot = block >= table.len()
+            || table.blocks[block] == NULL_BLOCK
+            || (table.states.allocated() && block + extra >= table.len());
+        // Under sparse retention only the chunk that ends the prefill keeps
+        // its checkpoint; otherwise every chunk's is kept (vLLM's
+        // coordinator passes no prefill end then).
+        let every_chunk = !self.sparse_retention || self.retention_interval > 0;
+        let inside = (every_chunk || span.main >= span.prefill_end)
             && checkpoint_in_chunk(span.computed, span.main, position, bs, alignment);
-        (inside && free_slot && position > 0).then_some(position)
+        (inside && free_slot && position > 0).then_some(StateCheckpoint { position, block })
     }
 
     /// Blocks all groups must take (`hits`: one list per group, or none):

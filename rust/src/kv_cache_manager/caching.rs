@@ -2,6 +2,7 @@
 //! enter the prefix-cache map as its tokens fill them, group by group, and
 //! how many tokens a request holds in cached blocks.
 
+use super::allocation::StateCheckpoint;
 use super::KvCacheManager;
 use crate::attention_group::{
     dense_window_mask, group_key, recurrent_mask, sparse_mask, AttentionKind, EagleReach,
@@ -41,8 +42,9 @@ impl KvCacheManager {
     }
 
     /// Tokens the request holds in hash-cached blocks, as vLLM estimates
-    /// them: per group, where its last held cached block ends; the least
-    /// over the groups.
+    /// them: per group, where its last held cached block ends (a recurrent
+    /// group's: the most tokens a keyed state covers); the least over the
+    /// groups.
     #[inline]
     pub fn num_cached_tokens(&self, tables: &[BlockTable]) -> usize {
         if !self.enable_caching {
@@ -57,26 +59,31 @@ impl KvCacheManager {
         // group's states have nulls between them, but none is held before
         // the positions it gave back: its scan covers its few live states
         // (at 256 running, scanning whole tables took the core's Qwen3-Next
-        // step from ~130 to ~620 µs).
+        // step from ~130 to ~620 µs), up to the table's end (a prefill
+        // checkpoint's block lies past the hash-cached blocks).
+        let hashed =
+            |b: BlockId| b != NULL_BLOCK && self.pool.block(b).is_some_and(|b| b.hash.is_some());
         let cached_end = |(g, table): (usize, &BlockTable)| {
+            let bs = self.group_block_size(g);
+            if self.groups[g].kind.is_recurrent() {
+                let first = (table.states.retired as usize).min(table.len());
+                return (first..table.len())
+                    .filter(|&i| hashed(table.blocks[i]))
+                    .map(|i| table.keyed_tokens(i, bs))
+                    .max()
+                    .unwrap_or(0);
+            }
             let held = &table.blocks[..table.num_cached.min(table.len())];
-            let recurrent = self.groups[g].kind.is_recurrent();
-            let first = if recurrent {
-                (table.states.retired as usize).min(held.len())
-            } else {
-                0
-            };
-            let live = held[first..]
-                .iter()
-                .rev()
-                .take_while(|&&b| recurrent || b != NULL_BLOCK);
-            live.enumerate()
-                .find(|&(_, &b)| {
-                    b != NULL_BLOCK && self.pool.block(b).is_some_and(|b| b.hash.is_some())
-                })
-                .map_or(0, |(back, _)| {
-                    (held.len() - back) * self.group_block_size(g)
-                })
+            let live = held.iter().rev().take_while(|&&b| b != NULL_BLOCK);
+            let end = live
+                .enumerate()
+                .find(|&(_, &b)| hashed(b))
+                .map_or(0, |(back, _)| (held.len() - back) * bs);
+            // A prompt tail keyed past the full blocks (§7.16).
+            match table.partial_key() {
+                Some((p, tokens)) if p >= held.len() && hashed(table.blocks[p]) => end.max(tokens),
+                _ => end,
+            }
         };
         tables.iter().enumerate().map(cached_end).min().unwrap_or(0)
     }
@@ -117,6 +124,48 @@ impl KvCacheManager {
         if self.align && self.groups[g].kind.is_recurrent() {
             self.cache_prompt_state(g, table, seq, upto);
         }
+        if self.groups[g].kind.is_full() && self.group_block_size(g) != self.hash_block_size {
+            self.cache_prompt_tail(g, table, seq, upto);
+        }
+    }
+
+    /// Key the full-attention block the prompt's last hash-block boundary
+    /// falls inside by the hash there (vLLM's full-attention
+    /// `_cache_partial_tail_block`, beside groups of different block sizes,
+    /// §7.16): a later request could resume there once vLLM looks up hits
+    /// inside blocks; until its tokens fill it, the block counts as cached
+    /// (freed to the queue's tail, its tokens in the cached-token
+    /// estimate). The tail is the prompt less its last token (all of it
+    /// for a group that drops an EAGLE block), within the hashed tokens.
+    fn cache_prompt_tail(&mut self, g: usize, table: &mut BlockTable, seq: &Sequence, upto: usize) {
+        let (bs, unit) = (self.group_block_size(g), self.hash_block_size);
+        let prompt = seq.num_prompt_tokens();
+        let limit = if self.drops_eagle[g] {
+            prompt
+        } else {
+            prompt.saturating_sub(1)
+        };
+        let boundary = (limit / unit).min(seq.block_hashes().len()) * unit;
+        let idx = boundary / bs;
+        if boundary == 0 || boundary > upto || boundary % bs == 0 || idx >= table.len() {
+            return;
+        }
+        let block = table.blocks[idx];
+        if block == NULL_BLOCK {
+            return;
+        }
+        if self.pool.block(block).is_some_and(|b| b.hash.is_some()) {
+            match table.partial_key() {
+                // A tail keyed before more hashes were known moves on.
+                Some((p, tokens)) if p == idx && tokens < boundary => {
+                    self.pool.uncache(&[block]);
+                }
+                _ => return, // (a key it has covers as much or more: it stays)
+            }
+        }
+        let key = group_key(seq.block_hashes()[boundary / unit - 1], g);
+        self.pool.cache_block(block, key);
+        table.set_partial_key(idx, boundary);
     }
 
     /// [`Self::cache_blocks`] once a block has filled since the last call.
@@ -161,6 +210,7 @@ impl KvCacheManager {
             let state_mask = kind.is_recurrent().then(|| {
                 recurrent_mask(
                     bs,
+                    self.scheduler_block_size,
                     self.sparse_retention,
                     seq.num_prompt_tokens(),
                     seq.shared_prefix_boundary,
@@ -188,6 +238,13 @@ impl KvCacheManager {
                     continue;
                 }
                 let key = group_key(hash, g);
+                match self.pool.block(block).and_then(|b| b.hash) {
+                    Some(held) if held == key => continue,
+                    // A partial key (a prompt tail's) gives way to the
+                    // block's own.
+                    Some(_) => self.pool.uncache(&[block]),
+                    None => {}
+                }
                 self.pool.cache_block(block, key);
                 if recurrent {
                     // Its state is this step's to write (§7.15).
@@ -202,12 +259,19 @@ impl KvCacheManager {
     /// block holds it unhashed (vLLM's Mamba `_cache_partial_tail_block`):
     /// sparse retention passed it by when the prompt was shorter (a
     /// session's next turn).
-    fn cache_prompt_state(&mut self, g: usize, table: &BlockTable, seq: &Sequence, upto: usize) {
-        if let Some(position) = self.step_checkpoint {
-            return self.cache_checkpoint_state(g, table, seq, position);
+    fn cache_prompt_state(
+        &mut self,
+        g: usize,
+        table: &mut BlockTable,
+        seq: &Sequence,
+        upto: usize,
+    ) {
+        if let Some(checkpoint) = self.step_checkpoint {
+            return self.cache_checkpoint_state(g, table, seq, checkpoint);
         }
-        let bs = self.hash_block_size; // a recurrent group's, alike
-                                       // What vLLM's hybrid coordinator hands its groups: whole blocks.
+        // The hash block (validated). What vLLM's hybrid coordinator hands
+        // its groups: whole blocks.
+        let bs = self.group_block_size(g);
         let num_tokens = if self.groups.len() > 1 {
             upto / bs * bs
         } else {
@@ -221,10 +285,12 @@ impl KvCacheManager {
         {
             return;
         }
-        if num_tokens != self.state_checkpoint(seq.num_prompt_tokens()) {
+        // The prompt's last hash-block boundary (vLLM's
+        // `latest_prompt_hash_boundary`).
+        if num_tokens != self.state_checkpoint(seq.num_prompt_tokens(), self.hash_block_size) {
             return;
         }
-        self.cache_state(g, table, seq, idx - 1);
+        self.cache_state(g, table, seq, idx - 1, num_tokens);
     }
 
     /// Key the block a prefill checkpoint was written to in this step
@@ -235,18 +301,24 @@ impl KvCacheManager {
     fn cache_checkpoint_state(
         &mut self,
         g: usize,
-        table: &BlockTable,
+        table: &mut BlockTable,
         seq: &Sequence,
-        position: usize,
+        checkpoint: StateCheckpoint,
     ) {
-        let bs = self.hash_block_size; // a recurrent group's, alike
-        let idx = position / bs - 1;
+        let bs = self.group_block_size(g);
+        let StateCheckpoint {
+            position,
+            block: idx,
+        } = checkpoint;
+        // Whether the retention keeps the state after `position` (the one
+        // that block would hold where it ends there).
         let per_segment = self.retention_interval / bs;
-        let retained = !self.sparse_retention
-            || (self.retention_interval > 0 && (per_segment <= 1 || (idx + 1) % per_segment == 0));
-        let reachable = position == self.state_checkpoint(seq.num_prompt_tokens())
-            || retained
-            || position == seq.shared_prefix_boundary;
+        let ends_segment = per_segment <= 1 || (position / bs) % per_segment == 0;
+        let retained = !self.sparse_retention || (self.retention_interval > 0 && ends_segment);
+        let prompt_checkpoint =
+            self.state_checkpoint(seq.num_prompt_tokens(), self.scheduler_block_size);
+        let reachable =
+            position == prompt_checkpoint || retained || position == seq.shared_prefix_boundary;
         if !reachable {
             let block_id = table.blocks[idx];
             if block_id != NULL_BLOCK {
@@ -255,27 +327,45 @@ impl KvCacheManager {
             self.pool.uncache(&table.blocks[idx..=idx]);
             return;
         }
-        self.cache_state(g, table, seq, idx);
+        self.cache_state(g, table, seq, idx, position);
+        table.set_partial_key(idx, position);
     }
 
-    /// Hash-cache the state in group `g`'s block `idx` out of turn, unless
-    /// it is null or keyed already.
-    fn cache_state(&mut self, g: usize, table: &BlockTable, seq: &Sequence, idx: usize) {
+    /// Hash-cache the state in group `g`'s block `idx` out of turn as the
+    /// state after `position` tokens (keyed by the hash there), unless it
+    /// is null or keyed so already; a key it has for another position goes
+    /// (vLLM's `cache_partial_block`, which replaces it). The block ends at
+    /// `position` unless it holds a prefill checkpoint of groups whose
+    /// block sizes differ (§7.16).
+    fn cache_state(
+        &mut self,
+        g: usize,
+        table: &BlockTable,
+        seq: &Sequence,
+        idx: usize,
+        position: usize,
+    ) {
         let block = table.blocks[idx];
-        if block == NULL_BLOCK || self.pool.block(block).is_some_and(|b| b.hash.is_some()) {
+        if block == NULL_BLOCK {
             return;
         }
         // A decode step verifying at least a block of drafts can pass for a
         // checkpoint past the hashed tokens: vLLM asserts there; nothing
         // to key.
-        let Some(&hash) = seq.block_hashes().get(idx) else {
+        let hash_index = position / self.hash_block_size - 1;
+        let Some(&hash) = seq.block_hashes().get(hash_index) else {
             return;
         };
         let key = group_key(hash, g);
+        match self.pool.block(block).and_then(|b| b.hash) {
+            Some(held) if held == key => return,
+            Some(_) => self.pool.uncache(&[block]),
+            None => {}
+        }
         self.pool.cache_block(block, key);
         self.states_cached_this_step.push(key);
         if self.pool.events.enabled() {
-            self.prompt_states_stored.push((g, idx, block));
+            self.prompt_states_stored.push((g, hash_index, block));
         }
     }
 

@@ -99,20 +99,23 @@ impl KvCacheConfig {
             .collect()
     }
 
-    /// The block sizes of the groups whose blocks are keyed by token hashes
-    /// (attention over the decoder's tokens: not a recurrent state, whose
-    /// size with prefix caching equals the cache's, nor cross-attention).
+    /// The block sizes of the groups whose blocks are keyed by token hashes:
+    /// attention over the decoder's tokens, and with prefix caching a
+    /// recurrent group's states (vLLM's cache mode "align", where they are
+    /// cached by the hash where their block ends); not cross-attention.
     fn hashed_block_sizes(&self) -> impl Iterator<Item = usize> + '_ {
         self.groups
             .iter()
-            .filter(|g| !g.kind.is_slotless())
+            .filter(|g| {
+                !g.kind.is_slotless() || (g.kind.is_recurrent() && self.enable_prefix_caching)
+            })
             .map(|g| g.tokens_per_block(self.block_size))
     }
 
     /// Tokens per block hash (vLLM's `hash_block_size`): the greatest
-    /// common divisor of the attention groups' block sizes, so every
-    /// group's block ends on a hash; the cache's block size when they are
-    /// all alike or there are none.
+    /// common divisor of the hashed groups' block sizes, so every group's
+    /// block ends on a hash; the cache's block size when they are all alike
+    /// or there are none.
     pub fn hash_block_size(&self) -> usize {
         self.hashed_block_sizes()
             .reduce(gcd)
@@ -120,7 +123,7 @@ impl KvCacheConfig {
     }
 
     /// The unit prefix hits and hash caching are aligned to (vLLM's
-    /// `scheduler_block_size`): the least common multiple of the attention
+    /// `scheduler_block_size`): the least common multiple of the hashed
     /// groups' block sizes, where every group's blocks end together.
     pub fn scheduler_block_size(&self) -> usize {
         self.hashed_block_sizes()
@@ -128,8 +131,7 @@ impl KvCacheConfig {
             .unwrap_or(self.block_size)
     }
 
-    /// Whether the attention groups' blocks hold different numbers of
-    /// tokens.
+    /// Whether the hashed groups' blocks hold different numbers of tokens.
     pub fn has_mixed_block_sizes(&self) -> bool {
         self.hash_block_size() != self.scheduler_block_size()
     }
@@ -199,16 +201,20 @@ impl KvCacheConfig {
                         check_range("checkpoint_alignment", alignment, 1, MAX_MODEL_LEN)?;
                     }
                     // Prefix caching over recurrent states is vLLM's cache
-                    // mode "align": states at the cache's block boundaries.
-                    // vLLM's finer hash units are not modelled, so neither
-                    // are lookahead hashes past one token (they move the
-                    // prompt's checkpoint off the block boundary) nor a
-                    // state block of another size.
-                    if self.enable_prefix_caching && block_size != self.block_size {
+                    // mode "align": a state per block boundary. A state
+                    // block of more than a hash block brings vLLM's hits
+                    // inside a state block (its partial hash hits), which
+                    // are not modelled; nor are lookahead hashes past one
+                    // token (they move the prompt's checkpoint off the
+                    // block boundary).
+                    let hash_block_size = self.hash_block_size();
+                    if self.enable_prefix_caching && block_size != hash_block_size {
                         return Err(Error::invalid(format!(
-                            "mamba_block_size ({block_size}) must equal block_size ({}) with \
-                             prefix caching on (vLLM's mamba_cache_mode 'align')",
-                            self.block_size
+                            "mamba_block_size ({block_size}) must divide every other \
+                             KV-cache group's block size ({:?}) with prefix caching on \
+                             (vLLM's mamba_cache_mode 'align'): hits inside a state block \
+                             are not modelled",
+                            self.group_block_sizes()
                         )));
                     }
                     if self.enable_prefix_caching && self.drop_eagle_block {
@@ -314,8 +320,10 @@ impl KvCacheConfig {
         if !self.has_mixed_block_sizes() {
             return Ok(());
         }
-        let why = if self.groups.iter().any(|g| g.kind.is_slotless()) {
-            Some("a Mamba or cross-attention group")
+        // (Recurrent groups count here only with prefix caching, and then
+        // their states are cached as any group's blocks are.)
+        let why = if self.has_cross_attention() {
+            Some("a cross-attention group")
         } else if self
             .groups
             .iter()

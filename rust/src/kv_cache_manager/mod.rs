@@ -17,6 +17,7 @@ mod config;
 mod tests;
 
 pub use allocation::Admission;
+use allocation::StateCheckpoint;
 pub use config::KvCacheConfig;
 
 use crate::attention_group::{AttentionKind, GroupSpec};
@@ -84,7 +85,7 @@ pub struct KvCacheManager {
     prompt_states_stored: Vec<(usize, usize, BlockId)>,
     /// The prefill checkpoint the allocation in progress writes, if any
     /// (§7.15): its caching keys the checkpoint's block.
-    step_checkpoint: Option<usize>,
+    step_checkpoint: Option<StateCheckpoint>,
 }
 
 impl KvCacheManager {
@@ -197,19 +198,21 @@ impl KvCacheManager {
         self.align
     }
 
-    /// The last block boundary whose state a later request with the same
-    /// `num_tokens` tokens could resume from (vLLM's
+    /// The last multiple of `unit` tokens whose state a later request with
+    /// the same `num_tokens` tokens could resume from (vLLM's
     /// `get_mamba_prefill_checkpoint_position`): its last token is always
     /// computed, and a lookahead hash needs its tokens known; an
-    /// EAGLE-style drafter's hit gives up a block more.
-    pub fn state_checkpoint(&self, num_tokens: usize) -> usize {
-        // (Recurrent groups keep the cache's one block size.)
-        let bs = self.hash_block_size;
+    /// EAGLE-style drafter's hit gives up a unit more. vLLM asks it at the
+    /// scheduler block, where hits land (the prompt's checkpoint), and at
+    /// the hash block (how far a chunk may run, which state the prompt's
+    /// last caching keys); the two differ only when the groups' block
+    /// sizes do (§7.16).
+    pub fn state_checkpoint(&self, num_tokens: usize, unit: usize) -> usize {
         if self.drop_eagle_block {
-            return (num_tokens / bs * bs).saturating_sub(bs);
+            return (num_tokens / unit * unit).saturating_sub(unit);
         }
         let proof_limit = num_tokens.saturating_sub(self.hasher.lookahead().max(1));
-        proof_limit / bs * bs
+        proof_limit / unit * unit
     }
 
     /// The query offsets at which the recurrent groups write a prefill
@@ -382,6 +385,7 @@ impl KvCacheManager {
             table.sync_last();
             table.num_cached = 0;
             table.states = Default::default();
+            table.clear_partial_key();
         }
     }
 
@@ -396,6 +400,7 @@ impl KvCacheManager {
             table.sync_last();
             table.num_cached = 0;
             table.states = Default::default();
+            table.clear_partial_key();
         }
         blocks
     }

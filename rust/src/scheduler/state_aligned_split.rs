@@ -27,18 +27,23 @@ impl Scheduler {
         if start >= prefill_end {
             return n;
         }
+        // vLLM cuts at its cache's block size, the least group's: the
+        // recurrent groups', which is the hash block (validated).
         let bs = self.kv.hash_block_size();
         let mut end = start + n;
         // A backend that writes the prompt's checkpoint from inside the
-        // chunk that ends the prefill needs no stop there.
-        let checkpoint = self.kv.state_checkpoint(prefill_end);
+        // chunk that ends the prefill needs no stop there. That checkpoint
+        // lies where hits land, on the scheduler block.
+        let checkpoint = self
+            .kv
+            .state_checkpoint(prefill_end, self.kv.scheduler_block_size());
         let inside = self.kv.checkpoint_alignment().is_some_and(|alignment| {
             end >= prefill_end && checkpoint_in_chunk(start, end, checkpoint, bs, alignment)
         });
         let last_cacheable = if inside {
             0
         } else {
-            self.kv.state_checkpoint(num_tokens)
+            self.kv.state_checkpoint(num_tokens, bs)
         };
         if end < prefill_end {
             let c = &self.config;

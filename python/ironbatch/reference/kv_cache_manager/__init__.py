@@ -25,7 +25,7 @@ from ironbatch.reference.block_hash import BlockHasher
 from ironbatch.reference.block_pool import BlockPool
 from ironbatch.reference.block_table import BlockTable, StateSlots
 from ironbatch.reference.kv_cache_manager import allocation, caching
-from ironbatch.reference.kv_cache_manager.allocation import Admission
+from ironbatch.reference.kv_cache_manager.allocation import Admission, StateCheckpoint
 from ironbatch.reference.kv_cache_manager.config import (
     check_groups,
     group_block_sizes,
@@ -94,10 +94,10 @@ class KvCacheManager:
         self._pool = BlockPool(num_blocks)
         #: Tokens per block hash (the groups' blocks' greatest common
         #: divisor; their one block size when alike).
-        self._hash_block_size = hash_block_size(groups, block_size)
+        self._hash_block_size = hash_block_size(groups, block_size, enable_prefix_caching)
         #: The unit hits and hash caching are aligned to (the groups'
         #: blocks' least common multiple).
-        self._scheduler_block_size = scheduler_block_size(groups, block_size)
+        self._scheduler_block_size = scheduler_block_size(groups, block_size, enable_prefix_caching)
         #: Tokens per block of each group.
         self._group_block_sizes = group_block_sizes(groups, block_size)
         self._max_model_len = max_model_len
@@ -151,7 +151,7 @@ class KvCacheManager:
         self._prompt_states_stored: list[tuple[int, int, int]] = []
         #: The prefill checkpoint the allocation in progress writes, if any
         #: (§7.15): its caching keys the checkpoint's block.
-        self._step_checkpoint: int | None = None
+        self._step_checkpoint: StateCheckpoint | None = None
 
     def with_reprefillable_tokens(self, tokens: int) -> KvCacheManager:
         """The same manager, minding the last ``tokens`` computed tokens of
@@ -227,17 +227,20 @@ class KvCacheManager:
         "align": prefix caching on beside a recurrent group)."""
         return self._align
 
-    def state_checkpoint(self, num_tokens: int) -> int:
-        """The last block boundary whose state a later request with the same
-        ``num_tokens`` tokens could resume from (vLLM's
+    def state_checkpoint(self, num_tokens: int, unit: int) -> int:
+        """The last multiple of ``unit`` tokens whose state a later request
+        with the same ``num_tokens`` tokens could resume from (vLLM's
         ``get_mamba_prefill_checkpoint_position``): its last token is always
         computed, and a lookahead hash needs its tokens known; an EAGLE-style
-        drafter's hit gives up a block more."""
-        bs = self._hash_block_size  # (recurrent groups keep the cache's one block size)
+        drafter's hit gives up a unit more. vLLM asks it at the scheduler
+        block, where hits land (the prompt's checkpoint), and at the hash
+        block (how far a chunk may run, which state the prompt's last
+        caching keys); the two differ only when the groups' block sizes do
+        (§7.16)."""
         if self._drop_eagle_block:
-            return max(num_tokens // bs * bs - bs, 0)
+            return max(num_tokens // unit * unit - unit, 0)
         proof_limit = max(num_tokens - max(self._hasher.lookahead, 1), 0)
-        return proof_limit // bs * bs
+        return proof_limit // unit * unit
 
     def checkpoint_alignment(self) -> int | None:
         """The query offsets at which the recurrent groups write a prefill
@@ -434,6 +437,7 @@ class KvCacheManager:
             table.blocks.clear()
             table.num_cached = 0
             table.states = StateSlots()
+            table.partial_key = None
 
     def take_blocks(self, tables: list[BlockTable]) -> list[int]:
         """Empty every group's table without returning its blocks to the
@@ -445,6 +449,7 @@ class KvCacheManager:
             table.blocks.clear()
             table.num_cached = 0
             table.states = StateSlots()
+            table.partial_key = None
         return blocks
 
     def release_blocks_last_first(self, block_ids: list[int]) -> None:

@@ -43,6 +43,19 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class StateCheckpoint:
+    """A prefill checkpoint a step writes from inside its chunk (vLLM's
+    ``MambaManager._checkpoints``): the state after ``position`` tokens, into
+    every recurrent group's block ``block``, the one before the block the
+    chunk ends in. The two agree (``block`` ends at ``position``) when the
+    groups' block sizes do; else ``position`` is on the scheduler block and
+    ``block`` where the chunk ends (§7.16)."""
+
+    position: int
+    block: int
+
+
+@dataclass(frozen=True)
 class Span:
     """The tokens an allocation covers, as the groups count them."""
 
@@ -102,29 +115,38 @@ def states_needed(m: KvCacheManager, g: int, table: BlockTable, span: Span, hits
     return min(new, 1 + checkpoint + (0 if table.states.allocated else extra))
 
 
-def checkpoint_in_step(m: KvCacheManager, g: int, table: BlockTable, span: Span) -> int | None:
+def checkpoint_in_step(
+    m: KvCacheManager, g: int, table: BlockTable, span: Span
+) -> StateCheckpoint | None:
     """Where recurrent group ``g`` writes the prompt's checkpoint from inside
     the step (vLLM's ``_needs_internal_checkpoint``): the step ends the
-    prefill, its backend can write a state inside a chunk, the checkpoint
+    prefill (any step, unless retention is sparse without an interval), its
+    backend can write a state inside a chunk, the checkpoint
     lies inside the chunk, and the block for it is still free to take (a
-    null or beyond the table, or a scratch state). Its token position, if
-    so."""
+    null or beyond the table, or a scratch state)."""
     kind = m._groups[g].kind
     alignment = kind.prefill_checkpoint_alignment()
     bs = m.group_block_size(g)
-    index = cdiv(span.main, bs) - 2
-    if alignment is None or index < 0:
+    block = cdiv(span.main, bs) - 2
+    if alignment is None or block < 0:
         return None
-    position = m.state_checkpoint(span.main)
+    # (Where a hit lands: vLLM's ``cache_hit_alignment_tokens``.)
+    position = m.state_checkpoint(span.main, m._scheduler_block_size)
     free_slot = (
-        index >= len(table)
-        or table.blocks[index].block_id == NULL_BLOCK
-        or (table.states.allocated and index + kind.extra_blocks() >= len(table))
+        block >= len(table)
+        or table.blocks[block].block_id == NULL_BLOCK
+        or (table.states.allocated and block + kind.extra_blocks() >= len(table))
     )
-    inside = span.main >= span.prefill_end and checkpoint_in_chunk(
+    # Under sparse retention only the chunk that ends the prefill keeps its
+    # checkpoint; otherwise every chunk's is kept (vLLM's coordinator passes
+    # no prefill end then).
+    every_chunk = not m._sparse_retention or m._retention_interval > 0
+    inside = (every_chunk or span.main >= span.prefill_end) and checkpoint_in_chunk(
         span.computed, span.main, position, bs, alignment
     )
-    return position if inside and free_slot and position > 0 else None
+    if inside and free_slot and position > 0:
+        return StateCheckpoint(position=position, block=block)
+    return None
 
 
 def blocks_needed_all(

@@ -21,6 +21,7 @@ from ironbatch.reference.sequence import Sequence
 
 if TYPE_CHECKING:
     from ironbatch.reference.kv_cache_manager import KvCacheManager
+    from ironbatch.reference.kv_cache_manager.allocation import StateCheckpoint
 
 
 def cache_full_blocks(
@@ -45,7 +46,8 @@ def stored_block_ids(blocks: list[Block]) -> list[int]:
 
 def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
     """``KvCacheManager.num_cached_tokens``: per group, where its last held
-    cached block ends; the least over the groups."""
+    cached block ends (a recurrent group's: the most tokens a keyed state
+    covers); the least over the groups."""
     if not m._enable_caching:
         return 0
     if m._single_full:
@@ -53,13 +55,31 @@ def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
 
     def cached_end(g: int, table: BlockTable) -> int:
         bs = m.group_block_size(g)
+        if m._groups[g].kind.is_recurrent():
+            # Up to the table's end: a prefill checkpoint's block lies past
+            # the hash-cached blocks.
+            return max(
+                (
+                    table.keyed_tokens(i, bs)
+                    for i, b in enumerate(table.blocks)
+                    if b.block_id != NULL_BLOCK and b.hash is not None
+                ),
+                default=0,
+            )
         held = table.blocks[: min(table.num_cached, len(table))]
         ends = [
             (i + 1) * bs
             for i, b in enumerate(held)
             if b.block_id != NULL_BLOCK and b.hash is not None
         ]
-        return ends[-1] if ends else 0
+        end = ends[-1] if ends else 0
+        # A prompt tail keyed past the full blocks (§7.16).
+        if table.partial_key is not None:
+            p, tokens = table.partial_key
+            tail = table.blocks[p]
+            if p >= len(held) and tail.block_id != NULL_BLOCK and tail.hash is not None:
+                end = max(end, tokens)
+        return end
 
     return min((cached_end(g, t) for g, t in enumerate(tables)), default=0)
 
@@ -90,6 +110,40 @@ def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, up
         cache_new_full_blocks(m, g, table, seq, upto)
     if m._align and m._groups[g].kind.is_recurrent():
         cache_prompt_state(m, g, table, seq, upto)
+    if m._groups[g].kind.is_full() and m.group_block_size(g) != m._hash_block_size:
+        cache_prompt_tail(m, g, table, seq, upto)
+
+
+def cache_prompt_tail(
+    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int
+) -> None:
+    """Key the full-attention block the prompt's last hash-block boundary
+    falls inside by the hash there (vLLM's full-attention
+    ``_cache_partial_tail_block``, beside groups of different block sizes,
+    §7.16): a later request could resume there once vLLM looks up hits
+    inside blocks; until its tokens fill it, the block counts as cached
+    (freed to the queue's tail, its tokens in the cached-token estimate).
+    The tail is the prompt less its last token (all of it for a group that
+    drops an EAGLE block), within the hashed tokens."""
+    bs, unit = m.group_block_size(g), m._hash_block_size
+    prompt = seq.num_prompt_tokens
+    limit = prompt if m._drops_eagle[g] else max(prompt - 1, 0)
+    boundary = min(limit // unit, len(seq.block_hashes)) * unit
+    idx = boundary // bs
+    if boundary == 0 or boundary > upto or boundary % bs == 0 or idx >= len(table):
+        return
+    block = table.blocks[idx]
+    if block.block_id == NULL_BLOCK:
+        return
+    if block.hash is not None:
+        partial = table.partial_key
+        if partial is None or partial[0] != idx or partial[1] >= boundary:
+            return  # (a key it has covers as much or more: it stays)
+        # A tail keyed before more hashes were known moves on.
+        m._pool.uncache([block.block_id])
+    key = group_key(seq.block_hashes[boundary // unit - 1], g)
+    m._pool.cache_block(block, key)
+    table.partial_key = (idx, boundary)
 
 
 def cache_new_full_blocks(
@@ -120,6 +174,7 @@ def cache_new_full_blocks(
     if recurrent:
         keep = recurrent_mask(
             bs,
+            m._scheduler_block_size,
             m._sparse_retention,
             seq.num_prompt_tokens,
             seq.shared_prefix_boundary,
@@ -132,6 +187,11 @@ def cache_new_full_blocks(
         block_hash = m.group_block_hash(hashes, g, k)
         assert block_hash is not None  # k < full: hashed
         key = group_key(block_hash, g)
+        if block.hash == key:
+            continue
+        if block.hash is not None:
+            # A partial key (a prompt tail's) gives way to the block's own.
+            m._pool.uncache([block.block_id])
         m._pool.cache_block(block, key)
         if recurrent:
             # Its state is this step's to write (§7.15).
@@ -149,58 +209,70 @@ def cache_prompt_state(
     if m._step_checkpoint is not None:
         cache_checkpoint_state(m, g, table, seq, m._step_checkpoint)
         return
-    bs = m._hash_block_size  # a recurrent group's, alike
+    bs = m.group_block_size(g)  # the hash block (validated)
     # What vLLM's hybrid coordinator hands its groups: whole blocks.
     num_tokens = upto // bs * bs if len(m._groups) > 1 else upto
     idx = num_tokens // bs
     if num_tokens == 0 or num_tokens % bs or idx > len(table) or idx > len(seq.block_hashes):
         return
-    if num_tokens != m.state_checkpoint(seq.num_prompt_tokens):
+    # The prompt's last hash-block boundary (vLLM's
+    # ``latest_prompt_hash_boundary``).
+    if num_tokens != m.state_checkpoint(seq.num_prompt_tokens, m._hash_block_size):
         return
-    cache_state(m, g, table, seq, idx - 1)
+    cache_state(m, g, table, seq, idx - 1, num_tokens)
 
 
 def cache_checkpoint_state(
-    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, position: int
+    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, checkpoint: StateCheckpoint
 ) -> None:
     """Key the block a prefill checkpoint was written to in this step
     (vLLM's checkpoint branch of ``_cache_partial_tail_block``), when a later
     request could resume there: the prompt's checkpoint, a state the
     retention keeps, or a shared prefix's end. Otherwise the block's state is
     only passing through, and any key it has goes."""
-    bs = m._hash_block_size  # a recurrent group's, alike
-    idx = position // bs - 1
+    bs = m.group_block_size(g)
+    position, idx = checkpoint.position, checkpoint.block
+    # Whether the retention keeps the state after ``position`` (the one that
+    # block would hold where it ends there).
     per_segment = m._retention_interval // bs
-    retained = not m._sparse_retention or (
-        m._retention_interval > 0 and (per_segment <= 1 or (idx + 1) % per_segment == 0)
-    )
-    reachable = (
-        position == m.state_checkpoint(seq.num_prompt_tokens)
-        or retained
-        or position == seq.shared_prefix_boundary
-    )
+    ends_segment = per_segment <= 1 or (position // bs) % per_segment == 0
+    retained = not m._sparse_retention or (m._retention_interval > 0 and ends_segment)
+    prompt_checkpoint = m.state_checkpoint(seq.num_prompt_tokens, m._scheduler_block_size)
+    reachable = position == prompt_checkpoint or retained or position == seq.shared_prefix_boundary
     if not reachable:
         block_id = table.blocks[idx].block_id
         if block_id != NULL_BLOCK:
             m._pool.events.push(Evicted(block_id))
         m._pool.uncache([block_id])
         return
-    cache_state(m, g, table, seq, idx)
+    cache_state(m, g, table, seq, idx, position)
+    table.partial_key = (idx, position)
 
 
-def cache_state(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, idx: int) -> None:
-    """Hash-cache the state in group ``g``'s block ``idx`` out of turn,
-    unless it is null or keyed already."""
+def cache_state(
+    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, idx: int, position: int
+) -> None:
+    """Hash-cache the state in group ``g``'s block ``idx`` out of turn as the
+    state after ``position`` tokens (keyed by the hash there), unless it is
+    null or keyed so already; a key it has for another position goes (vLLM's
+    ``cache_partial_block``, which replaces it). The block ends at
+    ``position`` unless it holds a prefill checkpoint of groups whose block
+    sizes differ (§7.16)."""
     block = table.blocks[idx]
-    if block.block_id == NULL_BLOCK or block.hash is not None:
+    if block.block_id == NULL_BLOCK:
         return
-    if idx >= len(seq.block_hashes):
+    hash_index = position // m._hash_block_size - 1
+    if hash_index >= len(seq.block_hashes):
         # A decode step verifying at least a block of drafts can pass for a
         # checkpoint past the hashed tokens: vLLM asserts there; nothing to
         # key.
         return
-    key = group_key(seq.block_hashes[idx], g)
+    key = group_key(seq.block_hashes[hash_index], g)
+    if block.hash == key:
+        return
+    if block.hash is not None:
+        m._pool.uncache([block.block_id])
     m._pool.cache_block(block, key)
     m._states_cached_this_step.add(key)
     if m._pool.events.enabled:
-        m._prompt_states_stored.append((g, idx, block.block_id))
+        m._prompt_states_stored.append((g, hash_index, block.block_id))

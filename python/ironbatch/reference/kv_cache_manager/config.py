@@ -46,13 +46,13 @@ def validate(
     check_range("num_blocks", num_blocks, 1 if not groups else 2, MAX_NUM_BLOCKS)
     check_range("num_lookahead_tokens", num_lookahead_tokens, 0, max_model_len)
     check_range("kv_cache_groups", len(groups), 0, MAX_KV_CACHE_GROUPS)
-    validate_group_block_sizes(groups, block_size, drop_eagle_block)
+    validate_group_block_sizes(groups, block_size, drop_eagle_block, enable_prefix_caching)
     # A block's hash covers at most the next block.
     check_range(
         "num_hash_lookahead_tokens",
         num_hash_lookahead_tokens,
         0,
-        hash_block_size(groups, block_size),
+        hash_block_size(groups, block_size, enable_prefix_caching),
     )
     check_groups(
         groups,
@@ -108,15 +108,18 @@ def check_groups(
             if g.kind.checkpoint_alignment is not None:
                 check_range("checkpoint_alignment", g.kind.checkpoint_alignment, 1, MAX_MODEL_LEN)
             # Prefix caching over recurrent states is vLLM's cache mode
-            # "align": states at the cache's block boundaries. vLLM's finer
-            # hash units and prefill checkpoints are not modelled, so
-            # neither are lookahead hashes past one token (they move the
-            # prompt's checkpoint off the block boundary) nor a state block
-            # of another size.
-            if enable_prefix_caching and g.kind.block_size != block_size:
+            # "align": a state per block boundary. A state block of more
+            # than a hash block brings vLLM's hits inside a state block
+            # (its partial hash hits), which are not modelled; nor are
+            # lookahead hashes past one token (they move the prompt's
+            # checkpoint off the block boundary).
+            unit = hash_block_size(groups, block_size, enable_prefix_caching)
+            if enable_prefix_caching and g.kind.block_size != unit:
+                sizes = group_block_sizes(groups, block_size)
                 raise ValueError(
-                    f"mamba_block_size ({g.kind.block_size}) must equal block_size "
-                    f"({block_size}) with prefix caching on (vLLM's mamba_cache_mode 'align')"
+                    f"mamba_block_size ({g.kind.block_size}) must divide every other KV-cache "
+                    f"group's block size ({sizes}) with prefix caching on (vLLM's "
+                    "mamba_cache_mode 'align'): hits inside a state block are not modelled"
                 )
             if enable_prefix_caching and drop_eagle_block:
                 raise ValueError(
@@ -133,7 +136,7 @@ def check_groups(
         # sliding window or a recurrent group keeps them.
         check_range("retention_interval", retention_interval, 1, MAX_MODEL_LEN)
         windowed = any(isinstance(g.kind, (SlidingWindow, Mamba)) for g in groups)
-        unit = scheduler_block_size(groups, block_size)
+        unit = scheduler_block_size(groups, block_size, enable_prefix_caching)
         if retention_interval % unit or not sparse_retention or not windowed:
             raise ValueError(
                 f"retention_interval ({retention_interval}) needs sparse_retention, a "
@@ -168,37 +171,50 @@ def group_block_sizes(groups: Seq[GroupSpec], block_size: int) -> list[int]:
     return [g.tokens_per_block(block_size) for g in groups]
 
 
-def _hashed_block_sizes(groups: Seq[GroupSpec], block_size: int) -> list[int]:
-    """The block sizes of the groups whose blocks are keyed by token hashes
-    (attention over the decoder's tokens: not a recurrent state, whose size
-    with prefix caching equals the cache's, nor cross-attention)."""
-    return [g.tokens_per_block(block_size) for g in groups if not g.kind.is_slotless()]
+def _hashed_block_sizes(
+    groups: Seq[GroupSpec], block_size: int, enable_prefix_caching: bool
+) -> list[int]:
+    """The block sizes of the groups whose blocks are keyed by token hashes:
+    attention over the decoder's tokens, and with prefix caching a recurrent
+    group's states (vLLM's cache mode "align", where they are cached by the
+    hash where their block ends); not cross-attention."""
+    return [
+        g.tokens_per_block(block_size)
+        for g in groups
+        if not g.kind.is_slotless() or (g.kind.is_recurrent() and enable_prefix_caching)
+    ]
 
 
-def hash_block_size(groups: Seq[GroupSpec], block_size: int) -> int:
+def hash_block_size(groups: Seq[GroupSpec], block_size: int, enable_prefix_caching: bool) -> int:
     """Tokens per block hash (vLLM's ``hash_block_size``): the greatest
-    common divisor of the attention groups' block sizes, so every group's
-    block ends on a hash; the cache's block size when they are all alike or
-    there are none."""
-    return reduce(gcd, _hashed_block_sizes(groups, block_size), 0) or block_size
+    common divisor of the hashed groups' block sizes, so every group's block
+    ends on a hash; the cache's block size when they are all alike or there
+    are none."""
+    sizes = _hashed_block_sizes(groups, block_size, enable_prefix_caching)
+    return reduce(gcd, sizes, 0) or block_size
 
 
-def scheduler_block_size(groups: Seq[GroupSpec], block_size: int) -> int:
+def scheduler_block_size(
+    groups: Seq[GroupSpec], block_size: int, enable_prefix_caching: bool
+) -> int:
     """The unit prefix hits and hash caching are aligned to (vLLM's
-    ``scheduler_block_size``): the least common multiple of the attention
+    ``scheduler_block_size``): the least common multiple of the hashed
     groups' block sizes, where every group's blocks end together."""
-    sizes = _hashed_block_sizes(groups, block_size)
+    sizes = _hashed_block_sizes(groups, block_size, enable_prefix_caching)
     return reduce(lcm, sizes) if sizes else block_size
 
 
-def has_mixed_block_sizes(groups: Seq[GroupSpec], block_size: int) -> bool:
-    """Whether the attention groups' blocks hold different numbers of
-    tokens."""
-    return hash_block_size(groups, block_size) != scheduler_block_size(groups, block_size)
+def has_mixed_block_sizes(
+    groups: Seq[GroupSpec], block_size: int, enable_prefix_caching: bool
+) -> bool:
+    """Whether the hashed groups' blocks hold different numbers of tokens."""
+    return hash_block_size(groups, block_size, enable_prefix_caching) != scheduler_block_size(
+        groups, block_size, enable_prefix_caching
+    )
 
 
 def validate_group_block_sizes(
-    groups: Seq[GroupSpec], block_size: int, drop_eagle_block: bool
+    groups: Seq[GroupSpec], block_size: int, drop_eagle_block: bool, enable_prefix_caching: bool
 ) -> None:
     """A group's own block size: in range, on full attention or a sliding
     window only; where they differ, only what the twin models beside them
@@ -212,10 +228,12 @@ def validate_group_block_sizes(
                 f"kv_cache_groups[{i}].block_size: only a full-attention or sliding-window "
                 "group sets its own block size"
             )
-    if not has_mixed_block_sizes(groups, block_size):
+    if not has_mixed_block_sizes(groups, block_size, enable_prefix_caching):
         return
-    if any(g.kind.is_slotless() for g in groups):
-        why = "a Mamba or cross-attention group"
+    # (Recurrent groups count here only with prefix caching, and then their
+    # states are cached as any group's blocks are.)
+    if any(g.kind.is_cross() for g in groups):
+        why = "a cross-attention group"
     elif any(isinstance(g.kind, ChunkedLocal) for g in groups):
         why = "a chunked-local-attention group"
     elif drop_eagle_block:

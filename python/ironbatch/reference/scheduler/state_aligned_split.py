@@ -31,18 +31,21 @@ def state_aligned_split(s: Scheduler, slot: int, n: int, start: int) -> int:
     prefill_end = max(r.seq.num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
         return n
+    # vLLM cuts at its cache's block size, the least group's: the recurrent
+    # groups', which is the hash block (validated).
     bs = s.kv.hash_block_size
     end = start + n
     # A backend that writes the prompt's checkpoint from inside the chunk
-    # that ends the prefill needs no stop there.
-    checkpoint = s.kv.state_checkpoint(prefill_end)
+    # that ends the prefill needs no stop there. That checkpoint lies where
+    # hits land, on the scheduler block.
+    checkpoint = s.kv.state_checkpoint(prefill_end, s.kv.scheduler_block_size)
     alignment = s.kv.checkpoint_alignment()
     inside = (
         alignment is not None
         and end >= prefill_end
         and checkpoint_in_chunk(start, end, checkpoint, bs, alignment)
     )
-    last_cacheable = 0 if inside else s.kv.state_checkpoint(num_tokens)
+    last_cacheable = 0 if inside else s.kv.state_checkpoint(num_tokens, bs)
     if end < prefill_end:
         c = s.config
         most = c.max_num_scheduled_tokens
