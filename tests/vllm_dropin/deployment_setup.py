@@ -986,6 +986,7 @@ class Engine:
         return {
             "scheduler": f"{type(self.scheduler).__module__}.{type(self.scheduler).__qualname__}",
             "kv_groups": [type(g.kv_cache_spec).__name__ for g in kvc.kv_cache_groups],
+            "group_block_sizes": [g.kv_cache_spec.block_size for g in kvc.kv_cache_groups],
             "num_blocks": kvc.num_blocks,
             "needs_kv_cache_zeroing": bool(kvc.needs_kv_cache_zeroing),
             "block_size": vc.cache_config.block_size,

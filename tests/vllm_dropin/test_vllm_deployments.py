@@ -814,6 +814,21 @@ TABLE = [
         {"enable_prefix_caching": True, "num_speculative_tokens": 2},
         exercises=("spec_drafts",),
     ),
+    Deployment(
+        # ... with three MTP drafts: its linear-attention states outgrow
+        # the attention page, and vLLM grows the attention blocks to 1,072
+        # tokens beside states of 16 (hashes of 16, hits on 1,072:
+        # docs/scheduling.md §7.16).
+        "qwen3-next-80b-a3b-mtp-3",
+        "qwen3-next-80b-a3b",
+        ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3})],
+        {
+            "enable_prefix_caching": True,
+            "num_speculative_tokens": 3,
+            "group_block_sizes": [16, 16, 16, 1072],
+        },
+        exercises=("spec_drafts",),
+    ),
     # Mamba2 layers write the prompt's checkpoint from inside its last
     # chunk (vLLM's prefill checkpoint blocks).
     Deployment("nemotron-h-8b", "nemotron-h-8b", [], {"enable_prefix_caching": True}),
@@ -841,6 +856,8 @@ NO_PREFIX_HITS: dict[str, str] = {
     # A hit needs a cached state at a block boundary the prompts share, and
     # with MTP's lookahead hashes vLLM caches none in this workload.
     "qwen3-next-80b-a3b-mtp": "no state cached where the prompts meet",
+    # Hits land on 1,072-token attention blocks; the prompts are shorter.
+    "qwen3-next-80b-a3b-mtp-3": "the prompts are under one scheduler block",
     # The prompts share 48 tokens, one of gpt-oss's 32-token blocks, which
     # EAGLE's last-block drop gives up.
     "gpt-oss-20b-eagle3-block-drop": "the one shared block is the one dropped",

@@ -116,15 +116,22 @@ def random_settings(rng: random.Random) -> dict:
 
 
 def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
-    """Window and full-attention groups of different block sizes (a
-    mixed-precision hybrid, docs/scheduling.md §7.16) in half the gpt-oss
-    and Gemma 3 layouts without what the core does not model beside them
-    (KV-cache events, EAGLE's last-block drop, multi-module MTP): the
+    """Window and full-attention groups of different block sizes
+    (docs/scheduling.md §7.16) without what the core does not model beside
+    them (KV-cache events, EAGLE's last-block drop, multi-module MTP): in
+    half the gpt-oss and Gemma 3 layouts (a mixed-precision hybrid) the
     windows' or the full group's blocks two or four times the cache's (drawn
-    apart); a retention interval on the larger block."""
+    apart); in half the recurrent layouts with prefix caching on (vLLM's
+    "align"), attention blocks that large beside states of the cache's
+    block size (Qwen3-Next with MTP, whose attention blocks grow to hold its
+    states' page); a retention interval on the larger block."""
     drawn = random.Random(rng.random())
-    if settings["kv_layout"] not in ("gpt-oss", "gemma3") or drawn.random() < 0.5:
+    layout = settings["kv_layout"]
+    cached_states = layout in RECURRENT_GROUPS and settings["enable_prefix_caching"]
+    if not (layout in ("gpt-oss", "gemma3") or cached_states) or drawn.random() < 0.5:
         return {}
+    if layout == "mamba":
+        return {}  # (states alone: no attention block)
     if "kv_events_config" in settings or settings.get("num_mtp_layers", 1) > 1:
         return {}
     if settings.get("speculative_config", {}).get("disable_lookahead_block_hashes"):
@@ -132,6 +139,8 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     bs = settings["block_size"]
     larger = bs * drawn.choice([2, 4])
     which = drawn.choice(["window_block_size", "full_block_size"])
+    if cached_states and layout != "swa-mamba":
+        which = "full_block_size"
     out: dict = {which: larger}
     if settings.get("retention_interval"):
         out["retention_interval"] = larger * drawn.choice([1, 2])
@@ -172,7 +181,8 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     beside it, a sliding window beside both, or Mamba alone; half with
     prefix caching off (vLLM's mamba_cache_mode "none"), the state block the
     model's length mostly (vLLM's default), else two blocks; half with it on
-    ("align", states of the block size). Not
+    ("align", states of the block size; a quarter of those cache every
+    state, vLLM's retention interval None). Not
     with Whisper, decode context parallelism or multi-module MTP (vLLM runs
     neither beside recurrent layers)."""
     drawn = random.Random(rng.random())
@@ -209,6 +219,15 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
             out["disable_chunked_mm_input"] = False
         # Mamba2's backend writes the prompt's checkpoint inside a chunk.
         out["mamba_checkpoint_alignment"] = random.Random(drawn.random()).choice([None, 1, 4])
+        # vLLM's default retention interval, 0, caches only the states a
+        # later request resumes from; None caches them all (drawn apart).
+        # Not beside Mamba2's checkpoints with drafts: every step may then
+        # write one, and a decode step verifying a block of drafts asks
+        # vLLM for a hash it does not have yet (it asserts).
+        retention = random.Random(drawn.random()).choice([0, 0, 0, None])
+        drafting = "speculative_config" in settings
+        if out["mamba_checkpoint_alignment"] is None or not drafting:
+            out["retention_interval"] = retention
     return out
 
 
@@ -890,6 +909,8 @@ def drawn_features(seed: int) -> Counter:
         and s.get("mamba_checkpoint_alignment") is not None,
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "groups of different block sizes": "window_block_size" in s or "full_block_size" in s,
+        "recurrent states smaller than attention blocks": recurrent
+        and ("window_block_size" in s or "full_block_size" in s),
         "window retention interval": bool(s.get("retention_interval")),
         "encoder-decoder with speculation": s.get("target") == "whisper"
         and "speculative_config" in s,
@@ -975,6 +996,9 @@ FEATURE_SHARES = {
     # About 40 of 1,040 (hybrid, gpt-oss or Gemma 3, half of those without
     # events, metrics or a drafter that hashes ahead or drops).
     "feature: groups of different block sizes": 15,
+    # About 20 of 1,040 (half the recurrent layouts with attention and
+    # prefix caching on, without KV-cache events).
+    "feature: recurrent states smaller than attention blocks": 8,
     "feature: window groups with speculation": 120,
     "feature: encoder-decoder with KV-cache events or metrics": 20,
     "feature: encoder-decoder with speculation": 9,
@@ -1028,6 +1052,7 @@ FEATURES = [
     "feature: window retention interval",
     "feature: decode context parallelism",
     "feature: groups of different block sizes",
+    "feature: recurrent states smaller than attention blocks",
     "feature: window groups with speculation",
     "feature: recurrent-state groups",
     "feature: recurrent-state groups with speculation",

@@ -206,6 +206,21 @@ def test_groups_of_different_block_sizes_passed_on_wrong_are_caught(
     assert caught(8, feature="feature: groups of different block sizes")
 
 
+def test_states_smaller_than_attention_blocks_passed_on_wrong_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recurrent states beside larger attention blocks (Qwen3-Next with MTP,
+    docs/scheduling.md §7.16) told the core wrong: the attention blocks
+    said to be the states' size."""
+
+    def states_size(groups: tuple[KVCacheGroup, ...]) -> tuple[KVCacheGroup, ...]:
+        size = next(g.size for g in groups if g.kind == "mamba")
+        return replace_kinds(("full", "sliding_window"), block_size=size)(groups)
+
+    patch_groups(monkeypatch, states_size)
+    assert caught(8, feature="feature: recurrent states smaller than attention blocks")
+
+
 @pytest.mark.parametrize(
     "mutation", ["no scratch states", "half the state block", "nothing to zero"]
 )

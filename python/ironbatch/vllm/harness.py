@@ -80,9 +80,11 @@ DEFAULTS: dict[str, Any] = {
     # drops a block in every group.
     "drafter_in_full_group": False,
     "window": 32,
-    # A mixed-precision hybrid's groups of other block sizes (gpt-oss and
-    # Gemma 3 layouts): the windows' or the full group's own, None for the
-    # cache's.
+    # Groups of other block sizes: a mixed-precision hybrid's (gpt-oss and
+    # Gemma 3 layouts, held at another precision), or attention blocks
+    # larger than a hybrid's recurrent states (Qwen3-Next with MTP; the
+    # swa-mamba layout's window too): the windows' or the full group's own,
+    # None for the cache's.
     "window_block_size": None,
     "full_block_size": None,
     "mamba_block_size": None,
@@ -536,7 +538,10 @@ def kv_cache_groups(
     # mixed-precision hybrid's, whose new blocks vLLM zeroes).
     half = {"dtype": torch.float16}
     full_common = {**common, "block_size": cfg["full_block_size"] or cfg["block_size"]}
-    if cfg["full_block_size"]:
+    # (Beside recurrent states, larger attention blocks are vLLM's way to
+    # match their page at one precision: Qwen3-Next's with MTP.)
+    recurrent = cfg["kv_layout"] in RECURRENT_LAYOUTS
+    if cfg["full_block_size"] and not recurrent:
         full_common |= half
     full = KVCacheGroupSpec(
         ["full"], full_cls(**full_common), is_eagle_group=cfg["drafter_in_full_group"]
@@ -578,7 +583,8 @@ def kv_cache_groups(
         n = 3 if layout == "qwen3-next" else 1
         groups = [KVCacheGroupSpec([f"mamba{i}"], mamba) for i in range(n)]
         if layout == "swa-mamba":
-            swa = SlidingWindowSpec(sliding_window=window, extra_retained_tokens=retained, **common)
+            own = {**common, "block_size": cfg["window_block_size"] or cfg["block_size"]}
+            swa = SlidingWindowSpec(sliding_window=window, extra_retained_tokens=retained, **own)
             groups.insert(0, KVCacheGroupSpec(["swa"], swa))
         return groups if layout == "mamba" else [*groups, full]
     raise ValueError(
@@ -615,14 +621,17 @@ def construct(cls: type, vc: VllmConfig, kvc: KVCacheConfig, log_stats: bool = T
     bs = vc.cache_config.block_size * vc.parallel_config.decode_context_parallel_size
     specs = [g.kv_cache_spec for g in kvc.kv_cache_groups]
     hash_bs = bs
-    if any(isinstance(spec, MambaSpec) for spec in specs):
-        bs = hash_bs = math.lcm(*(spec.block_size for spec in specs))
-    elif len({spec.block_size for spec in specs}) > 1:
-        # Groups of different block sizes (a mixed-precision hybrid): the
-        # scheduler's is their least common multiple, hashes their greatest
-        # common divisor's (vLLM's resolve_kv_cache_block_sizes).
+    recurrent = [spec for spec in specs if isinstance(spec, MambaSpec)]
+    if recurrent or len({spec.block_size for spec in specs}) > 1:
+        # Groups of different block sizes (a mixed-precision hybrid, a
+        # hybrid's states): the scheduler's is their least common multiple,
+        # hashes their greatest common divisor's, unless nothing is hashed
+        # (prefix caching off) or recurrent states are not cached (vLLM's
+        # resolve_kv_cache_block_sizes).
         bs = math.lcm(*(spec.block_size for spec in specs))
-        hash_bs = math.gcd(*(spec.block_size for spec in specs))
+        unaligned = any(spec.mamba_cache_mode != "align" for spec in recurrent)
+        hashed = vc.cache_config.enable_prefix_caching and not unaligned
+        hash_bs = math.gcd(*(spec.block_size for spec in specs)) if hashed else bs
     return cls(
         vllm_config=vc,
         kv_cache_config=kvc,

@@ -66,9 +66,9 @@ def unsupported_config(
     # The KV-cache groups the core models: full attention (or MLA, counted
     # and cached alike), sliding windows, chunked local attention and an
     # encoder-decoder's cross-attention, of one block size or (full
-    # attention and windows alone) of several, and recurrent states (Mamba,
-    # linear attention) of their own (docs/scheduling.md §7.13, §4.17,
-    # §7.15, §7.16).
+    # attention, windows and cached recurrent states alone) of several, and
+    # recurrent states (Mamba, linear attention) of their own
+    # (docs/scheduling.md §7.13, §4.17, §7.15, §7.16).
     attention = (
         FullAttentionSpec,
         MLAAttentionSpec,
@@ -78,16 +78,22 @@ def unsupported_config(
     )
     dcp = pc.decode_context_parallel_size
     recurrent = [g.kv_cache_spec for g in groups if type(g.kv_cache_spec) is MambaSpec]
+    aligned = [s for s in recurrent if s.mamba_cache_mode == "align"]
     attention_sizes = {
         group_block_size(g.kv_cache_spec, dcp)
         for g in groups
         if type(g.kv_cache_spec) is not MambaSpec
     }
-    # Attention groups of different block sizes (a mixed-precision hybrid:
-    # layers that skip KV-cache quantization): full attention and windows.
-    mixed_sizes = len(attention_sizes) > 1
+    # The groups keyed by token hashes: attention, and recurrent states
+    # cached in vLLM's mode "align" (its prefix-cacheable groups).
+    hashed_sizes = attention_sizes | {s.block_size for s in aligned}
+    # Groups of different block sizes: a mixed-precision hybrid's (layers
+    # that skip KV-cache quantization), or a hybrid's states smaller than
+    # attention blocks grown to hold their page (Qwen3-Next with MTP).
+    mixed_sizes = len(hashed_sizes) > 1
     plain_mixed = mixed_sizes and all(
         type(g.kv_cache_spec) in (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec)
+        or (type(g.kv_cache_spec) is MambaSpec and g.kv_cache_spec.mamba_cache_mode == "align")
         for g in groups
     )
     checks: list[tuple[bool, str]] = [
@@ -154,10 +160,13 @@ def unsupported_config(
             "EAGLE's last-block drop with Mamba groups and prefix caching on",
         ),
         (
-            # States of another size than the attention blocks: the hit
-            # search and caching then work on their least common multiple.
-            any(s.mamba_cache_mode == "align" and s.block_size != block_size for s in recurrent),
-            "Mamba state blocks unlike the attention block size with prefix caching on",
+            # A state block of more than a hash block: vLLM then hits inside
+            # a state block (its partial hash hits), which the core does
+            # not model.
+            any(s.block_size > math.gcd(*hashed_sizes) for s in aligned)
+            or any(s.block_size > (hash_block_size or s.block_size) for s in aligned),
+            "Mamba state blocks larger than the hash block with prefix caching on "
+            "(prefix hits inside a state block)",
         ),
         (
             # Lookahead hashes past one token move the prompt's checkpoint
@@ -175,11 +184,11 @@ def unsupported_config(
         (
             # Decode context parallelism shards a block's tokens across its
             # ranks: vLLM schedules blocks that many times larger. Recurrent
-            # groups alone have sizes of their own.
+            # groups without prefix caching have sizes of their own.
             (mixed_sizes and not plain_mixed)
             or (not mixed_sizes and not recurrent and bool(attention_sizes - {block_size})),
-            "KV-cache groups of different block sizes beside Mamba, chunked-local or "
-            "cross-attention groups",
+            "KV-cache groups of different block sizes beside chunked-local or "
+            "cross-attention groups, or beside Mamba groups without prefix caching",
         ),
         (
             # What vLLM then reports per group (partial-block entries among
@@ -212,7 +221,7 @@ def unsupported_config(
             # Groups of different block sizes hash at their greatest common
             # divisor, as the core does (§7.16).
             hash_block_size not in (None, block_size)
-            and not (plain_mixed and hash_block_size == math.gcd(*attention_sizes)),
+            and not (plain_mixed and hash_block_size == math.gcd(*hashed_sizes)),
             "a hash block size unlike the block size",
         ),
         (c.aux_output_config.enabled, "auxiliary outputs"),
