@@ -16,6 +16,11 @@ pub const NULL_BLOCK: BlockId = 0;
 pub struct Block {
     /// Number of request block tables holding this block.
     pub ref_cnt: u32,
+    /// The tokens its key covers when the key is the hash at fewer tokens
+    /// than the block holds (a partial key, docs/scheduling.md §7.16: a
+    /// full-attention prompt tail, a recurrent prefill checkpoint; vLLM's
+    /// `block_hash_num_tokens`); 0 when the key covers the whole block.
+    pub partial_tokens: u32,
     /// Set while the block holds a full block that is in the prefix-cache
     /// map; kept after the block is freed (lazy eviction) until it is reused.
     pub hash: Option<BlockHash>,

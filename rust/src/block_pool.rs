@@ -117,6 +117,7 @@ impl BlockPool {
         }
         for &id in &out[start..] {
             let block = &mut self.blocks[id as usize];
+            block.partial_tokens = 0;
             if let Some(hash) = block.hash.take() {
                 // Lazy eviction: a freed cached block stayed findable until now.
                 self.cached.remove(hash, id);
@@ -189,7 +190,15 @@ impl BlockPool {
         let block = &mut self.blocks[id as usize];
         debug_assert!(block.ref_cnt > 0 && block.hash.is_none() && id != NULL_BLOCK);
         block.hash = Some(hash);
+        block.partial_tokens = 0;
         self.cached.insert(hash, id);
+    }
+
+    /// [`Self::cache_block`] with a partial key: `hash` is the hash at
+    /// `tokens` tokens, fewer than the block may hold (§7.16).
+    pub(crate) fn cache_partial_block(&mut self, id: BlockId, hash: BlockHash, tokens: usize) {
+        self.cache_block(id, hash);
+        self.blocks[id as usize].partial_tokens = tokens as u32;
     }
 
     /// Take each of `ids` out of the prefix cache if it is cached (vLLM's
@@ -198,6 +207,7 @@ impl BlockPool {
     pub(crate) fn uncache(&mut self, ids: &[BlockId]) {
         for &id in ids {
             let block = &mut self.blocks[id as usize];
+            block.partial_tokens = 0;
             if let Some(hash) = block.hash.take() {
                 self.cached.remove(hash, id);
                 self.events.push(KvEvent::Removed { block_id: id });
@@ -220,6 +230,7 @@ impl BlockPool {
         self.cached.clear();
         for block in &mut self.blocks {
             block.hash = None;
+            block.partial_tokens = 0;
         }
         self.events.push(KvEvent::Cleared);
         true

@@ -18,11 +18,6 @@ pub struct BlockTable {
     grown: u32,
     /// A recurrent group's states in cache mode "align"; unused otherwise.
     pub(crate) states: StateSlots,
-    /// A block keyed by the hash at fewer tokens than it ends at, beside
-    /// groups of different block sizes (docs/scheduling.md §7.16: a
-    /// full-attention prompt tail, a recurrent prefill checkpoint): its
-    /// position and those tokens (vLLM's `block_hash_num_tokens`).
-    partial_key: Option<(u32, u32)>,
 }
 
 /// Where a recurrent group's table keeps its live states in cache mode
@@ -62,29 +57,6 @@ impl StateSlots {
 }
 
 impl BlockTable {
-    /// The tokens the block at `position` is keyed for, if it is: where it
-    /// ends, unless it holds a partial key (`set_partial_key`).
-    pub(crate) fn keyed_tokens(&self, position: usize, block_size: usize) -> usize {
-        match self.partial_key {
-            Some((p, tokens)) if p as usize == position => tokens as usize,
-            _ => (position + 1) * block_size,
-        }
-    }
-
-    /// The block with a partial key and the tokens it covers, if any.
-    pub(crate) fn partial_key(&self) -> Option<(usize, usize)> {
-        self.partial_key.map(|(p, t)| (p as usize, t as usize))
-    }
-
-    /// Record that the block at `position` is keyed for `tokens` tokens.
-    pub(crate) fn set_partial_key(&mut self, position: usize, tokens: usize) {
-        self.partial_key = Some((position as u32, tokens as u32));
-    }
-
-    pub(crate) fn clear_partial_key(&mut self) {
-        self.partial_key = None;
-    }
-
     /// The block ids, in token order.
     pub fn block_ids(&self) -> &[BlockId] {
         &self.blocks

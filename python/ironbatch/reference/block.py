@@ -23,6 +23,11 @@ class Block:
     block_id: int
     ref_cnt: int = 0
     hash: int | None = None
+    #: The tokens its key covers when the key is the hash at fewer tokens
+    #: than the block holds (a partial key, docs/scheduling.md §7.16: a
+    #: full-attention prompt tail, a recurrent prefill checkpoint; vLLM's
+    #: ``block_hash_num_tokens``); 0 when the key covers the whole block.
+    partial_tokens: int = 0
     prev: Block | None = field(default=None, repr=False)
     next: Block | None = field(default=None, repr=False)
 

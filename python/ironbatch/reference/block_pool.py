@@ -90,6 +90,7 @@ class BlockPool:
         """``get_new_blocks`` for a ``k`` the caller checked against the free count."""
         blocks = self._free_queue.popleft_n(k)
         for block in blocks:
+            block.partial_tokens = 0
             if block.hash is not None:
                 # Lazy eviction: a freed cached block stayed findable until now.
                 self._cached.remove(block.hash, block)
@@ -106,6 +107,7 @@ class BlockPool:
         blocks stay where they are."""
         for block_id in block_ids:
             block = self._blocks[block_id]
+            block.partial_tokens = 0
             if block.hash is not None:
                 self._cached.remove(block.hash, block)
                 block.hash = None
@@ -163,7 +165,14 @@ class BlockPool:
         add it to the prefix-cache map."""
         assert block.ref_cnt > 0 and block.hash is None and block.block_id != NULL_BLOCK
         block.hash = block_hash
+        block.partial_tokens = 0
         self._cached.insert(block_hash, block)
+
+    def cache_partial_block(self, block: Block, block_hash: int, tokens: int) -> None:
+        """``cache_block`` with a partial key: ``block_hash`` is the hash at
+        ``tokens`` tokens, fewer than the block may hold (§7.16)."""
+        self.cache_block(block, block_hash)
+        block.partial_tokens = tokens
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash. Refused (False, nothing changed) while
@@ -173,6 +182,7 @@ class BlockPool:
         self._cached.clear()
         for block in self._blocks:
             block.hash = None
+            block.partial_tokens = 0
         self.events.push(Cleared())
         return True
 

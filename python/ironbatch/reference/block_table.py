@@ -37,18 +37,6 @@ class BlockTable:
     grown: int = 0
     #: A recurrent group's states in cache mode "align"; unused otherwise.
     states: StateSlots = field(default_factory=lambda: StateSlots())
-    #: A block keyed by the hash at fewer tokens than it ends at, beside
-    #: groups of different block sizes (docs/scheduling.md §7.16: a
-    #: full-attention prompt tail, a recurrent prefill checkpoint): its
-    #: position and those tokens (vLLM's ``block_hash_num_tokens``).
-    partial_key: tuple[int, int] | None = None
-
-    def keyed_tokens(self, position: int, block_size: int) -> int:
-        """The tokens the block at ``position`` is keyed for, if it is:
-        where it ends, unless it holds a partial key (``partial_key``)."""
-        if self.partial_key is not None and self.partial_key[0] == position:
-            return self.partial_key[1]
-        return (position + 1) * block_size
 
     def block_ids(self) -> list[int]:
         return [b.block_id for b in self.blocks]

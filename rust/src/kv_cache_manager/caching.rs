@@ -69,7 +69,7 @@ impl KvCacheManager {
                 let first = (table.states.retired as usize).min(table.len());
                 return (first..table.len())
                     .filter(|&i| hashed(table.blocks[i]))
-                    .map(|i| table.keyed_tokens(i, bs))
+                    .map(|i| self.keyed_tokens(table.blocks[i], i, bs))
                     .max()
                     .unwrap_or(0);
             }
@@ -79,11 +79,12 @@ impl KvCacheManager {
                 .enumerate()
                 .find(|&(_, &b)| hashed(b))
                 .map_or(0, |(back, _)| (held.len() - back) * bs);
-            // A prompt tail keyed past the full blocks (§7.16).
-            match table.partial_key() {
-                Some((p, tokens)) if p >= held.len() && hashed(table.blocks[p]) => end.max(tokens),
-                _ => end,
-            }
+            // A prompt tail keyed past the full blocks (§7.16): among the
+            // few blocks its tokens have not filled.
+            (held.len()..table.len())
+                .filter(|&i| hashed(table.blocks[i]))
+                .map(|i| self.keyed_tokens(table.blocks[i], i, bs))
+                .fold(end, usize::max)
         };
         tables.iter().enumerate().map(cached_end).min().unwrap_or(0)
     }
@@ -137,7 +138,7 @@ impl KvCacheManager {
     /// (freed to the queue's tail, its tokens in the cached-token
     /// estimate). The tail is the prompt less its last token (all of it
     /// for a group that drops an EAGLE block), within the hashed tokens.
-    fn cache_prompt_tail(&mut self, g: usize, table: &mut BlockTable, seq: &Sequence, upto: usize) {
+    fn cache_prompt_tail(&mut self, g: usize, table: &BlockTable, seq: &Sequence, upto: usize) {
         let (bs, unit) = (self.group_block_size(g), self.hash_block_size);
         let prompt = seq.num_prompt_tokens();
         let limit = if self.drops_eagle[g] {
@@ -154,18 +155,26 @@ impl KvCacheManager {
         if block == NULL_BLOCK {
             return;
         }
-        if self.pool.block(block).is_some_and(|b| b.hash.is_some()) {
-            match table.partial_key() {
-                // A tail keyed before more hashes were known moves on.
-                Some((p, tokens)) if p == idx && tokens < boundary => {
-                    self.pool.uncache(&[block]);
-                }
-                _ => return, // (a key it has covers as much or more: it stays)
+        if let Some(b) = self.pool.block(block).filter(|b| b.hash.is_some()) {
+            // A tail keyed before more hashes were known moves on; a key
+            // that covers as much or more stays.
+            let partial = b.partial_tokens as usize;
+            if partial == 0 || partial >= boundary {
+                return;
             }
+            self.pool.uncache(&[block]);
         }
         let key = group_key(seq.block_hashes()[boundary / unit - 1], g);
-        self.pool.cache_block(block, key);
-        table.set_partial_key(idx, boundary);
+        self.pool.cache_partial_block(block, key, boundary);
+    }
+
+    /// The tokens the key of `block`, at `position` in a table of `bs`
+    /// blocks, covers: where the block ends, unless the key is partial.
+    fn keyed_tokens(&self, block: BlockId, position: usize, bs: usize) -> usize {
+        match self.pool.block(block).map_or(0, |b| b.partial_tokens) {
+            0 => (position + 1) * bs,
+            tokens => tokens as usize,
+        }
     }
 
     /// [`Self::cache_blocks`] once a block has filled since the last call.
@@ -259,13 +268,7 @@ impl KvCacheManager {
     /// block holds it unhashed (vLLM's Mamba `_cache_partial_tail_block`):
     /// sparse retention passed it by when the prompt was shorter (a
     /// session's next turn).
-    fn cache_prompt_state(
-        &mut self,
-        g: usize,
-        table: &mut BlockTable,
-        seq: &Sequence,
-        upto: usize,
-    ) {
+    fn cache_prompt_state(&mut self, g: usize, table: &BlockTable, seq: &Sequence, upto: usize) {
         if let Some(checkpoint) = self.step_checkpoint {
             return self.cache_checkpoint_state(g, table, seq, checkpoint);
         }
@@ -301,7 +304,7 @@ impl KvCacheManager {
     fn cache_checkpoint_state(
         &mut self,
         g: usize,
-        table: &mut BlockTable,
+        table: &BlockTable,
         seq: &Sequence,
         checkpoint: StateCheckpoint,
     ) {
@@ -328,7 +331,6 @@ impl KvCacheManager {
             return;
         }
         self.cache_state(g, table, seq, idx, position);
-        table.set_partial_key(idx, position);
     }
 
     /// Hash-cache the state in group `g`'s block `idx` out of turn as the
@@ -362,7 +364,7 @@ impl KvCacheManager {
             Some(_) => self.pool.uncache(&[block]),
             None => {}
         }
-        self.pool.cache_block(block, key);
+        self.pool.cache_partial_block(block, key, position);
         self.states_cached_this_step.push(key);
         if self.pool.events.enabled() {
             self.prompt_states_stored.push((g, hash_index, block));

@@ -385,7 +385,6 @@ impl KvCacheManager {
             table.sync_last();
             table.num_cached = 0;
             table.states = Default::default();
-            table.clear_partial_key();
         }
     }
 
@@ -400,7 +399,6 @@ impl KvCacheManager {
             table.sync_last();
             table.num_cached = 0;
             table.states = Default::default();
-            table.clear_partial_key();
         }
         blocks
     }

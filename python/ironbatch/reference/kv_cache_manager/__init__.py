@@ -437,7 +437,6 @@ class KvCacheManager:
             table.blocks.clear()
             table.num_cached = 0
             table.states = StateSlots()
-            table.partial_key = None
 
     def take_blocks(self, tables: list[BlockTable]) -> list[int]:
         """Empty every group's table without returning its blocks to the
@@ -449,7 +448,6 @@ class KvCacheManager:
             table.blocks.clear()
             table.num_cached = 0
             table.states = StateSlots()
-            table.partial_key = None
         return blocks
 
     def release_blocks_last_first(self, block_ids: list[int]) -> None:

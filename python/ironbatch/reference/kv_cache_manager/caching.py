@@ -60,7 +60,7 @@ def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
             # the hash-cached blocks.
             return max(
                 (
-                    table.keyed_tokens(i, bs)
+                    keyed_tokens(b, i, bs)
                     for i, b in enumerate(table.blocks)
                     if b.block_id != NULL_BLOCK and b.hash is not None
                 ),
@@ -73,12 +73,12 @@ def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
             if b.block_id != NULL_BLOCK and b.hash is not None
         ]
         end = ends[-1] if ends else 0
-        # A prompt tail keyed past the full blocks (§7.16).
-        if table.partial_key is not None:
-            p, tokens = table.partial_key
-            tail = table.blocks[p]
-            if p >= len(held) and tail.block_id != NULL_BLOCK and tail.hash is not None:
-                end = max(end, tokens)
+        # A prompt tail keyed past the full blocks (§7.16): among the few
+        # blocks its tokens have not filled.
+        for i in range(len(held), len(table)):
+            b = table.blocks[i]
+            if b.block_id != NULL_BLOCK and b.hash is not None:
+                end = max(end, keyed_tokens(b, i, bs))
         return end
 
     return min((cached_end(g, t) for g, t in enumerate(tables)), default=0)
@@ -136,14 +136,19 @@ def cache_prompt_tail(
     if block.block_id == NULL_BLOCK:
         return
     if block.hash is not None:
-        partial = table.partial_key
-        if partial is None or partial[0] != idx or partial[1] >= boundary:
-            return  # (a key it has covers as much or more: it stays)
-        # A tail keyed before more hashes were known moves on.
+        # A tail keyed before more hashes were known moves on; a key that
+        # covers as much or more stays.
+        if block.partial_tokens == 0 or block.partial_tokens >= boundary:
+            return
         m._pool.uncache([block.block_id])
     key = group_key(seq.block_hashes[boundary // unit - 1], g)
-    m._pool.cache_block(block, key)
-    table.partial_key = (idx, boundary)
+    m._pool.cache_partial_block(block, key, boundary)
+
+
+def keyed_tokens(block: Block, position: int, bs: int) -> int:
+    """The tokens the key of ``block``, at ``position`` in a table of ``bs``
+    blocks, covers: where the block ends, unless the key is partial."""
+    return block.partial_tokens or (position + 1) * bs
 
 
 def cache_new_full_blocks(
@@ -246,7 +251,6 @@ def cache_checkpoint_state(
         m._pool.uncache([block_id])
         return
     cache_state(m, g, table, seq, idx, position)
-    table.partial_key = (idx, position)
 
 
 def cache_state(
@@ -272,7 +276,7 @@ def cache_state(
         return
     if block.hash is not None:
         m._pool.uncache([block.block_id])
-    m._pool.cache_block(block, key)
+    m._pool.cache_partial_block(block, key, position)
     m._states_cached_this_step.add(key)
     if m._pool.events.enabled:
         m._prompt_states_stored.append((g, hash_index, block.block_id))
