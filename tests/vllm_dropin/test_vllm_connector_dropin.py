@@ -26,7 +26,7 @@ from ironbatch.bench.vllm_standin_connector import kv_connector_output, random_s
 import vllm_setup
 from seeded import Workloads
 from test_vllm_differential import image_pool, place_images, step_room
-from vllm_pair import VllmPair
+from vllm_pair import VllmPair, VllmUnderflow
 
 VOCAB = 50
 # Per run, each sync or async at random (about 120 with window groups beside
@@ -81,44 +81,50 @@ def run_seed(seed: int) -> Counter:
         assert ours.log == theirs.log
         check_blocks(pair.vllm)
 
-    for _ in range(2000):
-        if added < arrivals and rng.random() < 0.5:
-            n = rng.randint(1, max_len - 8)
-            prompt = rng.choice(prefixes)[: rng.randint(0, n)]
-            prompt += [rng.randrange(3, VOCAB) for _ in range(n - len(prompt))]
-            max_tokens = rng.randint(1, max(1, min(24, max_len - n - 1)))
-            features = place_images(vision, prompt, images) if images else []
-            pair.events["images"] += len(features)
-            pair.add(
-                f"r{added}",
-                prompt,
-                max_tokens=max_tokens,
-                priority=rng.randint(0, 2),
-                mm_features=features,
+    try:
+        for _ in range(2000):
+            if added < arrivals and rng.random() < 0.5:
+                n = rng.randint(1, max_len - 8)
+                prompt = rng.choice(prefixes)[: rng.randint(0, n)]
+                prompt += [rng.randrange(3, VOCAB) for _ in range(n - len(prompt))]
+                max_tokens = rng.randint(1, max(1, min(24, max_len - n - 1)))
+                features = place_images(vision, prompt, images) if images else []
+                pair.events["images"] += len(features)
+                pair.add(
+                    f"r{added}",
+                    prompt,
+                    max_tokens=max_tokens,
+                    priority=rng.randint(0, 2),
+                    mm_features=features,
+                )
+                added += 1
+            live = [rid for rid, r in pair.vllm.requests.items() if not r.is_finished()]
+            if live and rng.random() < 0.05:
+                victim = rng.choice(sorted(live))
+                loading = pair.vllm.requests[victim].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                pair.events["aborted_loading"] += loading
+                pair.abort([victim])
+                check()
+            if added == arrivals and not pair.vllm.has_requests() and not worker.busy:
+                while pair.in_flight:
+                    pair.update_oldest()
+                if not pair.vllm.has_requests() and not worker.busy:
+                    break
+            requests = pair.vllm.requests.values()
+            pair.events["loading"] += sum(
+                r.status == RequestStatus.WAITING_FOR_REMOTE_KVS for r in requests
             )
-            added += 1
-        live = [rid for rid, r in pair.vllm.requests.items() if not r.is_finished()]
-        if live and rng.random() < 0.05:
-            victim = rng.choice(sorted(live))
-            loading = pair.vllm.requests[victim].status == RequestStatus.WAITING_FOR_REMOTE_KVS
-            pair.events["aborted_loading"] += loading
-            pair.abort([victim])
+            pair.schedule()
             check()
-        if added == arrivals and not pair.vllm.has_requests() and not worker.busy:
-            while pair.in_flight:
+            while len(pair.in_flight) >= depth:
                 pair.update_oldest()
-            if not pair.vllm.has_requests() and not worker.busy:
-                break
-        pair.events["loading"] += sum(
-            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS for r in pair.vllm.requests.values()
-        )
-        pair.schedule()
-        check()
-        while len(pair.in_flight) >= depth:
-            pair.update_oldest()
-            check()
-    else:
-        raise AssertionError("no progress")
+                check()
+        else:
+            raise AssertionError("no progress")
+    except VllmUnderflow:
+        # vLLM's own bug, past which nothing compares (see VllmUnderflow).
+        pair.events["vllm_underflow"] += 1
+        return pair.events
     assert pair.ours._core.num_free_blocks == settings["num_blocks"] - 1, "blocks leaked"
     events = pair.events
     events.update(theirs.events)

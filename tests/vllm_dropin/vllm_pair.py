@@ -200,6 +200,14 @@ def core_view(ours: Any, r: Request) -> dict:
     return request_view(r, tokens, computed)
 
 
+class VllmUnderflow(Exception):
+    """vLLM's own scheduler drove a request's computed-token count below
+    zero: a running request whose KV load failed (recompute policy) had
+    drafts in flight, and their rejection is taken off the count the failure
+    reset (vLLM 0.33's update_from_output does not guard it; the core stops
+    at zero). Past it the two cannot be compared."""
+
+
 class _Recorder:
     """A KV-event publisher that keeps the batches."""
 
@@ -488,6 +496,9 @@ class VllmPair:
             mro.kv_connector_output = self.kv_reports(a)
         # A copy for each: vLLM trims a request's token list in place at a stop.
         oa = self.vllm.update_from_output(a, runner_output_copy(mro))
+        for rid in a.num_scheduled_tokens:
+            if self.made[rid][0].num_computed_tokens < 0:
+                raise VllmUnderflow(rid)
         if mro.kv_connector_output is not None:
             # Its sets copied alike for both: a copy may iterate in another
             # order, and the order transfers are named in is the order they
