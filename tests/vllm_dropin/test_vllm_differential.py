@@ -231,6 +231,17 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     return out
 
 
+def livelock_state(pair: VllmPair) -> tuple:
+    """What must change for a drained workload to be making progress: each
+    request's status and counts, the steps in flight and the free blocks."""
+    requests = tuple(
+        (rid, r.status, r.num_computed_tokens, r.num_tokens)
+        for rid, r in sorted(pair.vllm.requests.items())
+    )
+    free = pair.vllm.kv_cache_manager.block_pool.get_num_free_blocks()
+    return requests, len(pair.in_flight), free
+
+
 def recurrent_blocks(settings: dict) -> int:
     """Blocks one request's states take in a layout's recurrent groups: a
     block per state block of its length (at most three live states with
@@ -756,9 +767,23 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
             pair.add_chunk(rid, [0], resumable=False)
     # Pipeline parallelism spaces a request's decodes pp steps apart.
     idle = 0
+    seen: dict[tuple, int] = {}  # state -> preemptions when it was seen
     for _ in range(30 * max_len * pp):
         if not pair.vllm.has_requests() and not pair.in_flight:
             break
+        state = livelock_state(pair)
+        if seen.get(state, pair.events["preempted"]) < pair.events["preempted"]:
+            # vLLM's own livelock, reproduced: the same requests, statuses
+            # and counts again, with preemptions between and nothing
+            # sampled or finished (a pool too tight for two requests that
+            # preempt each other in turn, recomputing from scratch; a
+            # cadence or a stagger repeats states without preempting).
+            # Their clients give up.
+            pair.events["vllm_livelock"] += 1
+            pair.abort(sorted(pair.vllm.requests))
+            seen.clear()
+            continue
+        seen[state] = pair.events["preempted"]
         if pair.vllm.has_requests():
             step()
         else:
