@@ -353,6 +353,18 @@ mod tests {
         pool
     }
 
+    /// A pool with a block cached under each `(hash index, group)` key,
+    /// in order; their ids.
+    fn pool_caching(hashes: &[BlockHash], keys: &[(usize, usize)]) -> (BlockPool, Vec<BlockId>) {
+        let mut pool = BlockPool::new(40).unwrap();
+        let mut ids = Vec::new();
+        pool.take_free_blocks(keys.len(), &mut ids);
+        for (&id, &(k, g)) in ids.iter().zip(keys) {
+            pool.cache_block(id, group_key(hashes[k], g));
+        }
+        (pool, ids)
+    }
+
     #[test]
     fn one_group_is_asked_once() {
         // vLLM 0.33, chunks of 3 tokens in blocks of 2, blocks 3 and 4
@@ -380,15 +392,8 @@ mod tests {
         // on multiples of 4. The window cached its blocks 3 and 4 (tokens
         // 6..10); a run ending at token 10 is skipped, the hit ends at 8.
         let hashes: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
-        let mut pool = BlockPool::new(40).unwrap();
-        let mut ids = Vec::new();
-        pool.take_free_blocks(8, &mut ids);
-        for k in 0..3 {
-            pool.cache_block(ids[k], group_key(hashes[2 * k + 1], 0));
-        }
-        for k in [3, 4] {
-            pool.cache_block(ids[3 + k], group_key(hashes[k], 1));
-        }
+        let keys = [(1, 0), (3, 0), (5, 0), (3, 1), (4, 1)];
+        let (pool, ids) = pool_caching(&hashes, &keys);
         let kinds = [
             AttentionKind::Full,
             AttentionKind::SlidingWindow { window: 3 },
@@ -398,7 +403,7 @@ mod tests {
         let hit = find_longest_hit(&pool, &groups, &hashes, 15, 2, 4, &mut blocks);
         assert_eq!(hit.tokens, 8);
         assert_eq!(blocks[0], ids[..2].to_vec());
-        assert_eq!(blocks[1], [NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, ids[6]]);
+        assert_eq!(blocks[1], [NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, ids[3]]);
     }
 
     #[test]
@@ -409,15 +414,8 @@ mod tests {
         // after 4, 6 and 10 tokens: those after 10 and 6 are skipped (off
         // the alignment), the hit is the state after 4 (12 shared).
         let hashes: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
-        let mut pool = BlockPool::new(40).unwrap();
-        let mut ids = Vec::new();
-        pool.take_free_blocks(6, &mut ids);
-        for k in 0..3 {
-            pool.cache_block(ids[k], group_key(hashes[2 * k + 1], 0));
-        }
-        for (id, k) in ids[3..].iter().zip([1, 2, 4]) {
-            pool.cache_block(*id, group_key(hashes[k], 1));
-        }
+        let keys = [(1, 0), (3, 0), (5, 0), (1, 1), (2, 1), (4, 1)];
+        let (pool, ids) = pool_caching(&hashes, &keys);
         let state = AttentionKind::Mamba {
             block_size: 2,
             speculative_blocks: 0,
@@ -439,12 +437,7 @@ mod tests {
         // ends on the scheduler block, at 4 (vLLM rounds the full-attention
         // hit down so).
         let hashes: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
-        let mut pool = BlockPool::new(40).unwrap();
-        let mut ids = Vec::new();
-        pool.take_free_blocks(3, &mut ids);
-        for k in 0..3 {
-            pool.cache_block(ids[k], group_key(hashes[k], 0));
-        }
+        let (pool, _) = pool_caching(&hashes, &[(0, 0), (1, 0), (2, 0)]);
         let kinds = [
             AttentionKind::Full,
             AttentionKind::SlidingWindow { window: 3 },
