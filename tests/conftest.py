@@ -92,8 +92,9 @@ def full_size(request: pytest.FixtureRequest) -> bool:
     return request.config.stash[_FULL]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def workloads(request: pytest.FixtureRequest) -> Workloads:
-    """This run's workload seeds and sizes for the requesting test file."""
+    """This run's workload seeds and sizes for the requesting test file
+    (module-scoped: a module's fixtures may draw a whole run's seeds once)."""
     config = request.config
     return Workloads(config.stash[_SEED], config.stash[_FULL], request.path.name)

@@ -28,25 +28,32 @@ Per row:
 * the same small workload (plain requests, a shared prefix, prompt
   logprobs, a structured-output request, a resumable streaming-input session,
   an abort) goes through both engines in lockstep, and every SchedulerOutput,
-  grammar bitmask, EngineCoreOutputs and KV-cache event must be equal.
+  grammar bitmask, EngineCoreOutputs and KV-cache event must be equal;
+* for ``test_vllm_families.py``, a row may ask for random workloads after
+  it (``"random": {"seed", "count"}``), each compared the same way, and
+  for the drop-in broken one way while it runs (``"mutation"``, a key of
+  ``MUTATIONS``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import itertools
 import json
 import logging
 import os
+import random
 import sys
 import time
 import traceback
 import zlib
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, ClassVar
+from unittest import mock
 
 assert os.environ.get("VLLM_TARGET_DEVICE") == "cpu", "run by test_vllm_deployments.py"
 
@@ -88,7 +95,10 @@ from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # n
 from vllm.v1.worker.utils import customize_attention_spec  # noqa: E402
 
 import ironbatch.vllm  # noqa: E402
+import ironbatch.vllm.settings  # noqa: E402
+import ironbatch.vllm.speculation  # noqa: E402
 from ironbatch.bench.vllm_driver import offload_jobs_done  # noqa: E402
+from ironbatch.config import CacheConfig, KVCacheGroup, SchedulerConfig  # noqa: E402
 from ironbatch.vllm.harness import suffix_decoding_allowed  # noqa: E402
 
 import fake_grammar  # noqa: E402
@@ -483,6 +493,7 @@ class DeploymentExecutor(StandInExecutor):
         # function of the step number and the id).
         self.num_steps = 0
         self.last_step_ids: list[str] = []
+        self.prompt_logprobs_sent: set[str] = set()
 
     def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
         return copy.deepcopy(self.worker_specs)
@@ -623,10 +634,13 @@ class DeploymentExecutor(StandInExecutor):
             if (
                 r.sampling_params.prompt_logprobs
                 and start < r.num_prompt_tokens <= r.num_computed_tokens
+                and rid not in self.prompt_logprobs_sent
             ):
                 # The runner hands the prompt's logprobs over whole, with the
                 # chunk that completes the prompt: one row per prompt token
-                # after the first.
+                # after the first; once (a preempted request recomputes its
+                # prompt with its output, in chunks that sample nothing).
+                self.prompt_logprobs_sent.add(rid)
                 positions = torch.arange(1, r.num_prompt_tokens)
                 prompt_logprobs[rid] = LogprobsTensors(
                     logprob_token_ids=torch.stack([positions % 97 + 5, positions % 89 + 5], 1),
@@ -1089,6 +1103,8 @@ def _exercised(e: Engine) -> dict[str, int]:
             for d in so["scheduled_new_reqs"]
             if d["req_id"] == "prefix-4" and d["num_computed_tokens"] > 0
         )
+        # Any request admitted with cached tokens (the random workloads').
+        seen["local_hits"] += sum(1 for d in so["scheduled_new_reqs"] if d["num_computed_tokens"])
         seen["preempted"] += len(so["preempted_req_ids"] or ())
         meta = so["kv_connector_metadata"]  # (class name, fields) or None
         seen["connector_metadata"] += meta is not None
@@ -1129,7 +1145,10 @@ def run_row(
     log = WarningLog()
     logging.getLogger("ironbatch.vllm").addHandler(log)
     gpu_defaults = row["flavor"] == "gpu-defaults"
-    with environment(GPU_DEFAULTS_ENV if gpu_defaults else {}):
+    with (
+        environment(GPU_DEFAULTS_ENV if gpu_defaults else {}),
+        MUTATIONS[row["mutation"]]() if row.get("mutation") else contextlib.nullcontext(),
+    ):
         engines: list[Engine] = []
         try:
             sampler = Sampler()
@@ -1156,6 +1175,8 @@ def run_row(
             }
             if report["engaged"]:
                 report["parity"] = _run_workload(theirs, ours)
+                if row.get("random") and report["parity"]["mismatch"] is None:
+                    report["random"] = _run_random(theirs, ours, **row["random"])
             return report
         finally:
             for e in engines:
@@ -1166,9 +1187,7 @@ def run_row(
 
 
 def _run_workload(theirs: Engine, ours: Engine) -> dict[str, Any]:
-    """The workload through both engines, tick by tick (arrivals and aborts
-    first, then one engine step each, as EngineCoreProc's loop does), until
-    both have drained; then the first difference, if any."""
+    """The row's fixed workload through both engines; the first difference, if any."""
     vc = theirs.engine.vllm_config
     plan = (
         pooling_workload()
@@ -1181,17 +1200,32 @@ def _run_workload(theirs: Engine, ours: Engine) -> dict[str, Any]:
             lora=vc.lora_config is not None, images=vc.model_config.supports_multimodal_inputs
         )
     )
+    drained = _drive(theirs, ours, plan, ticks=300)  # it drains in about 30
+    return {"mismatch": _compare(theirs, ours, drained), "exercised": _exercised(theirs)}
+
+
+def _drive(
+    theirs: Engine, ours: Engine, plan: dict[int, list[tuple[str, Any]]], ticks: int
+) -> bool:
+    """A plan through both engines, tick by tick (arrivals and aborts first,
+    then one engine step each, as EngineCoreProc's loop does), until both
+    have drained past its last tick; whether they did within ``ticks``."""
     last = max(plan)
-    drained = False
-    for tick in range(300):  # it drains in about 30
+    for tick in range(ticks):
         for action, arg in plan.get(tick, []):
             theirs.apply(action, arg)
             ours.apply(action, arg)
         if tick > last and not theirs.busy() and not ours.busy():
-            drained = True
-            break
+            return True
         theirs.step()
         ours.step()
+    return False
+
+
+def _compare(theirs: Engine, ours: Engine, drained: bool) -> str | None:
+    """The first difference between what the two engines recorded, if any:
+    what the workers got, the grammar masks, each step's outputs and
+    events, then the state each engine is left in."""
     mismatch = (
         _first_difference(theirs.executor.received, ours.executor.received, "SchedulerOutput")
         or _first_difference(theirs.executor.grammar, ours.executor.grammar, "grammar bitmask")
@@ -1208,8 +1242,161 @@ def _run_workload(theirs: Engine, ours: Engine) -> dict[str, Any]:
     if mismatch is None and final[0] != final[1]:
         mismatch = f"final state: vLLM {final[0]}, drop-in {final[1]}"
     if mismatch is None and not drained:
-        mismatch = "the engines never drained"
-    return {"mismatch": mismatch, "exercised": _exercised(theirs)}
+        held = {
+            rid: (str(r.status), r.num_computed_tokens, r.num_tokens)
+            for rid, r in theirs.scheduler.requests.items()
+        }
+        mismatch = f"the engines never drained (vLLM holds {held})"
+    return mismatch
+
+
+# -- random workloads (test_vllm_families.py) ----------------------------------------------
+
+# Shared prefixes a row's random workloads draw from (and, cached by one
+# workload, hit in a later one).
+_PREFIXES = 3
+
+
+def random_workload(
+    rng: random.Random, tag: str, prefixes: list[list[int]], vc: VllmConfig
+) -> dict[int, list[tuple[str, Any]]]:
+    """Arrivals and aborts by tick, drawn from ``rng``: 2 to 12 requests
+    over the first 16 ticks, prompts as long as ``prefixes`` at most (most
+    sharing a drawn length of one of them), 1 to 64 output tokens, and in
+    some a stop token, prompt logprobs, a structured output, or an abort a
+    few ticks after arrival. Requests are named ``{tag}-{j}``."""
+    plan: dict[int, list[tuple[str, Any]]] = {}
+    json_schema = StructuredOutputsParams(json={"type": "object"})
+    sc = vc.scheduler_config
+    longest = len(prefixes[0])
+    if not sc.enable_chunked_prefill:
+        # A prompt must fit a step whole, or it waits at the head of the
+        # queue for good (in vLLM too).
+        budget = sc.max_num_scheduled_tokens or sc.max_num_batched_tokens
+        longest = min(longest, budget - vc.num_lookahead_tokens - 8)
+    for j in range(rng.randint(2, 12)):
+        tick = rng.randrange(16)
+        max_tokens = rng.randint(1, 64)
+        length = rng.randint(1, min(longest, vc.model_config.max_model_len - max_tokens - 8))
+        shared = rng.randint(0, length) if rng.random() < 0.7 else 0
+        tail = [rng.randrange(5, 500) for _ in range(length - shared)]
+        prompt = rng.choice(prefixes)[:shared] + tail
+        kw: dict[str, Any] = {}
+        if rng.random() < 0.2:
+            kw["stop_token_ids"] = [rng.randrange(5, 102)]  # token_for's range
+        if rng.random() < 0.1:
+            kw["prompt_logprobs"] = 2
+        rid = f"{tag}-{j}"
+        if rng.random() < 0.1:
+            kw["structured_outputs"] = json_schema
+            rid = f"json-{rid}"  # (token_for ends such a request's reasoning now and then)
+        request = _request(rid, prompt, max_tokens, float(tick), **kw)
+        plan.setdefault(tick, []).append(("add", request))
+        if rng.random() < 0.15:
+            plan.setdefault(tick + rng.randint(0, 12), []).append(("abort", rid))
+    return plan
+
+
+def _run_random(theirs: Engine, ours: Engine, seed: int, count: int) -> dict[str, Any]:
+    """``count`` random workloads one after another through both engines
+    (the cache carries over: a later workload hits an earlier one's
+    prefixes), each drained and compared before the next; the first
+    difference, with the workload's index and seed."""
+    rng = random.Random(seed)
+    vc = theirs.engine.vllm_config
+    # Prefixes across three of the largest attention block (600 tokens at
+    # least), so that hits span blocks (and preemptions come) wherever the
+    # row's blocks are large; inside max_model_len with room for output.
+    unit = max(
+        (
+            g.kv_cache_spec.block_size
+            for g in theirs.scheduler.kv_cache_config.kv_cache_groups
+            if type(g.kv_cache_spec).__name__ != "MambaSpec"
+        ),
+        default=0,
+    )
+    length = min(max(600, 3 * unit), vc.model_config.max_model_len - 72)
+    prefixes = [[rng.randrange(5, 500) for _ in range(length)] for _ in range(_PREFIXES)]
+    exercised: Counter[str] = Counter()
+    for i in range(count):
+        workload_seed = rng.randrange(2**32)
+        plan = random_workload(random.Random(workload_seed), f"w{i}", prefixes, vc)
+        for e in (theirs, ours):  # each workload compared on its own
+            e.executor.received.clear()
+            e.executor.grammar.clear()
+            e.steps.clear()
+        mismatch = _compare(theirs, ours, _drive(theirs, ours, plan, ticks=5000))
+        exercised.update(_exercised(theirs))
+        exercised["workloads"] += 1
+        if mismatch is not None:
+            where = f"random workload {i} of seed {seed} (its own seed {workload_seed})"
+            return {"mismatch": f"{where}: {mismatch}", "exercised": dict(exercised)}
+    return {"mismatch": None, "exercised": dict(exercised)}
+
+
+# -- mutations (test_vllm_families.py: each family's comparison must catch its own) ------
+
+
+def _core_changed(
+    scheduler: dict[str, Any] | None = None,
+    cache: Callable[[CacheConfig], dict[str, Any]] | None = None,
+) -> contextlib.AbstractContextManager:
+    """The drop-in builds its core with these settings changed."""
+    real = ironbatch.vllm.settings.CoreScheduler
+
+    def build(scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> Any:
+        return real(
+            dataclasses.replace(scheduler_config, **(scheduler or {})),
+            dataclasses.replace(cache_config, **(cache(cache_config) if cache else {})),
+        )
+
+    return mock.patch.object(ironbatch.vllm.settings, "CoreScheduler", build)
+
+
+def _groups_changed(kind: str, **changes: Callable[[KVCacheGroup], Any]) -> Any:
+    """The core's KV-cache groups of ``kind`` with fields changed."""
+
+    def cache(config: CacheConfig) -> dict[str, Any]:
+        groups = tuple(
+            dataclasses.replace(g, **{k: f(g) for k, f in changes.items()}) if g.kind == kind else g
+            for g in config.kv_cache_groups or ()
+        )
+        return {"kv_cache_groups": groups or None}
+
+    return _core_changed(cache=cache)
+
+
+def _drafts_shortened() -> contextlib.AbstractContextManager:
+    """Each request's drafts reach the core one token short."""
+    take = ironbatch.vllm.speculation.Speculation.take_drafts
+
+    def take_but_drop_the_last(self: Any, drafts: DraftTokenIds) -> None:
+        shorter = [d[:-1] for d in drafts.draft_token_ids]
+        take(self, DraftTokenIds(req_ids=drafts.req_ids, draft_token_ids=shorter))
+
+    return mock.patch.object(
+        ironbatch.vllm.speculation.Speculation, "take_drafts", take_but_drop_the_last
+    )
+
+
+# Each a way to break the drop-in that only one family's rows can show.
+MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+    # (vLLM's default retention caches only the states a later request
+    # resumes from.)
+    "every recurrent state kept cached": lambda: _core_changed(
+        cache=lambda c: {"sparse_retention": False}
+    ),
+    "windows 16 tokens wider": lambda: _groups_changed(
+        "sliding_window", size=lambda g: g.size + 16
+    ),
+    "no prefill read-ahead for the MTP modules": lambda: _core_changed(
+        scheduler={"drafter_read_ahead": 0}
+    ),
+    "blocks not widened by decode context parallelism": lambda: _core_changed(
+        cache=lambda c: {"block_size": c.block_size // 2}
+    ),
+    "drafts one token short": _drafts_shortened,
+}
 
 
 def main(rows_path: str, report_path: str) -> None:

@@ -884,8 +884,12 @@ def _key(row: Deployment, flavor: str) -> str:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every row in every flavour, built and run once, in one child process."""
-    tmp = tmp_path_factory.mktemp("deployments")
     rows = [{**row._asdict(), "flavor": f} for row in TABLE for f in row.flavors]
+    return build_rows(rows, tmp_path_factory.mktemp("deployments"), timeout=600)
+
+
+def build_rows(rows: list[dict[str, Any]], tmp: Path, timeout: int) -> dict[str, Any]:
+    """``deployment_setup.py`` on ``rows`` in a child process; its report."""
     (tmp / "rows.json").write_text(json.dumps(rows))
     env = {k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"}
     env |= {
@@ -901,7 +905,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
     if done.returncode != 0 or not (tmp / "report.json").exists():
         pytest.fail(f"deployment_setup.py failed ({done.returncode}):\n{done.stderr[-6000:]}")
