@@ -638,6 +638,10 @@ def vllm_request_tail(scheduler: Scheduler, slot: int, start: int) -> tuple[list
     """A live request's tokens from ``start`` on, its num_computed_tokens and
     its status as vLLM spells it (for a KV connector's view)."""
 
+def vllm_shared_prefix_boundary(scheduler: Scheduler, slot: int) -> int:
+    """A live request's shared-prefix boundary as its last prefix-cache
+    lookup set it (vLLM's ``Request.shared_prefix_boundary``)."""
+
 def vllm_block_ids(scheduler: Scheduler, slot: int) -> list[list[int]]:
     """A live request's block ids, one list per KV-cache group."""
 

@@ -191,9 +191,11 @@ pub struct StepOutput {
     /// Attention blocks handed out during the step, for the runner to zero
     /// (vLLM's `new_block_ids_to_zero`; empty without recurrent groups).
     pub new_block_ids_to_zero: Vec<BlockId>,
-    /// Preempted since the previous step's output (sorted).
+    /// Preempted since the previous step's output, in preemption order
+    /// (the order vLLM adds them to its set).
     pub preempted_req_ids: Vec<String>,
-    /// Finished since the previous step's output (sorted).
+    /// Finished since the previous step's output, in the order they
+    /// finished (the order vLLM adds them to its set).
     pub finished_req_ids: Vec<String>,
     /// A structured-output request samples this step (vLLM's
     /// `has_structured_output_requests`: the model runner applies grammars).

@@ -1,6 +1,7 @@
 """The vLLM differential must catch a drop-in that goes wrong where vLLM's
 state lives outside the core: each test breaks the drop-in one way (a grammar
-that is not advanced, a KV-cache event dropped, events reordered, a draft
+that is not advanced, a KV-cache event dropped, events reordered, finished
+ids added in another order, a draft
 lost, acceptance miscounted, a drafter's settings not passed on, drafting
 never skipped, window or recurrent KV-cache groups passed on wrong, the
 blocks to zero left out, an encoder budget
@@ -91,6 +92,25 @@ def test_reordered_kv_events_are_caught(monkeypatch: pytest.MonkeyPatch) -> None
         publish(self)
 
     monkeypatch.setattr(KvEvents, "publish", publish_reversed)
+    assert caught()
+
+
+def test_finished_and_preempted_ids_added_in_another_order_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM adds a step's finished and preempted ids to its sets as they
+    come; a connector iterating such a set follows the order that built it
+    where ids' hashes collide (CPU offloading's store jobs do)."""
+    schedule = Scheduler.schedule
+
+    def schedule_sorted(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
+        output = schedule(self, *args, **kwargs)
+        output.finished_req_ids = set(sorted(output.finished_req_ids))
+        if output.preempted_req_ids is not None:
+            output.preempted_req_ids = set(sorted(output.preempted_req_ids))
+        return output
+
+    monkeypatch.setattr(Scheduler, "schedule", schedule_sorted)
     assert caught()
 
 

@@ -87,6 +87,11 @@ def scheduler_output_view(so: SchedulerOutput) -> dict[str, Any]:
     # (callers that keep a view copy it).
     view["scheduled_cached_reqs"] = _fields(so.scheduled_cached_reqs)
     view["num_scheduled_tokens"] = list(so.num_scheduled_tokens.items())  # order matters too
+    # As a connector iterates them: a set's order follows how it was built
+    # (the order its ids were added) where their hashes collide.
+    view["finished_req_ids"] = list(so.finished_req_ids)
+    preempted = so.preempted_req_ids
+    view["preempted_req_ids"] = None if preempted is None else list(preempted)
     return view
 
 

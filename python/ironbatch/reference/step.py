@@ -117,12 +117,14 @@ class StepOutput:
     entries: list[StepEntry] = field(default_factory=list)
     #: The entries as columns.
     columns: StepColumns = field(default_factory=StepColumns)
-    #: Preempted since the previous step's output (sorted).
+    #: Preempted since the previous step's output, in preemption order
+    #: (the order vLLM adds them to its set).
     preempted_req_ids: list[str] = field(default_factory=list)
     #: Attention blocks handed out during the step, for the runner to zero
     #: (vLLM's ``new_block_ids_to_zero``; empty without recurrent groups).
     new_block_ids_to_zero: list[int] = field(default_factory=list)
-    #: Finished since the previous step's output (sorted).
+    #: Finished since the previous step's output, in the order they
+    #: finished (the order vLLM adds them to its set).
     finished_req_ids: list[str] = field(default_factory=list)
     #: A structured-output request samples this step (vLLM's
     #: ``has_structured_output_requests``: the model runner applies grammars).

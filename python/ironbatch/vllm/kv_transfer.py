@@ -53,7 +53,18 @@ def connector_step(s: Scheduler, output: SchedulerOutput, step: Any) -> None:
             tail, computed, _status = _core.vllm_request_tail(core, slot_of[rid], r.num_tokens)
             if tail:
                 set_tokens(r, r._all_token_ids + tail)
+            else:
+                # Tokens appended elsewhere (a grammar's check) leave the
+                # hashes of the blocks they fill to be computed.
+                r.update_block_hashes()
             r.num_computed_tokens = computed - n
+            # Set at admission (an offloading connector stores the blocks a
+            # later request can resume from by it).
+            r.shared_prefix_boundary = _core.vllm_shared_prefix_boundary(core, slot_of[rid])
+        # Finished requests too: their last tokens came without hashes.
+        for rid in output.finished_req_ids:
+            if (r := s.requests.get(rid)) is not None:
+                r.update_block_hashes()
     output.kv_connector_block_state = KVConnectorBlockState(
         req_ids=set(scheduled),
         resolve_block_ids=lambda rid: tuple(_core.vllm_block_ids(core, slot_of[rid])),

@@ -56,6 +56,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(vllm::vllm_update_from_runner_output, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_request_state, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_request_tail, m)?)?;
+    m.add_function(wrap_pyfunction!(vllm::vllm_shared_prefix_boundary, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_block_ids, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_confirmed_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(vllm::vllm_encoder_cache_state, m)?)?;

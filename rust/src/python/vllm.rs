@@ -149,6 +149,23 @@ pub fn vllm_request_tail(
     Ok((tail, r.seq.num_computed_tokens, r.status.name()))
 }
 
+/// A live request's shared-prefix boundary, as its last prefix-cache
+/// lookup set it (vLLM's `Request.shared_prefix_boundary`, which an
+/// offloading connector reads for the boundaries a later request can
+/// resume from).
+#[pyfunction]
+pub fn vllm_shared_prefix_boundary(
+    scheduler: &Bound<'_, PyScheduler>,
+    slot: Slot,
+) -> PyResult<usize> {
+    let scheduler = scheduler.borrow();
+    let r = scheduler
+        .core
+        .request(slot)
+        .ok_or_else(|| PyValueError::new_err(format!("slot {slot} holds no live request")))?;
+    Ok(r.seq.shared_prefix_boundary)
+}
+
 /// A live request's block ids, one list per KV-cache group (vLLM's
 /// `KVCacheManager.get_block_ids`).
 #[pyfunction]

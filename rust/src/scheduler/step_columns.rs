@@ -112,8 +112,8 @@ impl Scheduler {
         }
         out.entries = entries;
         out.new_block_ids_to_zero = self.kv.take_blocks_to_zero();
-        self.preempted_ids.sort_unstable();
-        self.finished_ids.sort_unstable();
+        // In the order vLLM adds them to its sets: a set's iteration order
+        // (which a connector building its metadata follows) can depend on it.
         out.preempted_req_ids = std::mem::take(&mut self.preempted_ids);
         out.finished_req_ids = std::mem::take(&mut self.finished_ids);
         out.scheduler_id = self.id;

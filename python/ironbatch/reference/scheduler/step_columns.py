@@ -86,8 +86,10 @@ def finish_step(s: Scheduler, entries: list[StepEntry]) -> StepOutput:
                 out.push_slot(s.kv.slot_of(g, table, p))
     out.entries = entries
     out.new_block_ids_to_zero = s.kv.take_blocks_to_zero()
-    out.preempted_req_ids, s.preempted_ids = sorted(s.preempted_ids), []
-    out.finished_req_ids, s.finished_ids = sorted(s.finished_ids), []
+    # In the order vLLM adds them to its sets: a set's iteration order
+    # (which a connector building its metadata follows) can depend on it.
+    out.preempted_req_ids, s.preempted_ids = s.preempted_ids, []
+    out.finished_req_ids, s.finished_ids = s.finished_ids, []
     out.scheduler_id = s.id
     out.step_id = s.next_step
     s.pending_steps.append(s.next_step)
