@@ -94,6 +94,7 @@ from vllm.v1.outputs import (  # noqa: E402
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar  # noqa: E402
 from vllm.v1.worker.utils import customize_attention_spec  # noqa: E402
 
+import ironbatch._core  # noqa: E402
 import ironbatch.vllm  # noqa: E402
 import ironbatch.vllm.settings  # noqa: E402
 import ironbatch.vllm.speculation  # noqa: E402
@@ -1264,20 +1265,25 @@ def random_workload(
     over the first 16 ticks, prompts as long as ``prefixes`` at most (most
     sharing a drawn length of one of them), 1 to 64 output tokens, and in
     some a stop token, prompt logprobs, a structured output, or an abort a
-    few ticks after arrival. Requests are named ``{tag}-{j}``."""
+    few ticks after arrival; with LoRA on, an adapter of three in most;
+    on a model that takes images, an image or two in some (of four, each
+    its own length, so that requests share them). Requests are named
+    ``{tag}-{j}``."""
     plan: dict[int, list[tuple[str, Any]]] = {}
     json_schema = StructuredOutputsParams(json={"type": "object"})
     sc = vc.scheduler_config
-    longest = len(prefixes[0])
+    # Prompt and output together, at most.
+    longest = vc.model_config.max_model_len - 8
     if not sc.enable_chunked_prefill:
-        # A prompt must fit a step whole, or it waits at the head of the
-        # queue for good (in vLLM too).
+        # Without chunked prefill a request's tokens must fit a step whole,
+        # its output too (a preempted request recomputes them), or it
+        # waits at the head of the queue for good (in vLLM too).
         budget = sc.max_num_scheduled_tokens or sc.max_num_batched_tokens
         longest = min(longest, budget - vc.num_lookahead_tokens - 8)
     for j in range(rng.randint(2, 12)):
         tick = rng.randrange(16)
-        max_tokens = rng.randint(1, 64)
-        length = rng.randint(1, min(longest, vc.model_config.max_model_len - max_tokens - 8))
+        max_tokens = rng.randint(1, min(64, longest // 2))
+        length = rng.randint(1, min(len(prefixes[0]), longest - max_tokens))
         shared = rng.randint(0, length) if rng.random() < 0.7 else 0
         tail = [rng.randrange(5, 500) for _ in range(length - shared)]
         prompt = rng.choice(prefixes)[:shared] + tail
@@ -1286,6 +1292,11 @@ def random_workload(
             kw["stop_token_ids"] = [rng.randrange(5, 102)]  # token_for's range
         if rng.random() < 0.1:
             kw["prompt_logprobs"] = 2
+        if vc.lora_config is not None and rng.random() < 0.7:
+            i = rng.randint(1, 3)
+            kw["lora_request"] = LoRARequest(f"adapter-{i}", i, f"/adapters/{i}")
+        if vc.model_config.supports_multimodal_inputs and rng.random() < 0.3:
+            kw["mm"] = _random_images(rng, length)
         rid = f"{tag}-{j}"
         if rng.random() < 0.1:
             kw["structured_outputs"] = json_schema
@@ -1295,6 +1306,25 @@ def random_workload(
         if rng.random() < 0.15:
             plan.setdefault(tick + rng.randint(0, 12), []).append(("abort", rid))
     return plan
+
+
+# The random workloads' images: an identifier and its placeholder tokens.
+_IMAGES = {"image-a": 16, "image-b": 32, "image-c": 48, "image-d": 64}
+
+
+def _random_images(rng: random.Random, length: int) -> list[tuple[str, int, int]]:
+    """One or two of the images placed in a prompt of ``length`` tokens,
+    apart, in order (none if it is too short)."""
+    images = []
+    start = 0
+    for name in rng.sample(sorted(_IMAGES), rng.randint(1, 2)):
+        size = _IMAGES[name]
+        if length - start < size:
+            break
+        offset = rng.randint(start, length - size)
+        images.append((name, offset, size))
+        start = offset + size
+    return images
 
 
 def _run_random(theirs: Engine, ours: Engine, seed: int, count: int) -> dict[str, Any]:
@@ -1396,6 +1426,11 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         cache=lambda c: {"block_size": c.block_size // 2}
     ),
     "drafts one token short": _drafts_shortened,
+    # (An offloading connector stores the blocks a later request can resume
+    # from by it.)
+    "no shared-prefix boundary on vLLM's Request": lambda: mock.patch.object(
+        ironbatch._core, "vllm_shared_prefix_boundary", lambda core, slot: 0
+    ),
 }
 
 

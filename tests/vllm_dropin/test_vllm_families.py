@@ -32,6 +32,9 @@ from seeded import Workloads  # noqa: E402
 PER_FAMILY, FULL_PER_FAMILY = 100, 400
 # Workloads a mutated drop-in gets to show its break.
 MUTATION_WORKLOADS = 20
+# Workloads per row and flavour in the sweep of every deployment row that
+# generates text, and at full size.
+SWEEP, FULL_SWEEP = 4, 16
 
 
 class FamilyRow(NamedTuple):
@@ -96,6 +99,12 @@ FAMILIES = {
         (FamilyRow("deepseek-v2-lite-tp2-dcp2", 56),),
         "blocks not widened by decode context parallelism",
     ),
+    # CPU offloading (vLLM's OffloadingConnector) of a hybrid model and a
+    # dense one.
+    "cpu-offloading": Family(
+        (FamilyRow("gpt-oss-20b-cpu-offloading", 128), FamilyRow("cpu-offloading", 128)),
+        "no shared-prefix boundary on vLLM's Request",
+    ),
     "pipeline-parallel-2-ngram": Family(
         (FamilyRow("pipeline-parallel-2-ngram", 96),), "drafts one token short", "cpu-host"
     ),
@@ -103,13 +112,19 @@ FAMILIES = {
 ROWS = {row.id: row for row in TABLE}
 
 
+def small(flags: list[str], max_model_len: int = 1024) -> list[str]:
+    """A row's flags with a short model length and a 256-token step budget
+    (chunked prefills)."""
+    return flags + ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", "256"]
+
+
 def family_row(
     family: str, member: FamilyRow, flavor: str, random: dict[str, int], mutation: str = ""
 ) -> dict[str, Any]:
     """What deployment_setup.py builds and runs for one row of a family."""
     row = ROWS[member.row]
-    flags = row.flags + ["--max-model-len", str(member.max_model_len)]
-    flags += ["--max-num-batched-tokens", "256", "--num-gpu-blocks-override", str(member.blocks)]
+    flags = small(row.flags, member.max_model_len)
+    flags += ["--num-gpu-blocks-override", str(member.blocks)]
     return {
         **row._asdict(),
         "id": f"{family}/{row.id}",
@@ -207,3 +222,51 @@ def test_a_drop_in_broken_the_familys_way_is_caught(mutated: dict[str, Any], fam
     assert entry["engaged"], entry["warnings"]
     mismatch = entry["parity"]["mismatch"] or (entry.get("random") or {}).get("mismatch")
     assert mismatch is not None, f"{spec.mutation!r} went unnoticed"
+
+
+def generates_text(row: Any) -> bool:
+    """Whether a row's engine takes the random workloads' requests: text
+    generation (not pooling, Whisper's transcriptions or the encoder alone)."""
+    return (
+        row.expect.get("runner_type", "generate") == "generate"
+        and "--runner" not in row.flags
+        and not row.expect.get("is_encoder_decoder")
+        and "--mm-encoder-only" not in row.flags
+    )
+
+
+SWEPT = [row for row in TABLE if generates_text(row)]
+
+
+@pytest.fixture(scope="module")
+def swept(workloads: Workloads, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every row that generates text, in each of its flavours, through
+    SWEEP random workloads (the cache sized by vLLM from the row's model, a
+    short model length and a 256-token budget)."""
+    rows = []
+    for row in SWEPT:
+        for flavor in row.flavors:
+            (seed,) = workloads.seeds(1, 1, part=f"sweep/{row.id}[{flavor}]")
+            count = workloads.size(SWEEP, FULL_SWEEP)
+            random = {"seed": seed, "count": count}
+            rows.append(
+                {**row._asdict(), "flags": small(row.flags), "flavor": flavor, "random": random}
+            )
+    return build_rows(rows, tmp_path_factory.mktemp("sweep"), timeout=900)
+
+
+@pytest.mark.parametrize(
+    ("row", "flavor"), [pytest.param(r, f, id=f"{r.id}-{f}") for r in SWEPT for f in r.flavors]
+)
+def test_every_deployment_row_agrees_on_random_workloads(
+    swept: dict[str, Any], row: Any, flavor: str
+) -> None:
+    """Beyond the families: each deployment row's own configuration (its
+    connector, drafter, windows, LoRA or parallelism) through random
+    workloads, equal to vLLM's at every step."""
+    entry = swept[f"{row.id}[{flavor}]"]
+    assert "error" not in entry, entry.get("error")
+    assert entry["engaged"], entry["warnings"]
+    assert entry["parity"]["mismatch"] is None, entry["parity"]["mismatch"]
+    assert entry["random"]["mismatch"] is None, entry["random"]["mismatch"]
+    assert entry["random"]["exercised"]["workloads"] > 0
