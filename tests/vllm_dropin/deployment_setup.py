@@ -746,6 +746,7 @@ def _request(
 ) -> EngineCoreRequest:
     """An EngineCoreRequest as vLLM's input processor hands it to the engine."""
     resumable = kw.pop("resumable", False)
+    priority = kw.pop("priority", 0)
     lora_request = kw.pop("lora_request", None)
     mm = [_image(*m) for m in kw.pop("mm", ())] + [_audio(*a) for a in kw.pop("audio", ())]
     sp = SamplingParams(max_tokens=max_tokens, **kw)
@@ -763,6 +764,7 @@ def _request(
         cache_salt=None,
         data_parallel_rank=None,
         resumable=resumable,
+        priority=priority,
     )
 
 
@@ -1023,6 +1025,7 @@ class Engine:
             "batch_queue_size": self.engine.batch_queue_size,
             "async_scheduling": bool(sc.async_scheduling),
             "use_v2_model_runner": bool(vc.use_v2_model_runner),
+            "policy": sc.policy,
             "max_num_seqs": sc.max_num_seqs,
             "max_num_batched_tokens": sc.max_num_batched_tokens,
             "max_num_scheduled_tokens": sc.max_num_scheduled_tokens,
@@ -1265,7 +1268,8 @@ def random_workload(
     over the first 16 ticks, prompts as long as ``prefixes`` at most (most
     sharing a drawn length of one of them), 1 to 64 output tokens, and in
     some a stop token, prompt logprobs, a structured output, or an abort a
-    few ticks after arrival; with LoRA on, an adapter of three in most;
+    few ticks after arrival; under the priority policy, priorities 0 to 3;
+    with LoRA on, an adapter of three in most;
     on a model that takes images, an image or two in some (of four, each
     its own length, so that requests share them). Requests are named
     ``{tag}-{j}``."""
@@ -1292,6 +1296,8 @@ def random_workload(
             kw["stop_token_ids"] = [rng.randrange(5, 102)]  # token_for's range
         if rng.random() < 0.1:
             kw["prompt_logprobs"] = 2
+        if sc.policy == "priority":
+            kw["priority"] = rng.randint(0, 3)
         if vc.lora_config is not None and rng.random() < 0.7:
             i = rng.randint(1, 3)
             kw["lora_request"] = LoRARequest(f"adapter-{i}", i, f"/adapters/{i}")
@@ -1426,6 +1432,7 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         cache=lambda c: {"block_size": c.block_size // 2}
     ),
     "drafts one token short": _drafts_shortened,
+    "the priority policy taken as FCFS": lambda: _core_changed(scheduler={"policy": "fcfs"}),
     # (An offloading connector stores the blocks a later request can resume
     # from by it.)
     "no shared-prefix boundary on vLLM's Request": lambda: mock.patch.object(

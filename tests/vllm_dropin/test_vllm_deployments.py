@@ -755,6 +755,14 @@ TABLE = [
         exercises=("spec_drafts", "perf_stats", "spec_decode_metrics"),
     ),
     Deployment(
+        # Priority scheduling: a request of higher priority (a lower value)
+        # goes first and preempts the lowest-priority running one.
+        "priority-policy",
+        "qwen3-30b-a3b",
+        ["--scheduling-policy", "priority"],
+        {"policy": "priority", "is_moe": True},
+    ),
+    Deployment(
         "scheduler-options",
         "llama-3.1-8b",
         ["--prefill-schedule-interval", "4", "--watermark", "0.05"]

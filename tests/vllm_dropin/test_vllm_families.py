@@ -105,6 +105,10 @@ FAMILIES = {
         (FamilyRow("gpt-oss-20b-cpu-offloading", 128), FamilyRow("cpu-offloading", 128)),
         "no shared-prefix boundary on vLLM's Request",
     ),
+    # Priority scheduling on an MoE model: preemption by priority.
+    "priority-policy": Family(
+        (FamilyRow("priority-policy", 96),), "the priority policy taken as FCFS"
+    ),
     "pipeline-parallel-2-ngram": Family(
         (FamilyRow("pipeline-parallel-2-ngram", 96),), "drafts one token short", "cpu-host"
     ),
