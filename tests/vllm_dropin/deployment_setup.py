@@ -1107,6 +1107,7 @@ def _exercised(e: Engine) -> dict[str, int]:
             for d in so["scheduled_new_reqs"]
             if d["req_id"] == "prefix-4" and d["num_computed_tokens"] > 0
         )
+        seen["sessions"] += sum(1 for d in so["scheduled_new_reqs"] if "-session" in d["req_id"])
         # Any request admitted with cached tokens (the random workloads').
         seen["local_hits"] += sum(1 for d in so["scheduled_new_reqs"] if d["num_computed_tokens"])
         seen["preempted"] += len(so["preempted_req_ids"] or ())
@@ -1262,7 +1263,7 @@ _PREFIXES = 3
 
 
 def random_workload(
-    rng: random.Random, tag: str, prefixes: list[list[int]], vc: VllmConfig
+    rng: random.Random, tag: str, prefixes: list[list[int]], vc: VllmConfig, sessions: bool
 ) -> dict[int, list[tuple[str, Any]]]:
     """Arrivals and aborts by tick, drawn from ``rng``: 2 to 12 requests
     over the first 16 ticks, prompts as long as ``prefixes`` at most (most
@@ -1271,8 +1272,8 @@ def random_workload(
     few ticks after arrival; under the priority policy, priorities 0 to 3;
     with LoRA on, an adapter of three in most;
     on a model that takes images, an image or two in some (of four, each
-    its own length, so that requests share them). Requests are named
-    ``{tag}-{j}``."""
+    its own length, so that requests share them); with ``sessions``, a
+    streaming-input session in half. Requests are named ``{tag}-{j}``."""
     plan: dict[int, list[tuple[str, Any]]] = {}
     json_schema = StructuredOutputsParams(json={"type": "object"})
     sc = vc.scheduler_config
@@ -1311,7 +1312,24 @@ def random_workload(
         plan.setdefault(tick, []).append(("add", request))
         if rng.random() < 0.15:
             plan.setdefault(tick + rng.randint(0, 12), []).append(("abort", rid))
+    if sessions and rng.random() < 0.5:
+        _random_session(rng, f"{tag}-session", plan)
     return plan
+
+
+def _random_session(rng: random.Random, rid: str, plan: dict[int, list[tuple[str, Any]]]) -> None:
+    """A streaming-input session in ``plan``: two to four input chunks of
+    up to 60 tokens, a few ticks apart (one may come while the previous
+    turn runs), each turn a few output tokens; the last chunk is not
+    resumable, which ends the session."""
+    chunks = rng.randint(2, 4)
+    tick = rng.randrange(16)
+    for c in range(chunks):
+        prompt = [rng.randrange(5, 500) for _ in range(rng.randint(1, 60))]
+        resumable = c < chunks - 1
+        request = _request(rid, prompt, rng.randint(1, 4), float(tick), resumable=resumable)
+        plan.setdefault(tick, []).append(("add", request))
+        tick += rng.randint(1, 8)
 
 
 # The random workloads' images: an identifier and its placeholder tokens.
@@ -1353,10 +1371,20 @@ def _run_random(theirs: Engine, ours: Engine, seed: int, count: int) -> dict[str
     )
     length = min(max(600, 3 * unit), vc.model_config.max_model_len - 72)
     prefixes = [[rng.randrange(5, 500) for _ in range(length)] for _ in range(_PREFIXES)]
+    # A session (of 256 tokens at most) holds its blocks between turns and
+    # nobody preempts it: only where every group's blocks hold it beside a
+    # request of the model's length (else a request can wait for good, in
+    # vLLM too); not speculating under pipeline parallelism (vLLM trips
+    # its own session assertion).
+    kv = theirs.scheduler.kv_cache_config
+    room = kv.num_blocks * vc.cache_config.block_size // max(len(kv.kv_cache_groups), 1)
+    sessions = room >= vc.model_config.max_model_len + 512 and not (
+        vc.parallel_config.pipeline_parallel_size > 1 and vc.speculative_config is not None
+    )
     exercised: Counter[str] = Counter()
     for i in range(count):
         workload_seed = rng.randrange(2**32)
-        plan = random_workload(random.Random(workload_seed), f"w{i}", prefixes, vc)
+        plan = random_workload(random.Random(workload_seed), f"w{i}", prefixes, vc, sessions)
         for e in (theirs, ours):  # each workload compared on its own
             e.executor.received.clear()
             e.executor.grammar.clear()
