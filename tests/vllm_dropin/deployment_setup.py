@@ -747,6 +747,10 @@ def _request(
     """An EngineCoreRequest as vLLM's input processor hands it to the engine."""
     resumable = kw.pop("resumable", False)
     priority = kw.pop("priority", 0)
+    cache_salt = kw.pop("cache_salt", None)
+    # Prompt embeddings: alone (no token ids), or mixed with the ids.
+    embeds = kw.pop("prompt_embeds", None)
+    is_token_ids = kw.pop("prompt_is_token_ids", None)
     lora_request = kw.pop("lora_request", None)
     mm = [_image(*m) for m in kw.pop("mm", ())] + [_audio(*a) for a in kw.pop("audio", ())]
     sp = SamplingParams(max_tokens=max_tokens, **kw)
@@ -755,14 +759,16 @@ def _request(
     sp.update_from_generation_config({}, EOS)
     return EngineCoreRequest(
         request_id=rid,
-        prompt_token_ids=prompt,
+        prompt_token_ids=None if embeds is not None and is_token_ids is None else prompt,
         mm_features=mm or None,
         sampling_params=sp,
         pooling_params=None,
         arrival_time=arrival,
         lora_request=lora_request,
-        cache_salt=None,
+        cache_salt=cache_salt,
         data_parallel_rank=None,
+        prompt_embeds=embeds,
+        prompt_is_token_ids=is_token_ids,
         resumable=resumable,
         priority=priority,
     )
@@ -1268,8 +1274,10 @@ def random_workload(
     """Arrivals and aborts by tick, drawn from ``rng``: 2 to 12 requests
     over the first 16 ticks, prompts as long as ``prefixes`` at most (most
     sharing a drawn length of one of them), 1 to 64 output tokens, and in
-    some a stop token, prompt logprobs, a structured output, or an abort a
-    few ticks after arrival; under the priority policy, priorities 0 to 3;
+    some a stop token, prompt logprobs, a structured output, a cache salt
+    (of two tenants), or an abort a few ticks after arrival; with prompt
+    embeddings on, embeddings for some prompts (alone or mixed with token
+    ids); under the priority policy, priorities 0 to 3;
     with LoRA on, an adapter of three in most;
     on a model that takes images, an image or two in some (of four, each
     its own length, so that requests share them); with ``sessions``, a
@@ -1299,6 +1307,15 @@ def random_workload(
             kw["prompt_logprobs"] = 2
         if sc.policy == "priority":
             kw["priority"] = rng.randint(0, 3)
+        kw["cache_salt"] = rng.choice([None, None, None, "tenant-a", "tenant-b"])
+        if vc.model_config.enable_prompt_embeds and rng.random() < 0.4:
+            # Each row fixed by its token (shared prefixes embed alike and
+            # hit), now and then one that only looks shared.
+            kw["prompt_embeds"] = torch.tensor(
+                [[float(t) if rng.random() < 0.95 else rng.random()] * 8 for t in prompt]
+            )
+            if rng.random() < 0.5:
+                kw["prompt_is_token_ids"] = [rng.random() < 0.5 for _ in prompt]
         if vc.lora_config is not None and rng.random() < 0.7:
             i = rng.randint(1, 3)
             kw["lora_request"] = LoRARequest(f"adapter-{i}", i, f"/adapters/{i}")
