@@ -1032,6 +1032,7 @@ class Engine:
             "async_scheduling": bool(sc.async_scheduling),
             "use_v2_model_runner": bool(vc.use_v2_model_runner),
             "policy": sc.policy,
+            "aux_outputs": bool(vc.aux_output_config.enabled),
             "max_num_seqs": sc.max_num_seqs,
             "max_num_batched_tokens": sc.max_num_batched_tokens,
             "max_num_scheduled_tokens": sc.max_num_scheduled_tokens,

@@ -852,12 +852,65 @@ TABLE = [
         ["--max-model-len", "32768"],
         {"enable_prefix_caching": True},
     ),
+    # Deployments vLLM 0.33 serves that the drop-in hands to vLLM's own
+    # scheduler (NOT_YET): the gaps left, each as a user would turn it on.
+    Deployment(
+        # KV-aware routing (llm-d) of Qwen3-Next with three MTP drafts: KV
+        # events beside attention blocks grown to 1,072 tokens.
+        "qwen3-next-80b-a3b-mtp-3-kv-events",
+        "qwen3-next-80b-a3b",
+        ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3})]
+        + ["--kv-events-config", KV_EVENTS],
+        {"kv_events": True, "group_block_sizes": [16, 16, 16, 1072]},
+    ),
+    Deployment(
+        # Disaggregated prefill of a linear-attention hybrid over NIXL.
+        "qwen3-next-80b-a3b-nixl",
+        "qwen3-next-80b-a3b",
+        ["--kv-transfer-config", kv_connector("NixlConnector")],
+        {"kv_connector": "NixlPullConnector", "enable_prefix_caching": True},
+    ),
+    Deployment(
+        # CPU offloading of a Mamba2 hybrid.
+        "nemotron-h-8b-cpu-offloading",
+        "nemotron-h-8b",
+        ["--kv-offloading-size", "1"],
+        {"kv_connector": "OffloadingConnector"},
+    ),
+    Deployment(
+        # Routed experts returned with each output (RL rollouts replaying
+        # the router): vLLM builds it on model runner V2 only.
+        "qwen3-30b-a3b-routed-experts",
+        "qwen3-30b-a3b",
+        ["--enable-return-routed-experts"],
+        {"aux_outputs": True, "is_moe": True},
+        flavors=("gpu-defaults",),
+    ),
+    Deployment(
+        # Disaggregated prefill of gpt-oss with its windows kept unquantized.
+        "gpt-oss-20b-fp8-skip-windows-nixl",
+        "gpt-oss-20b",
+        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"]
+        + ["--kv-transfer-config", kv_connector("NixlConnector")],
+        {"kv_connector": "NixlPullConnector", "group_block_sizes": [32, 64]},
+    ),
 ]
 # Rows the drop-in does not take yet, and the reason it logs. Their
 # engagement test xfails once the row is built and falls back, and fails
 # when the row starts to engage; remove a row from here to make its
 # fallback a failure.
-NOT_YET: dict[str, str] = {}
+MIXED_SIZES_WITH = (
+    "KV-cache groups of different block sizes with EAGLE's last-block drop, "
+    "multi-module MTP, a KV connector or KV-cache events"
+)
+CONNECTOR_BESIDE_STATES = "a KV connector with other than attention KV-cache groups"
+NOT_YET: dict[str, str] = {
+    "qwen3-next-80b-a3b-mtp-3-kv-events": MIXED_SIZES_WITH,
+    "qwen3-next-80b-a3b-nixl": CONNECTOR_BESIDE_STATES,
+    "nemotron-h-8b-cpu-offloading": CONNECTOR_BESIDE_STATES,
+    "qwen3-30b-a3b-routed-experts": "auxiliary outputs",
+    "gpt-oss-20b-fp8-skip-windows-nixl": MIXED_SIZES_WITH,
+}
 # Rows whose workload finds no prefix hit with prefix caching on, in vLLM
 # as in the drop-in, and why.
 NO_PREFIX_HITS: dict[str, str] = {

@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from test_vllm_deployments import FLAVORS, TABLE, build_rows  # noqa: E402
+from test_vllm_deployments import FLAVORS, NOT_YET, TABLE, build_rows  # noqa: E402
 
 from seeded import Workloads  # noqa: E402
 
@@ -239,7 +239,8 @@ def generates_text(row: Any) -> bool:
     )
 
 
-SWEPT = [row for row in TABLE if generates_text(row)]
+# (Not the rows that fall back: vLLM's scheduler on both sides.)
+SWEPT = [row for row in TABLE if generates_text(row) and row.id not in NOT_YET]
 
 
 @pytest.fixture(scope="module")
