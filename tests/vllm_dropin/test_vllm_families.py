@@ -12,8 +12,11 @@ prefills) and a pool a few requests fill (``--num-gpu-blocks-override``), so
 that its workloads preempt, hit prefixes cached by earlier ones, and cross
 block boundaries of every group (``deployment_setup.random_workload``).
 
-And each family's comparison must catch a drop-in broken in a way that only
-that family shows (``deployment_setup.MUTATIONS``)."""
+Each family's comparison must catch a drop-in broken in a way that only
+that family shows (``deployment_setup.MUTATIONS``). And beyond the
+families, every row that generates text (its connector, drafter, windows,
+LoRA, images or parallelism) runs a few random workloads too, at the cache
+vLLM sizes for it."""
 
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ class FamilyRow(NamedTuple):
 
 
 class Family(NamedTuple):
+    """A model family: its deployment rows, and the mutation it must catch."""
+
     rows: tuple[FamilyRow, ...]
     # What a broken drop-in does (a key of deployment_setup.MUTATIONS), on
     # the first row, in the flavour named.
