@@ -1461,7 +1461,7 @@ def _drafts_shortened() -> contextlib.AbstractContextManager:
     )
 
 
-# Each a way to break the drop-in that only one family's rows can show.
+# Ways to break the drop-in, each shown by the rows of the families that name it.
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     # (vLLM's default retention caches only the states a later request
     # resumes from.)
