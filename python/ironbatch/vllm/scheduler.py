@@ -137,6 +137,9 @@ class Scheduler(SchedulerInterface):
         self._num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.structured_output_manager = structured_output_manager
         self.block_size = block_size
+        # What a request's hashes are cut at (groups of different block
+        # sizes: their greatest common divisor, docs/scheduling.md §7.16).
+        self.hash_block_size = hash_block_size or block_size
         self.log_stats = log_stats
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.use_v2_model_runner: bool = vllm_config.use_v2_model_runner

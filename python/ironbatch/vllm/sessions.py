@@ -24,14 +24,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger("ironbatch.vllm")
 
 
-def continue_session(r: Request, update: StreamingUpdate, block_size: int) -> None:
+def continue_session(r: Request, update: StreamingUpdate, hash_block_size: int) -> None:
     """All but the last sampled token become prompt, the chunk (and its
     images) is appended, its rules and arrival time replace the turn's, and
-    the session waits to be scheduled again."""
+    the session waits to be scheduled again. Its hashes (one per hash
+    block, docs/scheduling.md §7.16) past the kept tokens go."""
     keep = r.num_tokens - 1
+    # vLLM hashes each token as it is appended, so a kept block's hash may
+    # cover the dropped token (a drafter's lookahead): hash it first, as
+    # vLLM did, before the token goes.
+    r.update_block_hashes()
     r.prompt_token_ids.extend(r._all_token_ids[r.num_prompt_tokens : keep])
     del r._all_token_ids[keep:]
-    del r.block_hashes[keep // block_size :]
+    del r.block_hashes[keep // hash_block_size :]
     r._output_token_ids.clear()
     if update.mm_features:
         # The chunk's images, placed after what the session keeps.
@@ -75,7 +80,7 @@ def add_session_chunk(s: Scheduler, session: Request, chunk: Request) -> None:
 def next_chunk(s: Scheduler, r: Request, update: StreamingUpdate) -> None:
     """The session takes its next chunk (``continue_session``); with stats
     on, it is queued again as vLLM logs it."""
-    continue_session(r, update, s.block_size)
+    continue_session(r, update, s.hash_block_size)
     if s.log_stats:
         r.record_event(EngineCoreEventType.QUEUED)
         s._mirror.mark_full(r)
