@@ -117,6 +117,8 @@ def kv_events(s: Any) -> list[tuple[Any, ...]]:
     for e in s.take_kv_events():
         if isinstance(e, reference.kv_events.Stored):
             out.append(("stored", e.owner, e.first_block, e.block_ids, e.group))
+        elif isinstance(e, reference.kv_events.StoredKey):
+            out.append(("stored_key", e.owner, e.num_hash_blocks, [e.block_id], e.group))
         elif isinstance(e, reference.kv_events.Hit):
             out.append(("hit", e.owner, 0, e.num_blocks))
         elif isinstance(e, reference.kv_events.Removed):
@@ -131,6 +133,8 @@ def kv_events(s: Any) -> list[tuple[Any, ...]]:
             out.append(("evicted", None, 0, e.block_id))
         elif e.kind == "stored":
             out.append(("stored", e.slot, e.first_block, e.block_ids, e.group))
+        elif e.kind == "stored_key":
+            out.append(("stored_key", e.slot, e.num_blocks, e.block_ids, e.group))
         elif e.kind == "hit":
             out.append(("hit", e.slot, 0, e.num_blocks))
         elif e.kind in ("removed", "allocated", "accessed", "evicted"):

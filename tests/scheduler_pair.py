@@ -11,7 +11,6 @@ from typing import Any
 from ironbatch import Scheduler, _core
 from ironbatch.reference.attention_group import ChunkedLocal, GroupSpec, Mamba, SlidingWindow
 from ironbatch.reference.block import cdiv
-from ironbatch.reference.kv_cache_manager.config import has_mixed_block_sizes
 from ironbatch.reference.scheduler_config import group_specs
 from ironbatch.scheduler_output import STEP_COLUMNS
 
@@ -37,22 +36,9 @@ class SchedulerPair:
         self.with_connector = False  # set with the backends' KV connectors
         # KV-cache events, compared after every call (the backends' cores).
         self.cores = (self.rust._core.core, self.twin._core.twin)
-        caching = config.get("caching", True)
-        if has_mixed_block_sizes(self.groups, self.bs, caching):
-            # Not modelled beside groups of different block sizes: both
-            # refuse alike, and the workload runs without events.
-            errors = []
-            for core in self.cores:
-                core.enable_block_lifecycle_events()
-                try:
-                    core.enable_kv_events()
-                except ValueError as e:
-                    errors.append(str(e))
-            assert len(errors) == 2 and errors[0] == errors[1], errors
-        else:
-            for core in self.cores:
-                core.enable_kv_events()
-                core.enable_block_lifecycle_events()
+        for core in self.cores:
+            core.enable_kv_events()
+            core.enable_block_lifecycle_events()
 
     def add(self, rid: str, tokens: list[int], **kw: Any) -> bool:
         if kw.get("resumable"):

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ironbatch import CacheConfig, SchedulerConfig, reference
+from ironbatch import CacheConfig, KVCacheGroup, SchedulerConfig, reference
 from ironbatch.core_scheduler import CoreScheduler
 from ironbatch.reference.request import NewRequest, RequestStatus, StopRules
 
@@ -87,3 +87,44 @@ def test_events_follow_caching_eviction_lookups_and_resets(backend: str) -> None
     finish(s, ["b", "c"])
     assert s.reset_prefix_cache(False)
     assert kv_events(s) == [("cleared", None, 0, None)]
+
+
+@pytest.mark.parametrize("backend", ["rust", "python"])
+def test_a_prompt_tail_inside_a_larger_block_is_a_second_key(backend: str) -> None:
+    """Beside groups of different block sizes (docs/scheduling.md §7.16): a
+    3-token window in blocks of 2 and full attention in blocks of 4 hash
+    every 2 tokens and cache up to multiples of 4. A 7-token prompt's tail
+    (its first 6 tokens, 3 hash blocks) ends inside full attention's block
+    1; that block is cached only once its tokens fill it, so the tail's key
+    comes after the block's own as a second key (vLLM's secondary partial
+    key, its own BlockStored of one hash block). Evicting the block ends
+    both keys (one Removed here; vLLM's two BlockRemoved)."""
+    groups = (KVCacheGroup("sliding_window", 3, block_size=2), KVCacheGroup("full", block_size=4))
+    sc = SchedulerConfig(max_model_len=64)
+    cc = CacheConfig(num_blocks=11, block_size=2, kv_cache_groups=groups)
+    s = CoreScheduler(sc, cc) if backend == "rust" else reference.Scheduler(sc, cc)
+    s.enable_kv_events()
+    a = add(s, "a", list(range(3, 10)))
+    step(s)  # 7 tokens computed: cached up to 4, the window keeps block 1 alone
+    assert kv_events(s) == [("stored", a, 0, [0, 2], 0), ("stored", a, 0, [5], 1)]
+    step(s)  # 8: full attention's block 1 fills, then takes the tail's key
+    expected = [
+        ("stored", a, 2, [0, 0], 0),
+        ("stored", a, 1, [6], 1),
+        ("stored_key", a, 3, [6], 1),
+    ]
+    assert kv_events(s) == expected
+    step(s)  # nothing new fills; the tail's key is not stored twice
+    assert kv_events(s) == []
+    finish(s, ["a"])
+    # A 12-token prompt takes the freed blocks, evicting cached 2 and 6 (6
+    # with its second key), and keys its own tail (10 tokens) in block 6.
+    c = add(s, "c", list(range(50, 62)))
+    step(s)
+    assert kv_events(s) == [
+        ("removed", None, 0, 2),
+        ("removed", None, 0, 6),
+        ("stored", c, 0, [0, 0, 0, 7, 0, 0], 0),
+        ("stored", c, 0, [10, 2, 6], 1),
+        ("stored_key", c, 5, [6], 1),
+    ]

@@ -187,20 +187,25 @@ class KvEvent:
 
     @property
     def kind(self) -> str:
-        """ "stored", "hit", "removed", "cleared", "allocated", "accessed" or
-        "evicted"."""
+        """ "stored", "stored_key", "hit", "removed", "cleared", "allocated",
+        "accessed" or "evicted"."""
     @property
     def slot(self) -> int | None:
-        """The request's slot ("stored", "hit")."""
+        """The request's slot ("stored", "stored_key", "hit")."""
+    @property
+    def group(self) -> int:
+        """The KV-cache group ("stored", "stored_key")."""
     @property
     def first_block(self) -> int:
         """The first block stored ("stored")."""
     @property
     def block_ids(self) -> list[int]:
-        """The blocks stored, or the one removed."""
+        """The blocks stored, the one keyed ("stored_key"), or the one
+        removed."""
     @property
     def num_blocks(self) -> int:
-        """Blocks stored or found cached ("stored", "hit")."""
+        """Blocks stored ("stored"), hash blocks found cached ("hit") or the
+        hash blocks a key covers ("stored_key")."""
 
 class FinishedRequest:
     """A request that finished in an update (already freed)."""

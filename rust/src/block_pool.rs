@@ -12,6 +12,7 @@ use crate::free_queue::FreeBlockQueue;
 use crate::kv_events::{KvEvent, KvEventLog};
 use crate::limits::{check_range, MAX_NUM_BLOCKS};
 use crate::prefix_cache_map::PrefixCacheMap;
+use std::collections::HashMap;
 
 /// All KV-cache blocks and their free queue.
 #[derive(Clone, Debug)]
@@ -25,6 +26,11 @@ pub struct BlockPool {
     /// KV-cache events (evictions and resets here; the manager's callers
     /// add the rest), off unless enabled.
     pub(crate) events: KvEventLog,
+    /// Keys a cached block carries besides its own, while events are on:
+    /// a prompt tail's inside a block keyed to its end (vLLM's secondary
+    /// partial keys, §7.16). No lookup asks for them; they are kept so
+    /// that each is stored once, and end with the block's own.
+    second_keys: HashMap<BlockId, Vec<BlockHash>>,
 }
 
 impl BlockPool {
@@ -42,6 +48,7 @@ impl BlockPool {
             scratch_head: Vec::new(),
             scratch_tail: Vec::new(),
             events: KvEventLog::default(),
+            second_keys: HashMap::new(),
         })
     }
 
@@ -122,6 +129,9 @@ impl BlockPool {
                 // Lazy eviction: a freed cached block stayed findable until now.
                 self.cached.remove(hash, id);
                 self.events.push(KvEvent::Removed { block_id: id });
+                if !self.second_keys.is_empty() {
+                    self.second_keys.remove(&id);
+                }
             }
             self.events.push(KvEvent::Allocated { block_id: id });
             debug_assert_eq!(block.ref_cnt, 0);
@@ -211,8 +221,26 @@ impl BlockPool {
             if let Some(hash) = block.hash.take() {
                 self.cached.remove(hash, id);
                 self.events.push(KvEvent::Removed { block_id: id });
+                if !self.second_keys.is_empty() {
+                    self.second_keys.remove(&id);
+                }
             }
         }
+    }
+
+    /// Give the cached block `id` the key `hash` besides its own; false
+    /// (nothing changes) when it has that key already.
+    pub(crate) fn add_second_key(&mut self, id: BlockId, hash: BlockHash) -> bool {
+        debug_assert!(self.blocks[id as usize].hash.is_some());
+        if self.blocks[id as usize].hash == Some(hash) {
+            return false;
+        }
+        let keys = self.second_keys.entry(id).or_default();
+        if keys.contains(&hash) {
+            return false;
+        }
+        keys.push(hash);
+        true
     }
 
     /// Read the map's slots for `hashes`, about to be cached, so that the
@@ -228,6 +256,7 @@ impl BlockPool {
             return false;
         }
         self.cached.clear();
+        self.second_keys.clear();
         for block in &mut self.blocks {
             block.hash = None;
             block.partial_tokens = 0;

@@ -25,12 +25,25 @@ pub enum KvEvent {
         first_block: usize,
         block_ids: Vec<BlockId>,
     },
-    /// A lookup found the first `num_blocks` blocks of the request in
+    /// The request in `owner` keyed group `group`'s block `block_id` by the
+    /// hash at `num_hash_blocks` hash blocks, inside the block or where it
+    /// ends (vLLM's `BlockStored` from `cache_partial_block`: a prompt's
+    /// recurrent state, a full-attention prompt tail beside groups of
+    /// different block sizes, §7.15–7.16). A block keyed already gets it
+    /// as a second key; its `Removed` then ends both.
+    StoredKey {
+        owner: Slot,
+        group: usize,
+        num_hash_blocks: usize,
+        block_id: BlockId,
+    },
+    /// A lookup found the first `num_blocks` hash blocks of the request in
     /// `owner` cached; logged only for requests that ask (vLLM's
     /// `kv_cache_report_mode="full"`), at every lookup with a hit, admitted
     /// or not.
     Hit { owner: Slot, num_blocks: usize },
-    /// A cached block was evicted to be reused (vLLM's `BlockRemoved`).
+    /// A cached block lost its keys: evicted to be reused, or re-keyed
+    /// (vLLM's `BlockRemoved`, one per key).
     Removed { block_id: BlockId },
     /// The prefix cache was reset (vLLM's `AllBlocksCleared`; the
     /// residency metrics start over).

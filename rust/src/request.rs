@@ -320,16 +320,6 @@ impl Request {
         self.tables.first().map_or(0, BlockTable::num_cached_blocks)
     }
 
-    /// Each group's hash-cached blocks (groups may cache apart: a group
-    /// that drops an EAGLE block keeps a multi-module drafter's tokens out),
-    /// for the KV-cache events of what a step caches next.
-    pub fn cached_marks(&self) -> Vec<usize> {
-        self.tables
-            .iter()
-            .map(BlockTable::num_cached_blocks)
-            .collect()
-    }
-
     /// Prompt plus output tokens.
     pub fn num_tokens(&self) -> usize {
         self.seq.num_tokens()

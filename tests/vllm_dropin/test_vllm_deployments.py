@@ -239,6 +239,17 @@ TABLE = [
         exercises=("spec_drafts",),
     ),
     Deployment(
+        # ... routed by its KV-cache events (llm-d): each group's stores in
+        # its own block size, a prompt tail's key inside a 64-token block
+        # stored and removed beside the block's own (§7.16).
+        "gpt-oss-20b-fp8-skip-windows-kv-events",
+        "gpt-oss-20b",
+        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"]
+        + ["--kv-events-config", KV_EVENTS],
+        {"kv_events": True, "group_block_sizes": [32, 64]},
+        exercises=("kv_events",),
+    ),
+    Deployment(
         # ... skipping one layer only (layer 1, a full one): each group of
         # layers alike, 24 groups of two block sizes.
         "gpt-oss-20b-fp8-skip-layer-1",
@@ -852,17 +863,17 @@ TABLE = [
         ["--max-model-len", "32768"],
         {"enable_prefix_caching": True},
     ),
-    # Deployments vLLM 0.33 serves that the drop-in hands to vLLM's own
-    # scheduler (NOT_YET): the gaps left, each as a user would turn it on.
     Deployment(
         # KV-aware routing (llm-d) of Qwen3-Next with three MTP drafts: KV
-        # events beside attention blocks grown to 1,072 tokens.
+        # events beside attention blocks grown to 1,072 tokens (§7.16).
         "qwen3-next-80b-a3b-mtp-3-kv-events",
         "qwen3-next-80b-a3b",
         ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3})]
         + ["--kv-events-config", KV_EVENTS],
         {"kv_events": True, "group_block_sizes": [16, 16, 16, 1072]},
     ),
+    # Deployments vLLM 0.33 serves that the drop-in hands to vLLM's own
+    # scheduler (NOT_YET): the gaps left, each as a user would turn it on.
     Deployment(
         # Disaggregated prefill of a linear-attention hybrid over NIXL.
         "qwen3-next-80b-a3b-nixl",
@@ -901,11 +912,10 @@ TABLE = [
 # fallback a failure.
 MIXED_SIZES_WITH = (
     "KV-cache groups of different block sizes with EAGLE's last-block drop, "
-    "multi-module MTP, a KV connector or KV-cache events"
+    "multi-module MTP or a KV connector"
 )
 CONNECTOR_BESIDE_STATES = "a KV connector with other than attention KV-cache groups"
 NOT_YET: dict[str, str] = {
-    "qwen3-next-80b-a3b-mtp-3-kv-events": MIXED_SIZES_WITH,
     "qwen3-next-80b-a3b-nixl": CONNECTOR_BESIDE_STATES,
     "nemotron-h-8b-cpu-offloading": CONNECTOR_BESIDE_STATES,
     "qwen3-30b-a3b-routed-experts": "auxiliary outputs",
@@ -927,6 +937,8 @@ NO_PREFIX_HITS: dict[str, str] = {
     # land on its multiples.
     "gpt-oss-20b-fp8-skip-windows": "the shared prefix is under one scheduler block",
     "gpt-oss-20b-fp8-skip-windows-eagle3": "the shared prefix is under one scheduler block",
+    "gpt-oss-20b-fp8-skip-windows-kv-events": "the shared prefix is under one scheduler block",
+    "qwen3-next-80b-a3b-mtp-3-kv-events": "the prompts are under one scheduler block",
 }
 # What every engaged row's workload must go through (deployment_setup.workload),
 # prefix hits wherever prefix caching is on (the CPU platform turns it off

@@ -117,8 +117,9 @@ def random_settings(rng: random.Random) -> dict:
 
 def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     """Window and full-attention groups of different block sizes
-    (docs/scheduling.md §7.16) without what the core does not model beside
-    them (KV-cache events, EAGLE's last-block drop, multi-module MTP): in
+    (docs/scheduling.md §7.16), with KV-cache events where drawn, without
+    what the core does not model beside them (EAGLE's last-block drop,
+    multi-module MTP): in
     half the gpt-oss and Gemma 3 layouts (a mixed-precision hybrid) the
     windows' or the full group's blocks two or four times the cache's (drawn
     apart); in half the recurrent layouts with prefix caching on (vLLM's
@@ -132,7 +133,7 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
         return {}
     if layout == "mamba":
         return {}  # (states alone: no attention block)
-    if "kv_events_config" in settings or settings.get("num_mtp_layers", 1) > 1:
+    if settings.get("num_mtp_layers", 1) > 1:
         return {}
     if settings.get("speculative_config", {}).get("disable_lookahead_block_hashes"):
         return {}
@@ -936,6 +937,10 @@ def drawn_features(seed: int) -> Counter:
         "groups of different block sizes": "window_block_size" in s or "full_block_size" in s,
         "recurrent states smaller than attention blocks": recurrent
         and ("window_block_size" in s or "full_block_size" in s),
+        "groups of different block sizes with KV-cache events": (
+            "window_block_size" in s or "full_block_size" in s
+        )
+        and "kv_events_config" in s,
         "window retention interval": bool(s.get("retention_interval")),
         "encoder-decoder with speculation": s.get("target") == "whisper"
         and "speculative_config" in s,
@@ -1018,12 +1023,13 @@ FEATURE_SHARES = {
     "feature: window groups with KV-cache metrics": 100,
     "feature: window retention interval": 40,
     "feature: decode context parallelism": 80,
-    # About 40 of 1,040 (hybrid, gpt-oss or Gemma 3, half of those without
-    # events, metrics or a drafter that hashes ahead or drops).
-    "feature: groups of different block sizes": 15,
-    # About 20 of 1,040 (half the recurrent layouts with attention and
-    # prefix caching on, without KV-cache events).
-    "feature: recurrent states smaller than attention blocks": 8,
+    # About 147 of 1,040 (half the gpt-oss and Gemma 3 layouts and of the
+    # recurrent ones with attention and prefix caching on, without
+    # multi-module MTP or EAGLE's drop), 57 of them with KV-cache events, 26
+    # of them recurrent.
+    "feature: groups of different block sizes": 100,
+    "feature: groups of different block sizes with KV-cache events": 30,
+    "feature: recurrent states smaller than attention blocks": 12,
     "feature: window groups with speculation": 120,
     "feature: encoder-decoder with KV-cache events or metrics": 20,
     "feature: encoder-decoder with speculation": 9,
@@ -1078,6 +1084,7 @@ FEATURES = [
     "feature: decode context parallelism",
     "feature: groups of different block sizes",
     "feature: recurrent states smaller than attention blocks",
+    "feature: groups of different block sizes with KV-cache events",
     "feature: window groups with speculation",
     "feature: recurrent-state groups",
     "feature: recurrent-state groups with speculation",

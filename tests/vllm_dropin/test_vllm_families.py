@@ -60,12 +60,14 @@ class Family(NamedTuple):
 
 FAMILIES = {
     # Linear attention beside full attention, "align" and "none", with
-    # MTP drafting (two drafts: 16-token attention blocks; three: 1,072).
+    # MTP drafting (two drafts: 16-token attention blocks; three: 1,072,
+    # with KV-cache events too).
     "qwen3-next": Family(
         (
             FamilyRow("qwen3-next-80b-a3b", 160),
             FamilyRow("qwen3-next-80b-a3b-mtp", 160),
             FamilyRow("qwen3-next-80b-a3b-mtp-3", 40, max_model_len=4096),
+            FamilyRow("qwen3-next-80b-a3b-mtp-3-kv-events", 40, max_model_len=4096),
             FamilyRow("qwen3-next-80b-a3b-no-prefix-caching", 160),
             FamilyRow("qwen3-next-80b-a3b-mtp-no-prefix-caching", 160),
         ),
@@ -89,11 +91,14 @@ FAMILIES = {
         mutation_flavor="cpu-host",
     ),
     # Sliding windows beside full attention with an EAGLE-3 drafter, KV-cache
-    # events and metrics; and with lookahead hashes off (the block drop).
+    # events and metrics; with lookahead hashes off (the block drop); and
+    # KV-cache events beside windows of their own block size (fp8 full
+    # attention in 64-token blocks, bf16 windows in 32).
     "gpt-oss-eagle3": Family(
         (
             FamilyRow("gpt-oss-20b-eagle3-events-metrics", 72),
             FamilyRow("gpt-oss-20b-eagle3-block-drop", 72),
+            FamilyRow("gpt-oss-20b-fp8-skip-windows-kv-events", 72),
         ),
         "windows 16 tokens wider",
     ),

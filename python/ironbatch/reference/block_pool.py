@@ -39,6 +39,11 @@ class BlockPool:
         #: KV-cache events (evictions and resets here; the manager's callers
         #: add the rest), off unless enabled.
         self.events = KvEventLog()
+        #: Keys a cached block carries besides its own, while events are
+        #: on: a prompt tail's inside a block keyed to its end (vLLM's
+        #: secondary partial keys, §7.16). No lookup asks for them; they are
+        #: kept so that each is stored once, and end with the block's own.
+        self._second_keys: dict[int, list[int]] = {}
 
     @property
     def num_blocks(self) -> int:
@@ -96,6 +101,7 @@ class BlockPool:
                 self._cached.remove(block.hash, block)
                 block.hash = None
                 self.events.push(Removed(block.block_id))
+                self._second_keys.pop(block.block_id, None)
             self.events.push(Allocated(block.block_id))
             assert block.ref_cnt == 0
             block.ref_cnt = 1
@@ -112,6 +118,19 @@ class BlockPool:
                 self._cached.remove(block.hash, block)
                 block.hash = None
                 self.events.push(Removed(block_id))
+                self._second_keys.pop(block_id, None)
+
+    def add_second_key(self, block: Block, block_hash: int) -> bool:
+        """Give the cached ``block`` the key ``block_hash`` besides its own;
+        False (nothing changes) when it has that key already."""
+        assert block.hash is not None
+        if block.hash == block_hash:
+            return False
+        keys = self._second_keys.setdefault(block.block_id, [])
+        if block_hash in keys:
+            return False
+        keys.append(block_hash)
+        return True
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Add a reference to each block, taking free ones out of the queue
@@ -180,6 +199,7 @@ class BlockPool:
         if self.num_free_blocks != self.num_blocks - 1:
             return False
         self._cached.clear()
+        self._second_keys.clear()
         for block in self._blocks:
             block.hash = None
             block.partial_tokens = 0

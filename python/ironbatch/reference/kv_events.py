@@ -28,8 +28,23 @@ class Stored:
 
 
 @dataclass(frozen=True)
+class StoredKey:
+    """The request in ``owner`` keyed group ``group``'s block ``block_id``
+    by the hash at ``num_hash_blocks`` hash blocks, inside the block or
+    where it ends (vLLM's ``BlockStored`` from ``cache_partial_block``: a
+    prompt's recurrent state, a full-attention prompt tail beside groups of
+    different block sizes, §7.15–7.16). A block keyed already gets it as a
+    second key; its ``Removed`` then ends both."""
+
+    owner: int
+    group: int
+    num_hash_blocks: int
+    block_id: int
+
+
+@dataclass(frozen=True)
 class Hit:
-    """A lookup found the first ``num_blocks`` blocks of the request in
+    """A lookup found the first ``num_blocks`` hash blocks of the request in
     ``owner`` cached; logged only for requests that ask (vLLM's
     ``kv_cache_report_mode="full"``), at every lookup with a hit."""
 
@@ -39,7 +54,8 @@ class Hit:
 
 @dataclass(frozen=True)
 class Removed:
-    """A cached block was evicted to be reused (vLLM's ``BlockRemoved``)."""
+    """A cached block lost its keys: evicted to be reused, or re-keyed
+    (vLLM's ``BlockRemoved``, one per key)."""
 
     block_id: int
 
@@ -75,7 +91,7 @@ class Evicted:
     block_id: int
 
 
-KvEvent = Stored | Hit | Removed | Cleared | Allocated | Accessed | Evicted
+KvEvent = Stored | StoredKey | Hit | Removed | Cleared | Allocated | Accessed | Evicted
 
 
 class KvEventLog:

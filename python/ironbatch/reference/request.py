@@ -251,12 +251,6 @@ class Request:
         block ranges are read off); 0 for a model without a KV cache."""
         return len(self.tables[0]) if self.tables else 0
 
-    def cached_marks(self) -> list[int]:
-        """Each group's hash-cached blocks (groups may cache apart: a group
-        that drops an EAGLE block keeps a multi-module drafter's tokens
-        out), for the KV-cache events of what a step caches next."""
-        return [t.num_cached_blocks() for t in self.tables]
-
     def num_cached_blocks(self) -> int:
         """Hash-cached blocks in its first group's table (what a
         ``BlockStored`` event reports); 0 for a model without a KV cache."""

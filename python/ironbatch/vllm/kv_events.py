@@ -25,9 +25,12 @@ from vllm.distributed.kv_events import (
     KVEventBatch,
 )
 from vllm.v1.core.kv_cache_utils import (
-    ExternalBlockHash,
+    BlockHashWithGroupId,
     generate_block_hash_extra_keys,
     generate_lookahead_block_hash_extra_keys,
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
     maybe_convert_block_hash,
     to_event_extra_keys,
 )
@@ -38,12 +41,13 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.request import Request
 
 from ironbatch import _core
+from ironbatch.vllm.kv_cache_view import group_block_size
 
 
 class KvEvents:
     """Turns the core's KV-cache events into vLLM's and publishes them."""
 
-    def __init__(self, vllm_config: Any, kv_cache_config: Any, block_size: int) -> None:
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, hash_block_size: int) -> None:
         config = vllm_config.kv_events_config
         self.enabled = bool(config is not None and config.enable_kv_cache_events)
         # vLLM's scheduler makes the same publisher (a no-op one when off).
@@ -60,13 +64,23 @@ class KvEvents:
             )
             for g in kv_cache_config.kv_cache_groups
         ]
-        self.block_size = block_size
+        # Each group's block size, and the hash block a request's hashes are
+        # cut at (their greatest common divisor, docs/scheduling.md §7.16):
+        # a group's block is keyed by the hash where it ends.
+        dcp = vllm_config.parallel_config.decode_context_parallel_size
+        self.group_block_sizes = [
+            group_block_size(g.kv_cache_spec, dcp) for g in kv_cache_config.kv_cache_groups
+        ]
+        self.hash_block_size = hash_block_size
         # An EAGLE-style drafter's block hashes cover the tokens after the
         # block too; its events name those tokens.
         self.hash_lookahead: int = vllm_config.num_hash_lookahead_tokens
         self.pending: list[KVCacheEvent] = []
-        # Each cached block's published hash and group, for its BlockRemoved.
-        self.hashes: dict[int, tuple[ExternalBlockHash, int]] = {}
+        # Each cached block's published keys (vLLM's hash with its group),
+        # for its BlockRemoved events: its own first, then those a prompt
+        # tail gave it besides, in a set built as vLLM's pool builds it (one
+        # event each, in the set's order).
+        self.keys: dict[int, tuple[BlockHashWithGroupId, set[BlockHashWithGroupId]]] = {}
 
     def convert(self, events: list[_core.KvEvent], request_of: Callable[[int], Request]) -> None:
         """Queue vLLM's events for the core's, in order. ``request_of(slot)``
@@ -75,35 +89,59 @@ class KvEvents:
             if e.kind == "stored":
                 r = request_of(e.slot)
                 kept = [b != 0 for b in e.block_ids]  # 0: the null block, none stored
-                stored = self.stored(r, e.group, e.first_block, kept)
+                stored, keys = self.stored(r, e.group, e.first_block, kept)
                 ids = [b for b in e.block_ids if b]
-                published = ((h, e.group) for h in stored.block_hashes)
-                self.hashes.update(zip(ids, published, strict=True))
+                self.keys.update((b, (k, set())) for b, k in zip(ids, keys, strict=True))
+                self.pending.append(stored)
+            elif e.kind == "stored_key":
+                # A key at a hash block's end, inside the block or where it
+                # ends (one hash block's tokens).
+                r = request_of(e.slot)
+                (block_id,) = e.block_ids
+                stored, (key,) = self.stored(
+                    r, e.group, e.num_blocks - 1, [True], block_size=self.hash_block_size
+                )
+                if block_id in self.keys:
+                    self.keys[block_id][1].add(key)
+                else:
+                    self.keys[block_id] = (key, set())
                 self.pending.append(stored)
             elif e.kind == "hit":
-                # Every group finds the hit, its window's nulls counted.
+                # Every group finds the hit, its window's nulls counted, in
+                # its own blocks (the core counts hash blocks).
                 r = request_of(e.slot)
-                for g in range(len(self.group_specs)):
-                    self.pending.append(self.stored(r, g, 0, [True] * e.num_blocks))
+                tokens = e.num_blocks * self.hash_block_size
+                for g, bs in enumerate(self.group_block_sizes):
+                    self.pending.append(self.stored(r, g, 0, [True] * (tokens // bs))[0])
             elif e.kind == "removed":
                 (block_id,) = e.block_ids
-                block_hash, group = self.hashes.pop(block_id)
-                self.pending.append(
-                    BlockRemoved(block_hashes=[block_hash], medium=MEDIUM_GPU, group_idx=group)
-                )
+                own, others = self.keys.pop(block_id)
+                for key in (own, *others):
+                    block_hash = maybe_convert_block_hash(get_block_hash(key))
+                    self.pending.append(
+                        BlockRemoved(
+                            block_hashes=[block_hash],
+                            medium=MEDIUM_GPU,
+                            group_idx=get_group_id(key),
+                        )
+                    )
             elif e.kind == "cleared":
-                self.hashes.clear()
+                self.keys.clear()
                 self.pending.append(AllBlocksCleared())
             # "allocated" and "accessed" are the residency metrics' (kv_metrics).
 
-    def stored(self, r: Request, group: int, first: int, kept: list[bool]) -> BlockStored:
+    def stored(
+        self, r: Request, group: int, first: int, kept: list[bool], block_size: int | None = None
+    ) -> tuple[BlockStored, list[BlockHashWithGroupId]]:
         """vLLM's BlockStored for group ``group``'s blocks ``first..`` of
         ``r``, ``kept[i]`` whether block ``first + i`` was stored (a window
         group skips its nulls and what sparse retention leaves out; the
-        tokens span them all), built as vLLM's block pool builds it."""
+        tokens span them all), built as vLLM's block pool builds it, in
+        blocks of the group's size or ``block_size``; and the keys stored."""
         r.update_block_hashes()  # vLLM's hasher, over the tokens so far
-        bs = self.block_size
-        hashes = r.block_hashes
+        bs = block_size or self.group_block_sizes[group]
+        per_block = bs // self.hash_block_size
+        hashes = r.block_hashes[per_block - 1 :: per_block]  # each block's: where it ends
         n = len(kept)
         stored = [first + i for i in range(n) if kept[i]]
         if stored and stored[-1] >= len(hashes):
@@ -129,7 +167,8 @@ class KvEvents:
             extra_keys.append(keys)
         lora = r.lora_request
         kind, window = self.group_specs[group]
-        return BlockStored(
+        keys = [make_block_hash_with_group_id(hashes[k], group) for k in stored]
+        event = BlockStored(
             block_hashes=[maybe_convert_block_hash(hashes[k]) for k in stored],
             parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first else None,
             token_ids=r.all_token_ids[first * bs : (first + n) * bs],
@@ -144,6 +183,7 @@ class KvEvents:
             session_id=r.session_id,
             lookahead_token_ids=lookahead_token_ids,
         )
+        return event, keys
 
     def add_connector_events(self, events: Any) -> None:
         """A KV connector's own events, published after the cache's (vLLM

@@ -181,7 +181,7 @@ class Scheduler(SchedulerInterface):
             self._core.set_ec_connector(self._ec_bridge)
         # KV-cache events for KV-aware routers (--kv-events-config).
         self.kv_events_config = vllm_config.kv_events_config
-        self._kv_events = KvEvents(vllm_config, kv_cache_config, block_size)
+        self._kv_events = KvEvents(vllm_config, kv_cache_config, self.hash_block_size)
         if self._kv_events.enabled:
             self._core.enable_kv_events()
         # KV-cache residency metrics (--kv-cache-metrics).

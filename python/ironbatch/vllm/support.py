@@ -191,17 +191,16 @@ def unsupported_config(
             "cross-attention groups, or beside Mamba groups without prefix caching",
         ),
         (
-            # What vLLM then reports per group (partial-block entries among
-            # them) and drops per unit is not modelled yet.
+            # What vLLM then drops per unit, reads ahead and transfers is
+            # not modelled yet (its events are, §7.16).
             mixed_sizes
             and (
                 drops_eagle_block(c)
                 or c.num_prefill_lookahead_tokens > 1
                 or c.kv_transfer_config is not None
-                or bool(c.kv_events_config and c.kv_events_config.enable_kv_cache_events)
             ),
             "KV-cache groups of different block sizes with EAGLE's last-block drop, "
-            "multi-module MTP, a KV connector or KV-cache events",
+            "multi-module MTP or a KV connector",
         ),
         (
             # vLLM turns its hybrid manager off for an EAGLE drafter beside

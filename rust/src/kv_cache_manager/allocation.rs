@@ -11,6 +11,7 @@ use crate::block_table::BlockTable;
 use crate::cdiv;
 use crate::error::Error;
 use crate::sequence::Sequence;
+use crate::slab::Slot;
 
 /// What an admission's allocation checks besides the step's own blocks.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -31,6 +32,9 @@ pub struct Admission {
     /// The external tokens arrive later: no lookahead slots yet, and
     /// nothing hash-cached until the load is reported.
     pub load_async: bool,
+    /// The request's slot, named in the KV-cache events of the blocks the
+    /// allocation hash-caches (None: no store is logged).
+    pub owner: Option<Slot>,
 }
 
 /// The tokens an allocation covers, as the groups count them.
@@ -321,7 +325,8 @@ impl KvCacheManager {
                         .saturating_add(num_new_tokens)
                         .min(seq.num_tokens());
                     if upto >= (table.num_cached + 1) * self.hash_block_size {
-                        self.cache_blocks(0, table, seq, upto); // a block just filled
+                        // a block just filled
+                        self.cache_blocks(0, table, seq, upto, admission.owner);
                     }
                 }
                 return Some(0);
@@ -361,6 +366,7 @@ impl KvCacheManager {
             external_tokens,
             reserved_blocks,
             load_async,
+            owner,
         } = admission;
         let computed = seq
             .num_computed_tokens
@@ -470,7 +476,7 @@ impl KvCacheManager {
                 .saturating_add(num_new_tokens)
                 .min(seq.num_tokens());
             for (g, table) in tables.iter_mut().enumerate() {
-                self.cache_blocks(g, table, seq, upto);
+                self.cache_blocks(g, table, seq, upto, owner);
             }
         }
         self.step_checkpoint = None;

@@ -11,15 +11,23 @@ use crate::block::{BlockId, NULL_BLOCK};
 use crate::block_table::BlockTable;
 use crate::kv_events::KvEvent;
 use crate::sequence::Sequence;
+use crate::slab::Slot;
 
 impl KvCacheManager {
     /// Hash-cache every group's full blocks up to token `upto`, when prefix
     /// caching is on; the async update caches the blocks its tokens filled,
-    /// a KV connector's load those it wrote, once reported (§4.19).
-    pub fn cache_full_blocks(&mut self, tables: &mut [BlockTable], seq: &Sequence, upto: usize) {
+    /// a KV connector's load those it wrote, once reported (§4.19). The
+    /// stores' events name `owner`, the request's slot.
+    pub fn cache_full_blocks(
+        &mut self,
+        tables: &mut [BlockTable],
+        seq: &Sequence,
+        upto: usize,
+        owner: Slot,
+    ) {
         if self.enable_caching {
             for (g, table) in tables.iter_mut().enumerate() {
-                self.cache_blocks(g, table, seq, upto);
+                self.cache_blocks(g, table, seq, upto, Some(owner));
             }
         }
     }
@@ -92,14 +100,19 @@ impl KvCacheManager {
     /// Hash-cache group `g`'s full blocks up to token `upto`
     /// (docs/scheduling.md §7.7, §7.13, §7.15): every one, except null
     /// positions and, for a window or recurrent group under sparse
-    /// retention, those no later request could resume from.
+    /// retention, those no later request could resume from. With events
+    /// on, each key's events are logged as vLLM's manager makes them: the
+    /// full blocks' (a key they replace removed first), then a key inside
+    /// a block (§7.15–7.16), for the request in `owner`.
     pub(super) fn cache_blocks(
         &mut self,
         g: usize,
         table: &mut BlockTable,
         seq: &Sequence,
         upto: usize,
+        owner: Option<Slot>,
     ) {
+        let owner = owner.filter(|_| self.pool.events.enabled());
         // Only tokens whose KV is final: multi-module MTP may prefill the
         // last few again. (vLLM's hybrid coordinator, for several groups,
         // caches them anyway, but in a group that drops an EAGLE block: a
@@ -119,14 +132,24 @@ impl KvCacheManager {
         } else {
             upto / unit * unit
         };
+        let first = table.num_cached;
         if upto >= (table.num_cached + 1) * self.group_block_size(g) {
             self.cache_new_full_blocks(g, table, seq, upto);
         }
+        if let Some(owner) = owner.filter(|_| table.num_cached > first) {
+            let block_ids = self.stored_block_ids(&table.blocks[first..table.num_cached]);
+            self.pool.events.push(KvEvent::Stored {
+                owner,
+                group: g,
+                first_block: first,
+                block_ids,
+            });
+        }
         if self.align && self.groups[g].kind.is_recurrent() {
-            self.cache_prompt_state(g, table, seq, upto);
+            self.cache_prompt_state(g, table, seq, upto, owner);
         }
         if self.groups[g].kind.is_full() && self.group_block_size(g) != self.hash_block_size {
-            self.cache_prompt_tail(g, table, seq, upto);
+            self.cache_prompt_tail(g, table, seq, upto, owner);
         }
     }
 
@@ -138,7 +161,14 @@ impl KvCacheManager {
     /// (freed to the queue's tail, its tokens in the cached-token
     /// estimate). The tail is the prompt less its last token (all of it
     /// for a group that drops an EAGLE block), within the hashed tokens.
-    fn cache_prompt_tail(&mut self, g: usize, table: &BlockTable, seq: &Sequence, upto: usize) {
+    fn cache_prompt_tail(
+        &mut self,
+        g: usize,
+        table: &BlockTable,
+        seq: &Sequence,
+        upto: usize,
+        owner: Option<Slot>,
+    ) {
         let (bs, unit) = (self.group_block_size(g), self.hash_block_size);
         let prompt = seq.num_prompt_tokens();
         let limit = if self.drops_eagle[g] {
@@ -155,17 +185,42 @@ impl KvCacheManager {
         if block == NULL_BLOCK {
             return;
         }
+        let num_hash_blocks = boundary / unit;
+        let key = group_key(seq.block_hashes()[num_hash_blocks - 1], g);
         if let Some(b) = self.pool.block(block).filter(|b| b.hash.is_some()) {
             // A tail keyed before more hashes were known moves on; a key
-            // that covers as much or more stays.
+            // that covers as much or more stays, the tail's beside it (for
+            // events only: no lookup asks for it).
             let partial = b.partial_tokens as usize;
             if partial == 0 || partial >= boundary {
+                if owner.is_some() && self.pool.add_second_key(block, key) {
+                    self.log_stored_key(owner, g, num_hash_blocks, block);
+                }
                 return;
             }
             self.pool.uncache(&[block]);
         }
-        let key = group_key(seq.block_hashes()[boundary / unit - 1], g);
         self.pool.cache_partial_block(block, key, boundary);
+        self.log_stored_key(owner, g, num_hash_blocks, block);
+    }
+
+    /// Log that group `g`'s `block` was keyed by the hash at
+    /// `num_hash_blocks` hash blocks, when events are on (`owner`).
+    fn log_stored_key(
+        &mut self,
+        owner: Option<Slot>,
+        g: usize,
+        num_hash_blocks: usize,
+        block: BlockId,
+    ) {
+        if let Some(owner) = owner {
+            self.pool.events.push(KvEvent::StoredKey {
+                owner,
+                group: g,
+                num_hash_blocks,
+                block_id: block,
+            });
+        }
     }
 
     /// The tokens the key of `block`, at `position` in a table of `bs`
@@ -268,9 +323,16 @@ impl KvCacheManager {
     /// block holds it unhashed (vLLM's Mamba `_cache_partial_tail_block`):
     /// sparse retention passed it by when the prompt was shorter (a
     /// session's next turn).
-    fn cache_prompt_state(&mut self, g: usize, table: &BlockTable, seq: &Sequence, upto: usize) {
+    fn cache_prompt_state(
+        &mut self,
+        g: usize,
+        table: &BlockTable,
+        seq: &Sequence,
+        upto: usize,
+        owner: Option<Slot>,
+    ) {
         if let Some(checkpoint) = self.step_checkpoint {
-            return self.cache_checkpoint_state(g, table, seq, checkpoint);
+            return self.cache_checkpoint_state(g, table, seq, checkpoint, owner);
         }
         // The hash block (validated). What vLLM's hybrid coordinator hands
         // its groups: whole blocks.
@@ -293,7 +355,7 @@ impl KvCacheManager {
         if num_tokens != self.state_checkpoint(seq.num_prompt_tokens(), self.hash_block_size) {
             return;
         }
-        self.cache_state(g, table, seq, idx - 1, num_tokens);
+        self.cache_state(g, table, seq, idx - 1, num_tokens, owner);
     }
 
     /// Key the block a prefill checkpoint was written to in this step
@@ -307,6 +369,7 @@ impl KvCacheManager {
         table: &BlockTable,
         seq: &Sequence,
         checkpoint: StateCheckpoint,
+        owner: Option<Slot>,
     ) {
         let bs = self.group_block_size(g);
         let StateCheckpoint {
@@ -330,7 +393,7 @@ impl KvCacheManager {
             self.pool.uncache(&table.blocks[idx..=idx]);
             return;
         }
-        self.cache_state(g, table, seq, idx, position);
+        self.cache_state(g, table, seq, idx, position, owner);
     }
 
     /// Hash-cache the state in group `g`'s block `idx` out of turn as the
@@ -346,6 +409,7 @@ impl KvCacheManager {
         seq: &Sequence,
         idx: usize,
         position: usize,
+        owner: Option<Slot>,
     ) {
         let block = table.blocks[idx];
         if block == NULL_BLOCK {
@@ -366,14 +430,6 @@ impl KvCacheManager {
         }
         self.pool.cache_partial_block(block, key, position);
         self.states_cached_this_step.push(key);
-        if self.pool.events.enabled() {
-            self.prompt_states_stored.push((g, hash_index, block));
-        }
-    }
-
-    /// Prompt states [`Self::cache_prompt_state`] cached since last taken,
-    /// as (group, position, block), for their `Stored` events.
-    pub(crate) fn take_prompt_states_stored(&mut self) -> Vec<(usize, usize, BlockId)> {
-        std::mem::take(&mut self.prompt_states_stored)
+        self.log_stored_key(owner, g, hash_index + 1, block);
     }
 }

@@ -81,8 +81,6 @@ pub struct KvCacheManager {
     /// the step's forward pass, so no request may hit it before the next
     /// step (vLLM's `cached_blocks_this_step`).
     states_cached_this_step: Vec<BlockHash>,
-    /// Prompt states cached out of turn, for their events (§7.15).
-    prompt_states_stored: Vec<(usize, usize, BlockId)>,
     /// The prefill checkpoint the allocation in progress writes, if any
     /// (§7.15): its caching keys the checkpoint's block.
     step_checkpoint: Option<StateCheckpoint>,
@@ -133,7 +131,6 @@ impl KvCacheManager {
             align: config.enable_prefix_caching
                 && config.groups.iter().any(|g| g.kind.is_recurrent()),
             states_cached_this_step: Vec::new(),
-            prompt_states_stored: Vec::new(),
             step_checkpoint: None,
         })
     }

@@ -9,20 +9,22 @@ use pyo3::prelude::*;
 /// One KV-cache event, oldest first as the scheduler logged them.
 #[pyclass(name = "KvEvent", module = "ironbatch._core", frozen, get_all)]
 pub struct PyKvEvent {
-    /// "stored", "hit", "removed", "cleared", "allocated", "accessed" or
-    /// "evicted".
+    /// "stored", "stored_key", "hit", "removed", "cleared", "allocated",
+    /// "accessed" or "evicted".
     kind: &'static str,
-    /// The request's slot ("stored", "hit"); None for the others.
-    slot: Option<Slot>,
-    /// The KV-cache group whose blocks were stored ("stored"); 0 for the
+    /// The request's slot ("stored", "stored_key", "hit"); None for the
     /// others.
+    slot: Option<Slot>,
+    /// The KV-cache group whose blocks were stored ("stored",
+    /// "stored_key"); 0 for the others.
     group: usize,
     /// The first block stored ("stored"); 0 for the others.
     first_block: usize,
     /// The blocks stored (the null block 0 where a window group stored
     /// none), or the one removed, allocated or accessed.
     block_ids: Vec<BlockId>,
-    /// Blocks stored or found cached ("stored", "hit"); 0 for the others.
+    /// Blocks stored ("stored"), hash blocks found cached ("hit") or the
+    /// hash blocks the key covers ("stored_key"); 0 for the others.
     num_blocks: usize,
 }
 
@@ -60,6 +62,19 @@ impl From<KvEvent> for PyKvEvent {
                 first_block,
                 num_blocks: block_ids.len(),
                 block_ids,
+            },
+            KvEvent::StoredKey {
+                owner,
+                group,
+                num_hash_blocks,
+                block_id,
+            } => PyKvEvent {
+                kind: "stored_key",
+                slot: Some(owner),
+                group,
+                first_block: 0,
+                block_ids: vec![block_id],
+                num_blocks: num_hash_blocks,
             },
             KvEvent::Hit { owner, num_blocks } => PyKvEvent {
                 slot: Some(owner),

@@ -426,8 +426,8 @@ impl PyScheduler {
     }
 
     /// Log KV-cache events from now on (docs/scheduling.md §7.12).
-    fn enable_kv_events(&mut self) -> PyResult<()> {
-        Ok(self.core.enable_kv_events()?)
+    fn enable_kv_events(&mut self) {
+        self.core.enable_kv_events();
     }
 
     /// Log blocks' lives (handed out, hit) from now on, for residency

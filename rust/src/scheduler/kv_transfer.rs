@@ -143,14 +143,14 @@ impl Scheduler {
     /// a load of every token gives the last back (to compute and sample
     /// from), and it waits as before.
     pub(super) fn settle_load(&mut self, slot: Slot) {
-        let first = self.requests[slot].cached_marks();
         let r = &mut self.requests[slot];
         let computed = r.seq.num_computed_tokens;
         if r.kv_load_failed && computed == 0 {
             // There may be a local hit when it asks again.
             self.kv.free(&mut r.tables);
         } else {
-            self.kv.cache_full_blocks(&mut r.tables, &r.seq, computed);
+            self.kv
+                .cache_full_blocks(&mut r.tables, &r.seq, computed, slot);
         }
         r.kv_load_failed = false;
         if computed == r.num_tokens() {
@@ -162,7 +162,6 @@ impl Scheduler {
         } else {
             RequestStatus::Waiting
         };
-        self.log_stored(slot, &first);
     }
 
     /// Tell the connector a request finished (its status set); true holds

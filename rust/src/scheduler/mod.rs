@@ -52,7 +52,6 @@ mod spec_decode_tests;
 mod tests;
 
 use crate::block::BlockId;
-use crate::block_table::BlockTable;
 use crate::ec_connector::EcConnector;
 use crate::encoder_cache::EncoderCache;
 use crate::encoder_decoder_cache::EncoderDecoderCache;
@@ -323,12 +322,9 @@ impl Scheduler {
         &self.kv
     }
 
-    /// Log KV-cache events from now on (docs/scheduling.md §7.12); not
-    /// beside KV-cache groups of different block sizes (§7.16).
-    pub fn enable_kv_events(&mut self) -> Result<(), Error> {
-        self.refuse_mixed_block_sizes("KV-cache events")?;
+    /// Log KV-cache events from now on (docs/scheduling.md §7.12).
+    pub fn enable_kv_events(&mut self) {
         self.kv.enable_events();
-        Ok(())
     }
 
     /// Log blocks' lives (handed out, hit) from now on, for residency
@@ -353,19 +349,6 @@ impl Scheduler {
     /// The KV-cache events since last taken, oldest first.
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.kv.take_events()
-    }
-
-    /// Log the blocks the request in `slot` hash-cached from block `first`
-    /// on (vLLM's `BlockStored`), when events are on.
-    #[inline]
-    fn log_stored(&mut self, slot: Slot, first: &[usize]) {
-        if self.kv.events_enabled() {
-            self.log_stored_event(slot, first);
-        }
-    }
-
-    fn log_stored_event(&mut self, slot: Slot, first: &[usize]) {
-        log_stored_groups(&mut self.kv, slot, &self.requests[slot].tables, first);
     }
 
     /// The live request in `slot`.
@@ -805,39 +788,6 @@ impl Scheduler {
             kv_cache_usage: self.kv.usage(),
             prefix_cache_stats: self.kv.make_prefix_cache_stats(),
             num_preempted_reqs: std::mem::take(&mut self.num_preempted),
-        }
-    }
-}
-
-/// Log each group's blocks `first[group]..` that the request in `slot`
-/// just hash-cached, in group order as vLLM's coordinator caches them.
-pub(super) fn log_stored_groups(
-    kv: &mut KvCacheManager,
-    slot: Slot,
-    tables: &[BlockTable],
-    first: &[usize],
-) {
-    let prompt_states = kv.take_prompt_states_stored();
-    for (group, table) in tables.iter().enumerate() {
-        let first = first.get(group).copied().unwrap_or(0);
-        let cached = table.num_cached_blocks();
-        if cached > first {
-            let block_ids = kv.stored_block_ids(&table.block_ids()[first..cached]);
-            kv.log_event(KvEvent::Stored {
-                owner: slot,
-                group,
-                first_block: first,
-                block_ids,
-            });
-        }
-        // A prompt's state cached out of turn, after its group's blocks.
-        for &(_, position, block) in prompt_states.iter().filter(|s| s.0 == group) {
-            kv.log_event(KvEvent::Stored {
-                owner: slot,
-                group,
-                first_block: position,
-                block_ids: vec![block],
-            });
         }
     }
 }

@@ -152,20 +152,16 @@ impl Scheduler {
     ) -> Grant {
         loop {
             let r = &mut self.requests[slot];
-            // Where newly cached blocks start, for a KV-cache event.
-            let first = if self.kv.events_enabled() {
-                r.cached_marks()
-            } else {
-                Vec::new()
+            let admission = Admission {
+                owner: Some(slot),
+                ..Admission::default()
             };
-            let admission = Admission::default();
             let in_flight = r.in_flight_tokens;
             if self
                 .kv
                 .allocate(&mut r.tables, &r.seq, n, 0, &[], admission, in_flight)
                 .is_some()
             {
-                self.log_stored(slot, &first);
                 return Grant::Granted;
             }
             // A KV connector is about to free blocks: wait for them rather

@@ -562,7 +562,7 @@ fn kv_events_follow_caching_eviction_lookups_and_resets() {
         num_blocks: 6,
         ..Default::default()
     });
-    s.enable_kv_events().unwrap();
+    s.enable_kv_events();
     let a = s
         .add_request(new_request("a", (3..=34).collect(), 40))
         .unwrap();

@@ -260,12 +260,7 @@ impl Scheduler {
         }
         let confirms_blocks = had_placeholders || num_spec_tokens > 0;
         if !stale && status_before == RequestStatus::Running && confirms_blocks {
-            let events = kv.events_enabled();
-            let first = if events { r.cached_marks() } else { Vec::new() };
-            cache_arrived(kv, r);
-            if events {
-                super::log_stored_groups(kv, e.slot, &r.tables, &first);
-            }
+            cache_arrived(kv, e.slot, r);
         }
         if r.grammar.is_some() && !accept(e.slot, r, &out.tokens[start..]) {
             r.status = RequestStatus::FinishedError; // the grammar rejected them
@@ -416,9 +411,9 @@ fn append_until_stop(
 /// confirmed: under async scheduling (the tokens were placeholders at
 /// allocation) and speculative decoding (only accepted drafts count), vLLM
 /// caches them when the output arrives.
-fn cache_arrived(kv: &mut KvCacheManager, r: &mut Request) {
+fn cache_arrived(kv: &mut KvCacheManager, slot: Slot, r: &mut Request) {
     let upto = r.seq.num_computed_tokens.saturating_sub(r.in_flight_tokens);
-    kv.cache_full_blocks(&mut r.tables, &r.seq, upto);
+    kv.cache_full_blocks(&mut r.tables, &r.seq, upto, slot);
 }
 
 /// Whether `a` holds exactly the slots of `b` (each once: `b` has no

@@ -223,9 +223,9 @@ impl Scheduler {
         } else {
             r.seq.num_computed_tokens
         };
-        let num_hit_blocks = hit_tokens / self.kv.hash_block_size();
         if r.report_hits && lookup && hit_tokens > 0 {
-            let num_blocks = num_hit_blocks;
+            // (In hash blocks: each group counts its own.)
+            let num_blocks = hit_tokens / self.kv.hash_block_size();
             self.kv.log_event(KvEvent::Hit {
                 owner: slot,
                 num_blocks,
@@ -307,15 +307,7 @@ impl Scheduler {
         }
         let r = &mut self.requests[slot];
         // A session's computed tokens are in its table already.
-        // Each group's blocks cached before this step's (a hit's are), for
-        // the KV-cache events.
-        let events = self.kv.events_enabled();
-        let (new_hit_tokens, first) = if lookup {
-            let n = if events { r.tables.len() } else { 0 };
-            (local_tokens, vec![num_hit_blocks; n])
-        } else {
-            (0, if events { r.cached_marks() } else { Vec::new() })
-        };
+        let new_hit_tokens = if lookup { local_tokens } else { 0 };
         let hits: &[Vec<BlockId>] = if new_hit_tokens > 0 { &self.hits } else { &[] };
         let admission = Admission {
             full_sequence_must_fit: gate,
@@ -326,6 +318,7 @@ impl Scheduler {
                 EncoderStore::Shared(_) => 0,
             },
             external_tokens: external.num_tokens,
+            owner: Some(slot),
             ..Admission::default()
         };
         let allocated = self.kv.allocate(
@@ -365,8 +358,6 @@ impl Scheduler {
         r.status = RequestStatus::Running;
         r.seq.num_computed_tokens = hit_tokens;
         self.undefer(slot);
-        // Its new blocks were cached by the allocation, after the hits.
-        self.log_stored(slot, &first);
         self.pop_waiting(from_kv);
         self.running.push(slot);
         self.notify_after_alloc(slot, external.num_tokens, before);
@@ -401,6 +392,7 @@ impl Scheduler {
             external_tokens: external,
             reserved_blocks: reserved,
             load_async: true,
+            owner: Some(slot),
             ..Admission::default()
         };
         let r = &mut self.requests[slot];

@@ -147,8 +147,6 @@ class KvCacheManager:
         #: the step's forward pass, so no request may hit it before the next
         #: step (vLLM's ``cached_blocks_this_step``).
         self._states_cached_this_step: set[int] = set()
-        #: Prompt states cached out of turn, for their events (§7.15).
-        self._prompt_states_stored: list[tuple[int, int, int]] = []
         #: The prefill checkpoint the allocation in progress writes, if any
         #: (§7.15): its caching keys the checkpoint's block.
         self._step_checkpoint: StateCheckpoint | None = None
@@ -249,12 +247,6 @@ class KvCacheManager:
             return None
         recurrent = next(g for g in self._groups if g.kind.is_recurrent())
         return recurrent.kind.prefill_checkpoint_alignment()
-
-    def take_prompt_states_stored(self) -> list[tuple[int, int, int]]:
-        """Prompt states cached out of turn since last taken, as (group,
-        position, block id), for their ``Stored`` events."""
-        out, self._prompt_states_stored = self._prompt_states_stored, []
-        return out
 
     def new_step_starts(self) -> None:
         """A step begins: states cached by the last one are readable now."""
@@ -408,12 +400,14 @@ class KvCacheManager:
         ``processed`` tokens reads."""
         allocation.remove_blocks_out_of_window(self, tables, processed)
 
-    def cache_full_blocks(self, tables: list[BlockTable], seq: Sequence, upto: int) -> None:
+    def cache_full_blocks(
+        self, tables: list[BlockTable], seq: Sequence, upto: int, owner: int
+    ) -> None:
         """Hash-cache every group's full blocks up to token ``upto``, when
         prefix caching is on; the async update caches the blocks its tokens
         filled, a KV connector's load those it wrote, once reported
-        (§4.19)."""
-        caching.cache_full_blocks(self, tables, seq, upto)
+        (§4.19). The stores' events name ``owner``, the request's slot."""
+        caching.cache_full_blocks(self, tables, seq, upto, owner)
 
     def stored_block_ids(self, blocks: list[Block]) -> list[int]:
         """``blocks`` as a ``BlockStored`` event names them: each block's id,

@@ -40,6 +40,9 @@ class Admission:
     #: The external tokens arrive later: no lookahead slots yet, and nothing
     #: hash-cached until the load is reported.
     load_async: bool = False
+    #: The request's slot, named in the KV-cache events of the blocks the
+    #: allocation hash-caches (None: no store is logged).
+    owner: int | None = None
 
 
 @dataclass(frozen=True)
@@ -251,7 +254,7 @@ def allocate(
         if min(computed + num_new_tokens + m._lookahead, max_len) <= len(table) * bs:
             if m._enable_caching:
                 upto = min(computed + num_new_tokens, seq.num_tokens)
-                cache_blocks(m, 0, table, seq, upto)
+                cache_blocks(m, 0, table, seq, upto, admission.owner)
             return 0
     computed = min(
         seq.num_computed_tokens + num_new_computed_tokens + admission.external_tokens, max_len
@@ -320,7 +323,7 @@ def allocate(
     if m._enable_caching and not admission.load_async:
         upto = min(computed + num_new_tokens, seq.num_tokens)
         for g, table in enumerate(tables):
-            cache_blocks(m, g, table, seq, upto)
+            cache_blocks(m, g, table, seq, upto, admission.owner)
     m._step_checkpoint = None
     return k
 

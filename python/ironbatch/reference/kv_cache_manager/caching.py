@@ -16,7 +16,7 @@ from ironbatch.reference.attention_group import (
 )
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.block_table import BlockTable
-from ironbatch.reference.kv_events import Evicted
+from ironbatch.reference.kv_events import Evicted, Stored, StoredKey
 from ironbatch.reference.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -25,13 +25,14 @@ if TYPE_CHECKING:
 
 
 def cache_full_blocks(
-    m: KvCacheManager, tables: list[BlockTable], seq: Sequence, upto: int
+    m: KvCacheManager, tables: list[BlockTable], seq: Sequence, upto: int, owner: int
 ) -> None:
     """``KvCacheManager.cache_full_blocks``: every group's full blocks up to
-    token ``upto``, when prefix caching is on."""
+    token ``upto``, when prefix caching is on; the stores' events name
+    ``owner``, the request's slot."""
     if m._enable_caching:
         for g, table in enumerate(tables):
-            cache_blocks(m, g, table, seq, upto)
+            cache_blocks(m, g, table, seq, upto, owner)
 
 
 def stored_block_ids(blocks: list[Block]) -> list[int]:
@@ -84,11 +85,18 @@ def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
     return min((cached_end(g, t) for g, t in enumerate(tables)), default=0)
 
 
-def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int) -> None:
+def cache_blocks(
+    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int, owner: int | None
+) -> None:
     """Hash-cache group ``g``'s full blocks up to token ``upto``
     (docs/scheduling.md §7.7, §7.13, §7.15): every one, except null
     positions and, for a window or recurrent group under sparse retention,
-    those no later request could resume from."""
+    those no later request could resume from. With events on, each key's
+    events are logged as vLLM's manager makes them: the full blocks' (a key
+    they replace removed first), then a key inside a block (§7.15–7.16),
+    for the request in ``owner``."""
+    if not m._pool.events.enabled:
+        owner = None
     # Only tokens whose KV is final: multi-module MTP may prefill the last
     # few again. (vLLM's hybrid coordinator, for several groups, caches
     # them anyway, but in a group that drops an EAGLE block: a window keeps
@@ -106,16 +114,20 @@ def cache_blocks(m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, up
         upto = min(finalized, finalized // unit * unit + m.group_block_size(g))
     else:
         upto = upto // unit * unit
+    first = table.num_cached
     if upto >= (table.num_cached + 1) * m.group_block_size(g):
         cache_new_full_blocks(m, g, table, seq, upto)
+    if owner is not None and table.num_cached > first:
+        block_ids = stored_block_ids(table.blocks[first : table.num_cached])
+        m._pool.events.push(Stored(owner, g, first, block_ids))
     if m._align and m._groups[g].kind.is_recurrent():
-        cache_prompt_state(m, g, table, seq, upto)
+        cache_prompt_state(m, g, table, seq, upto, owner)
     if m._groups[g].kind.is_full() and m.group_block_size(g) != m._hash_block_size:
-        cache_prompt_tail(m, g, table, seq, upto)
+        cache_prompt_tail(m, g, table, seq, upto, owner)
 
 
 def cache_prompt_tail(
-    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int
+    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int, owner: int | None
 ) -> None:
     """Key the full-attention block the prompt's last hash-block boundary
     falls inside by the hash there (vLLM's full-attention
@@ -135,14 +147,28 @@ def cache_prompt_tail(
     block = table.blocks[idx]
     if block.block_id == NULL_BLOCK:
         return
+    num_hash_blocks = boundary // unit
+    key = group_key(seq.block_hashes[num_hash_blocks - 1], g)
     if block.hash is not None:
         # A tail keyed before more hashes were known moves on; a key that
-        # covers as much or more stays.
+        # covers as much or more stays, the tail's beside it (for events
+        # only: no lookup asks for it).
         if block.partial_tokens == 0 or block.partial_tokens >= boundary:
+            if owner is not None and m._pool.add_second_key(block, key):
+                log_stored_key(m, owner, g, num_hash_blocks, block)
             return
         m._pool.uncache([block.block_id])
-    key = group_key(seq.block_hashes[boundary // unit - 1], g)
     m._pool.cache_partial_block(block, key, boundary)
+    log_stored_key(m, owner, g, num_hash_blocks, block)
+
+
+def log_stored_key(
+    m: KvCacheManager, owner: int | None, g: int, num_hash_blocks: int, block: Block
+) -> None:
+    """Log that group ``g``'s ``block`` was keyed by the hash at
+    ``num_hash_blocks`` hash blocks, when events are on (``owner``)."""
+    if owner is not None:
+        m._pool.events.push(StoredKey(owner, g, num_hash_blocks, block.block_id))
 
 
 def keyed_tokens(block: Block, position: int, bs: int) -> int:
@@ -205,14 +231,14 @@ def cache_new_full_blocks(
 
 
 def cache_prompt_state(
-    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int
+    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int, owner: int | None
 ) -> None:
     """Cache the state where a later request with this prompt resumes, if a
     block holds it unhashed (vLLM's Mamba ``_cache_partial_tail_block``):
     sparse retention passed it by when the prompt was shorter (a session's
     next turn)."""
     if m._step_checkpoint is not None:
-        cache_checkpoint_state(m, g, table, seq, m._step_checkpoint)
+        cache_checkpoint_state(m, g, table, seq, m._step_checkpoint, owner)
         return
     bs = m.group_block_size(g)  # the hash block (validated)
     # What vLLM's hybrid coordinator hands its groups: whole blocks.
@@ -224,11 +250,16 @@ def cache_prompt_state(
     # ``latest_prompt_hash_boundary``).
     if num_tokens != m.state_checkpoint(seq.num_prompt_tokens, m._hash_block_size):
         return
-    cache_state(m, g, table, seq, idx - 1, num_tokens)
+    cache_state(m, g, table, seq, idx - 1, num_tokens, owner)
 
 
 def cache_checkpoint_state(
-    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, checkpoint: StateCheckpoint
+    m: KvCacheManager,
+    g: int,
+    table: BlockTable,
+    seq: Sequence,
+    checkpoint: StateCheckpoint,
+    owner: int | None,
 ) -> None:
     """Key the block a prefill checkpoint was written to in this step
     (vLLM's checkpoint branch of ``_cache_partial_tail_block``), when a later
@@ -250,11 +281,17 @@ def cache_checkpoint_state(
             m._pool.events.push(Evicted(block_id))
         m._pool.uncache([block_id])
         return
-    cache_state(m, g, table, seq, idx, position)
+    cache_state(m, g, table, seq, idx, position, owner)
 
 
 def cache_state(
-    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, idx: int, position: int
+    m: KvCacheManager,
+    g: int,
+    table: BlockTable,
+    seq: Sequence,
+    idx: int,
+    position: int,
+    owner: int | None,
 ) -> None:
     """Hash-cache the state in group ``g``'s block ``idx`` out of turn as the
     state after ``position`` tokens (keyed by the hash there), unless it is
@@ -278,5 +315,4 @@ def cache_state(
         m._pool.uncache([block.block_id])
     m._pool.cache_partial_block(block, key, position)
     m._states_cached_this_step.add(key)
-    if m._pool.events.enabled:
-        m._prompt_states_stored.append((g, hash_index, block.block_id))
+    log_stored_key(m, owner, g, hash_index + 1, block)

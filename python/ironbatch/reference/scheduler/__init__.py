@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.ec_connector import SafeEcConnector
 from ironbatch.reference.encoder_cache import EncoderCache
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
@@ -38,7 +37,7 @@ from ironbatch.reference.kv_connector import (
     KvTransferReport,
     SafeConnector,
 )
-from ironbatch.reference.kv_events import KvEvent, Stored
+from ironbatch.reference.kv_events import KvEvent
 from ironbatch.reference.multimodal import ENCODER, InPrompt, InputPlacement, check_inputs
 from ironbatch.reference.prefill_cadence import PrefillCadence
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
@@ -358,9 +357,7 @@ class Scheduler:
         queue.add(slot, self.requests)
 
     def enable_kv_events(self) -> None:
-        """Log KV-cache events from now on (docs/scheduling.md §7.12); not
-        beside KV-cache groups of different block sizes (§7.16)."""
-        self.refuse_mixed_block_sizes("KV-cache events")
+        """Log KV-cache events from now on (docs/scheduling.md §7.12)."""
         self.kv.enable_events()
 
     def enable_block_lifecycle_events(self) -> None:
@@ -381,13 +378,6 @@ class Scheduler:
     def take_kv_events(self) -> list[KvEvent]:
         """The KV-cache events since last taken, oldest first."""
         return self.kv.take_events()
-
-    def log_stored(self, slot: int, first: list[int]) -> None:
-        """Log the blocks the request in ``slot`` hash-cached from each
-        group's block ``first[group]`` on (vLLM's ``BlockStored``), when
-        events are on."""
-        if self.kv.events_enabled:
-            log_stored_groups(self.kv, slot, self.requests[slot].tables, first)
 
     def update_draft_token_ids(
         self, request_ids: list[str], tokens: list[int], offsets: list[int]
@@ -747,22 +737,3 @@ def drafts_column(drafts: Drafts) -> list[int]:
     column: list[int] = []
     drafts.write_to(column)
     return column
-
-
-def log_stored_groups(
-    kv: KvCacheManager, slot: int, tables: list[BlockTable], first: list[int]
-) -> None:
-    """Log each group's blocks ``first[group]..`` that the request in
-    ``slot`` just hash-cached, in group order as vLLM's coordinator caches
-    them."""
-    prompt_states = kv.take_prompt_states_stored()
-    for group, table in enumerate(tables):
-        start = first[group] if group < len(first) else 0
-        cached = table.num_cached_blocks()
-        if cached > start:
-            block_ids = kv.stored_block_ids(table.blocks[start:cached])
-            kv.log_event(Stored(slot, group, start, block_ids))
-        # A prompt's state cached out of turn, after its group's blocks.
-        for g, position, block_id in prompt_states:
-            if g == group:
-                kv.log_event(Stored(slot, group, position, [block_id]))

@@ -109,19 +109,17 @@ def settle_load(s: Scheduler, slot: int) -> None:
     every token gives the last back (to compute and sample from), and it
     waits as before."""
     r = s.requests[slot]
-    first = r.cached_marks()
     computed = r.seq.num_computed_tokens
     if r.kv_load_failed and computed == 0:
         # There may be a local hit when it asks again.
         s.kv.free(r.tables)
     else:
-        s.kv.cache_full_blocks(r.tables, r.seq, computed)
+        s.kv.cache_full_blocks(r.tables, r.seq, computed, slot)
     r.kv_load_failed = False
     if computed == r.num_tokens:
         r.seq.num_computed_tokens -= 1
     r.kv_loaded = False
     r.status = RequestStatus.PREEMPTED if r.num_preemptions > 0 else RequestStatus.WAITING
-    s.log_stored(slot, first)
 
 
 def connector_finished(s: Scheduler, slot: int) -> bool:

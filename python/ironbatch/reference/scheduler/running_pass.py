@@ -141,9 +141,8 @@ def allocate_or_preempt(
     allocation came to and the cursor."""
     while True:
         r = s.requests[slot]
-        first = r.cached_marks()
-        if s.kv.allocate(r.tables, r.seq, n, 0, [], Admission(), r.in_flight_tokens) is not None:
-            s.log_stored(slot, first)
+        admission = Admission(owner=slot)
+        if s.kv.allocate(r.tables, r.seq, n, 0, [], admission, r.in_flight_tokens) is not None:
             return Grant.GRANTED, cursor
         # A KV connector is about to free blocks: wait for them rather than
         # preempt (§4.19).

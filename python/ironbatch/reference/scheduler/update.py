@@ -208,12 +208,7 @@ def apply_output(
         r.num_output_placeholders = max(r.num_output_placeholders - len(sampled), 0)
     confirms_blocks = had_placeholders or s.config.num_speculative_tokens > 0
     if not stale and status_before == RequestStatus.RUNNING and confirms_blocks:
-        first = r.cached_marks()
-        cache_arrived(kv, r)
-        if kv.events_enabled:
-            from ironbatch.reference.scheduler import log_stored_groups  # (a cycle)
-
-            log_stored_groups(kv, e.slot, r.tables, first)
+        cache_arrived(kv, e.slot, r)
     if r.grammar is not None and not accept(e.slot, r, out.tokens[start:]):
         r.status = RequestStatus.FINISHED_ERROR  # the grammar rejected them
         r.resumable = False  # which ends a session too
@@ -310,10 +305,10 @@ def append_until_stop(
     return False
 
 
-def cache_arrived(kv: KvCacheManager, r: Request) -> None:
+def cache_arrived(kv: KvCacheManager, slot: int, r: Request) -> None:
     """Hash-cache the blocks of a running request that arrived tokens
     confirmed: under async scheduling (the tokens were placeholders at
     allocation) and speculative decoding (only accepted drafts count), vLLM
     caches them when the output arrives."""
     upto = max(r.seq.num_computed_tokens - r.in_flight_tokens, 0)
-    kv.cache_full_blocks(r.tables, r.seq, upto)
+    kv.cache_full_blocks(r.tables, r.seq, upto, slot)

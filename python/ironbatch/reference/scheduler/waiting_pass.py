@@ -199,9 +199,8 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         # Every lookup says where a shared prefix ends.
         r.seq.shared_prefix_boundary = hit.shared_prefix_boundary
     hit_tokens = hit.tokens if lookup else r.seq.num_computed_tokens
-    num_hit_blocks = hit_tokens // s.kv.hash_block_size
     if r.report_hits and lookup and hit_tokens > 0:
-        s.kv.log_event(Hit(slot, num_hit_blocks))
+        s.kv.log_event(Hit(slot, hit_tokens // s.kv.hash_block_size))
     # A KV connector's tokens past the local hit (§4.19).
     external = NO_HIT
     if lookup:
@@ -264,11 +263,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     if n == 0:
         return Admit.SKIPPED
     # A session's computed tokens are in its table already.
-    # Each group's blocks cached before this step's (a hit's are).
-    if lookup:
-        new_hit_tokens, first = local_tokens, [num_hit_blocks] * len(r.tables)
-    else:
-        new_hit_tokens, first = 0, r.cached_marks()
+    new_hit_tokens = local_tokens if lookup else 0
     allocated = s.kv.allocate(
         r.tables,
         r.seq,
@@ -281,6 +276,7 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
             # Cross-attention slots for the encoder inputs it runs (§4.17).
             encoder_tokens=plan.num_embeds if isinstance(s.encoder, EncoderDecoderCache) else 0,
             external_tokens=external.num_tokens,
+            owner=slot,
         ),
         r.in_flight_tokens,
     )
@@ -305,8 +301,6 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     r.status = RequestStatus.RUNNING
     r.seq.num_computed_tokens = hit_tokens
     undefer(s, slot)
-    # Its new blocks were cached by the allocation, after the hits.
-    s.log_stored(slot, first)
     pop_waiting(s, from_kv)
     s.running.append(slot)
     notify_after_alloc(s, slot, external.num_tokens, before)
@@ -335,6 +329,7 @@ def admit_loading(
         external_tokens=external,
         reserved_blocks=reserved_for_inflight_prefills(s),
         load_async=True,
+        owner=slot,
     )
     r = s.requests[slot]
     hits = hits if hit_tokens > 0 else []
