@@ -29,6 +29,7 @@ def make(
     kv_cache_groups: tuple[KVCacheGroup, ...] | None = None,
     sparse_retention: bool = True,
     retention_interval: int = 0,
+    mixed_precision: bool = False,
     **sched: Any,
 ) -> Scheduler:
     sched.setdefault("max_model_len", 2048)
@@ -41,6 +42,7 @@ def make(
             kv_cache_groups=kv_cache_groups,
             sparse_retention=sparse_retention,
             retention_interval=retention_interval,
+            mixed_precision=mixed_precision,
         ),
         backend=backend,
     )

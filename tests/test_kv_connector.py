@@ -6,6 +6,7 @@ Loads that fail, whole or by block, under both failure policies."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from collections import Counter
@@ -285,7 +286,22 @@ def random_config(rng: random.Random) -> dict[str, Any]:
     # Full attention beside windows or chunked local attention in some
     # (a connector with hybrid support: NIXL, offloading, Mooncake).
     groups = random_groups(rng, bs) if rng.random() < 0.4 else None
+    # Groups of different block sizes in half of those with full attention
+    # and windows alone (drawn apart): a mixed-precision hybrid's, whose
+    # new blocks are zeroed but those an asynchronous load writes
+    # (docs/scheduling.md §4.19, §7.16).
+    sizes = random.Random(rng.random())
+    mixed: dict[str, Any] = {}
+    kinds = {g.kind for g in groups or ()}
+    if kinds == {"full", "sliding_window"} and sizes.random() < 0.5:
+        larger = [sizes.choice([None, 2 * bs, 4 * bs]) for _ in groups]
+        larger[sizes.randrange(len(larger))] = None  # the cache's own block size stays
+        groups = tuple(
+            dataclasses.replace(g, block_size=size) for g, size in zip(groups, larger, strict=True)
+        )
+        mixed = {"mixed_precision": True}
     need = -(-max_len // bs) * (1 if groups is None else len(groups))
+    need *= 4 if mixed else 1
     # A vision model's encoder in some (drawn apart): images beside
     # external hits.
     vision = random.Random(rng.random())
@@ -300,6 +316,7 @@ def random_config(rng: random.Random) -> dict[str, Any]:
         )
     return dict(
         **encoder,
+        **mixed,
         kv_cache_groups=groups,
         block_size=bs,
         num_blocks=rng.randint(2 * need + 2, 3 * need) if rng.random() < 0.4 else 8 * need,
@@ -415,6 +432,7 @@ def run_seed(seed: int) -> Counter:
     events.update(workers[0].events)
     events["unknown"] += sum(1 for c in stand_ins[0].log if c[0] == "matched" and c[4][0] is None)
     events.update(pair.events)
+    events["mixed_block_sizes"] += config.get("mixed_precision", False)
     return events
 
 
@@ -434,8 +452,30 @@ def test_core_and_twin_agree_with_the_stand_in(workloads: Workloads) -> None:
             "failed_loads_ended": 30,
             "fenced_frees": 120,
             "images": 400,
+            "mixed_block_sizes": 40,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():
         assert events[what] >= n, (what, events)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_blocks_an_async_load_writes_are_zeroed_only_once_it_fails(backend: str) -> None:
+    """Where new blocks are zeroed (a mixed-precision KV cache), those an
+    asynchronous load writes are not, which would race the load (vLLM's
+    ``skip_zeroing_group_ids``, every group the connector loads); when the
+    load fails in part and its request computes the rest itself, the blocks
+    from the cut on are listed for zeroing then (vLLM's
+    ``record_blocks_for_zeroing``). Here block 3 (tokens 8-12) did not
+    arrive: 8 tokens stand, blocks 3 and 4 are zeroed and computed."""
+    c = Scripted({"r": (14, True)})
+    s = scheduler(backend, c, policy="recompute", mixed_precision=True)
+    s.add_request(req("r", range(100, 114), max_tokens=4))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {} and out.new_block_ids_to_zero == []
+    report = Report(finished_recving={"r"}, invalid_block_ids={3})
+    s.update_from_output(out, {}, kv_connector_output=report)
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"r": 6}
+    assert out.new_block_ids_to_zero == [3, 4]

@@ -307,8 +307,10 @@ class Scheduler:
         num_computed_tokens) -> (tokens | None, load_async)``,
         ``update_state_after_alloc(request_id, block_ids,
         num_external_tokens)``, ``request_finished(request_id, block_ids,
-        status) -> hold``, and optionally ``has_pending_block_frees()``. A
-        call that raises is reported (``sys.unraisablehook``) and counts as
+        status) -> hold``, and optionally ``has_pending_block_frees()`` and
+        ``get_loaded_kv_cache_group_ids(request_id)`` (the groups an
+        asynchronous load writes, whose blocks are not zeroed; every group
+        without it). A call that raises is reported (``sys.unraisablehook``) and counts as
         the safe answer. ``kv_load_failure_policy`` is vLLM's: a request
         whose load failed ends with an error (``"fail"``) or computes what
         did not arrive (``"recompute"``). ``defer_block_free`` fences frees:

@@ -149,6 +149,14 @@ pub trait KvConnector: std::fmt::Debug + Send + Sync {
         status: &str,
     ) -> bool;
 
+    /// The KV-cache groups (of `num_groups`) an asynchronous load of
+    /// `request_id` writes (vLLM's `get_loaded_kv_cache_group_ids`): their
+    /// blocks for the external tokens are not listed for zeroing, which
+    /// would race the load. Every group by default.
+    fn loaded_groups(&mut self, _request_id: &str, num_groups: usize) -> Vec<usize> {
+        (0..num_groups).collect()
+    }
+
     /// Whether blocks are about to come back (then a request that cannot
     /// grow waits instead of preempting).
     fn has_pending_block_frees(&mut self) -> bool {

@@ -30,8 +30,8 @@ from vllm_pair import VllmPair, VllmUnderflow
 
 VOCAB = 50
 # Per run, each sync or async at random (about 120 with window groups beside
-# a connector with hybrid support, 75 with images); FULL_WORKLOADS with
-# IRONBATCH_FULL=1.
+# a connector with hybrid support, about 45 of them of different block
+# sizes, 75 with images); FULL_WORKLOADS with IRONBATCH_FULL=1.
 WORKLOADS = 300
 FULL_WORKLOADS = 1200
 
@@ -133,7 +133,11 @@ def run_seed(seed: int) -> Counter:
     events["drafting"] += "speculative_config" in settings
     # A connector with hybrid support, and window groups beside it.
     events["hybrid_connector"] += isinstance(pair.vllm.connector, SupportsHMA)
-    events["window_groups"] += len(pair.vllm.kv_cache_config.kv_cache_groups) > 1
+    groups = pair.vllm.kv_cache_config.kv_cache_groups
+    events["window_groups"] += len(groups) > 1
+    # A mixed-precision hybrid's (its new blocks zeroed, but those a load
+    # writes).
+    events["mixed_block_sizes"] += len({g.kv_cache_spec.block_size for g in groups}) > 1
     events["vision"] += bool(images)
     events["workloads"] += 1
     return events
@@ -158,6 +162,7 @@ def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
             "drafting": 160,
             "hybrid_connector": 280,
             "window_groups": 240,
+            "mixed_block_sizes": 80,
             "vision": 160,
             "images": 1200,
         }.items()

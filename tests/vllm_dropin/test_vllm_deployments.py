@@ -872,6 +872,15 @@ TABLE = [
         + ["--kv-events-config", KV_EVENTS],
         {"kv_events": True, "group_block_sizes": [16, 16, 16, 1072]},
     ),
+    Deployment(
+        # Disaggregated prefill of gpt-oss with its windows kept unquantized
+        # (groups of different block sizes beside a KV connector, §7.16).
+        "gpt-oss-20b-fp8-skip-windows-nixl",
+        "gpt-oss-20b",
+        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"]
+        + ["--kv-transfer-config", kv_connector("NixlConnector")],
+        {"kv_connector": "NixlPullConnector", "group_block_sizes": [32, 64]},
+    ),
     # Deployments vLLM 0.33 serves that the drop-in hands to vLLM's own
     # scheduler (NOT_YET): the gaps left, each as a user would turn it on.
     Deployment(
@@ -897,29 +906,16 @@ TABLE = [
         {"aux_outputs": True, "is_moe": True},
         flavors=("gpu-defaults",),
     ),
-    Deployment(
-        # Disaggregated prefill of gpt-oss with its windows kept unquantized.
-        "gpt-oss-20b-fp8-skip-windows-nixl",
-        "gpt-oss-20b",
-        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"]
-        + ["--kv-transfer-config", kv_connector("NixlConnector")],
-        {"kv_connector": "NixlPullConnector", "group_block_sizes": [32, 64]},
-    ),
 ]
 # Rows the drop-in does not take yet, and the reason it logs. Their
 # engagement test xfails once the row is built and falls back, and fails
 # when the row starts to engage; remove a row from here to make its
 # fallback a failure.
-MIXED_SIZES_WITH = (
-    "KV-cache groups of different block sizes with EAGLE's last-block drop, "
-    "multi-module MTP or a KV connector"
-)
 CONNECTOR_BESIDE_STATES = "a KV connector with other than attention KV-cache groups"
 NOT_YET: dict[str, str] = {
     "qwen3-next-80b-a3b-nixl": CONNECTOR_BESIDE_STATES,
     "nemotron-h-8b-cpu-offloading": CONNECTOR_BESIDE_STATES,
     "qwen3-30b-a3b-routed-experts": "auxiliary outputs",
-    "gpt-oss-20b-fp8-skip-windows-nixl": MIXED_SIZES_WITH,
 }
 # Rows whose workload finds no prefix hit with prefix caching on, in vLLM
 # as in the drop-in, and why.
@@ -938,6 +934,7 @@ NO_PREFIX_HITS: dict[str, str] = {
     "gpt-oss-20b-fp8-skip-windows": "the shared prefix is under one scheduler block",
     "gpt-oss-20b-fp8-skip-windows-eagle3": "the shared prefix is under one scheduler block",
     "gpt-oss-20b-fp8-skip-windows-kv-events": "the shared prefix is under one scheduler block",
+    "gpt-oss-20b-fp8-skip-windows-nixl": "the shared prefix is under one scheduler block",
     "qwen3-next-80b-a3b-mtp-3-kv-events": "the prompts are under one scheduler block",
 }
 # What every engaged row's workload must go through (deployment_setup.workload),

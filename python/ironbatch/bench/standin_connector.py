@@ -156,6 +156,17 @@ class StandInConnector:
         self.log.append(("matched", request_id, num_tokens, num_computed_tokens, answer))
         return answer
 
+    def get_loaded_kv_cache_group_ids(self, request_id: str) -> tuple[int, ...]:
+        """The KV-cache groups an asynchronous load of the request writes
+        (their blocks are not zeroed, which would race it): most often the
+        first four (every group a test draws), else some of them."""
+        rng = self._rng(request_id, "groups")
+        groups = tuple(range(4))
+        if rng.random() < 0.4:
+            groups = tuple(g for g in groups if rng.random() < 0.5)
+        self.log.append(("loaded_groups", request_id, groups))
+        return groups
+
     def update_state_after_alloc(
         self, request_id: str, block_ids: list[list[int]], num_external_tokens: int
     ) -> None:
@@ -282,6 +293,9 @@ class CoreStandIn:
         self, request_id: str, num_tokens: int, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         return self.stand_in.get_num_new_matched_tokens(request_id, num_tokens, num_computed_tokens)
+
+    def get_loaded_kv_cache_group_ids(self, request_id: str) -> tuple[int, ...]:
+        return self.stand_in.get_loaded_kv_cache_group_ids(request_id)
 
     def update_state_after_alloc(
         self, request_id: str, block_ids: list[list[int]], num_external_tokens: int

@@ -36,7 +36,8 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
     """A small engine with the stand-in, drawn: block size, lengths, budgets,
     chunking, prefix caching, policy, sync or async, the stand-in's shares,
     the load-failure policy, and whether the connector has hybrid support
-    (with a window layout beside it, mostly)."""
+    (with a window layout beside it, mostly; in half the gpt-oss and Gemma
+    3 ones, groups of different block sizes: a mixed-precision hybrid's)."""
     bs = rng.choice([4, 8, 16])
     max_model_len = rng.choice([64, 128])
     chunked = rng.random() < 0.8
@@ -60,6 +61,14 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
         layout = draw_layout(drawn, kind, bs)
         # Each window group takes blocks beside the full one.
         blocks *= 2 if kind == "gpt-oss" else 4
+        sizes = random.Random(seed ^ 0x5EED)
+        if kind != "llama4" and sizes.random() < 0.5:
+            # The windows' or the full group's blocks larger (drawn apart);
+            # a retention interval on the scheduler block, their larger.
+            larger = bs * sizes.choice([2, 4])
+            layout[sizes.choice(["window_block_size", "full_block_size"])] = larger
+            if layout.get("retention_interval"):
+                layout["retention_interval"] = larger * sizes.choice([1, 2])
     return dict(
         **layout,
         block_size=bs,
@@ -152,6 +161,9 @@ class StandInKVConnector(KVConnectorBase_V1):
         return self.stand_in.get_num_new_matched_tokens(
             request.request_id, request.num_tokens, num_computed_tokens
         )
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        return self.stand_in.get_loaded_kv_cache_group_ids(request.request_id)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self._seen(request, blocks)

@@ -231,6 +231,23 @@ class SafeConnector:
         args = (request_id, block_ids, status)
         return self._call("request_finished", args, bool, False)
 
+    def loaded_groups(self, request_id: str, num_groups: int) -> list[int]:
+        """The KV-cache groups (of ``num_groups``) an asynchronous load of
+        ``request_id`` writes (vLLM's ``get_loaded_kv_cache_group_ids``):
+        their blocks for the external tokens are not listed for zeroing,
+        which would race the load. Every group unless the connector says."""
+        every = list(range(num_groups))
+        if not hasattr(self.connector, "get_loaded_kv_cache_group_ids"):
+            return every
+
+        def read(groups: Any) -> list[int]:
+            out = [int(g) for g in groups]
+            if any(g < 0 for g in out):
+                raise TypeError(f"group ids must be ints >= 0, got {groups!r}")
+            return out
+
+        return self._call("get_loaded_kv_cache_group_ids", (request_id,), read, every)
+
     def has_pending_block_frees(self) -> bool:
         if not hasattr(self.connector, "has_pending_block_frees"):
             return False

@@ -162,6 +162,9 @@ class ConnectorBridge:
                 )
         self.allocated.append(request_id)
 
+    def get_loaded_kv_cache_group_ids(self, request_id: str) -> tuple[int, ...]:
+        return tuple(self.connector.get_loaded_kv_cache_group_ids(self.requests[request_id]))
+
     def request_finished(self, request_id: str, block_ids: list[list[int]], status: str) -> bool:
         r = self.requests[request_id]
         if self.hybrid:

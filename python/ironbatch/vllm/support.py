@@ -191,16 +191,11 @@ def unsupported_config(
             "cross-attention groups, or beside Mamba groups without prefix caching",
         ),
         (
-            # What vLLM then drops per unit, reads ahead and transfers is
-            # not modelled yet (its events are, §7.16).
-            mixed_sizes
-            and (
-                drops_eagle_block(c)
-                or c.num_prefill_lookahead_tokens > 1
-                or c.kv_transfer_config is not None
-            ),
-            "KV-cache groups of different block sizes with EAGLE's last-block drop, "
-            "multi-module MTP or a KV connector",
+            # What vLLM then drops per unit and reads ahead is not modelled
+            # yet (its events and connectors are, §7.16).
+            mixed_sizes and (drops_eagle_block(c) or c.num_prefill_lookahead_tokens > 1),
+            "KV-cache groups of different block sizes with EAGLE's last-block drop "
+            "or multi-module MTP",
         ),
         (
             # vLLM turns its hybrid manager off for an EAGLE drafter beside

@@ -35,6 +35,10 @@ pub struct Admission {
     /// The request's slot, named in the KV-cache events of the blocks the
     /// allocation hash-caches (None: no store is logged).
     pub owner: Option<Slot>,
+    /// The groups (bit `g`: group `g`) whose blocks for the external
+    /// tokens an asynchronous load writes: not listed for zeroing, which
+    /// would race it (vLLM's `skip_zeroing_group_ids`).
+    pub loaded_groups: u64,
 }
 
 /// The tokens an allocation covers, as the groups count them.
@@ -367,6 +371,7 @@ impl KvCacheManager {
             reserved_blocks,
             load_async,
             owner,
+            loaded_groups,
         } = admission;
         let computed = seq
             .num_computed_tokens
@@ -446,6 +451,12 @@ impl KvCacheManager {
                     let grow = cdiv(computed, self.group_block_size(g)).saturating_sub(table.len());
                     self.pool.take_free_blocks(grow, &mut table.blocks);
                     table.sync_last();
+                    let loaded = loaded_groups & (1 << g) != 0;
+                    if let Some(log) = self.blocks_to_zero.as_mut().filter(|_| !loaded) {
+                        if !self.groups[g].kind.is_recurrent() {
+                            log[g].extend_from_slice(&table.blocks[table.len() - grow..]);
+                        }
+                    }
                 }
             }
         }

@@ -178,6 +178,22 @@ impl KvCacheManager {
             .fold(0, |mask, (g, _)| mask | 1 << g)
     }
 
+    /// List group by group the blocks from token `start_token` on for
+    /// zeroing again, where zeroing applies: blocks a failed asynchronous
+    /// load left unwritten, whose zeroing was skipped (vLLM's
+    /// `record_blocks_for_zeroing`).
+    pub fn record_blocks_for_zeroing(&mut self, tables: &[BlockTable], start_token: usize) {
+        let Some(log) = &mut self.blocks_to_zero else {
+            return;
+        };
+        for (g, table) in tables.iter().enumerate() {
+            if !self.groups[g].kind.is_recurrent() {
+                let start = (start_token / self.group_block_sizes[g]).min(table.len());
+                log[g].extend_from_slice(&table.blocks[start..]);
+            }
+        }
+    }
+
     /// The attention groups' blocks handed out since the last call, group by
     /// group in allocation order (vLLM's `new_block_ids_to_zero`: a block
     /// taken by a request preempted later in the step counts too); empty

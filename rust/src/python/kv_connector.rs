@@ -106,6 +106,20 @@ impl KvConnector for PyKvConnector {
         self.call("request_finished", args, |v| v.is_truthy(), false)
     }
 
+    fn loaded_groups(&mut self, request_id: &str, num_groups: usize) -> Vec<usize> {
+        let every = (0..num_groups).collect::<Vec<_>>();
+        let asks = Python::attach(|py| {
+            let obj = self.obj.bind(py);
+            obj.hasattr("get_loaded_kv_cache_group_ids")
+                .unwrap_or(false)
+        });
+        if !asks {
+            return every;
+        }
+        let read = |v: &Bound<'_, PyAny>| v.extract::<Vec<usize>>();
+        self.call("get_loaded_kv_cache_group_ids", (request_id,), read, every)
+    }
+
     fn has_pending_block_frees(&mut self) -> bool {
         Python::attach(|py| {
             let obj = self.obj.bind(py);

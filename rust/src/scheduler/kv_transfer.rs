@@ -46,7 +46,6 @@ impl Scheduler {
         if let Some(why) = why {
             return Err(Error::invalid(format!("kv_connector: {why}")));
         }
-        self.refuse_mixed_block_sizes("KV connectors")?;
         self.connector = Some(connector);
         self.kv_setup = setup;
         Ok(())
@@ -92,6 +91,20 @@ impl Scheduler {
             Some(hit) if hit.fits(num_tokens, num_local) => Answer::Hit(hit),
             _ => Answer::Later,
         }
+    }
+
+    /// The groups an asynchronous load of the request in `slot` writes, as
+    /// the connector names them, as a bit set (bit `g`: group `g`).
+    pub(super) fn connector_loaded_groups(&mut self, slot: Slot) -> u64 {
+        let num_groups = self.config.cache.groups.len();
+        let Some(connector) = self.connector.as_mut() else {
+            return 0;
+        };
+        let groups = connector.loaded_groups(&self.requests[slot].request_id, num_groups);
+        groups
+            .iter()
+            .filter(|&&g| g < num_groups)
+            .fold(0, |bits, &g| bits | 1 << g)
     }
 
     /// Tell the connector the request's blocks after an admission; vLLM
@@ -151,6 +164,11 @@ impl Scheduler {
         } else {
             self.kv
                 .cache_full_blocks(&mut r.tables, &r.seq, computed, slot);
+            if r.kv_load_failed {
+                // What the load left unwritten is computed here: zeroed
+                // first, where zeroing applies.
+                self.kv.record_blocks_for_zeroing(&r.tables, computed);
+            }
         }
         r.kv_load_failed = false;
         if computed == r.num_tokens() {

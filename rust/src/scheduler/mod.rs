@@ -333,19 +333,6 @@ impl Scheduler {
         self.kv.enable_lifecycle_events();
     }
 
-    /// An error naming `what` when the groups' blocks differ in size: what
-    /// vLLM then reports per group (partial-block entries among them) is
-    /// not modelled (docs/scheduling.md §7.16).
-    pub(super) fn refuse_mixed_block_sizes(&self, what: &str) -> Result<(), Error> {
-        if self.kv.hash_block_size() == self.kv.scheduler_block_size() {
-            return Ok(());
-        }
-        Err(Error::invalid(format!(
-            "{what} are not modelled beside KV-cache groups of different block sizes ({:?})",
-            self.kv.group_block_sizes()
-        )))
-    }
-
     /// The KV-cache events since last taken, oldest first.
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.kv.take_events()

@@ -386,6 +386,7 @@ impl Scheduler {
         watermark: usize,
     ) -> Admit {
         let reserved = self.reserved_for_inflight_prefills();
+        let loaded_groups = self.connector_loaded_groups(slot);
         let admission = Admission {
             full_sequence_must_fit: self.config.scheduler_reserve_full_isl,
             watermark,
@@ -393,6 +394,7 @@ impl Scheduler {
             reserved_blocks: reserved,
             load_async: true,
             owner: Some(slot),
+            loaded_groups,
             ..Admission::default()
         };
         let r = &mut self.requests[slot];

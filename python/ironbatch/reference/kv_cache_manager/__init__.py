@@ -211,6 +211,18 @@ class KvCacheManager:
         """Fraction of usable blocks held by requests."""
         return self._pool.usage
 
+    def record_blocks_for_zeroing(self, tables: list[BlockTable], start_token: int) -> None:
+        """List group by group the blocks from token ``start_token`` on for
+        zeroing again, where zeroing applies: blocks a failed asynchronous
+        load left unwritten, whose zeroing was skipped (vLLM's
+        ``record_blocks_for_zeroing``)."""
+        if self._blocks_to_zero is None:
+            return
+        for g, table in enumerate(tables):
+            if not self._groups[g].kind.is_recurrent():
+                start = min(start_token // self._group_block_sizes[g], len(table))
+                self._blocks_to_zero[g].extend(b.block_id for b in table.blocks[start:])
+
     def take_blocks_to_zero(self) -> list[int]:
         """The attention groups' blocks handed out since the last call, group
         by group in allocation order; empty without recurrent groups."""

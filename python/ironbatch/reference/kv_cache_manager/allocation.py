@@ -43,6 +43,10 @@ class Admission:
     #: The request's slot, named in the KV-cache events of the blocks the
     #: allocation hash-caches (None: no store is logged).
     owner: int | None = None
+    #: The groups (bit ``g``: group ``g``) whose blocks for the external
+    #: tokens an asynchronous load writes: not listed for zeroing, which
+    #: would race it (vLLM's ``skip_zeroing_group_ids``).
+    loaded_groups: int = 0
 
 
 @dataclass(frozen=True)
@@ -305,6 +309,11 @@ def allocate(
             if min(computed - m.skipped_tokens(g, computed), admission.external_tokens) > 0:
                 grow = max(cdiv(computed, m.group_block_size(g)) - len(table), 0)
                 table.blocks.extend(m._pool.take_free_blocks(grow))
+                loaded = admission.loaded_groups & (1 << g) != 0
+                if m._blocks_to_zero is not None and not loaded:
+                    if not m._groups[g].kind.is_recurrent():
+                        new = table.blocks[len(table) - grow :]
+                        m._blocks_to_zero[g].extend(b.block_id for b in new)
     # Group by group, in order (as vLLM's coordinator takes them); each
     # table records its growth for the step's new block ids.
     for g, table in enumerate(tables):

@@ -365,16 +365,6 @@ class Scheduler:
         metrics (docs/scheduling.md §7.12)."""
         self.kv.enable_lifecycle_events()
 
-    def refuse_mixed_block_sizes(self, what: str) -> None:
-        """An error naming ``what`` when the groups' blocks differ in size:
-        what vLLM then reports per group (partial-block entries among them)
-        is not modelled (docs/scheduling.md §7.16)."""
-        if self.kv.hash_block_size != self.kv.scheduler_block_size:
-            raise ValueError(
-                f"{what} are not modelled beside KV-cache groups of different block sizes "
-                f"({self.kv.group_block_sizes})"
-            )
-
     def take_kv_events(self) -> list[KvEvent]:
         """The KV-cache events since last taken, oldest first."""
         return self.kv.take_events()

@@ -51,7 +51,6 @@ def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> N
         why = "runner must be 'generate'"
     if why is not None:
         raise ValueError(f"kv_connector: {why}")
-    s.refuse_mixed_block_sizes("KV connectors")
     s.connector = SafeConnector(connector)
     s.kv_setup = setup
 
@@ -71,6 +70,20 @@ def ask_connector(s: Scheduler, slot: int, num_local: int) -> ExternalHit | Ask:
     if answer is not None and answer.fits(r.num_tokens, num_local):
         return answer
     return Ask.LATER
+
+
+def connector_loaded_groups(s: Scheduler, slot: int) -> int:
+    """The groups an asynchronous load of the request in ``slot`` writes,
+    as the connector names them, as a bit set (bit ``g``: group ``g``)."""
+    if s.connector is None:
+        return 0
+    num_groups = len(s.config.kv_cache_groups)
+    groups = s.connector.loaded_groups(s.requests[slot].request_id, num_groups)
+    bits = 0
+    for g in groups:
+        if g < num_groups:
+            bits |= 1 << g
+    return bits
 
 
 def notify_after_alloc(
@@ -115,6 +128,10 @@ def settle_load(s: Scheduler, slot: int) -> None:
         s.kv.free(r.tables)
     else:
         s.kv.cache_full_blocks(r.tables, r.seq, computed, slot)
+        if r.kv_load_failed:
+            # What the load left unwritten is computed here: zeroed first,
+            # where zeroing applies.
+            s.kv.record_blocks_for_zeroing(r.tables, computed)
     r.kv_load_failed = False
     if computed == r.num_tokens:
         r.seq.num_computed_tokens -= 1

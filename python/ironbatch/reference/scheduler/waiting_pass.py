@@ -26,6 +26,7 @@ from ironbatch.reference.scheduler.encoder_inputs import (
 from ironbatch.reference.scheduler.kv_transfer import (
     Ask,
     ask_connector,
+    connector_loaded_groups,
     notify_after_alloc,
     reserved_for_inflight_prefills,
     settle_load,
@@ -323,6 +324,7 @@ def admit_loading(
     kept clear of what in-flight prefills still need, none of its tokens
     scheduled. It waits, loading, among the block holders (the caller skips
     it back there)."""
+    loaded_groups = connector_loaded_groups(s, slot)
     admission = Admission(
         full_sequence_must_fit=s.config.scheduler_reserve_full_isl,
         watermark=watermark,
@@ -330,6 +332,7 @@ def admit_loading(
         reserved_blocks=reserved_for_inflight_prefills(s),
         load_async=True,
         owner=slot,
+        loaded_groups=loaded_groups,
     )
     r = s.requests[slot]
     hits = hits if hit_tokens > 0 else []
