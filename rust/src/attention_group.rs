@@ -297,16 +297,21 @@ pub fn sparse_mask(
 /// Which blocks a sliding-window group caches with dense retention (vLLM's
 /// `prefix_cache_retention_interval` None) when the scheduler block
 /// (`alignment`) spans more of its blocks than a hit needs: the `need`
-/// blocks before each multiple of it, where hits land; `None` when that is
-/// every block (always, when the groups' blocks are alike).
+/// blocks before each multiple of it, where hits land (for a group that
+/// drops an EAGLE block, one more, shifted a block on: its hit looks one
+/// block past the multiple); `None` when that is every block (always, when
+/// the groups' blocks are alike).
 pub fn dense_window_mask(
     block_size: usize,
     alignment: usize,
     window: usize,
+    drops_eagle: bool,
 ) -> Option<impl Fn(usize) -> bool> {
-    let need = contiguous_blocks_for_hit(window, block_size);
+    let shift = usize::from(drops_eagle);
+    let need = contiguous_blocks_for_hit(window, block_size) + shift;
     let per_segment = alignment / block_size;
-    (need < per_segment).then_some(move |i: usize| i % per_segment >= per_segment - need)
+    (need < per_segment)
+        .then_some(move |i: usize| i >= shift && (i - shift) % per_segment >= per_segment - need)
 }
 
 #[cfg(test)]

@@ -325,14 +325,19 @@ def sparse_mask(
     )
 
 
-def dense_window_mask(block_size: int, alignment: int, window: int) -> Callable[[int], bool] | None:
+def dense_window_mask(
+    block_size: int, alignment: int, window: int, drops_eagle: bool
+) -> Callable[[int], bool] | None:
     """Which blocks a sliding-window group caches with dense retention
     (vLLM's ``prefix_cache_retention_interval`` None) when the scheduler
     block (``alignment``) spans more of its blocks than a hit needs: the
-    ``need`` blocks before each multiple of it, where hits land; None when
-    that is every block (always, when the groups' blocks are alike)."""
-    need = contiguous_blocks_for_hit(window, block_size)
+    ``need`` blocks before each multiple of it, where hits land (for a
+    group that drops an EAGLE block, one more, shifted a block on: its hit
+    looks one block past the multiple); None when that is every block
+    (always, when the groups' blocks are alike)."""
+    shift = int(drops_eagle)
+    need = contiguous_blocks_for_hit(window, block_size) + shift
     per_segment = alignment // block_size
     if need >= per_segment:
         return None
-    return lambda i: i % per_segment >= per_segment - need
+    return lambda i: i >= shift and (i - shift) % per_segment >= per_segment - need

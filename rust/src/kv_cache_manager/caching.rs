@@ -32,23 +32,6 @@ impl KvCacheManager {
         }
     }
 
-    /// `blocks` as a `BlockStored` event names them: each block's id, or
-    /// the null block where the table holds none or a window group's
-    /// sparse retention kept the block out of the cache (it has no hash).
-    pub fn stored_block_ids(&self, blocks: &[BlockId]) -> Vec<BlockId> {
-        blocks
-            .iter()
-            .map(|&b| {
-                let hashed = self.pool.block(b).is_some_and(|b| b.hash.is_some());
-                if b != NULL_BLOCK && hashed {
-                    b
-                } else {
-                    NULL_BLOCK
-                }
-            })
-            .collect()
-    }
-
     /// Tokens the request holds in hash-cached blocks, as vLLM estimates
     /// them: per group, where its last held cached block ends (a recurrent
     /// group's: the most tokens a keyed state covers); the least over the
@@ -133,11 +116,15 @@ impl KvCacheManager {
             upto / unit * unit
         };
         let first = table.num_cached;
+        // Each block from `first` on as this call stored it (the null
+        // block where it stored none), for the event.
+        let mut block_ids = Vec::new();
         if upto >= (table.num_cached + 1) * self.group_block_size(g) {
-            self.cache_new_full_blocks(g, table, seq, upto);
+            let stored = owner.is_some().then_some(&mut block_ids);
+            self.cache_new_full_blocks(g, table, seq, upto, stored);
         }
         if let Some(owner) = owner.filter(|_| table.num_cached > first) {
-            let block_ids = self.stored_block_ids(&table.blocks[first..table.num_cached]);
+            block_ids.resize(table.num_cached - first, NULL_BLOCK);
             self.pool.events.push(KvEvent::Stored {
                 owner,
                 group: g,
@@ -239,6 +226,7 @@ impl KvCacheManager {
         table: &mut BlockTable,
         seq: &Sequence,
         upto: usize,
+        mut stored: Option<&mut Vec<BlockId>>,
     ) {
         let hashes = seq.block_hashes();
         let bs = self.group_block_size(g);
@@ -267,7 +255,7 @@ impl KvCacheManager {
             };
             let dense_mask = match kind {
                 AttentionKind::SlidingWindow { window } if !self.sparse_retention => {
-                    dense_window_mask(bs, self.scheduler_block_size, window)
+                    dense_window_mask(bs, self.scheduler_block_size, window, self.drops_eagle[g])
                 }
                 _ => None,
             };
@@ -299,17 +287,28 @@ impl KvCacheManager {
                     || dense_mask.as_ref().is_some_and(|keep| !keep(i))
                     || state_mask.as_ref().is_some_and(|keep| !keep(i));
                 if block == NULL_BLOCK || dropped {
+                    if let Some(stored) = stored.as_deref_mut() {
+                        stored.push(NULL_BLOCK);
+                    }
                     continue;
                 }
                 let key = group_key(hash, g);
                 match self.pool.block(block).and_then(|b| b.hash) {
-                    Some(held) if held == key => continue,
+                    Some(held) if held == key => {
+                        if let Some(stored) = stored.as_deref_mut() {
+                            stored.push(NULL_BLOCK);
+                        }
+                        continue;
+                    }
                     // A partial key (a prompt tail's) gives way to the
                     // block's own.
                     Some(_) => self.pool.uncache(&[block]),
                     None => {}
                 }
                 self.pool.cache_block(block, key);
+                if let Some(stored) = stored.as_deref_mut() {
+                    stored.push(block);
+                }
                 if recurrent {
                     // Its state is this step's to write (§7.15).
                     self.states_cached_this_step.push(key);

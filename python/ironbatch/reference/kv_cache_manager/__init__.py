@@ -421,12 +421,6 @@ class KvCacheManager:
         (§4.19). The stores' events name ``owner``, the request's slot."""
         caching.cache_full_blocks(self, tables, seq, upto, owner)
 
-    def stored_block_ids(self, blocks: list[Block]) -> list[int]:
-        """``blocks`` as a ``BlockStored`` event names them: each block's id,
-        or the null block where the table holds none or a window group's
-        sparse retention kept the block out of the cache (it has no hash)."""
-        return caching.stored_block_ids(blocks)
-
     def num_cached_tokens(self, tables: list[BlockTable]) -> int:
         """Tokens the request holds in hash-cached blocks, as vLLM estimates
         them: per group, where its last held cached block ends; the least

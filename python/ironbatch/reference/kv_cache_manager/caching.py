@@ -35,16 +35,6 @@ def cache_full_blocks(
             cache_blocks(m, g, table, seq, upto, owner)
 
 
-def stored_block_ids(blocks: list[Block]) -> list[int]:
-    """``KvCacheManager.stored_block_ids``: each block's id, or the null
-    block where the table holds none or sparse retention kept the block out
-    of the cache (it has no hash)."""
-    return [
-        b.block_id if b.block_id != NULL_BLOCK and b.hash is not None else NULL_BLOCK
-        for b in blocks
-    ]
-
-
 def num_cached_tokens(m: KvCacheManager, tables: list[BlockTable]) -> int:
     """``KvCacheManager.num_cached_tokens``: per group, where its last held
     cached block ends (a recurrent group's: the most tokens a keyed state
@@ -115,10 +105,14 @@ def cache_blocks(
     else:
         upto = upto // unit * unit
     first = table.num_cached
+    # Each block from ``first`` on as this call stored it (the null block
+    # where it stored none), for the event.
+    block_ids: list[int] = []
     if upto >= (table.num_cached + 1) * m.group_block_size(g):
-        cache_new_full_blocks(m, g, table, seq, upto)
+        stored = block_ids if owner is not None else None
+        cache_new_full_blocks(m, g, table, seq, upto, stored)
     if owner is not None and table.num_cached > first:
-        block_ids = stored_block_ids(table.blocks[first : table.num_cached])
+        block_ids += [NULL_BLOCK] * (table.num_cached - first - len(block_ids))
         m._pool.events.push(Stored(owner, g, first, block_ids))
     if m._align and m._groups[g].kind.is_recurrent():
         cache_prompt_state(m, g, table, seq, upto, owner)
@@ -178,9 +172,16 @@ def keyed_tokens(block: Block, position: int, bs: int) -> int:
 
 
 def cache_new_full_blocks(
-    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int
+    m: KvCacheManager,
+    g: int,
+    table: BlockTable,
+    seq: Sequence,
+    upto: int,
+    stored: list[int] | None,
 ) -> None:
-    """``cache_blocks`` once a block has filled since the last call."""
+    """``cache_blocks`` once a block has filled since the last call; each
+    block from the first uncached one on as it stored it (the null block
+    where it stored none) appended to ``stored``, when given."""
     bs = m.group_block_size(g)
     hashes = seq.block_hashes
     full = min(min(upto, len(hashes) * m._hash_block_size) // bs, len(table))
@@ -200,7 +201,7 @@ def cache_new_full_blocks(
             EagleReach(any_group=m._drop_eagle_block, this_group=m._drops_eagle[g]),
         )
     elif isinstance(kind, SlidingWindow):
-        keep = dense_window_mask(bs, m._scheduler_block_size, kind.window)
+        keep = dense_window_mask(bs, m._scheduler_block_size, kind.window, m._drops_eagle[g])
     recurrent = kind.is_recurrent()
     if recurrent:
         keep = recurrent_mask(
@@ -214,16 +215,22 @@ def cache_new_full_blocks(
     for k in range(start, full):
         block = table.blocks[k]
         if block.block_id == NULL_BLOCK or (keep is not None and not keep(k)):
+            if stored is not None:
+                stored.append(NULL_BLOCK)
             continue
         block_hash = m.group_block_hash(hashes, g, k)
         assert block_hash is not None  # k < full: hashed
         key = group_key(block_hash, g)
         if block.hash == key:
+            if stored is not None:
+                stored.append(NULL_BLOCK)
             continue
         if block.hash is not None:
             # A partial key (a prompt tail's) gives way to the block's own.
             m._pool.uncache([block.block_id])
         m._pool.cache_block(block, key)
+        if stored is not None:
+            stored.append(block.block_id)
         if recurrent:
             # Its state is this step's to write (§7.15).
             m._states_cached_this_step.add(key)
