@@ -563,9 +563,9 @@ def test_a_full_attention_prompt_tail_is_keyed_inside_its_block(backend: str) ->
 
 def test_groups_of_different_block_sizes_refuse_what_is_not_modelled() -> None:
     """Beside groups of different block sizes the core and the twin refuse
-    alike what they do not model (EAGLE's last-block drop, multi-module
-    MTP's read-ahead) and a block size on a group that cannot have its own;
-    lookahead hashes and KV-cache events they take."""
+    alike what they do not model (multi-module MTP's read-ahead) and a
+    block size on a group that cannot have its own; lookahead hashes,
+    EAGLE's last-block drop and KV-cache events they take."""
     from ironbatch.core_scheduler import CoreScheduler
     from ironbatch.reference.scheduler import Scheduler as Twin
 
@@ -577,7 +577,6 @@ def test_groups_of_different_block_sizes_refuse_what_is_not_modelled() -> None:
     cache = CacheConfig(num_blocks=100, block_size=32, kv_cache_groups=groups)
     spec = dataclasses.replace(sched, num_speculative_tokens=2, num_lookahead_tokens=2)
     refused = {
-        "beside drop_eagle_block": dataclasses.replace(spec, drop_eagle_block=True),
         "beside drafter_read_ahead above 1": dataclasses.replace(spec, drafter_read_ahead=2),
     }
     for build in (CoreScheduler, Twin):
@@ -585,6 +584,7 @@ def test_groups_of_different_block_sizes_refuse_what_is_not_modelled() -> None:
         core = s.core if isinstance(s, CoreScheduler) else s
         core.enable_kv_events()
         build(dataclasses.replace(spec, num_hash_lookahead_tokens=1), cache)
+        build(dataclasses.replace(spec, drop_eagle_block=True), cache)
         for why, config in refused.items():
             with pytest.raises(ValueError, match=why):
                 build(config, cache)

@@ -216,7 +216,7 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
     mixed-precision hybrids, and a hybrid's recurrent states smaller than
     its attention blocks, Qwen3-Next's with MTP) in half the workloads whose
     groups are full attention, sliding windows and recurrent states cached
-    in cache mode "align", without EAGLE's drop or multi-module MTP: each
+    in cache mode "align", without multi-module MTP: each
     attention group two or four times the cache's block size or its own,
     one at least the cache's (so the hash block is it) unless states of
     the cache's block size are; a retention interval on the scheduler block
@@ -235,7 +235,7 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
     # (More often beside recurrent states: the rarer layout.)
     if rng.random() < (0.25 if recurrent else 0.5):
         return
-    if config["drop_eagle_block"] or config.get("drafter_read_ahead", 0) > 1:
+    if config.get("drafter_read_ahead", 0) > 1:
         return
     bs = config["block_size"]
     sizes = [None if g.kind == "mamba" else rng.choice([None, 2 * bs, 4 * bs]) for g in groups]
@@ -655,6 +655,11 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     pair.events["mixed_block_sizes"] += any(
         g.block_size is not None for g in config["kv_cache_groups"] or ()
     )
+    pair.events["eagle_block_drop_mixed_sizes"] += bool(
+        config["drop_eagle_block"]
+        and config["caching"]
+        and any(g.block_size is not None for g in config["kv_cache_groups"] or ())
+    )
     pair.events["retention_interval"] += config.get("retention_interval", 0) > 0
     mamba = [g for g in config["kv_cache_groups"] or () if g.kind == "mamba"]
     pair.events["mamba_groups"] += bool(mamba)
@@ -753,6 +758,8 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     # recurrent states among them (about one in fifty).
     needs["mixed_block_sizes"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_smaller_than_attention"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
+    # EAGLE's drop beside them (about one workload in forty).
+    needs["eagle_block_drop_mixed_sizes"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():

@@ -239,6 +239,28 @@ TABLE = [
         exercises=("spec_drafts",),
     ),
     Deployment(
+        # ... with lookahead block hashes off: EAGLE's last-block drop in
+        # the full-attention group, of 64-token blocks, beside 32-token
+        # windows (§7.16).
+        "gpt-oss-20b-fp8-skip-windows-eagle3-block-drop",
+        "gpt-oss-20b",
+        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"]
+        + ["--speculative-config", SPEC_GPT_OSS_EAGLE3_DROP],
+        {"group_block_sizes": [32, 64], "num_hash_lookahead_tokens": 0},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
+        # ... with EAGLE-3 behind NIXL (a connector drops the last block
+        # too: its loads write whole blocks).
+        "gpt-oss-20b-fp8-skip-windows-eagle3-nixl",
+        "gpt-oss-20b",
+        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"]
+        + ["--speculative-config", SPEC_GPT_OSS_EAGLE3]
+        + ["--kv-transfer-config", kv_connector("NixlConnector")],
+        {"kv_connector": "NixlPullConnector", "group_block_sizes": [32, 64]},
+        exercises=("spec_drafts",),
+    ),
+    Deployment(
         # ... routed by its KV-cache events (llm-d): each group's stores in
         # its own block size, a prompt tail's key inside a 64-token block
         # stored and removed beside the block's own (§7.16).
@@ -935,6 +957,10 @@ NO_PREFIX_HITS: dict[str, str] = {
     "gpt-oss-20b-fp8-skip-windows-eagle3": "the shared prefix is under one scheduler block",
     "gpt-oss-20b-fp8-skip-windows-kv-events": "the shared prefix is under one scheduler block",
     "gpt-oss-20b-fp8-skip-windows-nixl": "the shared prefix is under one scheduler block",
+    "gpt-oss-20b-fp8-skip-windows-eagle3-block-drop": (
+        "the shared prefix is under one scheduler block"
+    ),
+    "gpt-oss-20b-fp8-skip-windows-eagle3-nixl": "the shared prefix is under one scheduler block",
     "qwen3-next-80b-a3b-mtp-3-kv-events": "the prompts are under one scheduler block",
 }
 # What every engaged row's workload must go through (deployment_setup.workload),

@@ -117,9 +117,9 @@ def random_settings(rng: random.Random) -> dict:
 
 def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     """Window and full-attention groups of different block sizes
-    (docs/scheduling.md §7.16), with KV-cache events where drawn, without
-    what the core does not model beside them (EAGLE's last-block drop,
-    multi-module MTP): in
+    (docs/scheduling.md §7.16), with KV-cache events and EAGLE's last-block
+    drop where drawn, without what the core does not model beside them
+    (multi-module MTP): in
     half the gpt-oss and Gemma 3 layouts (a mixed-precision hybrid) the
     windows' or the full group's blocks two or four times the cache's (drawn
     apart); in half the recurrent layouts with prefix caching on (vLLM's
@@ -134,8 +134,6 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     if layout == "mamba":
         return {}  # (states alone: no attention block)
     if settings.get("num_mtp_layers", 1) > 1:
-        return {}
-    if settings.get("speculative_config", {}).get("disable_lookahead_block_hashes"):
         return {}
     bs = settings["block_size"]
     larger = bs * drawn.choice([2, 4])
@@ -979,6 +977,9 @@ def drawn_features(seed: int) -> Counter:
         drawn["EAGLE last-block drop beside window groups"] = (
             drawn["EAGLE last-block drop"] and s["kv_layout"] in WINDOW_LAYOUTS
         )
+        drawn["EAGLE last-block drop beside groups of different block sizes"] = drawn[
+            "EAGLE last-block drop"
+        ] and ("window_block_size" in s or "full_block_size" in s)
     return Counter({f"feature: {k}": 1 for k, v in drawn.items() if v})
 
 
@@ -1011,6 +1012,8 @@ FEATURE_SHARES = {
     "feature: dynamic speculation lengths": 40,
     "feature: EAGLE last-block drop": 30,
     "feature: EAGLE last-block drop beside window groups": 3,
+    # About 8 of 1,040 (in the gpt-oss and Gemma 3 layouts).
+    "feature: EAGLE last-block drop beside groups of different block sizes": 2,
     "feature: multi-module MTP": 9,
     "feature: multi-module MTP with window groups": 2,
     # Each of eleven methods: about 48 (39 is four standard deviations
@@ -1023,10 +1026,10 @@ FEATURE_SHARES = {
     "feature: window groups with KV-cache metrics": 100,
     "feature: window retention interval": 40,
     "feature: decode context parallelism": 80,
-    # About 147 of 1,040 (half the gpt-oss and Gemma 3 layouts and of the
+    # About 157 of 1,040 (half the gpt-oss and Gemma 3 layouts and of the
     # recurrent ones with attention and prefix caching on, without
-    # multi-module MTP or EAGLE's drop), 57 of them with KV-cache events, 26
-    # of them recurrent.
+    # multi-module MTP), 57 of them with KV-cache events, 26 of them
+    # recurrent, 8 with EAGLE's drop.
     "feature: groups of different block sizes": 100,
     "feature: groups of different block sizes with KV-cache events": 30,
     "feature: recurrent states smaller than attention blocks": 12,
@@ -1076,6 +1079,7 @@ FEATURES = [
     "feature: dynamic speculation lengths",
     "feature: EAGLE last-block drop",
     "feature: EAGLE last-block drop beside window groups",
+    "feature: EAGLE last-block drop beside groups of different block sizes",
     "feature: multi-module MTP",
     "feature: multi-module MTP with window groups",
     "feature: window groups with KV-cache events",

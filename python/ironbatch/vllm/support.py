@@ -191,11 +191,10 @@ def unsupported_config(
             "cross-attention groups, or beside Mamba groups without prefix caching",
         ),
         (
-            # What vLLM then drops per unit and reads ahead is not modelled
-            # yet (its events and connectors are, §7.16).
-            mixed_sizes and (drops_eagle_block(c) or c.num_prefill_lookahead_tokens > 1),
-            "KV-cache groups of different block sizes with EAGLE's last-block drop "
-            "or multi-module MTP",
+            # What vLLM then reads ahead and caches per group is not
+            # modelled yet (events, connectors and EAGLE's drop are, §7.16).
+            mixed_sizes and c.num_prefill_lookahead_tokens > 1,
+            "KV-cache groups of different block sizes with multi-module MTP",
         ),
         (
             # vLLM turns its hybrid manager off for an EAGLE drafter beside

@@ -330,8 +330,6 @@ impl KvCacheConfig {
             .any(|g| matches!(g.kind, AttentionKind::ChunkedLocal { .. }))
         {
             Some("a chunked-local-attention group")
-        } else if self.drop_eagle_block {
-            Some("drop_eagle_block")
         } else {
             None
         };

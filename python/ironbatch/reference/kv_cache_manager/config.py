@@ -236,8 +236,6 @@ def validate_group_block_sizes(
         why = "a cross-attention group"
     elif any(isinstance(g.kind, ChunkedLocal) for g in groups):
         why = "a chunked-local-attention group"
-    elif drop_eagle_block:
-        why = "drop_eagle_block"
     else:
         return
     sizes = group_block_sizes(groups, block_size)
