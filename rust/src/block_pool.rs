@@ -329,6 +329,37 @@ mod tests {
     }
 
     #[test]
+    fn a_second_key_is_added_once_and_ends_with_the_block() {
+        let mut p = BlockPool::new(3).unwrap();
+        p.events.enable();
+        let mut t = vec![];
+        p.get_new_blocks(2, &mut t).unwrap();
+        p.cache_block(1, BlockHash(10));
+        assert!(
+            !p.add_second_key(1, BlockHash(10)),
+            "its own key is no second one"
+        );
+        assert!(p.add_second_key(1, BlockHash(11)));
+        assert!(!p.add_second_key(1, BlockHash(11)), "stored once");
+        // Re-keyed: both keys go with one event, and a later second key
+        // counts as new.
+        p.uncache(&[1]);
+        assert_eq!(p.events.take(), vec![KvEvent::Removed { block_id: 1 }]);
+        p.cache_block(1, BlockHash(12));
+        assert!(p.add_second_key(1, BlockHash(11)));
+        // Evicted when handed out again: its keys go with it.
+        p.free_blocks(&[1, 2]).unwrap();
+        let mut u = vec![];
+        p.get_new_blocks(2, &mut u).unwrap();
+        assert!(p.second_keys.is_empty());
+        p.cache_block(u[0], BlockHash(12));
+        assert!(p.add_second_key(u[0], BlockHash(11)));
+        p.free_blocks(&u).unwrap();
+        assert!(p.reset_prefix_cache());
+        assert!(p.second_keys.is_empty());
+    }
+
+    #[test]
     fn free_places_unhashed_at_head_and_cached_at_tail() {
         let mut p = BlockPool::new(6).unwrap();
         let mut t = vec![];
