@@ -23,8 +23,8 @@ pub struct BlockPool {
     // Reused by `release` so freeing allocates nothing.
     scratch_head: Vec<BlockId>,
     scratch_tail: Vec<BlockId>,
-    /// KV-cache events (evictions and resets here; the manager's callers
-    /// add the rest), off unless enabled.
+    /// KV-cache events (evictions and resets here; the manager adds its
+    /// stores, its callers their hits), off unless enabled.
     pub(crate) events: KvEventLog,
     /// Keys a cached block carries besides its own, while events are on:
     /// a prompt tail's inside a block keyed to its end (vLLM's secondary

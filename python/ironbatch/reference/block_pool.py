@@ -36,8 +36,8 @@ class BlockPool:
         null = self._free_queue.popleft()
         assert null is not None and null.block_id == NULL_BLOCK
         self._cached = PrefixCacheMap()
-        #: KV-cache events (evictions and resets here; the manager's callers
-        #: add the rest), off unless enabled.
+        #: KV-cache events (evictions and resets here; the manager adds its
+        #: stores, its callers their hits), off unless enabled.
         self.events = KvEventLog()
         #: Keys a cached block carries besides its own, while events are
         #: on: a prompt tail's inside a block keyed to its end (vLLM's

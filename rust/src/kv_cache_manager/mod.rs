@@ -459,8 +459,8 @@ impl KvCacheManager {
         self.pool.events.enabled()
     }
 
-    /// Log an event the caller knows of (stores and hits: only the caller
-    /// knows whose table it is).
+    /// Log an event the caller knows of (hits: only the caller knows whose
+    /// lookup it is; stores are logged as the tables are cached).
     pub fn log_event(&mut self, event: KvEvent) {
         self.pool.events.push(event);
     }

@@ -485,8 +485,8 @@ class KvCacheManager:
         return self._pool.events.enabled
 
     def log_event(self, event: KvEvent) -> None:
-        """Log an event the caller knows of (stores and hits: only the caller
-        knows whose table it is)."""
+        """Log an event the caller knows of (hits: only the caller knows whose
+        lookup it is; stores are logged as the tables are cached)."""
         self._pool.events.push(event)
 
     def take_events(self) -> list[KvEvent]:
