@@ -1043,6 +1043,7 @@ class Engine:
             "num_speculative_tokens": vc.num_speculative_tokens,
             "num_lookahead_tokens": vc.num_lookahead_tokens,
             "num_hash_lookahead_tokens": vc.num_hash_lookahead_tokens,
+            "num_prefill_lookahead_tokens": vc.num_prefill_lookahead_tokens,
             "max_loras": None if vc.lora_config is None else vc.lora_config.max_loras,
             "is_multimodal_model": bool(mc.is_multimodal_model),
             "supports_multimodal_inputs": bool(mc.supports_multimodal_inputs),

@@ -181,15 +181,14 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     prefix caching off (vLLM's mamba_cache_mode "none"), the state block the
     model's length mostly (vLLM's default), else two blocks; half with it on
     ("align", states of the block size; a quarter of those cache every
-    state, vLLM's retention interval None). Not
-    with Whisper, decode context parallelism or multi-module MTP (vLLM runs
-    neither beside recurrent layers)."""
+    state, vLLM's retention interval None). Not with Whisper or decode
+    context parallelism (vLLM runs neither beside recurrent layers);
+    multi-module MTP with prefix caching off only (the drop-in hands "align"
+    beside it to vLLM's scheduler)."""
     drawn = random.Random(rng.random())
     if drawn.random() >= 0.32 or settings["kv_layout"] != "full":
         return {}
     if settings.get("target") == "whisper" or "decode_context_parallel_size" in settings:
-        return {}
-    if settings.get("num_mtp_layers", 1) > 1:
         return {}
     if settings.get("speculative_config", {}).get("disable_lookahead_block_hashes"):
         return {}  # (EAGLE's last-block drop needs prefix caching: kept for its share)
@@ -202,7 +201,7 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     }
     if layout == "swa-mamba":
         out["window"] = drawn.choice([bs // 2 + 1, bs + 3, 2 * bs])
-    if drawn.random() < 0.5:
+    if drawn.random() < 0.5 and settings.get("num_mtp_layers", 1) == 1:
         # Prefix caching on (vLLM's default, mamba_cache_mode "align"):
         # states of the block size, chunked prefill (vLLM requires it), a
         # budget of more than a block besides a drafter's slots (else no
@@ -970,6 +969,9 @@ def drawn_features(seed: int) -> Counter:
         drawn["multi-module MTP with window groups"] = (
             s.get("num_mtp_layers", 1) > 1 and s["kv_layout"] in WINDOW_LAYOUTS
         )
+        drawn["multi-module MTP beside recurrent states"] = (
+            s.get("num_mtp_layers", 1) > 1 and s["kv_layout"] in RECURRENT_GROUPS
+        )
         drawn["EAGLE last-block drop"] = bool(
             s["speculative_config"].get("disable_lookahead_block_hashes")
             and s["enable_prefix_caching"]
@@ -1016,6 +1018,8 @@ FEATURE_SHARES = {
     "feature: EAGLE last-block drop beside groups of different block sizes": 2,
     "feature: multi-module MTP": 9,
     "feature: multi-module MTP with window groups": 2,
+    # About 2 of 1,040 (recurrent layouts, prefix caching off).
+    "feature: multi-module MTP beside recurrent states": 1,
     # Each of eleven methods: about 48 (39 is four standard deviations
     # under, and still enough for every chunk to check it) ...
     **{f"feature: speculation: {m}": 39 for m in SPEC_METHODS},
@@ -1082,6 +1086,7 @@ FEATURES = [
     "feature: EAGLE last-block drop beside groups of different block sizes",
     "feature: multi-module MTP",
     "feature: multi-module MTP with window groups",
+    "feature: multi-module MTP beside recurrent states",
     "feature: window groups with KV-cache events",
     "feature: window groups with KV-cache metrics",
     "feature: window retention interval",

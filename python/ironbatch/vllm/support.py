@@ -205,10 +205,11 @@ def unsupported_config(
             "EAGLE's last-block drop (lookahead block hashes off) with chunked local attention",
         ),
         (
-            # Untested: its read-ahead and the block-aligned split can
-            # leave a prompt nothing to schedule (in vLLM too).
-            bool(recurrent) and c.num_prefill_lookahead_tokens > 1,
-            "multi-module MTP with Mamba or linear-attention groups",
+            # Untested: its read-ahead and the block-aligned split (prefix
+            # caching on) can leave a prompt nothing to schedule (in vLLM
+            # too). With states uncached (cache mode "none") it engages.
+            bool(aligned) and c.num_prefill_lookahead_tokens > 1,
+            "multi-module MTP with Mamba or linear-attention groups and prefix caching on",
         ),
         (
             # Groups of different block sizes hash at their greatest common
