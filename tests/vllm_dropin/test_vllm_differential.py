@@ -976,6 +976,13 @@ def drawn_features(seed: int) -> Counter:
             s["speculative_config"].get("disable_lookahead_block_hashes")
             and s["enable_prefix_caching"]
         )
+        # Drafters whose block hashes cover the token after each block
+        # (vLLM's num_hash_lookahead_tokens), where hashes are kept.
+        drawn["lookahead block hashes"] = (
+            s["speculative_config"]["method"] in ("eagle", "eagle3", "mtp", "draft_model")
+            and not s["speculative_config"].get("disable_lookahead_block_hashes")
+            and s["enable_prefix_caching"]
+        )
         drawn["EAGLE last-block drop beside window groups"] = (
             drawn["EAGLE last-block drop"] and s["kv_layout"] in WINDOW_LAYOUTS
         )
@@ -1014,6 +1021,9 @@ FEATURE_SHARES = {
     "feature: dynamic speculation lengths": 40,
     "feature: EAGLE last-block drop": 30,
     "feature: EAGLE last-block drop beside window groups": 3,
+    # About 91 of 1,040 (EAGLE, EAGLE-3, MTP and draft models with prefix
+    # caching on and their hashes kept).
+    "feature: lookahead block hashes": 50,
     # About 8 of 1,040 (in the gpt-oss and Gemma 3 layouts).
     "feature: EAGLE last-block drop beside groups of different block sizes": 2,
     "feature: multi-module MTP": 9,
@@ -1084,6 +1094,7 @@ FEATURES = [
     "feature: EAGLE last-block drop",
     "feature: EAGLE last-block drop beside window groups",
     "feature: EAGLE last-block drop beside groups of different block sizes",
+    "feature: lookahead block hashes",
     "feature: multi-module MTP",
     "feature: multi-module MTP with window groups",
     "feature: multi-module MTP beside recurrent states",
