@@ -30,7 +30,7 @@ from vllm_pair import VllmPair, VllmUnderflow
 
 VOCAB = 50
 # Per run, each sync or async at random (about 120 with window groups beside
-# a connector with hybrid support, about 45 of them of different block
+# a connector with hybrid support, about 40 of them of different block
 # sizes, 75 with images); FULL_WORKLOADS with IRONBATCH_FULL=1.
 WORKLOADS = 300
 FULL_WORKLOADS = 1200
