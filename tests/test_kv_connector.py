@@ -479,3 +479,26 @@ def test_blocks_an_async_load_writes_are_zeroed_only_once_it_fails(backend: str)
     out = s.schedule()
     assert out.num_scheduled_tokens == {"r": 6}
     assert out.new_block_ids_to_zero == [3, 4]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("answer", [[True], [1.0], [-1], ["x"], None])
+def test_bad_loaded_groups_are_reported_and_every_group_stands(backend: str, answer: Any) -> None:
+    """A connector's loaded groups that are not ints >= 0 (a bool, a float,
+    a negative, a string, not a list) are reported, and the safe answer,
+    every group, stands: no block the load writes is zeroed."""
+
+    class Answering(Scripted):
+        def get_loaded_kv_cache_group_ids(self, rid: str) -> Any:
+            return answer
+
+    reported: list[Any] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = reported.append
+    try:
+        s = scheduler(backend, Answering({"r": (14, True)}), mixed_precision=True)
+        s.add_request(req("r", range(100, 114), max_tokens=4))
+        assert s.schedule().new_block_ids_to_zero == []
+    finally:
+        sys.unraisablehook = hook
+    assert len(reported) == 1

@@ -241,8 +241,10 @@ class SafeConnector:
             return every
 
         def read(groups: Any) -> list[int]:
-            out = [int(g) for g in groups]
-            if any(g < 0 for g in out):
+            # As the core reads them: ints >= 0, nothing else (a float or a
+            # bool is refused, and the safe answer stands).
+            out = list(groups)
+            if any(type(g) is not int or g < 0 for g in out):
                 raise TypeError(f"group ids must be ints >= 0, got {groups!r}")
             return out
 

@@ -116,7 +116,21 @@ impl KvConnector for PyKvConnector {
         if !asks {
             return every;
         }
-        let read = |v: &Bound<'_, PyAny>| v.extract::<Vec<usize>>();
+        // Ints >= 0 only, as the twin reads them (a bool is refused, and
+        // the safe answer stands).
+        let read = |v: &Bound<'_, PyAny>| {
+            let mut groups = Vec::new();
+            for item in v.try_iter()? {
+                let item = item?;
+                if item.is_instance_of::<pyo3::types::PyBool>() {
+                    return Err(pyo3::exceptions::PyTypeError::new_err(
+                        "group ids must be ints >= 0, got a bool",
+                    ));
+                }
+                groups.push(item.extract::<usize>()?);
+            }
+            Ok(groups)
+        };
         self.call("get_loaded_kv_cache_group_ids", (request_id,), read, every)
     }
 
