@@ -39,6 +39,7 @@ class SchedulerPair:
         for core in self.cores:
             core.enable_kv_events()
             core.enable_block_lifecycle_events()
+            core.enable_request_events()
 
     def add(self, rid: str, tokens: list[int], **kw: Any) -> bool:
         if kw.get("resumable"):

@@ -128,3 +128,30 @@ def test_a_prompt_tail_inside_a_larger_block_is_a_second_key(backend: str) -> No
         ("stored", c, 0, [10, 2, 6], 1),
         ("stored_key", c, 5, [6], 1),
     ]
+
+
+@pytest.mark.parametrize("backend", ["rust", "python"])
+def test_request_events_mark_lookups_and_releases_among_the_others(backend: str) -> None:
+    """Request events (what vLLM's auxiliary-output connector hears of): a
+    lookup before the hit is found, and a release, finished or preempted,
+    with the tokens computed, before the blocks go; in order among the
+    cache's events, and logged without them when only they are enabled."""
+    s = build(backend)
+    s.enable_request_events()
+    a = add(s, "a", list(range(3, 35)))
+    step(s)
+    assert kv_events(s) == [("lookup", a, 0, None)]  # its store not asked for
+    s.enable_kv_events()
+    step(s)  # a decode: no lookup
+    assert kv_events(s) == []
+    finish(s, ["a"])  # 32 prompt tokens and its first output computed
+    assert kv_events(s) == [("released", a, 0, 33)]
+    b = add(s, "b", list(range(60, 124)))
+    step(s)  # looked up before its allocation evicts a's cached block 2
+    assert kv_events(s) == [
+        ("lookup", b, 0, None),
+        ("removed", None, 0, 2),
+        ("stored", b, 0, [3, 4, 5, 2], 0),
+    ]
+    assert s.reset_prefix_cache(True)  # b preempted (64 computed), then the reset
+    assert kv_events(s) == [("released", b, 0, 64), ("cleared", None, 0, None)]

@@ -188,10 +188,11 @@ class KvEvent:
     @property
     def kind(self) -> str:
         """ "stored", "stored_key", "hit", "removed", "cleared", "allocated",
-        "accessed" or "evicted"."""
+        "accessed", "evicted", "lookup" or "released"."""
     @property
     def slot(self) -> int | None:
-        """The request's slot ("stored", "stored_key", "hit")."""
+        """The request's slot ("stored", "stored_key", "hit", "lookup",
+        "released")."""
     @property
     def group(self) -> int:
         """The KV-cache group ("stored", "stored_key")."""
@@ -206,6 +207,9 @@ class KvEvent:
     def num_blocks(self) -> int:
         """Blocks stored ("stored"), hash blocks found cached ("hit") or the
         hash blocks a key covers ("stored_key")."""
+    @property
+    def num_computed_tokens(self) -> int:
+        """The tokens the request had computed ("released")."""
 
 class FinishedRequest:
     """A request that finished in an update (already freed)."""
@@ -570,6 +574,8 @@ class Scheduler:
         groups of different block sizes (not modelled, §7.16)."""
     def enable_block_lifecycle_events(self) -> None:
         """Log blocks' lives (handed out, hit) for residency metrics."""
+    def enable_request_events(self) -> None:
+        """Log requests' prefix lookups and block releases among the events."""
     def take_kv_events(self) -> list[KvEvent]:
         """The KV-cache events since last taken, oldest first."""
     def update_draft_token_ids(

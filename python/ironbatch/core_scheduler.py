@@ -196,6 +196,11 @@ class CoreScheduler:
         metrics (docs/scheduling.md §7.12)."""
         self.core.enable_block_lifecycle_events()
 
+    def enable_request_events(self) -> None:
+        """Log each request's prefix lookups and block releases from now on,
+        among the KV-cache events (docs/scheduling.md §7.12)."""
+        self.core.enable_request_events()
+
     def take_kv_events(self) -> list[_core.KvEvent]:
         """The KV-cache events since last taken, oldest first."""
         return self.core.take_kv_events()

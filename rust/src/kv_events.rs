@@ -58,6 +58,18 @@ pub enum KvEvent {
     /// (vLLM's `_maybe_evict_cached_block`, which ends it whether or not
     /// the block is cached): a residency-metrics event.
     Evicted { block_id: BlockId },
+    /// The waiting pass looked up the prefix of the request in `owner`, which
+    /// had computed nothing (where vLLM's scheduler asks its auxiliary-output
+    /// connector how far a hit may reach): a request event.
+    Lookup { owner: Slot },
+    /// The request in `owner` gives its blocks back, finished or preempted,
+    /// having computed `num_computed_tokens` (where vLLM's scheduler tells its
+    /// auxiliary-output connector that the request finished): a request
+    /// event.
+    Released {
+        owner: Slot,
+        num_computed_tokens: usize,
+    },
 }
 
 /// The events since they were last taken; each kind off (and free) unless
@@ -70,6 +82,9 @@ pub struct KvEventLog {
     /// Blocks' lives for the residency metrics: allocated, accessed,
     /// cleared.
     lifecycle: bool,
+    /// Requests' lookups and releases, in order among the others: what an
+    /// auxiliary-output connector follows (§7.12).
+    requests: bool,
 }
 
 impl KvEventLog {
@@ -81,6 +96,11 @@ impl KvEventLog {
     /// Log blocks' lives (residency metrics) from now on.
     pub fn enable_lifecycle(&mut self) {
         self.lifecycle = true;
+    }
+
+    /// Log requests' lookups and releases from now on.
+    pub fn enable_requests(&mut self) {
+        self.requests = true;
     }
 
     /// Whether routers' events are logged.
@@ -100,6 +120,7 @@ impl KvEventLog {
                 self.lifecycle
             }
             KvEvent::Cleared => self.routing || self.lifecycle,
+            KvEvent::Lookup { .. } | KvEvent::Released { .. } => self.requests,
             _ => self.routing,
         };
         if on {
@@ -143,5 +164,30 @@ mod tests {
         log.push(KvEvent::Cleared);
         let expected = vec![KvEvent::Allocated { block_id: 3 }, KvEvent::Cleared];
         assert_eq!(log.take(), expected);
+    }
+
+    #[test]
+    fn request_events_alone_in_order_among_the_others() {
+        let mut log = KvEventLog::default();
+        log.enable_requests();
+        log.push(KvEvent::Lookup { owner: 2 });
+        log.push(KvEvent::Removed { block_id: 3 }); // routing: not asked for
+        log.push(KvEvent::Released {
+            owner: 2,
+            num_computed_tokens: 16,
+        });
+        let released = KvEvent::Released {
+            owner: 2,
+            num_computed_tokens: 16,
+        };
+        assert_eq!(log.take(), vec![KvEvent::Lookup { owner: 2 }, released]);
+        log.enable();
+        log.push(KvEvent::Removed { block_id: 3 });
+        log.push(KvEvent::Lookup { owner: 4 });
+        let both = vec![
+            KvEvent::Removed { block_id: 3 },
+            KvEvent::Lookup { owner: 4 },
+        ];
+        assert_eq!(log.take(), both);
     }
 }

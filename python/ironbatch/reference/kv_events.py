@@ -91,7 +91,38 @@ class Evicted:
     block_id: int
 
 
-KvEvent = Stored | StoredKey | Hit | Removed | Cleared | Allocated | Accessed | Evicted
+@dataclass(frozen=True)
+class Lookup:
+    """The waiting pass looked up the prefix of the request in ``owner``,
+    which had computed nothing (where vLLM's scheduler asks its
+    auxiliary-output connector how far a hit may reach): a request event."""
+
+    owner: int
+
+
+@dataclass(frozen=True)
+class Released:
+    """The request in ``owner`` gives its blocks back, finished or
+    preempted, having computed ``num_computed_tokens`` (where vLLM's
+    scheduler tells its auxiliary-output connector that the request
+    finished): a request event."""
+
+    owner: int
+    num_computed_tokens: int
+
+
+KvEvent = (
+    Stored
+    | StoredKey
+    | Hit
+    | Removed
+    | Cleared
+    | Allocated
+    | Accessed
+    | Evicted
+    | Lookup
+    | Released
+)
 
 
 class KvEventLog:
@@ -103,6 +134,9 @@ class KvEventLog:
         self._routing = False
         #: Blocks' lives for the residency metrics: allocated, accessed, cleared.
         self._lifecycle = False
+        #: Requests' lookups and releases, in order among the others: what an
+        #: auxiliary-output connector follows (§7.12).
+        self._requests = False
 
     def enable(self) -> None:
         """Log routers' events from now on."""
@@ -111,6 +145,10 @@ class KvEventLog:
     def enable_lifecycle(self) -> None:
         """Log blocks' lives (residency metrics) from now on."""
         self._lifecycle = True
+
+    def enable_requests(self) -> None:
+        """Log requests' lookups and releases from now on."""
+        self._requests = True
 
     @property
     def enabled(self) -> bool:
@@ -128,6 +166,8 @@ class KvEventLog:
             on = self._lifecycle
         elif isinstance(event, Cleared):
             on = self._routing or self._lifecycle
+        elif isinstance(event, (Lookup, Released)):
+            on = self._requests
         else:
             on = self._routing
         if on:

@@ -454,6 +454,11 @@ impl KvCacheManager {
         self.pool.events.enable_lifecycle();
     }
 
+    /// Log requests' lookups and releases from now on (§7.12).
+    pub fn enable_request_events(&mut self) {
+        self.pool.events.enable_requests();
+    }
+
     /// Whether KV-cache events (routers') are logged.
     pub fn events_enabled(&self) -> bool {
         self.pool.events.enabled()

@@ -10,10 +10,10 @@ use pyo3::prelude::*;
 #[pyclass(name = "KvEvent", module = "ironbatch._core", frozen, get_all)]
 pub struct PyKvEvent {
     /// "stored", "stored_key", "hit", "removed", "cleared", "allocated",
-    /// "accessed" or "evicted".
+    /// "accessed", "evicted", "lookup" or "released".
     kind: &'static str,
-    /// The request's slot ("stored", "stored_key", "hit"); None for the
-    /// others.
+    /// The request's slot ("stored", "stored_key", "hit", "lookup",
+    /// "released"); None for the others.
     slot: Option<Slot>,
     /// The KV-cache group whose blocks were stored ("stored",
     /// "stored_key"); 0 for the others.
@@ -26,6 +26,8 @@ pub struct PyKvEvent {
     /// Blocks stored ("stored"), hash blocks found cached ("hit") or the
     /// hash blocks the key covers ("stored_key"); 0 for the others.
     num_blocks: usize,
+    /// The tokens the request had computed ("released"); 0 for the others.
+    num_computed_tokens: usize,
 }
 
 #[pymethods]
@@ -33,8 +35,14 @@ impl PyKvEvent {
     fn __repr__(&self) -> String {
         format!(
             "KvEvent(kind={:?}, slot={:?}, group={}, first_block={}, block_ids={:?}, \
-             num_blocks={})",
-            self.kind, self.slot, self.group, self.first_block, self.block_ids, self.num_blocks
+             num_blocks={}, num_computed_tokens={})",
+            self.kind,
+            self.slot,
+            self.group,
+            self.first_block,
+            self.block_ids,
+            self.num_blocks,
+            self.num_computed_tokens
         )
     }
 }
@@ -48,6 +56,7 @@ impl From<KvEvent> for PyKvEvent {
             first_block: 0,
             block_ids: Vec::new(),
             num_blocks: 0,
+            num_computed_tokens: 0,
         };
         match event {
             KvEvent::Stored {
@@ -62,6 +71,7 @@ impl From<KvEvent> for PyKvEvent {
                 first_block,
                 num_blocks: block_ids.len(),
                 block_ids,
+                num_computed_tokens: 0,
             },
             KvEvent::StoredKey {
                 owner,
@@ -75,6 +85,7 @@ impl From<KvEvent> for PyKvEvent {
                 first_block: 0,
                 block_ids: vec![block_id],
                 num_blocks: num_hash_blocks,
+                num_computed_tokens: 0,
             },
             KvEvent::Hit { owner, num_blocks } => PyKvEvent {
                 slot: Some(owner),
@@ -97,6 +108,18 @@ impl From<KvEvent> for PyKvEvent {
             KvEvent::Evicted { block_id } => PyKvEvent {
                 block_ids: vec![block_id],
                 ..none("evicted")
+            },
+            KvEvent::Lookup { owner } => PyKvEvent {
+                slot: Some(owner),
+                ..none("lookup")
+            },
+            KvEvent::Released {
+                owner,
+                num_computed_tokens,
+            } => PyKvEvent {
+                slot: Some(owner),
+                num_computed_tokens,
+                ..none("released")
             },
         }
     }

@@ -436,6 +436,12 @@ impl PyScheduler {
         self.core.enable_block_lifecycle_events();
     }
 
+    /// Log each request's prefix lookups and block releases from now on,
+    /// among the KV-cache events (§7.12).
+    fn enable_request_events(&mut self) {
+        self.core.enable_request_events();
+    }
+
     /// The KV-cache events since last taken, oldest first.
     fn take_kv_events(&mut self) -> Vec<PyKvEvent> {
         self.core

@@ -333,6 +333,13 @@ impl Scheduler {
         self.kv.enable_lifecycle_events();
     }
 
+    /// Log each request's prefix lookups and block releases from now on,
+    /// among the KV-cache events: what vLLM's auxiliary-output connector
+    /// hears of (§7.12).
+    pub fn enable_request_events(&mut self) {
+        self.kv.enable_request_events();
+    }
+
     /// The KV-cache events since last taken, oldest first.
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.kv.take_events()
@@ -595,6 +602,7 @@ impl Scheduler {
     /// Its blocks stay (and so does its slot, finished) while `loading`, or
     /// when the KV connector holds them for a send (§4.19).
     fn free_request(&mut self, slot: Slot, loading: bool) {
+        self.log_released(slot);
         if self.connector.is_none() && self.ec_connector.is_none() {
             self.release_all_encoded(slot);
             let mut r = self.requests.remove(slot);
@@ -618,6 +626,16 @@ impl Scheduler {
         if !held {
             self.release_request(slot);
         }
+    }
+
+    /// Log that the request in `slot` gives its blocks back (finished or
+    /// preempted), before they go (§7.12).
+    pub(super) fn log_released(&mut self, slot: Slot) {
+        let num_computed_tokens = self.requests[slot].seq.num_computed_tokens;
+        self.kv.log_event(KvEvent::Released {
+            owner: slot,
+            num_computed_tokens,
+        });
     }
 
     /// Return a finished request's blocks (fenced, §4.19) and slot.

@@ -70,6 +70,7 @@ impl Scheduler {
     /// delivered, but it keeps the request waiting until it drains;
     /// `drop_stale` (a reset) discards that share instead.
     pub(super) fn preempt(&mut self, slot: Slot, drop_stale: bool) {
+        self.log_released(slot);
         self.release_all_encoded(slot);
         self.free_blocks_of(slot);
         let r = &mut self.requests[slot];

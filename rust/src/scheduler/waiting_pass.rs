@@ -207,6 +207,10 @@ impl Scheduler {
             // computing its KV afresh, it hashes its tokens as they are now.
             r.seq.rehash(self.kv.hasher(), self.kv.hash_block_size());
         }
+        if lookup {
+            // (Before the hit is found: an auxiliary-output connector caps it.)
+            self.kv.log_event(KvEvent::Lookup { owner: slot });
+        }
         // A request that must compute every prompt token (vLLM: it wants
         // prompt logprobs) reads no hits; its blocks are still cached.
         let hit = if lookup && !r.skip_reading_prefix_cache {

@@ -479,6 +479,10 @@ class KvCacheManager:
         """Log blocks' lives (residency metrics) from now on."""
         self._pool.events.enable_lifecycle()
 
+    def enable_request_events(self) -> None:
+        """Log requests' lookups and releases from now on (§7.12)."""
+        self._pool.events.enable_requests()
+
     @property
     def events_enabled(self) -> bool:
         """Whether KV-cache events (routers') are logged."""

@@ -37,7 +37,7 @@ from ironbatch.reference.kv_connector import (
     KvTransferReport,
     SafeConnector,
 )
-from ironbatch.reference.kv_events import KvEvent
+from ironbatch.reference.kv_events import KvEvent, Released
 from ironbatch.reference.multimodal import ENCODER, InPrompt, InputPlacement, check_inputs
 from ironbatch.reference.prefill_cadence import PrefillCadence
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
@@ -365,6 +365,12 @@ class Scheduler:
         metrics (docs/scheduling.md §7.12)."""
         self.kv.enable_lifecycle_events()
 
+    def enable_request_events(self) -> None:
+        """Log each request's prefix lookups and block releases from now on,
+        among the KV-cache events: what vLLM's auxiliary-output connector
+        hears of (docs/scheduling.md §7.12)."""
+        self.kv.enable_request_events()
+
     def take_kv_events(self) -> list[KvEvent]:
         """The KV-cache events since last taken, oldest first."""
         return self.kv.take_events()
@@ -485,6 +491,7 @@ class Scheduler:
         it. Its blocks stay (and so does its slot, finished) while
         ``loading``, or when the KV connector holds them for a send
         (§4.19)."""
+        self.log_released(slot)
         # vLLM asks the KV connector, then the encoder-cache connector
         # (before the request's encoder inputs go), and ORs their holds.
         kv_held = kv_transfer.connector_finished(self, slot)
@@ -499,6 +506,12 @@ class Scheduler:
         self.finished_ids.append(r.request_id)
         if not held:
             self.release_request(slot)
+
+    def log_released(self, slot: int) -> None:
+        """Log that the request in ``slot`` gives its blocks back (finished
+        or preempted), before they go (§7.12)."""
+        computed = self.requests[slot].seq.num_computed_tokens
+        self.kv.log_event(Released(owner=slot, num_computed_tokens=computed))
 
     def release_request(self, slot: int) -> None:
         """Return a finished request's blocks (fenced, §4.19) and slot."""

@@ -69,6 +69,7 @@ def preempt(s: Scheduler, slot: int, drop_stale: bool) -> None:
     Its output in flight becomes stale (docs/scheduling.md §5.4): still
     delivered, but it keeps the request waiting until it drains;
     ``drop_stale`` (a reset) discards that share instead."""
+    s.log_released(slot)
     release_all_encoded(s, slot)
     s.free_blocks_of(slot)
     r = s.requests[slot]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
 from ironbatch.reference.kv_cache_manager import Admission
 from ironbatch.reference.kv_connector import NO_HIT
-from ironbatch.reference.kv_events import Hit
+from ironbatch.reference.kv_events import Hit, Lookup
 from ironbatch.reference.lora import LoraBatch
 from ironbatch.reference.prefix_hit import PrefixHit
 from ironbatch.reference.request import RequestStatus
@@ -193,6 +193,9 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         # A session's kept hashes may cover the token its turn dropped;
         # computing its KV afresh, it hashes its tokens as they are now.
         r.seq.rehash(s.kv.hasher, s.kv.hash_block_size)
+    if lookup:
+        # (Before the hit is found: an auxiliary-output connector caps it.)
+        s.kv.log_event(Lookup(owner=slot))
     # A request that must compute every prompt token (vLLM: it wants prompt
     # logprobs) reads no hits; its blocks are still cached.
     hit = s.kv.find_hit(r.seq) if lookup and not r.skip_reading_prefix_cache else PrefixHit()
