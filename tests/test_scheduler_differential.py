@@ -214,7 +214,8 @@ def random_config(rng: random.Random) -> dict:
 def add_block_sizes(rng: random.Random, config: dict) -> None:
     """Groups of different block sizes (docs/scheduling.md §7.16: vLLM's
     mixed-precision hybrids, and a hybrid's recurrent states smaller than
-    its attention blocks, Qwen3-Next's with MTP) in half the workloads whose
+    its attention blocks, Qwen3-Next's with MTP) in half the workloads (in
+    all with EAGLE's last-block drop) whose
     groups are full attention, sliding windows and recurrent states cached
     in cache mode "align", without multi-module MTP: each
     attention group two or four times the cache's block size or its own,
@@ -232,15 +233,22 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
     recurrent = any(g.kind == "mamba" for g in groups)
     if recurrent and not config.get("caching", True):
         return  # (states of the model's length: none of these sizes)
-    # (More often beside recurrent states: the rarer layout.)
-    if rng.random() < (0.25 if recurrent else 0.5):
+    # (More often beside recurrent states, and always beside EAGLE's
+    # last-block drop: the rarer layouts.)
+    dropping = config["drop_eagle_block"] and config.get("caching", True)
+    if not dropping and rng.random() < (0.25 if recurrent else 0.5):
         return
     if config.get("drafter_read_ahead", 0) > 1:
         return
     bs = config["block_size"]
     sizes = [None if g.kind == "mamba" else rng.choice([None, 2 * bs, 4 * bs]) for g in groups]
     if not recurrent:
-        sizes[rng.randrange(len(sizes))] = None
+        own = rng.randrange(len(sizes))
+        sizes[own] = None
+        if dropping and not any(sizes):
+            # (One other group larger, so that the drop meets two sizes.)
+            other = rng.choice([i for i in range(len(sizes)) if i != own])
+            sizes[other] = rng.choice([2 * bs, 4 * bs])
     config["kv_cache_groups"] = tuple(
         dataclasses.replace(g, block_size=size) for g, size in zip(groups, sizes, strict=True)
     )
@@ -758,7 +766,7 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     # recurrent states among them (about one in fifty).
     needs["mixed_block_sizes"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
     needs["mamba_smaller_than_attention"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
-    # EAGLE's drop beside them (about one workload in forty).
+    # EAGLE's drop beside them (about one workload in thirty-five).
     needs["eagle_block_drop_mixed_sizes"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
