@@ -57,12 +57,14 @@ from unittest import mock
 
 assert os.environ.get("VLLM_TARGET_DEVICE") == "cpu", "run by test_vllm_deployments.py"
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import vllm.envs  # noqa: E402
 import vllm.v1.engine.core as engine_core_module  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vllm_config  # noqa: E402
 from vllm.distributed import parallel_state  # noqa: E402
+from vllm.distributed.aux_output_connector.connector import AuxRequestOutput  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends  # noqa: E402
 from vllm.distributed.utils import get_pp_indices  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
@@ -648,12 +650,29 @@ class DeploymentExecutor(StandInExecutor):
                     logprobs=-(positions.float()[:, None] / 10 + torch.tensor([0.0, 1.0])),
                     selected_token_ranks=positions % 3 + 1,
                 )
-        return ModelRunnerOutput(
+        output = ModelRunnerOutput(
             req_ids=ids,
             req_id_to_index={r: i for i, r in enumerate(ids)},
             sampled_token_ids=sampled,
             prompt_logprobs_dict=prompt_logprobs,
         )
+        if self.vllm_config.aux_output_config.enabled:
+            output.aux_output_connector_output = self._routed_experts(ids, so)
+        return output
+
+    def _routed_experts(self, ids: list[str], so: SchedulerOutput) -> dict[str, Any]:
+        """Each request's routed experts (--enable-return-routed-experts):
+        from its first token past what the step computes, each row a
+        function of the request and the position."""
+        k = self.vllm_config.num_speculative_tokens
+        assert self.scheduler is not None
+        rows = {}
+        for rid in ids:
+            r = self.scheduler.requests[rid]
+            positions = np.arange(max(r.num_computed_tokens, r.num_tokens) + k + 2)
+            experts = np.stack([positions % 8, (positions + zlib.crc32(rid.encode())) % 8], 1)
+            rows[rid] = AuxRequestOutput(token_start=0, rows=experts)
+        return rows
 
 
 def executor_class(
@@ -1128,6 +1147,9 @@ def _exercised(e: Engine) -> dict[str, int]:
         seen["encoder_inputs"] += sum(map(len, so["scheduled_encoder_inputs"].values()))
         seen["encoder_freed"] += len(so["free_encoder_mm_hashes"])
         seen["ec_metadata"] += so.get("ec_connector_metadata") is not None
+        aux = so.get("aux_output_connector_metadata")  # routed experts' block hashes
+        seen["aux_block_hashes"] += aux is not None and bool(aux.block_hashes)
+        seen["aux_retained"] += aux is not None and aux.retained_block_hashes is not None
     for g in e.executor.grammar:
         seen["masked_rows"] += 0 if g is None else len(g[0])
     for _, view, events, reasoning in e.steps:
@@ -1141,6 +1163,7 @@ def _exercised(e: Engine) -> dict[str, int]:
                 seen["spec_decode_metrics"] += o["spec_decode_metrics"] is not None
                 seen["prompt_logprobs_outputs"] += o["new_prompt_logprobs_tensors"] is not None
                 seen["pooled_outputs"] += o["pooling_output"] is not None
+                seen["routed_experts"] += o.get("routed_experts") is not None
                 if o["finish_reason"] is not None:
                     seen[f"finished_{o['finish_reason']}"] += 1
     return dict(seen)

@@ -903,6 +903,19 @@ TABLE = [
         + ["--kv-transfer-config", kv_connector("NixlConnector")],
         {"kv_connector": "NixlPullConnector", "group_block_sizes": [32, 64]},
     ),
+    Deployment(
+        # Routed experts returned with each output (RL rollouts replaying
+        # the router; vLLM builds it on model runner V2 only): each step
+        # names the block hashes the workers keep them by, and the finished
+        # requests' blocks retained and released (vLLM's auxiliary-output
+        # connector, on the drop-in's replayed cache).
+        "qwen3-30b-a3b-routed-experts",
+        "qwen3-30b-a3b",
+        ["--enable-return-routed-experts"],
+        {"aux_outputs": True, "is_moe": True},
+        flavors=("gpu-defaults",),
+        exercises=("routed_experts", "aux_block_hashes", "aux_retained"),
+    ),
     # Deployments vLLM 0.33 serves that the drop-in hands to vLLM's own
     # scheduler (NOT_YET): the gaps left, each as a user would turn it on.
     Deployment(
@@ -919,15 +932,6 @@ TABLE = [
         ["--kv-offloading-size", "1"],
         {"kv_connector": "OffloadingConnector"},
     ),
-    Deployment(
-        # Routed experts returned with each output (RL rollouts replaying
-        # the router): vLLM builds it on model runner V2 only.
-        "qwen3-30b-a3b-routed-experts",
-        "qwen3-30b-a3b",
-        ["--enable-return-routed-experts"],
-        {"aux_outputs": True, "is_moe": True},
-        flavors=("gpu-defaults",),
-    ),
 ]
 # Rows the drop-in does not take yet, and the reason it logs. Their
 # engagement test xfails once the row is built and falls back, and fails
@@ -937,7 +941,6 @@ CONNECTOR_BESIDE_STATES = "a KV connector with other than attention KV-cache gro
 NOT_YET: dict[str, str] = {
     "qwen3-next-80b-a3b-nixl": CONNECTOR_BESIDE_STATES,
     "nemotron-h-8b-cpu-offloading": CONNECTOR_BESIDE_STATES,
-    "qwen3-30b-a3b-routed-experts": "auxiliary outputs",
 }
 # Rows whose workload finds no prefix hit with prefix caching on, in vLLM
 # as in the drop-in, and why.

@@ -106,6 +106,7 @@ def random_settings(rng: random.Random) -> dict:
     settings.update(context_parallel(rng, settings))
     settings.update(recurrent_layout(rng, settings))
     settings.update(mixed_block_sizes(rng, settings))
+    settings.update(routed_experts(rng, settings))
     # Every group holds blocks of its own: the same tightness per attention
     # group, and room for two requests' states in each recurrent group.
     settings["num_blocks"] = (blocks - 1) * GROUPS[settings["kv_layout"]] + 1
@@ -451,6 +452,25 @@ def sampling_masks(rng: random.Random, settings: dict) -> dict:
     return {"return_sampling_mask": True} if drawn and not runner_v1 else {}
 
 
+def routed_experts(rng: random.Random, settings: dict) -> dict:
+    """--enable-return-routed-experts in some workloads (drawn apart): each
+    output carries its tokens' routed experts, and each step's metadata the
+    block hashes the workers keep them by, the finished requests' blocks
+    retained and released (vLLM's auxiliary-output connector). vLLM builds
+    it for a generating model with prefix caching, on its V2 runner; the
+    drop-in beside a full-attention group (support.py)."""
+    drawn = random.Random(rng.random()).random() < 0.3
+    fits = (
+        settings["enable_prefix_caching"]
+        and settings["kv_layout"] not in ("none", "mamba")
+        and settings.get("runner") != "pooling"
+        and not settings.get("mm_encoder_only")
+        and settings.get("target") != "whisper"
+        and method_of(settings) not in RUNNER_V1_METHODS
+    )
+    return {"return_routed_experts": True} if drawn and fits else {}
+
+
 def prompt_embeddings(rng: random.Random) -> dict:
     """--enable-prompt-embeds in some workloads: some requests then give
     their prompt as embeddings, alone or mixed with token ids."""
@@ -543,6 +563,7 @@ def workload_features(rng: random.Random, settings: dict) -> Features:
         # vLLM returns sampling masks from its V2 runner only, and runs
         # DSpark on it only.
         and not settings.get("return_sampling_mask")
+        and not settings.get("return_routed_experts")
         and method_of(settings) != "dspark",
         reasoning=rng.random() < 0.3,
         grammars=rng.random() < 0.5 and generates,
@@ -955,6 +976,7 @@ def drawn_features(seed: int) -> Counter:
         "encoder-decoder": s.get("target") == "whisper",
         "prompt embeddings": bool(s.get("enable_prompt_embeds")),
         "sampling masks": bool(s.get("return_sampling_mask")),
+        "routed experts": bool(s.get("return_routed_experts")),
         "pooling": s.get("runner") == "pooling",
         "no KV cache": s["kv_layout"] == "none",
         "encoder only": bool(s.get("mm_encoder_only")),
@@ -993,23 +1015,24 @@ def drawn_features(seed: int) -> Counter:
 
 
 # What 1,040 workloads draw at least, on average: each feature 200, each
-# window layout 40, each speculative method 39 (below), speculation and
-# window groups 300, the encoder-decoder (only beside one decoder group,
-# without speculation) 40, no KV cache 60, an encoder-only deployment (one
-# group's worth, without speculation or pooling) 25, and multi-module MTP
-# (MTP's three modules with 2 or 3 drafts, at most the block size) 9, beside
-# window groups 2; window groups with KV-cache events, and with KV-cache
-# metrics, 100 each; a window retention interval above 0, 40; decode
-# context parallelism (one full-attention group, no KV-cache events) 80;
-# window groups with speculation 120; the encoder-decoder with KV-cache
-# events or metrics 20, with n-gram speculation 9; recurrent-state groups
-# 100 (Qwen3-Next's layout 35, the others 15 each), with speculation 30,
-# with prefix caching on (vLLM's "align") 35, with Mamba2's prefill
-# checkpoints 20; pooling 180 and EAGLE's last-block drop 30, beside
-# window groups 3 (about four standard deviations under what the draws
-# give: 213, 56 and 20 of 1,040; 19, 14 and 5 for multi-module MTP, the
-# encoder-decoder with speculation and MTP beside windows; encoder-only's
-# 31 and Qwen3-Next's 48).
+# window layout 40, each speculative method 39 (below), speculation and window
+# groups 300, the encoder-decoder (only beside one decoder group, without
+# speculation) 40, no KV cache 60, an encoder-only deployment (one group's
+# worth, without speculation or pooling) 25, and multi-module MTP (MTP's three
+# modules with 2 or 3 drafts, at most the block size) 9, beside window groups
+# 2; window groups with KV-cache events, and with KV-cache metrics, 100 each;
+# a window retention interval above 0, 40; decode context parallelism (one
+# full-attention group, no KV-cache events) 80; window groups with speculation
+# 120; the encoder-decoder with KV-cache events or metrics 20, with n-gram
+# speculation 9; recurrent-state groups 100 (Qwen3-Next's layout 35, the
+# others 15 each), with speculation 30, with prefix caching on (vLLM's
+# "align") 35, with Mamba2's prefill checkpoints 20; routed experts (prefix
+# caching on, a generating model on model runner V2 beside a full-attention
+# group) 90; pooling 180 and EAGLE's last-block drop 30, beside window groups
+# 3 (about four standard deviations under what the draws give: 213, 56 and 20
+# of 1,040; 19, 14 and 5 for multi-module MTP, the encoder-decoder with
+# speculation and MTP beside windows; encoder-only's 31, Qwen3-Next's 48 and
+# routed experts' 136).
 FEATURE_SHARES = {
     "feature: speculative decoding": 300,
     "feature: window KV-cache groups": 300,
@@ -1017,6 +1040,7 @@ FEATURE_SHARES = {
     "feature: no KV cache": 60,
     "feature: encoder only": 25,
     "feature: pooling": 180,
+    "feature: routed experts": 90,
     "feature: encoder-cache connector": 40,
     "feature: dynamic speculation lengths": 40,
     "feature: EAGLE last-block drop": 30,
@@ -1113,6 +1137,7 @@ FEATURES = [
     "feature: encoder-decoder with KV-cache events or metrics",
     "feature: encoder-decoder with speculation",
     "feature: sampling masks",
+    "feature: routed experts",
     "feature: pooling",
     "feature: no KV cache",
     "feature: encoder only",

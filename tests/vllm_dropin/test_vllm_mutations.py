@@ -1,6 +1,7 @@
 """The vLLM differential must catch a drop-in that goes wrong where vLLM's
 state lives outside the core: each test breaks the drop-in one way (a grammar
-that is not advanced, a KV-cache event dropped, events reordered, finished
+that is not advanced, a KV-cache event dropped, events reordered, the
+auxiliary-output connector asked late, finished
 ids added in another order, a draft
 lost, acceptance miscounted, a drafter's settings not passed on, drafting
 never skipped, window or recurrent KV-cache groups passed on wrong, the
@@ -77,8 +78,10 @@ def test_a_grammar_not_advanced_is_caught(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_dropped_kv_event_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     convert: Callable[..., None] = KvEvents.convert
 
-    def convert_but_drop_removals(self: KvEvents, events: list[Any], request_of: Any) -> None:
-        convert(self, [e for e in events if e.kind != "removed"], request_of)
+    def convert_but_drop_removals(
+        self: KvEvents, events: list[Any], request_of: Any, *rest: Any
+    ) -> None:
+        convert(self, [e for e in events if e.kind != "removed"], request_of, *rest)
 
     monkeypatch.setattr(KvEvents, "convert", convert_but_drop_removals)
     assert caught()
@@ -93,6 +96,23 @@ def test_reordered_kv_events_are_caught(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(KvEvents, "publish", publish_reversed)
     assert caught()
+
+
+def test_request_events_heard_after_the_cache_events_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Routed experts: vLLM's auxiliary-output connector asked at each
+    lookup and release what the cache holds at the call's end, not at that
+    moment; the blocks it retains, touches and releases then differ."""
+    convert: Callable[..., None] = KvEvents.convert
+
+    def requests_last(self: KvEvents, events: list[Any], request_of: Any, *rest: Any) -> None:
+        marks = ("lookup", "released")
+        late = [e for e in events if e.kind not in marks] + [e for e in events if e.kind in marks]
+        convert(self, late, request_of, *rest)
+
+    monkeypatch.setattr(KvEvents, "convert", requests_last)
+    assert caught(seeds=SEEDS, feature="feature: routed experts")
 
 
 def test_finished_and_preempted_ids_added_in_another_order_are_caught(

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from vllm.distributed.aux_output_connector.connector import AuxRequestOutput
 from vllm.distributed.kv_events import BlockStored
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.core.sched.interface import PauseState
@@ -131,6 +132,8 @@ def engine_outputs_view(outs: dict[int, Any]) -> dict[int, Any]:
                 ov["pooling_output"] = o.pooling_output.tolist()
             if o.new_sampling_mask is not None:  # arrays: compared by value
                 ov["new_sampling_mask"] = o.new_sampling_mask.to_nested_list()
+            if o.routed_experts is not None:  # an array: compared by value
+                ov["routed_experts"] = o.routed_experts.tolist()
             v["outputs"].append(ov)
         stats = eco.scheduler_stats
         v["scheduler_stats"] = None if stats is None else dataclasses.asdict(stats)
@@ -252,6 +255,8 @@ class VllmPair:
         )
         # The runner returns each sample's token support (--return-sampling-mask).
         self.sampling_masks = settings.get("return_sampling_mask", False)
+        # The runner returns each token's routed experts (auxiliary outputs).
+        self.routed_experts = settings.get("return_routed_experts", False)
         # Both schedulers read the runner version once, when built; V2 is the
         # default, V1 gets resumptions as cached data with all_token_ids.
         with vllm_setup.env_var("VLLM_USE_V2_MODEL_RUNNER", "0" if model_runner_v1 else None):
@@ -497,6 +502,8 @@ class VllmPair:
         )
         if self.sampling_masks:
             mro.sampling_masks = sampling_masks(mro.sampled_token_ids)
+        if self.routed_experts:
+            mro.aux_output_connector_output = self.routed_rows(a)
         if self.kv_reports is not None:
             mro.kv_connector_output = self.kv_reports(a)
         # A copy for each: vLLM trims a request's token list in place at a stop.
@@ -546,6 +553,25 @@ class VllmPair:
                 # Output of a step that ran before the request was preempted.
                 self.events["stale"] += r is not None and r.status == RequestStatus.PREEMPTED
         self.check_requests()
+
+    def routed_rows(self, a: SchedulerOutput) -> dict[str, AuxRequestOutput]:
+        """The runner's routed experts for a step: for each scheduled
+        request, rows from its first token past what the step computes
+        (each row a function of the request and the position)."""
+        rows = {}
+        for rid in a.num_scheduled_tokens:
+            r = self.vllm.requests.get(rid)
+            if r is None:  # aborted since
+                continue
+            # (A request preempted since computes nothing, but its stale
+            # output still comes.)
+            n = max(r.num_computed_tokens, r.num_tokens) + self.num_spec_tokens + 2
+            positions = np.arange(n)
+            rows[rid] = AuxRequestOutput(
+                token_start=0,
+                rows=np.stack([positions % 8, (positions + len(rid)) % 8], axis=1),
+            )
+        return rows
 
     def apply_without_tokens(
         self, a: SchedulerOutput, b: SchedulerOutput, pooled: list[str], runner_order: list[str]

@@ -136,6 +136,9 @@ DEFAULTS: dict[str, Any] = {
     # The runner returns each sample's post-processing token support
     # (--return-sampling-mask).
     "return_sampling_mask": False,
+    # Each output carries its tokens' routed experts
+    # (--enable-return-routed-experts, vLLM's auxiliary outputs).
+    "return_routed_experts": False,
 }
 # VllmConfig parts passed through as given (to exercise the fallback).
 EXTRAS = (
@@ -506,6 +509,11 @@ def vllm_config(
     )
     # VllmConfig may resolve async scheduling from the platform; pin it.
     vc.scheduler_config.async_scheduling = cfg["async_scheduling"]
+    if cfg["return_routed_experts"]:
+        # vLLM builds it for a generating MoE model with prefix caching on its
+        # V2 runner; a scheduler reads only the switch, so it is set after
+        # the checks and the tiny dense target stands in for the MoE.
+        vc.aux_output_config.enable_return_routed_experts = True
     kvc = KVCacheConfig(
         num_blocks=cfg["num_blocks"],
         kv_cache_tensors=[],

@@ -7,11 +7,14 @@ The core hashes blocks its own way; the events carry vLLM's hashes, which the
 engine's block hasher computes on each vLLM ``Request`` (``block_hashes``,
 from its tokens, cache salt and hash algorithm). So while events are on the
 drop-in keeps every ``Request``'s tokens current, and a stored block's hash
-is taken from its request when the core logs the store."""
+is taken from its request when the core logs the store. The keys cached
+now are kept too: the auxiliary outputs (``aux_outputs.py``) ask about them
+as the events are followed, unpublished when events are off."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +45,10 @@ from vllm.v1.request import Request
 
 from ironbatch import _core
 from ironbatch.vllm.kv_cache_view import group_block_size
+
+# Hears a request's lookup ("lookup") or release ("released", with the
+# tokens it had computed), as the core logged it among the cache's events.
+RequestEventHandler = Callable[[str, Request, int], None]
 
 
 class KvEvents:
@@ -81,10 +88,21 @@ class KvEvents:
         # tail gave it besides, in a set built as vLLM's pool builds it (one
         # event each, in the set's order).
         self.keys: dict[int, tuple[BlockHashWithGroupId, set[BlockHashWithGroupId]]] = {}
+        # Every key cached now, counted per block holding it (the cache the
+        # events describe, for the auxiliary-output connector's questions).
+        self.cached: Counter[BlockHashWithGroupId] = Counter()
 
-    def convert(self, events: list[_core.KvEvent], request_of: Callable[[int], Request]) -> None:
-        """Queue vLLM's events for the core's, in order. ``request_of(slot)``
-        is the request in a slot, whose tokens must be current."""
+    def convert(
+        self,
+        events: list[_core.KvEvent],
+        request_of: Callable[[int], Request],
+        on_request_event: RequestEventHandler | None = None,
+    ) -> None:
+        """Follow the core's events in order, queueing vLLM's for them when
+        they are published. ``request_of(slot)`` is the request in a slot,
+        whose tokens must be current; ``on_request_event`` hears each
+        request's lookups and releases as they come among the others."""
+        publishing = self.enabled
         for e in events:
             if e.kind == "stored":
                 r = request_of(e.slot)
@@ -92,7 +110,9 @@ class KvEvents:
                 stored, keys = self.stored(r, e.group, e.first_block, kept)
                 ids = [b for b in e.block_ids if b]
                 self.keys.update((b, (k, set())) for b, k in zip(ids, keys, strict=True))
-                self.pending.append(stored)
+                self.cached.update(keys)
+                if publishing:
+                    self.pending.append(stored)
             elif e.kind == "stored_key":
                 # A key at a hash block's end, inside the block or where it
                 # ends (one hash block's tokens).
@@ -105,8 +125,10 @@ class KvEvents:
                     self.keys[block_id][1].add(key)
                 else:
                     self.keys[block_id] = (key, set())
-                self.pending.append(stored)
-            elif e.kind == "hit":
+                self.cached[key] += 1
+                if publishing:
+                    self.pending.append(stored)
+            elif e.kind == "hit" and publishing:
                 # Every group finds the hit, its window's nulls counted, in
                 # its own blocks (the core counts hash blocks).
                 r = request_of(e.slot)
@@ -116,18 +138,26 @@ class KvEvents:
             elif e.kind == "removed":
                 (block_id,) = e.block_ids
                 own, others = self.keys.pop(block_id)
+                self.cached.subtract((own, *others))
                 for key in (own, *others):
-                    block_hash = maybe_convert_block_hash(get_block_hash(key))
-                    self.pending.append(
-                        BlockRemoved(
-                            block_hashes=[block_hash],
-                            medium=MEDIUM_GPU,
-                            group_idx=get_group_id(key),
+                    if not self.cached[key]:
+                        del self.cached[key]
+                    if publishing:
+                        block_hash = maybe_convert_block_hash(get_block_hash(key))
+                        self.pending.append(
+                            BlockRemoved(
+                                block_hashes=[block_hash],
+                                medium=MEDIUM_GPU,
+                                group_idx=get_group_id(key),
+                            )
                         )
-                    )
             elif e.kind == "cleared":
                 self.keys.clear()
-                self.pending.append(AllBlocksCleared())
+                self.cached.clear()
+                if publishing:
+                    self.pending.append(AllBlocksCleared())
+            elif e.kind in ("lookup", "released") and on_request_event is not None:
+                on_request_event(e.kind, request_of(e.slot), e.num_computed_tokens)
             # "allocated" and "accessed" are the residency metrics' (kv_metrics).
 
     def stored(

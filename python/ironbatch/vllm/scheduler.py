@@ -52,6 +52,7 @@ from vllm.v1.request import Request, RequestStatus
 from ironbatch import _core
 from ironbatch._core import VllmStepRows as StepRows
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
+from ironbatch.vllm.aux_outputs import AuxOutputs
 from ironbatch.vllm.ec_connector import EcConnectorBridge, build_ec_connector, ec_stats
 from ironbatch.vllm.encoder_inputs import EncoderInputs, encoder_input_stats
 from ironbatch.vllm.kv_cache_view import KVCacheManagerView
@@ -188,7 +189,24 @@ class Scheduler(SchedulerInterface):
         self._kv_metrics = KvMetrics(vllm_config, kv_cache_config.num_blocks)
         if self._kv_metrics.enabled:
             self._core.enable_block_lifecycle_events()
-        self._take_kv_events = self._kv_events.enabled or self._kv_metrics.enabled
+        # Auxiliary outputs (--enable-return-routed-experts): vLLM's own
+        # connector, told of the cache as the core's events replay it.
+        self._aux: AuxOutputs | None = None
+        if vllm_config.aux_output_config.enabled:
+            self._aux = AuxOutputs(
+                kv_cache_config,
+                dcp,
+                self.hash_block_size,
+                self._kv_events.cached,
+                vllm_config.num_hash_lookahead_tokens,
+            )
+            self._core.enable_kv_events()
+            self._core.enable_request_events()
+        # The events are followed (their hashes read off vLLM's Requests,
+        # whose tokens are then kept current) for publishing or the
+        # auxiliary outputs.
+        self._follow_kv_events = self._kv_events.enabled or self._aux is not None
+        self._take_kv_events = self._follow_kv_events or self._kv_metrics.enabled
         self._mirror = RequestMirror(self._core, log_stats, vllm_config.num_hash_lookahead_tokens)
         self._runner_data = RunnerRequestData(
             self._mirror, self.use_v2_model_runner, vllm_config.model_config.uses_mrope
@@ -347,6 +365,8 @@ class Scheduler(SchedulerInterface):
             else "FINISHED_ERROR"
         )
         self._core.finish_requests([r.request_id for r in valid], name)
+        if self._aux is not None:
+            self._drain_kv_events()  # their releases, while their slots are known
         for r in valid:
             r.status = finished_status
             self._forget(r)
@@ -414,6 +434,10 @@ class Scheduler(SchedulerInterface):
             self._drain_kv_events()
         if self._bridge is not None:
             connector_step(self, output, rows.step)
+        if self._aux is not None:
+            output.aux_output_connector_metadata = self._aux.metadata(
+                output, rows.computed, self.requests, self._mirror.sync
+            )
         if self.ec_connector is not None:
             output.ec_connector_metadata = self.ec_connector.build_connector_meta(output)
         self._in_flight[id(output)] = (output, rows)
@@ -493,7 +517,7 @@ class Scheduler(SchedulerInterface):
             # Before the outputs are made: a request that finishes leaves then.
             detailed = self._spec_metrics_level == "detailed"
             observe_per_request(self.requests, scheduler_output, step, update, mro, detailed)
-        if self._kv_events.enabled:
+        if self._follow_kv_events:
             # Before the finished are forgotten: their stores name their slots.
             self._mirror_tokens(update)
         if self._take_kv_events:
@@ -538,10 +562,17 @@ class Scheduler(SchedulerInterface):
 
     def _drain_kv_events(self) -> None:
         """Hand the core's KV-cache events to their users: routers' events to
-        be published, block lives to the residency metrics."""
+        be published, the cache they replay and the requests' lookups and
+        releases to the auxiliary outputs, block lives to the residency
+        metrics."""
         events = self._core.take_kv_events()
-        if self._kv_events.enabled:
-            self._kv_events.convert(events, self._mirror.by_slot.__getitem__)
+        if self._follow_kv_events:
+            aux = self._aux
+            self._kv_events.convert(
+                events,
+                self._mirror.by_slot.__getitem__,
+                None if aux is None else aux.on_request_event,
+            )
         if self._kv_metrics.enabled:
             self._kv_metrics.feed(events)
 
@@ -642,6 +673,8 @@ class Scheduler(SchedulerInterface):
             )
         if reset_connector:
             done = self.reset_connector_cache() and done
+        if done and self._aux is not None:
+            self._aux.reset()
         return done
 
     def reset_connector_cache(self) -> bool:

@@ -34,6 +34,9 @@ def outputs_by_client(s: Scheduler, update: Any, mro: Any) -> dict[int, list[Eng
     only_client = mirror.only_client()  # before finishes forget requests
     outs = update.outputs
     finished = update.finished
+    if s._aux is not None:  # (before finishes forget requests)
+        by_slot = mirror.by_slot
+        s._aux.attach(outs, [by_slot[slot] for slot in update.slots], mro)
     full = mirror.full_output_slots
     logprobs = bool(mro.logprobs or mro.prompt_logprobs_dict or mro.prompt_token_id_logprobs_dict)
     if full or finished or logprobs:
