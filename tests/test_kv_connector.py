@@ -244,13 +244,17 @@ def test_bad_transfer_reports_and_setups_are_refused_unchanged(backend: str) -> 
     with pytest.raises(ValueError, match="kv_connector: runner must be 'generate'"):
         pooling.set_kv_connector(Scripted({}))
     # Window groups beside full attention are taken (a connector with
-    # hybrid support keeps them); recurrent states are not.
+    # hybrid support keeps them), and recurrent states uncached; cached
+    # states (prefix caching on) are not.
     windows = (KVCacheGroup("sliding_window", 8), KVCacheGroup("full"))
     make(backend, max_model_len=64, kv_cache_groups=windows).set_kv_connector(Scripted({}))
     recurrent = (KVCacheGroup("mamba", 16), KVCacheGroup("full"))
-    hybrid = make(backend, max_model_len=64, kv_cache_groups=recurrent, caching=False)
-    with pytest.raises(ValueError, match="kv_cache_groups must be attention groups with per-token"):
-        hybrid.set_kv_connector(Scripted({}))
+    make(backend, max_model_len=64, kv_cache_groups=recurrent, caching=False).set_kv_connector(
+        Scripted({})
+    )
+    cached = make(backend, max_model_len=64, kv_cache_groups=recurrent, caching=True)
+    with pytest.raises(ValueError, match="recurrent-state groups need prefix caching off"):
+        cached.set_kv_connector(Scripted({}))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -302,6 +306,19 @@ def random_config(rng: random.Random) -> dict[str, Any]:
         mixed = {"mixed_precision": True}
     need = -(-max_len // bs) * (1 if groups is None else len(groups))
     need *= 4 if mixed else 1
+    # Recurrent states (Mamba, linear attention) beside the attention
+    # groups in some, uncached (prefix caching off: vLLM's cache mode
+    # "none"), each a state block of the model's length or shorter (drawn
+    # apart: Qwen3-Next, Jamba).
+    recurrent = random.Random(rng.random())
+    states: tuple[KVCacheGroup, ...] = ()
+    if not mixed and recurrent.random() < 0.25:
+        size = recurrent.choice([max_len, max_len // 2, bs, 3])
+        states = tuple(KVCacheGroup("mamba", size) for _ in range(recurrent.choice([1, 1, 2, 3])))
+        hybrid = [*(groups or (KVCacheGroup("full"),)), *states]
+        recurrent.shuffle(hybrid)
+        groups = tuple(hybrid)
+        need += len(states) * -(-max_len // size)
     # A vision model's encoder in some (drawn apart): images beside
     # external hits.
     vision = random.Random(rng.random())
@@ -326,7 +343,7 @@ def random_config(rng: random.Random) -> dict[str, Any]:
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=rng.choice([0, 0, 8]),
         policy=rng.choice(["fcfs", "priority"]),
-        caching=rng.random() < 0.8,
+        caching=rng.random() < 0.8 and not states,
         async_scheduling=rng.random() < 0.5,
     )
 
@@ -433,6 +450,7 @@ def run_seed(seed: int) -> Counter:
     events["unknown"] += sum(1 for c in stand_ins[0].log if c[0] == "matched" and c[4][0] is None)
     events.update(pair.events)
     events["mixed_block_sizes"] += config.get("mixed_precision", False)
+    events["recurrent_states"] += any(g.kind == "mamba" for g in config["kv_cache_groups"] or ())
     return events
 
 
@@ -453,6 +471,7 @@ def test_core_and_twin_agree_with_the_stand_in(workloads: Workloads) -> None:
             "fenced_frees": 120,
             "images": 400,
             "mixed_block_sizes": 40,
+            "recurrent_states": 40,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

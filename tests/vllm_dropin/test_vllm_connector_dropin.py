@@ -18,10 +18,16 @@ import pytest
 from test_vllm_connector_standin import check_blocks
 from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.request import RequestStatus
 
-from ironbatch.bench.standin_connector import StandInWorker
-from ironbatch.bench.vllm_standin_connector import kv_connector_output, random_settings, stand_in_of
+from ironbatch.bench.standin_connector import StandInShares, StandInWorker, WorkerReport
+from ironbatch.bench.vllm_standin_connector import (
+    kv_connector_output,
+    kv_transfer_config,
+    random_settings,
+    stand_in_of,
+)
 
 import vllm_setup
 from seeded import Workloads
@@ -134,10 +140,14 @@ def run_seed(seed: int) -> Counter:
     # A connector with hybrid support, and window groups beside it.
     events["hybrid_connector"] += isinstance(pair.vllm.connector, SupportsHMA)
     groups = pair.vllm.kv_cache_config.kv_cache_groups
-    events["window_groups"] += len(groups) > 1
+    states = [g for g in groups if isinstance(g.kv_cache_spec, MambaSpec)]
+    events["window_groups"] += len(groups) > 1 and not states
     # A mixed-precision hybrid's (its new blocks zeroed, but those a load
     # writes).
     events["mixed_block_sizes"] += len({g.kv_cache_spec.block_size for g in groups}) > 1
+    # Recurrent states beside attention, uncached (prefix caching off).
+    events["recurrent_states"] += bool(states)
+    events["recurrent_states_loaded"] += bool(states) and theirs.events["async_loads"] > 0
     events["vision"] += bool(images)
     events["workloads"] += 1
     return events
@@ -163,6 +173,8 @@ def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
             "hybrid_connector": 280,
             "window_groups": 240,
             "mixed_block_sizes": 80,
+            "recurrent_states": 120,
+            "recurrent_states_loaded": 80,
             "vision": 160,
             "images": 1200,
         }.items()
@@ -176,3 +188,40 @@ def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
 def test_a_workload_replays(seed: int) -> None:
     """One workload, run twice: the same events (the test is deterministic)."""
     assert run_seed(seed) == run_seed(seed)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_request_with_nothing_computed_names_every_state_block(async_scheduling: bool) -> None:
+    """Qwen3-Next's layout with prefix caching off (three linear-attention
+    groups uncached beside full attention) behind a connector with hybrid
+    support, which recomputes failed loads: a request's 16-token load comes
+    back failed, so it has computed nothing, and it is aborted then. Its
+    full-attention group names none of its blocks, but each state group
+    names its state block (no token range: vLLM clips attention groups
+    only). The drop-in's calls are vLLM's."""
+    shares = StandInShares(load_failed=0.0, block_invalid=0.0, delay_free=0.0)
+    config = kv_transfer_config(0, "recompute", shares, {"a": (16, True)}, hybrid=True)
+    settings = dict(
+        kv_layout="qwen3-next",
+        block_size=8,
+        num_blocks=40,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+        async_scheduling=async_scheduling,
+        kv_transfer_config=config,
+    )
+    pair = VllmPair(random.Random(0), **settings)
+    ours, theirs = stand_in_of(pair.ours), stand_in_of(pair.vllm)
+    pair.add("a", list(range(3, 30)), max_tokens=4)
+    pair.schedule()  # the load starts: "a" waits for its KV
+    report = WorkerReport(finished_recving={"a"}, failed_recving={"a"})
+    pair.kv_reports = lambda _: kv_connector_output(report)
+    pair.update_oldest()
+    assert pair.vllm.requests["a"].num_computed_tokens == 0
+    pair.abort(["a"])
+    finished = [call for call in theirs.log if call[0] == "finished"]
+    assert [(rid, [bool(ids) for ids in groups]) for _, rid, groups, _ in finished] == [
+        ("a", [True, True, True, False])
+    ]
+    assert ours.log == theirs.log

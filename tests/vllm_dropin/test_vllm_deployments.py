@@ -916,10 +916,21 @@ TABLE = [
         flavors=("gpu-defaults",),
         exercises=("routed_experts", "aux_block_hashes", "aux_retained"),
     ),
+    Deployment(
+        # Disaggregated prefill of a linear-attention hybrid over NIXL with
+        # prefix caching off (a decode pool's usual setting; vLLM's cache
+        # mode "none"): a state block per group loaded beside attention's.
+        "qwen3-next-80b-a3b-nixl-no-prefix-caching",
+        "qwen3-next-80b-a3b",
+        ["--kv-transfer-config", kv_connector("NixlConnector"), "--no-enable-prefix-caching"],
+        {"kv_connector": "NixlPullConnector", "enable_prefix_caching": False},
+        exercises=("connector_metadata",),
+    ),
     # Deployments vLLM 0.33 serves that the drop-in hands to vLLM's own
     # scheduler (NOT_YET): the gaps left, each as a user would turn it on.
     Deployment(
-        # Disaggregated prefill of a linear-attention hybrid over NIXL.
+        # Disaggregated prefill of a linear-attention hybrid over NIXL, its
+        # states cached (prefix caching on: vLLM's cache mode "align").
         "qwen3-next-80b-a3b-nixl",
         "qwen3-next-80b-a3b",
         ["--kv-transfer-config", kv_connector("NixlConnector")],
@@ -937,7 +948,7 @@ TABLE = [
 # engagement test xfails once the row is built and falls back, and fails
 # when the row starts to engage; remove a row from here to make its
 # fallback a failure.
-CONNECTOR_BESIDE_STATES = "a KV connector with other than attention KV-cache groups"
+CONNECTOR_BESIDE_STATES = "a KV connector with other than attention KV-cache groups and recurrent"
 NOT_YET: dict[str, str] = {
     "qwen3-next-80b-a3b-nixl": CONNECTOR_BESIDE_STATES,
     "nemotron-h-8b-cpu-offloading": CONNECTOR_BESIDE_STATES,

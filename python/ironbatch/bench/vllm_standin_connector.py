@@ -37,7 +37,8 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
     chunking, prefix caching, policy, sync or async, the stand-in's shares,
     the load-failure policy, and whether the connector has hybrid support
     (with a window layout beside it, mostly; in half the gpt-oss and Gemma
-    3 ones, groups of different block sizes: a mixed-precision hybrid's)."""
+    3 ones, groups of different block sizes: a mixed-precision hybrid's;
+    else recurrent states uncached in most)."""
     bs = rng.choice([4, 8, 16])
     max_model_len = rng.choice([64, 128])
     chunked = rng.random() < 0.8
@@ -69,6 +70,18 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
             layout[sizes.choice(["window_block_size", "full_block_size"])] = larger
             if layout.get("retention_interval"):
                 layout["retention_interval"] = larger * sizes.choice([1, 2])
+    caching = rng.random() < 0.8
+    # In some with hybrid support, recurrent states beside attention
+    # (Qwen3-Next, Jamba, a window and a state: drawn apart), uncached:
+    # prefix caching off (vLLM's cache mode "none"), one state block each,
+    # of the model's length or shorter.
+    states = random.Random(seed ^ 0x5747E5)
+    if hybrid and states.random() < 0.3:
+        kind = states.choice(["qwen3-next", "jamba", "swa-mamba"])
+        layout = {"kv_layout": kind, "window": bs + 3, "retention_interval": None}
+        layout["mamba_block_size"] = states.choice([None, max_model_len // 2, bs])
+        caching = False
+        blocks = 4 * blocks + 8 * seqs
     return dict(
         **layout,
         block_size=bs,
@@ -77,7 +90,7 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
         max_num_seqs=seqs,
         max_num_batched_tokens=batched,
         enable_chunked_prefill=chunked,
-        enable_prefix_caching=rng.random() < 0.8,
+        enable_prefix_caching=caching,
         policy=rng.choice(["fcfs", "priority"]),
         async_scheduling=rng.random() < 0.5,
         kv_transfer_config=kv_transfer_config(

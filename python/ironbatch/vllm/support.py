@@ -262,8 +262,9 @@ def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
     """Why the core cannot take this deployment's KV connector yet, if it
     cannot (docs/scheduling.md §4.19): the core takes connectors on
     attention KV-cache groups (full, MLA, sliding windows, chunked local
-    attention; several only beside a connector with hybrid support, as
-    vLLM keeps them) of a model that generates. A
+    attention) and recurrent states uncached (prefix caching off), several
+    only beside a connector with hybrid support, as vLLM keeps them, of a
+    model that generates. A
     connector that manages vLLM's GPU block pool itself (it overrides
     ``bind_gpu_block_pool``: SimpleCPUOffload, Mooncake's store, UMBP) needs
     vLLM's pool, which the drop-in does not have."""
@@ -272,6 +273,7 @@ def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
         FullAttentionSpec,
+        MambaSpec,
         MLAAttentionSpec,
         SlidingWindowSpec,
     )
@@ -282,8 +284,20 @@ def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
     if mc.is_encoder_decoder:
         return "a KV connector with an encoder-decoder model (vLLM refuses it)"
     attention = (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
-    if not groups or any(type(g.kv_cache_spec) not in attention for g in groups):
-        return "a KV connector with other than attention KV-cache groups (Mamba, cross-attention)"
+    uncached_states = [
+        g
+        for g in groups
+        if type(g.kv_cache_spec) is MambaSpec and g.kv_cache_spec.mamba_cache_mode == "none"
+    ]
+    if not groups or any(
+        type(g.kv_cache_spec) not in attention and g not in uncached_states for g in groups
+    ):
+        # Cached states (vLLM's cache mode "align") hand a connector boundary
+        # states and per-group hits the core does not model yet.
+        return (
+            "a KV connector with other than attention KV-cache groups and recurrent "
+            "states uncached (Mamba with prefix caching on, cross-attention)"
+        )
     if len(groups) > 1 and not KVConnectorFactory.supports_hma_config(c.kv_transfer_config):
         # (vLLM turns the hybrid manager off for it unless told otherwise.)
         return "a KV connector without hybrid support beside several KV-cache groups"

@@ -24,8 +24,9 @@ pub(super) enum Answer {
 
 impl Scheduler {
     /// Attach a KV connector; before any request, and only where the core
-    /// follows vLLM with one: attention KV-cache groups with per-token
-    /// blocks (no recurrent state, no cross-attention), a generating runner.
+    /// follows vLLM with one: KV-cache groups of attention with per-token
+    /// blocks (no cross-attention) and recurrent states uncached (prefix
+    /// caching off: vLLM's cache mode "none"), a generating runner.
     pub fn set_kv_connector(
         &mut self,
         connector: Box<dyn KvConnector>,
@@ -34,10 +35,16 @@ impl Scheduler {
         let c = &self.config;
         let why = if !self.ids.is_empty() {
             Some("it must be set before the first request")
-        } else if c.cache.groups.is_empty() || c.cache.groups.iter().any(|g| g.kind.is_slotless()) {
+        } else if c.cache.groups.is_empty() || c.cache.groups.iter().any(|g| g.kind.is_cross()) {
             // Full attention, windows and chunked local attention (vLLM
             // gives a connector without hybrid support one group of them).
-            Some("kv_cache_groups must be attention groups with per-token blocks")
+            Some("kv_cache_groups must be attention or recurrent-state groups")
+        } else if c.cache.enable_prefix_caching
+            && c.cache.groups.iter().any(|g| g.kind.is_recurrent())
+        {
+            // Cached states (vLLM's "align") hand connectors boundary states
+            // and per-group hits the core does not model yet.
+            Some("recurrent-state groups need prefix caching off (cache mode 'none')")
         } else if c.runner != Runner::Generate {
             Some("runner must be 'generate'")
         } else {
@@ -190,8 +197,9 @@ impl Scheduler {
         };
         let r = &mut self.requests[slot];
         // A window's blocks out of reach go first (as far as the steps
-        // that came back computed), then each group's blocks up to the
-        // computed tokens are named.
+        // that came back computed), then each attention group's blocks up
+        // to the computed tokens are named, and a recurrent group's all
+        // (its state blocks are no token range: vLLM clips attention only).
         let processed = r.seq.num_computed_tokens.saturating_sub(r.in_flight_tokens);
         self.kv
             .remove_blocks_out_of_window(&mut r.tables, processed);
@@ -201,7 +209,11 @@ impl Scheduler {
             .iter()
             .enumerate()
             .map(|(g, t)| {
-                let n = cdiv(computed, self.kv.group_block_size(g));
+                let n = if self.kv.groups()[g].kind.is_recurrent() {
+                    t.len()
+                } else {
+                    cdiv(computed, self.kv.group_block_size(g))
+                };
                 t.block_ids()[..n.min(t.len())].to_vec()
             })
             .collect();

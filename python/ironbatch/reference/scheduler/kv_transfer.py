@@ -36,17 +36,22 @@ class Ask(enum.Enum):
 
 def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> None:
     """Attach a KV connector; before any request, and only where the core
-    follows vLLM with one: attention KV-cache groups with per-token blocks
-    (no recurrent state, no cross-attention), a generating runner."""
+    follows vLLM with one: KV-cache groups of attention with per-token
+    blocks (no cross-attention) and recurrent states uncached (prefix
+    caching off: vLLM's cache mode "none"), a generating runner."""
     c = s.config
     groups = c.kv_cache_groups
     why = None
     if s.ids:
         why = "it must be set before the first request"
-    elif not groups or any(g.kind.is_slotless() for g in groups):
+    elif not groups or any(g.kind.is_cross() for g in groups):
         # Full attention, windows and chunked local attention (vLLM gives a
         # connector without hybrid support one group of them).
-        why = "kv_cache_groups must be attention groups with per-token blocks"
+        why = "kv_cache_groups must be attention or recurrent-state groups"
+    elif c.enable_prefix_caching and any(g.kind.is_recurrent() for g in groups):
+        # Cached states (vLLM's "align") hand connectors boundary states and
+        # per-group hits the core does not model yet.
+        why = "recurrent-state groups need prefix caching off (cache mode 'none')"
     elif c.runner is not Runner.GENERATE:
         why = "runner must be 'generate'"
     if why is not None:
@@ -146,14 +151,18 @@ def connector_finished(s: Scheduler, slot: int) -> bool:
         return False
     r = s.requests[slot]
     # A window's blocks out of reach go first (as far as the steps that
-    # came back computed), then each group's blocks up to the computed
-    # tokens are named.
+    # came back computed), then each attention group's blocks up to the
+    # computed tokens are named, and a recurrent group's all (its state
+    # blocks are no token range: vLLM clips attention only).
     s.kv.remove_blocks_out_of_window(
         r.tables, max(r.seq.num_computed_tokens - r.in_flight_tokens, 0)
     )
     computed = r.seq.num_computed_tokens
     block_ids = [
-        t.block_ids()[: cdiv(computed, s.kv.group_block_size(g))] for g, t in enumerate(r.tables)
+        t.block_ids()
+        if s.kv.groups[g].kind.is_recurrent()
+        else t.block_ids()[: cdiv(computed, s.kv.group_block_size(g))]
+        for g, t in enumerate(r.tables)
     ]
     s.connector.observe_request(state_of(s, r, r.seq.num_computed_tokens, r.status))
     return s.connector.request_finished(r.request_id, block_ids, r.status.name)
