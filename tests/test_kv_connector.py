@@ -23,7 +23,7 @@ from ironbatch.bench.standin_connector import (
     StandInWorker,
 )
 
-from scheduler_helpers import BACKENDS, make, req, rows
+from scheduler_helpers import BACKENDS, make, req, rows, step
 from scheduler_pair import SchedulerPair
 from seeded import Workloads
 
@@ -244,17 +244,26 @@ def test_bad_transfer_reports_and_setups_are_refused_unchanged(backend: str) -> 
     with pytest.raises(ValueError, match="kv_connector: runner must be 'generate'"):
         pooling.set_kv_connector(Scripted({}))
     # Window groups beside full attention are taken (a connector with
-    # hybrid support keeps them), and recurrent states uncached; cached
-    # states (prefix caching on) are not.
+    # hybrid support keeps them), and recurrent states, cached or not;
+    # cross-attention is not.
     windows = (KVCacheGroup("sliding_window", 8), KVCacheGroup("full"))
     make(backend, max_model_len=64, kv_cache_groups=windows).set_kv_connector(Scripted({}))
     recurrent = (KVCacheGroup("mamba", 16), KVCacheGroup("full"))
-    make(backend, max_model_len=64, kv_cache_groups=recurrent, caching=False).set_kv_connector(
-        Scripted({})
+    for caching in (False, True):
+        hybrid = make(backend, max_model_len=64, kv_cache_groups=recurrent, caching=caching)
+        hybrid.set_kv_connector(Scripted({}))
+    cross = (KVCacheGroup("full"), KVCacheGroup("cross_attention"))
+    encoder_decoder = make(
+        backend,
+        max_model_len=64,
+        kv_cache_groups=cross,
+        caching=False,
+        enable_chunked_prefill=False,
+        encoder_compute_budget=64,
+        encoder_cache_size=64,
     )
-    cached = make(backend, max_model_len=64, kv_cache_groups=recurrent, caching=True)
-    with pytest.raises(ValueError, match="recurrent-state groups need prefix caching off"):
-        cached.set_kv_connector(Scripted({}))
+    with pytest.raises(ValueError, match="kv_cache_groups must be attention or recurrent-state"):
+        encoder_decoder.set_kv_connector(Scripted({}))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -307,18 +316,22 @@ def random_config(rng: random.Random) -> dict[str, Any]:
     need = -(-max_len // bs) * (1 if groups is None else len(groups))
     need *= 4 if mixed else 1
     # Recurrent states (Mamba, linear attention) beside the attention
-    # groups in some, uncached (prefix caching off: vLLM's cache mode
-    # "none"), each a state block of the model's length or shorter (drawn
-    # apart: Qwen3-Next, Jamba).
+    # groups in some (drawn apart: Qwen3-Next, Jamba): in half cached
+    # (prefix caching on: vLLM's cache mode "align", states of the block
+    # size), else uncached, each a state block of the model's length or
+    # shorter.
     recurrent = random.Random(rng.random())
     states: tuple[KVCacheGroup, ...] = ()
+    cached_states = False
     if not mixed and recurrent.random() < 0.25:
-        size = recurrent.choice([max_len, max_len // 2, bs, 3])
+        cached_states = recurrent.random() < 0.5
+        size = bs if cached_states else recurrent.choice([max_len, max_len // 2, bs, 3])
         states = tuple(KVCacheGroup("mamba", size) for _ in range(recurrent.choice([1, 1, 2, 3])))
         hybrid = [*(groups or (KVCacheGroup("full"),)), *states]
         recurrent.shuffle(hybrid)
         groups = tuple(hybrid)
         need += len(states) * -(-max_len // size)
+        chunked = chunked or cached_states  # (vLLM: states are cached at chunk ends)
     # A vision model's encoder in some (drawn apart): images beside
     # external hits.
     vision = random.Random(rng.random())
@@ -343,7 +356,7 @@ def random_config(rng: random.Random) -> dict[str, Any]:
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=rng.choice([0, 0, 8]),
         policy=rng.choice(["fcfs", "priority"]),
-        caching=rng.random() < 0.8 and not states,
+        caching=cached_states or (rng.random() < 0.8 and not states),
         async_scheduling=rng.random() < 0.5,
     )
 
@@ -433,6 +446,15 @@ def run_seed(seed: int) -> Counter:
         )
         events["fenced_frees"] += len(state["deferred_frees"])
         pair.schedule()
+        # The cached states offered to the connector (§4.19.2, rule 7).
+        offered = pair.cores[0].take_boundary_states()
+        twin_offered = pair.cores[1].take_boundary_states()
+        twin_requests = pair.cores[1].requests
+        assert offered == [
+            (twin_requests[o.owner].request_id, o.group, o.block_id, o.num_tokens)
+            for o in twin_offered
+        ]
+        events["boundary_states"] += len(offered)
         metas.append([x.build_connector_meta() for x in stand_ins])
         while len(pair.in_flight) >= depth:
             apply_oldest()
@@ -450,7 +472,9 @@ def run_seed(seed: int) -> Counter:
     events["unknown"] += sum(1 for c in stand_ins[0].log if c[0] == "matched" and c[4][0] is None)
     events.update(pair.events)
     events["mixed_block_sizes"] += config.get("mixed_precision", False)
-    events["recurrent_states"] += any(g.kind == "mamba" for g in config["kv_cache_groups"] or ())
+    states = any(g.kind == "mamba" for g in config["kv_cache_groups"] or ())
+    events["recurrent_states"] += states
+    events["recurrent_states_cached"] += states and config["caching"]
     return events
 
 
@@ -472,6 +496,8 @@ def test_core_and_twin_agree_with_the_stand_in(workloads: Workloads) -> None:
             "images": 400,
             "mixed_block_sizes": 40,
             "recurrent_states": 40,
+            "recurrent_states_cached": 20,
+            "boundary_states": 200,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
@@ -521,3 +547,40 @@ def test_bad_loaded_groups_are_reported_and_every_group_stands(backend: str, ans
     finally:
         sys.unraisablehook = hook
     assert len(reported) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_external_hit_beside_cached_states_waits_where_the_pool_runs_dry(backend: str) -> None:
+    """Cached recurrent states (prefix caching on: vLLM's cache mode
+    "align") take a block for an external hit that vLLM's count leaves out:
+    with four blocks free, a 9-token prompt with 8 tokens loaded synchronously
+    counts four (three of full attention, the state's growth) but takes five
+    (the state's block for the hit too), where vLLM's pool runs dry
+    mid-allocation and raises. The request waits instead, and is admitted
+    once blocks come back (docs/scheduling.md §4.19.2, rule 7)."""
+    groups = (KVCacheGroup("mamba", 4), KVCacheGroup("full"))
+    s = make(
+        backend,
+        num_blocks=7,
+        block_size=4,
+        max_model_len=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        kv_cache_groups=groups,
+        caching=True,
+        enable_chunked_prefill=True,
+    )
+    c = Scripted({"r": (8, False)})
+    s.set_kv_connector(c, "fail")
+    s.add_request(req("a", [7], max_tokens=3))
+    step(s)
+    s.add_request(req("r", list(range(100, 109))))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 1} and s.num_free_blocks == 4
+    s.update_from_output(out, {"a": [9]})
+    for _ in range(4):  # "a" ends at its third token, and "r" takes its blocks
+        out, _ = step(s)
+        if "r" in out.num_scheduled_tokens:
+            break
+    assert out.num_scheduled_tokens == {"r": 1}
+    assert [call[1] for call in c.log if call[0] == "after_alloc"] == ["a", "r"]

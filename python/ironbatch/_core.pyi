@@ -576,6 +576,8 @@ class Scheduler:
         """Log blocks' lives (handed out, hit) for residency metrics."""
     def enable_request_events(self) -> None:
         """Log requests' prefix lookups and block releases among the events."""
+    def take_boundary_states(self) -> list[tuple[str, int, int, int]]:
+        """Cached states offered to the KV connector: (request, group, block, tokens)."""
     def take_kv_events(self) -> list[KvEvent]:
         """The KV-cache events since last taken, oldest first."""
     def update_draft_token_ids(

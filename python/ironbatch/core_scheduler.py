@@ -201,6 +201,11 @@ class CoreScheduler:
         among the KV-cache events (docs/scheduling.md §7.12)."""
         self.core.enable_request_events()
 
+    def take_boundary_states(self) -> list[tuple[str, int, int, int]]:
+        """The cached states offered to the KV connector since last taken,
+        as (request id, group, block id, tokens), oldest first (§4.19.2)."""
+        return self.core.take_boundary_states()
+
     def take_kv_events(self) -> list[_core.KvEvent]:
         """The KV-cache events since last taken, oldest first."""
         return self.core.take_kv_events()

@@ -926,6 +926,16 @@ TABLE = [
         {"kv_connector": "NixlPullConnector", "enable_prefix_caching": False},
         exercises=("connector_metadata",),
     ),
+    Deployment(
+        # CPU offloading of a Mamba2 hybrid, its states cached (prefix
+        # caching on): each cached state is offered with its block, and the
+        # connector stores those its window takes.
+        "nemotron-h-8b-cpu-offloading",
+        "nemotron-h-8b",
+        ["--kv-offloading-size", "1"],
+        {"kv_connector": "OffloadingConnector"},
+        exercises=("offload_stores",),
+    ),
     # Deployments vLLM 0.33 serves that the drop-in hands to vLLM's own
     # scheduler (NOT_YET): the gaps left, each as a user would turn it on.
     Deployment(
@@ -936,22 +946,13 @@ TABLE = [
         ["--kv-transfer-config", kv_connector("NixlConnector")],
         {"kv_connector": "NixlPullConnector", "enable_prefix_caching": True},
     ),
-    Deployment(
-        # CPU offloading of a Mamba2 hybrid.
-        "nemotron-h-8b-cpu-offloading",
-        "nemotron-h-8b",
-        ["--kv-offloading-size", "1"],
-        {"kv_connector": "OffloadingConnector"},
-    ),
 ]
 # Rows the drop-in does not take yet, and the reason it logs. Their
 # engagement test xfails once the row is built and falls back, and fails
 # when the row starts to engage; remove a row from here to make its
 # fallback a failure.
-CONNECTOR_BESIDE_STATES = "a KV connector with other than attention KV-cache groups and recurrent"
 NOT_YET: dict[str, str] = {
-    "qwen3-next-80b-a3b-nixl": CONNECTOR_BESIDE_STATES,
-    "nemotron-h-8b-cpu-offloading": CONNECTOR_BESIDE_STATES,
+    "qwen3-next-80b-a3b-nixl": "KV connector beside cached recurrent states",
 }
 # Rows whose workload finds no prefix hit with prefix caching on, in vLLM
 # as in the drop-in, and why.

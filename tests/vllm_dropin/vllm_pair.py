@@ -216,6 +216,15 @@ class VllmUnderflow(Exception):
     at zero). Past it the two cannot be compared."""
 
 
+class VllmPoolDry(Exception):
+    """vLLM's own scheduler ran its block pool dry mid-allocation: a fresh
+    request's external hit beside cached recurrent states takes a state
+    block its count leaves out, so with the pool nearly full vLLM admits it
+    and its ``get_new_blocks`` raises (the core counts the block and leaves
+    the request waiting: docs/scheduling.md §4.19.2, rule 7). Past it the
+    two cannot be compared."""
+
+
 class _Recorder:
     """A KV-event publisher that keeps the batches."""
 
@@ -407,7 +416,12 @@ class VllmPair:
         self.events["decode_staggered"] += sum(
             stagger < r.next_decode_eligible_step for r in self.vllm.running
         )
-        a = self.vllm.schedule(throttle_prefills)
+        try:
+            a = self.vllm.schedule(throttle_prefills)
+        except ValueError as e:
+            if "free blocks from the pool" in str(e):
+                raise VllmPoolDry(str(e)) from e
+            raise
         b = self.ours.schedule(throttle_prefills)
         assert scheduler_output_view(a) == scheduler_output_view(b)
         self.events["pp_token_ids"] += bool(a.scheduled_cached_reqs.new_token_ids)

@@ -80,8 +80,11 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
         kind = states.choice(["qwen3-next", "jamba", "swa-mamba"])
         layout = {"kv_layout": kind, "window": bs + 3, "retention_interval": None}
         layout["mamba_block_size"] = states.choice([None, max_model_len // 2, bs])
-        caching = False
-        blocks = 4 * blocks + 8 * seqs
+        caching = states.random() < 0.5
+        if caching:  # (vLLM's "align": states of the block size, chunks to end on them)
+            layout["mamba_block_size"] = None
+            chunked = True
+        blocks = blocks + 6 * seqs
     return dict(
         **layout,
         block_size=bs,
@@ -184,6 +187,13 @@ class StandInKVConnector(KVConnectorBase_V1):
         self.stand_in.update_state_after_alloc(request.request_id, ids, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> Metadata:
+        # The cached states offered (a recurrent group's, prefix caching on),
+        # logged as a connector that stores them would take them.
+        state = scheduler_output.kv_connector_block_state
+        offloads = state.boundary_state_offloads if state is not None else {}
+        if offloads:
+            self.stand_in.log.append(("boundary_states", list(offloads.items())))
+            self.stand_in.events["boundary_states"] += sum(map(len, offloads.values()))
         return Metadata(self.stand_in.build_connector_meta())
 
     def request_finished(

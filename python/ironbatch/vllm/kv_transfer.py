@@ -65,10 +65,18 @@ def connector_step(s: Scheduler, output: SchedulerOutput, step: Any) -> None:
         for rid in output.finished_req_ids:
             if (r := s.requests.get(rid)) is not None:
                 r.update_block_hashes()
+    # The states recurrent groups cached in mode "align", each with its block
+    # (a state table is no token range to resolve by position), and their
+    # requests among those the connector may take a job for.
+    offloads: dict[str, list[tuple[int, int, int]]] = {}
+    # (vLLM drains them group by group, each group's in the order cached.)
+    offered = sorted(s._core.take_boundary_states(), key=lambda state: state[1])
+    for rid, group, block_id, num_tokens in offered:
+        offloads.setdefault(rid, []).append((group, block_id, num_tokens))
     output.kv_connector_block_state = KVConnectorBlockState(
-        req_ids=set(scheduled),
+        req_ids=set(scheduled) | {rid for rid in offloads if rid in s.requests},
         resolve_block_ids=lambda rid: tuple(_core.vllm_block_ids(core, slot_of[rid])),
-        boundary_state_offloads={},
+        boundary_state_offloads=offloads,
     )
     output.kv_connector_metadata = s.connector.build_connector_meta(output)
     # Connector-only state: never sent to the workers.

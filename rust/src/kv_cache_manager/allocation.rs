@@ -436,6 +436,17 @@ impl KvCacheManager {
         // that holds no blocks yet; one that does (a load that failed in
         // part, asked again) grows its tables as a running one does.
         let fresh = tables.iter().all(BlockTable::is_empty);
+        if fresh && external_tokens > 0 && self.align {
+            let beyond = self.state_blocks_beyond_count(tables, span, hits, external_tokens);
+            if needed + beyond as isize > free(self) {
+                // vLLM counts a cached state group's growth, not the block
+                // an external hit gives it first, and its pool then runs
+                // dry mid-allocation (its get_new_blocks raises): the
+                // request waits instead.
+                self.step_checkpoint = None;
+                return None;
+            }
+        }
         if !hits.is_empty() || (fresh && external_tokens > 0) {
             for (g, table) in tables.iter_mut().enumerate() {
                 let h = hits.get(g).map_or(&[][..], |h| &h[..]);
@@ -492,6 +503,54 @@ impl KvCacheManager {
         }
         self.step_checkpoint = None;
         Some(k)
+    }
+
+    /// The blocks cached recurrent-state groups take for an external hit
+    /// (a fresh request's) beyond what they count: the hit's block and the
+    /// step's growth past it, less the growth counted (vLLM's
+    /// `get_num_blocks_to_allocate`, which leaves the hit's block out).
+    fn state_blocks_beyond_count(
+        &self,
+        tables: &[BlockTable],
+        span: Span,
+        hits: &[Vec<BlockId>],
+        external_tokens: usize,
+    ) -> usize {
+        let checkpoint = usize::from(self.step_checkpoint.is_some());
+        let mut beyond = 0;
+        for (g, table) in tables.iter().enumerate() {
+            if !self.groups[g].kind.is_recurrent() {
+                continue;
+            }
+            let h = hits.get(g).map_or(&[][..], |h| &h[..]);
+            let bs = self.group_block_size(g);
+            let computed = span.computed;
+            // take_hits, then the external pass, then grow_states (fresh).
+            let hit_len = self.skipped_blocks(g, computed).max(h.len());
+            let in_window = computed.saturating_sub(self.skipped_tokens(g, computed));
+            let external = if in_window.min(external_tokens) > 0 {
+                cdiv(computed, bs).saturating_sub(hit_len)
+            } else {
+                0
+            };
+            let len = hit_len + external;
+            let extra = self.groups[g].kind.extra_blocks();
+            let required = cdiv(span.main, bs) + extra;
+            let main = if required <= len && checkpoint == 0 {
+                0
+            } else {
+                let ends_in = required - extra - 1;
+                let base = if len < ends_in {
+                    (ends_in - checkpoint).max(len)
+                } else {
+                    len
+                };
+                required.saturating_sub(base)
+            };
+            let counted = self.blocks_needed(g, table, span, h, false).max(0) as usize;
+            beyond += (external + main).saturating_sub(counted);
+        }
+        beyond
     }
 
     /// Grow recurrent group `g`'s table to `main_tokens` in cache mode

@@ -3,7 +3,7 @@
 //! how many tokens a request holds in cached blocks.
 
 use super::allocation::StateCheckpoint;
-use super::KvCacheManager;
+use super::{BoundaryState, KvCacheManager};
 use crate::attention_group::{
     dense_window_mask, group_key, recurrent_mask, sparse_mask, AttentionKind, EagleReach,
 };
@@ -95,6 +95,7 @@ impl KvCacheManager {
         upto: usize,
         owner: Option<Slot>,
     ) {
+        let offered_by = owner.filter(|_| self.boundary_states.enabled());
         let owner = owner.filter(|_| self.pool.events.enabled());
         // Only tokens whose KV is final: multi-module MTP may prefill the
         // last few again. (vLLM's hybrid coordinator, for several groups,
@@ -133,7 +134,11 @@ impl KvCacheManager {
             });
         }
         if self.align && self.groups[g].kind.is_recurrent() {
+            let cached = table.num_cached;
             self.cache_prompt_state(g, table, seq, upto, owner);
+            if let Some(owner) = offered_by {
+                self.offer_states(g, table, first..cached, owner);
+            }
         }
         if self.groups[g].kind.is_full() && self.group_block_size(g) != self.hash_block_size {
             self.cache_prompt_tail(g, table, seq, upto, owner);
@@ -316,6 +321,34 @@ impl KvCacheManager {
             }
         }
         table.num_cached = table.num_cached.max(full);
+    }
+
+    /// Offer a KV connector each state block `blocks` of group `g`'s table
+    /// that this call cached and that still holds a key (a checkpoint's may
+    /// have gone again, or been re-keyed where it ends), with the tokens
+    /// that key covers (vLLM's Mamba `cache_blocks`).
+    fn offer_states(
+        &mut self,
+        g: usize,
+        table: &BlockTable,
+        blocks: std::ops::Range<usize>,
+        owner: Slot,
+    ) {
+        let bs = self.group_block_size(g);
+        for i in blocks {
+            let block_id = table.blocks[i];
+            if block_id == NULL_BLOCK || self.pool.block(block_id).is_none_or(|b| b.hash.is_none())
+            {
+                continue;
+            }
+            let num_tokens = self.keyed_tokens(block_id, i, bs);
+            self.boundary_states.offer(BoundaryState {
+                owner,
+                group: g,
+                block_id,
+                num_tokens,
+            });
+        }
     }
 
     /// Cache the state where a later request with this prompt resumes, if a

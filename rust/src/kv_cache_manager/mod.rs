@@ -10,6 +10,7 @@
 //! its settings, `allocation` the allocation path, `caching` the hash caching.
 
 mod allocation;
+mod boundary_states;
 mod caching;
 mod config;
 
@@ -18,6 +19,7 @@ mod tests;
 
 pub use allocation::Admission;
 use allocation::StateCheckpoint;
+pub use boundary_states::BoundaryState;
 pub use config::KvCacheConfig;
 
 use crate::attention_group::{AttentionKind, GroupSpec};
@@ -81,6 +83,8 @@ pub struct KvCacheManager {
     /// the step's forward pass, so no request may hit it before the next
     /// step (vLLM's `cached_blocks_this_step`).
     states_cached_this_step: Vec<BlockHash>,
+    /// Cached recurrent states offered to a KV connector (§4.19.2).
+    boundary_states: boundary_states::BoundaryStates,
     /// The prefill checkpoint the allocation in progress writes, if any
     /// (§7.15): its caching keys the checkpoint's block.
     step_checkpoint: Option<StateCheckpoint>,
@@ -131,6 +135,7 @@ impl KvCacheManager {
             align: config.enable_prefix_caching
                 && config.groups.iter().any(|g| g.kind.is_recurrent()),
             states_cached_this_step: Vec::new(),
+            boundary_states: Default::default(),
             step_checkpoint: None,
         })
     }
@@ -457,6 +462,22 @@ impl KvCacheManager {
     /// Log requests' lookups and releases from now on (§7.12).
     pub fn enable_request_events(&mut self) {
         self.pool.events.enable_requests();
+    }
+
+    /// Offer each state block a recurrent group caches in mode "align" to a
+    /// KV connector from now on (§4.19.2).
+    pub fn enable_boundary_states(&mut self) {
+        self.boundary_states.enable();
+    }
+
+    /// The state blocks offered since last taken, oldest first.
+    pub fn take_boundary_states(&mut self) -> Vec<BoundaryState> {
+        self.boundary_states.take()
+    }
+
+    /// Withdraw the offers of the request in `owner`, whose blocks go back.
+    pub fn withdraw_boundary_states(&mut self, owner: crate::slab::Slot) {
+        self.boundary_states.withdraw(owner);
     }
 
     /// Whether KV-cache events (routers') are logged.

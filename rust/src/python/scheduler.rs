@@ -442,6 +442,24 @@ impl PyScheduler {
         self.core.enable_request_events();
     }
 
+    /// The cached states offered to the KV connector since last taken, as
+    /// (request id, group, block id, tokens), oldest first (§4.19.2). An
+    /// offer's request still holds its blocks (a finished one held by the
+    /// connector included).
+    fn take_boundary_states(&mut self) -> Vec<(String, usize, u32, usize)> {
+        let offered = self.core.take_boundary_states();
+        offered
+            .into_iter()
+            .map(|s| {
+                let owner = self
+                    .core
+                    .request(s.owner)
+                    .expect("an offer's request holds its blocks");
+                (owner.request_id.clone(), s.group, s.block_id, s.num_tokens)
+            })
+            .collect()
+    }
+
     /// The KV-cache events since last taken, oldest first.
     fn take_kv_events(&mut self) -> Vec<PyKvEvent> {
         self.core

@@ -25,8 +25,8 @@ pub(super) enum Answer {
 impl Scheduler {
     /// Attach a KV connector; before any request, and only where the core
     /// follows vLLM with one: KV-cache groups of attention with per-token
-    /// blocks (no cross-attention) and recurrent states uncached (prefix
-    /// caching off: vLLM's cache mode "none"), a generating runner.
+    /// blocks (no cross-attention) and recurrent states, a generating
+    /// runner.
     pub fn set_kv_connector(
         &mut self,
         connector: Box<dyn KvConnector>,
@@ -39,12 +39,6 @@ impl Scheduler {
             // Full attention, windows and chunked local attention (vLLM
             // gives a connector without hybrid support one group of them).
             Some("kv_cache_groups must be attention or recurrent-state groups")
-        } else if c.cache.enable_prefix_caching
-            && c.cache.groups.iter().any(|g| g.kind.is_recurrent())
-        {
-            // Cached states (vLLM's "align") hand connectors boundary states
-            // and per-group hits the core does not model yet.
-            Some("recurrent-state groups need prefix caching off (cache mode 'none')")
         } else if c.runner != Runner::Generate {
             Some("runner must be 'generate'")
         } else {
@@ -55,6 +49,8 @@ impl Scheduler {
         }
         self.connector = Some(connector);
         self.kv_setup = setup;
+        // Cached states (cache mode "align") are offered to it (§4.19.2).
+        self.kv.enable_boundary_states();
         Ok(())
     }
 

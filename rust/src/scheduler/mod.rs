@@ -340,6 +340,12 @@ impl Scheduler {
         self.kv.enable_request_events();
     }
 
+    /// The cached states offered to the KV connector since last taken,
+    /// oldest first (§4.19.2): what vLLM drains at the end of each step.
+    pub fn take_boundary_states(&mut self) -> Vec<crate::kv_cache_manager::BoundaryState> {
+        self.kv.take_boundary_states()
+    }
+
     /// The KV-cache events since last taken, oldest first.
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.kv.take_events()
@@ -649,6 +655,8 @@ impl Scheduler {
     /// step in flight may still write them (fenced frees, §4.19), set them
     /// aside until that step comes back.
     pub(super) fn free_blocks_of(&mut self, slot: Slot) {
+        // (Its states not yet offered would name blocks another may get.)
+        self.kv.withdraw_boundary_states(slot);
         let r = &mut self.requests[slot];
         if !self.kv_setup.defer_block_free || r.last_sched_seq <= self.processed_step_seq {
             self.kv.free(&mut r.tables);

@@ -26,6 +26,7 @@ from ironbatch.reference.block_pool import BlockPool
 from ironbatch.reference.block_table import BlockTable, StateSlots
 from ironbatch.reference.kv_cache_manager import allocation, caching
 from ironbatch.reference.kv_cache_manager.allocation import Admission, StateCheckpoint
+from ironbatch.reference.kv_cache_manager.boundary_states import BoundaryState, BoundaryStates
 from ironbatch.reference.kv_cache_manager.config import (
     check_groups,
     group_block_sizes,
@@ -147,6 +148,8 @@ class KvCacheManager:
         #: the step's forward pass, so no request may hit it before the next
         #: step (vLLM's ``cached_blocks_this_step``).
         self._states_cached_this_step: set[int] = set()
+        #: Cached recurrent states offered to a KV connector (§4.19.2).
+        self._boundary_states = BoundaryStates()
         #: The prefill checkpoint the allocation in progress writes, if any
         #: (§7.15): its caching keys the checkpoint's block.
         self._step_checkpoint: StateCheckpoint | None = None
@@ -478,6 +481,20 @@ class KvCacheManager:
     def enable_lifecycle_events(self) -> None:
         """Log blocks' lives (residency metrics) from now on."""
         self._pool.events.enable_lifecycle()
+
+    def enable_boundary_states(self) -> None:
+        """Offer each state block a recurrent group caches in mode "align"
+        to a KV connector from now on (§4.19.2)."""
+        self._boundary_states.enable()
+
+    def take_boundary_states(self) -> list[BoundaryState]:
+        """The state blocks offered since last taken, oldest first."""
+        return self._boundary_states.take()
+
+    def withdraw_boundary_states(self, owner: int) -> None:
+        """Withdraw the offers of the request in ``owner``, whose blocks go
+        back."""
+        self._boundary_states.withdraw(owner)
 
     def enable_request_events(self) -> None:
         """Log requests' lookups and releases from now on (§7.12)."""

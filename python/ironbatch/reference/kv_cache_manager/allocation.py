@@ -299,6 +299,15 @@ def allocate(
     # that holds no blocks yet; one that does (a load that failed in part,
     # asked again) grows its tables as a running one does.
     fresh = all(not t.blocks for t in tables)
+    if fresh and admission.external_tokens and m._align:
+        beyond = state_blocks_beyond_count(m, tables, span, hits, admission.external_tokens)
+        if needed + beyond > m._pool.num_free_blocks:
+            # vLLM counts a cached state group's growth, not the block an
+            # external hit gives it first, and its pool then runs dry
+            # mid-allocation (its get_new_blocks raises): the request waits
+            # instead.
+            m._step_checkpoint = None
+            return None
     if hits or (fresh and admission.external_tokens):
         for g, table in enumerate(tables):
             take_hits(m, g, table, hits[g] if hits else [], computed)
@@ -335,6 +344,39 @@ def allocate(
             cache_blocks(m, g, table, seq, upto, admission.owner)
     m._step_checkpoint = None
     return k
+
+
+def state_blocks_beyond_count(
+    m: KvCacheManager, tables: list[BlockTable], span: Span, hits: list[list[Block]], external: int
+) -> int:
+    """The blocks cached recurrent-state groups take for an external hit (a
+    fresh request's) beyond what they count: the hit's block and the step's
+    growth past it, less the growth counted (vLLM's
+    ``get_num_blocks_to_allocate``, which leaves the hit's block out)."""
+    checkpoint = int(m._step_checkpoint is not None)
+    beyond = 0
+    for g, table in enumerate(tables):
+        if not m._groups[g].kind.is_recurrent():
+            continue
+        h = hits[g] if hits else []
+        bs = m.group_block_size(g)
+        computed = span.computed
+        # take_hits, then the external pass, then grow_states (fresh).
+        hit_len = max(m.skipped_blocks(g, computed), len(h))
+        in_window = computed - m.skipped_tokens(g, computed)
+        taken = max(cdiv(computed, bs) - hit_len, 0) if min(in_window, external) > 0 else 0
+        length = hit_len + taken
+        extra = m._groups[g].kind.extra_blocks()
+        required = cdiv(span.main, bs) + extra
+        if required <= length and not checkpoint:
+            grown = 0
+        else:
+            ends_in = required - extra - 1
+            base = max(ends_in - checkpoint, length) if length < ends_in else length
+            grown = max(required - base, 0)
+        counted = max(blocks_needed(m, g, table, span, h, False), 0)
+        beyond += max(taken + grown - counted, 0)
+    return beyond
 
 
 def grow_states(

@@ -16,6 +16,7 @@ from ironbatch.reference.attention_group import (
 )
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.block_table import BlockTable
+from ironbatch.reference.kv_cache_manager.boundary_states import BoundaryState
 from ironbatch.reference.kv_events import Evicted, Stored, StoredKey
 from ironbatch.reference.sequence import Sequence
 
@@ -85,6 +86,7 @@ def cache_blocks(
     events are logged as vLLM's manager makes them: the full blocks' (a key
     they replace removed first), then a key inside a block (§7.15–7.16),
     for the request in ``owner``."""
+    offered_by = owner if m._boundary_states.enabled else None
     if not m._pool.events.enabled:
         owner = None
     # Only tokens whose KV is final: multi-module MTP may prefill the last
@@ -115,7 +117,10 @@ def cache_blocks(
         block_ids += [NULL_BLOCK] * (table.num_cached - first - len(block_ids))
         m._pool.events.push(Stored(owner, g, first, block_ids))
     if m._align and m._groups[g].kind.is_recurrent():
+        cached = table.num_cached
         cache_prompt_state(m, g, table, seq, upto, owner)
+        if offered_by is not None:
+            offer_states(m, g, table, range(first, cached), offered_by)
     if m._groups[g].kind.is_full() and m.group_block_size(g) != m._hash_block_size:
         cache_prompt_tail(m, g, table, seq, upto, owner)
 
@@ -235,6 +240,18 @@ def cache_new_full_blocks(
             # Its state is this step's to write (§7.15).
             m._states_cached_this_step.add(key)
     table.num_cached = max(table.num_cached, full)
+
+
+def offer_states(m: KvCacheManager, g: int, table: BlockTable, blocks: range, owner: int) -> None:
+    """Offer a KV connector each state block ``blocks`` of group ``g``'s
+    table that this call cached and that still holds a key (a checkpoint's
+    may have gone again, or been re-keyed where it ends), with the tokens
+    that key covers (vLLM's Mamba ``cache_blocks``)."""
+    bs = m.group_block_size(g)
+    for i in blocks:
+        b = table.blocks[i]
+        if b.block_id != NULL_BLOCK and b.hash is not None:
+            m._boundary_states.offer(BoundaryState(owner, g, b.block_id, keyed_tokens(b, i, bs)))
 
 
 def cache_prompt_state(

@@ -32,6 +32,7 @@ from ironbatch.reference.encoder_cache import EncoderCache
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
 from ironbatch.reference.error import debug_str, duplicate_request
 from ironbatch.reference.kv_cache_manager import KvCacheManager
+from ironbatch.reference.kv_cache_manager.boundary_states import BoundaryState
 from ironbatch.reference.kv_connector import (
     KvConnectorSetup,
     KvTransferReport,
@@ -371,6 +372,11 @@ class Scheduler:
         hears of (docs/scheduling.md §7.12)."""
         self.kv.enable_request_events()
 
+    def take_boundary_states(self) -> list[BoundaryState]:
+        """The cached states offered to the KV connector since last taken,
+        oldest first (§4.19.2): what vLLM drains at the end of each step."""
+        return self.kv.take_boundary_states()
+
     def take_kv_events(self) -> list[KvEvent]:
         """The KV-cache events since last taken, oldest first."""
         return self.kv.take_events()
@@ -523,6 +529,8 @@ class Scheduler:
         """Return the blocks of the request in ``slot`` to the pool, or,
         while a step in flight may still write them (fenced frees, §4.19),
         set them aside until that step comes back."""
+        # (Its states not yet offered would name blocks another may get.)
+        self.kv.withdraw_boundary_states(slot)
         r = self.requests[slot]
         if not self.kv_setup.defer_block_free or r.last_sched_seq <= self.processed_step_seq:
             self.kv.free(r.tables)

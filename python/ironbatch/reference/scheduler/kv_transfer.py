@@ -37,8 +37,8 @@ class Ask(enum.Enum):
 def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> None:
     """Attach a KV connector; before any request, and only where the core
     follows vLLM with one: KV-cache groups of attention with per-token
-    blocks (no cross-attention) and recurrent states uncached (prefix
-    caching off: vLLM's cache mode "none"), a generating runner."""
+    blocks (no cross-attention) and recurrent states, a generating
+    runner."""
     c = s.config
     groups = c.kv_cache_groups
     why = None
@@ -48,16 +48,14 @@ def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> N
         # Full attention, windows and chunked local attention (vLLM gives a
         # connector without hybrid support one group of them).
         why = "kv_cache_groups must be attention or recurrent-state groups"
-    elif c.enable_prefix_caching and any(g.kind.is_recurrent() for g in groups):
-        # Cached states (vLLM's "align") hand connectors boundary states and
-        # per-group hits the core does not model yet.
-        why = "recurrent-state groups need prefix caching off (cache mode 'none')"
     elif c.runner is not Runner.GENERATE:
         why = "runner must be 'generate'"
     if why is not None:
         raise ValueError(f"kv_connector: {why}")
     s.connector = SafeConnector(connector)
     s.kv_setup = setup
+    # Cached states (cache mode "align") are offered to it (§4.19.2).
+    s.kv.enable_boundary_states()
 
 
 def ask_connector(s: Scheduler, slot: int, num_local: int) -> ExternalHit | Ask:
