@@ -125,7 +125,9 @@ class AuxOutputs:
             r = requests[rid]
             r.num_computed_tokens = num_computed
             r.update_block_hashes()
-        # Requests it sent hashes for earlier may complete a block now.
+        # Requests it sent hashes for earlier may complete a block now. (Its
+        # own record of them: a private field of vLLM 0.33's connector, the
+        # one version the drop-in takes, support.py.)
         for rid in self.connector._sent_hash_counts:
             if rid not in scheduled:
                 r = requests[rid]
