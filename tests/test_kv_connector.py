@@ -52,6 +52,9 @@ class Scripted:
         self.log.append(("finished", rid, block_ids, status))
         return rid in self.holds
 
+    def local_hit_reconciled(self, rid: str, local: int) -> None:
+        self.log.append(("reconciled", rid, local))
+
 
 class Report:
     """A worker's report, as vLLM's ``KVConnectorOutput`` carries it."""
@@ -381,6 +384,9 @@ def run_seed(seed: int) -> Counter:
     # defer_block_free); some connectors drop a preempted request's output.
     fenced = config["async_scheduling"] and rng.random() < 0.6
     delivery = rng.random() < 0.3
+    # A connector that completes divergent hybrid hits (NIXL's) is told
+    # full attention's own hit beside cached states (§4.19.2).
+    divergent = random.Random(rng.random()).random() < 0.5
     pair = SchedulerPair(**config)
     stand_ins = [StandInConnector(seed, config["block_size"], shares) for _ in range(2)]
     workers = [StandInWorker(), StandInWorker()]
@@ -390,6 +396,7 @@ def run_seed(seed: int) -> Counter:
             policy,
             defer_block_free=fenced,
             requires_kv_delivery=delivery,
+            divergent_hybrid_hits=divergent,
         )
     pair.with_connector = True
     max_len = config["max_model_len"]
@@ -475,6 +482,7 @@ def run_seed(seed: int) -> Counter:
     states = any(g.kind == "mamba" for g in config["kv_cache_groups"] or ())
     events["recurrent_states"] += states
     events["recurrent_states_cached"] += states and config["caching"]
+    events["divergent_hits_beside_cached_states"] += states and config["caching"] and divergent
     return events
 
 
@@ -497,6 +505,7 @@ def test_core_and_twin_agree_with_the_stand_in(workloads: Workloads) -> None:
             "mixed_block_sizes": 40,
             "recurrent_states": 40,
             "recurrent_states_cached": 20,
+            "divergent_hits_beside_cached_states": 8,
             "boundary_states": 200,
         }.items()
     }
@@ -584,3 +593,56 @@ def test_an_external_hit_beside_cached_states_waits_where_the_pool_runs_dry(back
             break
     assert out.num_scheduled_tokens == {"r": 1}
     assert [call[1] for call in c.log if call[0] == "after_alloc"] == ["a", "r"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("divergent", "external", "told", "computed", "calls"),
+    [
+        # The hit every group agrees on: the state's, 12 tokens.
+        (False, 0, 12, 12, ["matched", "after_alloc"]),
+        (False, 2, 12, 14, ["matched", "after_alloc"]),
+        # Full attention's own hit, 16 tokens; with no tokens to complete
+        # the lagging state, the agreed hit is found again.
+        (True, 0, 16, 12, ["matched", "reconciled", "after_alloc"]),
+        (True, 2, 16, 18, ["matched", "after_alloc"]),
+    ],
+)
+def test_a_connector_completing_divergent_hits_is_told_full_attentions_own_hit(
+    backend: str, divergent: bool, external: int, told: int, computed: int, calls: list[str]
+) -> None:
+    """Beside cached recurrent states, full attention caches every block and
+    a state only where a chunk ends: "a" (14 prompt tokens in chunks of 8,
+    then 4 decoded) leaves full attention's blocks for 16 tokens and its
+    last state at 12. A connector that completes divergent hybrid hits
+    (NIXL's) is told 16 and, answering tokens, the request takes 16 of its
+    own plus those; answering none, it takes the 12 every group agrees on
+    (vLLM's ``get_computed_blocks_for_connector``, docs/scheduling.md
+    §4.19.2, rule 8)."""
+    groups = (KVCacheGroup("full"), KVCacheGroup("mamba", 4))
+    s = make(
+        backend,
+        num_blocks=40,
+        block_size=4,
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=8,
+        kv_cache_groups=groups,
+        caching=True,
+        enable_chunked_prefill=True,
+    )
+    c = Scripted({"r": (external, False)})
+    s.set_kv_connector(c, "fail", divergent_hybrid_hits=divergent)
+    prompt = list(range(100, 114))
+    s.add_request(req("a", prompt, max_tokens=4))
+    for _ in range(8):
+        step(s, 7)
+    s.add_request(req("r", [*prompt, 7, 7, 7, 7, 9]))
+    out = s.schedule()
+    log = [call for call in c.log if call[1] == "r"]
+    assert [call[0] for call in log] == calls
+    assert log[0] == ("matched", "r", 19, told)
+    if "reconciled" in calls:
+        assert log[1] == ("reconciled", "r", computed)
+    # (Its chunk ends where the next state is cached, at 16, or at its end.)
+    assert out.num_scheduled_tokens == {"r": (16 if computed < 16 else 19) - computed}

@@ -605,6 +605,7 @@ class Scheduler:
         kv_load_failure_policy: str,
         defer_block_free: bool,
         requires_kv_delivery: bool,
+        divergent_hybrid_hits: bool = False,
     ) -> None:
         """Attach a KV connector's scheduler side (docs/scheduling.md
         §4.19): ``get_num_new_matched_tokens(request_id, num_tokens,
@@ -615,7 +616,9 @@ class Scheduler:
         load writes: not zeroed; every group without it);
         ``kv_load_failure_policy``: ``"fail"`` or ``"recompute"``; frees
         fenced by steps in flight with ``defer_block_free``; a preempted
-        request's output dropped with ``requires_kv_delivery``."""
+        request's output dropped with ``requires_kv_delivery``; full
+        attention's own hit told beside cached recurrent states with
+        ``divergent_hybrid_hits`` (§4.19.2)."""
     @property
     def pause_state(self) -> int:
         """vLLM's pause state: 0 unpaused, 1 no admissions, 2 nothing scheduled."""

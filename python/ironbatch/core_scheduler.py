@@ -267,6 +267,7 @@ class CoreScheduler:
             kv_load_failure_policy=setup.load_failure_policy.value,
             defer_block_free=setup.defer_block_free,
             requires_kv_delivery=setup.requires_kv_delivery,
+            divergent_hybrid_hits=setup.divergent_hybrid_hits,
         )
 
     def set_ec_connector(self, connector: Any) -> None:

@@ -300,6 +300,7 @@ class Scheduler:
         *,
         defer_block_free: bool = False,
         requires_kv_delivery: bool = False,
+        divergent_hybrid_hits: bool = False,
     ) -> None:
         """Attach a KV connector's scheduler side, before any request
         (docs/scheduling.md §4.19). ``connector`` answers by request id:
@@ -318,13 +319,18 @@ class Scheduler:
         wait for that step's output, and such a request is not preempted
         (vLLM sets it for a consumer role with more than one step in
         flight). ``requires_kv_delivery`` drops a preempted request's output
-        in flight (the connector's own flag). Refused (``ValueError``) where the
-        core does not follow vLLM with a connector yet: recurrent-state or
-        cross-attention KV-cache groups, a pooling runner. The worker's reports come with
-        each step's output (``update_from_output(kv_connector_output=...)``)."""
+        in flight (the connector's own flag). ``divergent_hybrid_hits``: the
+        connector completes a hybrid's divergent local hits (vLLM's
+        ``supports_divergent_local_hybrid_hits``, NIXL's): beside cached
+        recurrent states it is told full attention's own hit (§4.19.2).
+        Refused (``ValueError``) where the core does not follow vLLM with a
+        connector yet: cross-attention KV-cache groups, a pooling runner.
+        The worker's reports come with each step's output
+        (``update_from_output(kv_connector_output=...)``)."""
         for name, flag in (
             ("defer_block_free", defer_block_free),
             ("requires_kv_delivery", requires_kv_delivery),
+            ("divergent_hybrid_hits", divergent_hybrid_hits),
         ):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
@@ -332,6 +338,7 @@ class Scheduler:
             load_failure_policy=load_failure_policy(kv_load_failure_policy),
             defer_block_free=defer_block_free,
             requires_kv_delivery=requires_kv_delivery,
+            divergent_hybrid_hits=divergent_hybrid_hits,
         )
         self._core.set_kv_connector(connector, setup)
 

@@ -71,6 +71,10 @@ pub struct KvConnectorSetup {
     /// A preempted request's output in flight is dropped, not delivered
     /// (the connector's `requires_kv_delivery`).
     pub requires_kv_delivery: bool,
+    /// It completes a hybrid's divergent local hits (the connector's
+    /// `supports_divergent_local_hybrid_hits`): beside cached recurrent
+    /// states it is told full attention's own hit (§4.19.2).
+    pub divergent_hybrid_hits: bool,
 }
 
 /// The worker's report of a step's KV transfers (vLLM's
@@ -162,6 +166,12 @@ pub trait KvConnector: std::fmt::Debug + Send + Sync {
     fn has_pending_block_frees(&mut self) -> bool {
         false
     }
+
+    /// The local hit of `request_id` found again after the connector
+    /// answered no tokens for a divergent hybrid hit (§4.19.2): the
+    /// request takes `num_computed_tokens`, fewer than it was asked with.
+    /// (vLLM's scheduler counts its stats from this hit.)
+    fn local_hit_reconciled(&mut self, _request_id: &str, _num_computed_tokens: usize) {}
 }
 
 #[cfg(test)]

@@ -78,6 +78,15 @@ pub struct PrefixHit {
     pub shared_prefix_boundary: usize,
 }
 
+/// Per-group hits told to a KV connector (§4.19.2): full attention's,
+/// which the request takes, and whether another group's fell short of it
+/// (its state then comes from the connector, or the hit is found again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupHits {
+    pub tokens: usize,
+    pub diverged: bool,
+}
+
 /// Find the hit for a request with `hashes` (one per `hash_block_size`
 /// tokens), at most `max_len` tokens, into `blocks` (one list per group,
 /// cleared first). Each kind's hit ends on a multiple of `alignment` (the
@@ -112,15 +121,7 @@ pub fn find_longest_hit(
                 continue;
             }
             let drop = l.drops_eagle_block && !eagle_verified[idx];
-            // Beside other groups it looks a block past the candidate, so
-            // that the drop lands on it (vLLM's hybrid coordinator; its
-            // unitary one asks for the candidate). Not a recurrent state:
-            // its finder never drops.
-            let reach = if drop && num_groups > 1 && !l.kind.is_recurrent() {
-                (candidate + l.block_size).min(hashed)
-            } else {
-                candidate
-            };
+            let reach = reach_for(l, candidate, drop, num_groups, hashed);
             let view = HashView {
                 hashes,
                 per_block: l.block_size / hash_block_size,
@@ -156,6 +157,57 @@ pub fn find_longest_hit(
         tokens: hit,
         shared_prefix_boundary: if longest > hit { longest } else { 0 },
     }
+}
+
+/// How far kind `l` looks for a hit of at most `candidate` tokens: beside
+/// other groups, a kind that drops an EAGLE block looks a block past it, so
+/// that after the drop it lands on it (vLLM's hybrid coordinator; its
+/// unitary one asks for the candidate). Not a recurrent state: its finder
+/// never drops.
+fn reach_for(
+    l: &LookupGroup,
+    candidate: usize,
+    drop: bool,
+    num_groups: usize,
+    hashed: usize,
+) -> usize {
+    if drop && num_groups > 1 && !l.kind.is_recurrent() {
+        (candidate + l.block_size).min(hashed)
+    } else {
+        candidate
+    }
+}
+
+/// Each group's own hit of at most `max_len` tokens, every kind asked alone
+/// (vLLM's `find_longest_cache_hit_per_group`, which a KV connector that
+/// completes divergent hybrid hits is told of, §4.19.2), into `blocks`
+/// (one list per group, its own hit's length); returns each group's hit in
+/// tokens.
+pub fn find_hit_per_group(
+    pool: &BlockPool,
+    groups: &[LookupGroup],
+    hashes: &[BlockHash],
+    max_len: usize,
+    hash_block_size: usize,
+    alignment: usize,
+    blocks: &mut [Vec<BlockId>],
+) -> Vec<usize> {
+    let num_groups = blocks.len();
+    let mut hit_by_group = vec![0usize; num_groups];
+    let hashed = hashes.len() * hash_block_size;
+    for l in groups {
+        let drop = l.drops_eagle_block;
+        let reach = reach_for(l, max_len, drop, num_groups, hashed);
+        let view = HashView {
+            hashes,
+            per_block: l.block_size / hash_block_size,
+        };
+        let found = find_for(pool, l, view, reach, alignment, blocks, drop);
+        for &g in &l.group_ids {
+            hit_by_group[g] = found;
+        }
+    }
+    hit_by_group
 }
 
 /// The blocks cached under `hash` in every group of `l`, into `row`.
@@ -447,6 +499,29 @@ mod tests {
         let hit = find_longest_hit(&pool, &groups, &hashes, 15, 2, 4, &mut blocks);
         assert_eq!(hit.tokens, 0);
         assert_eq!(hit.shared_prefix_boundary, 4);
+    }
+
+    #[test]
+    fn per_group_hits_are_each_groups_own() {
+        // Full attention cached tokens 0..6 in blocks of 2, a state (group
+        // 1) the one after 2 tokens: asked together the hit is 2 (and 6
+        // is shared); asked alone (vLLM's per-group lookup, which a NIXL
+        // connector is told of) full attention has 6 and the state 2.
+        let hashes: Vec<BlockHash> = (1..=4).map(BlockHash).collect();
+        let (pool, ids) = pool_caching(&hashes, &[(0, 0), (1, 0), (2, 0), (0, 1)]);
+        let state = AttentionKind::Mamba {
+            block_size: 2,
+            speculative_blocks: 0,
+            checkpoint_alignment: None,
+        };
+        let groups = lookup_groups(&[AttentionKind::Full, state], &[2, 2], &[]);
+        let mut blocks = vec![Vec::new(); 2];
+        let hit = find_longest_hit(&pool, &groups, &hashes, 7, 2, 2, &mut blocks);
+        assert_eq!((hit.tokens, hit.shared_prefix_boundary), (2, 6));
+        let by_group = find_hit_per_group(&pool, &groups, &hashes, 7, 2, 2, &mut blocks);
+        assert_eq!(by_group, [6, 2]);
+        assert_eq!(blocks[0], ids[..3].to_vec());
+        assert_eq!(blocks[1], [ids[3]]);
     }
 
     #[test]

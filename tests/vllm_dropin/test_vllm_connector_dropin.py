@@ -153,6 +153,8 @@ def run_seed(seed: int) -> Counter:
     events["recurrent_states"] += bool(states)
     events["recurrent_states_loaded"] += bool(states) and theirs.events["async_loads"] > 0
     events["recurrent_states_cached"] += bool(states) and settings["enable_prefix_caching"]
+    # A connector that completes divergent hybrid hits beside them (NIXL's).
+    events["divergent_hits"] += bool(pair.vllm.connector.supports_divergent_local_hybrid_hits)
     events["vision"] += bool(images)
     events["workloads"] += 1
     return events
@@ -181,6 +183,7 @@ def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
             "recurrent_states": 120,
             "recurrent_states_loaded": 80,
             "recurrent_states_cached": 50,
+            "divergent_hits": 20,
             "boundary_states": 800,
             "vision": 160,
             "images": 1200,

@@ -71,6 +71,7 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
             if layout.get("retention_interval"):
                 layout["retention_interval"] = larger * sizes.choice([1, 2])
     caching = rng.random() < 0.8
+    divergent = False
     # In some with hybrid support, recurrent states beside attention
     # (Qwen3-Next, Jamba, a window and a state: drawn apart), uncached:
     # prefix caching off (vLLM's cache mode "none"), one state block each,
@@ -84,6 +85,9 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
         if caching:  # (vLLM's "align": states of the block size, chunks to end on them)
             layout["mamba_block_size"] = None
             chunked = True
+            # In half, a connector that completes divergent hybrid hits
+            # (NIXL's): it is told full attention's own hit.
+            divergent = states.random() < 0.5
         blocks = blocks + 6 * seqs
     return dict(
         **layout,
@@ -97,7 +101,7 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
         policy=rng.choice(["fcfs", "priority"]),
         async_scheduling=rng.random() < 0.5,
         kv_transfer_config=kv_transfer_config(
-            seed, rng.choice(["fail", "recompute"]), shares, hybrid=hybrid
+            seed, rng.choice(["fail", "recompute"]), shares, hybrid=hybrid, divergent=divergent
         ),
     )
 
@@ -108,12 +112,20 @@ def kv_transfer_config(
     shares: StandInShares | None = None,
     scripted: dict[str, tuple[int, bool]] | None = None,
     hybrid: bool = False,
+    divergent: bool = False,
 ) -> KVTransferConfig:
     """A config that has vLLM build the stand-in (role kv_both: it loads and
     sends, and vLLM fences its frees under async scheduling); ``hybrid``:
-    the stand-in with hybrid support (``StandInHMAKVConnector``)."""
+    the stand-in with hybrid support (``StandInHMAKVConnector``);
+    ``divergent``: one that also completes divergent hybrid hits
+    (``StandInDivergentKVConnector``)."""
+    name = "StandInKVConnector"
+    if divergent:
+        name = "StandInDivergentKVConnector"
+    elif hybrid:
+        name = "StandInHMAKVConnector"
     return KVTransferConfig(
-        kv_connector="StandInHMAKVConnector" if hybrid else "StandInKVConnector",
+        kv_connector=name,
         kv_connector_module_path=__name__,
         kv_role="kv_both",
         kv_load_failure_policy=policy,  # type: ignore[arg-type]
@@ -248,3 +260,14 @@ class StandInHMAKVConnector(SupportsHMA, StandInKVConnector):
         return self.stand_in.request_finished(
             request.request_id, [list(ids) for ids in block_ids], normal
         )
+
+
+class StandInDivergentKVConnector(StandInHMAKVConnector):
+    """The stand-in as a connector that completes a hybrid's divergent local
+    hits (NIXL's ``supports_divergent_local_hybrid_hits``): beside cached
+    recurrent states vLLM tells it full attention's own hit, and finds the
+    hit every group agrees on again when it answers no tokens."""
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        return True

@@ -67,6 +67,10 @@ class KvConnectorSetup:
     #: A preempted request's output in flight is dropped, not delivered
     #: (the connector's ``requires_kv_delivery``).
     requires_kv_delivery: bool = False
+    #: It completes a hybrid's divergent local hits (the connector's
+    #: ``supports_divergent_local_hybrid_hits``): beside cached recurrent
+    #: states it is told full attention's own hit (§4.19.2).
+    divergent_hybrid_hits: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,7 @@ class SafeConnector:
         # Optional; looked up once: it is called before each call that
         # names a request.
         self.observes = hasattr(connector, "observe_request")
+        self.hears_reconciled = hasattr(connector, "local_hit_reconciled")
 
     def observe_request(self, r: RequestState) -> None:
         """The request the next call names, as vLLM's scheduler holds it then
@@ -226,6 +231,15 @@ class SafeConnector:
     ) -> None:
         args = (request_id, block_ids, num_external_tokens)
         self._call("update_state_after_alloc", args, lambda _: None, None)
+
+    def local_hit_reconciled(self, request_id: str, num_computed_tokens: int) -> None:
+        """The local hit found again after the connector answered no tokens
+        for a divergent hybrid hit (§4.19.2): the request takes
+        ``num_computed_tokens``, fewer than it was asked with (vLLM's
+        scheduler counts its stats from this hit)."""
+        if self.hears_reconciled:
+            args = (request_id, num_computed_tokens)
+            self._call("local_hit_reconciled", args, lambda _: None, None)
 
     def request_finished(self, request_id: str, block_ids: list[list[int]], status: str) -> bool:
         args = (request_id, block_ids, status)

@@ -118,13 +118,7 @@ def find_longest_hit(
                 candidate = min(candidate, hit_by_group[first])
                 continue
             drop = lg.drops_eagle_block and not eagle_verified[idx]
-            # Beside other groups it looks a block past the candidate, so
-            # that the drop lands on it (vLLM's hybrid coordinator; its
-            # unitary one asks for the candidate). Not a recurrent state: its
-            # finder never drops.
-            reach = candidate
-            if drop and num_groups > 1 and not lg.kind.is_recurrent():
-                reach = min(candidate + lg.block_size, hashed)
+            reach = _reach_for(lg, candidate, drop, num_groups, hashed)
             view = HashView(hashes, lg.block_size // hash_block_size)
             found = _find_for(pool, lg, view, reach, alignment, blocks, drop)
             if drop:
@@ -147,6 +141,57 @@ def find_longest_hit(
             for g in lg.group_ids:
                 del blocks[g][keep:]
     return PrefixHit(hit, longest if longest > hit else 0, blocks)
+
+
+def _reach_for(lg: LookupGroup, candidate: int, drop: bool, num_groups: int, hashed: int) -> int:
+    """How far kind ``lg`` looks for a hit of at most ``candidate`` tokens:
+    beside other groups, a kind that drops an EAGLE block looks a block past
+    it, so that after the drop it lands on it (vLLM's hybrid coordinator; its
+    unitary one asks for the candidate). Not a recurrent state: its finder
+    never drops."""
+    if drop and num_groups > 1 and not lg.kind.is_recurrent():
+        return min(candidate + lg.block_size, hashed)
+    return candidate
+
+
+@dataclass
+class GroupHits:
+    """Per-group hits told to a KV connector (§4.19.2): full attention's,
+    which the request takes, and whether another group's fell short of it
+    (its state then comes from the connector, or the hit is found again)."""
+
+    tokens: int
+    diverged: bool
+    #: ``blocks[g]``: group ``g``'s own hit blocks (the core writes them into
+    #: the caller's scratch lists instead).
+    blocks: list[list[Block]] = field(default_factory=list)
+
+
+def find_hit_per_group(
+    pool: BlockPool,
+    groups: list[LookupGroup],
+    hashes: list[int],
+    max_len: int,
+    hash_block_size: int,
+    alignment: int,
+    blocks: list[list[Block]],
+) -> list[int]:
+    """Each group's own hit of at most ``max_len`` tokens, every kind asked
+    alone (vLLM's ``find_longest_cache_hit_per_group``, which a KV connector
+    that completes divergent hybrid hits is told of, §4.19.2), into
+    ``blocks`` (one list per group, its own hit's length); returns each
+    group's hit in tokens."""
+    num_groups = len(blocks)
+    hit_by_group = [0] * num_groups
+    hashed = len(hashes) * hash_block_size
+    for lg in groups:
+        drop = lg.drops_eagle_block
+        reach = _reach_for(lg, max_len, drop, num_groups, hashed)
+        view = HashView(hashes, lg.block_size // hash_block_size)
+        found = _find_for(pool, lg, view, reach, alignment, blocks, drop)
+        for g in lg.group_ids:
+            hit_by_group[g] = found
+    return hit_by_group
 
 
 def _cached_in_all(pool: BlockPool, lg: LookupGroup, block_hash: int) -> list[Block] | None:

@@ -63,12 +63,14 @@ def connector_setup(vllm_config: Any, connector: Any) -> KvConnectorSetup:
     it: the load-failure policy; fenced frees with more than one step in
     flight on a consumer (a load into reused blocks is not ordered against
     a step still writing them); dropped stale output where the connector
-    requires delivery."""
+    requires delivery; per-group local hits where it completes a hybrid's
+    divergent ones (NIXL, MoRIIO reading)."""
     config = vllm_config.kv_transfer_config
     return KvConnectorSetup(
         load_failure_policy=LoadFailurePolicy(config.kv_load_failure_policy),
         defer_block_free=vllm_config.max_concurrent_batches > 1 and config.is_kv_consumer,
         requires_kv_delivery=bool(connector.requires_kv_delivery),
+        divergent_hybrid_hits=bool(connector.supports_divergent_local_hybrid_hits),
     )
 
 
@@ -133,6 +135,12 @@ class ConnectorBridge:
             self._asked[request_id] = (num_computed_tokens, load_async)
             self.set_fetch_stage(request_id, KV_FETCH_WAITING_TO_START if load_async else None)
         return answer
+
+    def local_hit_reconciled(self, request_id: str, num_computed_tokens: int) -> None:
+        # vLLM's stats count the hit found again, not the one it asked with.
+        asked = self._asked.get(request_id)
+        if asked is not None:
+            self._asked[request_id] = (num_computed_tokens, asked[1])
 
     def update_state_after_alloc(
         self, request_id: str, block_ids: list[list[int]], num_external_tokens: int

@@ -262,9 +262,8 @@ def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
     """Why the core cannot take this deployment's KV connector yet, if it
     cannot (docs/scheduling.md §4.19): the core takes connectors on
     attention KV-cache groups (full, MLA, sliding windows, chunked local
-    attention) and recurrent states (cached ones beside a connector that
-    takes no per-group hits), several only beside a connector with hybrid
-    support, as vLLM keeps them, of a model that generates. A
+    attention) and recurrent states, several only beside a connector with
+    hybrid support, as vLLM keeps them, of a model that generates. A
     connector that manages vLLM's GPU block pool itself (it overrides
     ``bind_gpu_block_pool``: SimpleCPUOffload, Mooncake's store, UMBP) needs
     vLLM's pool, which the drop-in does not have."""
@@ -287,10 +286,6 @@ def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
     kinds = (*attention, MambaSpec)
     if not groups or any(type(g.kv_cache_spec) not in kinds for g in groups):
         return "a KV connector with other than attention and recurrent-state KV-cache groups"
-    cached_states = any(
-        type(g.kv_cache_spec) is MambaSpec and g.kv_cache_spec.mamba_cache_mode == "align"
-        for g in groups
-    )
     if len(groups) > 1 and not KVConnectorFactory.supports_hma_config(c.kv_transfer_config):
         # (vLLM turns the hybrid manager off for it unless told otherwise.)
         return "a KV connector without hybrid support beside several KV-cache groups"
@@ -302,14 +297,6 @@ def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
         cls = KVConnectorFactory.get_connector_class(config)
         if cls.bind_gpu_block_pool is not KVConnectorBase_V1.bind_gpu_block_pool:
             return f"the {cls.__name__} KV connector (it manages vLLM's GPU block pool)"
-        divergent = KVConnectorBase_V1.supports_divergent_local_hybrid_hits
-        if cached_states and cls.supports_divergent_local_hybrid_hits is not divergent:
-            # (NIXL, MoRIIO: each group's own prefix hit, the full-attention
-            # one reported while a state's lags, which the core reconciles.)
-            return (
-                f"the {cls.__name__} KV connector beside cached recurrent states "
-                "(prefix caching on: it takes per-group prefix hits)"
-            )
     return None
 
 

@@ -30,7 +30,9 @@ use crate::block_table::BlockTable;
 use crate::error::Error;
 use crate::kv_events::KvEvent;
 use crate::prefix_cache_stats::PrefixCacheStats;
-use crate::prefix_hit::{find_longest_hit, lookup_groups, LookupGroup, PrefixHit};
+use crate::prefix_hit::{
+    find_hit_per_group, find_longest_hit, lookup_groups, GroupHits, LookupGroup, PrefixHit,
+};
 use crate::sequence::Sequence;
 use std::sync::Arc;
 
@@ -343,6 +345,44 @@ impl KvCacheManager {
             self.scheduler_block_size,
             hits,
         )
+    }
+
+    /// The local hit told to a KV connector that completes divergent
+    /// hybrid hits (vLLM's `get_computed_blocks_for_connector`, §4.19.2),
+    /// beside cached recurrent states and full attention: each group's own
+    /// hit into `hits[g]`, the full-attention one the hit. `None` where
+    /// vLLM takes [`Self::find_hit`] instead: no such layout, or a group
+    /// that hit past full attention (whose blocks then went). Changes
+    /// nothing.
+    pub fn find_hit_per_group(
+        &self,
+        seq: &Sequence,
+        hits: &mut [Vec<BlockId>],
+    ) -> Option<GroupHits> {
+        let full = self.lookup.first().filter(|l| l.kind.is_full())?;
+        if !self.align || self.groups.len() < 2 {
+            return None;
+        }
+        for h in hits.iter_mut() {
+            h.clear();
+        }
+        let by_group = find_hit_per_group(
+            &self.pool,
+            &self.lookup,
+            seq.block_hashes(),
+            seq.num_tokens().saturating_sub(1),
+            self.hash_block_size,
+            self.scheduler_block_size,
+            hits,
+        );
+        let tokens = by_group[full.group_ids[0]];
+        if by_group.iter().any(|&t| t > tokens) {
+            return None;
+        }
+        Some(GroupHits {
+            tokens,
+            diverged: by_group.iter().any(|&t| t < tokens),
+        })
     }
 
     /// Longest sequence.

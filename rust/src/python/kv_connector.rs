@@ -2,10 +2,11 @@
 //! §4.19): an object with `get_num_new_matched_tokens(request_id,
 //! num_tokens, num_computed_tokens)`, `update_state_after_alloc(request_id,
 //! block_ids, num_external_tokens)`, `request_finished(request_id,
-//! block_ids, status)` and optionally `has_pending_block_frees()` and
+//! block_ids, status)` and optionally `has_pending_block_frees()`,
 //! `observe_request(request_id, token_ids, num_computed_tokens, status,
 //! cached_blocks)` (per KV-cache group, the table positions whose block has
-//! a hash), called before each call that names a request.
+//! a hash), called before each call that names a request, and
+//! `local_hit_reconciled(request_id, num_computed_tokens)`.
 //!
 //! A call that raises, or answers with the wrong shape, goes to
 //! `sys.unraisablehook` and counts as the safe answer (ask again later, no
@@ -24,14 +25,18 @@ pub(super) struct PyKvConnector {
     obj: Py<PyAny>,
     /// It has `observe_request` (looked up once: it is called often).
     observes: bool,
+    /// It has `local_hit_reconciled` (optional, looked up once).
+    hears_reconciled: bool,
 }
 
 impl PyKvConnector {
     pub(super) fn new(obj: Bound<'_, PyAny>) -> PyResult<Self> {
         let observes = obj.hasattr("observe_request")?;
+        let hears_reconciled = obj.hasattr("local_hit_reconciled")?;
         Ok(Self {
             obj: obj.unbind(),
             observes,
+            hears_reconciled,
         })
     }
 
@@ -94,6 +99,13 @@ impl KvConnector for PyKvConnector {
     ) {
         let args = (request_id, block_ids.to_vec(), num_external_tokens);
         self.call("update_state_after_alloc", args, |_| Ok(()), ());
+    }
+
+    fn local_hit_reconciled(&mut self, request_id: &str, num_computed_tokens: usize) {
+        if self.hears_reconciled {
+            let args = (request_id, num_computed_tokens);
+            self.call("local_hit_reconciled", args, |_| Ok(()), ());
+        }
     }
 
     fn request_finished(

@@ -599,13 +599,21 @@ impl PyScheduler {
 
     /// Attach a KV connector's scheduler side (docs/scheduling.md §4.19),
     /// before any request.
-    #[pyo3(signature = (*, connector, kv_load_failure_policy, defer_block_free, requires_kv_delivery))]
+    #[pyo3(signature = (
+        *,
+        connector,
+        kv_load_failure_policy,
+        defer_block_free,
+        requires_kv_delivery,
+        divergent_hybrid_hits = false,
+    ))]
     fn set_kv_connector(
         &mut self,
         connector: Bound<'_, PyAny>,
         kv_load_failure_policy: &str,
         defer_block_free: bool,
         requires_kv_delivery: bool,
+        divergent_hybrid_hits: bool,
     ) -> PyResult<()> {
         let policy = LoadFailurePolicy::parse(kv_load_failure_policy).ok_or_else(|| {
             PyValueError::new_err(format!(
@@ -617,6 +625,7 @@ impl PyScheduler {
             load_failure_policy: policy,
             defer_block_free,
             requires_kv_delivery,
+            divergent_hybrid_hits,
         };
         Ok(self.core.set_kv_connector(connector, setup)?)
     }

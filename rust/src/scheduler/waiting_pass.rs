@@ -11,7 +11,6 @@ use crate::kv_cache_manager::Admission;
 use crate::kv_connector::ExternalHit;
 use crate::kv_events::KvEvent;
 use crate::lora::LoraBatch;
-use crate::prefix_hit::PrefixHit;
 use crate::request::RequestStatus;
 use crate::scheduler_config::Runner;
 use crate::slab::Slot;
@@ -213,28 +212,28 @@ impl Scheduler {
         }
         // A request that must compute every prompt token (vLLM: it wants
         // prompt logprobs) reads no hits; its blocks are still cached.
-        let hit = if lookup && !r.skip_reading_prefix_cache {
-            self.kv.find_hit(&r.seq, &mut self.hits)
+        let reads = lookup && !r.skip_reading_prefix_cache;
+        // A connector that completes divergent hybrid hits is told full
+        // attention's own hit (§4.19.2).
+        let per_group = if reads && self.kv_setup.divergent_hybrid_hits && self.connector.is_some()
+        {
+            self.kv.find_hit_per_group(&r.seq, &mut self.hits)
         } else {
-            PrefixHit::default()
+            None
         };
-        if lookup {
-            // Every lookup says where a shared prefix ends (§7.13).
-            r.seq.shared_prefix_boundary = hit.shared_prefix_boundary;
-        }
-        let hit_tokens = if lookup {
-            hit.tokens
-        } else {
-            r.seq.num_computed_tokens
+        let hit_tokens = match per_group {
+            Some(h) => {
+                // (vLLM's per-group lookup finds no shared prefix.)
+                r.seq.shared_prefix_boundary = 0;
+                h.tokens
+            }
+            None if reads => self.find_local_hit(slot),
+            None if lookup => {
+                r.seq.shared_prefix_boundary = 0;
+                0
+            }
+            None => r.seq.num_computed_tokens,
         };
-        if r.report_hits && lookup && hit_tokens > 0 {
-            // (In hash blocks: each group counts its own.)
-            let num_blocks = hit_tokens / self.kv.hash_block_size();
-            self.kv.log_event(KvEvent::Hit {
-                owner: slot,
-                num_blocks,
-            });
-        }
         // A KV connector's tokens past the local hit (§4.19).
         let external = if lookup {
             match self.ask_connector(slot, hit_tokens) {
@@ -244,6 +243,18 @@ impl Scheduler {
             }
         } else {
             ExternalHit::NONE
+        };
+        // No external tokens carry a lagging state to the deeper hit: the
+        // hit every group agrees on is found instead.
+        let hit_tokens = match per_group {
+            Some(h) if h.diverged && external.num_tokens == 0 => {
+                let tokens = self.find_local_hit(slot);
+                if let Some(connector) = self.connector.as_mut() {
+                    connector.local_hit_reconciled(&self.requests[slot].request_id, tokens);
+                }
+                tokens
+            }
+            _ => hit_tokens,
         };
         // An encoder output it needs is still on its way (§4.20).
         if self.ec_transfer_pending(slot, hit_tokens + external.num_tokens) {
@@ -375,6 +386,24 @@ impl Scheduler {
         draft.drafts_needed |= !self.drafts_unused(slot, hit_tokens, n);
         self.commit_encoder_plan(slot, plan, draft);
         Admit::Admitted
+    }
+
+    /// The hit every group agrees on for the request in `slot` (into the
+    /// scratch hits), with where a shared prefix ends (§7.13) and, when its
+    /// request asks, the hit reported as events.
+    fn find_local_hit(&mut self, slot: Slot) -> usize {
+        let r = &mut self.requests[slot];
+        let hit = self.kv.find_hit(&r.seq, &mut self.hits);
+        r.seq.shared_prefix_boundary = hit.shared_prefix_boundary;
+        if r.report_hits && hit.tokens > 0 {
+            // (In hash blocks: each group counts its own.)
+            let num_blocks = hit.tokens / self.kv.hash_block_size();
+            self.kv.log_event(KvEvent::Hit {
+                owner: slot,
+                num_blocks,
+            });
+        }
+        hit.tokens
     }
 
     /// Admit a request whose external tokens arrive over later steps

@@ -36,7 +36,13 @@ from ironbatch.reference.kv_cache_manager.config import (
 )
 from ironbatch.reference.kv_events import KvEvent
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
-from ironbatch.reference.prefix_hit import PrefixHit, find_longest_hit, lookup_groups
+from ironbatch.reference.prefix_hit import (
+    GroupHits,
+    PrefixHit,
+    find_hit_per_group,
+    find_longest_hit,
+    lookup_groups,
+)
 from ironbatch.reference.sequence import Sequence
 
 __all__ = ["Admission", "KvCacheManager", "check_groups"]
@@ -350,6 +356,32 @@ class KvCacheManager:
             self._scheduler_block_size,
             num_groups,
         )
+
+    def find_hit_per_group(self, seq: Sequence) -> GroupHits | None:
+        """The local hit told to a KV connector that completes divergent
+        hybrid hits (vLLM's ``get_computed_blocks_for_connector``, §4.19.2),
+        beside cached recurrent states and full attention: each group's own
+        hit, the full-attention one the hit. None where vLLM takes
+        :meth:`find_hit` instead: no such layout, or a group that hit past
+        full attention (whose blocks then went). Changes nothing."""
+        if not self._lookup or not self._lookup[0].kind.is_full():
+            return None
+        if not self._align or len(self._groups) < 2:
+            return None
+        blocks: list[list[Block]] = [[] for _ in self._groups]
+        by_group = find_hit_per_group(
+            self._pool,
+            self._lookup,
+            seq.block_hashes,
+            max(seq.num_tokens - 1, 0),
+            self._hash_block_size,
+            self._scheduler_block_size,
+            blocks,
+        )
+        tokens = by_group[self._lookup[0].group_ids[0]]
+        if any(t > tokens for t in by_group):
+            return None
+        return GroupHits(tokens, any(t < tokens for t in by_group), blocks)
 
     def allocate_slots(
         self,

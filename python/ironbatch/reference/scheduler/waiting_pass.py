@@ -14,7 +14,7 @@ from ironbatch.reference.kv_cache_manager import Admission
 from ironbatch.reference.kv_connector import NO_HIT
 from ironbatch.reference.kv_events import Hit, Lookup
 from ironbatch.reference.lora import LoraBatch
-from ironbatch.reference.prefix_hit import PrefixHit
+from ironbatch.reference.prefix_hit import GroupHits, PrefixHit
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler.drafts import drafts_unused
 from ironbatch.reference.scheduler.ec_transfer import ec_transfer_pending
@@ -198,13 +198,21 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         s.kv.log_event(Lookup(owner=slot))
     # A request that must compute every prompt token (vLLM: it wants prompt
     # logprobs) reads no hits; its blocks are still cached.
-    hit = s.kv.find_hit(r.seq) if lookup and not r.skip_reading_prefix_cache else PrefixHit()
-    if lookup:
-        # Every lookup says where a shared prefix ends.
-        r.seq.shared_prefix_boundary = hit.shared_prefix_boundary
+    reads = lookup and not r.skip_reading_prefix_cache
+    # A connector that completes divergent hybrid hits is told full
+    # attention's own hit (§4.19.2).
+    per_group = None
+    if reads and s.kv_setup.divergent_hybrid_hits and s.connector is not None:
+        per_group = s.kv.find_hit_per_group(r.seq)
+    hit: PrefixHit | GroupHits = PrefixHit()
+    if per_group is not None:
+        hit = per_group
+        r.seq.shared_prefix_boundary = 0  # (vLLM's per-group lookup finds none)
+    elif reads:
+        hit = find_local_hit(s, slot)
+    elif lookup:
+        r.seq.shared_prefix_boundary = 0
     hit_tokens = hit.tokens if lookup else r.seq.num_computed_tokens
-    if r.report_hits and lookup and hit_tokens > 0:
-        s.kv.log_event(Hit(slot, hit_tokens // s.kv.hash_block_size))
     # A KV connector's tokens past the local hit (§4.19).
     external = NO_HIT
     if lookup:
@@ -213,6 +221,13 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
             return Admit.SKIPPED
         if not isinstance(answer, Ask):
             external = answer
+    if per_group is not None and per_group.diverged and external.num_tokens == 0:
+        # No external tokens carry a lagging state to the deeper hit: the
+        # hit every group agrees on is found instead.
+        hit = find_local_hit(s, slot)
+        hit_tokens = hit.tokens
+        assert s.connector is not None
+        s.connector.local_hit_reconciled(r.request_id, hit_tokens)
     # An encoder output it needs is still on its way (§4.20).
     if ec_transfer_pending(s, slot, hit_tokens + external.num_tokens):
         return Admit.SKIPPED
@@ -317,6 +332,19 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     draft.drafts_needed |= not drafts_unused(s, slot, hit_tokens, n)
     commit_encoder_plan(s, slot, plan, draft)
     return Admit.ADMITTED
+
+
+def find_local_hit(s: Scheduler, slot: int) -> PrefixHit:
+    """The hit every group agrees on for the request in ``slot``, with where
+    a shared prefix ends (§7.13) and, when its request asks, the hit reported
+    as events."""
+    r = s.requests[slot]
+    hit = s.kv.find_hit(r.seq)
+    r.seq.shared_prefix_boundary = hit.shared_prefix_boundary
+    if r.report_hits and hit.tokens > 0:
+        # (In hash blocks: each group counts its own.)
+        s.kv.log_event(Hit(slot, hit.tokens // s.kv.hash_block_size))
+    return hit
 
 
 def admit_loading(
