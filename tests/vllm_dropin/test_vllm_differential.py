@@ -422,12 +422,13 @@ def multimodal(rng: random.Random, settings: dict) -> dict:
     compute = rng.choice([8, 24, 48, 96])
     cache = rng.choice([compute, 2 * compute, 4 * compute])
     whole = settings["long_prefill_token_threshold"] == 0 and rng.random() < 0.3
-    # Whisper (audio for an encoder, cross-attention) in some, where the
-    # drop-in takes it: one KV-cache group of the decoder's, no speculation.
-    # (With n-gram speculation in some: a drafter needs no model of its own.)
+    # Whisper (audio for an encoder, cross-attention) in some: one KV-cache
+    # group of the decoder's, with speculation in some (n-gram lookup, or a
+    # drafter whose lookahead slots the decoder's group holds: less often,
+    # so that images keep their share).
     method = settings.get("speculative_config", {}).get("method", "ngram")
-    if settings["kv_layout"] == "full" and method in ("ngram", "ngram_gpu"):
-        if rng.random() < 0.6:
+    if settings["kv_layout"] == "full":
+        if rng.random() < (0.6 if method in ("ngram", "ngram_gpu") else 0.3):
             return {"target": "whisper", "mm_budget": (compute, cache)}
     return {"target": "vision", "mm_budget": (compute, cache), "disable_chunked_mm_input": whole}
 
@@ -962,6 +963,8 @@ def drawn_features(seed: int) -> Counter:
         "window retention interval": bool(s.get("retention_interval")),
         "encoder-decoder with speculation": s.get("target") == "whisper"
         and "speculative_config" in s,
+        "encoder-decoder with a drafter model": s.get("target") == "whisper"
+        and method_of(s) not in (None, "ngram", "ngram_gpu"),
         "encoder-decoder with KV-cache events or metrics": s.get("target") == "whisper"
         and ("kv_events_config" in s or "observability_config" in s),
         "window groups with speculation": windowed and "speculative_config" in s,
@@ -1074,6 +1077,8 @@ FEATURE_SHARES = {
     "feature: window groups with speculation": 120,
     "feature: encoder-decoder with KV-cache events or metrics": 20,
     "feature: encoder-decoder with speculation": 9,
+    # About 25 of 1,040 (Whisper with EAGLE, a draft model, DFlash, ...).
+    "feature: encoder-decoder with a drafter model": 15,
     "feature: recurrent-state groups": 100,
     "feature: recurrent-state groups with speculation": 30,
     "feature: recurrent states cached": 35,
@@ -1136,6 +1141,7 @@ FEATURES = [
     "feature: recurrent states with prefill checkpoints",
     "feature: encoder-decoder with KV-cache events or metrics",
     "feature: encoder-decoder with speculation",
+    "feature: encoder-decoder with a drafter model",
     "feature: sampling masks",
     "feature: routed experts",
     "feature: pooling",

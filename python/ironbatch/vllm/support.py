@@ -116,14 +116,6 @@ def unsupported_config(
         # with every modality off is scheduled as text. Not yet: encoder-only
         # deployments, and options no test has combined with cross-attention.
         (
-            # (n-gram lookup is proven beside cross-attention; a drafter
-            # model over an encoder-decoder target is not.)
-            mc.is_encoder_decoder
-            and spec is not None
-            and spec.method not in ("ngram", "ngram_gpu"),
-            "speculative decoding with a drafter model beside an encoder-decoder model",
-        ),
-        (
             # An encoder-only deployment samples nothing (docs/scheduling.md
             # §4.18); vLLM builds no drafter or pooler beside it.
             c.is_mm_encoder_only and (spec is not None or mc.runner_type != "generate"),
