@@ -218,6 +218,10 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
             out["disable_chunked_mm_input"] = False
         # Mamba2's backend writes the prompt's checkpoint inside a chunk.
         out["mamba_checkpoint_alignment"] = random.Random(drawn.random()).choice([None, 1, 4])
+        # Qwen3-Next's three groups of two state shapes in half (drawn
+        # apart): unlike specs, which vLLM looks up apart.
+        if layout == "qwen3-next" and random.Random(drawn.random()).random() < 0.5:
+            out["mamba_specs_alike"] = False
         # vLLM's default retention interval, 0, caches only the states a
         # later request resumes from; None caches them all (drawn apart).
         # Not beside Mamba2's checkpoints with drafts: every step may then
@@ -954,6 +958,7 @@ def drawn_features(seed: int) -> Counter:
         and s.get("mamba_checkpoint_alignment") is not None,
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "groups of different block sizes": "window_block_size" in s or "full_block_size" in s,
+        "recurrent groups of unlike specs": not s.get("mamba_specs_alike", True),
         "recurrent states smaller than attention blocks": recurrent
         and ("window_block_size" in s or "full_block_size" in s),
         "groups of different block sizes with KV-cache events": (
@@ -1083,6 +1088,8 @@ FEATURE_SHARES = {
     "feature: recurrent-state groups with speculation": 30,
     "feature: recurrent states cached": 35,
     "feature: recurrent states with prefill checkpoints": 20,
+    # About 11 of 1,040 (half the Qwen3-Next layouts with prefix caching on).
+    "feature: recurrent groups of unlike specs": 6,
     "feature: layout: qwen3-next": 35,
     "feature: layout: jamba": 15,
     "feature: layout: swa-mamba": 15,
@@ -1139,6 +1146,7 @@ FEATURES = [
     "feature: recurrent-state groups with speculation",
     "feature: recurrent states cached",
     "feature: recurrent states with prefill checkpoints",
+    "feature: recurrent groups of unlike specs",
     "feature: encoder-decoder with KV-cache events or metrics",
     "feature: encoder-decoder with speculation",
     "feature: encoder-decoder with a drafter model",

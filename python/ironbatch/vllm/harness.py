@@ -88,6 +88,10 @@ DEFAULTS: dict[str, Any] = {
     "window_block_size": None,
     "full_block_size": None,
     "mamba_block_size": None,
+    # The recurrent groups' specs alike (one layer type: Qwen3-Next's
+    # linear attention), or unlike (states of two shapes with one page:
+    # a hybrid of two recurrent layer types), which vLLM looks up apart.
+    "mamba_specs_alike": True,
     # With prefix caching: the offsets at which the recurrent groups' backend
     # writes a prefill checkpoint inside a chunk (vLLM's
     # prefill_checkpoint_alignment with one num_prefill_checkpoint_blocks:
@@ -579,17 +583,26 @@ def kv_cache_groups(
         # block size unless set.
         align = cfg["enable_prefix_caching"]
         default = cfg["block_size"] if align else cfg["max_model_len"]
-        mamba = MambaSpec(
-            block_size=cfg["mamba_block_size"] or default,
-            shapes=((1,),),
-            dtypes=(torch.float32,),
-            mamba_cache_mode="align" if align else "none",
-            num_speculative_blocks=num_speculative_tokens,
-            num_prefill_checkpoint_blocks=int(cfg["mamba_checkpoint_alignment"] is not None),
-            prefill_checkpoint_alignment=cfg["mamba_checkpoint_alignment"],
-        )
         n = 3 if layout == "qwen3-next" else 1
-        groups = [KVCacheGroupSpec([f"mamba{i}"], mamba) for i in range(n)]
+        # (Unlike: the same page, one float, in two shapes.)
+        shapes = [((1,),) if cfg["mamba_specs_alike"] or i % 2 else ((1, 1),) for i in range(n)]
+        groups = [
+            KVCacheGroupSpec(
+                [f"mamba{i}"],
+                MambaSpec(
+                    block_size=cfg["mamba_block_size"] or default,
+                    shapes=shapes[i],
+                    dtypes=(torch.float32,),
+                    mamba_cache_mode="align" if align else "none",
+                    num_speculative_blocks=num_speculative_tokens,
+                    num_prefill_checkpoint_blocks=int(
+                        cfg["mamba_checkpoint_alignment"] is not None
+                    ),
+                    prefill_checkpoint_alignment=cfg["mamba_checkpoint_alignment"],
+                ),
+            )
+            for i in range(n)
+        ]
         if layout == "swa-mamba":
             own = {**common, "block_size": cfg["window_block_size"] or cfg["block_size"]}
             swa = SlidingWindowSpec(sliding_window=window, extra_retained_tokens=retained, **own)

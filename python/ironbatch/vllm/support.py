@@ -168,12 +168,6 @@ def unsupported_config(
             "Mamba groups with prefix caching on and lookahead hashes past one token",
         ),
         (
-            # vLLM looks up unlike Mamba specs apart (a fixed point over
-            # three kinds); the core asks alike kinds together.
-            len({s for s in recurrent if s.mamba_cache_mode == "align"}) > 1,
-            "Mamba groups of different specs with prefix caching on",
-        ),
-        (
             # Decode context parallelism shards a block's tokens across its
             # ranks: vLLM schedules blocks that many times larger. Recurrent
             # groups without prefix caching have sizes of their own.
