@@ -646,3 +646,61 @@ def test_a_connector_completing_divergent_hits_is_told_full_attentions_own_hit(
         assert log[1] == ("reconciled", "r", computed)
     # (Its chunk ends where the next state is cached, at 16, or at its end.)
     assert out.num_scheduled_tokens == {"r": (16 if computed < 16 else 19) - computed}
+
+
+def offers_by_step(backend: str) -> tuple[list[Any], list[list[str]]]:
+    """The preemption that withdraws offers (docs/scheduling.md §4.19.2, rule
+    7): Jamba's layout (full attention, states of 4 tokens, every state
+    cached), 9 blocks, a budget of 8, the priority policy. "L" (priority 1,
+    14 tokens) runs first; "H" (priority 0, 2 tokens) comes at step 1. At
+    step 4 "L" decodes to 16 tokens, caching the state there, then "H"
+    needs a block: "L", already scheduled, is preempted and its blocks go
+    back, so the state it offered this step is withdrawn. Each step's
+    offers as (request, group, block, tokens), and its preempted ids."""
+    groups = (KVCacheGroup("full"), KVCacheGroup("mamba", 4))
+    s = make(
+        backend,
+        num_blocks=9,
+        block_size=4,
+        max_model_len=24,
+        max_num_seqs=4,
+        max_num_batched_tokens=8,
+        kv_cache_groups=groups,
+        caching=True,
+        enable_chunked_prefill=True,
+        policy="priority",
+        sparse_retention=False,
+    )
+    s.set_kv_connector(Scripted({}), "fail")
+    core = s._core.core if backend == "rust" else s._core.twin
+    s.add_request(req("L", list(range(100, 114)), max_tokens=4, priority=1))
+    offers: list[Any] = []
+    preempted: list[list[str]] = []
+    for i in range(5):
+        if i == 1:
+            s.add_request(req("H", [200, 201], max_tokens=4, priority=0))
+        out = s.schedule()
+        taken = core.take_boundary_states()
+        if backend == "python":
+            taken = [
+                (core.requests[o.owner].request_id, o.group, o.block_id, o.num_tokens)
+                for o in taken
+            ]
+        offers.append(taken)
+        preempted.append(sorted(out.preempted_req_ids))
+        s.update_from_output(out, {rid: [7] for i, rid in enumerate(out.req_ids) if out.samples[i]})
+    return offers, preempted
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_request_preempted_after_it_offered_a_state_withdraws_it(backend: str) -> None:
+    offers, preempted = offers_by_step(backend)
+    assert preempted == [[], [], [], [], ["L"]]
+    # (vLLM's offers in the same run: tests/vllm_dropin/test_vllm_connector_dropin.py.)
+    assert offers == [
+        [("L", 1, 3, 8)],
+        [("L", 1, 5, 12)],
+        [],
+        [("H", 1, 7, 4)],
+        [],
+    ]

@@ -235,3 +235,45 @@ def test_a_request_with_nothing_computed_names_every_state_block(async_schedulin
         ("a", [True, True, True, False])
     ]
     assert ours.log == theirs.log
+
+
+def test_a_request_preempted_after_it_offered_a_state_withdraws_it() -> None:
+    """tests/test_kv_connector.py's case against vLLM (synchronous
+    scheduling, as there): Jamba's layout with
+    every state cached, the priority policy, "L" preempted at step 4 right
+    after it cached (and offered) its state at 16 tokens. vLLM drops the
+    offer with the blocks (its MambaManager's pop_blocks_for_free), and so
+    does the drop-in: no offer that step, and the same calls."""
+    shares = StandInShares(unknown=0.0, hit=0.0, load_failed=0.0, block_invalid=0.0)
+    config = kv_transfer_config(0, "fail", shares, hybrid=True)
+    settings = dict(
+        kv_layout="jamba",
+        block_size=4,
+        num_blocks=9,
+        max_model_len=24,
+        max_num_seqs=4,
+        max_num_batched_tokens=8,
+        enable_prefix_caching=True,
+        enable_chunked_prefill=True,
+        policy="priority",
+        retention_interval=None,
+        async_scheduling=False,
+        kv_transfer_config=config,
+    )
+    pair = VllmPair(random.Random(0), **settings)
+    pair.choose = lambda: 7
+    ours, theirs = stand_in_of(pair.ours), stand_in_of(pair.vllm)
+    pair.add("L", list(range(10, 24)), max_tokens=4, priority=1)
+    offered, preempted = [], []
+    for step in range(5):
+        if step == 1:
+            pair.add("H", [30, 31], max_tokens=4, priority=0)
+        before = len(theirs.log)
+        pair.schedule()
+        preempted.append(sorted(pair.in_flight[-1][0].preempted_req_ids))
+        offered.append([call[1] for call in theirs.log[before:] if call[0] == "boundary_states"])
+        pair.update_oldest()
+        assert ours.log == theirs.log
+    assert preempted[4] == ["L"]
+    # ("L" offered at 8 and 12 tokens, "H" at 4; nothing at step 4.)
+    assert [[rid for entry in step for rid, _ in entry] for step in offered][3:] == [["H"], []]
