@@ -203,8 +203,10 @@ def random_config(rng: random.Random) -> dict:
         config["retention_interval"] = bs * rng.choice([1, 2, 4, 8])
     # Multi-module MTP in some: the drafter reads k prompt tokens ahead, so
     # no chunk ends within k of the prompt's end and k - 1 computed tokens
-    # stay out of the hash cache.
-    if config["num_speculative_tokens"] > 1 and rng.random() < 0.3:
+    # stay out of the hash cache. (More often beside several groups, whose
+    # blocks may then be of different sizes: the rarer layouts.)
+    several = len(config["kv_cache_groups"] or ()) > 1
+    if config["num_speculative_tokens"] > 1 and rng.random() < (0.7 if several else 0.3):
         config["drafter_read_ahead"] = config["num_speculative_tokens"]
     add_mamba_groups(random.Random(rng.random()), config)
     add_block_sizes(random.Random(rng.random()), config)
@@ -215,9 +217,9 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
     """Groups of different block sizes (docs/scheduling.md §7.16: vLLM's
     mixed-precision hybrids, and a hybrid's recurrent states smaller than
     its attention blocks, Qwen3-Next's with MTP) in half the workloads (in
-    all with EAGLE's last-block drop) whose
+    all with EAGLE's last-block drop or multi-module MTP) whose
     groups are full attention, sliding windows and recurrent states cached
-    in cache mode "align", without multi-module MTP: each
+    in cache mode "align" (not beside multi-module MTP): each
     attention group two or four times the cache's block size or its own,
     one at least the cache's (so the hash block is it) unless states of
     the cache's block size are; a retention interval on the scheduler block
@@ -236,9 +238,10 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
     # (More often beside recurrent states, and always beside EAGLE's
     # last-block drop: the rarer layouts.)
     dropping = config["drop_eagle_block"] and config.get("caching", True)
-    if not dropping and rng.random() < (0.25 if recurrent else 0.5):
-        return
-    if config.get("drafter_read_ahead", 0) > 1:
+    multi_module = config.get("drafter_read_ahead", 0) > 1
+    if multi_module and recurrent:
+        return  # (multi-module MTP beside cached states: not modelled)
+    if not (dropping or multi_module) and rng.random() < (0.25 if recurrent else 0.5):
         return
     bs = config["block_size"]
     sizes = [None if g.kind == "mamba" else rng.choice([None, 2 * bs, 4 * bs]) for g in groups]
@@ -663,6 +666,9 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     pair.events["mixed_block_sizes"] += any(
         g.block_size is not None for g in config["kv_cache_groups"] or ()
     )
+    pair.events["multi_module_drafter_mixed_sizes"] += config.get(
+        "drafter_read_ahead", 0
+    ) > 1 and any(g.block_size is not None for g in config["kv_cache_groups"] or ())
     pair.events["eagle_block_drop_mixed_sizes"] += bool(
         config["drop_eagle_block"]
         and config["caching"]
@@ -770,6 +776,27 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     needs["eagle_block_drop_mixed_sizes"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
+    for what, n in needs.items():
+        assert events[what] >= n, (what, events)
+
+
+def test_multi_module_mtp_beside_groups_of_different_sizes_agrees(workloads: Workloads) -> None:
+    """Multi-module MTP beside groups of different block sizes (DeepSeek-
+    style drafting over a mixed-precision hybrid: about one workload in
+    forty, which run_seed draws with the rest): this test runs only the
+    workloads whose config has it."""
+
+    def run_mixed_multi_module(seed: int) -> Counter:
+        config = random_config(random.Random(seed))
+        mixed = any(g.block_size is not None for g in config["kv_cache_groups"] or ())
+        if not (mixed and config.get("drafter_read_ahead", 0) > 1):
+            return Counter()
+        return run_seed(seed)
+
+    needs = {"multi_module_drafter_mixed_sizes": workloads.scaled(6, WORKLOADS, FULL_WORKLOADS)}
+    events = workloads.run_covering(
+        run_mixed_multi_module, needs, 3 * WORKLOADS, 3 * FULL_WORKLOADS, part="mixed_multi"
+    )
     for what, n in needs.items():
         assert events[what] >= n, (what, events)
 

@@ -221,15 +221,6 @@ impl SchedulerConfig {
             0,
             c.num_speculative_tokens.max(1),
         )?;
-        if c.drafter_read_ahead > 1 && c.cache.has_mixed_block_sizes() {
-            // Its re-prefilled tokens are cached per group apart: not
-            // modelled beside groups of different block sizes (§7.16).
-            return Err(Error::invalid(format!(
-                "kv_cache_groups of different block sizes ({:?}) are not modelled beside \
-                 drafter_read_ahead above 1 (multi-module MTP)",
-                c.cache.group_block_sizes()
-            )));
-        }
         if let Some(max_loras) = c.max_loras {
             check_range("max_loras", max_loras, 1, MAX_NUM_SEQS)?;
         }

@@ -119,8 +119,7 @@ def random_settings(rng: random.Random) -> dict:
 def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     """Window and full-attention groups of different block sizes
     (docs/scheduling.md §7.16), with KV-cache events and EAGLE's last-block
-    drop where drawn, without what the core does not model beside them
-    (multi-module MTP): in
+    drop and multi-module MTP where drawn: in
     half the gpt-oss and Gemma 3 layouts (a mixed-precision hybrid) the
     windows' or the full group's blocks two or four times the cache's (drawn
     apart); in half the recurrent layouts with prefix caching on (vLLM's
@@ -134,8 +133,6 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
         return {}
     if layout == "mamba":
         return {}  # (states alone: no attention block)
-    if settings.get("num_mtp_layers", 1) > 1:
-        return {}
     bs = settings["block_size"]
     larger = bs * drawn.choice([2, 4])
     which = drawn.choice(["window_block_size", "full_block_size"])
@@ -959,6 +956,8 @@ def drawn_features(seed: int) -> Counter:
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "groups of different block sizes": "window_block_size" in s or "full_block_size" in s,
         "recurrent groups of unlike specs": not s.get("mamba_specs_alike", True),
+        "groups of different block sizes with multi-module MTP": s.get("num_mtp_layers", 1) > 1
+        and ("window_block_size" in s or "full_block_size" in s),
         "recurrent states smaller than attention blocks": recurrent
         and ("window_block_size" in s or "full_block_size" in s),
         "groups of different block sizes with KV-cache events": (
@@ -1090,6 +1089,9 @@ FEATURE_SHARES = {
     "feature: recurrent states with prefill checkpoints": 20,
     # About 11 of 1,040 (half the Qwen3-Next layouts with prefix caching on).
     "feature: recurrent groups of unlike specs": 6,
+    # About 3 of 1,040 (DeepSeek's three MTP modules beside gpt-oss's or
+    # Gemma 3's layout, half of those with larger blocks).
+    "feature: groups of different block sizes with multi-module MTP": 1,
     "feature: layout: qwen3-next": 35,
     "feature: layout: jamba": 15,
     "feature: layout: swa-mamba": 15,
@@ -1147,6 +1149,7 @@ FEATURES = [
     "feature: recurrent states cached",
     "feature: recurrent states with prefill checkpoints",
     "feature: recurrent groups of unlike specs",
+    "feature: groups of different block sizes with multi-module MTP",
     "feature: encoder-decoder with KV-cache events or metrics",
     "feature: encoder-decoder with speculation",
     "feature: encoder-decoder with a drafter model",

@@ -19,8 +19,6 @@ from ironbatch.reference.attention_group import (
 from ironbatch.reference.error import debug_str
 from ironbatch.reference.kv_cache_manager import check_groups
 from ironbatch.reference.kv_cache_manager.config import (
-    group_block_sizes,
-    has_mixed_block_sizes,
     hash_block_size,
     validate_group_block_sizes,
 )
@@ -341,15 +339,6 @@ def validate(c: SchedulerSettings) -> None:
                 )
     # An EAGLE-style drafter reads one token ahead; multi-module MTP one per module.
     check_range("drafter_read_ahead", c.drafter_read_ahead, 0, max(c.num_speculative_tokens, 1))
-    mixed = has_mixed_block_sizes(c.kv_cache_groups, c.block_size, c.enable_prefix_caching)
-    if c.drafter_read_ahead > 1 and mixed:
-        # Its re-prefilled tokens are cached per group apart: not modelled
-        # beside groups of different block sizes (§7.16).
-        sizes = group_block_sizes(c.kv_cache_groups, c.block_size)
-        raise ValueError(
-            f"kv_cache_groups of different block sizes ({sizes}) are not modelled beside "
-            "drafter_read_ahead above 1 (multi-module MTP)"
-        )
     if c.max_loras is not None:
         check_range("max_loras", c.max_loras, 1, MAX_NUM_SEQS)
     if c.encoder is not None:

@@ -177,12 +177,6 @@ def unsupported_config(
             "cross-attention groups, or beside Mamba groups without prefix caching",
         ),
         (
-            # What vLLM then reads ahead and caches per group is not
-            # modelled yet (events, connectors and EAGLE's drop are, §7.16).
-            mixed_sizes and c.num_prefill_lookahead_tokens > 1,
-            "KV-cache groups of different block sizes with multi-module MTP",
-        ),
-        (
             # vLLM turns its hybrid manager off for an EAGLE drafter beside
             # chunked local attention (one group then), and its coordinator
             # asserts against the two together.
