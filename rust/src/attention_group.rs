@@ -196,7 +196,12 @@ pub fn checkpoint_in_chunk(
 /// down to `alignment` (the scheduler block, where hits land) — since a hit
 /// needs that one state alone; with a retention interval (`segment_tokens`;
 /// 0 for none) also the last block of every segment, and every block when
-/// a segment is one block or less.
+/// a segment is one block or less. `eagle` moves the resume points as it
+/// moves a window's (vLLM's `replay_boundaries`): a unit before a resend's
+/// and a longer sibling's, and, for a group that drops a block itself, a
+/// block below the shared prefix too; the state is the one block there
+/// (no drafter has recurrent layers, so no block past it).
+#[allow(clippy::too_many_arguments)]
 pub fn recurrent_mask(
     block_size: usize,
     alignment: usize,
@@ -204,19 +209,36 @@ pub fn recurrent_mask(
     num_prompt_tokens: usize,
     shared_prefix_boundary: usize,
     segment_tokens: usize,
+    eagle: EagleReach,
 ) -> impl Fn(usize) -> bool {
     let per_segment = segment_tokens / block_size;
     let dense = !sparse || (segment_tokens > 0 && per_segment <= 1);
     // The block ending at `boundary` rounded down; none below one block.
     let ending_at =
         |boundary: usize| (boundary / alignment * alignment / block_size).checked_sub(1);
-    let prompt = ending_at(num_prompt_tokens.saturating_sub(1));
-    let shared = ending_at(shared_prefix_boundary);
+    let unit = alignment;
+    let resume = if eagle.any_group {
+        let resend = num_prompt_tokens.saturating_sub(1) / unit * unit;
+        let extension = num_prompt_tokens / unit * unit;
+        [
+            ending_at(resend.saturating_sub(unit)),
+            ending_at(extension.saturating_sub(unit)),
+        ]
+    } else {
+        [ending_at(num_prompt_tokens.saturating_sub(1)), None]
+    };
+    let shared = (shared_prefix_boundary > 0)
+        .then(|| ending_at(shared_prefix_boundary))
+        .flatten();
+    let shared_below = (shared_prefix_boundary > 0 && eagle.this_group)
+        .then(|| ending_at(shared_prefix_boundary.saturating_sub(block_size)))
+        .flatten();
     move |i| {
         dense
             || (per_segment > 1 && (i + 1) % per_segment == 0)
-            || prompt == Some(i)
+            || resume.contains(&Some(i))
             || shared == Some(i)
+            || shared_below == Some(i)
     }
 }
 
@@ -369,33 +391,49 @@ mod tests {
 
     #[test]
     fn a_recurrent_group_keeps_the_states_at_resume_points() {
-        // Blocks of 16, a 100-token prompt: the state after 96 tokens
-        // (block 5), the one a resend of the prompt resumes from.
         let kept = |keep: &dyn Fn(usize) -> bool| (0..8).filter(|&i| keep(i)).collect::<Vec<_>>();
-        assert_eq!(kept(&recurrent_mask(16, 16, true, 100, 0, 0)), vec![5]);
+        // Blocks of 16, hits on `unit`; (prompt, shared prefix, segment).
+        let sparse = |unit, prompt, shared, segment| {
+            kept(&recurrent_mask(
+                16,
+                unit,
+                true,
+                prompt,
+                shared,
+                segment,
+                EagleReach::default(),
+            ))
+        };
+        // A 100-token prompt: the state after 96 tokens (block 5), the one
+        // a resend of the prompt resumes from.
+        assert_eq!(sparse(16, 100, 0, 0), vec![5]);
         // A prompt of 96 resumes at 95: the state after 80 (block 4).
-        assert_eq!(kept(&recurrent_mask(16, 16, true, 96, 0, 0)), vec![4]);
+        assert_eq!(sparse(16, 96, 0, 0), vec![4]);
         // A shared prefix of 40 tokens: the state after 32 too.
-        assert_eq!(kept(&recurrent_mask(16, 16, true, 100, 40, 0)), vec![1, 5]);
+        assert_eq!(sparse(16, 100, 40, 0), vec![1, 5]);
         // Segments of 64 tokens keep their last state each.
-        assert_eq!(
-            kept(&recurrent_mask(16, 16, true, 100, 0, 64)),
-            vec![3, 5, 7]
-        );
-        assert_eq!(
-            kept(&recurrent_mask(16, 16, true, 100, 0, 16)),
-            (0..8).collect::<Vec<_>>()
-        );
-        assert_eq!(
-            kept(&recurrent_mask(16, 16, false, 100, 0, 0)),
-            (0..8).collect::<Vec<_>>()
-        );
+        assert_eq!(sparse(16, 100, 0, 64), vec![3, 5, 7]);
+        assert_eq!(sparse(16, 100, 0, 16), (0..8).collect::<Vec<_>>());
+        let dense = recurrent_mask(16, 16, false, 100, 0, 0, EagleReach::default());
+        assert_eq!(kept(&dense), (0..8).collect::<Vec<_>>());
         // Nothing before the first whole block.
-        assert!(kept(&recurrent_mask(16, 16, true, 10, 0, 0)).is_empty());
+        assert!(sparse(16, 10, 0, 0).is_empty());
         // Hits landing on 64-token scheduler blocks (attention blocks of 64
         // beside states of 16): the prompt's resume point 99 rounds down to
         // 64 (block 3), a shared prefix of 40 to nothing.
-        assert_eq!(kept(&recurrent_mask(16, 64, true, 100, 40, 0)), vec![3]);
+        assert_eq!(sparse(64, 100, 40, 0), vec![3]);
+        // EAGLE's drop (vLLM's replay boundaries): a resend and a longer
+        // sibling resume a block before 96, at 80 (block 4); a group that
+        // drops a block itself keeps the state a block below the shared
+        // prefix's too (after 16 tokens, block 0).
+        let eagle = |this_group| EagleReach {
+            any_group: true,
+            this_group,
+        };
+        let dropping = |shared, reach| kept(&recurrent_mask(16, 16, true, 100, shared, 0, reach));
+        assert_eq!(dropping(0, eagle(false)), vec![4]);
+        assert_eq!(dropping(40, eagle(false)), vec![1, 4]);
+        assert_eq!(dropping(40, eagle(true)), vec![0, 1, 4]);
     }
 
     #[test]

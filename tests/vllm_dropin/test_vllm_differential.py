@@ -182,14 +182,15 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     state, vLLM's retention interval None). Not with Whisper or decode
     context parallelism (vLLM runs neither beside recurrent layers);
     multi-module MTP with prefix caching off only (the drop-in hands "align"
-    beside it to vLLM's scheduler)."""
+    beside it to vLLM's scheduler), EAGLE's last-block drop with it on."""
     drawn = random.Random(rng.random())
     if drawn.random() >= 0.32 or settings["kv_layout"] != "full":
         return {}
     if settings.get("target") == "whisper" or "decode_context_parallel_size" in settings:
         return {}
-    if settings.get("speculative_config", {}).get("disable_lookahead_block_hashes"):
-        return {}  # (EAGLE's last-block drop needs prefix caching: kept for its share)
+    # Beside EAGLE's last-block drop, states cached (the drop needs prefix
+    # caching).
+    dropping = bool(settings.get("speculative_config", {}).get("disable_lookahead_block_hashes"))
     layout = drawn.choice(["qwen3-next", "qwen3-next", "jamba", "swa-mamba", "mamba"])
     bs = settings["block_size"]
     out = {
@@ -199,7 +200,7 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     }
     if layout == "swa-mamba":
         out["window"] = drawn.choice([bs // 2 + 1, bs + 3, 2 * bs])
-    if drawn.random() < 0.5 and settings.get("num_mtp_layers", 1) == 1:
+    if (drawn.random() < 0.5 or dropping) and settings.get("num_mtp_layers", 1) == 1:
         # Prefix caching on (vLLM's default, mamba_cache_mode "align"):
         # states of the block size, chunked prefill (vLLM requires it), a
         # budget of more than a block besides a drafter's slots (else no
@@ -956,6 +957,8 @@ def drawn_features(seed: int) -> Counter:
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "groups of different block sizes": "window_block_size" in s or "full_block_size" in s,
         "recurrent groups of unlike specs": not s.get("mamba_specs_alike", True),
+        "EAGLE last-block drop beside recurrent states": recurrent
+        and bool(s.get("speculative_config", {}).get("disable_lookahead_block_hashes")),
         "groups of different block sizes with multi-module MTP": s.get("num_mtp_layers", 1) > 1
         and ("window_block_size" in s or "full_block_size" in s),
         "recurrent states smaller than attention blocks": recurrent
@@ -1089,6 +1092,9 @@ FEATURE_SHARES = {
     "feature: recurrent states with prefill checkpoints": 20,
     # About 11 of 1,040 (half the Qwen3-Next layouts with prefix caching on).
     "feature: recurrent groups of unlike specs": 6,
+    # About 10 of 1,040 (a recurrent layout in a third of the drop's
+    # workloads with one full-attention group).
+    "feature: EAGLE last-block drop beside recurrent states": 5,
     # About 3 of 1,040 (DeepSeek's three MTP modules beside gpt-oss's or
     # Gemma 3's layout, half of those with larger blocks).
     "feature: groups of different block sizes with multi-module MTP": 1,
@@ -1149,6 +1155,7 @@ FEATURES = [
     "feature: recurrent states cached",
     "feature: recurrent states with prefill checkpoints",
     "feature: recurrent groups of unlike specs",
+    "feature: EAGLE last-block drop beside recurrent states",
     "feature: groups of different block sizes with multi-module MTP",
     "feature: encoder-decoder with KV-cache events or metrics",
     "feature: encoder-decoder with speculation",

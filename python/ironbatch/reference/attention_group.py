@@ -231,6 +231,7 @@ def recurrent_mask(
     num_prompt_tokens: int,
     shared_prefix_boundary: int,
     segment_tokens: int = 0,
+    eagle: EagleReach | None = None,
 ) -> Callable[[int], bool]:
     """Which blocks a recurrent group caches in cache mode "align" (vLLM's
     Mamba ``reachable_block_mask``): every block with dense retention
@@ -240,7 +241,12 @@ def recurrent_mask(
     to ``alignment`` (the scheduler block, where hits land) — since a hit
     needs that one state alone; with a retention interval (``segment_tokens``;
     0 for none) also the last block of every segment, and every block when a
-    segment is one block or less."""
+    segment is one block or less. ``eagle`` moves the resume points as it
+    moves a window's (vLLM's ``replay_boundaries``): a unit before a
+    resend's and a longer sibling's, and, for a group that drops a block
+    itself, a block below the shared prefix too; the state is the one block
+    there (no drafter has recurrent layers, so no block past it)."""
+    eagle = eagle or EagleReach()
     per_segment = segment_tokens // block_size
     dense = not sparse or (segment_tokens > 0 and per_segment <= 1)
 
@@ -249,11 +255,20 @@ def recurrent_mask(
         k = boundary // alignment * alignment // block_size - 1
         return k if k >= 0 else None
 
-    prompt = ending_at(max(num_prompt_tokens - 1, 0))
-    shared = ending_at(shared_prefix_boundary)
-    return lambda i: (
-        dense or (per_segment > 1 and (i + 1) % per_segment == 0) or i in (prompt, shared)
-    )
+    unit = alignment
+    if eagle.any_group:
+        resend = max(num_prompt_tokens - 1, 0) // unit * unit
+        extension = num_prompt_tokens // unit * unit
+        resume = {ending_at(max(resend - unit, 0)), ending_at(max(extension - unit, 0))}
+    else:
+        resume = {ending_at(max(num_prompt_tokens - 1, 0))}
+    kept = resume
+    if shared_prefix_boundary > 0:
+        kept = kept | {ending_at(shared_prefix_boundary)}
+        if eagle.this_group:
+            kept = kept | {ending_at(max(shared_prefix_boundary - block_size, 0))}
+    kept.discard(None)
+    return lambda i: dense or (per_segment > 1 and (i + 1) % per_segment == 0) or i in kept
 
 
 @dataclass(frozen=True)

@@ -146,12 +146,6 @@ def unsupported_config(
             "chunked-local and Mamba ones",
         ),
         (
-            # EAGLE's drop moves the prompt's checkpoint a block back, off
-            # the block a prefill checkpoint is written to.
-            any(s.mamba_cache_mode == "align" for s in recurrent) and drops_eagle_block(c),
-            "EAGLE's last-block drop with Mamba groups and prefix caching on",
-        ),
-        (
             # A state block of more than a hash block: vLLM then hits inside
             # a state block (its partial hash hits), which the core does
             # not model.

@@ -4,6 +4,7 @@
 //! the step's tokens allow. Every check comes before any change, so a
 //! refusal leaves the pool, the map and the tables as they were.
 
+use super::prefill_checkpoints::StateCheckpoint;
 use super::KvCacheManager;
 use crate::attention_group::checkpoint_in_chunk;
 use crate::block::{BlockId, NULL_BLOCK};
@@ -53,18 +54,6 @@ struct Span {
     /// Where the request's prefill ends: its prompt, or for a resumed
     /// request its tokens but the last.
     prefill_end: usize,
-}
-
-/// A prefill checkpoint a step writes from inside its chunk (vLLM's
-/// `MambaManager._checkpoints`): the state after `position` tokens, into
-/// every recurrent group's block `block`, the one before the block the
-/// chunk ends in. The two agree (`block` ends at `position`) when the
-/// groups' block sizes do; else `position` is on the scheduler block and
-/// `block` where the chunk ends (§7.16).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StateCheckpoint {
-    pub position: usize,
-    pub block: usize,
 }
 
 impl KvCacheManager {
@@ -421,17 +410,25 @@ impl KvCacheManager {
             prefill_end,
         };
         let needed = self.blocks_needed_all(tables, span, encoder_tokens, hits, false);
-        if needed + (watermark + reserved_blocks) as isize > free(self) {
-            return None;
-        }
-        // Enough is free: from here on nothing can fail. A prefill
-        // checkpoint is decided on the tables before their hits, as vLLM
-        // decides it; every recurrent group's table has the same shape.
-        self.step_checkpoint = self
+        // A prefill checkpoint is decided on the tables before their hits,
+        // as vLLM decides it; every recurrent group's table has the same
+        // shape. vLLM's MambaManager records it (or forgets the last) per
+        // request as it counts, before it knows the blocks are free, and
+        // its caching reads it until the request's next count: an output's
+        // caching between steps too.
+        let checkpoint = self
             .groups
             .iter()
             .position(|g| self.align && g.kind.is_recurrent())
             .and_then(|g| self.checkpoint_in_step(g, &tables[g], span));
+        if let Some(slot) = owner.filter(|_| self.align) {
+            self.state_checkpoints.set(slot, checkpoint);
+        }
+        if needed + (watermark + reserved_blocks) as isize > free(self) {
+            return None;
+        }
+        // Enough is free: from here on nothing can fail.
+        self.step_checkpoint = checkpoint;
         // Hits and an external hit (a KV connector's) are taken by a request
         // that holds no blocks yet; one that does (a load that failed in
         // part, asked again) grows its tables as a running one does.

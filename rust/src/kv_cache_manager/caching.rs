@@ -2,7 +2,7 @@
 //! enter the prefix-cache map as its tokens fill them, group by group, and
 //! how many tokens a request holds in cached blocks.
 
-use super::allocation::StateCheckpoint;
+use super::prefill_checkpoints::StateCheckpoint;
 use super::{BoundaryState, KvCacheManager};
 use crate::attention_group::{
     dense_window_mask, group_key, recurrent_mask, sparse_mask, AttentionKind, EagleReach,
@@ -96,6 +96,12 @@ impl KvCacheManager {
         owner: Option<Slot>,
     ) {
         let offered_by = owner.filter(|_| self.boundary_states.enabled());
+        // The request's planned prefill checkpoint: the allocation's own,
+        // or for its output's caching the latest allocation's.
+        let checkpoint = match owner {
+            Some(slot) if self.align => self.state_checkpoints.get(slot),
+            _ => self.step_checkpoint,
+        };
         let owner = owner.filter(|_| self.pool.events.enabled());
         // Only tokens whose KV is final: multi-module MTP may prefill the
         // last few again. (vLLM's hybrid coordinator, for several groups,
@@ -135,7 +141,7 @@ impl KvCacheManager {
         }
         if self.align && self.groups[g].kind.is_recurrent() {
             let cached = table.num_cached;
-            self.cache_prompt_state(g, table, seq, upto, owner);
+            self.cache_prompt_state(g, table, seq, upto, checkpoint, owner);
             if let Some(owner) = offered_by {
                 self.offer_states(g, table, first..cached, owner);
             }
@@ -272,6 +278,10 @@ impl KvCacheManager {
                     seq.num_prompt_tokens(),
                     seq.shared_prefix_boundary,
                     self.retention_interval,
+                    EagleReach {
+                        any_group: self.drop_eagle_block,
+                        this_group: self.drops_eagle[g],
+                    },
                 )
             });
             let recurrent = kind.is_recurrent();
@@ -361,9 +371,10 @@ impl KvCacheManager {
         table: &BlockTable,
         seq: &Sequence,
         upto: usize,
+        checkpoint: Option<StateCheckpoint>,
         owner: Option<Slot>,
     ) {
-        if let Some(checkpoint) = self.step_checkpoint {
+        if let Some(checkpoint) = checkpoint {
             return self.cache_checkpoint_state(g, table, seq, checkpoint, owner);
         }
         // The hash block (validated). What vLLM's hybrid coordinator hands

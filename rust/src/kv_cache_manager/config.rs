@@ -217,12 +217,6 @@ impl KvCacheConfig {
                             self.group_block_sizes()
                         )));
                     }
-                    if self.enable_prefix_caching && self.drop_eagle_block {
-                        return Err(Error::invalid(
-                            "drop_eagle_block must be false with a Mamba KV-cache group and \
-                             prefix caching on",
-                        ));
-                    }
                     if self.enable_prefix_caching && self.num_hash_lookahead_tokens > 1 {
                         return Err(Error::invalid(format!(
                             "num_hash_lookahead_tokens ({}) must be at most 1 with a Mamba \

@@ -13,14 +13,15 @@ mod allocation;
 mod boundary_states;
 mod caching;
 mod config;
+mod prefill_checkpoints;
 
 #[cfg(test)]
 mod tests;
 
 pub use allocation::Admission;
-use allocation::StateCheckpoint;
 pub use boundary_states::BoundaryState;
 pub use config::KvCacheConfig;
+use prefill_checkpoints::{StateCheckpoint, StateCheckpoints};
 
 use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::block::{BlockId, NULL_BLOCK};
@@ -90,6 +91,9 @@ pub struct KvCacheManager {
     /// The prefill checkpoint the allocation in progress writes, if any
     /// (§7.15): its caching keys the checkpoint's block.
     step_checkpoint: Option<StateCheckpoint>,
+    /// Each request's latest planned checkpoint, which its caching keys
+    /// until its next allocation (an output's caching between steps).
+    state_checkpoints: StateCheckpoints,
 }
 
 impl KvCacheManager {
@@ -139,6 +143,7 @@ impl KvCacheManager {
             states_cached_this_step: Vec::new(),
             boundary_states: Default::default(),
             step_checkpoint: None,
+            state_checkpoints: StateCheckpoints::default(),
         })
     }
 

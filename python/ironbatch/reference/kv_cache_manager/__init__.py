@@ -25,7 +25,7 @@ from ironbatch.reference.block_hash import BlockHasher
 from ironbatch.reference.block_pool import BlockPool
 from ironbatch.reference.block_table import BlockTable, StateSlots
 from ironbatch.reference.kv_cache_manager import allocation, caching
-from ironbatch.reference.kv_cache_manager.allocation import Admission, StateCheckpoint
+from ironbatch.reference.kv_cache_manager.allocation import Admission
 from ironbatch.reference.kv_cache_manager.boundary_states import BoundaryState, BoundaryStates
 from ironbatch.reference.kv_cache_manager.config import (
     check_groups,
@@ -33,6 +33,10 @@ from ironbatch.reference.kv_cache_manager.config import (
     hash_block_size,
     scheduler_block_size,
     validate,
+)
+from ironbatch.reference.kv_cache_manager.prefill_checkpoints import (
+    StateCheckpoint,
+    StateCheckpoints,
 )
 from ironbatch.reference.kv_events import KvEvent
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
@@ -159,6 +163,9 @@ class KvCacheManager:
         #: The prefill checkpoint the allocation in progress writes, if any
         #: (§7.15): its caching keys the checkpoint's block.
         self._step_checkpoint: StateCheckpoint | None = None
+        #: Each request's latest planned checkpoint, which its caching keys
+        #: until its next allocation (an output's caching between steps).
+        self._state_checkpoints = StateCheckpoints()
 
     def with_reprefillable_tokens(self, tokens: int) -> KvCacheManager:
         """The same manager, minding the last ``tokens`` computed tokens of

@@ -14,6 +14,7 @@ from ironbatch.reference.attention_group import checkpoint_in_chunk
 from ironbatch.reference.block import NULL_BLOCK, Block, cdiv
 from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.kv_cache_manager.caching import cache_blocks
+from ironbatch.reference.kv_cache_manager.prefill_checkpoints import StateCheckpoint
 from ironbatch.reference.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -47,19 +48,6 @@ class Admission:
     #: tokens an asynchronous load writes: not listed for zeroing, which
     #: would race it (vLLM's ``skip_zeroing_group_ids``).
     loaded_groups: int = 0
-
-
-@dataclass(frozen=True)
-class StateCheckpoint:
-    """A prefill checkpoint a step writes from inside its chunk (vLLM's
-    ``MambaManager._checkpoints``): the state after ``position`` tokens, into
-    every recurrent group's block ``block``, the one before the block the
-    chunk ends in. The two agree (``block`` ends at ``position``) when the
-    groups' block sizes do; else ``position`` is on the scheduler block and
-    ``block`` where the chunk ends (§7.16)."""
-
-    position: int
-    block: int
 
 
 @dataclass(frozen=True)
@@ -286,15 +274,21 @@ def allocate(
     encoder_tokens = admission.encoder_tokens
     span = Span(slots, main_tokens, computed, prefill_end)
     needed = blocks_needed_all(m, tables, span, encoder_tokens, hits, False)
-    if needed + watermark + admission.reserved_blocks > m._pool.num_free_blocks:
-        return None
-    # Enough is free: from here on nothing can fail. A prefill checkpoint is
-    # decided on the tables before their hits, as vLLM decides it; every
-    # recurrent group's table has the same shape.
+    # A prefill checkpoint is decided on the tables before their hits, as
+    # vLLM decides it; every recurrent group's table has the same shape.
+    # vLLM's MambaManager records it (or forgets the last) per request as it
+    # counts, before it knows the blocks are free, and its caching reads it
+    # until the request's next count: an output's caching between steps too.
     recurrent = [g for g, spec in enumerate(m._groups) if m._align and spec.kind.is_recurrent()]
-    m._step_checkpoint = (
+    checkpoint = (
         checkpoint_in_step(m, recurrent[0], tables[recurrent[0]], span) if recurrent else None
     )
+    if admission.owner is not None and m._align:
+        m._state_checkpoints.set(admission.owner, checkpoint)
+    if needed + watermark + admission.reserved_blocks > m._pool.num_free_blocks:
+        return None
+    # Enough is free: from here on nothing can fail.
+    m._step_checkpoint = checkpoint
     # Hits and an external hit (a KV connector's) are taken by a request
     # that holds no blocks yet; one that does (a load that failed in part,
     # asked again) grows its tables as a running one does.

@@ -17,12 +17,12 @@ from ironbatch.reference.attention_group import (
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.block_table import BlockTable
 from ironbatch.reference.kv_cache_manager.boundary_states import BoundaryState
+from ironbatch.reference.kv_cache_manager.prefill_checkpoints import StateCheckpoint
 from ironbatch.reference.kv_events import Evicted, Stored, StoredKey
 from ironbatch.reference.sequence import Sequence
 
 if TYPE_CHECKING:
     from ironbatch.reference.kv_cache_manager import KvCacheManager
-    from ironbatch.reference.kv_cache_manager.allocation import StateCheckpoint
 
 
 def cache_full_blocks(
@@ -87,6 +87,11 @@ def cache_blocks(
     they replace removed first), then a key inside a block (§7.15–7.16),
     for the request in ``owner``."""
     offered_by = owner if m._boundary_states.enabled else None
+    # The request's planned prefill checkpoint: the allocation's own, or for
+    # its output's caching the latest allocation's.
+    checkpoint = m._step_checkpoint
+    if owner is not None and m._align:
+        checkpoint = m._state_checkpoints.get(owner)
     if not m._pool.events.enabled:
         owner = None
     # Only tokens whose KV is final: multi-module MTP may prefill the last
@@ -118,7 +123,7 @@ def cache_blocks(
         m._pool.events.push(Stored(owner, g, first, block_ids))
     if m._align and m._groups[g].kind.is_recurrent():
         cached = table.num_cached
-        cache_prompt_state(m, g, table, seq, upto, owner)
+        cache_prompt_state(m, g, table, seq, upto, checkpoint, owner)
         if offered_by is not None:
             offer_states(m, g, table, range(first, cached), offered_by)
     if m._groups[g].kind.is_full() and m.group_block_size(g) != m._hash_block_size:
@@ -216,6 +221,7 @@ def cache_new_full_blocks(
             seq.num_prompt_tokens,
             seq.shared_prefix_boundary,
             m._retention_interval,
+            EagleReach(any_group=m._drop_eagle_block, this_group=m._drops_eagle[g]),
         )
     for k in range(start, full):
         block = table.blocks[k]
@@ -255,14 +261,20 @@ def offer_states(m: KvCacheManager, g: int, table: BlockTable, blocks: range, ow
 
 
 def cache_prompt_state(
-    m: KvCacheManager, g: int, table: BlockTable, seq: Sequence, upto: int, owner: int | None
+    m: KvCacheManager,
+    g: int,
+    table: BlockTable,
+    seq: Sequence,
+    upto: int,
+    checkpoint: StateCheckpoint | None,
+    owner: int | None,
 ) -> None:
     """Cache the state where a later request with this prompt resumes, if a
     block holds it unhashed (vLLM's Mamba ``_cache_partial_tail_block``):
     sparse retention passed it by when the prompt was shorter (a session's
     next turn)."""
-    if m._step_checkpoint is not None:
-        cache_checkpoint_state(m, g, table, seq, m._step_checkpoint, owner)
+    if checkpoint is not None:
+        cache_checkpoint_state(m, g, table, seq, checkpoint, owner)
         return
     bs = m.group_block_size(g)  # the hash block (validated)
     # What vLLM's hybrid coordinator hands its groups: whole blocks.

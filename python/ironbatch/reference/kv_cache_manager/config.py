@@ -121,11 +121,6 @@ def check_groups(
                     f"group's block size ({sizes}) with prefix caching on (vLLM's "
                     "mamba_cache_mode 'align'): hits inside a state block are not modelled"
                 )
-            if enable_prefix_caching and drop_eagle_block:
-                raise ValueError(
-                    "drop_eagle_block must be false with a Mamba KV-cache group and prefix "
-                    "caching on"
-                )
             if enable_prefix_caching and num_hash_lookahead_tokens > 1:
                 raise ValueError(
                     f"num_hash_lookahead_tokens ({num_hash_lookahead_tokens}) must be at most 1 "
