@@ -220,8 +220,8 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
     mixed-precision hybrids, and a hybrid's recurrent states smaller than
     its attention blocks, Qwen3-Next's with MTP) in half the workloads (in
     all with EAGLE's last-block drop or multi-module MTP) whose
-    groups are full attention, sliding windows and recurrent states cached
-    in cache mode "align" (not beside multi-module MTP): each
+    groups are full attention, sliding windows and recurrent states (cached
+    in cache mode "align" not beside multi-module MTP): each
     attention group two or four times the cache's block size or its own,
     one at least the cache's (so the hash block is it) unless states of
     the cache's block size are; a retention interval on the scheduler block
@@ -235,8 +235,6 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
     ):
         return
     recurrent = any(g.kind == "mamba" for g in groups)
-    if recurrent and not config.get("caching", True):
-        return  # (states of the model's length: none of these sizes)
     # (More often beside recurrent states, and always beside EAGLE's
     # last-block drop: the rarer layouts.)
     dropping = config["drop_eagle_block"] and config.get("caching", True)

@@ -122,21 +122,22 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     drop and multi-module MTP where drawn: in
     half the gpt-oss and Gemma 3 layouts (a mixed-precision hybrid) the
     windows' or the full group's blocks two or four times the cache's (drawn
-    apart); in half the recurrent layouts with prefix caching on (vLLM's
-    "align"), attention blocks that large beside states of the cache's
-    block size (Qwen3-Next with MTP, whose attention blocks grow to hold its
-    states' page); a retention interval on the larger block."""
+    apart); in half the recurrent layouts, attention blocks that large
+    beside states of the cache's block size with prefix caching on (vLLM's
+    "align": Qwen3-Next with MTP, whose attention blocks grow to hold its
+    states' page) or of their own with it off (a mixed-precision hybrid
+    whose states are uncached); a retention interval on the larger block."""
     drawn = random.Random(rng.random())
     layout = settings["kv_layout"]
-    cached_states = layout in RECURRENT_GROUPS and settings["enable_prefix_caching"]
-    if not (layout in ("gpt-oss", "gemma3") or cached_states) or drawn.random() < 0.5:
+    recurrent = layout in RECURRENT_GROUPS
+    if not (layout in ("gpt-oss", "gemma3") or recurrent) or drawn.random() < 0.5:
         return {}
     if layout == "mamba":
         return {}  # (states alone: no attention block)
     bs = settings["block_size"]
     larger = bs * drawn.choice([2, 4])
     which = drawn.choice(["window_block_size", "full_block_size"])
-    if cached_states and layout != "swa-mamba":
+    if recurrent and layout != "swa-mamba":
         which = "full_block_size"
     out: dict = {which: larger}
     if settings.get("retention_interval"):
@@ -957,11 +958,15 @@ def drawn_features(seed: int) -> Counter:
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "groups of different block sizes": "window_block_size" in s or "full_block_size" in s,
         "recurrent groups of unlike specs": not s.get("mamba_specs_alike", True),
+        "groups of different block sizes beside uncached recurrent states": recurrent
+        and not s["enable_prefix_caching"]
+        and ("window_block_size" in s or "full_block_size" in s),
         "EAGLE last-block drop beside recurrent states": recurrent
         and bool(s.get("speculative_config", {}).get("disable_lookahead_block_hashes")),
         "groups of different block sizes with multi-module MTP": s.get("num_mtp_layers", 1) > 1
         and ("window_block_size" in s or "full_block_size" in s),
         "recurrent states smaller than attention blocks": recurrent
+        and s["enable_prefix_caching"]
         and ("window_block_size" in s or "full_block_size" in s),
         "groups of different block sizes with KV-cache events": (
             "window_block_size" in s or "full_block_size" in s
@@ -1092,6 +1097,9 @@ FEATURE_SHARES = {
     "feature: recurrent states with prefill checkpoints": 20,
     # About 11 of 1,040 (half the Qwen3-Next layouts with prefix caching on).
     "feature: recurrent groups of unlike specs": 6,
+    # About 23 of 1,040 (half the recurrent layouts with attention and
+    # prefix caching off).
+    "feature: groups of different block sizes beside uncached recurrent states": 12,
     # About 10 of 1,040 (a recurrent layout in a third of the drop's
     # workloads with one full-attention group).
     "feature: EAGLE last-block drop beside recurrent states": 5,
@@ -1155,6 +1163,7 @@ FEATURES = [
     "feature: recurrent states cached",
     "feature: recurrent states with prefill checkpoints",
     "feature: recurrent groups of unlike specs",
+    "feature: groups of different block sizes beside uncached recurrent states",
     "feature: EAGLE last-block drop beside recurrent states",
     "feature: groups of different block sizes with multi-module MTP",
     "feature: encoder-decoder with KV-cache events or metrics",

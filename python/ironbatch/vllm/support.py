@@ -91,9 +91,10 @@ def unsupported_config(
     # that skip KV-cache quantization), or a hybrid's states smaller than
     # attention blocks grown to hold their page (Qwen3-Next with MTP).
     mixed_sizes = len(hashed_sizes) > 1
+    # Of kinds the core models at different sizes: full attention, windows
+    # and recurrent states (cached or not: uncached ones hash nothing).
     plain_mixed = mixed_sizes and all(
-        type(g.kv_cache_spec) in (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec)
-        or (type(g.kv_cache_spec) is MambaSpec and g.kv_cache_spec.mamba_cache_mode == "align")
+        type(g.kv_cache_spec) in (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, MambaSpec)
         for g in groups
     )
     checks: list[tuple[bool, str]] = [
@@ -168,7 +169,7 @@ def unsupported_config(
             (mixed_sizes and not plain_mixed)
             or (not mixed_sizes and not recurrent and bool(attention_sizes - {block_size})),
             "KV-cache groups of different block sizes beside chunked-local or "
-            "cross-attention groups, or beside Mamba groups without prefix caching",
+            "cross-attention groups",
         ),
         (
             # vLLM turns its hybrid manager off for an EAGLE drafter beside
