@@ -182,10 +182,13 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     ("align", states of the block size; a quarter of those cache every
     state, vLLM's retention interval None). Not with Whisper or decode
     context parallelism (vLLM runs neither beside recurrent layers);
-    multi-module MTP with prefix caching off only (the drop-in hands "align"
-    beside it to vLLM's scheduler), EAGLE's last-block drop with it on."""
+    multi-module MTP with prefix caching on too (not beside EAGLE's drop or
+    states alone, which the drop-in hands to vLLM's scheduler), EAGLE's
+    last-block drop with it on."""
     drawn = random.Random(rng.random())
-    if drawn.random() >= 0.32 or settings["kv_layout"] != "full":
+    # (More often beside multi-module MTP: the rarer drafter.)
+    multi_module = settings.get("num_mtp_layers", 1) > 1
+    if drawn.random() >= (0.6 if multi_module else 0.32) or settings["kv_layout"] != "full":
         return {}
     if settings.get("target") == "whisper" or "decode_context_parallel_size" in settings:
         return {}
@@ -201,7 +204,10 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     }
     if layout == "swa-mamba":
         out["window"] = drawn.choice([bs // 2 + 1, bs + 3, 2 * bs])
-    if (drawn.random() < 0.5 or dropping) and settings.get("num_mtp_layers", 1) == 1:
+    # Multi-module MTP beside cached states, but not beside EAGLE's drop or
+    # states alone (the drop-in hands both to vLLM's scheduler).
+    cacheable = not multi_module or (not dropping and layout != "mamba")
+    if (drawn.random() < (0.8 if multi_module else 0.5) or dropping) and cacheable:
         # Prefix caching on (vLLM's default, mamba_cache_mode "align"):
         # states of the block size, chunked prefill (vLLM requires it), a
         # budget of more than a block besides a drafter's slots (else no
@@ -791,10 +797,23 @@ def run_workload(seed: int, steps: int = 60) -> Counter:
     # Pipeline parallelism spaces a request's decodes pp steps apart.
     idle = 0
     seen: dict[tuple, int] = {}  # state -> preemptions when it was seen
+    # Drain steps in a row that changed nothing and scheduled nothing.
+    frozen, last_state = 0, None
     for _ in range(30 * max_len * pp):
         if not pair.vllm.has_requests() and not pair.in_flight:
             break
         state = livelock_state(pair)
+        frozen = frozen + 1 if state == last_state and not scheduled_any(pair) else 0
+        last_state = state
+        if frozen > 4 * (interval + pp):
+            # vLLM's own stall, reproduced: requests nothing can be
+            # scheduled for (multi-module MTP's read-ahead forbids the only
+            # chunk end the block-aligned split of cached states allows)
+            # and nothing else to run. Their clients give up.
+            pair.events["vllm_stalled"] += 1
+            pair.abort(sorted(pair.vllm.requests))
+            frozen = 0
+            continue
         if seen.get(state, pair.events["preempted"]) < pair.events["preempted"]:
             # vLLM's own livelock, reproduced: the same requests, statuses
             # and counts again, with preemptions between and nothing
@@ -958,6 +977,9 @@ def drawn_features(seed: int) -> Counter:
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "groups of different block sizes": "window_block_size" in s or "full_block_size" in s,
         "recurrent groups of unlike specs": not s.get("mamba_specs_alike", True),
+        "multi-module MTP beside cached recurrent states": recurrent
+        and s["enable_prefix_caching"]
+        and s.get("num_mtp_layers", 1) > 1,
         "groups of different block sizes beside uncached recurrent states": recurrent
         and not s["enable_prefix_caching"]
         and ("window_block_size" in s or "full_block_size" in s),
@@ -1097,6 +1119,9 @@ FEATURE_SHARES = {
     "feature: recurrent states with prefill checkpoints": 20,
     # About 11 of 1,040 (half the Qwen3-Next layouts with prefix caching on).
     "feature: recurrent groups of unlike specs": 6,
+    # About 2 of 1,040 (DeepSeek's three MTP modules beside cached states:
+    # half of them stall as vLLM does, and both give up on them alike).
+    "feature: multi-module MTP beside cached recurrent states": 1,
     # About 23 of 1,040 (half the recurrent layouts with attention and
     # prefix caching off).
     "feature: groups of different block sizes beside uncached recurrent states": 12,
@@ -1163,6 +1188,7 @@ FEATURES = [
     "feature: recurrent states cached",
     "feature: recurrent states with prefill checkpoints",
     "feature: recurrent groups of unlike specs",
+    "feature: multi-module MTP beside cached recurrent states",
     "feature: groups of different block sizes beside uncached recurrent states",
     "feature: EAGLE last-block drop beside recurrent states",
     "feature: groups of different block sizes with multi-module MTP",

@@ -54,16 +54,19 @@ def test_scheduler_cls_as_a_class_object() -> None:
     ("overrides", "why"),
     [
         (
-            # (DeepSeek's three MTP modules hash three tokens ahead.)
             {
-                "speculative_config": {"method": "mtp", "num_speculative_tokens": 3},
+                "speculative_config": {
+                    "method": "mtp",
+                    "num_speculative_tokens": 3,
+                    "disable_lookahead_block_hashes": True,
+                },
                 "target": "deepseek_mtp",
                 "mla": True,
                 "num_mtp_layers": 3,
                 "kv_layout": "qwen3-next",
                 "enable_prefix_caching": True,
             },
-            "Mamba groups with prefix caching on and lookahead hashes past one token",
+            "EAGLE's last-block drop with multi-module MTP beside Mamba groups",
         ),
         (
             # (vLLM caps hits by the cached states found from the first
@@ -72,7 +75,7 @@ def test_scheduler_cls_as_a_class_object() -> None:
             "auxiliary outputs (routed experts) without a full-attention KV-cache group",
         ),
     ],
-    ids=["multi-module-mtp-with-mamba-states-cached", "routed-experts-beside-states-alone"],
+    ids=["multi-module-mtp-dropping-beside-mamba", "routed-experts-beside-states-alone"],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unsupported_config_falls_back_to_vllm_and_says_why(

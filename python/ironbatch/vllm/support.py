@@ -156,11 +156,18 @@ def unsupported_config(
             "(prefix hits inside a state block)",
         ),
         (
-            # Lookahead hashes past one token move the prompt's checkpoint
-            # inside a block (a partial tail, re-keyed in place).
-            any(s.mamba_cache_mode == "align" for s in recurrent)
-            and c.num_hash_lookahead_tokens > 1,
-            "Mamba groups with prefix caching on and lookahead hashes past one token",
+            # Untested against vLLM: beside it, what the groups that drop a
+            # block cache of the re-prefilled tokens differs.
+            bool(aligned) and c.num_prefill_lookahead_tokens > 1 and drops_eagle_block(c),
+            "EAGLE's last-block drop with multi-module MTP beside Mamba groups "
+            "and prefix caching on",
+        ),
+        (
+            # vLLM's own lookup there runs past the lookahead hashes (an
+            # IndexError in MambaManager.find_longest_cache_hit).
+            bool(aligned) and c.num_prefill_lookahead_tokens > 1 and not attention_sizes,
+            "multi-module MTP beside Mamba groups alone with prefix caching on "
+            "(vLLM's lookup fails there)",
         ),
         (
             # Decode context parallelism shards a block's tokens across its
@@ -178,13 +185,6 @@ def unsupported_config(
             drops_eagle_block(c)
             and any(isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in groups),
             "EAGLE's last-block drop (lookahead block hashes off) with chunked local attention",
-        ),
-        (
-            # Untested: its read-ahead and the block-aligned split (prefix
-            # caching on) can leave a prompt nothing to schedule (in vLLM
-            # too). With states uncached (cache mode "none") it engages.
-            bool(aligned) and c.num_prefill_lookahead_tokens > 1,
-            "multi-module MTP with Mamba or linear-attention groups and prefix caching on",
         ),
         (
             # Groups of different block sizes hash at their greatest common

@@ -204,9 +204,7 @@ impl KvCacheConfig {
                     // mode "align": a state per block boundary. A state
                     // block of more than a hash block brings vLLM's hits
                     // inside a state block (its partial hash hits), which
-                    // are not modelled; nor are lookahead hashes past one
-                    // token (they move the prompt's checkpoint off the
-                    // block boundary).
+                    // are not modelled.
                     let hash_block_size = self.hash_block_size();
                     if self.enable_prefix_caching && block_size != hash_block_size {
                         return Err(Error::invalid(format!(
@@ -215,13 +213,6 @@ impl KvCacheConfig {
                              (vLLM's mamba_cache_mode 'align'): hits inside a state block \
                              are not modelled",
                             self.group_block_sizes()
-                        )));
-                    }
-                    if self.enable_prefix_caching && self.num_hash_lookahead_tokens > 1 {
-                        return Err(Error::invalid(format!(
-                            "num_hash_lookahead_tokens ({}) must be at most 1 with a Mamba \
-                             KV-cache group and prefix caching on",
-                            self.num_hash_lookahead_tokens
                         )));
                     }
                 }

@@ -110,9 +110,7 @@ def check_groups(
             # Prefix caching over recurrent states is vLLM's cache mode
             # "align": a state per block boundary. A state block of more
             # than a hash block brings vLLM's hits inside a state block
-            # (its partial hash hits), which are not modelled; nor are
-            # lookahead hashes past one token (they move the prompt's
-            # checkpoint off the block boundary).
+            # (its partial hash hits), which are not modelled.
             unit = hash_block_size(groups, block_size, enable_prefix_caching)
             if enable_prefix_caching and g.kind.block_size != unit:
                 sizes = group_block_sizes(groups, block_size)
@@ -120,11 +118,6 @@ def check_groups(
                     f"mamba_block_size ({g.kind.block_size}) must divide every other KV-cache "
                     f"group's block size ({sizes}) with prefix caching on (vLLM's "
                     "mamba_cache_mode 'align'): hits inside a state block are not modelled"
-                )
-            if enable_prefix_caching and num_hash_lookahead_tokens > 1:
-                raise ValueError(
-                    f"num_hash_lookahead_tokens ({num_hash_lookahead_tokens}) must be at most 1 "
-                    "with a Mamba KV-cache group and prefix caching on"
                 )
     if retention_interval > 0:
         # vLLM's rule: checkpoints land on block boundaries, and only a
