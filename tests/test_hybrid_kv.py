@@ -25,6 +25,7 @@ from ironbatch.reference.block_pool import BlockPool
 from ironbatch.reference.prefix_hit import find_longest_hit, lookup_groups
 
 from scheduler_helpers import BACKENDS, make, req
+from scheduler_helpers import step as run_step
 
 FULL = KVCacheGroup("full")
 SWA = KVCacheGroup("sliding_window", 128)
@@ -697,3 +698,35 @@ def test_qwen3_next_states_cached_in_align_mode(backend: str) -> None:
     ids, scheduled, computed, _ = seen[83]
     assert (scheduled, computed) == ({"B": 32}, {"B": 0})
     assert ids["B"] == [[0, 19], [0, 8], [0, 7], [6, 14]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_multi_module_mtp_beside_cached_states_stalls_as_vllm_does(backend: str) -> None:
+    """vLLM's own stall, kept (docs/scheduling.md §7.15; the drop-in's
+    test_vllm_differential.py runs the same case against vLLM): three MTP
+    modules read three prompt tokens ahead, states are cached in blocks of
+    8, the budget is 8. A 9-token prompt's first chunk stops at 6, three
+    short of its end; the next must stop at the block's end, 8, inside the
+    read-ahead, so the request is never scheduled again."""
+    groups = (KVCacheGroup("full"), KVCacheGroup("mamba", 8))
+    s = make(
+        backend,
+        num_blocks=60,
+        block_size=8,
+        max_model_len=64,
+        max_num_seqs=4,
+        max_num_batched_tokens=8,
+        kv_cache_groups=groups,
+        caching=True,
+        enable_chunked_prefill=True,
+        num_speculative_tokens=3,
+        num_lookahead_tokens=3,
+        num_hash_lookahead_tokens=3,
+        drafter_read_ahead=3,
+    )
+    s.add_request(req("a", list(range(100, 109)), max_tokens=2))
+    scheduled = []
+    for _ in range(4):
+        out, _ = run_step(s)
+        scheduled.append(out.num_scheduled_tokens.get("a", 0))
+    assert scheduled == [6, 0, 0, 0] and s.has_unfinished_requests()

@@ -1287,3 +1287,37 @@ def test_random_workloads_agree_with_vllm(chunk: int, workloads: Workloads) -> N
     events = workloads.run_covering(run, needs, per_run, full, part=f"chunk {chunk}")
     for what, n in needs.items():
         assert events[what] >= n, (what, n, events)
+
+
+def test_multi_module_mtp_beside_cached_states_stalls_as_vllm_does() -> None:
+    """vLLM's own stall, which the drop-in reproduces (docs/scheduling.md
+    §7.15): DeepSeek's three MTP modules beside Jamba's cached states,
+    blocks of 8, a budget of 8. A 9-token prompt's first chunk stops 3 short
+    of its end (the drafter's read-ahead), at 6; the next chunk must stop
+    at the block's end, 8, which lies inside that read-ahead, so nothing is
+    ever scheduled again. The pair compares every step."""
+    settings = dict(
+        kv_layout="jamba",
+        block_size=8,
+        num_blocks=40,
+        max_model_len=64,
+        max_num_seqs=4,
+        max_num_batched_tokens=8,
+        enable_prefix_caching=True,
+        enable_chunked_prefill=True,
+        speculative_config={"method": "mtp", "num_speculative_tokens": 3},
+        target="deepseek_mtp",
+        mla=True,
+        num_mtp_layers=3,
+        async_scheduling=False,
+    )
+    pair = VllmPair(random.Random(0), **settings)
+    pair.choose = lambda: 7
+    pair.add("a", list(range(10, 19)), max_tokens=2)
+    scheduled = []
+    for _ in range(4):
+        pair.schedule()
+        scheduled.append(pair.in_flight[-1][0].num_scheduled_tokens.get("a", 0))
+        pair.update_oldest()
+    assert scheduled == [6, 0, 0, 0]
+    assert pair.vllm.requests["a"].num_computed_tokens == 6
