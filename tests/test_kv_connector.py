@@ -241,6 +241,11 @@ def test_bad_transfer_reports_and_setups_are_refused_unchanged(backend: str) -> 
     assert s.debug_state()["requests"]["a"]["num_tokens"] == 11
     with pytest.raises(ValueError, match="kv_load_failure_policy must be 'fail' or 'recompute'"):
         make(backend, max_model_len=64).set_kv_connector(Scripted({}), "retry")
+    for flag in ("defer_block_free", "requires_kv_delivery", "divergent_hybrid_hits"):
+        fresh = make(backend, max_model_len=64)
+        with pytest.raises(TypeError, match=f"{flag} must be a bool, got int"):
+            fresh.set_kv_connector(Scripted({}), **{flag: 1})
+        fresh.set_kv_connector(Scripted({}), **{flag: True})  # (nothing was attached)
     with pytest.raises(ValueError, match="kv_connector: it must be set before the first request"):
         s.set_kv_connector(Scripted({}))
     pooling = make(backend, max_model_len=64, runner="pooling")

@@ -611,9 +611,10 @@ class Scheduler:
         §4.19): ``get_num_new_matched_tokens(request_id, num_tokens,
         num_computed_tokens)``, ``update_state_after_alloc(request_id,
         block_ids, num_external_tokens)``, ``request_finished(request_id,
-        block_ids, status)``, optionally ``has_pending_block_frees()`` and
+        block_ids, status)``, optionally ``has_pending_block_frees()``,
         ``get_loaded_kv_cache_group_ids(request_id)`` (the groups an async
-        load writes: not zeroed; every group without it);
+        load writes: not zeroed; every group without it) and
+        ``local_hit_reconciled(request_id, num_computed_tokens)``;
         ``kv_load_failure_policy``: ``"fail"`` or ``"recompute"``; frees
         fenced by steps in flight with ``defer_block_free``; a preempted
         request's output dropped with ``requires_kv_delivery``; full

@@ -308,10 +308,13 @@ class Scheduler:
         num_computed_tokens) -> (tokens | None, load_async)``,
         ``update_state_after_alloc(request_id, block_ids,
         num_external_tokens)``, ``request_finished(request_id, block_ids,
-        status) -> hold``, and optionally ``has_pending_block_frees()`` and
+        status) -> hold``, and optionally ``has_pending_block_frees()``,
         ``get_loaded_kv_cache_group_ids(request_id)`` (the groups an
         asynchronous load writes, whose blocks are not zeroed; every group
-        without it). A call that raises is reported (``sys.unraisablehook``) and counts as
+        without it) and ``local_hit_reconciled(request_id,
+        num_computed_tokens)`` (with ``divergent_hybrid_hits``: the local hit
+        a request takes after the connector answered no tokens, fewer than
+        it was asked with). A call that raises is reported (``sys.unraisablehook``) and counts as
         the safe answer. ``kv_load_failure_policy`` is vLLM's: a request
         whose load failed ends with an error (``"fail"``) or computes what
         did not arrive (``"recompute"``). ``defer_block_free`` fences frees:
