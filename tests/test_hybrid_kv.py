@@ -700,6 +700,28 @@ def test_qwen3_next_states_cached_in_align_mode(backend: str) -> None:
     assert ids["B"] == [[0, 19], [0, 8], [0, 7], [6, 14]]
 
 
+def three_mtp_modules(
+    backend: str, groups: tuple[KVCacheGroup, ...], budget: int, **kw: Any
+) -> Scheduler:
+    """DeepSeek's three MTP modules (they read three prompt tokens ahead)
+    beside cached states, blocks of 8, chunked prefill within ``budget``."""
+    return make(
+        backend,
+        num_blocks=60,
+        block_size=8,
+        max_model_len=64,
+        max_num_seqs=4,
+        max_num_batched_tokens=budget,
+        kv_cache_groups=groups,
+        caching=True,
+        enable_chunked_prefill=True,
+        num_speculative_tokens=3,
+        num_lookahead_tokens=3,
+        drafter_read_ahead=3,
+        **kw,
+    )
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_multi_module_mtp_beside_cached_states_stalls_as_vllm_does(backend: str) -> None:
     """vLLM's own stall, kept (docs/scheduling.md §7.15; the drop-in's
@@ -709,24 +731,30 @@ def test_multi_module_mtp_beside_cached_states_stalls_as_vllm_does(backend: str)
     short of its end; the next must stop at the block's end, 8, inside the
     read-ahead, so the request is never scheduled again."""
     groups = (KVCacheGroup("full"), KVCacheGroup("mamba", 8))
-    s = make(
-        backend,
-        num_blocks=60,
-        block_size=8,
-        max_model_len=64,
-        max_num_seqs=4,
-        max_num_batched_tokens=8,
-        kv_cache_groups=groups,
-        caching=True,
-        enable_chunked_prefill=True,
-        num_speculative_tokens=3,
-        num_lookahead_tokens=3,
-        num_hash_lookahead_tokens=3,
-        drafter_read_ahead=3,
-    )
+    s = three_mtp_modules(backend, groups, budget=8, num_hash_lookahead_tokens=3)
     s.add_request(req("a", list(range(100, 109)), max_tokens=2))
     scheduled = []
     for _ in range(4):
         out, _ = run_step(s)
         scheduled.append(out.num_scheduled_tokens.get("a", 0))
     assert scheduled == [6, 0, 0, 0] and s.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eagle_drop_beside_multi_module_mtp_keys_no_state_inside_a_block(backend: str) -> None:
+    """vLLM's hybrid coordinator hands a group that drops an EAGLE block
+    its finalized tokens up to a block past the scheduler block (§7.15;
+    the drop-in's test_vllm_differential.py runs the same case against
+    vLLM). Three MTP modules may prefill the last two again: when the
+    41-token prompt's last chunk ends, the state group gets 39 tokens, a
+    count inside a block, so it keys no state, not even the prompt's
+    checkpoint at 32. Nothing of the prompt counts as cached then."""
+    groups = (KVCacheGroup("full", block_size=16), KVCacheGroup("mamba", 8))
+    s = three_mtp_modules(backend, groups, budget=24, drop_eagle_block=True)
+    s.add_request(req("a", list(range(100, 141)), max_tokens=4, ignore_eos=True))
+    seen = []
+    for _ in range(3):
+        out = s.schedule()
+        update = s.update_from_output(out, {"a": [7]} if out.samples[0] else {})
+        seen.append((out.num_scheduled_tokens["a"], update.cached_tokens.tolist()))
+    assert seen == [(24, []), (8, []), (9, [0])]

@@ -314,13 +314,14 @@ def add_mamba_groups(rng: random.Random, config: dict) -> None:
         # vLLM requires chunked prefill here: states are cached at chunk ends.
         config["enable_chunked_prefill"] = True
         # Multi-module MTP beside cached states hashes its read-ahead (vLLM's
-        # lookahead hashes); not beside EAGLE's drop or states alone, where
-        # the drop-in uses vLLM's scheduler, nor past a block.
+        # lookahead hashes) unless EAGLE's drop turned them off; not beside
+        # states alone, where the drop-in uses vLLM's scheduler, nor past a
+        # block.
         read_ahead = config.get("drafter_read_ahead", 0)
-        if read_ahead > 1 and (dropping or not attention or read_ahead > bs):
+        if read_ahead > 1 and (not attention or read_ahead > bs):
             read_ahead = 1
         config["drafter_read_ahead"] = read_ahead
-        if read_ahead > 1:
+        if read_ahead > 1 and not dropping:
             config["num_hash_lookahead_tokens"] = read_ahead
         # Likewise a block that fits the token budget but not the input
         # budget a drafter's slots leave.
@@ -430,6 +431,15 @@ def end_tie_livelock(pair: SchedulerPair, cycle: list[list[str]]) -> None:
     pair.abort(sorted(pair.rust.requests))
     while pair.in_flight:
         pair.apply_oldest(lambda rid: EOS, reject=11)
+
+
+def stalled_running(pair: SchedulerPair, cycle: list[set[str]]) -> bool:
+    """Whether a running request went unscheduled through a recurring
+    cycle of steps: multi-module MTP's stall (see run_seed), around which
+    the other requests can only preempt and readmit each other."""
+    rows = pair.rust.debug_state()["requests"]
+    running = {rid for rid, row in rows.items() if row["status"] == "RUNNING"}
+    return bool(running - set().union(*cycle))
 
 
 def blocks_per_request(config: dict) -> int:
@@ -651,12 +661,17 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     idle = 0
     seen: dict[str, int] = {}  # each state of the loop, and when it was
     preempted: list[list[str]] = []
+    scheduled: list[set[str]] = []
+    multi_module_states = config.get("drafter_read_ahead", 0) > 1 and any(
+        g.kind == "mamba" for g in groups or ()
+    )
     for step in range(40 * max_len * (1 + stagger) * (1 + len(pair.rust.requests))):
         if not pair.rust.has_unfinished_requests() or idle > 8 + 4 * stagger:
             break
         pair.schedule()
         idle = 0 if pair.in_flight[-1][0].req_ids else idle + 1
         preempted.append(list(pair.in_flight[-1][0].preempted_req_ids))
+        scheduled.append(set(pair.in_flight[-1][0].req_ids))
         apply_oldest()
         for rid in pair.failed_grammars() + pair.encoder_mismatches():
             pair.finish(rid, "FINISHED_ERROR")
@@ -664,12 +679,11 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             continue
         state = livelock_state(pair)
         if state in seen:  # nothing sampled since: the same steps again, forever
-            end_tie_livelock(pair, preempted[seen[state] + 1 :])
-            break
+            cycle = slice(seen[state] + 1, None)
+            if not (multi_module_states and stalled_running(pair, scheduled[cycle])):
+                end_tie_livelock(pair, preempted[cycle])
+            break  # (a stall below: the others cycle around requests that hold blocks)
         seen[state] = step
-    multi_module_states = config.get("drafter_read_ahead", 0) > 1 and any(
-        g.kind == "mamba" for g in groups or ()
-    )
     if pair.rust.has_unfinished_requests() and multi_module_states:
         # vLLM's own stall, which both backends reproduce alike (they agreed
         # on every step up to here): multi-module MTP's read-ahead forbids
@@ -822,6 +836,14 @@ RARE_CONFIGS: dict[str, Callable[[dict], bool]] = {
     # Multi-module MTP beside cached recurrent states.
     "multi_module_drafter_mamba": lambda c: (
         c.get("drafter_read_ahead", 0) > 1
+        and c["caching"]
+        and any(g.kind == "mamba" for g in c["kv_cache_groups"] or ())
+    ),
+    # Both beside cached recurrent states: EAGLE's drop hands a state group
+    # a count of tokens inside a block (§7.15).
+    "multi_module_drafter_eagle_block_drop_mamba": lambda c: (
+        c.get("drafter_read_ahead", 0) > 1
+        and c["drop_eagle_block"]
         and c["caching"]
         and any(g.kind == "mamba" for g in c["kv_cache_groups"] or ())
     ),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -182,9 +183,9 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     ("align", states of the block size; a quarter of those cache every
     state, vLLM's retention interval None). Not with Whisper or decode
     context parallelism (vLLM runs neither beside recurrent layers);
-    multi-module MTP with prefix caching on too (not beside EAGLE's drop or
-    states alone, which the drop-in hands to vLLM's scheduler), EAGLE's
-    last-block drop with it on."""
+    multi-module MTP with prefix caching on too (not beside states alone,
+    which the drop-in hands to vLLM's scheduler), EAGLE's last-block drop
+    with it on."""
     drawn = random.Random(rng.random())
     # (More often beside multi-module MTP: the rarer drafter.)
     multi_module = settings.get("num_mtp_layers", 1) > 1
@@ -204,9 +205,9 @@ def recurrent_layout(rng: random.Random, settings: dict) -> dict:
     }
     if layout == "swa-mamba":
         out["window"] = drawn.choice([bs // 2 + 1, bs + 3, 2 * bs])
-    # Multi-module MTP beside cached states, but not beside EAGLE's drop or
-    # states alone (the drop-in hands both to vLLM's scheduler).
-    cacheable = not multi_module or (not dropping and layout != "mamba")
+    # Multi-module MTP beside cached states, but not beside states alone
+    # (the drop-in hands it to vLLM's scheduler).
+    cacheable = not multi_module or layout != "mamba"
     if (drawn.random() < (0.8 if multi_module else 0.5) or dropping) and cacheable:
         # Prefix caching on (vLLM's default, mamba_cache_mode "align"):
         # states of the block size, chunked prefill (vLLM requires it), a
@@ -980,6 +981,10 @@ def drawn_features(seed: int) -> Counter:
         "multi-module MTP beside cached recurrent states": recurrent
         and s["enable_prefix_caching"]
         and s.get("num_mtp_layers", 1) > 1,
+        "multi-module MTP with EAGLE's drop beside cached recurrent states": recurrent
+        and s["enable_prefix_caching"]
+        and s.get("num_mtp_layers", 1) > 1
+        and bool(s.get("speculative_config", {}).get("disable_lookahead_block_hashes")),
         "groups of different block sizes beside uncached recurrent states": recurrent
         and not s["enable_prefix_caching"]
         and ("window_block_size" in s or "full_block_size" in s),
@@ -1119,9 +1124,11 @@ FEATURE_SHARES = {
     "feature: recurrent states with prefill checkpoints": 20,
     # About 11 of 1,040 (half the Qwen3-Next layouts with prefix caching on).
     "feature: recurrent groups of unlike specs": 6,
-    # About 2 of 1,040 (DeepSeek's three MTP modules beside cached states:
-    # half of them stall as vLLM does, and both give up on them alike).
+    # About 5 of 1,040 (DeepSeek's three MTP modules beside cached states:
+    # half of them stall as vLLM does, and both give up on them alike), 3
+    # of them with EAGLE's drop.
     "feature: multi-module MTP beside cached recurrent states": 1,
+    "feature: multi-module MTP with EAGLE's drop beside cached recurrent states": 1,
     # About 23 of 1,040 (half the recurrent layouts with attention and
     # prefix caching off).
     "feature: groups of different block sizes beside uncached recurrent states": 12,
@@ -1189,6 +1196,7 @@ FEATURES = [
     "feature: recurrent states with prefill checkpoints",
     "feature: recurrent groups of unlike specs",
     "feature: multi-module MTP beside cached recurrent states",
+    "feature: multi-module MTP with EAGLE's drop beside cached recurrent states",
     "feature: groups of different block sizes beside uncached recurrent states",
     "feature: EAGLE last-block drop beside recurrent states",
     "feature: groups of different block sizes with multi-module MTP",
@@ -1289,6 +1297,27 @@ def test_random_workloads_agree_with_vllm(chunk: int, workloads: Workloads) -> N
         assert events[what] >= n, (what, n, events)
 
 
+def three_mtp_modules(**settings: Any) -> VllmPair:
+    """A pair serving DeepSeek's three MTP modules beside a recurrent
+    layout's cached states (``settings``), blocks of 8, sampling 7."""
+    settings = {
+        "block_size": 8,
+        "max_model_len": 64,
+        "max_num_seqs": 4,
+        "enable_prefix_caching": True,
+        "enable_chunked_prefill": True,
+        "speculative_config": {"method": "mtp", "num_speculative_tokens": 3},
+        "target": "deepseek_mtp",
+        "mla": True,
+        "num_mtp_layers": 3,
+        "async_scheduling": False,
+        **settings,
+    }
+    pair = VllmPair(random.Random(0), **settings)
+    pair.choose = lambda: 7
+    return pair
+
+
 def test_multi_module_mtp_beside_cached_states_stalls_as_vllm_does() -> None:
     """vLLM's own stall, which the drop-in reproduces (docs/scheduling.md
     §7.15): DeepSeek's three MTP modules beside Jamba's cached states,
@@ -1296,23 +1325,7 @@ def test_multi_module_mtp_beside_cached_states_stalls_as_vllm_does() -> None:
     of its end (the drafter's read-ahead), at 6; the next chunk must stop
     at the block's end, 8, which lies inside that read-ahead, so nothing is
     ever scheduled again. The pair compares every step."""
-    settings = dict(
-        kv_layout="jamba",
-        block_size=8,
-        num_blocks=40,
-        max_model_len=64,
-        max_num_seqs=4,
-        max_num_batched_tokens=8,
-        enable_prefix_caching=True,
-        enable_chunked_prefill=True,
-        speculative_config={"method": "mtp", "num_speculative_tokens": 3},
-        target="deepseek_mtp",
-        mla=True,
-        num_mtp_layers=3,
-        async_scheduling=False,
-    )
-    pair = VllmPair(random.Random(0), **settings)
-    pair.choose = lambda: 7
+    pair = three_mtp_modules(kv_layout="jamba", num_blocks=40, max_num_batched_tokens=8)
     pair.add("a", list(range(10, 19)), max_tokens=2)
     scheduled = []
     for _ in range(4):
@@ -1321,3 +1334,34 @@ def test_multi_module_mtp_beside_cached_states_stalls_as_vllm_does() -> None:
         pair.update_oldest()
     assert scheduled == [6, 0, 0, 0]
     assert pair.vllm.requests["a"].num_computed_tokens == 6
+
+
+def test_eagle_drop_beside_multi_module_mtp_keys_no_state_inside_a_block() -> None:
+    """DeepSeek's three MTP modules with EAGLE's last-block drop beside
+    Qwen3-Next's cached states (docs/scheduling.md §7.15): states in blocks
+    of 8, attention in blocks of 16. When the 41-token prompt's last chunk
+    ends, the state groups may cache 39 tokens (41 less the two the
+    modules may prefill again), a count inside a block, so vLLM keys no
+    state there, not even the prompt's checkpoint at 32 (the drop's: 40 a
+    block back). The output's prefill stats count no tokens cached; the
+    pair compares them at every step."""
+    pair = three_mtp_modules(
+        kv_layout="qwen3-next",
+        full_block_size=16,
+        num_blocks=60,
+        max_num_batched_tokens=24,
+        speculative_config={
+            "method": "mtp",
+            "num_speculative_tokens": 3,
+            "disable_lookahead_block_hashes": True,
+        },
+        retention_interval=0,
+    )
+    pair.add("a", list(range(10, 51)), max_tokens=2)
+    scheduled = []
+    for _ in range(3):
+        pair.schedule()
+        scheduled.append(pair.in_flight[-1][0].num_scheduled_tokens.get("a", 0))
+        pair.update_oldest()
+    assert scheduled == [24, 8, 9]
+    assert pair.vllm.kv_cache_manager.estimate_cached_tokens(pair.vllm.requests["a"]) == 0

@@ -156,13 +156,6 @@ def unsupported_config(
             "(prefix hits inside a state block)",
         ),
         (
-            # Not modelled yet: beside it the core keys other states than
-            # vLLM (2 of 30 workloads differed in their cached tokens).
-            bool(aligned) and c.num_prefill_lookahead_tokens > 1 and drops_eagle_block(c),
-            "EAGLE's last-block drop with multi-module MTP beside Mamba groups "
-            "and prefix caching on",
-        ),
-        (
             # vLLM's own lookup there runs past the lookahead hashes (an
             # IndexError in MambaManager.find_longest_cache_hit).
             bool(aligned) and c.num_prefill_lookahead_tokens > 1 and not attention_sizes,

@@ -377,14 +377,11 @@ impl KvCacheManager {
         if let Some(checkpoint) = checkpoint {
             return self.cache_checkpoint_state(g, table, seq, checkpoint, owner);
         }
-        // The hash block (validated). What vLLM's hybrid coordinator hands
-        // its groups: whole blocks.
+        // The hash block (validated). The tokens as the coordinator hands
+        // them: a group that drops an EAGLE block beside multi-module MTP
+        // gets a count inside a block, and keys no state then.
         let bs = self.group_block_size(g);
-        let num_tokens = if self.groups.len() > 1 {
-            upto / bs * bs
-        } else {
-            upto
-        };
+        let num_tokens = upto;
         let idx = num_tokens / bs;
         if num_tokens == 0
             || num_tokens % bs != 0

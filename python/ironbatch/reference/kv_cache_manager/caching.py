@@ -277,8 +277,10 @@ def cache_prompt_state(
         cache_checkpoint_state(m, g, table, seq, checkpoint, owner)
         return
     bs = m.group_block_size(g)  # the hash block (validated)
-    # What vLLM's hybrid coordinator hands its groups: whole blocks.
-    num_tokens = upto // bs * bs if len(m._groups) > 1 else upto
+    # The tokens as the coordinator hands them: a group that drops an EAGLE
+    # block beside multi-module MTP gets a count inside a block, and keys
+    # no state then.
+    num_tokens = upto
     idx = num_tokens // bs
     if num_tokens == 0 or num_tokens % bs or idx > len(table) or idx > len(seq.block_hashes):
         return
