@@ -522,7 +522,7 @@ def check_group_invariants(
             # A chunk that is not a whole number of blocks lets vLLM's hit
             # pad a block more than the chunk skips (the core does too).
             exact = isinstance(g.kind, SlidingWindow | Mamba) or (
-                isinstance(g.kind, ChunkedLocal) and g.kind.chunk % bs == 0
+                isinstance(g.kind, ChunkedLocal) and g.kind.chunk % g.tokens_per_block(bs) == 0
             )
             # (A load that failed in part cuts a request's computed tokens
             # back below a window's nulls, in vLLM too: ``kv_cut``.)

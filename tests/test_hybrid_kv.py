@@ -583,8 +583,32 @@ def test_groups_of_different_block_sizes_take_drafters_and_refuse_odd_groups() -
         build(dataclasses.replace(spec, num_hash_lookahead_tokens=1), cache)
         build(dataclasses.replace(spec, drop_eagle_block=True), cache)
         build(dataclasses.replace(spec, drafter_read_ahead=2), cache)
-    with pytest.raises(ValueError, match="only a full-attention or sliding-window group"):
-        KVCacheGroup("chunked_local", 64, block_size=32)
+    with pytest.raises(ValueError, match="only a full-attention, sliding-window or chunked"):
+        KVCacheGroup("cross_attention", block_size=32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chunked_local_groups_of_their_own_block_size(backend: str) -> None:
+    """A chunked-local group may have blocks of its own size (Llama 4 with
+    its chunked layers at another precision): with prefix caching off at
+    any size, with it on only at the largest, the scheduler block its hits
+    end on (vLLM asserts so at a lookup). A 64-token prompt then takes two
+    blocks of 32 in the chunked group and four of 16 in the full one."""
+
+    def groups(chunked: int, full: int) -> tuple[KVCacheGroup, ...]:
+        return (
+            KVCacheGroup("chunked_local", 64, block_size=chunked),
+            KVCacheGroup("full", block_size=full),
+        )
+
+    s = hybrid(backend, groups(32, 16))
+    s.add_request(req("a", range(100, 164), max_tokens=2))
+    run_step(s)
+    chunked, full = tables(s, "a")
+    assert (len(chunked), len(full)) == (2, 4)
+    hybrid(backend, groups(16, 32), caching=False)
+    with pytest.raises(ValueError, match=r"chunked-local-attention group's blocks must be"):
+        hybrid(backend, groups(16, 32))
 
 
 @pytest.mark.parametrize("backend", ["rust", "python"])

@@ -220,19 +220,17 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
     mixed-precision hybrids, and a hybrid's recurrent states smaller than
     its attention blocks, Qwen3-Next's with MTP) in half the workloads (in
     all with EAGLE's last-block drop or multi-module MTP) whose
-    groups are full attention, sliding windows and recurrent states (cached
-    in cache mode "align" not beside multi-module MTP): each
+    groups are full attention, sliding windows, chunked local attention
+    (the largest blocks with prefix caching on) and recurrent states
+    (cached in cache mode "align" not beside multi-module MTP): each
     attention group two or four times the cache's block size or its own,
     one at least the cache's (so the hash block is it) unless states of
     the cache's block size are; a retention interval on the scheduler block
     (their least common multiple). The pool is sized for the larger
     tables."""
     groups = config["kv_cache_groups"]
-    if (
-        not groups
-        or len(groups) < 2
-        or any(g.kind not in ("full", "sliding_window", "mamba") for g in groups)
-    ):
+    kinds = ("full", "sliding_window", "chunked_local", "mamba")
+    if not groups or len(groups) < 2 or any(g.kind not in kinds for g in groups):
         return
     recurrent = any(g.kind == "mamba" for g in groups)
     # (More often beside recurrent states, and always beside EAGLE's
@@ -245,13 +243,24 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
         return
     bs = config["block_size"]
     sizes = [None if g.kind == "mamba" else rng.choice([None, 2 * bs, 4 * bs]) for g in groups]
+    # With prefix caching on, chunked-local blocks are the largest (vLLM
+    # asserts so at a lookup).
+    chunked_largest = config.get("caching", True) and any(g.kind == "chunked_local" for g in groups)
     if not recurrent:
-        own = rng.randrange(len(sizes))
+        own = rng.choice(
+            [i for i, g in enumerate(groups) if not (chunked_largest and g.kind == "chunked_local")]
+        )
         sizes[own] = None
         if dropping and not any(sizes):
             # (One other group larger, so that the drop meets two sizes.)
             other = rng.choice([i for i in range(len(sizes)) if i != own])
             sizes[other] = rng.choice([2 * bs, 4 * bs])
+    if chunked_largest:
+        largest = max(size or bs for size in sizes)
+        sizes = [
+            (largest if largest != bs else None) if g.kind == "chunked_local" else size
+            for g, size in zip(groups, sizes, strict=True)
+        ]
     config["kv_cache_groups"] = tuple(
         dataclasses.replace(g, block_size=size) for g, size in zip(groups, sizes, strict=True)
     )
@@ -825,6 +834,11 @@ def mixed_sizes(config: dict) -> bool:
 # (one workload in twenty to eighty), by the event run_seed counts for them:
 # each gets a test that runs only the workloads that have it.
 RARE_CONFIGS: dict[str, Callable[[dict], bool]] = {
+    # Chunked local attention of its own block size (Llama 4's layers at
+    # another precision).
+    "chunked_local_mixed_sizes": lambda c: (
+        mixed_sizes(c) and any(g.kind == "chunked_local" for g in c["kv_cache_groups"])
+    ),
     # DeepSeek-style drafting over a mixed-precision hybrid.
     "multi_module_drafter_mixed_sizes": lambda c: (
         mixed_sizes(c) and c.get("drafter_read_ahead", 0) > 1

@@ -244,10 +244,10 @@ class KVCacheGroup:
             raise ValueError(f"KVCacheGroup.kind must be one of {GROUP_KINDS}, got {self.kind!r}")
         if self.block_size is not None:
             _int("KVCacheGroup.block_size", self.block_size, 1, MAX_BLOCK_SIZE)
-            if self.kind not in ("full", "sliding_window"):
+            if self.kind not in ("full", "sliding_window", "chunked_local"):
                 raise ValueError(
-                    "KVCacheGroup.block_size: only a full-attention or sliding-window group "
-                    f"sets its own block size, got one on a {self.kind} group"
+                    "KVCacheGroup.block_size: only a full-attention, sliding-window or "
+                    f"chunked-local group sets its own block size, got one on a {self.kind} group"
                 )
         if isinstance(self.size, bool) or not isinstance(self.size, int):
             raise TypeError(f"KVCacheGroup.size must be an int, got {type(self.size).__name__}")

@@ -218,6 +218,17 @@ TABLE = [
         {"kv_groups": ["ChunkedLocalAttentionSpec"] * 3 + ["FullAttentionSpec"]},
     ),
     Deployment(
+        # ... with an fp8 KV cache that layer 0, a chunked one, skips: its
+        # bf16 group fits 16 tokens in a page, the others 32. vLLM's prefix
+        # lookup asserts beside chunked blocks smaller than others', so
+        # prefix caching is off (docs/scheduling.md §7.16).
+        "llama-4-scout-fp8-skip-layer-0-no-prefix-caching",
+        "llama-4-scout",
+        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "0"]
+        + ["--no-enable-prefix-caching"],
+        {"needs_kv_cache_zeroing": True, "enable_prefix_caching": False},
+    ),
+    Deployment(
         # An fp8 KV cache whose window layers skip quantization: a
         # mixed-precision hybrid. The bf16 windows fit 32 tokens in the
         # pool's page, the fp8 full layers 64: groups of different block

@@ -121,9 +121,11 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     """Window and full-attention groups of different block sizes
     (docs/scheduling.md §7.16), with KV-cache events and EAGLE's last-block
     drop and multi-module MTP where drawn: in
-    half the gpt-oss and Gemma 3 layouts (a mixed-precision hybrid) the
-    windows' or the full group's blocks two or four times the cache's (drawn
-    apart); in half the recurrent layouts, attention blocks that large
+    half the gpt-oss, Gemma 3 and Llama 4 layouts (a mixed-precision
+    hybrid) the windows' or the full group's blocks two or four times the
+    cache's (drawn apart; Llama 4's chunks whole blocks of their own, and
+    with prefix caching on its chunked groups' blocks the larger, as vLLM
+    asserts); in half the recurrent layouts, attention blocks that large
     beside states of the cache's block size with prefix caching on (vLLM's
     "align": Qwen3-Next with MTP, whose attention blocks grow to hold its
     states' page) or of their own with it off (a mixed-precision hybrid
@@ -131,7 +133,7 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     drawn = random.Random(rng.random())
     layout = settings["kv_layout"]
     recurrent = layout in RECURRENT_GROUPS
-    if not (layout in ("gpt-oss", "gemma3") or recurrent) or drawn.random() < 0.5:
+    if not (layout in ("gpt-oss", "gemma3", "llama4") or recurrent) or drawn.random() < 0.5:
         return {}
     if layout == "mamba":
         return {}  # (states alone: no attention block)
@@ -140,7 +142,11 @@ def mixed_block_sizes(rng: random.Random, settings: dict) -> dict:
     which = drawn.choice(["window_block_size", "full_block_size"])
     if recurrent and layout != "swa-mamba":
         which = "full_block_size"
+    if layout == "llama4" and settings["enable_prefix_caching"]:
+        which = "window_block_size"
     out: dict = {which: larger}
+    if layout == "llama4" and which == "window_block_size":
+        out["window"] = -(-settings["window"] // larger) * larger
     if settings.get("retention_interval"):
         out["retention_interval"] = larger * drawn.choice([1, 2])
     return out
@@ -977,6 +983,8 @@ def drawn_features(seed: int) -> Counter:
         and s.get("mamba_checkpoint_alignment") is not None,
         "decode context parallelism": s.get("decode_context_parallel_size", 1) > 1,
         "groups of different block sizes": "window_block_size" in s or "full_block_size" in s,
+        "chunked-local groups of different block sizes": s["kv_layout"] == "llama4"
+        and ("window_block_size" in s or "full_block_size" in s),
         "recurrent groups of unlike specs": not s.get("mamba_specs_alike", True),
         "multi-module MTP beside cached recurrent states": recurrent
         and s["enable_prefix_caching"]
@@ -1106,11 +1114,12 @@ FEATURE_SHARES = {
     "feature: window groups with KV-cache metrics": 100,
     "feature: window retention interval": 40,
     "feature: decode context parallelism": 80,
-    # About 157 of 1,040 (half the gpt-oss and Gemma 3 layouts and of the
-    # recurrent ones with attention and prefix caching on, without
-    # multi-module MTP), 57 of them with KV-cache events, 26 of them
-    # recurrent, 8 with EAGLE's drop.
+    # About 229 of 1,040 (half the gpt-oss, Gemma 3 and Llama 4 layouts
+    # and of the recurrent ones with attention and prefix caching on,
+    # without multi-module MTP), 91 of them with KV-cache events, 42 of
+    # them Llama 4's, 16 with EAGLE's drop.
     "feature: groups of different block sizes": 100,
+    "feature: chunked-local groups of different block sizes": 30,
     "feature: groups of different block sizes with KV-cache events": 30,
     "feature: recurrent states smaller than attention blocks": 12,
     "feature: window groups with speculation": 120,
@@ -1187,6 +1196,7 @@ FEATURES = [
     "feature: window retention interval",
     "feature: decode context parallelism",
     "feature: groups of different block sizes",
+    "feature: chunked-local groups of different block sizes",
     "feature: recurrent states smaller than attention blocks",
     "feature: groups of different block sizes with KV-cache events",
     "feature: window groups with speculation",

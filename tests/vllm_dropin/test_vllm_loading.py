@@ -91,6 +91,26 @@ def test_unsupported_config_falls_back_to_vllm_and_says_why(
     assert s.schedule().num_scheduled_tokens["a"] in (16, 17)
 
 
+@pytest.mark.parametrize("caching", [False, True])
+def test_chunked_local_blocks_smaller_than_others_fall_back_only_with_prefix_caching(
+    caching: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Llama 4's chunked groups in blocks of 8 beside full attention's of
+    16: vLLM's own prefix lookup asserts there, so with prefix caching on
+    the drop-in hands the engine to vLLM's scheduler and says why; with it
+    off it schedules them."""
+    settings = {"kv_layout": "llama4", "window": 16, "block_size": 8, "full_block_size": 16}
+    vc, kvc = vllm_setup.vllm_config(CLS, enable_prefix_caching=caching, **settings)
+    with caplog.at_level(logging.WARNING, logger="ironbatch.vllm"):
+        s = vllm_setup.construct(vc.scheduler_config.get_scheduler_cls(), vc, kvc)
+    lines = [r.getMessage() for r in caplog.records if r.name == "ironbatch.vllm"]
+    if caching:
+        assert type(s) is VllmScheduler
+        assert len(lines) == 1 and "vLLM asserts at a prefix lookup" in lines[0], lines
+    else:
+        assert type(s) is ironbatch.vllm.Scheduler and not lines, lines
+
+
 def test_another_vllm_version_falls_back(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -36,9 +36,9 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
     """A small engine with the stand-in, drawn: block size, lengths, budgets,
     chunking, prefix caching, policy, sync or async, the stand-in's shares,
     the load-failure policy, and whether the connector has hybrid support
-    (with a window layout beside it, mostly; in half the gpt-oss and Gemma
-    3 ones, groups of different block sizes: a mixed-precision hybrid's;
-    else recurrent states uncached in most)."""
+    (with a window layout beside it, mostly; in half the gpt-oss, Gemma 3
+    and Llama 4 ones, groups of different block sizes: a mixed-precision
+    hybrid's; else recurrent states uncached in most)."""
     bs = rng.choice([4, 8, 16])
     max_model_len = rng.choice([64, 128])
     chunked = rng.random() < 0.8
@@ -63,11 +63,17 @@ def random_settings(rng: random.Random, seed: int) -> dict[str, Any]:
         # Each window group takes blocks beside the full one.
         blocks *= 2 if kind == "gpt-oss" else 4
         sizes = random.Random(seed ^ 0x5EED)
-        if kind != "llama4" and sizes.random() < 0.5:
+        if sizes.random() < 0.5:
             # The windows' or the full group's blocks larger (drawn apart);
             # a retention interval on the scheduler block, their larger.
+            # Llama 4's chunked groups' larger (vLLM's prefix lookup asserts
+            # against smaller ones), chunks whole blocks of their own.
             larger = bs * sizes.choice([2, 4])
-            layout[sizes.choice(["window_block_size", "full_block_size"])] = larger
+            which = sizes.choice(["window_block_size", "full_block_size"])
+            if kind == "llama4":
+                which = "window_block_size"
+                layout["window"] = -(-layout["window"] // larger) * larger
+            layout[which] = larger
             if layout.get("retention_interval"):
                 layout["retention_interval"] = larger * sizes.choice([1, 2])
     caching = rng.random() < 0.8

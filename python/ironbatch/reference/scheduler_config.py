@@ -268,7 +268,7 @@ def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
         elif g.kind == "sliding_window":
             out.append(GroupSpec(SlidingWindow(g.size), cap, own))
         elif g.kind == "chunked_local":
-            out.append(GroupSpec(ChunkedLocal(g.size), cap))
+            out.append(GroupSpec(ChunkedLocal(g.size), cap, own))
         elif g.kind == "cross_attention":
             out.append(GroupSpec(CrossAttention(), cap))
         elif g.kind == "mamba":

@@ -576,7 +576,10 @@ def kv_cache_groups(
         n = 1 if layout == "gpt-oss" else 5
         return [KVCacheGroupSpec([f"swa{i}"], swa) for i in range(n)] + [full]
     if layout == "llama4":
-        chunked = ChunkedLocalAttentionSpec(attention_chunk_size=window, **common)
+        own = {**common, "block_size": cfg["window_block_size"] or cfg["block_size"]}
+        if cfg["window_block_size"]:
+            own |= half
+        chunked = ChunkedLocalAttentionSpec(attention_chunk_size=window, **own)
         return [KVCacheGroupSpec([f"chunked{i}"], chunked) for i in range(3)] + [full]
     if layout in RECURRENT_LAYOUTS:
         # With prefix caching, vLLM's mode "align": states of the cache's

@@ -206,7 +206,10 @@ def kv_cache_groups(
                     block_size=own_block_size(spec),
                 )
             return KVCacheGroup(
-                kind="chunked_local", size=spec.attention_chunk_size, admission_cap_blocks=cap
+                kind="chunked_local",
+                size=spec.attention_chunk_size,
+                admission_cap_blocks=cap,
+                block_size=own_block_size(spec),
             )
         if isinstance(spec, CrossAttentionSpec):
             return KVCacheGroup(kind="cross_attention")

@@ -65,9 +65,9 @@ def unsupported_config(
     spec = c.speculative_config
     # The KV-cache groups the core models: full attention (or MLA, counted
     # and cached alike), sliding windows, chunked local attention and an
-    # encoder-decoder's cross-attention, of one block size or (full
-    # attention, windows and cached recurrent states alone) of several, and
-    # recurrent states (Mamba, linear attention) of their own
+    # encoder-decoder's cross-attention, of one block size or (all but
+    # cross-attention) of several, and recurrent states (Mamba, linear
+    # attention) of their own
     # (docs/scheduling.md §7.13, §4.17, §7.15, §7.16).
     attention = (
         FullAttentionSpec,
@@ -91,12 +91,21 @@ def unsupported_config(
     # that skip KV-cache quantization), or a hybrid's states smaller than
     # attention blocks grown to hold their page (Qwen3-Next with MTP).
     mixed_sizes = len(hashed_sizes) > 1
-    # Of kinds the core models at different sizes: full attention, windows
-    # and recurrent states (cached or not: uncached ones hash nothing).
+    # Of kinds the core models at different sizes: attention over the
+    # decoder's tokens and recurrent states (cached or not: uncached ones
+    # hash nothing); not cross-attention.
     plain_mixed = mixed_sizes and all(
-        type(g.kv_cache_spec) in (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, MambaSpec)
-        for g in groups
+        type(g.kv_cache_spec) is not CrossAttentionSpec for g in groups
     )
+    # A chunked-local hit ends on its own blocks, which vLLM asserts at a
+    # lookup are the scheduler block (the hashed sizes' least common
+    # multiple).
+    chunked_sizes = {
+        group_block_size(g.kv_cache_spec, dcp)
+        for g in groups
+        if type(g.kv_cache_spec) is ChunkedLocalAttentionSpec
+    }
+    chunked_smaller = mixed_sizes and bool(chunked_sizes - {math.lcm(*hashed_sizes)})
     checks: list[tuple[bool, str]] = [
         (
             spec is not None and spec.method not in PROVEN_SPECULATIVE_METHODS,
@@ -168,8 +177,12 @@ def unsupported_config(
             # groups without prefix caching have sizes of their own.
             (mixed_sizes and not plain_mixed)
             or (not mixed_sizes and not recurrent and bool(attention_sizes - {block_size})),
-            "KV-cache groups of different block sizes beside chunked-local or "
-            "cross-attention groups",
+            "KV-cache groups of different block sizes beside cross-attention groups",
+        ),
+        (
+            c.cache_config.enable_prefix_caching and chunked_smaller,
+            "chunked-local groups of smaller blocks than others with prefix caching on "
+            "(vLLM asserts at a prefix lookup)",
         ),
         (
             # vLLM turns its hybrid manager off for an EAGLE drafter beside
@@ -255,7 +268,8 @@ def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
     if not groups or any(type(g.kv_cache_spec) not in kinds for g in groups):
         return "a KV connector with other than attention and recurrent-state KV-cache groups"
     if len(groups) > 1 and not KVConnectorFactory.supports_hma_config(c.kv_transfer_config):
-        # (vLLM turns the hybrid manager off for it unless told otherwise.)
+        # (vLLM turns the hybrid manager off for it unless told otherwise,
+        # and then refuses the connector when it builds it.)
         return "a KV connector without hybrid support beside several KV-cache groups"
     if mc.runner_type != "generate":
         return f"a KV connector with the {mc.runner_type!r} runner"

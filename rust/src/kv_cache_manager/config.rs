@@ -294,11 +294,13 @@ impl KvCacheConfig {
             )?;
             if !matches!(
                 g.kind,
-                AttentionKind::Full | AttentionKind::SlidingWindow { .. }
+                AttentionKind::Full
+                    | AttentionKind::SlidingWindow { .. }
+                    | AttentionKind::ChunkedLocal { .. }
             ) {
                 return Err(Error::invalid(format!(
-                    "kv_cache_groups[{i}].block_size: only a full-attention or sliding-window \
-                     group sets its own block size"
+                    "kv_cache_groups[{i}].block_size: only a full-attention, sliding-window or \
+                     chunked-local group sets its own block size"
                 )));
             }
         }
@@ -307,23 +309,28 @@ impl KvCacheConfig {
         }
         // (Recurrent groups count here only with prefix caching, and then
         // their states are cached as any group's blocks are.)
-        let why = if self.has_cross_attention() {
-            Some("a cross-attention group")
-        } else if self
-            .groups
-            .iter()
-            .any(|g| matches!(g.kind, AttentionKind::ChunkedLocal { .. }))
-        {
-            Some("a chunked-local-attention group")
-        } else {
-            None
-        };
-        match why {
-            Some(why) => Err(Error::invalid(format!(
-                "kv_cache_groups of different block sizes ({:?}) are not modelled beside {why}",
+        if self.has_cross_attention() {
+            return Err(Error::invalid(format!(
+                "kv_cache_groups of different block sizes ({:?}) are not modelled beside a \
+                 cross-attention group",
                 self.group_block_sizes()
-            ))),
-            None => Ok(()),
+            )));
         }
+        // A chunked-local hit ends on its own blocks; vLLM asserts that they
+        // are the scheduler block's (its hits' unit) when it looks one up.
+        let unit = self.scheduler_block_size();
+        let chunked_smaller = self.groups.iter().any(|g| {
+            matches!(g.kind, AttentionKind::ChunkedLocal { .. })
+                && g.tokens_per_block(self.block_size) != unit
+        });
+        if self.enable_prefix_caching && chunked_smaller {
+            return Err(Error::invalid(format!(
+                "kv_cache_groups of different block sizes ({:?}): with prefix caching on, a \
+                 chunked-local-attention group's blocks must be the largest ({unit} tokens), as \
+                 vLLM asserts",
+                self.group_block_sizes()
+            )));
+        }
+        Ok(())
     }
 }

@@ -211,22 +211,31 @@ def validate_group_block_sizes(
         if g.block_size is None:
             continue
         check_range(f"kv_cache_groups[{i}].block_size", g.block_size, 1, MAX_BLOCK_SIZE)
-        if not isinstance(g.kind, (Full, SlidingWindow)):
+        if not isinstance(g.kind, (Full, SlidingWindow, ChunkedLocal)):
             raise ValueError(
-                f"kv_cache_groups[{i}].block_size: only a full-attention or sliding-window "
-                "group sets its own block size"
+                f"kv_cache_groups[{i}].block_size: only a full-attention, sliding-window or "
+                "chunked-local group sets its own block size"
             )
     if not has_mixed_block_sizes(groups, block_size, enable_prefix_caching):
         return
     # (Recurrent groups count here only with prefix caching, and then their
     # states are cached as any group's blocks are.)
-    if any(g.kind.is_cross() for g in groups):
-        why = "a cross-attention group"
-    elif any(isinstance(g.kind, ChunkedLocal) for g in groups):
-        why = "a chunked-local-attention group"
-    else:
-        return
     sizes = group_block_sizes(groups, block_size)
-    raise ValueError(
-        f"kv_cache_groups of different block sizes ({sizes}) are not modelled beside {why}"
+    if any(g.kind.is_cross() for g in groups):
+        raise ValueError(
+            f"kv_cache_groups of different block sizes ({sizes}) are not modelled beside a "
+            "cross-attention group"
+        )
+    # A chunked-local hit ends on its own blocks; vLLM asserts that they are
+    # the scheduler block's (its hits' unit) when it looks one up.
+    unit = scheduler_block_size(groups, block_size, enable_prefix_caching)
+    chunked_smaller = any(
+        isinstance(g.kind, ChunkedLocal) and size != unit
+        for g, size in zip(groups, sizes, strict=True)
     )
+    if enable_prefix_caching and chunked_smaller:
+        raise ValueError(
+            f"kv_cache_groups of different block sizes ({sizes}): with prefix caching on, a "
+            f"chunked-local-attention group's blocks must be the largest ({unit} tokens), as "
+            "vLLM asserts"
+        )
