@@ -583,8 +583,8 @@ def test_groups_of_different_block_sizes_take_drafters_and_refuse_odd_groups() -
         build(dataclasses.replace(spec, num_hash_lookahead_tokens=1), cache)
         build(dataclasses.replace(spec, drop_eagle_block=True), cache)
         build(dataclasses.replace(spec, drafter_read_ahead=2), cache)
-    with pytest.raises(ValueError, match="only a full-attention, sliding-window or chunked"):
-        KVCacheGroup("cross_attention", block_size=32)
+    with pytest.raises(ValueError, match="a Mamba group's block size is its size"):
+        KVCacheGroup("mamba", 8, block_size=32)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

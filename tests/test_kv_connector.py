@@ -106,6 +106,42 @@ def test_the_worked_example_without_its_failed_block(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_an_embedding_model_loads_then_pools_and_a_failed_load_recomputes(backend: str) -> None:
+    """A pooling runner behind a connector (vLLM schedules its prompts as
+    any): "a" loads 12 of its 14 tokens, then its last 2 are scheduled and
+    pooled; "b"'s load fails in its first block under "recompute", so it
+    computes its whole prompt itself and pools then. The pooled update takes
+    the report as a generating update does."""
+    c = Scripted({"a": (12, True), "b": (8, True)})
+    s = scheduler(backend, c, "recompute", runner="pooling")
+    s.add_request(req("a", range(100, 114), max_tokens=1))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {}
+    # Bad reports and orders are refused as update_from_output refuses them.
+    before = s.debug_state()
+    with pytest.raises(TypeError, match="end_order must be callable, got int"):
+        s.update_from_pooler_output(out, [], end_order=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ghost"):
+        s.update_from_pooler_output(out, [], kv_connector_output=Report(finished_sending={"ghost"}))
+    assert s.debug_state() == before
+    s.update_from_pooler_output(out, [], kv_connector_output=Report(finished_recving={"a"}))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 2}
+    s.add_request(req("b", range(200, 210), max_tokens=1))
+    assert s.update_from_pooler_output(out, ["a"]).finished_req_ids == ["a"]
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {}  # b loads
+    b_blocks = s.debug_state()["requests"]["b"]["tables"][0]
+    failed = Report(finished_recving={"b"}, invalid_block_ids={b_blocks[0]})
+    s.update_from_pooler_output(out, [], kv_connector_output=failed)
+    c.answers["b"] = (0, False)  # asked again: nothing to load now
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"b": 10}
+    assert s.update_from_pooler_output(out, ["b"]).finished_req_ids == ["b"]
+    assert not s.has_unfinished_requests() and s.num_free_blocks == 19
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_held_request_frees_its_blocks_when_its_send_is_reported(backend: str) -> None:
     c = Scripted({}, holds=("r",))
     s = scheduler(backend, c)
@@ -248,9 +284,12 @@ def test_bad_transfer_reports_and_setups_are_refused_unchanged(backend: str) -> 
         fresh.set_kv_connector(Scripted({}), **{flag: True})  # (nothing was attached)
     with pytest.raises(ValueError, match="kv_connector: it must be set before the first request"):
         s.set_kv_connector(Scripted({}))
-    pooling = make(backend, max_model_len=64, runner="pooling")
-    with pytest.raises(ValueError, match="kv_connector: runner must be 'generate'"):
-        pooling.set_kv_connector(Scripted({}))
+    # A pooling model takes one (its prompts' blocks are saved and loaded
+    # alike); a model without a KV cache does not.
+    make(backend, max_model_len=64, runner="pooling").set_kv_connector(Scripted({}))
+    no_kv = make(backend, max_model_len=64, runner="pooling", kv_cache_groups=(), caching=False)
+    with pytest.raises(ValueError, match="kv_connector: kv_cache_groups must be attention"):
+        no_kv.set_kv_connector(Scripted({}))
     # Window groups beside full attention are taken (a connector with
     # hybrid support keeps them), and recurrent states, cached or not;
     # cross-attention is not.

@@ -221,7 +221,8 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
     its attention blocks, Qwen3-Next's with MTP) in half the workloads (in
     all with EAGLE's last-block drop or multi-module MTP) whose
     groups are full attention, sliding windows, chunked local attention
-    (the largest blocks with prefix caching on) and recurrent states
+    (the largest blocks with prefix caching on), an encoder-decoder's
+    cross-attention and recurrent states
     (cached in cache mode "align" not beside multi-module MTP): each
     attention group two or four times the cache's block size or its own,
     one at least the cache's (so the hash block is it) unless states of
@@ -229,7 +230,7 @@ def add_block_sizes(rng: random.Random, config: dict) -> None:
     (their least common multiple). The pool is sized for the larger
     tables."""
     groups = config["kv_cache_groups"]
-    kinds = ("full", "sliding_window", "chunked_local", "mamba")
+    kinds = ("full", "sliding_window", "chunked_local", "cross_attention", "mamba")
     if not groups or len(groups) < 2 or any(g.kind not in kinds for g in groups):
         return
     recurrent = any(g.kind == "mamba" for g in groups)
@@ -463,8 +464,12 @@ def blocks_per_request(config: dict) -> int:
             return 2 + (g.prefill_checkpoint_alignment is not None) + g.speculative_blocks
         return -(-max_len // g.size) + g.speculative_blocks
 
+    def tokens(g: KVCacheGroup) -> int:
+        # (Cross-attention holds a step's encoder tokens, not the prompt.)
+        return config["encoder_compute_budget"] if g.kind == "cross_attention" else max_len
+
     return sum(
-        states(g) if g.kind == "mamba" else -(-max_len // (g.block_size or bs)) for g in groups
+        states(g) if g.kind == "mamba" else -(-tokens(g) // (g.block_size or bs)) for g in groups
     )
 
 
@@ -834,6 +839,12 @@ def mixed_sizes(config: dict) -> bool:
 # (one workload in twenty to eighty), by the event run_seed counts for them:
 # each gets a test that runs only the workloads that have it.
 RARE_CONFIGS: dict[str, Callable[[dict], bool]] = {
+    # An encoder-decoder's groups of different block sizes (Whisper with
+    # layers that skip KV-cache quantization).
+    "cross_attention_mixed_sizes": lambda c: (
+        any(g.kind == "cross_attention" for g in c["kv_cache_groups"] or ())
+        and any(g.block_size is not None for g in c["kv_cache_groups"])
+    ),
     # Chunked local attention of its own block size (Llama 4's layers at
     # another precision).
     "chunked_local_mixed_sizes": lambda c: (

@@ -244,10 +244,10 @@ class KVCacheGroup:
             raise ValueError(f"KVCacheGroup.kind must be one of {GROUP_KINDS}, got {self.kind!r}")
         if self.block_size is not None:
             _int("KVCacheGroup.block_size", self.block_size, 1, MAX_BLOCK_SIZE)
-            if self.kind not in ("full", "sliding_window", "chunked_local"):
+            if self.kind == "mamba":
                 raise ValueError(
-                    "KVCacheGroup.block_size: only a full-attention, sliding-window or "
-                    f"chunked-local group sets its own block size, got one on a {self.kind} group"
+                    "KVCacheGroup.block_size: a Mamba group's block size is its size, got a "
+                    "block_size beside it"
                 )
         if isinstance(self.size, bool) or not isinstance(self.size, int):
             raise TypeError(f"KVCacheGroup.size must be an int, got {type(self.size).__name__}")
@@ -379,11 +379,11 @@ def blocks_for_one_sequence(
         held = 2 + int(g.prefill_checkpoint_alignment is not None)
         return (held if align else cdiv(max_model_len, g.size)) + g.speculative_blocks
 
-    def per_group(g: KVCacheGroup) -> int:
-        return cdiv(max_model_len, bs if g.block_size is None else g.block_size)
+    def per_group(g: KVCacheGroup, tokens: int = max_model_len) -> int:
+        return cdiv(tokens, bs if g.block_size is None else g.block_size)
 
     return sum(
-        cdiv(max_encoder_tokens, bs)
+        per_group(g, max_encoder_tokens)
         if g.kind == "cross_attention"
         else states(g)
         if g.kind == "mamba"

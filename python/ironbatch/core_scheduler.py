@@ -251,10 +251,16 @@ class CoreScheduler:
             kv_connector_output=kv_connector_output,
         )
 
-    def update_from_pooler_output(self, step: _core.Step, pooled: list[bool]) -> _core.StepUpdate:
+    def update_from_pooler_output(
+        self, step: _core.Step, pooled: list[bool], kv_connector_output: Any = None
+    ) -> _core.StepUpdate:
         """Apply a pooling runner's output: ``pooled[i]`` says whether row
-        ``i`` got a pooled result, which finishes its request (§4.16)."""
-        return self.core.update_from_pooler_output(step, pooled)
+        ``i`` got a pooled result, which finishes its request (§4.16);
+        ``kv_connector_output`` is the worker's report of the step's KV
+        transfers (§4.19)."""
+        return self.core.update_from_pooler_output(
+            step, pooled, kv_connector_output=kv_connector_output
+        )
 
     def finish_requests(self, request_ids: Sequence[str], status: str) -> None:
         self.core.finish_requests(request_ids=list(request_ids), status=status)

@@ -239,12 +239,18 @@ class Scheduler:
 
     @_exclusive
     def update_from_pooler_output(
-        self, scheduler_output: SchedulerOutput, pooled: Iterable[str]
+        self,
+        scheduler_output: SchedulerOutput,
+        pooled: Iterable[str],
+        kv_connector_output: Any = None,
+        end_order: EndOrder | None = None,
     ) -> UpdateOutputs:
         """Apply a pooling runner's step (``SchedulerConfig.runner =
         "pooling"``; docs/scheduling.md §4.16): ``pooled`` names the
         scheduled requests whose pooled result came back, each of which
         finishes (``"stop"``); the others ran a chunk of their prompt.
+        ``kv_connector_output`` and ``end_order`` as ``update_from_output``
+        takes them (a request a failed load cut back gets no result).
         Refused (ValueError, nothing changed) for a request whose step ended
         inside its prompt, an id the step did not schedule, or a generating
         scheduler. Returns one record per finished request, with no tokens."""
@@ -261,9 +267,15 @@ class Scheduler:
         if unknown := wanted.difference(row_ids):
             raise ValueError(f"pooled: {sorted(map(str, unknown))} were not scheduled in this step")
         rows = [rid in wanted for rid in row_ids]
-        update = self._core.apply_pooled(scheduler_output._handle, rows)
+        if end_order is not None and not callable(end_order):
+            raise TypeError(f"end_order must be callable, got {type(end_order).__name__}")
+        update = self._core.apply_pooled(
+            scheduler_output._handle, rows, kv_connector_output, end_order
+        )
         updates = UpdateOutputs(row_ids, update)
         for rid in updates.finished_req_ids:
+            self.requests.pop(rid, None)
+        for rid in update.failed_loads:
             self.requests.pop(rid, None)
         return updates
 

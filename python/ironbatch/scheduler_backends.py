@@ -139,8 +139,16 @@ class RustBackend:
     def has_request(self, request_id: str) -> bool:
         return self.core.has_request(request_id)
 
-    def apply_pooled(self, step: Any, pooled: list[bool]) -> Any:
-        return self.core.update_from_pooler_output(step, pooled)
+    def apply_pooled(
+        self,
+        step: Any,
+        pooled: list[bool],
+        kv_connector_output: Any = None,
+        end_order: EndOrder | None = None,
+    ) -> Any:
+        return self.core.core.update_from_pooler_output(
+            step, pooled, kv_connector_output=kv_connector_output, end_order=end_order
+        )
 
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         self.core.report_grammar(request_id, compiled)
@@ -385,8 +393,17 @@ class PythonBackend:
 
         return by_slot
 
-    def apply_pooled(self, step: _TwinStep, pooled: list[bool]) -> _TwinUpdate:
-        return _TwinUpdate.of(self.twin.update_from_pooler_output(step.step, pooled))
+    def apply_pooled(
+        self,
+        step: _TwinStep,
+        pooled: list[bool],
+        kv_connector_output: Any = None,
+        end_order: EndOrder | None = None,
+    ) -> _TwinUpdate:
+        report = kv_transfer_report(kv_connector_output)
+        order = None if end_order is None else self._slot_order(end_order)
+        update = self.twin.update_pooled_with_kv_report(step.step, pooled, report, order)
+        return _TwinUpdate.of(update)
 
     def finish_requests(self, request_ids: list[str], status: str) -> None:
         self.twin.finish_requests(request_ids, reference.RequestStatus[status])

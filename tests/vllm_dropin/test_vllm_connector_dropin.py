@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from test_vllm_connector_standin import check_blocks
 from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+from vllm.pooling_params import PoolingParams
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.request import RequestStatus
@@ -37,7 +38,8 @@ from vllm_pair import VllmPair, VllmPoolDry, VllmUnderflow
 VOCAB = 50
 # Per run, each sync or async at random (about 120 with window groups beside
 # a connector with hybrid support, about 40 of them of different block
-# sizes, 75 with images); FULL_WORKLOADS with IRONBATCH_FULL=1.
+# sizes, 75 with images, 25 an embedding model's); FULL_WORKLOADS with
+# IRONBATCH_FULL=1.
 WORKLOADS = 300
 FULL_WORKLOADS = 1200
 
@@ -63,6 +65,12 @@ def run_seed(seed: int) -> Counter:
         settings["target"] = "vision"
         settings["mm_budget"] = (compute, vision.choice([compute, 2 * compute]))
         settings["disable_chunked_mm_input"] = vision.random() < 0.3
+    # An embedding model in some (drawn apart, neither a drafter nor a
+    # vision model beside it): prompts that end at their pooled result, their
+    # blocks saved or loaded like any.
+    pooling = random.Random(seed ^ 0x9001).random() < 0.15
+    if pooling and "speculative_config" not in settings and "target" not in settings:
+        settings["runner"] = "pooling"
     pair = VllmPair(rng, **settings)
     images = image_pool(vision, settings, step_room(pair)) if "target" in settings else []
     ours, theirs = stand_in_of(pair.ours), stand_in_of(pair.vllm)
@@ -96,12 +104,18 @@ def run_seed(seed: int) -> Counter:
                 max_tokens = rng.randint(1, max(1, min(24, max_len - n - 1)))
                 features = place_images(vision, prompt, images) if images else []
                 pair.events["images"] += len(features)
+                # An embedding request samples nothing: its pooled result ends it.
+                kind = (
+                    {"pooling_params": PoolingParams(task="embed")}
+                    if pair.pooling
+                    else {"max_tokens": max_tokens}
+                )
                 pair.add(
                     f"r{added}",
                     prompt,
-                    max_tokens=max_tokens,
                     priority=rng.randint(0, 2),
                     mm_features=features,
+                    **kind,
                 )
                 added += 1
             live = [rid for rid, r in pair.vllm.requests.items() if not r.is_finished()]
@@ -187,6 +201,7 @@ def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
             "boundary_states": 800,
             "vision": 160,
             "images": 1200,
+            "pooled": 400,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

@@ -616,6 +616,16 @@ TABLE = [
         exercises=("encoder_inputs",),
     ),
     Deployment(
+        # Whisper with an fp8 KV cache that layer 0 skips: its decoder and
+        # cross-attention groups fit 16 tokens in a page, the other layers'
+        # 32 (docs/scheduling.md §7.16), each group its own block math.
+        "whisper-large-v3-fp8-skip-layer-0",
+        "whisper-large-v3",
+        ["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "0"],
+        {"is_encoder_decoder": True, "needs_kv_cache_zeroing": True},
+        exercises=("encoder_inputs",),
+    ),
+    Deployment(
         # Prompts may come as embeddings: the option alone changes nothing
         # in how token prompts are scheduled.
         "prompt-embeds",

@@ -114,6 +114,7 @@ def random_settings(rng: random.Random) -> dict:
     settings["num_blocks"] += 2 * recurrent_blocks(settings)
     if settings.get("target") == "whisper":
         encoder_decoder(settings, blocks)
+        settings.update(whisper_block_sizes(rng, settings))
     return settings
 
 
@@ -169,6 +170,17 @@ def encoder_decoder(settings: dict, blocks: int) -> None:
     )
     compute = settings["mm_budget"][0]
     settings["num_blocks"] = blocks + -(-compute // settings["block_size"])
+
+
+def whisper_block_sizes(rng: random.Random, settings: dict) -> dict:
+    """In half the Whisper workloads, the decoder's or the cross-attention
+    group's blocks two or four times the cache's (drawn apart): Whisper
+    with an fp8 KV cache that some layers skip."""
+    drawn = random.Random(rng.random())
+    if drawn.random() < 0.5:
+        return {}
+    which = drawn.choice(["full_block_size", "cross_block_size"])
+    return {which: settings["block_size"] * drawn.choice([2, 4])}
 
 
 # Attention KV-cache groups per layout ("none": the null block alone, vLLM's
@@ -985,6 +997,8 @@ def drawn_features(seed: int) -> Counter:
         "groups of different block sizes": "window_block_size" in s or "full_block_size" in s,
         "chunked-local groups of different block sizes": s["kv_layout"] == "llama4"
         and ("window_block_size" in s or "full_block_size" in s),
+        "encoder-decoder groups of different block sizes": "cross_block_size" in s
+        or (s.get("target") == "whisper" and "full_block_size" in s),
         "recurrent groups of unlike specs": not s.get("mamba_specs_alike", True),
         "multi-module MTP beside cached recurrent states": recurrent
         and s["enable_prefix_caching"]
@@ -1120,6 +1134,8 @@ FEATURE_SHARES = {
     # them Llama 4's, 16 with EAGLE's drop.
     "feature: groups of different block sizes": 100,
     "feature: chunked-local groups of different block sizes": 30,
+    # About 43 of 1,040 (half the Whisper workloads).
+    "feature: encoder-decoder groups of different block sizes": 30,
     "feature: groups of different block sizes with KV-cache events": 30,
     "feature: recurrent states smaller than attention blocks": 12,
     "feature: window groups with speculation": 120,
@@ -1197,6 +1213,7 @@ FEATURES = [
     "feature: decode context parallelism",
     "feature: groups of different block sizes",
     "feature: chunked-local groups of different block sizes",
+    "feature: encoder-decoder groups of different block sizes",
     "feature: recurrent states smaller than attention blocks",
     "feature: groups of different block sizes with KV-cache events",
     "feature: window groups with speculation",

@@ -603,6 +603,8 @@ class VllmPair:
                 for i, rid in enumerate(runner_order)
             ],
         )
+        if self.kv_reports is not None:
+            mro.kv_connector_output = self.kv_reports(a)
         oa = self.vllm.update_from_output(a, runner_output_copy(mro))
         if mro.kv_connector_output is not None:
             # Its sets copied alike for both: a copy may iterate in another

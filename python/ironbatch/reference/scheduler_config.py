@@ -270,7 +270,7 @@ def group_specs(groups: Any) -> tuple[GroupSpec, ...]:
         elif g.kind == "chunked_local":
             out.append(GroupSpec(ChunkedLocal(g.size), cap, own))
         elif g.kind == "cross_attention":
-            out.append(GroupSpec(CrossAttention(), cap))
+            out.append(GroupSpec(CrossAttention(), cap, own))
         elif g.kind == "mamba":
             alignment = g.prefill_checkpoint_alignment
             out.append(GroupSpec(Mamba(g.size, g.speculative_blocks, alignment), cap))

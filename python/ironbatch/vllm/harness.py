@@ -87,6 +87,7 @@ DEFAULTS: dict[str, Any] = {
     # None for the cache's.
     "window_block_size": None,
     "full_block_size": None,
+    "cross_block_size": None,
     "mamba_block_size": None,
     # The recurrent groups' specs alike (one layer type: Qwen3-Next's
     # linear attention), or unlike (states of two shapes with one page:
@@ -565,7 +566,10 @@ def kv_cache_groups(
     if cfg["target"] == "whisper":
         if layout != "full":
             raise ValueError(f"the whisper target has kv_layout full, got {layout!r}")
-        return [full, KVCacheGroupSpec(["cross"], CrossAttentionSpec(**common))]
+        cross = {**common, "block_size": cfg["cross_block_size"] or cfg["block_size"]}
+        if cfg["cross_block_size"]:
+            cross |= half
+        return [full, KVCacheGroupSpec(["cross"], CrossAttentionSpec(**cross))]
     if layout == "full":
         return [full]
     if layout in ("gpt-oss", "gemma3"):

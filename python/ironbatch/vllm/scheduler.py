@@ -493,16 +493,18 @@ class Scheduler(SchedulerInterface):
             perf_stats = self._perf_metrics.get_step_perf_stats_per_gpu(scheduler_output)
         # Checked in full before anything changes: a refused output can be
         # retried. Each record's EngineCoreOutput comes made.
+        kv_output = mro.kv_connector_output if self._bridge is not None else None
         if self._pooling:
             update = self._objects.update_pooled(
                 self._core.core,
                 step=step,
                 req_id_to_index=mro.req_id_to_index,
                 pooler_output=mro.pooler_output or [],
+                kv_connector_output=kv_output,
+                end_order=end_order if kv_output else None,
             )
             attach_pooler_outputs(update, mro)
         else:
-            kv_output = mro.kv_connector_output if self._bridge is not None else None
             update = self._objects.update(
                 self._core.core,
                 step=step,

@@ -212,7 +212,7 @@ def kv_cache_groups(
                 block_size=own_block_size(spec),
             )
         if isinstance(spec, CrossAttentionSpec):
-            return KVCacheGroup(kind="cross_attention")
+            return KVCacheGroup(kind="cross_attention", block_size=own_block_size(spec))
         if isinstance(spec, MambaSpec):
             # A backend that writes prefill checkpoints inside a chunk (in
             # cache mode "align": Mamba2's) says at what offsets.

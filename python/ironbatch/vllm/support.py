@@ -65,9 +65,8 @@ def unsupported_config(
     spec = c.speculative_config
     # The KV-cache groups the core models: full attention (or MLA, counted
     # and cached alike), sliding windows, chunked local attention and an
-    # encoder-decoder's cross-attention, of one block size or (all but
-    # cross-attention) of several, and recurrent states (Mamba, linear
-    # attention) of their own
+    # encoder-decoder's cross-attention, of one block size or of several,
+    # and recurrent states (Mamba, linear attention) of their own
     # (docs/scheduling.md §7.13, §4.17, §7.15, §7.16).
     attention = (
         FullAttentionSpec,
@@ -91,12 +90,6 @@ def unsupported_config(
     # that skip KV-cache quantization), or a hybrid's states smaller than
     # attention blocks grown to hold their page (Qwen3-Next with MTP).
     mixed_sizes = len(hashed_sizes) > 1
-    # Of kinds the core models at different sizes: attention over the
-    # decoder's tokens and recurrent states (cached or not: uncached ones
-    # hash nothing); not cross-attention.
-    plain_mixed = mixed_sizes and all(
-        type(g.kv_cache_spec) is not CrossAttentionSpec for g in groups
-    )
     # A chunked-local hit ends on its own blocks, which vLLM asserts at a
     # lookup are the scheduler block (the hashed sizes' least common
     # multiple).
@@ -173,11 +166,12 @@ def unsupported_config(
         ),
         (
             # Decode context parallelism shards a block's tokens across its
-            # ranks: vLLM schedules blocks that many times larger. Recurrent
-            # groups without prefix caching have sizes of their own.
-            (mixed_sizes and not plain_mixed)
-            or (not mixed_sizes and not recurrent and bool(attention_sizes - {block_size})),
-            "KV-cache groups of different block sizes beside cross-attention groups",
+            # ranks: vLLM schedules blocks that many times larger. Attention
+            # groups of one size unlike the scheduler's block are not known
+            # to come from any deployment (recurrent groups have sizes of
+            # their own).
+            not mixed_sizes and not recurrent and bool(attention_sizes - {block_size}),
+            "KV-cache groups of one block size unlike the scheduler's",
         ),
         (
             c.cache_config.enable_prefix_caching and chunked_smaller,
@@ -196,7 +190,7 @@ def unsupported_config(
             # Groups of different block sizes hash at their greatest common
             # divisor, as the core does (§7.16).
             hash_block_size not in (None, block_size)
-            and not (plain_mixed and hash_block_size == math.gcd(*hashed_sizes)),
+            and not (mixed_sizes and hash_block_size == math.gcd(*hashed_sizes)),
             "a hash block size unlike the block size",
         ),
         (
@@ -271,8 +265,6 @@ def unsupported_connector(vllm_config: Any, kv_cache_config: Any) -> str | None:
         # (vLLM turns the hybrid manager off for it unless told otherwise,
         # and then refuses the connector when it builds it.)
         return "a KV connector without hybrid support beside several KV-cache groups"
-    if mc.runner_type != "generate":
-        return f"a KV connector with the {mc.runner_type!r} runner"
     if kv_cache_config.hisparse_host_num_blocks is not None:
         return "a KV connector with HiSparse (deferred async loads)"
     for config in _connector_configs(c.kv_transfer_config):

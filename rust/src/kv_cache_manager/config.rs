@@ -292,15 +292,9 @@ impl KvCacheConfig {
                 1,
                 MAX_BLOCK_SIZE,
             )?;
-            if !matches!(
-                g.kind,
-                AttentionKind::Full
-                    | AttentionKind::SlidingWindow { .. }
-                    | AttentionKind::ChunkedLocal { .. }
-            ) {
+            if g.kind.is_recurrent() {
                 return Err(Error::invalid(format!(
-                    "kv_cache_groups[{i}].block_size: only a full-attention, sliding-window or \
-                     chunked-local group sets its own block size"
+                    "kv_cache_groups[{i}].block_size: a Mamba group's block size is its size"
                 )));
             }
         }
@@ -309,13 +303,6 @@ impl KvCacheConfig {
         }
         // (Recurrent groups count here only with prefix caching, and then
         // their states are cached as any group's blocks are.)
-        if self.has_cross_attention() {
-            return Err(Error::invalid(format!(
-                "kv_cache_groups of different block sizes ({:?}) are not modelled beside a \
-                 cross-attention group",
-                self.group_block_sizes()
-            )));
-        }
         // A chunked-local hit ends on its own blocks; vLLM asserts that they
         // are the scheduler block's (its hits' unit) when it looks one up.
         let unit = self.scheduler_block_size();

@@ -188,3 +188,48 @@ fn a_short_mamba_state_block_frees_all_but_the_last_tokens() {
     assert_eq!(tables[1].block_ids(), [0, 0, 6, 4]);
     assert_eq!(kv.pool().num_free_blocks(), 29 - 6);
 }
+
+#[test]
+fn group_block_sizes_refuse_what_vllm_cannot_run() {
+    let group = |kind, block_size| GroupSpec {
+        kind,
+        admission_cap_blocks: None,
+        block_size,
+    };
+    let chunked = AttentionKind::ChunkedLocal { chunk: 64 };
+    let config = |groups: Vec<GroupSpec>, caching: bool| KvCacheConfig {
+        groups,
+        ..KvCacheConfig::new(100, 16, 256, caching)
+    };
+    // Chunked blocks larger than full attention's: vLLM's hits end on them.
+    let larger = vec![group(chunked, Some(32)), group(AttentionKind::Full, None)];
+    assert!(config(larger, true).validate().is_ok());
+    // Smaller: vLLM's prefix lookup asserts, so only without prefix caching.
+    let smaller = vec![group(chunked, None), group(AttentionKind::Full, Some(32))];
+    assert!(config(smaller.clone(), false).validate().is_ok());
+    let err = config(smaller, true).validate().unwrap_err().to_string();
+    assert!(err.contains("chunked-local-attention group's blocks must be the largest (32"));
+    // An encoder-decoder's cross-attention blocks of their own size.
+    let cross = vec![
+        group(AttentionKind::Full, None),
+        group(AttentionKind::CrossAttention, Some(32)),
+    ];
+    assert!(config(cross, false).validate().is_ok());
+    // A recurrent group's block size is its kind's.
+    let mamba = AttentionKind::Mamba {
+        block_size: 16,
+        speculative_blocks: 0,
+        checkpoint_alignment: None,
+    };
+    let err = config(
+        vec![group(AttentionKind::Full, None), group(mamba, Some(32))],
+        false,
+    )
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("a Mamba group's block size is its size"),
+        "{err}"
+    );
+}

@@ -162,17 +162,6 @@ impl PyScheduler {
         kv: &StepKvReport<'_, '_>,
     ) -> PyResult<UpdateOutput> {
         let py_ids = &self.py_ids;
-        let id_of = |slot: Slot| -> Py<PyAny> {
-            py_ids[slot as usize]
-                .as_ref()
-                .expect("a failed request is live")
-                .clone_ref(py)
-                .into_any()
-        };
-        let mut order = |groups: &crate::scheduler::FailedLoadGroups| match kv.end_order {
-            Some(end_order) => order_failed(end_order, groups, id_of),
-            None => Vec::new(),
-        };
         let mut check = |slot: Slot, r: &Request, kept: &[u32]| -> bool {
             let Some(accept) = accept else {
                 return true;
@@ -188,6 +177,7 @@ impl PyScheduler {
                 false
             })
         };
+        let mut order = failed_load_order(py_ids, kv);
         let out = self.core.update_with_kv_report(
             step,
             tokens,
@@ -196,17 +186,24 @@ impl PyScheduler {
             &kv.report,
             Some(&mut order),
         )?;
+        drop(order);
         self.forget_finished(&out);
         Ok(out)
     }
 
-    /// A pooling runner's results (`pooled[i]` for entry `i`) applied.
+    /// A pooling runner's results (`pooled[i]` for entry `i`) applied,
+    /// with the worker's KV-transfer report as [`Self::apply`] takes it.
     pub(super) fn apply_pooled(
         &mut self,
         step: &StepOutput,
         pooled: &[bool],
+        kv: &StepKvReport<'_, '_>,
     ) -> PyResult<UpdateOutput> {
-        let out = self.core.update_from_pooler_output(step, pooled)?;
+        let mut order = failed_load_order(&self.py_ids, kv);
+        let out =
+            self.core
+                .update_pooled_with_kv_report(step, pooled, &kv.report, Some(&mut order))?;
+        drop(order);
         self.forget_finished(&out);
         Ok(out)
     }
@@ -220,6 +217,24 @@ impl PyScheduler {
         for f in &out.failed_loads {
             self.py_ids[f.slot as usize] = None;
         }
+    }
+}
+
+/// The order the "fail" policy ends failed loads' requests in, as the
+/// caller's `end_order` (by request id) gives it; none without one.
+fn failed_load_order<'a>(
+    py_ids: &'a [Option<Py<PyString>>],
+    kv: &'a StepKvReport<'_, '_>,
+) -> impl FnMut(&crate::scheduler::FailedLoadGroups) -> Vec<Slot> + 'a {
+    move |groups| match kv.end_order {
+        Some(end_order) => order_failed(end_order, groups, |slot: Slot| -> Py<PyAny> {
+            py_ids[slot as usize]
+                .as_ref()
+                .expect("a failed request is live")
+                .clone_ref(end_order.py())
+                .into_any()
+        }),
+        None => Vec::new(),
     }
 }
 
@@ -562,14 +577,23 @@ impl PyScheduler {
     }
 
     /// A pooling runner's output: `pooled[i]` is whether the step's entry
-    /// `i` got a pooled result, which finishes its request (stopped).
+    /// `i` got a pooled result, which finishes its request (stopped);
+    /// `kv_connector_output` and `end_order` as `update_from_output` takes
+    /// them.
+    #[pyo3(signature = (step, pooled, *, kv_connector_output=None, end_order=None))]
     fn update_from_pooler_output<'py>(
         &mut self,
         py: Python<'py>,
         step: &Bound<'py, PyStep>,
         pooled: Vec<bool>,
+        kv_connector_output: Option<&Bound<'py, PyAny>>,
+        end_order: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyStepUpdate> {
-        let out = self.apply_pooled(&step.get().step, &pooled)?;
+        let kv = StepKvReport {
+            report: kv_report(kv_connector_output)?,
+            end_order,
+        };
+        let out = self.apply_pooled(&step.get().step, &pooled, &kv)?;
         PyStepUpdate::of(py, out)
     }
 

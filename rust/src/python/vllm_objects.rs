@@ -435,7 +435,10 @@ impl PyVllmObjects {
     /// `pooler_output` entry is not None got its pooled result, which
     /// finishes the request. Each record's `EngineCoreOutput` is made with
     /// no tokens; the drop-in attaches the pooled tensor.
-    #[pyo3(signature = (scheduler, *, step, req_id_to_index, pooler_output))]
+    /// `kv_connector_output` and `end_order` as `update` takes them.
+    #[pyo3(signature = (scheduler, *, step, req_id_to_index, pooler_output,
+                        kv_connector_output=None, end_order=None))]
+    #[allow(clippy::too_many_arguments)] // keyword-only, vLLM's names
     fn update_pooled<'py>(
         &self,
         py: Python<'py>,
@@ -443,7 +446,13 @@ impl PyVllmObjects {
         step: &Bound<'py, PyStep>,
         req_id_to_index: &Bound<'py, PyDict>,
         pooler_output: &Bound<'py, PyList>,
+        kv_connector_output: Option<&Bound<'py, PyAny>>,
+        end_order: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyVllmStepUpdate> {
+        let kv = StepKvReport {
+            report: kv_report(kv_connector_output)?,
+            end_order,
+        };
         let ids = step.get().req_ids_list(py);
         let n = step.get().step.entries.len();
         let mut pooled = Vec::with_capacity(n);
@@ -466,7 +475,7 @@ impl PyVllmObjects {
         }
         let out = scheduler
             .borrow_mut()
-            .apply_pooled(&step.get().step, &pooled)?;
+            .apply_pooled(&step.get().step, &pooled, &kv)?;
         let cls = self.engine_core_output.bind(py);
         PyVllmStepUpdate::of(py, out, ids, &vec![None; n], Some(cls))
     }

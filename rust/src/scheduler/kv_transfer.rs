@@ -25,8 +25,8 @@ pub(super) enum Answer {
 impl Scheduler {
     /// Attach a KV connector; before any request, and only where the core
     /// follows vLLM with one: KV-cache groups of attention with per-token
-    /// blocks (no cross-attention) and recurrent states, a generating
-    /// runner.
+    /// blocks (no cross-attention) and recurrent states, a generating or
+    /// pooling runner.
     pub fn set_kv_connector(
         &mut self,
         connector: Box<dyn KvConnector>,
@@ -39,8 +39,8 @@ impl Scheduler {
             // Full attention, windows and chunked local attention (vLLM
             // gives a connector without hybrid support one group of them).
             Some("kv_cache_groups must be attention or recurrent-state groups")
-        } else if c.runner != Runner::Generate {
-            Some("runner must be 'generate'")
+        } else if !matches!(c.runner, Runner::Generate | Runner::Pooling) {
+            Some("runner must be 'generate' or 'pooling'")
         } else {
             None
         };

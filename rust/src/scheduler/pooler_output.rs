@@ -6,9 +6,11 @@
 //! brings nothing and the request runs on.
 
 use super::encoder_inputs::release_encoded;
+use super::kv_load_failure::EndOrder;
 use super::update::{finish_without_tokens, Ended};
 use super::Scheduler;
 use crate::error::Error;
+use crate::kv_connector::KvTransferReport;
 use crate::request::RequestStatus;
 use crate::scheduler_config::Runner;
 use crate::step::{StepEntry, StepOutput, UpdateOutput};
@@ -22,7 +24,25 @@ impl Scheduler {
         step: &StepOutput,
         pooled: &[bool],
     ) -> Result<UpdateOutput, Error> {
+        self.update_pooled_with_kv_report(step, pooled, &KvTransferReport::default(), None)
+    }
+
+    /// [`Self::update_from_pooler_output`] with the worker's report of the
+    /// step's KV transfers, in the order a generating update takes it
+    /// (`update_with_kv_report`): a request a failed load cut back gets no
+    /// pooled result from this step.
+    pub fn update_pooled_with_kv_report(
+        &mut self,
+        step: &StepOutput,
+        pooled: &[bool],
+        report: &KvTransferReport,
+        end_order: Option<EndOrder<'_>>,
+    ) -> Result<UpdateOutput, Error> {
         self.check_pooled(step, pooled)?;
+        if !report.is_empty() {
+            self.check_kv_report(report)?;
+        }
+        let failed = self.take_failed_loads(step, report);
         self.pending_steps.retain(|&s| s != step.step_id);
         let mut out = UpdateOutput::default();
         let mut ended = Ended::default();
@@ -30,11 +50,16 @@ impl Scheduler {
             if !self.is_live(e) {
                 continue; // finished (and maybe its slot reused) meanwhile
             }
+            if failed.skip.contains(&e.slot) {
+                self.skip_cut_back(e);
+                continue;
+            }
             if let Some(status_before) = self.apply_pooled(i, e, pooled[i], &mut out) {
                 self.end_request(e.slot, status_before, &mut out, &mut ended);
             }
         }
         self.unqueue_ended(ended);
+        self.settle_kv_report(&mut out, failed, report, end_order);
         Ok(out)
     }
 

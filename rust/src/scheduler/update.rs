@@ -74,17 +74,7 @@ impl Scheduler {
         if !report.is_empty() {
             self.check_kv_report(report)?;
         }
-        if self.kv_setup.defer_block_free && step.entries.iter().any(|e| e.num_tokens > 0) {
-            // Every write of this step and those before it is done.
-            self.processed_step_seq += 1;
-            self.drain_deferred_frees();
-        }
-        let mut failed = if report.failed_recving.is_empty() && report.invalid_block_ids.is_empty()
-        {
-            FailedLoads::default()
-        } else {
-            self.apply_failed_loads(report, step)
-        };
+        let failed = self.take_failed_loads(step, report);
         self.pending_steps.retain(|&s| s != step.step_id);
         // Each scheduled request's last token, which the update appends after.
         self.read_ahead(step.entries.iter().map(|e| e.slot), |r| {
@@ -101,10 +91,7 @@ impl Scheduler {
                 continue; // finished (and maybe its slot reused) meanwhile
             }
             if failed.skip.contains(&e.slot) {
-                // Cut back by a failed load: it computes again from there.
-                let r = &mut self.requests[e.slot];
-                r.in_flight_tokens = r.in_flight_tokens.saturating_sub(e.num_tokens);
-                r.stale_tokens = r.stale_tokens.saturating_sub(e.num_tokens);
+                self.skip_cut_back(e);
                 continue;
             }
             let sampled = &tokens[offsets[i]..offsets[i + 1]];
@@ -113,6 +100,49 @@ impl Scheduler {
             }
         }
         self.unqueue_ended(ended);
+        self.settle_kv_report(&mut out, failed, report, end_order);
+        Ok(out)
+    }
+
+    /// A step's entry whose request a failed load cut back: it takes no
+    /// output, and computes again from there.
+    pub(super) fn skip_cut_back(&mut self, e: &StepEntry) {
+        let r = &mut self.requests[e.slot];
+        r.in_flight_tokens = r.in_flight_tokens.saturating_sub(e.num_tokens);
+        r.stale_tokens = r.stale_tokens.saturating_sub(e.num_tokens);
+    }
+
+    /// A step's KV-transfer report (checked), before its output: the step's
+    /// writes are done, so fenced frees go back, and failed loads cut their
+    /// requests back (those the update skips, those it ends).
+    pub(super) fn take_failed_loads(
+        &mut self,
+        step: &StepOutput,
+        report: &KvTransferReport,
+    ) -> FailedLoads {
+        if self.kv_setup.defer_block_free && step.entries.iter().any(|e| e.num_tokens > 0) {
+            // Every write of this step and those before it is done.
+            self.processed_step_seq += 1;
+            self.drain_deferred_frees();
+        }
+        if report.failed_recving.is_empty() && report.invalid_block_ids.is_empty() {
+            FailedLoads::default()
+        } else {
+            self.apply_failed_loads(report, step)
+        }
+    }
+
+    /// A step's KV-transfer report, after its output: the requests the
+    /// "fail" policy ends finish with an error (in `end_order`'s order
+    /// where it gives a permutation of them), then finished loads and
+    /// sends are settled.
+    pub(super) fn settle_kv_report(
+        &mut self,
+        out: &mut UpdateOutput,
+        mut failed: FailedLoads,
+        report: &KvTransferReport,
+        end_order: Option<EndOrder<'_>>,
+    ) {
         if !failed.ended.is_empty() {
             if let Some(order) = end_order {
                 let ordered = order(&failed.groups);
@@ -138,7 +168,6 @@ impl Scheduler {
         if !(report.finished_recving.is_empty() && report.finished_sending.is_empty()) {
             self.settle_kv_transfers(&report.finished_recving, &report.finished_sending);
         }
-        Ok(out)
     }
 
     /// The request in `slot` finished in this update (its record is the

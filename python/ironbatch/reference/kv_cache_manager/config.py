@@ -11,7 +11,6 @@ from math import gcd, lcm
 from ironbatch.reference.attention_group import (
     ChunkedLocal,
     CrossAttention,
-    Full,
     GroupSpec,
     Mamba,
     SlidingWindow,
@@ -211,21 +210,15 @@ def validate_group_block_sizes(
         if g.block_size is None:
             continue
         check_range(f"kv_cache_groups[{i}].block_size", g.block_size, 1, MAX_BLOCK_SIZE)
-        if not isinstance(g.kind, (Full, SlidingWindow, ChunkedLocal)):
+        if g.kind.is_recurrent():
             raise ValueError(
-                f"kv_cache_groups[{i}].block_size: only a full-attention, sliding-window or "
-                "chunked-local group sets its own block size"
+                f"kv_cache_groups[{i}].block_size: a Mamba group's block size is its size"
             )
     if not has_mixed_block_sizes(groups, block_size, enable_prefix_caching):
         return
     # (Recurrent groups count here only with prefix caching, and then their
     # states are cached as any group's blocks are.)
     sizes = group_block_sizes(groups, block_size)
-    if any(g.kind.is_cross() for g in groups):
-        raise ValueError(
-            f"kv_cache_groups of different block sizes ({sizes}) are not modelled beside a "
-            "cross-attention group"
-        )
     # A chunked-local hit ends on its own blocks; vLLM asserts that they are
     # the scheduler block's (its hits' unit) when it looks one up.
     unit = scheduler_block_size(groups, block_size, enable_prefix_caching)

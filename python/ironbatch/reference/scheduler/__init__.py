@@ -636,6 +636,17 @@ class Scheduler:
         Checked first, so a ``ValueError`` changes nothing."""
         return pooler_output.update_from_pooler_output(self, step, pooled)
 
+    def update_pooled_with_kv_report(
+        self,
+        step: StepOutput,
+        pooled: list[bool],
+        report: KvTransferReport,
+        end_order: Callable[[kv_load_failure.FailedLoadGroups], list[int]] | None = None,
+    ) -> UpdateOutput:
+        """``update_from_pooler_output`` with the worker's report of the
+        step's KV transfers, taken as ``update_with_kv_report`` takes it."""
+        return pooler_output.update_pooled_with_kv_report(self, step, pooled, report, end_order)
+
     def update_from_output_checked(
         self, step: StepOutput, tokens: list[int], offsets: list[int], accept: update.AcceptKept
     ) -> UpdateOutput:

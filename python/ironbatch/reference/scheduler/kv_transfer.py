@@ -37,8 +37,8 @@ class Ask(enum.Enum):
 def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> None:
     """Attach a KV connector; before any request, and only where the core
     follows vLLM with one: KV-cache groups of attention with per-token
-    blocks (no cross-attention) and recurrent states, a generating
-    runner."""
+    blocks (no cross-attention) and recurrent states, a generating or
+    pooling runner."""
     c = s.config
     groups = c.kv_cache_groups
     why = None
@@ -48,8 +48,8 @@ def set_kv_connector(s: Scheduler, connector: Any, setup: KvConnectorSetup) -> N
         # Full attention, windows and chunked local attention (vLLM gives a
         # connector without hybrid support one group of them).
         why = "kv_cache_groups must be attention or recurrent-state groups"
-    elif c.runner is not Runner.GENERATE:
-        why = "runner must be 'generate'"
+    elif c.runner not in (Runner.GENERATE, Runner.POOLING):
+        why = "runner must be 'generate' or 'pooling'"
     if why is not None:
         raise ValueError(f"kv_connector: {why}")
     s.connector = SafeConnector(connector)

@@ -7,15 +7,21 @@ brings nothing and the request runs on."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.error import foreign_step, step_already_applied
+from ironbatch.reference.kv_connector import KvTransferReport
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler.encoder_inputs import release_encoded
+from ironbatch.reference.scheduler.kv_load_failure import FailedLoadGroups, check_kv_report
 from ironbatch.reference.scheduler.update import (
     Ended,
     end_request,
     finish_without_tokens,
+    settle_kv_report,
+    skip_cut_back,
+    take_failed_loads,
     unqueue_ended,
 )
 from ironbatch.reference.scheduler_config import Runner
@@ -29,17 +35,38 @@ def update_from_pooler_output(s: Scheduler, step: StepOutput, pooled: list[bool]
     """Apply a pooling runner's output: ``pooled[i]`` says whether entry
     ``i`` of ``step`` got a pooled result. Checked first, so a
     ``ValueError`` changes nothing."""
+    return update_pooled_with_kv_report(s, step, pooled, KvTransferReport())
+
+
+def update_pooled_with_kv_report(
+    s: Scheduler,
+    step: StepOutput,
+    pooled: list[bool],
+    report: KvTransferReport,
+    end_order: Callable[[FailedLoadGroups], list[int]] | None = None,
+) -> UpdateOutput:
+    """``update_from_pooler_output`` with the worker's report of the step's
+    KV transfers, in the order a generating update takes it
+    (``update_with_kv_report``): a request a failed load cut back gets no
+    pooled result from this step."""
     check_pooled(s, step, pooled)
+    if not report.is_empty():
+        check_kv_report(s, report)
+    failed = take_failed_loads(s, step, report)
     s.pending_steps.remove(step.step_id)
     out = UpdateOutput()
     ended = Ended()
     for i, e in enumerate(step.entries):
         if not s.is_live(e):
             continue  # finished (and maybe its slot reused) meanwhile
+        if e.slot in failed.skip:
+            skip_cut_back(s, e)
+            continue
         status_before = apply_pooled(s, i, e, pooled[i], out)
         if status_before is not None:
             end_request(s, e.slot, status_before, out, ended)
     unqueue_ended(s, ended)
+    settle_kv_report(s, out, failed, report, end_order)
     return out
 
 

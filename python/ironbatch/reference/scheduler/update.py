@@ -79,14 +79,7 @@ def update_with_kv_report(
     check_update(s, step, tokens, offsets)
     if not report.is_empty():
         kv_load_failure.check_kv_report(s, report)
-    if s.kv_setup.defer_block_free and any(e.num_tokens > 0 for e in step.entries):
-        # Every write of this step and those before it is done.
-        s.processed_step_seq += 1
-        s.drain_deferred_frees()
-    if report.failed_recving or report.invalid_block_ids:
-        failed = kv_load_failure.apply_failed_loads(s, report, step)
-    else:
-        failed = kv_load_failure.FailedLoads()
+    failed = take_failed_loads(s, step, report)
     s.pending_steps.remove(step.step_id)
     out = UpdateOutput()
     ended = Ended()
@@ -94,16 +87,51 @@ def update_with_kv_report(
         if not s.is_live(e):
             continue  # finished (and maybe its slot reused) meanwhile
         if e.slot in failed.skip:
-            # Cut back by a failed load: it computes again from there.
-            r = s.requests[e.slot]
-            r.in_flight_tokens = max(r.in_flight_tokens - e.num_tokens, 0)
-            r.stale_tokens = max(r.stale_tokens - e.num_tokens, 0)
+            skip_cut_back(s, e)
             continue
         sampled = tokens[offsets[i] : offsets[i + 1]]
         status_before = apply_output(s, i, e, sampled, accept, out)
         if status_before is not None:
             end_request(s, e.slot, status_before, out, ended)
     unqueue_ended(s, ended)
+    settle_kv_report(s, out, failed, report, end_order)
+    return out
+
+
+def skip_cut_back(s: Scheduler, e: StepEntry) -> None:
+    """A step's entry whose request a failed load cut back: it takes no
+    output, and computes again from there."""
+    r = s.requests[e.slot]
+    r.in_flight_tokens = max(r.in_flight_tokens - e.num_tokens, 0)
+    r.stale_tokens = max(r.stale_tokens - e.num_tokens, 0)
+
+
+def take_failed_loads(
+    s: Scheduler, step: StepOutput, report: KvTransferReport
+) -> kv_load_failure.FailedLoads:
+    """A step's KV-transfer report (checked), before its output: the step's
+    writes are done, so fenced frees go back, and failed loads cut their
+    requests back (those the update skips, those it ends)."""
+    if s.kv_setup.defer_block_free and any(e.num_tokens > 0 for e in step.entries):
+        # Every write of this step and those before it is done.
+        s.processed_step_seq += 1
+        s.drain_deferred_frees()
+    if report.failed_recving or report.invalid_block_ids:
+        return kv_load_failure.apply_failed_loads(s, report, step)
+    return kv_load_failure.FailedLoads()
+
+
+def settle_kv_report(
+    s: Scheduler,
+    out: UpdateOutput,
+    failed: kv_load_failure.FailedLoads,
+    report: KvTransferReport,
+    end_order: Callable[[kv_load_failure.FailedLoadGroups], list[int]] | None,
+) -> None:
+    """A step's KV-transfer report, after its output: the requests the
+    "fail" policy ends finish with an error (in ``end_order``'s order where
+    it gives a permutation of them), then finished loads and sends are
+    settled."""
     if failed.ended:
         if end_order is not None:
             ordered = end_order(failed.groups)
@@ -113,7 +141,6 @@ def update_with_kv_report(
         s.finish_requests([f.request_id for f in out.failed_loads], RequestStatus.FINISHED_ERROR)
     if report.finished_recving or report.finished_sending:
         kv_transfer.settle_kv_transfers(s, report.finished_recving, report.finished_sending)
-    return out
 
 
 @dataclass
