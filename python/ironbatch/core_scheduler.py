@@ -252,14 +252,19 @@ class CoreScheduler:
         )
 
     def update_from_pooler_output(
-        self, step: _core.Step, pooled: list[bool], kv_connector_output: Any = None
+        self,
+        step: _core.Step,
+        pooled: list[bool],
+        kv_connector_output: Any = None,
+        end_order: Callable[[list[str], list[str], list[str]], list[str]] | None = None,
     ) -> _core.StepUpdate:
         """Apply a pooling runner's output: ``pooled[i]`` says whether row
         ``i`` got a pooled result, which finishes its request (§4.16);
         ``kv_connector_output`` is the worker's report of the step's KV
-        transfers (§4.19)."""
+        transfers (§4.19), ``end_order`` orders the requests a failed load
+        ends."""
         return self.core.update_from_pooler_output(
-            step, pooled, kv_connector_output=kv_connector_output
+            step, pooled, kv_connector_output=kv_connector_output, end_order=end_order
         )
 
     def finish_requests(self, request_ids: Sequence[str], status: str) -> None:

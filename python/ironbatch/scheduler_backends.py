@@ -146,9 +146,7 @@ class RustBackend:
         kv_connector_output: Any = None,
         end_order: EndOrder | None = None,
     ) -> Any:
-        return self.core.core.update_from_pooler_output(
-            step, pooled, kv_connector_output=kv_connector_output, end_order=end_order
-        )
+        return self.core.update_from_pooler_output(step, pooled, kv_connector_output, end_order)
 
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         self.core.report_grammar(request_id, compiled)
