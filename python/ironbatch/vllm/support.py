@@ -83,8 +83,9 @@ def unsupported_config(
         for g in groups
         if type(g.kv_cache_spec) is not MambaSpec
     }
-    # The groups keyed by token hashes: attention, and recurrent states
-    # cached in vLLM's mode "align" (its prefix-cacheable groups).
+    # The groups whose blocks align prefix hits and caching: attention
+    # (cross-attention too, which vLLM's scheduler block counts, though it
+    # hashes nothing), and recurrent states cached in vLLM's mode "align".
     hashed_sizes = attention_sizes | {s.block_size for s in aligned}
     # Groups of different block sizes: a mixed-precision hybrid's (layers
     # that skip KV-cache quantization), or a hybrid's states smaller than
