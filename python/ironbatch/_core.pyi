@@ -360,9 +360,12 @@ class VllmObjects:
         step: Step,
         req_id_to_index: dict[str, int],
         pooler_output: list[Any],
+        kv_connector_output: Any = None,
+        end_order: Callable[[list[str], list[str], list[str]], list[str]] | None = None,
     ) -> VllmStepUpdate:
         """A pooling runner's output: a row whose ``pooler_output`` entry is
-        not None finishes; each record's output is made with no tokens."""
+        not None finishes; each record's output is made with no tokens.
+        ``kv_connector_output`` and ``end_order`` as ``update`` takes them."""
     def scheduler_stats(
         self,
         scheduler: Scheduler,
@@ -556,9 +559,18 @@ class Scheduler:
         requests a failed KV load ends ("fail" policy); an answer that is
         not those ids goes to ``sys.unraisablehook`` and the core's order
         stands."""
-    def update_from_pooler_output(self, step: Step, pooled: list[bool]) -> StepUpdate:
+    def update_from_pooler_output(
+        self,
+        step: Step,
+        pooled: list[bool],
+        *,
+        kv_connector_output: Any = None,
+        end_order: Callable[[list[str], list[str], list[str]], list[str]] | None = None,
+    ) -> StepUpdate:
         """A pooling runner's output: ``pooled[i]`` finishes row ``i``'s
-        request (stopped); refused for a row whose step ended in its prompt."""
+        request (stopped); refused for a row whose step ended in its prompt.
+        ``kv_connector_output`` and ``end_order`` as ``update_from_output``
+        takes them."""
     def has_request(self, request_id: str) -> bool:
         """Whether ``request_id`` is a live request."""
     def is_prefill_chunk(self, request_id: str) -> bool | None:
