@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from ironbatch import KVCacheGroup, MultimodalInput
+from ironbatch import CacheConfig, KVCacheGroup, MultimodalInput, SchedulerConfig
+from ironbatch.config import check_fits
 
 from scheduler_helpers import BACKENDS, make, req
 
@@ -48,6 +49,23 @@ def test_the_audio_runs_once_and_its_cross_blocks_come_with_the_admission(backen
     assert second.scheduled_encoder_inputs == {}
     assert second.block_ids_per_group(0) == [[], []]
     assert second.free_encoder_mm_hashes == ["audio-a"]  # dropped a step late
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cross_attention_blocks_of_their_own_size(backend: str) -> None:
+    """Whisper with an fp8 KV cache that its cross-attention layers skip
+    (docs/scheduling.md §7.16): cross-attention blocks of 8 beside the
+    decoder's 16 hold the 40-frame clip in 5 blocks, and the start-up check
+    counts a step's 64 encoder tokens in 8 too (1 + 28 + 8 blocks)."""
+    groups = (KVCacheGroup("full"), KVCacheGroup("cross_attention", block_size=8))
+    s = whisper(backend, kv_cache_groups=groups)
+    s.add_request(req("a", PROMPT, images=[audio("a", 40)]))
+    decoder, cross = s.schedule().block_ids_per_group(0)
+    assert (len(decoder), len(cross)) == (1, 5)
+    sched = SchedulerConfig(max_model_len=448, encoder_compute_budget=64, encoder_cache_size=64)
+    check_fits(sched, CacheConfig(num_blocks=37, block_size=16, kv_cache_groups=groups))
+    with pytest.raises(ValueError, match="fewer than the 36"):
+        check_fits(sched, CacheConfig(num_blocks=36, block_size=16, kv_cache_groups=groups))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
