@@ -137,6 +137,8 @@ def kv_events(s: Any) -> list[tuple[Any, ...]]:
             out.append(("lookup", e.owner, 0, None))
         elif isinstance(e, reference.kv_events.Released):
             out.append(("released", e.owner, 0, e.num_computed_tokens))
+        elif isinstance(e, reference.kv_events.Loading):
+            out.append(("loading", e.owner, 0, e.num_computed_tokens))
         elif e.kind == "stored":
             out.append(("stored", e.slot, e.first_block, e.block_ids, e.group))
         elif e.kind == "stored_key":
@@ -147,8 +149,8 @@ def kv_events(s: Any) -> list[tuple[Any, ...]]:
             out.append((e.kind, None, 0, e.block_ids[0]))
         elif e.kind == "lookup":
             out.append(("lookup", e.slot, 0, None))
-        elif e.kind == "released":
-            out.append(("released", e.slot, 0, e.num_computed_tokens))
+        elif e.kind in ("released", "loading"):
+            out.append((e.kind, e.slot, 0, e.num_computed_tokens))
         else:
             out.append((e.kind, None, 0, None))
     return out

@@ -41,6 +41,35 @@ class SchedulerPair:
             core.enable_block_lifecycle_events()
             core.enable_request_events()
 
+    def follow_aux_outputs(self) -> None:
+        """Both cores follow auxiliary outputs (routed experts, §7.12); the
+        twin's retention counts, in ``events``, the hits it capped and the
+        blocks it released."""
+        for core in self.cores:
+            core.enable_aux_outputs()
+        twin = self.cores[1]
+        retention, kv, events = twin.aux_retention, twin.kv, self.events
+        find_hit, cap, release = kv.find_hit, retention.cap_external_hit, retention._release_unheld
+
+        def capped_find_hit(seq: Any, max_tokens: int | None = None) -> Any:
+            hit = find_hit(seq, max_tokens)
+            events["aux_local_capped"] += hit.tokens < find_hit(seq).tokens
+            return hit
+
+        def capped_external(*args: Any) -> int:
+            kept = cap(*args)
+            events["aux_external_capped"] += kept < args[3]
+            return kept
+
+        def counted_release(*args: Any) -> None:
+            before = len(retention)
+            release(*args)
+            events["aux_released"] += before - len(retention)
+
+        kv.find_hit = capped_find_hit
+        retention.cap_external_hit = capped_external
+        retention._release_unheld = counted_release
+
     def add(self, rid: str, tokens: list[int], **kw: Any) -> bool:
         if kw.get("resumable"):
             self.sessions.add(rid)

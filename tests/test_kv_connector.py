@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from test_scheduler_differential import image_pool, place_images, random_groups
+from test_scheduler_differential import AUX_DRAW, image_pool, place_images, random_groups
 
 from ironbatch import KVCacheGroup
 from ironbatch.bench.standin_connector import (
@@ -432,6 +432,7 @@ def run_seed(seed: int) -> Counter:
     # full attention's own hit beside cached states (§4.19.2).
     divergent = random.Random(rng.random()).random() < 0.5
     pair = SchedulerPair(**config)
+    events: Counter = Counter()
     stand_ins = [StandInConnector(seed, config["block_size"], shares) for _ in range(2)]
     workers = [StandInWorker(), StandInWorker()]
     for s, stand_in in zip((pair.rust, pair.twin), stand_ins, strict=True):
@@ -443,13 +444,21 @@ def run_seed(seed: int) -> Counter:
             divergent_hybrid_hits=divergent,
         )
     pair.with_connector = True
+    # Routed experts followed (auxiliary outputs, §7.12) in some, drawn
+    # apart: external hits capped where the workers hold no routing.
+    aux = config["caching"] and random.Random(seed ^ AUX_DRAW).random() < 0.3
+    if aux:
+        pair.follow_aux_outputs()
+        events["aux_outputs"] += 1
     max_len = config["max_model_len"]
     prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
     depth = 2 if config["async_scheduling"] else rng.choice([1, 1, 2])
     metas: list[Any] = []
     pool = image_pool(rng, config) if "encoder_compute_budget" in config else []
-    events: Counter = Counter()
     arrivals, added, step = rng.randint(6, 20), 0, 0
+    # With routed experts, requests enough that the finished ones' blocks
+    # pass what the workers retain (twice the cache's blocks).
+    arrivals *= 4 if aux else 1
 
     def choose(_rid: str) -> int:
         return EOS if rng.random() < 0.1 else rng.randrange(3, VOCAB)
@@ -551,6 +560,9 @@ def test_core_and_twin_agree_with_the_stand_in(workloads: Workloads) -> None:
             "recurrent_states_cached": 20,
             "divergent_hits_beside_cached_states": 8,
             "boundary_states": 200,
+            "aux_outputs": 10,
+            "aux_external_capped": 10,
+            "aux_released": 10,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
@@ -748,3 +760,56 @@ def test_a_request_preempted_after_it_offered_a_state_withdraws_it(backend: str)
         [("H", 1, 7, 4)],
         [],
     ]
+
+
+class CapHeard(Scripted):
+    """Scripted, hearing the external hits its answers were cut to."""
+
+    def external_hit_capped(self, rid: str, num_tokens: int) -> None:
+        self.log.append(("capped", rid, num_tokens))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_routed_experts_a_load_reads_stay_retained_and_cap_later_hits(backend: str) -> None:
+    """Routed experts followed beside a connector (§7.12): the workers keep
+    the finished requests' blocks' routing, up to twice the cache's blocks.
+    Past that, the least recently used go, but never those a load in
+    progress reads; an external hit over released blocks is cut to none."""
+    c = CapHeard({"d": (16, True), "f": (16, False), "g": (16, False)})
+    # (7 blocks: the routing of 16 retained at most.)
+    s = make(backend, num_blocks=8, block_size=4, max_model_len=24, max_num_seqs=4)
+    s.set_kv_connector(c, "fail")
+    backend_of = s._core
+    (backend_of.core if backend == "rust" else backend_of.twin).enable_aux_outputs()
+    prompts = {rid: list(range(k * 16, k * 16 + 16)) for k, rid in enumerate("abcx")}
+    for rid in "abcx":  # one at a time: 16 blocks retained, most evicted since
+        s.add_request(req(rid, prompts[rid], max_tokens=1))
+        out = s.schedule()
+        s.update_from_output(out, {rid: [EOS]})
+    # d loads a's blocks (its local hit evicted, the workers hold their routing).
+    s.add_request(req("d", prompts["a"] + [1, 1, 1, 1], max_tokens=1))
+    out = s.schedule()
+    assert s.debug_state()["requests"]["d"]["status"] == "WAITING_FOR_REMOTE_KVS"
+    s.update_from_output(out, {})
+    # Lookups of b's, c's and x's prompts use their blocks: a's are now the
+    # least recently used (each waits for room d holds, and goes).
+    for rid in "bcx":
+        s.add_request(req(f"t{rid}", prompts[rid] + [2, 2, 2, 2], max_tokens=1))
+        assert s.schedule().num_scheduled_tokens == {}
+        s.finish_requests([f"t{rid}"])
+    # e finishes meanwhile: two blocks more, the two least recent that d's
+    # load does not read go (b's).
+    s.add_request(req("e", list(range(200, 208)), max_tokens=1))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"e": 8}
+    s.update_from_output(out, {"e": [EOS]})
+    # f reads a's blocks again (kept), g b's (released: cut to none); each
+    # waits for room d holds.
+    s.add_request(req("f", prompts["a"] + [3, 3, 3, 3], max_tokens=1))
+    assert s.schedule().num_scheduled_tokens == {}
+    s.finish_requests(["f"])
+    s.add_request(req("g", prompts["b"] + [3, 3, 3, 3], max_tokens=1))
+    s.schedule()
+    matched = [e for e in c.log if e[0] == "matched"]
+    assert [e[1:] for e in matched if e[1] in "dfg"] == [("d", 20, 0), ("f", 20, 0), ("g", 20, 0)]
+    assert [e for e in c.log if e[0] == "capped"] == [("capped", "g", 0)]

@@ -497,6 +497,11 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     config = random_config(rng)
     pair = SchedulerPair(**config)
     ec_connectors = attach_ec_connectors(pair, config, seed)
+    # Routed experts followed (auxiliary outputs, §7.12) in some, drawn
+    # apart: prefix hits capped where the workers hold no routing.
+    if config["caching"] and random.Random(seed ^ AUX_DRAW).random() < 0.3:
+        pair.follow_aux_outputs()
+        pair.events["aux_outputs"] += 1
     max_len = config["max_model_len"]
     prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
     live: list[str] = []
@@ -824,6 +829,12 @@ def test_seeded_workloads_agree(workloads: Workloads) -> None:
     needs["mamba_smaller_than_attention"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
     # EAGLE's drop beside them (about one workload in thirty-five).
     needs["eagle_block_drop_mixed_sizes"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
+    # Routed experts (about one workload in eight), a retained block
+    # released and a hit they cap (rarer: no full-attention group, the
+    # cache tight).
+    needs["aux_outputs"] = workloads.scaled(6, WORKLOADS, FULL_WORKLOADS)
+    needs["aux_released"] = workloads.scaled(2, WORKLOADS, FULL_WORKLOADS)
+    needs["aux_local_capped"] = workloads.scaled(1, WORKLOADS, FULL_WORKLOADS)
     del needs["session_images"]
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)
     for what, n in needs.items():
@@ -838,6 +849,10 @@ def mixed_sizes(config: dict) -> bool:
 # Configurations run_seed draws too rarely for its seeds to be sure of them
 # (one workload in twenty to eighty), by the event run_seed counts for them:
 # each gets a test that runs only the workloads that have it.
+#: Mixed into a workload's seed to draw its auxiliary outputs apart.
+AUX_DRAW = 0x5EED_A0C5
+
+
 RARE_CONFIGS: dict[str, Callable[[dict], bool]] = {
     # An encoder-decoder's groups of different block sizes (Whisper with
     # layers that skip KV-cache quantization).

@@ -188,11 +188,11 @@ class KvEvent:
     @property
     def kind(self) -> str:
         """ "stored", "stored_key", "hit", "removed", "cleared", "allocated",
-        "accessed", "evicted", "lookup" or "released"."""
+        "accessed", "evicted", "lookup", "released" or "loading"."""
     @property
     def slot(self) -> int | None:
         """The request's slot ("stored", "stored_key", "hit", "lookup",
-        "released")."""
+        "released", "loading")."""
     @property
     def group(self) -> int:
         """The KV-cache group ("stored", "stored_key")."""
@@ -209,7 +209,8 @@ class KvEvent:
         hash blocks a key covers ("stored_key")."""
     @property
     def num_computed_tokens(self) -> int:
-        """The tokens the request had computed ("released")."""
+        """The tokens the request had computed ("released"), or will have
+        once loaded ("loading")."""
 
 class FinishedRequest:
     """A request that finished in an update (already freed)."""
@@ -588,6 +589,8 @@ class Scheduler:
         """Log blocks' lives (handed out, hit) for residency metrics."""
     def enable_request_events(self) -> None:
         """Log requests' prefix lookups and block releases among the events."""
+    def enable_aux_outputs(self) -> None:
+        """Cap prefix hits where the workers hold no routed experts (§7.12)."""
     def take_boundary_states(self) -> list[tuple[str, int, int, int]]:
         """Cached states offered to the KV connector: (request, group, block, tokens)."""
     def take_kv_events(self) -> list[KvEvent]:
@@ -626,7 +629,8 @@ class Scheduler:
         block_ids, status)``, optionally ``has_pending_block_frees()``,
         ``get_loaded_kv_cache_group_ids(request_id)`` (the groups an async
         load writes: not zeroed; every group without it) and
-        ``local_hit_reconciled(request_id, num_computed_tokens)``;
+        ``local_hit_reconciled(request_id, num_computed_tokens)`` and
+        ``external_hit_capped(request_id, num_tokens)``;
         ``kv_load_failure_policy``: ``"fail"`` or ``"recompute"``; frees
         fenced by steps in flight with ``defer_block_free``; a preempted
         request's output dropped with ``requires_kv_delivery``; full

@@ -201,6 +201,13 @@ class CoreScheduler:
         among the KV-cache events (docs/scheduling.md §7.12)."""
         self.core.enable_request_events()
 
+    def enable_aux_outputs(self) -> None:
+        """Follow auxiliary outputs (vLLM's ``--enable-return-routed-experts``)
+        from now on: a prefix hit, local or a KV connector's, reaches only
+        over blocks whose routing the workers hold (docs/scheduling.md
+        §7.12)."""
+        self.core.enable_aux_outputs()
+
     def take_boundary_states(self) -> list[tuple[str, int, int, int]]:
         """The cached states offered to the KV connector since last taken,
         as (request id, group, block id, tokens), oldest first (§4.19.2)."""

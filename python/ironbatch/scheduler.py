@@ -326,9 +326,12 @@ class Scheduler:
         without it) and ``local_hit_reconciled(request_id,
         num_computed_tokens)`` (with ``divergent_hybrid_hits``: the local hit
         a request takes after the connector answered no tokens, fewer than
-        it was asked with). A call that raises is reported (``sys.unraisablehook``) and counts as
-        the safe answer. ``kv_load_failure_policy`` is vLLM's: a request
-        whose load failed ends with an error (``"fail"``) or computes what
+        it was asked with) and ``external_hit_capped(request_id,
+        num_tokens)`` (with auxiliary outputs followed: an answered hit cut
+        where the workers hold no routed experts). A call that raises is
+        reported (``sys.unraisablehook``) and counts as the safe answer.
+        ``kv_load_failure_policy`` is vLLM's: a request whose load failed
+        ends with an error (``"fail"``) or computes what
         did not arrive (``"recompute"``). ``defer_block_free`` fences frees:
         a request's blocks freed while a step in flight may still write them
         wait for that step's output, and such a request is not preempted
@@ -338,8 +341,8 @@ class Scheduler:
         connector completes a hybrid's divergent local hits (vLLM's
         ``supports_divergent_local_hybrid_hits``, NIXL's): beside cached
         recurrent states it is told full attention's own hit (§4.19.2).
-        Refused (``ValueError``) where the core does not follow vLLM with a
-        connector yet: cross-attention KV-cache groups, a pooling runner.
+        Refused (``ValueError``) where vLLM takes no connector: cross-attention
+        KV-cache groups, a model without a KV cache.
         The worker's reports come with each step's output
         (``update_from_output(kv_connector_output=...)``)."""
         for name, flag in (

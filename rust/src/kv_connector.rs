@@ -172,6 +172,12 @@ pub trait KvConnector: std::fmt::Debug + Send + Sync {
     /// request takes `num_computed_tokens`, fewer than it was asked with.
     /// (vLLM's scheduler counts its stats from this hit.)
     fn local_hit_reconciled(&mut self, _request_id: &str, _num_computed_tokens: usize) {}
+
+    /// The external hit answered for `request_id` was cut to `num_tokens`
+    /// (none): the workers hold no routed experts for its blocks
+    /// (auxiliary outputs, §7.12). (vLLM's scheduler sets the request's
+    /// load stage from the cut hit.)
+    fn external_hit_capped(&mut self, _request_id: &str, _num_tokens: usize) {}
 }
 
 #[cfg(test)]

@@ -70,6 +70,14 @@ pub enum KvEvent {
         owner: Slot,
         num_computed_tokens: usize,
     },
+    /// The request in `owner` starts loading its KV from a KV connector,
+    /// `num_computed_tokens` tokens once loaded (where vLLM's scheduler
+    /// tells its auxiliary-output connector the request is loading): a
+    /// request event.
+    Loading {
+        owner: Slot,
+        num_computed_tokens: usize,
+    },
 }
 
 /// The events since they were last taken; each kind off (and free) unless
@@ -120,7 +128,9 @@ impl KvEventLog {
                 self.lifecycle
             }
             KvEvent::Cleared => self.routing || self.lifecycle,
-            KvEvent::Lookup { .. } | KvEvent::Released { .. } => self.requests,
+            KvEvent::Lookup { .. } | KvEvent::Released { .. } | KvEvent::Loading { .. } => {
+                self.requests
+            }
             _ => self.routing,
         };
         if on {

@@ -11,6 +11,7 @@
 //! interpreter.
 
 pub mod attention_group;
+pub mod aux_output_retention;
 pub mod block;
 pub mod block_hash;
 pub mod block_pool;

@@ -71,7 +71,14 @@ def run_seed(seed: int) -> Counter:
     pooling = random.Random(seed ^ 0x9001).random() < 0.15
     if pooling and "speculative_config" not in settings and "target" not in settings:
         settings["runner"] = "pooling"
+    # Routed experts in some (drawn apart; vLLM returns them from a
+    # generating model with prefix caching): an external hit is kept only
+    # where the workers hold its blocks' routing (docs/scheduling.md §7.12).
+    routed = random.Random(seed ^ 0xA0C5).random() < 0.3
+    if routed and settings["enable_prefix_caching"] and "runner" not in settings:
+        settings["return_routed_experts"] = True
     pair = VllmPair(rng, **settings)
+    capped = count_capped_external_hits(pair)
     images = image_pool(vision, settings, step_room(pair)) if "target" in settings else []
     ours, theirs = stand_in_of(pair.ours), stand_in_of(pair.vllm)
     worker = StandInWorker()
@@ -170,8 +177,28 @@ def run_seed(seed: int) -> Counter:
     # A connector that completes divergent hybrid hits beside them (NIXL's).
     events["divergent_hits"] += bool(pair.vllm.connector.supports_divergent_local_hybrid_hits)
     events["vision"] += bool(images)
+    events["routed_experts"] += "return_routed_experts" in settings
+    events["routed_experts_capped"] += capped[0]
     events["workloads"] += 1
     return events
+
+
+def count_capped_external_hits(pair: VllmPair) -> list[int]:
+    """A counter, kept up to date, of the external hits vLLM's
+    auxiliary-output connector cut (none without routed experts)."""
+    capped = [0]
+    aux = pair.vllm.aux_output_connector
+    if aux is None:
+        return capped
+    cap = aux.cap_external_hit
+
+    def counted(request: Any, num_local: int, num_external: int) -> int:
+        kept = cap(request, num_local, num_external)
+        capped[0] += kept < num_external
+        return kept
+
+    aux.cap_external_hit = counted
+    return capped
 
 
 def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
@@ -202,6 +229,8 @@ def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
             "vision": 160,
             "images": 1200,
             "pooled": 400,
+            "routed_experts": 40,
+            "routed_experts_capped": 40,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

@@ -938,6 +938,17 @@ TABLE = [
         exercises=("routed_experts", "aux_block_hashes", "aux_retained"),
     ),
     Deployment(
+        # Routed experts beside CPU offloading: an external hit is kept only
+        # where the workers hold its blocks' routing, and they retain twice
+        # the blocks (docs/scheduling.md §7.12).
+        "qwen3-30b-a3b-routed-experts-cpu-offloading",
+        "qwen3-30b-a3b",
+        ["--enable-return-routed-experts", "--kv-offloading-size", "1"],
+        {"aux_outputs": True, "is_moe": True, "kv_connector": "OffloadingConnector"},
+        flavors=("gpu-defaults",),
+        exercises=("routed_experts", "aux_block_hashes", "connector_metadata"),
+    ),
+    Deployment(
         # Disaggregated prefill of a linear-attention hybrid over NIXL with
         # prefix caching off (a decode pool's usual setting; vLLM's cache
         # mode "none"): a state block per group loaded beside attention's.

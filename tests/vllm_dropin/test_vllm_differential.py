@@ -485,13 +485,14 @@ def routed_experts(rng: random.Random, settings: dict) -> dict:
     """--enable-return-routed-experts in some workloads (drawn apart): each
     output carries its tokens' routed experts, and each step's metadata the
     block hashes the workers keep them by, the finished requests' blocks
-    retained and released (vLLM's auxiliary-output connector). vLLM builds
-    it for a generating model with prefix caching, on its V2 runner; the
-    drop-in beside a full-attention group (support.py)."""
+    retained and released (vLLM's auxiliary-output connector), and prefix
+    hits capped where the workers hold no routing (which only a hit
+    without full attention can pass: Mamba alone). vLLM builds it for a
+    generating model with prefix caching, on its V2 runner."""
     drawn = random.Random(rng.random()).random() < 0.3
     fits = (
         settings["enable_prefix_caching"]
-        and settings["kv_layout"] not in ("none", "mamba")
+        and settings["kv_layout"] != "none"
         and settings.get("runner") != "pooling"
         and not settings.get("mm_encoder_only")
         and settings.get("target") != "whisper"
@@ -1041,6 +1042,8 @@ def drawn_features(seed: int) -> Counter:
         "prompt embeddings": bool(s.get("enable_prompt_embeds")),
         "sampling masks": bool(s.get("return_sampling_mask")),
         "routed experts": bool(s.get("return_routed_experts")),
+        "routed experts without full attention": bool(s.get("return_routed_experts"))
+        and s["kv_layout"] == "mamba",
         "pooling": s.get("runner") == "pooling",
         "no KV cache": s["kv_layout"] == "none",
         "encoder only": bool(s.get("mm_encoder_only")),
@@ -1098,6 +1101,8 @@ def drawn_features(seed: int) -> Counter:
 # speculation and MTP beside windows; encoder-only's 31, Qwen3-Next's 48 and
 # routed experts' 136).
 FEATURE_SHARES = {
+    # About 2 to 4 of 1,040 (routed experts on the Mamba-alone layout).
+    "feature: routed experts without full attention": 1,
     "feature: speculative decoding": 300,
     "feature: window KV-cache groups": 300,
     "feature: encoder-decoder": 40,
@@ -1232,6 +1237,7 @@ FEATURES = [
     "feature: encoder-decoder with a drafter model",
     "feature: sampling masks",
     "feature: routed experts",
+    "feature: routed experts without full attention",
     "feature: pooling",
     "feature: no KV cache",
     "feature: encoder only",

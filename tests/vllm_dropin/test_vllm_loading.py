@@ -65,14 +65,8 @@ def test_scheduler_cls_as_a_class_object() -> None:
             },
             "multi-module MTP beside Mamba groups alone with prefix caching on",
         ),
-        (
-            # (vLLM caps hits by the cached states found from the first
-            # block, which a state's hit passes.)
-            {"return_routed_experts": True, "kv_layout": "mamba", "enable_prefix_caching": True},
-            "auxiliary outputs (routed experts) without a full-attention KV-cache group",
-        ),
     ],
-    ids=["multi-module-mtp-beside-states-alone", "routed-experts-beside-states-alone"],
+    ids=["multi-module-mtp-beside-states-alone"],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_unsupported_config_falls_back_to_vllm_and_says_why(

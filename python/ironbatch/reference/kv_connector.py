@@ -187,6 +187,7 @@ class SafeConnector:
         # names a request.
         self.observes = hasattr(connector, "observe_request")
         self.hears_reconciled = hasattr(connector, "local_hit_reconciled")
+        self.hears_capped = hasattr(connector, "external_hit_capped")
 
     def observe_request(self, r: RequestState) -> None:
         """The request the next call names, as vLLM's scheduler holds it then
@@ -240,6 +241,14 @@ class SafeConnector:
         if self.hears_reconciled:
             args = (request_id, num_computed_tokens)
             self._call("local_hit_reconciled", args, lambda _: None, None)
+
+    def external_hit_capped(self, request_id: str, num_tokens: int) -> None:
+        """The external hit answered for ``request_id`` was cut to
+        ``num_tokens`` (none): the workers hold no routed experts for its
+        blocks (auxiliary outputs, §7.12). (vLLM's scheduler sets the
+        request's load stage from the cut hit.)"""
+        if self.hears_capped:
+            self._call("external_hit_capped", (request_id, num_tokens), lambda _: None, None)
 
     def request_finished(self, request_id: str, block_ids: list[list[int]], status: str) -> bool:
         args = (request_id, block_ids, status)

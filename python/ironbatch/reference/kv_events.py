@@ -111,6 +111,17 @@ class Released:
     num_computed_tokens: int
 
 
+@dataclass(frozen=True)
+class Loading:
+    """The request in ``owner`` starts loading its KV from a KV connector,
+    ``num_computed_tokens`` tokens once loaded (where vLLM's scheduler tells
+    its auxiliary-output connector the request is loading): a request
+    event."""
+
+    owner: int
+    num_computed_tokens: int
+
+
 KvEvent = (
     Stored
     | StoredKey
@@ -122,6 +133,7 @@ KvEvent = (
     | Evicted
     | Lookup
     | Released
+    | Loading
 )
 
 
@@ -166,7 +178,7 @@ class KvEventLog:
             on = self._lifecycle
         elif isinstance(event, Cleared):
             on = self._routing or self._lifecycle
-        elif isinstance(event, (Lookup, Released)):
+        elif isinstance(event, (Lookup, Released, Loading)):
             on = self._requests
         else:
             on = self._routing

@@ -67,6 +67,7 @@ class AuxOutputs:
         hash_block_size: int,
         cached: Counter[BlockHashWithGroupId],
         hash_lookahead_tokens: int,
+        kv_connector: Any | None,
     ) -> None:
         group = reference_group(kv_cache_config)
         pool = CachedBlocks(cached, hash_block_size)
@@ -85,14 +86,20 @@ class AuxOutputs:
             block_pool=pool,
             kv_cache_config=kv_cache_config,
         )
-        # The drop-in takes no KV connector beside it (support.py).
-        self.connector = AuxOutputSchedulerConnector(manager, None)
+        # (Beside a KV connector it retains twice as many blocks.)
+        self.connector = AuxOutputSchedulerConnector(manager, kv_connector)
         self.hash_lookahead_tokens = hash_lookahead_tokens
 
     def on_request_event(self, kind: str, r: Request, num_computed_tokens: int) -> None:
         """A request event from the core, replayed in order: a lookup
-        ("lookup"), or its blocks going back, finished or preempted
-        ("released", after ``num_computed_tokens`` tokens)."""
+        ("lookup"), a load from a KV connector starting ("loading",
+        ``num_computed_tokens`` once loaded), or its blocks going back,
+        finished or preempted ("released", after ``num_computed_tokens``
+        tokens)."""
+        if kind == "loading":
+            r.update_block_hashes()
+            self.connector.request_loading(r, num_computed_tokens)
+            return
         if kind == "lookup":
             if r.resumable and self.hash_lookahead_tokens:
                 # As vLLM's scheduler does first: a session computing its KV

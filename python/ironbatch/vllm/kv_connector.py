@@ -107,6 +107,9 @@ class ConnectorBridge:
         #: tokens, for its prefill stats.
         self.hit_split: dict[str, tuple[int, int]] = {}
         self.transfer_params: dict[str, dict[str, Any] | None] = {}
+        #: Per request a call brought up to date since last cleared (a
+        #: finish inside an update): its token count before.
+        self.synced_from: dict[str, int] = {}
 
     # -- the core's calls -------------------------------------------------------
 
@@ -119,6 +122,7 @@ class ConnectorBridge:
         cached_blocks: list[list[int]],
     ) -> None:
         r = self.requests[request_id]
+        self.synced_from.setdefault(request_id, r.num_tokens)
         set_tokens(r, token_ids)
         r.num_computed_tokens = num_computed_tokens
         r.status = RequestStatus[status]
@@ -141,6 +145,15 @@ class ConnectorBridge:
         asked = self._asked.get(request_id)
         if asked is not None:
             self._asked[request_id] = (num_computed_tokens, asked[1])
+
+    def external_hit_capped(self, request_id: str, num_tokens: int) -> None:
+        # vLLM sets the load stage from the hit its auxiliary-output
+        # connector left.
+        asked = self._asked.get(request_id)
+        if asked is not None:
+            load_async = asked[1] and num_tokens > 0
+            self._asked[request_id] = (asked[0], load_async)
+            self.set_fetch_stage(request_id, KV_FETCH_WAITING_TO_START if load_async else None)
 
     def update_state_after_alloc(
         self, request_id: str, block_ids: list[list[int]], num_external_tokens: int

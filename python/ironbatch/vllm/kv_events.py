@@ -46,8 +46,9 @@ from vllm.v1.request import Request
 from ironbatch import _core
 from ironbatch.vllm.kv_cache_view import group_block_size
 
-# Hears a request's lookup ("lookup") or release ("released", with the
-# tokens it had computed), as the core logged it among the cache's events.
+# Hears a request's lookup ("lookup"), release ("released", with the tokens
+# it had computed) or load from a KV connector ("loading", with the tokens
+# it will have computed), as the core logged it among the cache's events.
 RequestEventHandler = Callable[[str, Request, int], None]
 
 
@@ -156,7 +157,7 @@ class KvEvents:
                 self.cached.clear()
                 if publishing:
                     self.pending.append(AllBlocksCleared())
-            elif e.kind in ("lookup", "released") and on_request_event is not None:
+            elif e.kind in ("lookup", "released", "loading") and on_request_event is not None:
                 on_request_event(e.kind, request_of(e.slot), e.num_computed_tokens)
             # "allocated" and "accessed" are the residency metrics' (kv_metrics).
 

@@ -189,8 +189,10 @@ class Scheduler(SchedulerInterface):
         self._kv_metrics = KvMetrics(vllm_config, kv_cache_config.num_blocks)
         if self._kv_metrics.enabled:
             self._core.enable_block_lifecycle_events()
-        # Auxiliary outputs (--enable-return-routed-experts): vLLM's own
-        # connector, told of the cache as the core's events replay it.
+        # Auxiliary outputs (--enable-return-routed-experts): the core caps
+        # prefix hits as vLLM's connector does; vLLM's own connector builds
+        # the workers' metadata, told of the cache as the core's events
+        # replay it.
         self._aux: AuxOutputs | None = None
         if vllm_config.aux_output_config.enabled:
             self._aux = AuxOutputs(
@@ -199,7 +201,9 @@ class Scheduler(SchedulerInterface):
                 self.hash_block_size,
                 self._kv_events.cached,
                 vllm_config.num_hash_lookahead_tokens,
+                self.connector,
             )
+            self._core.enable_aux_outputs()
             self._core.enable_kv_events()
             self._core.enable_request_events()
         # The events are followed (their hashes read off vLLM's Requests,
@@ -494,6 +498,8 @@ class Scheduler(SchedulerInterface):
         # Checked in full before anything changes: a refused output can be
         # retried. Each record's EngineCoreOutput comes made.
         kv_output = mro.kv_connector_output if self._bridge is not None else None
+        if self._bridge is not None:
+            self._bridge.synced_from.clear()  # (what the update's calls sync)
         if self._pooling:
             update = self._objects.update_pooled(
                 self._core.core,
@@ -581,13 +587,19 @@ class Scheduler(SchedulerInterface):
     def _mirror_tokens(self, update: Any) -> None:
         """Append each request's new tokens to its Request (KV events: its
         block hashes come from them). A structured-output request's were
-        appended by the grammar check already."""
+        appended by the grammar check already, and the KV connector's calls
+        in the update (a finish) brought some up to date."""
         by_slot = self._mirror.by_slot
+        synced = self._bridge.synced_from if self._bridge is not None else {}
         for slot, kept in zip(update.slots, update.new_token_ids, strict=True):
             r = by_slot[slot]
-            if r is not None and not r.use_structured_output:
-                r._all_token_ids.extend(kept)
-                r._output_token_ids.extend(kept)
+            if r is None or r.use_structured_output:
+                continue
+            before = synced.get(r.request_id)
+            if before is not None:
+                kept = kept[r.num_tokens - before :]
+            r._all_token_ids.extend(kept)
+            r._output_token_ids.extend(kept)
 
     def _note_nans(self, num_nans_in_logits: dict[str, int]) -> None:
         for rid, n in num_nans_in_logits.items():

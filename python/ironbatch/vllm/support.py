@@ -194,24 +194,6 @@ def unsupported_config(
             and not (mixed_sizes and hash_block_size == math.gcd(*hashed_sizes)),
             "a hash block size unlike the block size",
         ),
-        (
-            # Auxiliary outputs follow the cache through the core's events
-            # (aux_outputs.py); beside a KV connector they also cap its
-            # external hits, which the core does not ask about.
-            c.aux_output_config.enabled and c.kv_transfer_config is not None,
-            "auxiliary outputs (routed experts) with a KV connector",
-        ),
-        (
-            # vLLM caps each prefix hit at the blocks its connector finds
-            # cached in one group, in order from the first: a full-attention
-            # group's hit never passes that, any other group's can.
-            c.aux_output_config.enabled
-            and not any(
-                isinstance(g.kv_cache_spec, FullAttentionSpec) and g.kv_cache_spec.prefix_cacheable
-                for g in groups
-            ),
-            "auxiliary outputs (routed experts) without a full-attention KV-cache group",
-        ),
         (sc.policy not in ("fcfs", "priority"), f"the {sc.policy!r} policy"),
     ]
     return next((why for bad, why in checks if bad and why), None)

@@ -23,7 +23,7 @@ pub use boundary_states::BoundaryState;
 pub use config::KvCacheConfig;
 use prefill_checkpoints::{StateCheckpoint, StateCheckpoints};
 
-use crate::attention_group::{AttentionKind, GroupSpec};
+use crate::attention_group::{group_key, AttentionKind, GroupSpec};
 use crate::block::{BlockId, NULL_BLOCK};
 use crate::block_hash::{BlockHash, BlockHasher};
 use crate::block_pool::BlockPool;
@@ -164,6 +164,11 @@ impl KvCacheManager {
     /// The block pool, for inspection.
     pub fn pool(&self) -> &BlockPool {
         &self.pool
+    }
+
+    /// Whether a block ending at `hash` is cached in group `group` now.
+    pub fn is_cached_in(&self, hash: BlockHash, group: usize) -> bool {
+        self.pool.get_cached_block(group_key(hash, group)).is_some()
     }
 
     /// Tokens per block hash: what a request's hash chain is cut at
@@ -320,9 +325,16 @@ impl KvCacheManager {
 
     /// The longest prefix hit valid for every group (docs/scheduling.md
     /// §7.5, §7.13), capped at `num_tokens − 1` tokens so the last token is
-    /// always computed (Q12): `hits[g]` gets group `g`'s blocks (null where
-    /// a window needs none), `tokens / bs` of them. Changes nothing.
-    pub fn find_hit(&self, seq: &Sequence, hits: &mut [Vec<BlockId>]) -> PrefixHit {
+    /// always computed (Q12), and at `max_tokens` when given (an
+    /// auxiliary-output retention's reach; one full-attention group never
+    /// reaches past it): `hits[g]` gets group `g`'s blocks (null where a
+    /// window needs none), `tokens / bs` of them. Changes nothing.
+    pub fn find_hit(
+        &self,
+        seq: &Sequence,
+        max_tokens: Option<usize>,
+        hits: &mut [Vec<BlockId>],
+    ) -> PrefixHit {
         for h in hits.iter_mut() {
             h.clear();
         }
@@ -345,7 +357,9 @@ impl KvCacheManager {
             &self.pool,
             &self.lookup,
             seq.block_hashes(),
-            seq.num_tokens().saturating_sub(1),
+            seq.num_tokens()
+                .saturating_sub(1)
+                .min(max_tokens.unwrap_or(usize::MAX)),
             self.hash_block_size,
             self.scheduler_block_size,
             hits,
@@ -362,6 +376,7 @@ impl KvCacheManager {
     pub fn find_hit_per_group(
         &self,
         seq: &Sequence,
+        max_tokens: Option<usize>,
         hits: &mut [Vec<BlockId>],
     ) -> Option<GroupHits> {
         let full = self.lookup.first().filter(|l| l.kind.is_full())?;
@@ -375,7 +390,9 @@ impl KvCacheManager {
             &self.pool,
             &self.lookup,
             seq.block_hashes(),
-            seq.num_tokens().saturating_sub(1),
+            seq.num_tokens()
+                .saturating_sub(1)
+                .min(max_tokens.unwrap_or(usize::MAX)),
             self.hash_block_size,
             self.scheduler_block_size,
             hits,

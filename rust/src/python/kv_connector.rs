@@ -6,7 +6,8 @@
 //! `observe_request(request_id, token_ids, num_computed_tokens, status,
 //! cached_blocks)` (per KV-cache group, the table positions whose block has
 //! a hash), called before each call that names a request, and
-//! `local_hit_reconciled(request_id, num_computed_tokens)`.
+//! `local_hit_reconciled(request_id, num_computed_tokens)` and
+//! `external_hit_capped(request_id, num_tokens)`.
 //!
 //! A call that raises, or answers with the wrong shape, goes to
 //! `sys.unraisablehook` and counts as the safe answer (ask again later, no
@@ -27,16 +28,20 @@ pub(super) struct PyKvConnector {
     observes: bool,
     /// It has `local_hit_reconciled` (optional, looked up once).
     hears_reconciled: bool,
+    /// It has `external_hit_capped` (optional, looked up once).
+    hears_capped: bool,
 }
 
 impl PyKvConnector {
     pub(super) fn new(obj: Bound<'_, PyAny>) -> PyResult<Self> {
         let observes = obj.hasattr("observe_request")?;
         let hears_reconciled = obj.hasattr("local_hit_reconciled")?;
+        let hears_capped = obj.hasattr("external_hit_capped")?;
         Ok(Self {
             obj: obj.unbind(),
             observes,
             hears_reconciled,
+            hears_capped,
         })
     }
 
@@ -105,6 +110,13 @@ impl KvConnector for PyKvConnector {
         if self.hears_reconciled {
             let args = (request_id, num_computed_tokens);
             self.call("local_hit_reconciled", args, |_| Ok(()), ());
+        }
+    }
+
+    fn external_hit_capped(&mut self, request_id: &str, num_tokens: usize) {
+        if self.hears_capped {
+            let args = (request_id, num_tokens);
+            self.call("external_hit_capped", args, |_| Ok(()), ());
         }
     }
 

@@ -10,10 +10,10 @@ use pyo3::prelude::*;
 #[pyclass(name = "KvEvent", module = "ironbatch._core", frozen, get_all)]
 pub struct PyKvEvent {
     /// "stored", "stored_key", "hit", "removed", "cleared", "allocated",
-    /// "accessed", "evicted", "lookup" or "released".
+    /// "accessed", "evicted", "lookup", "released" or "loading".
     kind: &'static str,
     /// The request's slot ("stored", "stored_key", "hit", "lookup",
-    /// "released"); None for the others.
+    /// "released", "loading"); None for the others.
     slot: Option<Slot>,
     /// The KV-cache group whose blocks were stored ("stored",
     /// "stored_key"); 0 for the others.
@@ -26,7 +26,8 @@ pub struct PyKvEvent {
     /// Blocks stored ("stored"), hash blocks found cached ("hit") or the
     /// hash blocks the key covers ("stored_key"); 0 for the others.
     num_blocks: usize,
-    /// The tokens the request had computed ("released"); 0 for the others.
+    /// The tokens the request had computed ("released"), or will have once
+    /// loaded ("loading"); 0 for the others.
     num_computed_tokens: usize,
 }
 
@@ -120,6 +121,14 @@ impl From<KvEvent> for PyKvEvent {
                 slot: Some(owner),
                 num_computed_tokens,
                 ..none("released")
+            },
+            KvEvent::Loading {
+                owner,
+                num_computed_tokens,
+            } => PyKvEvent {
+                slot: Some(owner),
+                num_computed_tokens,
+                ..none("loading")
             },
         }
     }

@@ -457,6 +457,12 @@ impl PyScheduler {
         self.core.enable_request_events();
     }
 
+    /// Follow auxiliary outputs (routed experts) from now on: prefix hits
+    /// reach only over blocks whose routing the workers hold (§7.12).
+    fn enable_aux_outputs(&mut self) {
+        self.core.enable_aux_outputs();
+    }
+
     /// The cached states offered to the KV connector since last taken, as
     /// (request id, group, block id, tokens), oldest first (§4.19.2). An
     /// offer's request still holds its blocks (a finished one held by the

@@ -14,6 +14,7 @@
 //! freed, so a step's output applied late never touches a request that
 //! reused the slot.
 
+mod aux_outputs;
 mod drafts;
 mod ec_transfer;
 mod encoder_inputs;
@@ -51,6 +52,7 @@ mod spec_decode_tests;
 #[cfg(test)]
 mod tests;
 
+use crate::aux_output_retention::AuxOutputRetention;
 use crate::block::BlockId;
 use crate::ec_connector::EcConnector;
 use crate::encoder_cache::EncoderCache;
@@ -196,6 +198,9 @@ pub struct Scheduler {
     processed_step_seq: u64,
     /// Blocks waiting for a step in flight to come back, oldest first.
     deferred_frees: VecDeque<DeferredFree>,
+    /// Which blocks' auxiliary outputs the workers hold, when followed
+    /// (§7.12).
+    aux_retention: Option<AuxOutputRetention>,
 }
 
 /// Blocks a freed request left while a step in flight may still write
@@ -283,6 +288,7 @@ impl Scheduler {
             sched_step_seq: 0,
             processed_step_seq: 0,
             deferred_frees: VecDeque::new(),
+            aux_retention: None,
         })
     }
 
@@ -637,6 +643,7 @@ impl Scheduler {
     /// Log that the request in `slot` gives its blocks back (finished or
     /// preempted), before they go (§7.12).
     pub(super) fn log_released(&mut self, slot: Slot) {
+        self.aux_request_finished(slot);
         let num_computed_tokens = self.requests[slot].seq.num_computed_tokens;
         self.kv.log_event(KvEvent::Released {
             owner: slot,
@@ -740,6 +747,7 @@ impl Scheduler {
             }
         }
         let scheduled_any = !draft.entries.is_empty();
+        self.aux_scheduled(draft.entries.iter().map(|e| e.slot));
         self.cadence.note_step(scheduled_any, draft.carried_prefill);
         let mut out = self.finish_step(draft.entries);
         out.scheduled_encoder_inputs = draft.encoder_inputs;
@@ -781,7 +789,11 @@ impl Scheduler {
                 self.preempt(slot, true);
             }
         }
-        self.kv.reset_prefix_cache()
+        let reset = self.kv.reset_prefix_cache();
+        if reset {
+            self.aux_reset();
+        }
+        reset
     }
 
     /// Forget every encoder output (vLLM's `reset_encoder_cache`, after a

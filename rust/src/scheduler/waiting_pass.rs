@@ -206,10 +206,15 @@ impl Scheduler {
             // computing its KV afresh, it hashes its tokens as they are now.
             r.seq.rehash(self.kv.hasher(), self.kv.hash_block_size());
         }
-        if lookup {
-            // (Before the hit is found: an auxiliary-output connector caps it.)
+        // Before the hit is found, how far the workers' routing reaches
+        // caps it (auxiliary outputs, §7.12).
+        let max_hit = if lookup {
             self.kv.log_event(KvEvent::Lookup { owner: slot });
-        }
+            self.aux_max_cache_hit(slot)
+        } else {
+            None
+        };
+        let r = &mut self.requests[slot];
         // A request that must compute every prompt token (vLLM: it wants
         // prompt logprobs) reads no hits; its blocks are still cached.
         let reads = lookup && !r.skip_reading_prefix_cache;
@@ -217,7 +222,7 @@ impl Scheduler {
         // attention's own hit (§4.19.2).
         let per_group = if reads && self.kv_setup.divergent_hybrid_hits && self.connector.is_some()
         {
-            self.kv.find_hit_per_group(&r.seq, &mut self.hits)
+            self.kv.find_hit_per_group(&r.seq, max_hit, &mut self.hits)
         } else {
             None
         };
@@ -227,7 +232,7 @@ impl Scheduler {
                 r.seq.shared_prefix_boundary = 0;
                 h.tokens
             }
-            None if reads => self.find_local_hit(slot),
+            None if reads => self.find_local_hit(slot, max_hit),
             None if lookup => {
                 r.seq.shared_prefix_boundary = 0;
                 0
@@ -239,7 +244,7 @@ impl Scheduler {
             match self.ask_connector(slot, hit_tokens) {
                 Answer::NoConnector => ExternalHit::NONE,
                 Answer::Later => return Admit::Skipped,
-                Answer::Hit(external) => external,
+                Answer::Hit(external) => self.aux_cap_external_hit(slot, hit_tokens, external),
             }
         } else {
             ExternalHit::NONE
@@ -248,7 +253,7 @@ impl Scheduler {
         // hit every group agrees on is found instead.
         let hit_tokens = match per_group {
             Some(h) if h.diverged && external.num_tokens == 0 => {
-                let tokens = self.find_local_hit(slot);
+                let tokens = self.find_local_hit(slot, max_hit);
                 if let Some(connector) = self.connector.as_mut() {
                     connector.local_hit_reconciled(&self.requests[slot].request_id, tokens);
                 }
@@ -389,11 +394,12 @@ impl Scheduler {
     }
 
     /// The hit every group agrees on for the request in `slot` (into the
-    /// scratch hits), with where a shared prefix ends (§7.13) and, when its
-    /// request asks, the hit reported as events.
-    fn find_local_hit(&mut self, slot: Slot) -> usize {
+    /// scratch hits), no further than `max_tokens` when given, with where a
+    /// shared prefix ends (§7.13) and, when its request asks, the hit
+    /// reported as events.
+    fn find_local_hit(&mut self, slot: Slot, max_tokens: Option<usize>) -> usize {
         let r = &mut self.requests[slot];
-        let hit = self.kv.find_hit(&r.seq, &mut self.hits);
+        let hit = self.kv.find_hit(&r.seq, max_tokens, &mut self.hits);
         r.seq.shared_prefix_boundary = hit.shared_prefix_boundary;
         if r.report_hits && hit.tokens > 0 {
             // (In hash blocks: each group counts its own.)
@@ -455,6 +461,12 @@ impl Scheduler {
         r.status = RequestStatus::WaitingForRemoteKvs;
         r.seq.num_computed_tokens = hit_tokens + external;
         r.inflight_prefill = true;
+        let num_computed_tokens = hit_tokens + external;
+        self.aux_request_loading(slot, num_computed_tokens);
+        self.kv.log_event(KvEvent::Loading {
+            owner: slot,
+            num_computed_tokens,
+        });
         Admit::Skipped
     }
 }

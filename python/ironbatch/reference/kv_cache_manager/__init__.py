@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from ironbatch.reference.attention_group import FULL, GroupSpec, SlidingWindow
+from ironbatch.reference.attention_group import FULL, GroupSpec, SlidingWindow, group_key
 from ironbatch.reference.block import NULL_BLOCK, Block
 from ironbatch.reference.block_hash import BlockHasher
 from ironbatch.reference.block_pool import BlockPool
@@ -185,6 +185,11 @@ class KvCacheManager:
         """The block pool, for inspection."""
         return self._pool
 
+    def is_cached_in(self, block_hash: int, group: int) -> bool:
+        """Whether a block ending at ``block_hash`` is cached in group
+        ``group`` now."""
+        return self._pool.get_cached_block(group_key(block_hash, group)) is not None
+
     @property
     def hash_block_size(self) -> int:
         """Tokens per block hash: what a request's hash chain is cut at
@@ -338,12 +343,13 @@ class KvCacheManager:
             hits.append(block)
         return hits, len(hits) * self._hash_block_size
 
-    def find_hit(self, seq: Sequence) -> PrefixHit:
+    def find_hit(self, seq: Sequence, max_tokens: int | None = None) -> PrefixHit:
         """The longest prefix hit valid for every group (docs/scheduling.md
         §7.5), capped at ``num_tokens - 1`` tokens so the last token is
-        always computed (Q12), with each group's blocks (the null block
-        where a window needs none), ``tokens / bs`` of them. Changes
-        nothing."""
+        always computed (Q12), and at ``max_tokens`` when given (an
+        auxiliary-output retention's reach; one full-attention group never
+        reaches past it), with each group's blocks (the null block where a
+        window needs none), ``tokens / bs`` of them. Changes nothing."""
         num_groups = len(self._groups)
         if not self._enable_caching:
             return PrefixHit(blocks=[[] for _ in range(num_groups)])
@@ -358,13 +364,13 @@ class KvCacheManager:
             self._pool,
             self._lookup,
             seq.block_hashes,
-            max(seq.num_tokens - 1, 0),
+            _capped(max(seq.num_tokens - 1, 0), max_tokens),
             self._hash_block_size,
             self._scheduler_block_size,
             num_groups,
         )
 
-    def find_hit_per_group(self, seq: Sequence) -> GroupHits | None:
+    def find_hit_per_group(self, seq: Sequence, max_tokens: int | None = None) -> GroupHits | None:
         """The local hit told to a KV connector that completes divergent
         hybrid hits (vLLM's ``get_computed_blocks_for_connector``, §4.19.2),
         beside cached recurrent states and full attention: each group's own
@@ -380,7 +386,7 @@ class KvCacheManager:
             self._pool,
             self._lookup,
             seq.block_hashes,
-            max(seq.num_tokens - 1, 0),
+            _capped(max(seq.num_tokens - 1, 0), max_tokens),
             self._hash_block_size,
             self._scheduler_block_size,
             blocks,
@@ -561,3 +567,7 @@ class KvCacheManager:
         if done:
             self._stats.reset = True
         return done
+
+
+def _capped(num_tokens: int, max_tokens: int | None) -> int:
+    return num_tokens if max_tokens is None else min(num_tokens, max_tokens)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ironbatch.reference.aux_output_retention import AuxOutputRetention
 from ironbatch.reference.ec_connector import SafeEcConnector
 from ironbatch.reference.encoder_cache import EncoderCache
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
@@ -51,6 +52,7 @@ from ironbatch.reference.request import (
 )
 from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import (
+    aux_outputs,
     drafts,
     ec_transfer,
     encoder_inputs,
@@ -238,6 +240,9 @@ class Scheduler:
         self.processed_step_seq = 0
         #: Blocks waiting for a step in flight to come back, oldest first.
         self.deferred_frees: deque[DeferredFree] = deque()
+        #: Which blocks' auxiliary outputs the workers hold, when followed
+        #: (§7.12).
+        self.aux_retention: AuxOutputRetention | None = None
 
     # -- inspection -----------------------------------------------------------
 
@@ -371,6 +376,12 @@ class Scheduler:
         among the KV-cache events: what vLLM's auxiliary-output connector
         hears of (docs/scheduling.md §7.12)."""
         self.kv.enable_request_events()
+
+    def enable_aux_outputs(self) -> None:
+        """Follow auxiliary outputs (vLLM's ``--enable-return-routed-experts``)
+        from now on: prefix hits reach only over blocks whose routing the
+        workers hold (§7.12)."""
+        aux_outputs.enable_aux_outputs(self)
 
     def take_boundary_states(self) -> list[BoundaryState]:
         """The cached states offered to the KV connector since last taken,
@@ -516,6 +527,7 @@ class Scheduler:
     def log_released(self, slot: int) -> None:
         """Log that the request in ``slot`` gives its blocks back (finished
         or preempted), before they go (§7.12)."""
+        aux_outputs.aux_request_finished(self, slot)
         computed = self.requests[slot].seq.num_computed_tokens
         self.kv.log_event(Released(owner=slot, num_computed_tokens=computed))
 
@@ -599,6 +611,7 @@ class Scheduler:
                 # vLLM notes this after every waiting pass that did not hold.
                 _, num_waiting = self.request_counts()
                 self.cadence.note_release(num_waiting, self.num_deferred)
+        aux_outputs.aux_scheduled(self, (e.slot for e in draft.entries))
         self.cadence.note_step(bool(draft.entries), draft.carried_prefill)
         out = finish_step(self, draft.entries)
         out.scheduled_encoder_inputs = draft.encoder_inputs
@@ -679,7 +692,10 @@ class Scheduler:
         if reset_running_requests:
             while self.running:
                 preemption.preempt(self, self.running.pop(), True)
-        return self.kv.reset_prefix_cache()
+        reset = self.kv.reset_prefix_cache()
+        if reset:
+            aux_outputs.aux_reset(self)
+        return reset
 
     def make_stats(self) -> SchedulerStats:
         """Counts and usage; takes (and zeroes) the prefix-cache and

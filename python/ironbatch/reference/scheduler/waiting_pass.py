@@ -12,10 +12,15 @@ from typing import TYPE_CHECKING
 from ironbatch.reference.encoder_decoder_cache import EncoderDecoderCache
 from ironbatch.reference.kv_cache_manager import Admission
 from ironbatch.reference.kv_connector import NO_HIT
-from ironbatch.reference.kv_events import Hit, Lookup
+from ironbatch.reference.kv_events import Hit, Loading, Lookup
 from ironbatch.reference.lora import LoraBatch
 from ironbatch.reference.prefix_hit import GroupHits, PrefixHit
 from ironbatch.reference.request import RequestStatus
+from ironbatch.reference.scheduler.aux_outputs import (
+    aux_cap_external_hit,
+    aux_max_cache_hit,
+    aux_request_loading,
+)
 from ironbatch.reference.scheduler.drafts import drafts_unused
 from ironbatch.reference.scheduler.ec_transfer import ec_transfer_pending
 from ironbatch.reference.scheduler.encoder_inputs import (
@@ -193,9 +198,12 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         # A session's kept hashes may cover the token its turn dropped;
         # computing its KV afresh, it hashes its tokens as they are now.
         r.seq.rehash(s.kv.hasher, s.kv.hash_block_size)
+    # Before the hit is found, how far the workers' routing reaches caps it
+    # (auxiliary outputs, §7.12).
+    max_hit = None
     if lookup:
-        # (Before the hit is found: an auxiliary-output connector caps it.)
         s.kv.log_event(Lookup(owner=slot))
+        max_hit = aux_max_cache_hit(s, slot)
     # A request that must compute every prompt token (vLLM: it wants prompt
     # logprobs) reads no hits; its blocks are still cached.
     reads = lookup and not r.skip_reading_prefix_cache
@@ -203,13 +211,13 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     # attention's own hit (§4.19.2).
     per_group = None
     if reads and s.kv_setup.divergent_hybrid_hits and s.connector is not None:
-        per_group = s.kv.find_hit_per_group(r.seq)
+        per_group = s.kv.find_hit_per_group(r.seq, max_hit)
     hit: PrefixHit | GroupHits = PrefixHit()
     if per_group is not None:
         hit = per_group
         r.seq.shared_prefix_boundary = 0  # (vLLM's per-group lookup finds none)
     elif reads:
-        hit = find_local_hit(s, slot)
+        hit = find_local_hit(s, slot, max_hit)
     elif lookup:
         r.seq.shared_prefix_boundary = 0
     hit_tokens = hit.tokens if lookup else r.seq.num_computed_tokens
@@ -220,11 +228,11 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
         if answer is Ask.LATER:
             return Admit.SKIPPED
         if not isinstance(answer, Ask):
-            external = answer
+            external = aux_cap_external_hit(s, slot, hit_tokens, answer)
     if per_group is not None and per_group.diverged and external.num_tokens == 0:
         # No external tokens carry a lagging state to the deeper hit: the
         # hit every group agrees on is found instead.
-        hit = find_local_hit(s, slot)
+        hit = find_local_hit(s, slot, max_hit)
         hit_tokens = hit.tokens
         assert s.connector is not None
         s.connector.local_hit_reconciled(r.request_id, hit_tokens)
@@ -334,12 +342,12 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     return Admit.ADMITTED
 
 
-def find_local_hit(s: Scheduler, slot: int) -> PrefixHit:
-    """The hit every group agrees on for the request in ``slot``, with where
-    a shared prefix ends (§7.13) and, when its request asks, the hit reported
-    as events."""
+def find_local_hit(s: Scheduler, slot: int, max_tokens: int | None) -> PrefixHit:
+    """The hit every group agrees on for the request in ``slot``, no further
+    than ``max_tokens`` when given, with where a shared prefix ends (§7.13)
+    and, when its request asks, the hit reported as events."""
     r = s.requests[slot]
-    hit = s.kv.find_hit(r.seq)
+    hit = s.kv.find_hit(r.seq, max_tokens)
     r.seq.shared_prefix_boundary = hit.shared_prefix_boundary
     if r.report_hits and hit.tokens > 0:
         # (In hash blocks: each group counts its own.)
@@ -376,4 +384,6 @@ def admit_loading(
     r.status = RequestStatus.WAITING_FOR_REMOTE_KVS
     r.seq.num_computed_tokens = hit_tokens + external
     r.inflight_prefill = True
+    aux_request_loading(s, slot, hit_tokens + external)
+    s.kv.log_event(Loading(owner=slot, num_computed_tokens=hit_tokens + external))
     return Admit.SKIPPED
