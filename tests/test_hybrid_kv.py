@@ -22,7 +22,7 @@ from ironbatch.reference.attention_group import (
     group_key,
 )
 from ironbatch.reference.block_pool import BlockPool
-from ironbatch.reference.prefix_hit import find_longest_hit, lookup_groups
+from ironbatch.reference.prefix_hit import HitQuery, find_longest_hit, lookup_groups
 
 from scheduler_helpers import BACKENDS, make, req
 from scheduler_helpers import step as run_step
@@ -472,7 +472,7 @@ def test_one_group_is_asked_once() -> None:
                 if i < 3 or i == 5:
                     pool.cache_block(block, group_key(hashes[i], g))
         groups = lookup_groups([kind] * num_groups, [2] * num_groups)
-        hit = find_longest_hit(pool, groups, hashes, 11, 2, 2, num_groups)
+        hit = find_longest_hit(pool, groups, HitQuery(hashes, 11, 2, 2), num_groups)
         assert (hit.tokens, hit.shared_prefix_boundary) == (tokens, shared)
         assert [[b.block_id for b in blocks] for blocks in hit.blocks] == [
             [0] * (tokens // 2)
@@ -493,7 +493,7 @@ def test_a_window_of_smaller_blocks_ends_its_hit_on_the_scheduler_block() -> Non
     for k in (3, 4):
         pool.cache_block(blocks[3 + k], group_key(hashes[k], 1))
     groups = lookup_groups([Full(), SlidingWindow(3)], [4, 2])
-    hit = find_longest_hit(pool, groups, hashes, 15, 2, 4, 2)
+    hit = find_longest_hit(pool, groups, HitQuery(hashes, 15, 2, 4), 2)
     assert hit.tokens == 8
     assert [b.block_id for b in hit.blocks[0]] == [b.block_id for b in blocks[:2]]
     assert [b.block_id for b in hit.blocks[1]] == [0, 0, 0, blocks[6].block_id]
@@ -514,7 +514,7 @@ def test_a_state_smaller_than_the_attention_blocks_hits_on_the_scheduler_block()
     for block, k in zip(blocks[3:], (1, 2, 4), strict=True):
         pool.cache_block(block, group_key(hashes[k], 1))
     groups = lookup_groups([Full(), Mamba(2)], [4, 2])
-    hit = find_longest_hit(pool, groups, hashes, 15, 2, 4, 2)
+    hit = find_longest_hit(pool, groups, HitQuery(hashes, 15, 2, 4), 2)
     assert (hit.tokens, hit.shared_prefix_boundary) == (4, 12)
     assert [b.block_id for b in hit.blocks[0]] == [blocks[0].block_id]
     assert [b.block_id for b in hit.blocks[1]] == [0, blocks[3].block_id]
@@ -532,7 +532,7 @@ def test_full_attention_of_smaller_blocks_rounds_its_hit_to_the_scheduler_block(
     for k in range(3):
         pool.cache_block(blocks[k], group_key(hashes[k], 0))
     groups = lookup_groups([Full(), SlidingWindow(3)], [2, 4])
-    hit = find_longest_hit(pool, groups, hashes, 15, 2, 4, 2)
+    hit = find_longest_hit(pool, groups, HitQuery(hashes, 15, 2, 4), 2)
     assert (hit.tokens, hit.shared_prefix_boundary) == (0, 4)
 
 

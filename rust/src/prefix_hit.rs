@@ -87,19 +87,32 @@ pub struct GroupHits {
     pub diverged: bool,
 }
 
-/// Find the hit for a request with `hashes` (one per `hash_block_size`
-/// tokens), at most `max_len` tokens, into `blocks` (one list per group,
-/// cleared first). Each kind's hit ends on a multiple of `alignment` (the
-/// scheduler block; its block size when the groups' are alike).
+/// One prefix lookup: a request's `hashes` (one per `hash_block_size`
+/// tokens), the most tokens its hit may cover (`max_len`), and the unit
+/// each kind's hit ends on (`alignment`: the scheduler block; the block
+/// size when the groups' are alike).
+#[derive(Clone, Copy, Debug)]
+pub struct HitQuery<'a> {
+    pub hashes: &'a [BlockHash],
+    pub max_len: usize,
+    pub hash_block_size: usize,
+    pub alignment: usize,
+}
+
+/// Find the hit `query` asks for, into `blocks` (one list per group,
+/// cleared first).
 pub fn find_longest_hit(
     pool: &BlockPool,
     groups: &[LookupGroup],
-    hashes: &[BlockHash],
-    max_len: usize,
-    hash_block_size: usize,
-    alignment: usize,
+    query: HitQuery<'_>,
     blocks: &mut [Vec<BlockId>],
 ) -> PrefixHit {
+    let HitQuery {
+        hashes,
+        max_len,
+        hash_block_size,
+        alignment,
+    } = query;
     let num_groups = blocks.len();
     let mut looked_up = vec![false; num_groups];
     let mut hit_by_group = vec![0usize; num_groups];
@@ -178,20 +191,22 @@ fn reach_for(
     }
 }
 
-/// Each group's own hit of at most `max_len` tokens, every kind asked alone
-/// (vLLM's `find_longest_cache_hit_per_group`, which a KV connector that
-/// completes divergent hybrid hits is told of, §4.19.2), into `blocks`
-/// (one list per group, its own hit's length); returns each group's hit in
-/// tokens.
+/// Each group's own hit for `query`, every kind asked alone (vLLM's
+/// `find_longest_cache_hit_per_group`, which a KV connector that completes
+/// divergent hybrid hits is told of, §4.19.2), into `blocks` (one list per
+/// group, its own hit's length); returns each group's hit in tokens.
 pub fn find_hit_per_group(
     pool: &BlockPool,
     groups: &[LookupGroup],
-    hashes: &[BlockHash],
-    max_len: usize,
-    hash_block_size: usize,
-    alignment: usize,
+    query: HitQuery<'_>,
     blocks: &mut [Vec<BlockId>],
 ) -> Vec<usize> {
+    let HitQuery {
+        hashes,
+        max_len,
+        hash_block_size,
+        alignment,
+    } = query;
     let num_groups = blocks.len();
     let mut hit_by_group = vec![0usize; num_groups];
     let hashed = hashes.len() * hash_block_size;
@@ -405,6 +420,15 @@ mod tests {
         pool
     }
 
+    fn query(hashes: &[BlockHash], max_len: usize, hash_bs: usize, align: usize) -> HitQuery<'_> {
+        HitQuery {
+            hashes,
+            max_len,
+            hash_block_size: hash_bs,
+            alignment: align,
+        }
+    }
+
     /// A pool with a block cached under each `(hash index, group)` key,
     /// in order; their ids.
     fn pool_caching(hashes: &[BlockHash], keys: &[(usize, usize)]) -> (BlockPool, Vec<BlockId>) {
@@ -430,7 +454,7 @@ mod tests {
             let pool = pool_with(num_groups, &hashes, 3);
             let groups = lookup_groups(&vec![kind; num_groups], &vec![2; num_groups], &[]);
             let mut blocks = vec![Vec::new(); num_groups];
-            let hit = find_longest_hit(&pool, &groups, &hashes, 11, 2, 2, &mut blocks);
+            let hit = find_longest_hit(&pool, &groups, query(&hashes, 11, 2, 2), &mut blocks);
             assert_eq!((hit.tokens, hit.shared_prefix_boundary), (tokens, shared));
             assert!(blocks.iter().all(|b| b.len() == tokens / 2));
             assert!(blocks.iter().flatten().all(|&b| b == NULL_BLOCK));
@@ -452,7 +476,7 @@ mod tests {
         ];
         let groups = lookup_groups(&kinds, &[4, 2], &[]);
         let mut blocks = vec![Vec::new(); 2];
-        let hit = find_longest_hit(&pool, &groups, &hashes, 15, 2, 4, &mut blocks);
+        let hit = find_longest_hit(&pool, &groups, query(&hashes, 15, 2, 4), &mut blocks);
         assert_eq!(hit.tokens, 8);
         assert_eq!(blocks[0], ids[..2].to_vec());
         assert_eq!(blocks[1], [NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, ids[3]]);
@@ -475,7 +499,7 @@ mod tests {
         };
         let groups = lookup_groups(&[AttentionKind::Full, state], &[4, 2], &[]);
         let mut blocks = vec![Vec::new(); 2];
-        let hit = find_longest_hit(&pool, &groups, &hashes, 15, 2, 4, &mut blocks);
+        let hit = find_longest_hit(&pool, &groups, query(&hashes, 15, 2, 4), &mut blocks);
         assert_eq!(hit.tokens, 4);
         assert_eq!(hit.shared_prefix_boundary, 12);
         assert_eq!(blocks[0], ids[..1].to_vec());
@@ -496,7 +520,7 @@ mod tests {
         ];
         let groups = lookup_groups(&kinds, &[2, 4], &[]);
         let mut blocks = vec![Vec::new(); 2];
-        let hit = find_longest_hit(&pool, &groups, &hashes, 15, 2, 4, &mut blocks);
+        let hit = find_longest_hit(&pool, &groups, query(&hashes, 15, 2, 4), &mut blocks);
         assert_eq!(hit.tokens, 0);
         assert_eq!(hit.shared_prefix_boundary, 4);
     }
@@ -516,9 +540,9 @@ mod tests {
         };
         let groups = lookup_groups(&[AttentionKind::Full, state], &[2, 2], &[]);
         let mut blocks = vec![Vec::new(); 2];
-        let hit = find_longest_hit(&pool, &groups, &hashes, 7, 2, 2, &mut blocks);
+        let hit = find_longest_hit(&pool, &groups, query(&hashes, 7, 2, 2), &mut blocks);
         assert_eq!((hit.tokens, hit.shared_prefix_boundary), (2, 6));
-        let by_group = find_hit_per_group(&pool, &groups, &hashes, 7, 2, 2, &mut blocks);
+        let by_group = find_hit_per_group(&pool, &groups, query(&hashes, 7, 2, 2), &mut blocks);
         assert_eq!(by_group, [6, 2]);
         assert_eq!(blocks[0], ids[..3].to_vec());
         assert_eq!(blocks[1], [ids[3]]);

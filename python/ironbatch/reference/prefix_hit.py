@@ -84,20 +84,25 @@ class PrefixHit:
     blocks: list[list[Block]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class HitQuery:
+    """One prefix lookup: a request's ``hashes`` (one per
+    ``hash_block_size`` tokens), the most tokens its hit may cover
+    (``max_len``), and the unit each kind's hit ends on (``alignment``: the
+    scheduler block; the block size when the groups' are alike)."""
+
+    hashes: list[int]
+    max_len: int
+    hash_block_size: int
+    alignment: int
+
+
 def find_longest_hit(
-    pool: BlockPool,
-    groups: list[LookupGroup],
-    hashes: list[int],
-    max_len: int,
-    hash_block_size: int,
-    alignment: int,
-    num_groups: int,
+    pool: BlockPool, groups: list[LookupGroup], query: HitQuery, num_groups: int
 ) -> PrefixHit:
-    """Find the hit for a request with ``hashes`` (one per
-    ``hash_block_size`` tokens), at most ``max_len`` tokens, over
-    ``num_groups`` groups. Each kind's hit ends on a multiple of
-    ``alignment`` (the scheduler block; its block size when the groups' are
-    alike)."""
+    """Find the hit ``query`` asks for, over ``num_groups`` groups."""
+    hashes, max_len = query.hashes, query.max_len
+    hash_block_size, alignment = query.hash_block_size, query.alignment
     blocks: list[list[Block]] = [[] for _ in range(num_groups)]
     looked_up = [False] * num_groups
     hit_by_group = [0] * num_groups
@@ -168,19 +173,15 @@ class GroupHits:
 
 
 def find_hit_per_group(
-    pool: BlockPool,
-    groups: list[LookupGroup],
-    hashes: list[int],
-    max_len: int,
-    hash_block_size: int,
-    alignment: int,
-    blocks: list[list[Block]],
+    pool: BlockPool, groups: list[LookupGroup], query: HitQuery, blocks: list[list[Block]]
 ) -> list[int]:
-    """Each group's own hit of at most ``max_len`` tokens, every kind asked
-    alone (vLLM's ``find_longest_cache_hit_per_group``, which a KV connector
-    that completes divergent hybrid hits is told of, §4.19.2), into
-    ``blocks`` (one list per group, its own hit's length); returns each
-    group's hit in tokens."""
+    """Each group's own hit for ``query``, every kind asked alone (vLLM's
+    ``find_longest_cache_hit_per_group``, which a KV connector that
+    completes divergent hybrid hits is told of, §4.19.2), into ``blocks``
+    (one list per group, its own hit's length); returns each group's hit in
+    tokens."""
+    hashes, max_len = query.hashes, query.max_len
+    hash_block_size, alignment = query.hash_block_size, query.alignment
     num_groups = len(blocks)
     hit_by_group = [0] * num_groups
     hashed = len(hashes) * hash_block_size

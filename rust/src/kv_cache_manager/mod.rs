@@ -32,7 +32,8 @@ use crate::error::Error;
 use crate::kv_events::KvEvent;
 use crate::prefix_cache_stats::PrefixCacheStats;
 use crate::prefix_hit::{
-    find_hit_per_group, find_longest_hit, lookup_groups, GroupHits, LookupGroup, PrefixHit,
+    find_hit_per_group, find_longest_hit, lookup_groups, GroupHits, HitQuery, LookupGroup,
+    PrefixHit,
 };
 use crate::sequence::Sequence;
 use std::sync::Arc;
@@ -356,14 +357,23 @@ impl KvCacheManager {
         find_longest_hit(
             &self.pool,
             &self.lookup,
-            seq.block_hashes(),
-            seq.num_tokens()
-                .saturating_sub(1)
-                .min(max_tokens.unwrap_or(usize::MAX)),
-            self.hash_block_size,
-            self.scheduler_block_size,
+            self.hit_query(seq, max_tokens),
             hits,
         )
+    }
+
+    /// The lookup of `seq`'s prefix: short of its last token, and no
+    /// further than `max_tokens` when given.
+    fn hit_query<'a>(&self, seq: &'a Sequence, max_tokens: Option<usize>) -> HitQuery<'a> {
+        HitQuery {
+            hashes: seq.block_hashes(),
+            max_len: seq
+                .num_tokens()
+                .saturating_sub(1)
+                .min(max_tokens.unwrap_or(usize::MAX)),
+            hash_block_size: self.hash_block_size,
+            alignment: self.scheduler_block_size,
+        }
     }
 
     /// The local hit told to a KV connector that completes divergent
@@ -386,17 +396,8 @@ impl KvCacheManager {
         for h in hits.iter_mut() {
             h.clear();
         }
-        let by_group = find_hit_per_group(
-            &self.pool,
-            &self.lookup,
-            seq.block_hashes(),
-            seq.num_tokens()
-                .saturating_sub(1)
-                .min(max_tokens.unwrap_or(usize::MAX)),
-            self.hash_block_size,
-            self.scheduler_block_size,
-            hits,
-        );
+        let query = self.hit_query(seq, max_tokens);
+        let by_group = find_hit_per_group(&self.pool, &self.lookup, query, hits);
         let tokens = by_group[full.group_ids[0]];
         if by_group.iter().any(|&t| t > tokens) {
             return None;

@@ -42,6 +42,7 @@ from ironbatch.reference.kv_events import KvEvent
 from ironbatch.reference.prefix_cache_stats import PrefixCacheStats
 from ironbatch.reference.prefix_hit import (
     GroupHits,
+    HitQuery,
     PrefixHit,
     find_hit_per_group,
     find_longest_hit,
@@ -361,13 +362,17 @@ class KvCacheManager:
                 tokens -= self._hash_block_size  # one group: its block
             return PrefixHit(tokens, 0, [hits])
         return find_longest_hit(
-            self._pool,
-            self._lookup,
-            seq.block_hashes,
-            _capped(max(seq.num_tokens - 1, 0), max_tokens),
-            self._hash_block_size,
-            self._scheduler_block_size,
-            num_groups,
+            self._pool, self._lookup, self._hit_query(seq, max_tokens), num_groups
+        )
+
+    def _hit_query(self, seq: Sequence, max_tokens: int | None) -> HitQuery:
+        """The lookup of ``seq``'s prefix: short of its last token, and no
+        further than ``max_tokens`` when given."""
+        max_len = max(seq.num_tokens - 1, 0)
+        if max_tokens is not None:
+            max_len = min(max_len, max_tokens)
+        return HitQuery(
+            seq.block_hashes, max_len, self._hash_block_size, self._scheduler_block_size
         )
 
     def find_hit_per_group(self, seq: Sequence, max_tokens: int | None = None) -> GroupHits | None:
@@ -382,15 +387,8 @@ class KvCacheManager:
         if not self._align or len(self._groups) < 2:
             return None
         blocks: list[list[Block]] = [[] for _ in self._groups]
-        by_group = find_hit_per_group(
-            self._pool,
-            self._lookup,
-            seq.block_hashes,
-            _capped(max(seq.num_tokens - 1, 0), max_tokens),
-            self._hash_block_size,
-            self._scheduler_block_size,
-            blocks,
-        )
+        query = self._hit_query(seq, max_tokens)
+        by_group = find_hit_per_group(self._pool, self._lookup, query, blocks)
         tokens = by_group[self._lookup[0].group_ids[0]]
         if any(t > tokens for t in by_group):
             return None
@@ -567,7 +565,3 @@ class KvCacheManager:
         if done:
             self._stats.reset = True
         return done
-
-
-def _capped(num_tokens: int, max_tokens: int | None) -> int:
-    return num_tokens if max_tokens is None else min(num_tokens, max_tokens)
