@@ -99,6 +99,16 @@ pub struct HitQuery<'a> {
     pub alignment: usize,
 }
 
+impl<'a> HitQuery<'a> {
+    /// The request's hashes as `l`'s blocks see them.
+    fn view(self, l: &LookupGroup) -> HashView<'a> {
+        HashView {
+            hashes: self.hashes,
+            per_block: l.block_size / self.hash_block_size,
+        }
+    }
+}
+
 /// Find the hit `query` asks for, into `blocks` (one list per group,
 /// cleared first).
 pub fn find_longest_hit(
@@ -107,23 +117,17 @@ pub fn find_longest_hit(
     query: HitQuery<'_>,
     blocks: &mut [Vec<BlockId>],
 ) -> PrefixHit {
-    let HitQuery {
-        hashes,
-        max_len,
-        hash_block_size,
-        alignment,
-    } = query;
     let num_groups = blocks.len();
     let mut looked_up = vec![false; num_groups];
     let mut hit_by_group = vec![0usize; num_groups];
-    let mut hit = max_len;
+    let mut hit = query.max_len;
     let mut longest = 0;
     // vLLM's hybrid coordinator stops after one pass for full attention
     // beside one other kind; its unitary one (a single group) asks once.
     let one_pass = (groups.len() == 2 && groups[0].kind.is_full()) || num_groups == 1;
     // A kind that drops an EAGLE block does so once per candidate length.
     let mut eagle_verified = vec![false; groups.len()];
-    let hashed = hashes.len() * hash_block_size;
+    let hashed = query.hashes.len() * query.hash_block_size;
     loop {
         let mut candidate = hit;
         for (idx, l) in groups.iter().enumerate() {
@@ -135,11 +139,7 @@ pub fn find_longest_hit(
             }
             let drop = l.drops_eagle_block && !eagle_verified[idx];
             let reach = reach_for(l, candidate, drop, num_groups, hashed);
-            let view = HashView {
-                hashes,
-                per_block: l.block_size / hash_block_size,
-            };
-            let found = find_for(pool, l, view, reach, alignment, blocks, drop);
+            let found = find_for(pool, l, query.view(l), reach, query.alignment, blocks, drop);
             if drop {
                 eagle_verified[idx] = true;
             } else if found < candidate {
@@ -201,23 +201,13 @@ pub fn find_hit_per_group(
     query: HitQuery<'_>,
     blocks: &mut [Vec<BlockId>],
 ) -> Vec<usize> {
-    let HitQuery {
-        hashes,
-        max_len,
-        hash_block_size,
-        alignment,
-    } = query;
     let num_groups = blocks.len();
     let mut hit_by_group = vec![0usize; num_groups];
-    let hashed = hashes.len() * hash_block_size;
+    let hashed = query.hashes.len() * query.hash_block_size;
     for l in groups {
         let drop = l.drops_eagle_block;
-        let reach = reach_for(l, max_len, drop, num_groups, hashed);
-        let view = HashView {
-            hashes,
-            per_block: l.block_size / hash_block_size,
-        };
-        let found = find_for(pool, l, view, reach, alignment, blocks, drop);
+        let reach = reach_for(l, query.max_len, drop, num_groups, hashed);
+        let found = find_for(pool, l, query.view(l), reach, query.alignment, blocks, drop);
         for &g in &l.group_ids {
             hit_by_group[g] = found;
         }
