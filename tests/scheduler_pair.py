@@ -34,6 +34,9 @@ class SchedulerPair:
         # Requests in a step whose output came with a failed KV load.
         self.kv_cut: set[str] = set()
         self.with_connector = False  # set with the backends' KV connectors
+        # Per backend, each block hash its auxiliary-output retention held,
+        # named by first appearance.
+        self._aux_names: tuple[dict[int, int], dict[int, int]] = ({}, {})
         # KV-cache events, compared after every call (the backends' cores).
         self.cores = (self.rust._core.core, self.twin._core.twin)
         for core in self.cores:
@@ -367,6 +370,10 @@ class SchedulerPair:
         for kind, *_ in ea:
             self.events[f"kv_{kind}"] += 1
         a, b = self.rust.debug_state(), self.twin.debug_state()
+        # The backends hash alike but not to the same values: retained
+        # blocks are compared by when each side first retained them.
+        for state, names in zip((a, b), self._aux_names, strict=True):
+            name_aux_hashes(state, names)
         assert a == b
         self.last_state = a
         # A cut-back request's placeholder resolves with its next output.
@@ -393,6 +400,21 @@ SPEC_STATS = (
     "num_accepted_tokens_per_pos",
     "num_draft_tokens_per_pos",
 )
+
+
+def name_aux_hashes(state: dict[str, Any], names: dict[int, int]) -> None:
+    """Replace the block hashes of a state's auxiliary-output retention
+    (``aux_retained`` in order, then ``aux_loading`` by slot) by the order
+    in which this backend first retained each."""
+    if "aux_retained" not in state:
+        return
+
+    def name(h: int) -> int:
+        return names.setdefault(h, len(names))
+
+    state["aux_retained"] = [name(h) for h in state["aux_retained"]]
+    loading = state["aux_loading"]
+    state["aux_loading"] = {slot: [name(h) for h in loading[slot]] for slot in sorted(loading)}
 
 
 def stats_fields(stats: Any) -> tuple[Any, ...] | None:

@@ -147,6 +147,18 @@ impl AuxOutputRetention {
         self.by_use.clear();
     }
 
+    /// The retained blocks, least recently used first.
+    pub fn retained(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.by_use.values().copied()
+    }
+
+    /// Per request loading its KV, the blocks it reads.
+    pub fn loading(&self) -> impl Iterator<Item = (Slot, &[BlockHash])> + '_ {
+        self.loading
+            .iter()
+            .map(|(&slot, keys)| (slot, keys.as_slice()))
+    }
+
     /// How many blocks are retained.
     pub fn len(&self) -> usize {
         self.retained.len()

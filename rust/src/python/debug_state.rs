@@ -77,5 +77,18 @@ pub(super) fn debug_state<'py>(py: Python<'py>, c: &Scheduler) -> PyResult<Bound
     let mut cached: Vec<Vec<u32>> = pool.cached_blocks().map(|(_, ids)| ids).collect();
     cached.sort();
     d.set_item("cached_blocks", cached)?;
+    // Routed experts followed: the retained blocks' hashes, least recently
+    // used first, and per loading request's slot the blocks its load reads.
+    if let Some(aux) = c.aux_retention() {
+        d.set_item(
+            "aux_retained",
+            aux.retained().map(|h| h.0).collect::<Vec<u128>>(),
+        )?;
+        let loading = PyDict::new(py);
+        for (slot, keys) in aux.loading() {
+            loading.set_item(slot, keys.iter().map(|h| h.0).collect::<Vec<u128>>())?;
+        }
+        d.set_item("aux_loading", loading)?;
+    }
     Ok(d)
 }

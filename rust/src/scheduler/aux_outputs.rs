@@ -25,6 +25,11 @@ impl Scheduler {
         self.aux_retention = Some(retention);
     }
 
+    /// Which blocks' auxiliary outputs the workers hold, when followed.
+    pub fn aux_retention(&self) -> Option<&AuxOutputRetention> {
+        self.aux_retention.as_ref()
+    }
+
     /// How far the prefix hit of the request in `slot` may reach, where
     /// vLLM's scheduler asks before its lookup (`None`: no auxiliary outputs).
     pub(super) fn aux_max_cache_hit(&mut self, slot: Slot) -> Option<usize> {

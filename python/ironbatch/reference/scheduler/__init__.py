@@ -763,6 +763,19 @@ class Scheduler:
             "free_block_ids": pool.free_block_ids(),
             "block_ref_cnts": pool.block_ref_cnts(),
             "cached_blocks": sorted(ids for _, ids in pool.cached_blocks()),
+            # Routed experts followed: the retained blocks' hashes, least
+            # recently used first, and per loading request's slot the blocks
+            # its load reads.
+            **(
+                {}
+                if self.aux_retention is None
+                else {
+                    "aux_retained": list(self.aux_retention.retained),
+                    "aux_loading": {
+                        slot: list(keys) for slot, keys in self.aux_retention.loading.items()
+                    },
+                }
+            ),
         }
 
     def __repr__(self) -> str:
