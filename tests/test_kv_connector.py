@@ -762,11 +762,11 @@ def test_a_request_preempted_after_it_offered_a_state_withdraws_it(backend: str)
     ]
 
 
-class CapHeard(Scripted):
-    """Scripted, hearing the external hits its answers were cut to."""
+class SettledHeard(Scripted):
+    """Scripted, hearing the external hit each admission takes."""
 
-    def external_hit_capped(self, rid: str, num_tokens: int) -> None:
-        self.log.append(("capped", rid, num_tokens))
+    def external_hit_settled(self, rid: str, num_tokens: int, load_async: bool) -> None:
+        self.log.append(("settled", rid, num_tokens, load_async))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -775,7 +775,7 @@ def test_routed_experts_a_load_reads_stay_retained_and_cap_later_hits(backend: s
     the finished requests' blocks' routing, up to twice the cache's blocks.
     Past that, the least recently used go, but never those a load in
     progress reads; an external hit over released blocks is cut to none."""
-    c = CapHeard({"d": (16, True), "f": (16, False), "g": (16, False)})
+    c = SettledHeard({"d": (16, True), "f": (16, False), "g": (16, False)})
     # (7 blocks: the routing of 16 retained at most.)
     s = make(backend, num_blocks=8, block_size=4, max_model_len=24, max_num_seqs=4)
     s.set_kv_connector(c, "fail")
@@ -812,4 +812,5 @@ def test_routed_experts_a_load_reads_stay_retained_and_cap_later_hits(backend: s
     s.schedule()
     matched = [e for e in c.log if e[0] == "matched"]
     assert [e[1:] for e in matched if e[1] in "dfg"] == [("d", 20, 0), ("f", 20, 0), ("g", 20, 0)]
-    assert [e for e in c.log if e[0] == "capped"] == [("capped", "g", 0)]
+    settled = [e[1:] for e in c.log if e[0] == "settled" and e[1] in "dfg"]
+    assert settled == [("d", 16, True), ("f", 16, False), ("g", 0, False)]

@@ -630,7 +630,7 @@ class Scheduler:
         ``get_loaded_kv_cache_group_ids(request_id)`` (the groups an async
         load writes: not zeroed; every group without it) and
         ``local_hit_reconciled(request_id, num_computed_tokens)`` and
-        ``external_hit_capped(request_id, num_tokens)``;
+        ``external_hit_settled(request_id, num_tokens, load_async)``;
         ``kv_load_failure_policy``: ``"fail"`` or ``"recompute"``; frees
         fenced by steps in flight with ``defer_block_free``; a preempted
         request's output dropped with ``requires_kv_delivery``; full

@@ -326,9 +326,10 @@ class Scheduler:
         without it) and ``local_hit_reconciled(request_id,
         num_computed_tokens)`` (with ``divergent_hybrid_hits``: the local hit
         a request takes after the connector answered no tokens, fewer than
-        it was asked with) and ``external_hit_capped(request_id,
-        num_tokens)`` (with auxiliary outputs followed: an answered hit cut
-        where the workers hold no routed experts). A call that raises is
+        it was asked with) and ``external_hit_settled(request_id, num_tokens,
+        load_async)`` (the external hit an admission takes, once routed
+        experts capped it and no encoder output it needs is in transit:
+        where vLLM sets a request's load stage). A call that raises is
         reported (``sys.unraisablehook``) and counts as the safe answer.
         ``kv_load_failure_policy`` is vLLM's: a request whose load failed
         ends with an error (``"fail"``) or computes what

@@ -173,11 +173,11 @@ pub trait KvConnector: std::fmt::Debug + Send + Sync {
     /// (vLLM's scheduler counts its stats from this hit.)
     fn local_hit_reconciled(&mut self, _request_id: &str, _num_computed_tokens: usize) {}
 
-    /// The external hit answered for `request_id` was cut to `num_tokens`
-    /// (none): the workers hold no routed experts for its blocks
-    /// (auxiliary outputs, §7.12). (vLLM's scheduler sets the request's
-    /// load stage from the cut hit.)
-    fn external_hit_capped(&mut self, _request_id: &str, _num_tokens: usize) {}
+    /// The external hit `request_id`'s admission takes, as it stands once
+    /// routed experts capped it (§7.12) and no encoder output it needs is
+    /// still in transit (§4.20): where vLLM's scheduler sets the request's
+    /// load stage.
+    fn external_hit_settled(&mut self, _request_id: &str, _hit: ExternalHit) {}
 }
 
 #[cfg(test)]

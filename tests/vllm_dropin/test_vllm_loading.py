@@ -25,6 +25,8 @@ from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler  # noqa: E40
 from vllm.v1.engine import FinishReason  # noqa: E402
 
 import ironbatch.vllm  # noqa: E402
+from ironbatch.bench.vllm_standin_connector import kv_transfer_config  # noqa: E402
+from ironbatch.bench.vllm_standin_ec_connector import ec_transfer_config  # noqa: E402
 
 import vllm_setup  # noqa: E402
 
@@ -83,6 +85,24 @@ def test_unsupported_config_falls_back_to_vllm_and_says_why(
     # split may hold the prompt's last token back).
     s.add_request(vllm_setup.make_request("a", range(3, 20), 2))
     assert s.schedule().num_scheduled_tokens["a"] in (16, 17)
+
+
+def test_kv_and_encoder_cache_connectors_together_fall_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Both connectors on a vision model: not yet proven equal to vLLM's
+    decisions (support.py), so vLLM's scheduler runs them, and says so."""
+    with caplog.at_level(logging.WARNING, logger="ironbatch.vllm"):
+        s = vllm_setup.make_scheduler(
+            "ironbatch",
+            target="vision",
+            async_scheduling=False,
+            kv_transfer_config=kv_transfer_config(0),
+            ec_transfer_config=ec_transfer_config(0),
+        )
+    assert type(s) is VllmScheduler
+    lines = [r.getMessage() for r in caplog.records if r.name == "ironbatch.vllm"]
+    assert len(lines) == 1 and "an encoder-cache connector beside a KV connector" in lines[0]
 
 
 @pytest.mark.parametrize("caching", [False, True])

@@ -302,6 +302,12 @@ class CoreStandIn:
     ) -> None:
         self.stand_in.update_state_after_alloc(request_id, block_ids, num_external_tokens)
 
+    def external_hit_settled(self, request_id: str, num_tokens: int, load_async: bool) -> None:
+        """The hit the admission takes (capped, past the encoder-cache
+        check): logged, so a core and a twin that settle it differently
+        part here."""
+        self.stand_in.log.append(("settled", request_id, num_tokens, load_async))
+
     def request_finished(self, request_id: str, block_ids: list[list[int]], status: str) -> bool:
         normal = status in NORMAL_FINISH
         return self.stand_in.request_finished(request_id, block_ids, normal)[0]

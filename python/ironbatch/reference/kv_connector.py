@@ -187,7 +187,7 @@ class SafeConnector:
         # names a request.
         self.observes = hasattr(connector, "observe_request")
         self.hears_reconciled = hasattr(connector, "local_hit_reconciled")
-        self.hears_capped = hasattr(connector, "external_hit_capped")
+        self.hears_settled = hasattr(connector, "external_hit_settled")
 
     def observe_request(self, r: RequestState) -> None:
         """The request the next call names, as vLLM's scheduler holds it then
@@ -242,13 +242,14 @@ class SafeConnector:
             args = (request_id, num_computed_tokens)
             self._call("local_hit_reconciled", args, lambda _: None, None)
 
-    def external_hit_capped(self, request_id: str, num_tokens: int) -> None:
-        """The external hit answered for ``request_id`` was cut to
-        ``num_tokens`` (none): the workers hold no routed experts for its
-        blocks (auxiliary outputs, §7.12). (vLLM's scheduler sets the
-        request's load stage from the cut hit.)"""
-        if self.hears_capped:
-            self._call("external_hit_capped", (request_id, num_tokens), lambda _: None, None)
+    def external_hit_settled(self, request_id: str, hit: ExternalHit) -> None:
+        """The external hit ``request_id``'s admission takes, as it stands
+        once routed experts capped it (§7.12) and no encoder output it needs
+        is still in transit (§4.20): where vLLM's scheduler sets the
+        request's load stage."""
+        if self.hears_settled:
+            args = (request_id, hit.num_tokens, hit.load_async)
+            self._call("external_hit_settled", args, lambda _: None, None)
 
     def request_finished(self, request_id: str, block_ids: list[list[int]], status: str) -> bool:
         args = (request_id, block_ids, status)

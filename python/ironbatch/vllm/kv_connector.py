@@ -137,7 +137,6 @@ class ConnectorBridge:
         if tokens is not None:
             load_async = load_async and not r.skip_reading_prefix_cache
             self._asked[request_id] = (num_computed_tokens, load_async)
-            self.set_fetch_stage(request_id, KV_FETCH_WAITING_TO_START if load_async else None)
         return answer
 
     def local_hit_reconciled(self, request_id: str, num_computed_tokens: int) -> None:
@@ -146,14 +145,10 @@ class ConnectorBridge:
         if asked is not None:
             self._asked[request_id] = (num_computed_tokens, asked[1])
 
-    def external_hit_capped(self, request_id: str, num_tokens: int) -> None:
-        # vLLM sets the load stage from the hit its auxiliary-output
-        # connector left.
-        asked = self._asked.get(request_id)
-        if asked is not None:
-            load_async = asked[1] and num_tokens > 0
-            self._asked[request_id] = (asked[0], load_async)
-            self.set_fetch_stage(request_id, KV_FETCH_WAITING_TO_START if load_async else None)
+    def external_hit_settled(self, request_id: str, num_tokens: int, load_async: bool) -> None:
+        # Where vLLM sets the load stage: after routed experts capped the
+        # hit and the encoder-cache connector's check.
+        self.set_fetch_stage(request_id, KV_FETCH_WAITING_TO_START if load_async else None)
 
     def update_state_after_alloc(
         self, request_id: str, block_ids: list[list[int]], num_external_tokens: int

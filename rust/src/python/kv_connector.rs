@@ -7,7 +7,7 @@
 //! cached_blocks)` (per KV-cache group, the table positions whose block has
 //! a hash), called before each call that names a request, and
 //! `local_hit_reconciled(request_id, num_computed_tokens)` and
-//! `external_hit_capped(request_id, num_tokens)`.
+//! `external_hit_settled(request_id, num_tokens, load_async)`.
 //!
 //! A call that raises, or answers with the wrong shape, goes to
 //! `sys.unraisablehook` and counts as the safe answer (ask again later, no
@@ -28,20 +28,20 @@ pub(super) struct PyKvConnector {
     observes: bool,
     /// It has `local_hit_reconciled` (optional, looked up once).
     hears_reconciled: bool,
-    /// It has `external_hit_capped` (optional, looked up once).
-    hears_capped: bool,
+    /// It has `external_hit_settled` (optional, looked up once).
+    hears_settled: bool,
 }
 
 impl PyKvConnector {
     pub(super) fn new(obj: Bound<'_, PyAny>) -> PyResult<Self> {
         let observes = obj.hasattr("observe_request")?;
         let hears_reconciled = obj.hasattr("local_hit_reconciled")?;
-        let hears_capped = obj.hasattr("external_hit_capped")?;
+        let hears_settled = obj.hasattr("external_hit_settled")?;
         Ok(Self {
             obj: obj.unbind(),
             observes,
             hears_reconciled,
-            hears_capped,
+            hears_settled,
         })
     }
 
@@ -113,10 +113,10 @@ impl KvConnector for PyKvConnector {
         }
     }
 
-    fn external_hit_capped(&mut self, request_id: &str, num_tokens: usize) {
-        if self.hears_capped {
-            let args = (request_id, num_tokens);
-            self.call("external_hit_capped", args, |_| Ok(()), ());
+    fn external_hit_settled(&mut self, request_id: &str, hit: ExternalHit) {
+        if self.hears_settled {
+            let args = (request_id, hit.num_tokens, hit.load_async);
+            self.call("external_hit_settled", args, |_| Ok(()), ());
         }
     }
 

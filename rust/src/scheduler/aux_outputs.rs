@@ -57,11 +57,6 @@ impl Scheduler {
         let (hashes, num_tokens) = (seq.block_hashes(), seq.num_tokens());
         let num_tokens =
             retention.cap_external_hit(hashes, num_tokens, num_local, external.num_tokens, cached);
-        if num_tokens < external.num_tokens {
-            if let Some(connector) = self.connector.as_mut() {
-                connector.external_hit_capped(&self.requests[slot].request_id, num_tokens);
-            }
-        }
         ExternalHit {
             num_tokens,
             load_async: external.load_async && num_tokens > 0,

@@ -265,6 +265,11 @@ impl Scheduler {
         if self.ec_transfer_pending(slot, hit_tokens + external.num_tokens) {
             return Admit::Skipped;
         }
+        if lookup {
+            if let Some(connector) = self.connector.as_mut() {
+                connector.external_hit_settled(&self.requests[slot].request_id, external);
+            }
+        }
         if external.load_async {
             return self.admit_loading(slot, hit_tokens, external.num_tokens, watermark);
         }

@@ -48,8 +48,6 @@ def aux_cap_external_hit(
     num_tokens = retention.cap_external_hit(
         seq.block_hashes, seq.num_tokens, num_local, external.num_tokens, _cached(s, retention)
     )
-    if num_tokens < external.num_tokens and s.connector is not None:
-        s.connector.external_hit_capped(s.requests[slot].request_id, num_tokens)
     return ExternalHit(num_tokens, external.load_async and num_tokens > 0)
 
 

@@ -239,6 +239,8 @@ def admit(s: Scheduler, slot: int, from_kv: bool, draft: StepDraft) -> Admit:
     # An encoder output it needs is still on its way (§4.20).
     if ec_transfer_pending(s, slot, hit_tokens + external.num_tokens):
         return Admit.SKIPPED
+    if lookup and s.connector is not None:
+        s.connector.external_hit_settled(r.request_id, external)
     if external.load_async:
         return admit_loading(s, slot, hit.blocks, hit_tokens, external.num_tokens, watermark)
     local_tokens = hit_tokens
