@@ -115,10 +115,11 @@ def unsupported_config(
             c.ec_transfer_config is not None and unsupported_ec_connector(c) or "",
         ),
         (
-            # vLLM ORs the two connectors' holds on a finished request's
-            # blocks; with both, the drop-in differential finds other block
-            # ids in about 1 workload in 25 (not yet explained), so the pair
-            # stays with vLLM's scheduler until it is.
+            # vLLM ends the requests whose encoder input the connector lost
+            # before it frees those whose KV was sent, in one update; the
+            # drop-in ends them after the core's update has freed those, so
+            # freed blocks queue in another order (other block ids in about
+            # 1 workload in 25 of the connector differential).
             c.kv_transfer_config is not None and c.ec_transfer_config is not None,
             "an encoder-cache connector beside a KV connector (not yet proven equal)",
         ),
