@@ -65,7 +65,8 @@ class Speculation:
         ):
             r = self.requests.get(rid)
             placeholders = scheduled.get(rid)
-            if r is None or not placeholders:
+            # Finished since: gone, or held for a KV send (placeholders stay).
+            if r is None or r.is_finished() or not placeholders:
                 continue
             n = len(placeholders)
             del drafts[n:]
