@@ -18,7 +18,10 @@ pub trait EcConnector: std::fmt::Debug + Send + Sync {
     /// Whether the encoder outputs the request needs past
     /// `num_computed_tokens` are there (a connector may start fetching them
     /// now); false: some are still in transit, and the request waits a step.
-    fn ensure_cache_available(&mut self, request_id: &str, num_computed_tokens: usize) -> bool;
+    /// Signed, as vLLM passes it: for a running request it is the computed
+    /// tokens less those in flight, which a failed load's cut-back can take
+    /// below zero.
+    fn ensure_cache_available(&mut self, request_id: &str, num_computed_tokens: i64) -> bool;
 
     /// Cache space was taken for the request's input `input_id` this step
     /// (run by the encoder, or loaded by the connector).
@@ -45,7 +48,7 @@ pub(crate) mod scripted {
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub enum EcCall {
         HasItem(String),
-        Ensure(String, usize),
+        Ensure(String, i64),
         Alloc(String, u32),
         Free(String, u32),
         Finished(String),
@@ -70,7 +73,7 @@ pub(crate) mod scripted {
             self.items.contains(identifier)
         }
 
-        fn ensure_cache_available(&mut self, request_id: &str, num_computed_tokens: usize) -> bool {
+        fn ensure_cache_available(&mut self, request_id: &str, num_computed_tokens: i64) -> bool {
             self.log
                 .lock()
                 .unwrap()

@@ -57,7 +57,7 @@ impl EcConnector for PyEcConnector {
         self.ask("has_cache_item", (identifier,), false)
     }
 
-    fn ensure_cache_available(&mut self, request_id: &str, num_computed_tokens: usize) -> bool {
+    fn ensure_cache_available(&mut self, request_id: &str, num_computed_tokens: i64) -> bool {
         self.ask(
             "ensure_cache_available",
             (request_id, num_computed_tokens),

@@ -32,7 +32,7 @@ impl Scheduler {
     /// `num_computed_tokens` is still in transit (vLLM's
     /// `_ec_transfer_pending`): then it waits this step. Asked only of
     /// requests with encoder inputs.
-    pub(super) fn ec_transfer_pending(&mut self, slot: Slot, num_computed_tokens: usize) -> bool {
+    pub(super) fn ec_transfer_pending(&mut self, slot: Slot, num_computed_tokens: i64) -> bool {
         let Some(connector) = self.ec_connector.as_mut() else {
             return false;
         };

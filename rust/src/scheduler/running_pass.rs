@@ -47,11 +47,10 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            // An encoder output it needs is still on its way (§4.20).
-            let confirmed = r
-                .seq
-                .num_computed_tokens
-                .saturating_sub(r.num_output_placeholders);
+            // An encoder output it needs is still on its way (§4.20). Its
+            // confirmed tokens, as vLLM counts them: below zero where a
+            // failed load cut it back under the tokens in flight.
+            let confirmed = r.seq.num_computed_tokens as i64 - r.num_output_placeholders as i64;
             if self.ec_transfer_pending(slot, confirmed) {
                 i += 1;
                 continue;

@@ -262,7 +262,7 @@ impl Scheduler {
             _ => hit_tokens,
         };
         // An encoder output it needs is still on its way (§4.20).
-        if self.ec_transfer_pending(slot, hit_tokens + external.num_tokens) {
+        if self.ec_transfer_pending(slot, (hit_tokens + external.num_tokens) as i64) {
             return Admit::Skipped;
         }
         if lookup {

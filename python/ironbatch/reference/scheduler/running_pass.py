@@ -57,8 +57,10 @@ def schedule_running(s: Scheduler, draft: StepDraft) -> None:
         ):
             i += 1
             continue
-        # An encoder output it needs is still on its way (§4.20).
-        confirmed = max(r.seq.num_computed_tokens - r.num_output_placeholders, 0)
+        # An encoder output it needs is still on its way (§4.20). Its
+        # confirmed tokens, as vLLM counts them: below zero where a failed
+        # load cut it back under the tokens in flight.
+        confirmed = r.seq.num_computed_tokens - r.num_output_placeholders
         if ec_transfer_pending(s, slot, confirmed):
             i += 1
             continue
