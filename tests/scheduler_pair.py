@@ -295,6 +295,8 @@ class SchedulerPair:
         reject: int | None = None,
         accepted: Any = None,
         kv_connector_output: Any = None,
+        errors: list[str] | None = None,
+        end_order: Any = None,
     ) -> None:
         """Apply the oldest output in flight; ``choose(rid)`` gives the token
         for a request whose step sampled (None: it produced none). A
@@ -302,13 +304,18 @@ class SchedulerPair:
         ``accepted(rid, drafts)`` says how many of a request's scheduled
         drafts the verification accepted (default: none); it then gets that
         many tokens and one more. ``kv_connector_output``: the worker's
-        report of the step's KV transfers."""
+        report of the step's KV transfers. ``errors``: requests to end with
+        an error after the output (with failed loads), in ``end_order``'s
+        order."""
         r, p = self.in_flight.pop(0)
+        ends = {"errors": errors or [], "end_order": end_order}
         if self.config.get("runner") == "pooling":
             # The runner pools each prompt whose step reached its end.
             pooled = [rid for i, rid in enumerate(r.req_ids) if r.samples[i]]
-            ru = self.rust.update_from_pooler_output(r, pooled)
-            pu = self.twin.update_from_pooler_output(p, pooled)
+            ru = self.rust.update_from_pooler_output(r, pooled, **ends)
+            pu = self.twin.update_from_pooler_output(p, pooled, **ends)
+            assert ru.errored == pu.errored
+            self.events["errors_ended"] += len(ru.errored)
             assert [tuple(u) for u in ru] == [tuple(u) for u in pu]
             assert ru.cached_tokens.tolist() == pu.cached_tokens.tolist()
             self.events["pooled"] += len(ru.finished_req_ids)
@@ -346,13 +353,19 @@ class SchedulerPair:
             self.kv_cut.update(
                 rid for rid, r in live.items() if r["status"] == "WAITING_FOR_REMOTE_KVS"
             )
-        ru = self.rust.update_from_output(r, sampled, accept=accept("rust"), kv_connector_output=kv)
-        pu = self.twin.update_from_output(p, sampled, accept=accept("twin"), kv_connector_output=kv)
+        ru = self.rust.update_from_output(
+            r, sampled, accept=accept("rust"), kv_connector_output=kv, **ends
+        )
+        pu = self.twin.update_from_output(
+            p, sampled, accept=accept("twin"), kv_connector_output=kv, **ends
+        )
         assert asked["rust"] == asked["twin"]
-        assert ru.failed_loads == pu.failed_loads
+        assert ru.errored == pu.errored
         if kv is not None and (kv.failed_recving or kv.invalid_block_ids):
             self.kv_cut.update(r.req_ids)
-        self.events["failed_loads_ended"] += len(ru.failed_loads)
+        named = set(ends["errors"])
+        self.events["errors_ended"] += sum(1 for rid in ru.errored if rid in named)
+        self.events["failed_loads_ended"] += sum(1 for rid in ru.errored if rid not in named)
         ur, up = [tuple(u) for u in ru], [tuple(u) for u in pu]
         assert ur == up, (ur, up)
         assert stats_fields(ru.spec_decoding_stats) == stats_fields(pu.spec_decoding_stats)

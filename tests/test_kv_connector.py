@@ -187,7 +187,7 @@ def _loads_failing(backend: str, end_order: Any) -> tuple[Any, list[str], Script
     out = s.schedule()
     failed = Report(finished_recving=["a", "b", "c"], failed_recving=["a", "b", "c"])
     updates = s.update_from_output(out, {}, kv_connector_output=failed, end_order=end_order)
-    return s, updates.failed_loads, c
+    return s, updates.errored, c
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -205,9 +205,72 @@ def test_the_caller_orders_the_requests_a_failed_load_ends(backend: str) -> None
     assert ended == ["a", "b", "c"]
     s, ended, c = _loads_failing(backend, reverse)
     assert ended == ["c", "b", "a"]
-    assert seen == [(["a", "b", "c"], [], [])]
+    assert seen == [(["a", "b", "c"], [], [], [])]
     assert [call[1] for call in c.log if call[0] == "finished"] == ["c", "b", "a"]
     assert s.get_num_unfinished_requests() == 0 and s.num_free_blocks == 19
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_the_callers_errors_end_with_the_failed_loads_in_one_order(
+    backend: str, ordered: bool
+) -> None:
+    """``errors`` end after the output with the failed loads, before the
+    loads settle, in ``end_order``'s one order (vLLM's: one set's): "d"
+    runs and is named, "e" is named but stops in this very step, "zz" is
+    unknown; the last two are skipped, as vLLM's ``finish_requests`` skips
+    them. Without ``end_order``: as found, failed loads first."""
+    seen: list[tuple[list[str], ...]] = []
+
+    def end_order(*sources: list[str]) -> list[str]:
+        seen.append(sources)
+        return ["d", "c", "b", "a"]
+
+    c = Scripted({rid: (8, True) for rid in ("a", "b", "c")})
+    s = scheduler(backend, c)
+    for rid in ("a", "b", "c"):
+        s.add_request(req(rid, range(100, 110), max_tokens=2))
+    s.add_request(req("d", range(200, 204), max_tokens=4))
+    s.add_request(req("e", range(300, 304), max_tokens=1))
+    out = s.schedule()
+    assert sorted(out.req_ids) == ["d", "e"]
+    failed = Report(finished_recving=["a", "b", "c"], failed_recving=["a", "b", "c"])
+    updates = s.update_from_output(
+        out,
+        {"d": [5], "e": [5]},
+        kv_connector_output=failed,
+        errors=["zz", "e", "d", "d"],
+        end_order=end_order if ordered else None,
+    )
+    want = ["d", "c", "b", "a"] if ordered else ["a", "b", "c", "d"]
+    assert updates.errored == want
+    assert seen == ([(["a", "b", "c"], [], [], ["d"])] if ordered else [])
+    assert [call[1] for call in c.log if call[0] == "finished"] == ["e", *want]
+    # "d" got its token first, then its error (no row of its own).
+    assert {u.request_id: u.finish_reason for u in updates} == {"d": None, "e": "length"}
+    assert s.get_num_unfinished_requests() == 0 and s.num_free_blocks == 19
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("errors", "message"),
+    [
+        ("d", "errors must be an iterable of request ids, got str"),
+        (["d", 3], "errors must hold request ids \\(str\\), got int"),
+        (5, "errors must be an iterable of request ids, got int"),
+    ],
+    ids=["a str", "not a str", "not iterable"],
+)
+def test_bad_errors_are_refused_and_nothing_changes(
+    backend: str, errors: Any, message: str
+) -> None:
+    s = scheduler(backend, Scripted({}))
+    s.add_request(req("d", range(200, 204), max_tokens=4))
+    out = s.schedule()
+    with pytest.raises(TypeError, match=message):
+        s.update_from_output(out, {"d": [5]}, errors=errors)
+    updates = s.update_from_output(out, {"d": [5]})
+    assert [u.request_id for u in updates] == ["d"] and updates.errored == []
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

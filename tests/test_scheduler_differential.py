@@ -553,9 +553,30 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             drafts = {rid: d + [-1] * (k - len(d)) for rid, d in drafts.items()}
         pair.update_draft_token_ids(drafts)
 
+    # Requests to end with an error: now (as a caller may), or by the next
+    # update, with its failed loads, in an order drawn for it (vLLM's: a
+    # set's), as vLLM ends grammar errors and encoder mismatches.
+    errors: list[str] = []
+
+    def end_with_error(rids: list[str]) -> None:
+        for rid in rids:
+            if rng.random() < 0.5:
+                pair.finish(rid, "FINISHED_ERROR")
+            else:
+                errors.append(rid)
+
     def apply_oldest() -> None:
         step_req_ids = list(pair.in_flight[0][0].req_ids)
-        pair.apply_oldest(choose, reject=11, accepted=accepted)
+        named = errors + (["gone"] if errors and rng.random() < 0.3 else [])
+        seed = rng.random()
+
+        def end_order(*sources: list[str]) -> list[str]:
+            ids = sorted({rid for source in sources for rid in source})
+            random.Random(seed).shuffle(ids)  # the same for both backends
+            return ids
+
+        pair.apply_oldest(choose, reject=11, accepted=accepted, errors=named, end_order=end_order)
+        errors.clear()
         propose(step_req_ids)
 
     for _ in range(steps):
@@ -643,10 +664,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         for rid, row in state.items():
             if row["grammar"] == "COMPILING" and rng.random() < 0.3:
                 pair.report_grammar(rid, compiled=rng.random() < 0.85)
-        for rid in pair.failed_grammars():
-            pair.finish(rid, "FINISHED_ERROR")
-        for rid in pair.encoder_mismatches():
-            pair.finish(rid, "FINISHED_ERROR")
+        end_with_error(pair.failed_grammars() + pair.encoder_mismatches())
         if rng.random() < 0.02:
             pair.reset_prefix_cache(reset_running_requests=rng.random() < 0.5)
         pair.schedule(throttle_prefills=throttling and rng.random() < 0.6)
@@ -692,8 +710,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
         preempted.append(list(pair.in_flight[-1][0].preempted_req_ids))
         scheduled.append(set(pair.in_flight[-1][0].req_ids))
         apply_oldest()
-        for rid in pair.failed_grammars() + pair.encoder_mismatches():
-            pair.finish(rid, "FINISHED_ERROR")
+        end_with_error(pair.failed_grammars() + pair.encoder_mismatches())
         if idle:  # (a stagger's idle steps are counted above)
             continue
         state = livelock_state(pair)
@@ -771,6 +788,7 @@ def attach_ec_connectors(
 def test_seeded_workloads_agree(workloads: Workloads) -> None:
     seen = ("preempted", "hit", "resumed", "finished", "abort", "placeholders", "skipped")
     grammar = ("grammar_released", "grammar_failed", "grammar_rejected", "grammar_pending")
+    grammar += ("errors_ended",)
     cadence = ("prefill_held", "decode_staggered")
     sessions = ("session_turns", "sessions_waiting", "kv_holding_admitted")
     spec: tuple[str, ...] = ("spec_scheduled", "spec_accepted", "spec_rejected", "spec_padded")

@@ -212,6 +212,17 @@ class KvEvent:
         """The tokens the request had computed ("released"), or will have
         once loaded ("loading")."""
 
+class ErroredRequest:
+    """A request an update ended with an error (already freed)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def token_ids(self) -> list[int]:
+        """All its tokens, prompt first, as it ended."""
+    @property
+    def num_computed_tokens(self) -> int: ...
+
 class FinishedRequest:
     """A request that finished in an update (already freed)."""
 
@@ -263,8 +274,9 @@ class StepUpdate:
     def spec_decoding_stats(self) -> SpecDecodingStats | None:
         """Drafts verified in this output; None when none were."""
     @property
-    def failed_loads(self) -> list[str]:
-        """Requests a failed KV load ended with an error, in the order found."""
+    def errored(self) -> list[str]:
+        """Requests the update ended with an error (failed loads, the
+        caller's ``errors``), in the order ended."""
 
 class VllmStepRows:
     """What the vLLM drop-in reads of a step, as lists (made when first
@@ -349,11 +361,14 @@ class VllmObjects:
         sampled_token_ids: list[list[int]],
         accept: Callable[[str, list[int], int], bool] | None = None,
         kv_connector_output: Any = None,
-        end_order: Callable[[list[str], list[str], list[str]], list[str]] | None = None,
+        errors: Sequence[str] | None = None,
+        end_order: Callable[[list[str], list[str], list[str], list[str]], list[str]] | None = None,
     ) -> VllmStepUpdate:
         """``vllm_update_from_runner_output``, each record's output made, with
-        the worker's report of the step's KV transfers; ``end_order(whole,
-        loading, running)`` orders the requests the "fail" policy ends."""
+        the worker's report of the step's KV transfers; ``errors``: request
+        ids to end with an error after the output, with those the "fail"
+        policy ends; ``end_order(whole, loading, running, requested)``
+        orders them all."""
     def update_pooled(
         self,
         scheduler: Scheduler,
@@ -362,11 +377,13 @@ class VllmObjects:
         req_id_to_index: dict[str, int],
         pooler_output: list[Any],
         kv_connector_output: Any = None,
-        end_order: Callable[[list[str], list[str], list[str]], list[str]] | None = None,
+        errors: Sequence[str] | None = None,
+        end_order: Callable[[list[str], list[str], list[str], list[str]], list[str]] | None = None,
     ) -> VllmStepUpdate:
         """A pooling runner's output: a row whose ``pooler_output`` entry is
         not None finishes; each record's output is made with no tokens.
-        ``kv_connector_output`` and ``end_order`` as ``update`` takes them."""
+        ``kv_connector_output``, ``errors`` and ``end_order`` as ``update``
+        takes them."""
     def scheduler_stats(
         self,
         scheduler: Scheduler,
@@ -404,9 +421,10 @@ class VllmStepUpdate:
     @property
     def spec_decoding_stats(self) -> SpecDecodingStats | None: ...
     @property
-    def failed_loads(self) -> list[str]:
-        """Requests a failed KV load ended (the "fail" policy), in the order
-        ended; none has a record."""
+    def errored(self) -> list[ErroredRequest]:
+        """Requests the update ended with an error (the "fail" policy's,
+        the caller's ``errors``), in the order ended; the ending adds no
+        record."""
     def records_of(self, slots: list[int]) -> list[int]:
         """The records whose slot is among ``slots``, in record order."""
 
@@ -551,27 +569,30 @@ class Scheduler:
         offsets: NDArray[np.int64] | None,
         accept: Callable[[str, list[int], int], bool] | None = None,
         kv_connector_output: Any = None,
-        end_order: Callable[[list[str], list[str], list[str]], list[str]] | None = None,
+        errors: Sequence[str] | None = None,
+        end_order: Callable[[list[str], list[str], list[str], list[str]], list[str]] | None = None,
     ) -> StepUpdate:
         """Apply a step's tokens (with ``offsets``: ragged; without: one per
         entry, -1 for none). ``accept(request_id, kept, num_tokens)`` judges each
         structured-output request's kept tokens; False or an exception ends
-        it with an error. ``end_order(whole, loading, running)`` orders the
-        requests a failed KV load ends ("fail" policy); an answer that is
-        not those ids goes to ``sys.unraisablehook`` and the core's order
-        stands."""
+        it with an error. ``errors``: request ids to end with an error after
+        the output (unknown and finished ones skipped), with those a failed
+        KV load ends ("fail" policy); ``end_order(whole, loading, running,
+        requested)`` orders them all; an answer that is not those ids goes
+        to ``sys.unraisablehook`` and the core's order stands."""
     def update_from_pooler_output(
         self,
         step: Step,
         pooled: list[bool],
         *,
         kv_connector_output: Any = None,
-        end_order: Callable[[list[str], list[str], list[str]], list[str]] | None = None,
+        errors: Sequence[str] | None = None,
+        end_order: Callable[[list[str], list[str], list[str], list[str]], list[str]] | None = None,
     ) -> StepUpdate:
         """A pooling runner's output: ``pooled[i]`` finishes row ``i``'s
         request (stopped); refused for a row whose step ended in its prompt.
-        ``kv_connector_output`` and ``end_order`` as ``update_from_output``
-        takes them."""
+        ``kv_connector_output``, ``errors`` and ``end_order`` as
+        ``update_from_output`` takes them."""
     def has_request(self, request_id: str) -> bool:
         """Whether ``request_id`` is a live request."""
     def is_prefill_chunk(self, request_id: str) -> bool | None:

@@ -33,6 +33,12 @@ from ironbatch.reference.kv_connector import KvConnectorSetup
 from ironbatch.reference.scheduler_config import settings
 from ironbatch.scheduler_stats import SchedulerStats
 
+# end_order(whole, loading, running, requested): the request ids an update
+# ends with an error, by source (loads failed whole, loading and running
+# requests with an invalid block, the caller's ``errors``), returned in the
+# order to end them.
+EndOrder = Callable[[list[str], list[str], list[str], list[str]], list[str]]
+
 #: A KV-cache group as the binding takes it: ``(kind, size,
 #: admission_cap_blocks, speculative_blocks, checkpoint_alignment)``.
 BindingGroup = tuple[str, int, int | None, int, int | None, int | None]
@@ -243,19 +249,25 @@ class CoreScheduler:
         offsets: np.ndarray | None,
         accept: Callable[[str, list[int], int], bool] | None = None,
         kv_connector_output: Any = None,
+        errors: Sequence[str] = (),
+        end_order: EndOrder | None = None,
     ) -> _core.StepUpdate:
         """Apply a step's tokens: ragged with ``offsets`` (row ``i`` gets
         ``token_ids[offsets[i]:offsets[i+1]]``), else one per row, -1 for
         none. ``accept(request_id, kept, num_tokens)`` judges each
         structured-output request's kept tokens; False (or an exception)
         ends it with an error. ``kv_connector_output``: the worker's report
-        of the step's KV transfers (§4.19)."""
+        of the step's KV transfers (§4.19). ``errors``: requests to end with
+        an error after the output, with those a failed load ends;
+        ``end_order`` orders them all."""
         return self.core.update_from_output(
             step=step,
             token_ids=token_ids,
             offsets=offsets,
             accept=accept,
             kv_connector_output=kv_connector_output,
+            errors=list(errors),
+            end_order=end_order,
         )
 
     def update_from_pooler_output(
@@ -263,15 +275,19 @@ class CoreScheduler:
         step: _core.Step,
         pooled: list[bool],
         kv_connector_output: Any = None,
-        end_order: Callable[[list[str], list[str], list[str]], list[str]] | None = None,
+        errors: Sequence[str] = (),
+        end_order: EndOrder | None = None,
     ) -> _core.StepUpdate:
         """Apply a pooling runner's output: ``pooled[i]`` says whether row
         ``i`` got a pooled result, which finishes its request (§4.16);
-        ``kv_connector_output`` is the worker's report of the step's KV
-        transfers (§4.19), ``end_order`` orders the requests a failed load
-        ends."""
+        ``kv_connector_output``, ``errors`` and ``end_order`` as
+        ``update_from_output`` takes them."""
         return self.core.update_from_pooler_output(
-            step, pooled, kv_connector_output=kv_connector_output, end_order=end_order
+            step,
+            pooled,
+            kv_connector_output=kv_connector_output,
+            errors=list(errors),
+            end_order=end_order,
         )
 
     def finish_requests(self, request_ids: Sequence[str], status: str) -> None:

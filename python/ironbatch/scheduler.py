@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ironbatch.config import CacheConfig, SchedulerConfig, check_fits
+from ironbatch.core_scheduler import EndOrder
 from ironbatch.reference.args import u32_list
 from ironbatch.reference.kv_connector import KvConnectorSetup, load_failure_policy
 from ironbatch.reference.request import FINISHED_STATUS_NAMES
@@ -26,7 +27,6 @@ from ironbatch.request import Request
 from ironbatch.scheduler_backends import (
     Accept,
     DraftTokenIds,
-    EndOrder,
     PythonBackend,
     RustBackend,
     Sampled,
@@ -174,6 +174,7 @@ class Scheduler:
         accept: Accept | None = None,
         kv_connector_output: Any = None,
         end_order: EndOrder | None = None,
+        errors: Iterable[str] = (),
     ) -> UpdateOutputs:
         """Apply a step's sampled tokens: ``{request_id: [token, ...]}``, or
         one token per scheduled request in scheduling order (-1 = none).
@@ -186,14 +187,18 @@ class Scheduler:
         ``finished_sending``, ``failed_recving``, ``invalid_block_ids``;
         docs/scheduling.md §4.19); a report naming a request in no state for
         it, or a block outside the pool, is refused (``ValueError``) with
-        nothing changed. ``end_order(whole, loading, running)`` orders the
-        requests a failed load ends under the ``"fail"`` policy (vLLM ends
-        them in a Python set's order, which a trace records): it gets each
-        search's request ids and returns them all in the order to end them;
-        an answer that raises or is not those ids is reported
+        nothing changed. ``errors`` names requests to end with an error
+        after the output (a grammar that failed to compile, an encoder
+        input gone); unknown and finished ones are skipped. They end with
+        those a failed load ends under the ``"fail"`` policy, before
+        finished loads and sends settle, as vLLM ends them: in one Python
+        set's order, which a trace records. ``end_order(whole, loading,
+        running, requested)`` gives that order: it gets each source's
+        request ids and returns them all in the order to end them; an
+        answer that raises or is not those ids is reported
         (``sys.unraisablehook``) and the scheduler's own order stands.
         Returns one record per request that got tokens, in scheduling order;
-        ``failed_loads`` names the requests a failed load ended."""
+        ``errored`` names the requests the update ended with an error."""
         if not self._in_use.acquire(blocking=False):  # inline: the hot path
             raise _concurrent_call("update_from_output")
         try:
@@ -215,7 +220,8 @@ class Scheduler:
                 flat, offsets = _sampled(scheduler_output, sampled)
             if end_order is not None and not callable(end_order):
                 raise TypeError(f"end_order must be callable, got {type(end_order).__name__}")
-            if kv_connector_output is None:  # the hot path
+            error_ids = _request_ids("errors", errors)
+            if kv_connector_output is None and not error_ids:  # the hot path
                 update = self._apply_tokens(
                     step=scheduler_output._handle, token_ids=flat, offsets=offsets, accept=check
                 )
@@ -226,12 +232,13 @@ class Scheduler:
                     offsets=offsets,
                     accept=check,
                     kv_connector_output=kv_connector_output,
+                    errors=error_ids,
                     end_order=end_order,
                 )
             updates = UpdateOutputs(scheduler_output.req_ids, update)
             for rid in updates.finished_req_ids:  # usually none
                 self.requests.pop(rid, None)
-            for rid in update.failed_loads:
+            for rid in update.errored:
                 self.requests.pop(rid, None)
             return updates
         finally:
@@ -244,13 +251,15 @@ class Scheduler:
         pooled: Iterable[str],
         kv_connector_output: Any = None,
         end_order: EndOrder | None = None,
+        errors: Iterable[str] = (),
     ) -> UpdateOutputs:
         """Apply a pooling runner's step (``SchedulerConfig.runner =
         "pooling"``; docs/scheduling.md §4.16): ``pooled`` names the
         scheduled requests whose pooled result came back, each of which
         finishes (``"stop"``); the others ran a chunk of their prompt.
-        ``kv_connector_output`` and ``end_order`` as ``update_from_output``
-        takes them (a request a failed load cut back gets no result).
+        ``kv_connector_output``, ``end_order`` and ``errors`` as
+        ``update_from_output`` takes them (a request a failed load cut back
+        gets no result).
         Refused (ValueError, nothing changed) for a request whose step ended
         inside its prompt, an id the step did not schedule, or a generating
         scheduler. Returns one record per finished request, with no tokens."""
@@ -270,12 +279,16 @@ class Scheduler:
         if end_order is not None and not callable(end_order):
             raise TypeError(f"end_order must be callable, got {type(end_order).__name__}")
         update = self._core.apply_pooled(
-            scheduler_output._handle, rows, kv_connector_output, end_order
+            scheduler_output._handle,
+            rows,
+            kv_connector_output=kv_connector_output,
+            errors=_request_ids("errors", errors),
+            end_order=end_order,
         )
         updates = UpdateOutputs(row_ids, update)
         for rid in updates.finished_req_ids:
             self.requests.pop(rid, None)
-        for rid in update.failed_loads:
+        for rid in update.errored:
             self.requests.pop(rid, None)
         return updates
 
@@ -441,3 +454,15 @@ def _sampled(
     # Its length against the step is the backend's check, as for a runner's
     # own int64 array.
     return arr.astype(np.int64, copy=False), None
+
+
+def _request_ids(name: str, ids: Iterable[str]) -> list[str]:
+    """``ids`` as a list of request ids, refused (TypeError) when it is a
+    str (not read as its characters) or holds anything else."""
+    if isinstance(ids, str) or not isinstance(ids, Iterable):
+        raise TypeError(f"{name} must be an iterable of request ids, got {type(ids).__name__}")
+    out = list(ids)
+    for rid in out:
+        if not isinstance(rid, str):
+            raise TypeError(f"{name} must hold request ids (str), got {type(rid).__name__}")
+    return out

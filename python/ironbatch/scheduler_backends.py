@@ -23,7 +23,7 @@ import numpy as np
 
 from ironbatch import reference
 from ironbatch.config import CacheConfig, SchedulerConfig
-from ironbatch.core_scheduler import CoreScheduler
+from ironbatch.core_scheduler import CoreScheduler, EndOrder
 from ironbatch.lora import lora_adapter
 from ironbatch.multimodal import mm_inputs
 from ironbatch.prompt_embeds import embeds_digests
@@ -31,7 +31,7 @@ from ironbatch.reference.args import draft_list
 from ironbatch.reference.kv_connector import KvConnectorSetup, unraisable
 from ironbatch.reference.kv_connector import kv_report as kv_transfer_report
 from ironbatch.reference.request import NewRequest, Repetition, StopRules
-from ironbatch.reference.scheduler.kv_load_failure import FailedLoadGroups
+from ironbatch.reference.scheduler.request_errors import ErrorGroups, RequestErrors
 from ironbatch.reference.scheduler.update import accept_all as reference_accept_all
 from ironbatch.reference.step import StepOutput, UpdateOutput
 from ironbatch.request import Request
@@ -101,9 +101,6 @@ ScheduleStep = Callable[[bool], Any]
 # (``StepUpdate``); ``token_ids`` and ``offsets`` as ``Sampled`` holds them,
 # ``accept`` as the backend's ``checker`` made it.
 ApplyTokens = Callable[..., Any]
-# end_order(whole, loading, running): the request ids a failed KV load ends
-# under the "fail" policy, each search's, returned in the order to end them.
-EndOrder = Callable[[list[str], list[str], list[str]], list[str]]
 
 
 class RustBackend:
@@ -144,9 +141,12 @@ class RustBackend:
         step: Any,
         pooled: list[bool],
         kv_connector_output: Any = None,
+        errors: Sequence[str] = (),
         end_order: EndOrder | None = None,
     ) -> Any:
-        return self.core.update_from_pooler_output(step, pooled, kv_connector_output, end_order)
+        return self.core.update_from_pooler_output(
+            step, pooled, kv_connector_output, errors, end_order
+        )
 
     def report_grammar(self, request_id: str, compiled: bool) -> None:
         self.core.report_grammar(request_id, compiled)
@@ -238,7 +238,7 @@ class _TwinUpdate:
     cached_tokens: np.ndarray
     finished: list[_FinishedRecord]
     spec_decoding_stats: Any
-    failed_loads: list[str]
+    errored: list[str]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -262,7 +262,7 @@ class _TwinUpdate:
                 for f in out.finished
             ],
             spec_decoding_stats=out.spec_decoding_stats,
-            failed_loads=[f.request_id for f in out.failed_loads],
+            errored=[e.request_id for e in out.errored],
         )
 
 
@@ -347,6 +347,7 @@ class PythonBackend:
         offsets: np.ndarray | None,
         accept: Callable[[int, Any, list[int]], bool] | None,
         kv_connector_output: Any = None,
+        errors: Sequence[str] = (),
         end_order: EndOrder | None = None,
     ) -> _TwinUpdate:
         flat = token_ids
@@ -366,21 +367,35 @@ class PythonBackend:
         else:
             tokens = flat.tolist()
         report = kv_transfer_report(kv_connector_output)
-        order = None if end_order is None else self._slot_order(end_order)
         update = self.twin.update_with_kv_report(
-            step.step, tokens, offsets.tolist(), accept or reference_accept_all, report, order
+            step.step,
+            tokens,
+            offsets.tolist(),
+            accept or reference_accept_all,
+            report,
+            self._errors(errors, end_order),
         )
         return _TwinUpdate.of(update)
 
-    def _slot_order(self, end_order: EndOrder) -> Callable[[FailedLoadGroups], list[int]]:
+    def _errors(self, errors: Sequence[str], end_order: EndOrder | None) -> RequestErrors:
+        """``errors`` and ``end_order`` as the twin takes them (refused as
+        the core refuses them)."""
+        if isinstance(errors, str):
+            raise TypeError("errors must be a collection of request ids, got str")
+        if end_order is not None and not callable(end_order):
+            raise TypeError(f"end_order must be callable, got {type(end_order).__name__}")
+        order = None if end_order is None else self._slot_order(end_order)
+        return RequestErrors(list(errors), order)
+
+    def _slot_order(self, end_order: EndOrder) -> Callable[[ErrorGroups], list[int]]:
         """``end_order`` (by request id) as the twin asks it (by slot). An
         answer that raises or names another request goes to
         ``sys.unraisablehook``, as the core reports it, and the twin's own
         order stands."""
         requests = self.twin.requests
 
-        def by_slot(groups: FailedLoadGroups) -> list[int]:
-            searches = (groups.whole, groups.loading, groups.running)
+        def by_slot(groups: ErrorGroups) -> list[int]:
+            searches = (groups.whole, groups.loading, groups.running, groups.requested)
             slot_of = {requests[slot].request_id: slot for g in searches for slot in g}
             try:
                 ids = end_order(*([requests[slot].request_id for slot in g] for g in searches))
@@ -396,11 +411,13 @@ class PythonBackend:
         step: _TwinStep,
         pooled: list[bool],
         kv_connector_output: Any = None,
+        errors: Sequence[str] = (),
         end_order: EndOrder | None = None,
     ) -> _TwinUpdate:
         report = kv_transfer_report(kv_connector_output)
-        order = None if end_order is None else self._slot_order(end_order)
-        update = self.twin.update_pooled_with_kv_report(step.step, pooled, report, order)
+        update = self.twin.update_pooled_with_kv_report(
+            step.step, pooled, report, self._errors(errors, end_order)
+        )
         return _TwinUpdate.of(update)
 
     def finish_requests(self, request_ids: list[str], status: str) -> None:

@@ -385,11 +385,11 @@ class UpdateOutputs(SequenceABC[RequestUpdate]):
         }
 
     @property
-    def failed_loads(self) -> list[str]:
-        """Requests a failed KV load ended with an error (``"fail"``
-        policy, docs/scheduling.md §4.19), in the order found; no record
-        of theirs is among the rows."""
-        return self._update.failed_loads
+    def errored(self) -> list[str]:
+        """Requests the update ended with an error, in the order ended:
+        those a failed KV load ended (``"fail"`` policy, docs/scheduling.md
+        §4.19) and those ``errors`` named; the ending adds no row."""
+        return self._update.errored
 
     @property
     def spec_decoding_stats(self) -> Any:

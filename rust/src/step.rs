@@ -391,15 +391,20 @@ pub struct UpdateOutput {
     /// Drafts verified in this output; `None` when no request that got
     /// tokens had drafts scheduled.
     pub spec_decoding_stats: Option<SpecDecodingStats>,
-    /// Requests a failed KV load ended with an error (the "fail" policy,
-    /// §4.19), in the order found; they have no record.
-    pub failed_loads: Vec<FailedLoad>,
+    /// Requests the update ended with an error, in the order ended: those
+    /// a failed KV load ended (the "fail" policy, §4.19) and those the
+    /// caller named. They have no record of their own from the ending.
+    pub errored: Vec<ErroredRequest>,
 }
 
-/// A request a failed KV load ended.
+/// A request an update ended with an error.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FailedLoad {
+pub struct ErroredRequest {
     /// Its slot when it ended (free again unless its blocks are held).
     pub slot: Slot,
     pub request_id: String,
+    /// All its tokens, prompt first, and its `num_computed_tokens`, as it
+    /// ended (the step's output applied): what vLLM's `Request` holds then.
+    pub token_ids: Vec<u32>,
+    pub num_computed_tokens: usize,
 }

@@ -23,14 +23,17 @@ from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.request import RequestStatus
 
 from ironbatch.bench.standin_connector import StandInShares, StandInWorker, WorkerReport
+from ironbatch.bench.standin_ec_connector import EcShares
 from ironbatch.bench.vllm_standin_connector import (
     kv_connector_output,
     kv_transfer_config,
     random_settings,
     stand_in_of,
 )
+from ironbatch.bench.vllm_standin_ec_connector import ec_transfer_config
 
 import vllm_setup
+from fake_grammar import REJECTED
 from seeded import Workloads
 from test_vllm_differential import image_pool, place_images, step_room
 from vllm_pair import VllmPair, VllmPoolDry, VllmUnderflow
@@ -65,6 +68,12 @@ def run_seed(seed: int) -> Counter:
         settings["target"] = "vision"
         settings["mm_budget"] = (compute, vision.choice([compute, 2 * compute]))
         settings["disable_chunked_mm_input"] = vision.random() < 0.3
+        # An encoder-cache connector beside half of them: images loaded
+        # from elsewhere, requests it can no longer serve ended with an
+        # error in the update that settles KV transfers.
+        if vision.random() < 0.5:
+            shares = EcShares.draw(vision)
+            settings["ec_transfer_config"] = ec_transfer_config(vision.randrange(2**32), shares)
     # An embedding model in some (drawn apart, neither a drafter nor a
     # vision model beside it): prompts that end at their pooled result, their
     # blocks saved or loaded like any.
@@ -77,6 +86,10 @@ def run_seed(seed: int) -> Counter:
     routed = random.Random(seed ^ 0xA0C5).random() < 0.3
     if routed and settings["enable_prefix_caching"] and "runner" not in settings:
         settings["return_routed_experts"] = True
+    # Structured-output requests in some (drawn apart, a generating model):
+    # grammars compile late, fail (the next update ends them with the
+    # failed loads, before KV transfers settle) or reject a token.
+    grammars = random.Random(seed ^ 0x6A4A).random() < 0.3 and "runner" not in settings
     pair = VllmPair(rng, **settings)
     capped = count_capped_external_hits(pair)
     images = image_pool(vision, settings, step_room(pair)) if "target" in settings else []
@@ -91,7 +104,14 @@ def run_seed(seed: int) -> Counter:
         return kv_connector_output(out)
 
     pair.kv_reports = report
-    pair.choose = lambda: vllm_setup.EOS if rng.random() < 0.08 else rng.randrange(3, VOCAB)
+
+    def choose() -> int:
+        x = rng.random()
+        if grammars and x > 0.97:
+            return REJECTED
+        return vllm_setup.EOS if x < 0.08 else rng.randrange(3, VOCAB)
+
+    pair.choose = choose
     max_len = settings["max_model_len"]
     depth = 2 if settings["async_scheduling"] else 1
     prefixes = [[rng.randrange(3, VOCAB) for _ in range(max_len)] for _ in range(3)]
@@ -122,9 +142,13 @@ def run_seed(seed: int) -> Counter:
                     prompt,
                     priority=rng.randint(0, 2),
                     mm_features=features,
+                    grammar=grammars and rng.random() < 0.4,
                     **kind,
                 )
                 added += 1
+            for rid in list(pair.compiling):  # grammars compile in their own time
+                if rng.random() < 0.3 or added == arrivals:
+                    pair.resolve_grammar(rid, compiled=rng.random() < 0.8)
             live = [rid for rid, r in pair.vllm.requests.items() if not r.is_finished()]
             if live and rng.random() < 0.05:
                 victim = rng.choice(sorted(live))
@@ -158,6 +182,11 @@ def run_seed(seed: int) -> Counter:
         return pair.events
     assert pair.ours._core.num_free_blocks == settings["num_blocks"] - 1, "blocks leaked"
     events = pair.events
+    if pair.vllm.ec_connector is not None:
+        ec_theirs, ec_ours = pair.vllm.ec_connector.stand_in, pair.ours.ec_connector.stand_in
+        assert ec_ours.log == ec_theirs.log, "the encoder-cache connector was called differently"
+        events.update(ec_ours.events)
+        events["ec_connector"] += 1
     events.update(theirs.events)
     events.update(worker.events)
     events["async" if settings["async_scheduling"] else "sync"] += 1
@@ -231,6 +260,9 @@ def test_dropin_equals_vllm_with_the_stand_in(workloads: Workloads) -> None:
             "pooled": 400,
             "routed_experts": 40,
             "routed_experts_capped": 40,
+            "ec_connector": 60,
+            "ec_unavailable": 10,
+            "grammar_failed": 40,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

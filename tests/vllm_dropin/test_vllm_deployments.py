@@ -693,6 +693,22 @@ TABLE = [
         exercises=("image_requests", "encoder_inputs", "ec_metadata"),
     ),
     Deployment(
+        # Encode, prefill and decode apart: the prefill instance takes its
+        # images' encodings from the encoder's (an encoder-cache consumer)
+        # and hands its KV to the decode instance (a NIXL producer). Errors
+        # and finished transfers settle in one update, in vLLM's order.
+        "qwen2.5-vl-7b-ec-consumer-nixl-prefill",
+        "qwen2.5-vl-7b",
+        ["--max-num-batched-tokens", "128", "--ec-transfer-config", ec_connector("ec_consumer")]
+        + ["--kv-transfer-config", kv_connector("NixlConnector", "kv_producer")],
+        {
+            "supports_multimodal_inputs": True,
+            "ec_connector": "ECExampleConnector",
+            "kv_connector": "NixlPullConnector",
+        },
+        exercises=("image_requests", "encoder_inputs", "ec_metadata", "connector_metadata"),
+    ),
+    Deployment(
         "qwen2.5-vl-7b-language-model-only",
         "qwen2.5-vl-7b",
         ["--language-model-only"],

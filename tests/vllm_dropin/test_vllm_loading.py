@@ -87,11 +87,12 @@ def test_unsupported_config_falls_back_to_vllm_and_says_why(
     assert s.schedule().num_scheduled_tokens["a"] in (16, 17)
 
 
-def test_kv_and_encoder_cache_connectors_together_fall_back(
+def test_kv_and_encoder_cache_connectors_together_engage(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Both connectors on a vision model: not yet proven equal to vLLM's
-    decisions (support.py), so vLLM's scheduler runs them, and says so."""
+    """Both connectors on a vision model: the drop-in schedules them (the
+    connector differential proves it equal to vLLM, errors and transfers
+    settled in one update in vLLM's order), and warns of nothing."""
     with caplog.at_level(logging.WARNING, logger="ironbatch.vllm"):
         s = vllm_setup.make_scheduler(
             "ironbatch",
@@ -100,9 +101,9 @@ def test_kv_and_encoder_cache_connectors_together_fall_back(
             kv_transfer_config=kv_transfer_config(0),
             ec_transfer_config=ec_transfer_config(0),
         )
-    assert type(s) is VllmScheduler
-    lines = [r.getMessage() for r in caplog.records if r.name == "ironbatch.vllm"]
-    assert len(lines) == 1 and "an encoder-cache connector beside a KV connector" in lines[0]
+    assert type(s) is not VllmScheduler
+    assert s.connector is not None and s.ec_connector is not None
+    assert [r.getMessage() for r in caplog.records if r.name == "ironbatch.vllm"] == []
 
 
 @pytest.mark.parametrize("caching", [False, True])

@@ -492,6 +492,26 @@ def test_a_grammar_that_fails_to_compile_ends_its_request(kind: str) -> None:
     assert "b" in sched.schedule().finished_req_ids
 
 
+def test_a_refused_output_keeps_the_errors_for_the_next_one() -> None:
+    """A model runner output the drop-in refuses (vLLM asserts) changes
+    nothing: the grammar error it would have ended waits for the next
+    update, which ends it."""
+    sched = vllm_setup.make_scheduler("ironbatch")
+    sched.add_request(req("a", _prompt(20, 1000)))
+    structured(sched, "b", _prompt(20, 2000)).set_exception(ValueError("bad schema"))
+    so = sched.schedule()
+    with pytest.raises(ValueError):
+        update(sched, so, {"a": [-7]})
+    assert sched.has_request("b")
+    outs = by_req(update(sched, so, {"a": [500]}))
+    assert list(outs) == ["a", "b"]
+    assert (outs["b"].finish_reason, outs["b"].error.code) == (
+        FinishReason.ERROR,
+        "validation_error",
+    )
+    assert not sched.has_request("b")
+
+
 def test_tokens_the_grammar_rejects_end_the_request(kind: str) -> None:
     """A rejected token ends the request with ERROR even where the stop
     check said stop (here EOS); it still carries the token."""

@@ -270,15 +270,20 @@ class UpdateOutput:
     #: Drafts verified in this output; None when no request that got tokens
     #: had drafts scheduled.
     spec_decoding_stats: SpecDecodingStats | None = None
-    #: Requests a failed KV load ended with an error (the "fail" policy,
-    #: §4.19), in the order found; they have no record.
-    failed_loads: list[FailedLoad] = field(default_factory=list)
+    #: Requests the update ended with an error, in the order ended: those a
+    #: failed KV load ended (the "fail" policy, §4.19) and those the caller
+    #: named. The ending gives them no record.
+    errored: list[ErroredRequest] = field(default_factory=list)
 
 
 @dataclass
-class FailedLoad:
-    """A request a failed KV load ended."""
+class ErroredRequest:
+    """A request an update ended with an error."""
 
     #: Its slot when it ended (free again unless its blocks are held).
     slot: int
     request_id: str
+    #: All its tokens, prompt first, and its ``num_computed_tokens``, as it
+    #: ended (the step's output applied): what vLLM's ``Request`` holds then.
+    token_ids: list[int]
+    num_computed_tokens: int

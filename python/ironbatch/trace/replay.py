@@ -218,8 +218,10 @@ def recorded_end_order(outputs: list[list[Any]]) -> EndOrder:
     the scheduler's own order (the replay then differs at ``outputs``)."""
     recorded = [o[0] for o in outputs if o[2] == "error"]
 
-    def end_order(whole: list[str], loading: list[str], running: list[str]) -> list[str]:
-        found = list(dict.fromkeys([*whole, *loading, *running]))
+    def end_order(
+        whole: list[str], loading: list[str], running: list[str], requested: list[str]
+    ) -> list[str]:
+        found = list(dict.fromkeys([*whole, *loading, *running, *requested]))
         return recorded if sorted(recorded) == sorted(found) else found
 
     return end_order
@@ -358,7 +360,7 @@ def _replay_step(
     got_outputs = [[u.request_id, u.new_token_ids, u.finish_reason, u.stop_reason] for u in updates]
     # Requests a failed KV load ended: an error output each, after the
     # others, in the order they ended.
-    got_outputs += [[rid, [], "error", None] for rid in updates.failed_loads]
+    got_outputs += [[rid, [], "error", None] for rid in updates.errored]
     if got_outputs != rec["outputs"]:
         return differs("outputs", rec["outputs"], got_outputs)
     if connector is not None and (diff := connector.first_difference(complete=True)):

@@ -12,11 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.sched.output import KVConnectorBlockState, SchedulerOutput
-from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.request import RequestStatus
 
 from ironbatch import _core
-from ironbatch.vllm.engine_outputs import error_output
 from ironbatch.vllm.kv_connector import set_tokens
 
 if TYPE_CHECKING:
@@ -81,31 +79,6 @@ def connector_step(s: Scheduler, output: SchedulerOutput, step: Any) -> None:
     output.kv_connector_metadata = s.connector.build_connector_meta(output)
     # Connector-only state: never sent to the workers.
     output.kv_connector_block_state = None
-
-
-def end_order(whole: list[str], loading: list[str], running: list[str]) -> list[str]:
-    """The order vLLM 0.33 ends requests its "fail" policy fails in: the
-    iteration order of the sets it collects them in, built as it builds
-    them (whole failures, then the loading and the running requests with an
-    invalid block, then ``finish_requests``'s own copy)."""
-    failed: set[str] = set()
-    failed.update(set(whole))
-    failed.update(set(loading) | set(running))
-    error_req_ids: set[str] = set()
-    error_req_ids.update(failed)
-    return list(set(error_req_ids))
-
-
-def report_failed_loads(
-    s: Scheduler, update: Any, outputs: dict[int, list[EngineCoreOutput]]
-) -> None:
-    """The requests a failed load ended (the "fail" policy), each with its
-    error output, in the order the core ended them."""
-    for rid in update.failed_loads:
-        r = s.requests[rid]
-        r.status = RequestStatus.FINISHED_ERROR
-        s._forget(r)
-        outputs[r.client_index].append(error_output(r, None))
 
 
 def kv_transfers_done(s: Scheduler, kv_connector_output: Any) -> Any:

@@ -59,11 +59,11 @@ from ironbatch.vllm.kv_cache_view import KVCacheManagerView
 from ironbatch.vllm.kv_connector import ConnectorBridge, build_connector, connector_setup
 from ironbatch.vllm.kv_events import KvEvents
 from ironbatch.vllm.kv_metrics import KvMetrics
-from ironbatch.vllm.kv_transfer import (
-    connector_step,
-    end_order,
-    kv_transfers_done,
-    report_failed_loads,
+from ironbatch.vllm.kv_transfer import connector_step, kv_transfers_done
+from ironbatch.vllm.request_errors import (
+    give_back_step_errors,
+    report_errors,
+    take_step_errors,
 )
 from ironbatch.vllm.request_mirror import RequestMirror
 from ironbatch.vllm.runner_request_data import RunnerRequestData
@@ -75,7 +75,6 @@ from ironbatch.vllm.step_outputs import (
     engine_core_outputs,
     outputs_by_client,
     report_rejected,
-    report_request_errors,
 )
 from ironbatch.vllm.structured_outputs import StructuredOutputs
 from ironbatch.vllm.support import unsupported_config, unsupported_request
@@ -236,6 +235,8 @@ class Scheduler(SchedulerInterface):
         self._reset_preempted: set[str] = set()  # status already mirrored by a reset
         self._has_finished = False  # finished ids wait for the next schedule()
         self._rejected: list[tuple[Request, RequestError]] = []
+        # Encoder outputs lost that a refused update took from the connector.
+        self._unavailable_held: set[str] = set()
         self._structured = StructuredOutputs(structured_output_manager, self.requests)
         self._speculation = Speculation(self._core, self.requests, self._structured)
         # Images and audio (docs/scheduling.md §4.15): only a model with an
@@ -500,26 +501,37 @@ class Scheduler(SchedulerInterface):
         kv_output = mro.kv_connector_output if self._bridge is not None else None
         if self._bridge is not None:
             self._bridge.synced_from.clear()  # (what the update's calls sync)
+        # The core ends them with the failed loads, in vLLM's order.
+        errors = take_step_errors(self)
+        error_ids = errors.request_ids()
+        end_order = errors.end_order if error_ids or kv_output else None
+        try:
+            if self._pooling:
+                update = self._objects.update_pooled(
+                    self._core.core,
+                    step=step,
+                    req_id_to_index=mro.req_id_to_index,
+                    pooler_output=mro.pooler_output or [],
+                    kv_connector_output=kv_output,
+                    errors=error_ids,
+                    end_order=end_order,
+                )
+            else:
+                update = self._objects.update(
+                    self._core.core,
+                    step=step,
+                    req_id_to_index=mro.req_id_to_index,
+                    sampled_token_ids=mro.sampled_token_ids,
+                    accept=self._structured.accept if step.has_structured_output_requests else None,
+                    kv_connector_output=kv_output,
+                    errors=error_ids,
+                    end_order=end_order,
+                )
+        except Exception:
+            give_back_step_errors(self, errors)  # refused, nothing changed: the next one ends them
+            raise
         if self._pooling:
-            update = self._objects.update_pooled(
-                self._core.core,
-                step=step,
-                req_id_to_index=mro.req_id_to_index,
-                pooler_output=mro.pooler_output or [],
-                kv_connector_output=kv_output,
-                end_order=end_order if kv_output else None,
-            )
             attach_pooler_outputs(update, mro)
-        else:
-            update = self._objects.update(
-                self._core.core,
-                step=step,
-                req_id_to_index=mro.req_id_to_index,
-                sampled_token_ids=mro.sampled_token_ids,
-                accept=self._structured.accept if step.has_structured_output_requests else None,
-                kv_connector_output=kv_output,
-                end_order=end_order if kv_output else None,
-            )
         del self._in_flight[key]
         if update.spec_decoding_stats is not None and self._spec_metrics_level != "none":
             # Before the outputs are made: a request that finishes leaves then.
@@ -538,13 +550,8 @@ class Scheduler(SchedulerInterface):
         if mro.num_nans_in_logits:
             self._note_nans(mro.num_nans_in_logits)
         outputs = outputs_by_client(self, update, mro)
-        if update.failed_loads:
-            report_failed_loads(self, update, outputs)
-        # Requests whose encoder outputs the connector can no longer obtain
-        # end with the other errors (re-issued, they encode again).
-        unavailable = self.ec_connector.take_unavailable_requests() if self.ec_connector else ()
-        if self._structured.errors or self._encoder.mismatch or unavailable:
-            report_request_errors(self, outputs, unavailable)
+        if update.errored:
+            report_errors(self, update, outputs, errors)
         if self._rejected:
             report_rejected(self, outputs)
         kv_connector_stats = ec_connector_stats = None

@@ -95,6 +95,8 @@ def end_turn(s: Scheduler, r: Request, slot: int) -> None:
         r.status = RequestStatus.WAITING_FOR_STREAMING_REQ
     if r.stop_reason is not None:
         s._mirror.full_output_slots.add(slot)  # every later output carries it
+    if not s._core.has_request(r.request_id):
+        return  # ended with an error in the same update: its state comes with that
     tokens, r.num_computed_tokens = _core.vllm_request_state(s._core.core, slot)
     if len(tokens) != r.num_tokens:  # never expected: the core's tokens rule
         logger.error("session %s: tokens out of step with the core", r.request_id)

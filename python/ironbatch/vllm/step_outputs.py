@@ -11,11 +11,9 @@ mirror of vLLM's requests, the grammar hand-off, the refused requests)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
-from vllm.v1.request import RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from ironbatch.vllm.engine_outputs import FINISHED, attach_logprobs, error_output
@@ -128,23 +126,6 @@ def _complete(
         s._mirror.full_output_slots.discard(slot)
     if logprobs:
         attach_logprobs(out, r, mro, len(out.new_token_ids))
-
-
-def report_request_errors(
-    s: Scheduler, outputs: dict[int, list[EngineCoreOutput]], unavailable: Iterable[str] = ()
-) -> None:
-    """End the requests whose grammar failed to compile, whose image came
-    back under a cached identifier with other content, or whose encoder
-    outputs the encoder-cache connector can no longer obtain
-    (``unavailable``), after the step's outputs, in vLLM's order (a set's,
-    built as vLLM builds it)."""
-    errors = s._structured.take_errors()
-    ids = set(errors)
-    ids.update(s._encoder.mismatch)
-    ids.update(unavailable)
-    s._encoder.mismatch.clear()
-    for r in s.finish_requests(ids, RequestStatus.FINISHED_ERROR):
-        outputs[r.client_index].append(error_output(r, errors.get(r.request_id)))
 
 
 def report_rejected(s: Scheduler, outputs: dict[int, list[EngineCoreOutput]]) -> None:

@@ -114,15 +114,6 @@ def unsupported_config(
             c.ec_transfer_config is not None,
             c.ec_transfer_config is not None and unsupported_ec_connector(c) or "",
         ),
-        (
-            # vLLM ends the requests whose encoder input the connector lost
-            # before it frees those whose KV was sent, in one update; the
-            # drop-in ends them after the core's update has freed those, so
-            # freed blocks queue in another order (other block ids in about
-            # 1 workload in 25 of the connector differential).
-            c.kv_transfer_config is not None and c.ec_transfer_config is not None,
-            "an encoder-cache connector beside a KV connector (not yet proven equal)",
-        ),
         # Images and audio run through the core's encoder budget and cache
         # (docs/scheduling.md §4.15), an encoder-decoder's audio through its
         # slot count and cross-attention blocks (§4.17); a multimodal model

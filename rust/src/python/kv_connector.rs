@@ -16,10 +16,11 @@
 
 use crate::block::BlockId;
 use crate::kv_connector::{ExternalHit, KvConnector, KvTransferReport, RequestState};
-use crate::scheduler::FailedLoadGroups;
+use crate::scheduler::ErrorGroups;
 use crate::slab::Slot;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 #[derive(Debug)]
 pub(super) struct PyKvConnector {
@@ -182,7 +183,7 @@ impl KvConnector for PyKvConnector {
 /// vLLM's `KVConnectorOutput` attributes (`finished_recving`,
 /// `finished_sending`, `failed_recving`, `invalid_block_ids`; absent or
 /// `None`: empty), each iterated in its own order.
-pub(super) fn kv_report(obj: Option<&Bound<'_, PyAny>>) -> PyResult<KvTransferReport> {
+fn kv_report(obj: Option<&Bound<'_, PyAny>>) -> PyResult<KvTransferReport> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(KvTransferReport::default());
     };
@@ -231,30 +232,83 @@ pub(super) fn kv_report(obj: Option<&Bound<'_, PyAny>>) -> PyResult<KvTransferRe
     })
 }
 
-/// The worker's report of a step's KV transfers, with how the caller
-/// orders the requests the "fail" policy ends: `end_order(whole, loading,
-/// running)` takes each search's request ids and returns them all, once
-/// each, in the order to end them (the vLLM drop-in's: vLLM's sets').
-pub(super) struct StepKvReport<'a, 'py> {
+/// What a caller reports of a step besides its tokens: the worker's
+/// report of its KV transfers, the requests to end with an error after it
+/// (`errors`: a grammar that did not compile, an encoder mismatch, an
+/// encoder output gone), and how the whole error set is ordered:
+/// `end_order(whole, loading, running, requested)` takes each source's
+/// request ids and returns them all, once each, in the order to end them
+/// (the vLLM drop-in's: vLLM's set's).
+pub(super) struct StepReport<'a, 'py> {
     pub(super) report: KvTransferReport,
+    pub(super) errors: Vec<String>,
     pub(super) end_order: Option<&'a Bound<'py, PyAny>>,
 }
 
-impl StepKvReport<'_, '_> {
+impl<'a, 'py> StepReport<'a, 'py> {
+    /// Read from a call's keyword arguments, checked.
+    pub(super) fn of(
+        kv_connector_output: Option<&Bound<'py, PyAny>>,
+        errors: Option<&Bound<'py, PyAny>>,
+        end_order: Option<&'a Bound<'py, PyAny>>,
+    ) -> PyResult<Self> {
+        if let Some(f) = end_order {
+            if !f.is_callable() {
+                return Err(PyTypeError::new_err(format!(
+                    "end_order must be callable, got {}",
+                    f.get_type().name()?
+                )));
+            }
+        }
+        Ok(StepReport {
+            report: kv_report(kv_connector_output)?,
+            errors: error_ids(errors)?,
+            end_order,
+        })
+    }
+
     pub(super) fn none() -> Self {
-        StepKvReport {
+        StepReport {
             report: KvTransferReport::default(),
+            errors: Vec::new(),
             end_order: None,
         }
     }
 }
 
+/// `errors` as request ids: a collection of str (a str alone is refused,
+/// not read as its characters).
+fn error_ids(errors: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<String>> {
+    let Some(errors) = errors else {
+        return Ok(Vec::new());
+    };
+    if errors.is_instance_of::<PyString>() {
+        return Err(PyTypeError::new_err(
+            "errors must be a collection of request ids, got str",
+        ));
+    }
+    let not_ids = || {
+        PyTypeError::new_err(format!(
+            "errors must be a collection of request ids (str), got {}",
+            errors
+                .get_type()
+                .name()
+                .map_or("?".into(), |n| n.to_string())
+        ))
+    };
+    errors
+        .try_iter()
+        .map_err(|_| not_ids())?
+        .map(|id| id?.extract::<String>().map_err(|_| not_ids()))
+        .collect()
+}
+
 /// `groups` in the order `end_order` gives (ids read through `id_of`); an
 /// answer that raises or is not the same ids goes to `sys.unraisablehook`,
 /// and the order found stands.
-pub(super) fn order_failed(
+pub(super) fn order_errors(
     end_order: &Bound<'_, PyAny>,
-    groups: &FailedLoadGroups,
+    groups: &ErrorGroups,
     id_of: impl Fn(Slot) -> Py<PyAny>,
 ) -> Vec<Slot> {
     let py = end_order.py();
@@ -264,14 +318,15 @@ pub(super) fn order_failed(
             .whole
             .iter()
             .chain(&groups.loading)
-            .chain(&groups.running);
+            .chain(&groups.running)
+            .chain(&groups.requested);
         for &slot in all {
             if id_of(slot).bind(py).eq(id)? {
                 return Ok(slot);
             }
         }
         Err(PyValueError::new_err(format!(
-            "end_order gave {id}, which did not fail"
+            "end_order gave {id}, which is not ending with an error"
         )))
     };
     let answer = end_order
@@ -279,6 +334,7 @@ pub(super) fn order_failed(
             ids(&groups.whole),
             ids(&groups.loading),
             ids(&groups.running),
+            ids(&groups.requested),
         ))
         .and_then(|order| order.try_iter()?.map(|id| by_id(&id?)).collect());
     answer.unwrap_or_else(|e| {

@@ -44,6 +44,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<vllm_objects::PyVllmObjects>()?;
     m.add_class::<vllm_step_rows::PyVllmStepRows>()?;
     m.add_class::<vllm_step_update::PyVllmStepUpdate>()?;
+    m.add_class::<vllm_step_update::PyErroredRequest>()?;
     // The step's columns and their NumPy dtypes, named once (rust/src/step.rs).
     let columns = pyo3::types::PyDict::new(m.py());
     for (name, dtype) in crate::step::StepColumns::DTYPES {

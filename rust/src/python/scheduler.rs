@@ -9,7 +9,7 @@
 use super::args::{count, draft_list, u32_list};
 use super::debug_state::debug_state;
 use super::ec_connector::PyEcConnector;
-use super::kv_connector::{kv_report, order_failed, PyKvConnector, StepKvReport};
+use super::kv_connector::{order_errors, PyKvConnector, StepReport};
 use super::kv_events::PyKvEvent;
 use super::request_extras::{lora_adapter, mm_inputs};
 use super::step::{PySchedulerStats, PyStep, PyStepUpdate};
@@ -17,7 +17,7 @@ use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::kv_cache_manager::KvCacheConfig;
 use crate::kv_connector::{KvConnectorSetup, LoadFailurePolicy};
 use crate::request::{NewRequest, Repetition, Request, RequestStatus, StopRules};
-use crate::scheduler::{Pause, Scheduler};
+use crate::scheduler::{Pause, RequestErrors, Scheduler};
 use crate::scheduler_config::{EncoderConfig, Policy, Runner, SchedulerConfig};
 use crate::slab::Slot;
 use crate::step::{StepOutput, UpdateOutput};
@@ -159,7 +159,7 @@ impl PyScheduler {
         tokens: &[u32],
         offsets: &[usize],
         accept: Option<&Bound<'_, PyAny>>,
-        kv: &StepKvReport<'_, '_>,
+        kv: &StepReport<'_, '_>,
     ) -> PyResult<UpdateOutput> {
         let py_ids = &self.py_ids;
         let mut check = |slot: Slot, r: &Request, kept: &[u32]| -> bool {
@@ -177,15 +177,14 @@ impl PyScheduler {
                 false
             })
         };
-        let mut order = failed_load_order(py_ids, kv);
-        let out = self.core.update_with_kv_report(
-            step,
-            tokens,
-            offsets,
-            &mut check,
-            &kv.report,
-            Some(&mut order),
-        )?;
+        let mut order = error_order(py_ids, kv);
+        let errors = RequestErrors {
+            request_ids: &kv.errors,
+            order: Some(&mut order),
+        };
+        let out = self
+            .core
+            .update_with_kv_report(step, tokens, offsets, &mut check, &kv.report, errors)?;
         drop(order);
         self.forget_finished(&out);
         Ok(out)
@@ -197,12 +196,16 @@ impl PyScheduler {
         &mut self,
         step: &StepOutput,
         pooled: &[bool],
-        kv: &StepKvReport<'_, '_>,
+        kv: &StepReport<'_, '_>,
     ) -> PyResult<UpdateOutput> {
-        let mut order = failed_load_order(&self.py_ids, kv);
-        let out =
-            self.core
-                .update_pooled_with_kv_report(step, pooled, &kv.report, Some(&mut order))?;
+        let mut order = error_order(&self.py_ids, kv);
+        let errors = RequestErrors {
+            request_ids: &kv.errors,
+            order: Some(&mut order),
+        };
+        let out = self
+            .core
+            .update_pooled_with_kv_report(step, pooled, &kv.report, errors)?;
         drop(order);
         self.forget_finished(&out);
         Ok(out)
@@ -214,23 +217,23 @@ impl PyScheduler {
                 self.py_ids[out.records[f.record].slot as usize] = None;
             }
         }
-        for f in &out.failed_loads {
+        for f in &out.errored {
             self.py_ids[f.slot as usize] = None;
         }
     }
 }
 
-/// The order the "fail" policy ends failed loads' requests in, as the
-/// caller's `end_order` (by request id) gives it; none without one.
-fn failed_load_order<'a>(
+/// The order the update ends requests with an error in, as the caller's
+/// `end_order` (by request id) gives it; none without one.
+fn error_order<'a>(
     py_ids: &'a [Option<Py<PyString>>],
-    kv: &'a StepKvReport<'_, '_>,
-) -> impl FnMut(&crate::scheduler::FailedLoadGroups) -> Vec<Slot> + 'a {
+    kv: &'a StepReport<'_, '_>,
+) -> impl FnMut(&crate::scheduler::ErrorGroups) -> Vec<Slot> + 'a {
     move |groups| match kv.end_order {
-        Some(end_order) => order_failed(end_order, groups, |slot: Slot| -> Py<PyAny> {
+        Some(end_order) => order_errors(end_order, groups, |slot: Slot| -> Py<PyAny> {
             py_ids[slot as usize]
                 .as_ref()
-                .expect("a failed request is live")
+                .expect("a request ending with an error is live")
                 .clone_ref(end_order.py())
                 .into_any()
         }),
@@ -522,10 +525,13 @@ impl PyScheduler {
     /// Apply a step's tokens. With `offsets`, entry `i` gets
     /// `token_ids[offsets[i]:offsets[i+1]]`; without, `token_ids` holds one
     /// token per entry in scheduling order, -1 for none. `accept` judges
-    /// structured-output requests' tokens (see `apply`);
-    /// `end_order(whole, loading, running)` orders the requests a failed
-    /// load ends under the "fail" policy (a trace's recorded order).
-    #[pyo3(signature = (*, step, token_ids, offsets, accept=None, kv_connector_output=None, end_order=None))]
+    /// structured-output requests' tokens (see `apply`).
+    /// `errors`: request ids to end with an error after the output, with
+    /// those a failed load ends under the "fail" policy;
+    /// `end_order(whole, loading, running, requested)` orders them all (a
+    /// trace's recorded order, vLLM's set's).
+    #[pyo3(signature = (*, step, token_ids, offsets, accept=None, kv_connector_output=None,
+                        errors=None, end_order=None))]
     #[allow(clippy::too_many_arguments)] // PyO3 keyword arguments, all named at the call
     fn update_from_output<'py>(
         &mut self,
@@ -535,9 +541,10 @@ impl PyScheduler {
         offsets: Option<PyReadonlyArray1<'py, i64>>,
         accept: Option<&Bound<'py, PyAny>>,
         kv_connector_output: Option<&Bound<'py, PyAny>>,
+        errors: Option<&Bound<'py, PyAny>>,
         end_order: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyStepUpdate> {
-        let report = kv_report(kv_connector_output)?;
+        let kv = StepReport::of(kv_connector_output, errors, end_order)?;
         let step = step.get();
         let raw = token_ids.as_array();
         let (tokens, offsets) = match offsets {
@@ -577,28 +584,25 @@ impl PyScheduler {
                 (tokens, offsets)
             }
         };
-        let kv = StepKvReport { report, end_order };
         let out = self.apply(py, &step.step, &tokens, &offsets, accept, &kv)?;
         PyStepUpdate::of(py, out)
     }
 
     /// A pooling runner's output: `pooled[i]` is whether the step's entry
     /// `i` got a pooled result, which finishes its request (stopped);
-    /// `kv_connector_output` and `end_order` as `update_from_output` takes
-    /// them.
-    #[pyo3(signature = (step, pooled, *, kv_connector_output=None, end_order=None))]
+    /// `kv_connector_output`, `errors` and `end_order` as
+    /// `update_from_output` takes them.
+    #[pyo3(signature = (step, pooled, *, kv_connector_output=None, errors=None, end_order=None))]
     fn update_from_pooler_output<'py>(
         &mut self,
         py: Python<'py>,
         step: &Bound<'py, PyStep>,
         pooled: Vec<bool>,
         kv_connector_output: Option<&Bound<'py, PyAny>>,
+        errors: Option<&Bound<'py, PyAny>>,
         end_order: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyStepUpdate> {
-        let kv = StepKvReport {
-            report: kv_report(kv_connector_output)?,
-            end_order,
-        };
+        let kv = StepReport::of(kv_connector_output, errors, end_order)?;
         let out = self.apply_pooled(&step.get().step, &pooled, &kv)?;
         PyStepUpdate::of(py, out)
     }

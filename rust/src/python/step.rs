@@ -151,9 +151,11 @@ pub struct PyStepUpdate {
     /// Drafts verified in this output (None when none were).
     #[pyo3(get)]
     spec_decoding_stats: Option<Py<PySpecDecodingStats>>,
-    /// Requests a failed KV load ended with an error, in the order found.
+    /// Requests the update ended with an error, in the order ended: those
+    /// a failed KV load ended (the "fail" policy) and the caller's
+    /// `errors`; the ending gives them no record.
     #[pyo3(get)]
-    failed_loads: Vec<String>,
+    errored: Vec<String>,
 }
 
 #[pymethods]
@@ -381,7 +383,7 @@ impl PyStepUpdate {
     pub(super) fn of(py: Python<'_>, out: UpdateOutput) -> PyResult<Self> {
         Ok(PyStepUpdate {
             spec_decoding_stats: spec_decoding_stats(py, out.spec_decoding_stats)?,
-            failed_loads: out.failed_loads.into_iter().map(|f| f.request_id).collect(),
+            errored: out.errored.into_iter().map(|f| f.request_id).collect(),
             finished: finished_records(py, out.finished)?,
             records: out.records,
             flat_tokens: out.tokens,

@@ -2,7 +2,7 @@
 //! a vLLM `ModelRunnerOutput` without building arrays in Python first, and
 //! reading a live request's tokens back into vLLM's `Request`.
 
-use super::kv_connector::StepKvReport;
+use super::kv_connector::StepReport;
 use super::scheduler::{token, PyScheduler};
 use super::step::PyStep;
 use super::vllm_step_update::PyVllmStepUpdate;
@@ -34,7 +34,7 @@ pub fn vllm_update_from_runner_output<'py>(
         sampled_token_ids,
         accept,
     };
-    let (out, sampled_rows) = apply_runner_output(scheduler, step, runner, &StepKvReport::none())?;
+    let (out, sampled_rows) = apply_runner_output(scheduler, step, runner, &StepReport::none())?;
     PyVllmStepUpdate::of(py, out, step.get().req_ids_list(py), &sampled_rows, None)
 }
 
@@ -52,7 +52,7 @@ pub(super) fn apply_runner_output<'py>(
     scheduler: &Bound<'py, PyScheduler>,
     step: &Bound<'py, PyStep>,
     runner: RunnerOutput<'_, 'py>,
-    kv: &StepKvReport<'_, 'py>,
+    kv: &StepReport<'_, 'py>,
 ) -> PyResult<(UpdateOutput, Vec<Option<Bound<'py, PyList>>>)> {
     let RunnerOutput {
         req_id_to_index,

@@ -13,7 +13,7 @@
 //! `__post_init__` or `__slots__`, not frozen (checked when made), that is
 //! what `__init__` leaves, field for field and in the same order.
 
-use super::kv_connector::{kv_report, StepKvReport};
+use super::kv_connector::StepReport;
 use super::scheduler::PyScheduler;
 use super::step::PyStep;
 use super::vllm::{apply_runner_output, RunnerOutput};
@@ -400,10 +400,11 @@ impl PyVllmObjects {
     /// `vllm_update_from_runner_output` does, with each record's
     /// `EngineCoreOutput` made (request id and new tokens).
     /// `kv_connector_output`: the worker's report of the step's KV
-    /// transfers (§4.19); `end_order(whole, loading, running)` orders the
-    /// requests the "fail" policy ends (see `StepKvReport`).
+    /// transfers (§4.19); `errors`: request ids to end with an error after
+    /// the output, with those the "fail" policy ends; `end_order(whole,
+    /// loading, running, requested)` orders them all (see `StepReport`).
     #[pyo3(signature = (scheduler, *, step, req_id_to_index, sampled_token_ids, accept=None,
-                        kv_connector_output=None, end_order=None))]
+                        kv_connector_output=None, errors=None, end_order=None))]
     #[allow(clippy::too_many_arguments)] // keyword-only, vLLM's names
     fn update<'py>(
         &self,
@@ -414,6 +415,7 @@ impl PyVllmObjects {
         sampled_token_ids: &Bound<'py, PyList>,
         accept: Option<&Bound<'py, PyAny>>,
         kv_connector_output: Option<&Bound<'py, PyAny>>,
+        errors: Option<&Bound<'py, PyAny>>,
         end_order: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyVllmStepUpdate> {
         let runner = RunnerOutput {
@@ -421,10 +423,7 @@ impl PyVllmObjects {
             sampled_token_ids,
             accept,
         };
-        let kv = StepKvReport {
-            report: kv_report(kv_connector_output)?,
-            end_order,
-        };
+        let kv = StepReport::of(kv_connector_output, errors, end_order)?;
         let (out, sampled_rows) = apply_runner_output(scheduler, step, runner, &kv)?;
         let ids = step.get().req_ids_list(py);
         let cls = self.engine_core_output.bind(py);
@@ -435,9 +434,10 @@ impl PyVllmObjects {
     /// `pooler_output` entry is not None got its pooled result, which
     /// finishes the request. Each record's `EngineCoreOutput` is made with
     /// no tokens; the drop-in attaches the pooled tensor.
-    /// `kv_connector_output` and `end_order` as `update` takes them.
+    /// `kv_connector_output`, `errors` and `end_order` as `update` takes
+    /// them.
     #[pyo3(signature = (scheduler, *, step, req_id_to_index, pooler_output,
-                        kv_connector_output=None, end_order=None))]
+                        kv_connector_output=None, errors=None, end_order=None))]
     #[allow(clippy::too_many_arguments)] // keyword-only, vLLM's names
     fn update_pooled<'py>(
         &self,
@@ -447,12 +447,10 @@ impl PyVllmObjects {
         req_id_to_index: &Bound<'py, PyDict>,
         pooler_output: &Bound<'py, PyList>,
         kv_connector_output: Option<&Bound<'py, PyAny>>,
+        errors: Option<&Bound<'py, PyAny>>,
         end_order: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyVllmStepUpdate> {
-        let kv = StepKvReport {
-            report: kv_report(kv_connector_output)?,
-            end_order,
-        };
+        let kv = StepReport::of(kv_connector_output, errors, end_order)?;
         let ids = step.get().req_ids_list(py);
         let n = step.get().step.entries.len();
         let mut pooled = Vec::with_capacity(n);

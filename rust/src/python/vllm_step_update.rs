@@ -12,6 +12,16 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyList;
 
+/// A request an update ended with an error (it is freed already).
+#[pyclass(name = "ErroredRequest", module = "ironbatch._core", frozen, get_all)]
+pub struct PyErroredRequest {
+    request_id: String,
+    /// All its tokens, prompt first, and its `num_computed_tokens`, as it
+    /// ended (what the vLLM drop-in writes back to vLLM's `Request`).
+    token_ids: Vec<u32>,
+    num_computed_tokens: usize,
+}
+
 /// One record per request that got tokens, in scheduling order.
 #[pyclass(name = "VllmStepUpdate", module = "ironbatch._core", frozen)]
 pub struct PyVllmStepUpdate {
@@ -33,10 +43,11 @@ pub struct PyVllmStepUpdate {
     /// Drafts verified in this output (None when none were).
     #[pyo3(get)]
     spec_decoding_stats: Option<Py<PySpecDecodingStats>>,
-    /// Requests a failed KV load ended with an error (the "fail" policy),
-    /// in the order ended; none of them has a record.
+    /// Requests the update ended with an error, in the order ended: those
+    /// a failed KV load ended (the "fail" policy) and the caller's
+    /// `errors`; the ending gives them no record.
     #[pyo3(get)]
-    failed_loads: Vec<String>,
+    errored: Vec<Py<PyErroredRequest>>,
     rows: PyOnceLock<Py<PyList>>,
     slots: PyOnceLock<Py<PyList>>,
     cached_tokens: PyOnceLock<Py<PyList>>,
@@ -80,7 +91,18 @@ impl PyVllmStepUpdate {
             outputs: outputs.map(Bound::unbind),
             finished: finished_records(py, out.finished)?,
             spec_decoding_stats: spec_decoding_stats(py, out.spec_decoding_stats)?,
-            failed_loads: out.failed_loads.into_iter().map(|f| f.request_id).collect(),
+            errored: out
+                .errored
+                .into_iter()
+                .map(|e| {
+                    let e = PyErroredRequest {
+                        request_id: e.request_id,
+                        token_ids: e.token_ids,
+                        num_computed_tokens: e.num_computed_tokens,
+                    };
+                    Py::new(py, e)
+                })
+                .collect::<PyResult<_>>()?,
             records: out.records,
             rows: PyOnceLock::new(),
             slots: PyOnceLock::new(),

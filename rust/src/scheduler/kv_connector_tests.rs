@@ -4,7 +4,7 @@
 //! reservation an async load keeps for in-flight prefills.
 
 use super::tests::{config, new_request, Setup};
-use super::{Scheduler, SchedulerConfig};
+use super::{RequestErrors, Scheduler, SchedulerConfig};
 use crate::attention_group::{AttentionKind, GroupSpec};
 use crate::block::BlockId;
 use crate::error::Error;
@@ -131,6 +131,19 @@ fn reported(
     out: &StepOutput,
     report: &KvTransferReport,
 ) -> Result<UpdateOutput, Error> {
+    let (tokens, offsets) = one_token_each(out);
+    s.update_with_kv_report(
+        out,
+        &tokens,
+        &offsets,
+        &mut |_, _, _| true,
+        report,
+        RequestErrors::none(),
+    )
+}
+
+/// Token 7 for each entry that samples: `(tokens, offsets)`.
+fn one_token_each(out: &StepOutput) -> (Vec<u32>, Vec<usize>) {
     let mut tokens = Vec::new();
     let mut offsets = vec![0];
     for e in &out.entries {
@@ -139,7 +152,7 @@ fn reported(
         }
         offsets.push(tokens.len());
     }
-    s.update_with_kv_report(out, &tokens, &offsets, &mut |_, _, _| true, report, None)
+    (tokens, offsets)
 }
 
 /// A report of finished transfers only.
@@ -380,7 +393,7 @@ fn worked_example(policy: LoadFailurePolicy) -> (Scheduler, Arc<Mutex<Vec<Call>>
 #[test]
 fn a_load_with_a_failed_block_computes_from_that_block_under_recompute() {
     let (mut s, log, update) = worked_example(LoadFailurePolicy::Recompute);
-    assert!(update.failed_loads.is_empty());
+    assert!(update.errored.is_empty());
     let slot = s.slot_of("r").unwrap();
     assert_eq!(s.request(slot).unwrap().seq.num_computed_tokens, 8);
     let out = s.schedule();
@@ -400,8 +413,8 @@ fn a_load_with_a_failed_block_computes_from_that_block_under_recompute() {
 #[test]
 fn a_load_with_a_failed_block_ends_the_request_under_fail() {
     let (mut s, log, update) = worked_example(LoadFailurePolicy::Fail);
-    assert_eq!(update.failed_loads.len(), 1);
-    assert_eq!(update.failed_loads[0].request_id, "r");
+    assert_eq!(update.errored.len(), 1);
+    assert_eq!(update.errored[0].request_id, "r");
     // Ended while its load was out (blocks held), then the same report's
     // finished_recving lets them go.
     assert_eq!(s.kv.num_free_blocks(), 19);
@@ -650,7 +663,7 @@ fn the_caller_orders_the_requests_the_fail_policy_ends() {
             ..KvTransferReport::default()
         };
         let mut seen = None;
-        let mut order = |g: &super::FailedLoadGroups| {
+        let mut order = |g: &super::ErrorGroups| {
             seen = Some(g.clone());
             let mut whole = g.whole.clone();
             if reverse {
@@ -665,11 +678,14 @@ fn the_caller_orders_the_requests_the_fail_policy_ends() {
                 &[0],
                 &mut |_, _, _| true,
                 &report,
-                Some(&mut order),
+                RequestErrors {
+                    request_ids: &[],
+                    order: Some(&mut order),
+                },
             )
             .unwrap();
         let ended: Vec<&str> = update
-            .failed_loads
+            .errored
             .iter()
             .map(|f| f.request_id.as_str())
             .collect();
@@ -679,11 +695,87 @@ fn the_caller_orders_the_requests_the_fail_policy_ends() {
             (
                 groups.whole.len(),
                 groups.loading.len(),
-                groups.running.len()
+                groups.running.len(),
+                groups.requested.len()
             ),
-            (2, 0, 0)
+            (2, 0, 0, 0)
         );
     }
+}
+
+/// "a" loads and its load fails whole; "c" and "d" run ("d" stops in
+/// its first step); the caller names `named` to end with an error, in
+/// `order`'s order. The scheduler after, the ids ended in order.
+fn ending_with_errors<'a>(
+    named: &'a [String],
+    order: Option<super::EndOrder<'a>>,
+) -> (Scheduler, Vec<String>, UpdateOutput) {
+    let answers = [("a", Some((8, true)))];
+    let (mut s, _log) = with_policy(40, 64, &answers, &[], LoadFailurePolicy::Fail);
+    for (id, first, max_tokens) in [("a", 100, 4), ("c", 200, 4), ("d", 300, 1)] {
+        let n = if id == "a" { 12 } else { 4 };
+        s.add_request(new_request(id, (first..first + n).collect(), max_tokens))
+            .unwrap();
+    }
+    let out = s.schedule();
+    let report = KvTransferReport {
+        finished_recving: vec!["a".into()],
+        failed_recving: vec!["a".into()],
+        ..KvTransferReport::default()
+    };
+    let (tokens, offsets) = one_token_each(&out);
+    let errors = RequestErrors {
+        request_ids: named,
+        order,
+    };
+    let update = s
+        .update_with_kv_report(
+            &out,
+            &tokens,
+            &offsets,
+            &mut |_, _, _| true,
+            &report,
+            errors,
+        )
+        .unwrap();
+    let ended = update
+        .errored
+        .iter()
+        .map(|e| e.request_id.clone())
+        .collect();
+    (s, ended, update)
+}
+
+#[test]
+fn the_callers_errors_end_with_the_failed_loads_in_one_order_before_loads_settle() {
+    // "zz" is unknown and "d" stops in this very step: both are skipped,
+    // as vLLM's finish_requests skips them. One order covers both sources.
+    let mut seen = None;
+    let mut order = |g: &super::ErrorGroups| {
+        seen = Some(g.clone());
+        g.requested.iter().chain(&g.whole).copied().collect()
+    };
+    let named = ["zz", "c", "d", "c"].map(String::from);
+    let (s, ended, update) = ending_with_errors(&named, Some(&mut order));
+    assert_eq!(ended, ["c", "a"], "the caller's order, each once");
+    let groups = seen.unwrap();
+    assert_eq!((groups.whole.len(), groups.requested.len()), (1, 1));
+    assert_eq!(s.slot_of("c"), None);
+    assert_eq!(s.slot_of("a"), None, "its load settled after it ended");
+    let d = update.finished.iter().find(|f| f.request_id == "d");
+    assert_eq!(
+        d.map(|f| f.status),
+        Some(RequestStatus::FinishedLengthCapped)
+    );
+    let c = update.errored.iter().find(|e| e.request_id == "c").unwrap();
+    assert_eq!(
+        (c.token_ids.len(), c.num_computed_tokens),
+        (5, 4),
+        "its state as it ended: this step's token kept"
+    );
+    // Without an order: as found, the failed loads first.
+    let (_, ended, _) = ending_with_errors(&["c".to_string()], None);
+    assert_eq!(ended, ["a", "c"]);
 }
 
 #[test]

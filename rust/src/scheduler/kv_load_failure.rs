@@ -4,6 +4,7 @@
 //! arrived and either compute the rest or end with an error, as the
 //! connector's failure policy says; vLLM 0.33's rules, in its order.
 
+use super::request_errors::ErrorGroups;
 use super::Scheduler;
 use crate::block::BlockId;
 use crate::cdiv;
@@ -24,25 +25,7 @@ pub(super) struct FailedLoads {
     /// order they were found.
     pub ended: Vec<Slot>,
     /// The same, as each of vLLM's three searches found them.
-    pub groups: FailedLoadGroups,
-}
-
-/// Orders the requests the "fail" policy ends: a permutation of them
-/// (see `Scheduler::update_with_kv_report`).
-pub type EndOrder<'a> = &'a mut dyn FnMut(&FailedLoadGroups) -> Vec<Slot>;
-
-/// The requests the "fail" policy ends, as each search found them, in its
-/// order (a request may be in more than one): vLLM collects them in Python
-/// sets and ends them in the sets' iteration order, which a caller in the
-/// same process can reproduce from these (the vLLM drop-in does).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FailedLoadGroups {
-    /// Loads reported failed whole, in the report's order.
-    pub whole: Vec<Slot>,
-    /// Loading requests with an invalid block, in queue order.
-    pub loading: Vec<Slot>,
-    /// Running requests with an invalid block, in running order.
-    pub running: Vec<Slot>,
+    pub groups: ErrorGroups,
 }
 
 /// What one walk over requests found (vLLM's

@@ -6,7 +6,7 @@
 //! brings nothing and the request runs on.
 
 use super::encoder_inputs::release_encoded;
-use super::kv_load_failure::EndOrder;
+use super::request_errors::RequestErrors;
 use super::update::{finish_without_tokens, Ended};
 use super::Scheduler;
 use crate::error::Error;
@@ -24,19 +24,25 @@ impl Scheduler {
         step: &StepOutput,
         pooled: &[bool],
     ) -> Result<UpdateOutput, Error> {
-        self.update_pooled_with_kv_report(step, pooled, &KvTransferReport::default(), None)
+        self.update_pooled_with_kv_report(
+            step,
+            pooled,
+            &KvTransferReport::default(),
+            RequestErrors::none(),
+        )
     }
 
     /// [`Self::update_from_pooler_output`] with the worker's report of the
     /// step's KV transfers, in the order a generating update takes it
-    /// (`update_with_kv_report`): a request a failed load cut back gets no
-    /// pooled result from this step.
+    /// (`update_with_kv_report`), with the caller's `errors` as it takes
+    /// them: a request a failed load cut back gets no pooled result from
+    /// this step.
     pub fn update_pooled_with_kv_report(
         &mut self,
         step: &StepOutput,
         pooled: &[bool],
         report: &KvTransferReport,
-        end_order: Option<EndOrder<'_>>,
+        errors: RequestErrors<'_>,
     ) -> Result<UpdateOutput, Error> {
         self.check_pooled(step, pooled)?;
         if !report.is_empty() {
@@ -59,7 +65,7 @@ impl Scheduler {
             }
         }
         self.unqueue_ended(ended);
-        self.settle_kv_report(&mut out, failed, report, end_order);
+        self.settle_kv_report(&mut out, failed, report, errors);
         Ok(out)
     }
 

@@ -4,7 +4,8 @@
 //! freed in scheduling order, and (async) placeholders are resolved.
 
 use super::encoder_inputs::release_encoded;
-use super::kv_load_failure::{EndOrder, FailedLoads};
+use super::kv_load_failure::FailedLoads;
+use super::request_errors::RequestErrors;
 use super::Scheduler;
 use crate::error::Error;
 use crate::kv_cache_manager::KvCacheManager;
@@ -13,7 +14,7 @@ use crate::request::{Request, RequestStatus};
 use crate::scheduler_config::Runner;
 use crate::slab::Slot;
 use crate::spec_decode::SpecDecodingStats;
-use crate::step::{FailedLoad, Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
+use crate::step::{Finished, StepEntry, StepOutput, UpdateOutput, UpdateRecord};
 use crate::stop_check::check_stop;
 
 /// The requests an update finished, by the queue each leaves.
@@ -51,16 +52,22 @@ impl Scheduler {
         accept: &mut dyn FnMut(Slot, &Request, &[u32]) -> bool,
     ) -> Result<UpdateOutput, Error> {
         let no_report = KvTransferReport::default();
-        self.update_with_kv_report(step, tokens, offsets, accept, &no_report, None)
+        self.update_with_kv_report(
+            step,
+            tokens,
+            offsets,
+            accept,
+            &no_report,
+            RequestErrors::none(),
+        )
     }
 
     /// [`Self::update_from_output_checked`] with the worker's report of the
     /// step's KV transfers (§4.19), in vLLM's order: failed loads cut their
     /// requests back first (those scheduled in the step take no output),
-    /// then the output is applied, then requests the "fail" policy ends
-    /// finish with an error, then finished loads and sends are settled.
-    /// `end_order` orders those the "fail" policy ends (a permutation of
-    /// them; anything else keeps the order found, as does `None`).
+    /// then the output is applied, then the requests the "fail" policy
+    /// ends and those `errors` names finish with an error, in one order
+    /// (see [`RequestErrors`]), then finished loads and sends are settled.
     pub fn update_with_kv_report(
         &mut self,
         step: &StepOutput,
@@ -68,7 +75,7 @@ impl Scheduler {
         offsets: &[usize],
         accept: &mut dyn FnMut(Slot, &Request, &[u32]) -> bool,
         report: &KvTransferReport,
-        end_order: Option<EndOrder<'_>>,
+        errors: RequestErrors<'_>,
     ) -> Result<UpdateOutput, Error> {
         self.check_update(step, tokens, offsets)?;
         if !report.is_empty() {
@@ -100,7 +107,7 @@ impl Scheduler {
             }
         }
         self.unqueue_ended(ended);
-        self.settle_kv_report(&mut out, failed, report, end_order);
+        self.settle_kv_report(&mut out, failed, report, errors);
         Ok(out)
     }
 
@@ -133,38 +140,16 @@ impl Scheduler {
     }
 
     /// A step's KV-transfer report, after its output: the requests the
-    /// "fail" policy ends finish with an error (in `end_order`'s order
-    /// where it gives a permutation of them), then finished loads and
-    /// sends are settled.
+    /// "fail" policy ends and the caller's errors finish with an error,
+    /// then finished loads and sends are settled.
     pub(super) fn settle_kv_report(
         &mut self,
         out: &mut UpdateOutput,
-        mut failed: FailedLoads,
+        failed: FailedLoads,
         report: &KvTransferReport,
-        end_order: Option<EndOrder<'_>>,
+        errors: RequestErrors<'_>,
     ) {
-        if !failed.ended.is_empty() {
-            if let Some(order) = end_order {
-                let ordered = order(&failed.groups);
-                if is_permutation(&ordered, &failed.ended) {
-                    failed.ended = ordered;
-                }
-            }
-            out.failed_loads = failed
-                .ended
-                .iter()
-                .map(|&slot| FailedLoad {
-                    slot,
-                    request_id: self.requests[slot].request_id.clone(),
-                })
-                .collect();
-            let ids: Vec<&str> = out
-                .failed_loads
-                .iter()
-                .map(|f| f.request_id.as_str())
-                .collect();
-            self.finish_requests(&ids, RequestStatus::FinishedError);
-        }
+        self.end_with_errors(out, failed, errors);
         if !(report.finished_recving.is_empty() && report.finished_sending.is_empty()) {
             self.settle_kv_transfers(&report.finished_recving, &report.finished_sending);
         }
@@ -443,16 +428,4 @@ fn append_until_stop(
 fn cache_arrived(kv: &mut KvCacheManager, slot: Slot, r: &mut Request) {
     let upto = r.seq.num_computed_tokens.saturating_sub(r.in_flight_tokens);
     kv.cache_full_blocks(&mut r.tables, &r.seq, upto, slot);
-}
-
-/// Whether `a` holds exactly the slots of `b` (each once: `b` has no
-/// repeats).
-fn is_permutation(a: &[Slot], b: &[Slot]) -> bool {
-    a.len() == b.len() && {
-        let mut a = a.to_vec();
-        let mut b = b.to_vec();
-        a.sort_unstable();
-        b.sort_unstable();
-        a == b
-    }
 }

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,10 +56,10 @@ from ironbatch.reference.scheduler import (
     drafts,
     ec_transfer,
     encoder_inputs,
-    kv_load_failure,
     kv_transfer,
     pooler_output,
     preemption,
+    request_errors,
     running_pass,
     session,
     update,
@@ -654,11 +654,12 @@ class Scheduler:
         step: StepOutput,
         pooled: list[bool],
         report: KvTransferReport,
-        end_order: Callable[[kv_load_failure.FailedLoadGroups], list[int]] | None = None,
+        errors: request_errors.RequestErrors = request_errors.NO_ERRORS,
     ) -> UpdateOutput:
         """``update_from_pooler_output`` with the worker's report of the
-        step's KV transfers, taken as ``update_with_kv_report`` takes it."""
-        return pooler_output.update_pooled_with_kv_report(self, step, pooled, report, end_order)
+        step's KV transfers and the caller's errors, taken as
+        ``update_with_kv_report`` takes them."""
+        return pooler_output.update_pooled_with_kv_report(self, step, pooled, report, errors)
 
     def update_from_output_checked(
         self, step: StepOutput, tokens: list[int], offsets: list[int], accept: update.AcceptKept
@@ -675,12 +676,12 @@ class Scheduler:
         offsets: list[int],
         accept: update.AcceptKept,
         report: KvTransferReport,
-        end_order: Callable[[kv_load_failure.FailedLoadGroups], list[int]] | None = None,
+        errors: request_errors.RequestErrors = request_errors.NO_ERRORS,
     ) -> UpdateOutput:
         """``update_from_output_checked`` with the worker's report of the
-        step's KV transfers (§4.19); ``end_order`` orders the requests the
-        "fail" policy ends."""
-        return update.update_with_kv_report(self, step, tokens, offsets, accept, report, end_order)
+        step's KV transfers (§4.19); ``errors`` names requests to end with
+        an error with those the "fail" policy ends, and orders them all."""
+        return update.update_with_kv_report(self, step, tokens, offsets, accept, report, errors)
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         """Forget every cached block hash (docs/scheduling.md §7.10); refused

@@ -13,25 +13,11 @@ from ironbatch.reference.block import cdiv
 from ironbatch.reference.kv_connector import KvTransferReport, LoadFailurePolicy
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler import kv_transfer
+from ironbatch.reference.scheduler.request_errors import ErrorGroups
 from ironbatch.reference.step import StepOutput
 
 if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler
-
-
-@dataclass
-class FailedLoadGroups:
-    """The requests the "fail" policy ends, as each search found them, in
-    its order (a request may be in more than one): vLLM collects them in
-    Python sets and ends them in the sets' iteration order, which a caller
-    in the same process can reproduce from these (the vLLM drop-in does)."""
-
-    #: Loads reported failed whole, in the report's order.
-    whole: list[int] = field(default_factory=list)
-    #: Loading requests with an invalid block, in queue order.
-    loading: list[int] = field(default_factory=list)
-    #: Running requests with an invalid block, in running order.
-    running: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -45,7 +31,7 @@ class FailedLoads:
     #: order they were found.
     ended: list[int] = field(default_factory=list)
     #: The same, as each of vLLM's three searches found them.
-    groups: FailedLoadGroups = field(default_factory=FailedLoadGroups)
+    groups: ErrorGroups = field(default_factory=ErrorGroups)
 
 
 @dataclass

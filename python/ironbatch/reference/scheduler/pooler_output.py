@@ -7,14 +7,14 @@ brings nothing and the request runs on."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ironbatch.reference.error import foreign_step, step_already_applied
 from ironbatch.reference.kv_connector import KvTransferReport
 from ironbatch.reference.request import RequestStatus
 from ironbatch.reference.scheduler.encoder_inputs import release_encoded
-from ironbatch.reference.scheduler.kv_load_failure import FailedLoadGroups, check_kv_report
+from ironbatch.reference.scheduler.kv_load_failure import check_kv_report
+from ironbatch.reference.scheduler.request_errors import NO_ERRORS, RequestErrors
 from ironbatch.reference.scheduler.update import (
     Ended,
     end_request,
@@ -43,7 +43,7 @@ def update_pooled_with_kv_report(
     step: StepOutput,
     pooled: list[bool],
     report: KvTransferReport,
-    end_order: Callable[[FailedLoadGroups], list[int]] | None = None,
+    errors: RequestErrors = NO_ERRORS,
 ) -> UpdateOutput:
     """``update_from_pooler_output`` with the worker's report of the step's
     KV transfers, in the order a generating update takes it
@@ -66,7 +66,7 @@ def update_pooled_with_kv_report(
         if status_before is not None:
             end_request(s, e.slot, status_before, out, ended)
     unqueue_ended(s, ended)
-    settle_kv_report(s, out, failed, report, end_order)
+    settle_kv_report(s, out, failed, report, errors)
     return out
 
 

@@ -15,10 +15,10 @@ from ironbatch.reference.kv_connector import NO_REPORT, KvTransferReport
 from ironbatch.reference.request import Request, RequestStatus
 from ironbatch.reference.scheduler import kv_load_failure, kv_transfer, session, waiting_pass
 from ironbatch.reference.scheduler.encoder_inputs import release_encoded
+from ironbatch.reference.scheduler.request_errors import NO_ERRORS, RequestErrors, end_with_errors
 from ironbatch.reference.scheduler_config import Runner
 from ironbatch.reference.spec_decode import SpecDecodingStats
 from ironbatch.reference.step import (
-    FailedLoad,
     Finished,
     StepEntry,
     StepOutput,
@@ -67,15 +67,14 @@ def update_with_kv_report(
     offsets: list[int],
     accept: AcceptKept,
     report: KvTransferReport,
-    end_order: Callable[[kv_load_failure.FailedLoadGroups], list[int]] | None = None,
+    errors: RequestErrors = NO_ERRORS,
 ) -> UpdateOutput:
     """``update_from_output_checked`` with the worker's report of the step's
     KV transfers (§4.19), in vLLM's order: failed loads cut their requests
     back first (those scheduled in the step take no output), then the
-    output is applied, then requests the "fail" policy ends finish with an
-    error, then finished loads and sends are settled. ``end_order`` orders
-    those the "fail" policy ends (a permutation of them; anything else
-    keeps the order found, as does None)."""
+    output is applied, then the requests the "fail" policy ends and those
+    ``errors`` names finish with an error, in one order (see
+    ``RequestErrors``), then finished loads and sends are settled."""
     check_update(s, step, tokens, offsets)
     if not report.is_empty():
         kv_load_failure.check_kv_report(s, report)
@@ -94,7 +93,7 @@ def update_with_kv_report(
         if status_before is not None:
             end_request(s, e.slot, status_before, out, ended)
     unqueue_ended(s, ended)
-    settle_kv_report(s, out, failed, report, end_order)
+    settle_kv_report(s, out, failed, report, errors)
     return out
 
 
@@ -126,19 +125,12 @@ def settle_kv_report(
     out: UpdateOutput,
     failed: kv_load_failure.FailedLoads,
     report: KvTransferReport,
-    end_order: Callable[[kv_load_failure.FailedLoadGroups], list[int]] | None,
+    errors: RequestErrors,
 ) -> None:
     """A step's KV-transfer report, after its output: the requests the
-    "fail" policy ends finish with an error (in ``end_order``'s order where
-    it gives a permutation of them), then finished loads and sends are
-    settled."""
-    if failed.ended:
-        if end_order is not None:
-            ordered = end_order(failed.groups)
-            if sorted(ordered) == sorted(failed.ended):
-                failed.ended = list(ordered)
-        out.failed_loads = [FailedLoad(slot, s.requests[slot].request_id) for slot in failed.ended]
-        s.finish_requests([f.request_id for f in out.failed_loads], RequestStatus.FINISHED_ERROR)
+    "fail" policy ends and the caller's errors finish with an error, then
+    finished loads and sends are settled."""
+    end_with_errors(s, out, failed, errors)
     if report.finished_recving or report.finished_sending:
         kv_transfer.settle_kv_transfers(s, report.finished_recving, report.finished_sending)
 
