@@ -103,6 +103,17 @@ class SchedulerPair:
         self.events["abort"] += 1
         self.check()
 
+    def pin(self, block_ids: list[int]) -> None:
+        self.rust.pin_blocks(block_ids)
+        self.twin.pin_blocks(block_ids)
+        self.events["pinned"] += len(block_ids)
+        self.check()
+
+    def unpin(self, block_ids: list[int]) -> None:
+        self.rust.unpin_blocks(block_ids)
+        self.twin.unpin_blocks(block_ids)
+        self.check()
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> None:
         a = self.rust.reset_prefix_cache(reset_running_requests)
         b = self.twin.reset_prefix_cache(reset_running_requests)
@@ -475,6 +486,8 @@ def check_scheduler_invariants(
     held.update(b for tables in state["kv_held"].values() for t in tables for b in t if b != 0)
     # Freed requests' blocks fenced by a step in flight, each set once.
     held.update(b for _, blocks in state["deferred_frees"] for b in blocks)
+    # Blocks pinned from outside any request (a connector's copies).
+    held.update({b: n for b, n in state["pinned_blocks"]})
     assert [held.get(b, 0) for b in range(n)] == ref
     free = state["free_block_ids"]
     assert sorted(free) == [b for b in range(1, n) if ref[b] == 0]
@@ -513,7 +526,8 @@ def check_scheduler_invariants(
         if r["grammar"] not in (None, "ACTIVE"):
             assert status == "WAITING" and deferred, rid
     # 9. Return of blocks.
-    if not requests and not state["kv_held"] and not state["deferred_frees"]:
+    idle = not state["kv_held"] and not state["deferred_frees"] and not state["pinned_blocks"]
+    if not requests and idle:
         assert len(free) == n - 1
 
 

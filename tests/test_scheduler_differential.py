@@ -557,6 +557,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
     # update, with its failed loads, in an order drawn for it (vLLM's: a
     # set's), as vLLM ends grammar errors and encoder mismatches.
     errors: list[str] = []
+    pinned: list[int] = []  # blocks pinned from outside, once per pin
 
     def end_with_error(rids: list[str]) -> None:
         for rid in rids:
@@ -665,6 +666,18 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             if row["grammar"] == "COMPILING" and rng.random() < 0.3:
                 pair.report_grammar(rid, compiled=rng.random() < 0.85)
         end_with_error(pair.failed_grammars() + pair.encoder_mismatches())
+        # A connector that copies blocks out pins a few now and then (any
+        # block: held, cached and free, or free), and lets them go later,
+        # in its own order.
+        if rng.random() < 0.05:
+            pins = [rng.randrange(config["num_blocks"]) for _ in range(rng.randint(1, 3))]
+            pair.pin(pins)
+            pinned += [b for b in pins if b != 0]
+        if pinned and rng.random() < 0.3:
+            rng.shuffle(pinned)
+            cut = rng.randint(1, len(pinned))
+            pair.unpin(pinned[:cut])
+            del pinned[:cut]
         if rng.random() < 0.02:
             pair.reset_prefix_cache(reset_running_requests=rng.random() < 0.5)
         pair.schedule(throttle_prefills=throttling and rng.random() < 0.6)
@@ -683,6 +696,7 @@ def run_seed(seed: int, steps: int = 120) -> Counter:
             apply_oldest()
     while pair.in_flight:
         apply_oldest()
+    pair.unpin(pinned)
     # 10. Progress: with arrivals over, everything finishes.
     for rid, row in pair.rust.debug_state()["requests"].items():
         if row["grammar"] == "COMPILING":
@@ -788,7 +802,7 @@ def attach_ec_connectors(
 def test_seeded_workloads_agree(workloads: Workloads) -> None:
     seen = ("preempted", "hit", "resumed", "finished", "abort", "placeholders", "skipped")
     grammar = ("grammar_released", "grammar_failed", "grammar_rejected", "grammar_pending")
-    grammar += ("errors_ended",)
+    grammar += ("errors_ended", "pinned")
     cadence = ("prefill_held", "decode_staggered")
     sessions = ("session_turns", "sessions_waiting", "kv_holding_admitted")
     spec: tuple[str, ...] = ("spec_scheduled", "spec_accepted", "spec_rejected", "spec_padded")

@@ -667,6 +667,12 @@ class Scheduler:
     @property
     def kv_cache_usage(self) -> float: ...
     def reset_prefix_cache(self, *, reset_running_requests: bool) -> bool: ...
+    def pin_blocks(self, block_ids: Sequence[SupportsIndex]) -> None:
+        """Pin each listed block once from outside any request (a KV
+        connector's ``touch``); the null block is passed over."""
+    def unpin_blocks(self, block_ids: Sequence[SupportsIndex]) -> None:
+        """Drop one pin per listed block, in the order given; refused past
+        a block's pins."""
     def reset_encoder_cache(self) -> None:
         """Forget every encoder output (after a weight update)."""
     def make_stats(self) -> SchedulerStats: ...

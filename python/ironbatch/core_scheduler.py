@@ -309,6 +309,12 @@ class CoreScheduler:
         (docs/scheduling.md §4.20), before any request."""
         self.core.set_ec_connector(connector=connector)
 
+    def pin_blocks(self, block_ids: Sequence[int]) -> None:
+        self.core.pin_blocks(list(block_ids))
+
+    def unpin_blocks(self, block_ids: Sequence[int]) -> None:
+        self.core.unpin_blocks(list(block_ids))
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.core.reset_prefix_cache(reset_running_requests=reset_running_requests)
 

@@ -399,6 +399,24 @@ class Scheduler:
         return self._core.reset_prefix_cache(reset_running_requests)
 
     @_exclusive
+    def pin_blocks(self, block_ids: Iterable[int]) -> None:
+        """Pin each listed block once, from outside any request: a KV
+        connector that copies blocks out of the pool holds them so (vLLM's
+        ``BlockPool.touch``; docs/scheduling.md §4.19). A pinned block is
+        held: it leaves the free queue and a prefix-cache reset is refused.
+        The null block (0) is passed over; any other id outside the pool is
+        refused (``ValueError``, nothing changed)."""
+        self._core.pin_blocks(_block_ids(block_ids))
+
+    @_exclusive
+    def unpin_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop one pin per listed block, in the order given (vLLM's
+        ``BlockPool.free_blocks``): a block nothing else holds goes back to
+        the free queue, a cached one to its tail. Refused (``ValueError``,
+        nothing changed) for a block listed more often than it is pinned."""
+        self._core.unpin_blocks(_block_ids(block_ids))
+
+    @_exclusive
     def make_stats(self) -> SchedulerStats:
         return self._core.make_stats()
 
@@ -466,3 +484,10 @@ def _request_ids(name: str, ids: Iterable[str]) -> list[str]:
         if not isinstance(rid, str):
             raise TypeError(f"{name} must hold request ids (str), got {type(rid).__name__}")
     return out
+
+
+def _block_ids(ids: Iterable[int]) -> list[int]:
+    """``ids`` as a list of block ids (the backends check each value)."""
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise TypeError(f"block_ids must be an iterable of block ids, got {type(ids).__name__}")
+    return list(ids)

@@ -168,6 +168,12 @@ class RustBackend:
     def set_ec_connector(self, connector: Any) -> None:
         self.core.set_ec_connector(connector)
 
+    def pin_blocks(self, block_ids: Sequence[int]) -> None:
+        self.core.pin_blocks(block_ids)
+
+    def unpin_blocks(self, block_ids: Sequence[int]) -> None:
+        self.core.unpin_blocks(block_ids)
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.core.reset_prefix_cache(reset_running_requests)
 
@@ -428,6 +434,12 @@ class PythonBackend:
 
     def set_ec_connector(self, connector: Any) -> None:
         self.twin.set_ec_connector(connector)
+
+    def pin_blocks(self, block_ids: Sequence[int]) -> None:
+        self.twin.pin_blocks(list(block_ids))
+
+    def unpin_blocks(self, block_ids: Sequence[int]) -> None:
+        self.twin.unpin_blocks(list(block_ids))
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.twin.reset_prefix_cache(reset_running_requests)

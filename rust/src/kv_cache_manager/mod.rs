@@ -484,6 +484,19 @@ impl KvCacheManager {
         blocks
     }
 
+    /// Add a reference to each listed usable block from outside any
+    /// request (vLLM's `BlockPool.touch`), checked: a free one leaves the
+    /// queue.
+    pub fn touch_blocks(&mut self, ids: &[BlockId]) -> Result<(), Error> {
+        self.pool.touch(ids)
+    }
+
+    /// Drop references [`Self::touch_blocks`] took, in the order given
+    /// (vLLM's `BlockPool.free_blocks`), checked.
+    pub fn free_touched_blocks(&mut self, ids: &[BlockId]) -> Result<(), Error> {
+        self.pool.free_blocks(ids)
+    }
+
     /// Return blocks taken by [`Self::take_blocks`] to the pool, the last
     /// first.
     pub fn release_blocks_last_first(&mut self, blocks: &[BlockId]) {

@@ -66,6 +66,8 @@ pub(super) fn debug_state<'py>(py: Python<'py>, c: &Scheduler) -> PyResult<Bound
         .map(|f| (f.fence, f.blocks.clone()))
         .collect();
     d.set_item("deferred_frees", deferred)?;
+    // Blocks pinned from outside any request: (block, pins).
+    d.set_item("pinned_blocks", c.pinned_blocks())?;
     let pool = c.kv().pool();
     d.set_item("free_block_ids", pool.free_block_ids().collect::<Vec<_>>())?;
     d.set_item(

@@ -624,6 +624,21 @@ impl PyScheduler {
         Ok(())
     }
 
+    /// Pin each listed block once, from outside any request (a KV
+    /// connector that manages vLLM's GPU block pool: its `touch`); the null
+    /// block is passed over. Checked first.
+    fn pin_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = u32_list("block_ids", block_ids)?;
+        Ok(self.core.pin_blocks(&ids)?)
+    }
+
+    /// Drop one pin per listed block, in the order given (the connector's
+    /// `free_blocks`); refused, changing nothing, past a block's pins.
+    fn unpin_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = u32_list("block_ids", block_ids)?;
+        Ok(self.core.unpin_blocks(&ids)?)
+    }
+
     /// Forget every cached block hash; refused (False) while blocks are
     /// held, unless `reset_running_requests` preempts the running ones.
     #[pyo3(signature = (*, reset_running_requests))]

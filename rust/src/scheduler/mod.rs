@@ -15,6 +15,7 @@
 //! reused the slot.
 
 mod aux_outputs;
+mod block_pins;
 mod drafts;
 mod ec_transfer;
 mod encoder_inputs;
@@ -202,6 +203,9 @@ pub struct Scheduler {
     /// Which blocks' auxiliary outputs the workers hold, when followed
     /// (§7.12).
     aux_retention: Option<AuxOutputRetention>,
+    /// References taken on blocks from outside any request, per block
+    /// (`block_pins`).
+    pins: FxHashMap<BlockId, u32>,
 }
 
 /// Blocks a freed request left while a step in flight may still write
@@ -290,6 +294,7 @@ impl Scheduler {
             processed_step_seq: 0,
             deferred_frees: VecDeque::new(),
             aux_retention: None,
+            pins: FxHashMap::default(),
         })
     }
 

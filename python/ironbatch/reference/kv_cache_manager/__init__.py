@@ -496,6 +496,17 @@ class KvCacheManager:
             table.states = StateSlots()
         return blocks
 
+    def touch_blocks(self, block_ids: list[int]) -> None:
+        """Add a reference to each listed usable block from outside any
+        request (vLLM's ``BlockPool.touch``), checked: a free one leaves the
+        queue."""
+        self._pool.touch(block_ids)
+
+    def free_touched_blocks(self, block_ids: list[int]) -> None:
+        """Drop references ``touch_blocks`` took, in the order given
+        (vLLM's ``BlockPool.free_blocks``), checked."""
+        self._pool.free_blocks(block_ids)
+
     def release_blocks_last_first(self, block_ids: list[int]) -> None:
         """Return blocks taken by ``take_blocks`` to the pool, the last first."""
         self._pool.release_ids(list(reversed(block_ids)))

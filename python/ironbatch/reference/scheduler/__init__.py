@@ -53,6 +53,7 @@ from ironbatch.reference.request import (
 from ironbatch.reference.request_queue import WaitingQueue
 from ironbatch.reference.scheduler import (
     aux_outputs,
+    block_pins,
     drafts,
     ec_transfer,
     encoder_inputs,
@@ -243,6 +244,9 @@ class Scheduler:
         #: Which blocks' auxiliary outputs the workers hold, when followed
         #: (§7.12).
         self.aux_retention: AuxOutputRetention | None = None
+        # References taken on blocks from outside any request, per block
+        # (``block_pins``).
+        self.pins: dict[int, int] = {}
 
     # -- inspection -----------------------------------------------------------
 
@@ -683,6 +687,16 @@ class Scheduler:
         an error with those the "fail" policy ends, and orders them all."""
         return update.update_with_kv_report(self, step, tokens, offsets, accept, report, errors)
 
+    def pin_blocks(self, block_ids: list[int]) -> None:
+        """Pin each listed block once, from outside any request (see
+        ``block_pins``); checked first."""
+        block_pins.pin_blocks(self, block_ids)
+
+    def unpin_blocks(self, block_ids: list[int]) -> None:
+        """Drop one pin per listed block, in the order given; refused
+        (``ValueError``, nothing changed) past a block's pins."""
+        block_pins.unpin_blocks(self, block_ids)
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         """Forget every cached block hash (docs/scheduling.md §7.10); refused
         (False) while a block is held. With ``reset_running_requests``, every
@@ -761,6 +775,8 @@ class Scheduler:
             },
             # Blocks of freed requests fenced by a step in flight.
             "deferred_frees": [(d.fence, list(d.blocks)) for d in self.deferred_frees],
+            # Blocks pinned from outside any request: (block, pins).
+            "pinned_blocks": block_pins.pinned_blocks(self),
             "free_block_ids": pool.free_block_ids(),
             "block_ref_cnts": pool.block_ref_cnts(),
             "cached_blocks": sorted(ids for _, ids in pool.cached_blocks()),
