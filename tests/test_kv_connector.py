@@ -507,6 +507,13 @@ def run_seed(seed: int) -> Counter:
             divergent_hybrid_hits=divergent,
         )
     pair.with_connector = True
+    # A connector that pins blocks while it copies them out (SimpleCPU
+    # offload's kind) in some, drawn apart: pins asked from inside the
+    # scheduler's calls and between them (§4.19.3).
+    if random.Random(seed ^ 0x9124).random() < 0.3:
+        for s, stand_in in zip((pair.rust, pair.twin), stand_ins, strict=True):
+            stand_in.pin_requests = s.pin_requests()
+        events["pinning_connector"] += 1
     # Routed experts followed (auxiliary outputs, §7.12) in some, drawn
     # apart: external hits capped where the workers hold no routing.
     aux = config["caching"] and random.Random(seed ^ AUX_DRAW).random() < 0.3
@@ -557,12 +564,13 @@ def run_seed(seed: int) -> Counter:
             events["aborted_loading"] += status == "WAITING_FOR_REMOTE_KVS"
             pair.abort([victim])
         state = pair.rust.debug_state()
-        busy = any(w.busy for w in workers) or state["kv_held"]
+        busy = any(w.busy for w in workers) or state["kv_held"] or stand_ins[0].copying
         if added == arrivals and not state["requests"] and not busy:
             while pair.in_flight:
                 apply_oldest()
             state = pair.rust.debug_state()
-            if not state["requests"] and not state["kv_held"] and not any(w.busy for w in workers):
+            idle = not state["kv_held"] and not any(w.busy for w in workers)
+            if not state["requests"] and idle and not stand_ins[0].copying:
                 break
         events["loading"] += sum(
             r["status"] == "WAITING_FOR_REMOTE_KVS" for r in state["requests"].values()
@@ -584,6 +592,7 @@ def run_seed(seed: int) -> Counter:
     else:
         raise AssertionError("no progress")
     assert stand_ins[0].log == stand_ins[1].log
+    assert pair.rust.take_pin_errors() == pair.twin.take_pin_errors() == []
     final = pair.rust.debug_state()
     # Blocks fenced by the last step stay aside until a step with tokens
     # comes back (vLLM's too); all others are free.
@@ -626,6 +635,8 @@ def test_core_and_twin_agree_with_the_stand_in(workloads: Workloads) -> None:
             "aux_outputs": 10,
             "aux_external_capped": 10,
             "aux_released": 10,
+            "pinning_connector": 40,
+            "pinned_copies": 200,
         }.items()
     }
     events = workloads.run_covering(run_seed, needs, WORKLOADS, FULL_WORKLOADS)

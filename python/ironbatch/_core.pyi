@@ -212,6 +212,13 @@ class KvEvent:
         """The tokens the request had computed ("released"), or will have
         once loaded ("loading")."""
 
+class PinRequests:
+    """Pins and unpins asked for while the scheduler may be busy; applied
+    right after the connector call that asked, or at the next step."""
+
+    def pin(self, block_ids: Sequence[SupportsIndex]) -> None: ...
+    def unpin(self, block_ids: Sequence[SupportsIndex]) -> None: ...
+
 class ErroredRequest:
     """A request an update ended with an error (already freed)."""
 
@@ -673,6 +680,10 @@ class Scheduler:
     def unpin_blocks(self, block_ids: Sequence[SupportsIndex]) -> None:
         """Drop one pin per listed block, in the order given; refused past
         a block's pins."""
+    def pin_requests(self) -> PinRequests:
+        """A handle to ask for pins on from inside a connector's call."""
+    def take_pin_errors(self) -> list[str]:
+        """The asks on ``pin_requests`` refused since the last call."""
     def reset_encoder_cache(self) -> None:
         """Forget every encoder output (after a weight update)."""
     def make_stats(self) -> SchedulerStats: ...

@@ -315,6 +315,12 @@ class CoreScheduler:
     def unpin_blocks(self, block_ids: Sequence[int]) -> None:
         self.core.unpin_blocks(list(block_ids))
 
+    def pin_requests(self) -> _core.PinRequests:
+        return self.core.pin_requests()
+
+    def take_pin_errors(self) -> list[str]:
+        return self.core.take_pin_errors()
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.core.reset_prefix_cache(reset_running_requests=reset_running_requests)
 

@@ -416,6 +416,22 @@ class Scheduler:
         nothing changed) for a block listed more often than it is pinned."""
         self._core.unpin_blocks(_block_ids(block_ids))
 
+    def pin_requests(self) -> Any:
+        """A handle with ``pin(block_ids)`` and ``unpin(block_ids)`` that a
+        KV connector may call from inside the scheduler's calls to it, where
+        the scheduler cannot be called: the asks apply, in order, right
+        after that call returns, or at the next ``schedule``, update,
+        ``finish_requests`` or reset for asks made between calls. An ask
+        that is refused changes nothing and is kept for
+        ``take_pin_errors``."""
+        return self._core.pin_requests()
+
+    @_exclusive
+    def take_pin_errors(self) -> list[str]:
+        """Messages for the ``pin_requests`` asks refused since the last
+        call, oldest first."""
+        return self._core.take_pin_errors()
+
     @_exclusive
     def make_stats(self) -> SchedulerStats:
         return self._core.make_stats()

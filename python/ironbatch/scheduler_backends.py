@@ -174,6 +174,12 @@ class RustBackend:
     def unpin_blocks(self, block_ids: Sequence[int]) -> None:
         self.core.unpin_blocks(block_ids)
 
+    def pin_requests(self) -> Any:
+        return self.core.pin_requests()
+
+    def take_pin_errors(self) -> list[str]:
+        return self.core.take_pin_errors()
+
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.core.reset_prefix_cache(reset_running_requests)
 
@@ -440,6 +446,12 @@ class PythonBackend:
 
     def unpin_blocks(self, block_ids: Sequence[int]) -> None:
         self.twin.unpin_blocks(list(block_ids))
+
+    def pin_requests(self) -> Any:
+        return self.twin.pin_requests
+
+    def take_pin_errors(self) -> list[str]:
+        return self.twin.take_pin_errors()
 
     def reset_prefix_cache(self, reset_running_requests: bool) -> bool:
         return self.twin.reset_prefix_cache(reset_running_requests)

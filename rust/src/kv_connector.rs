@@ -203,6 +203,9 @@ pub(crate) mod scripted {
         pub holds: Vec<String>,
         pub log: Arc<Mutex<Vec<Call>>>,
         pub observed: Arc<Mutex<Vec<Observed>>>,
+        /// Where to pin each admitted request's blocks, as a connector
+        /// that copies them out does (none: no pins).
+        pub pins: Option<crate::scheduler::PinRequests>,
     }
 
     /// One `observe_request`: the request as the next call names it.
@@ -254,6 +257,9 @@ pub(crate) mod scripted {
                 block_ids.to_vec(),
                 num_external_tokens,
             ));
+            if let Some(pins) = &self.pins {
+                pins.pin(block_ids.concat());
+            }
         }
 
         fn request_finished(

@@ -121,6 +121,12 @@ class StandInConnector:
         self._loads: list[Load] = []
         self._sends: list[Send] = []
         self._step = 0
+        #: Where to pin blocks while they are copied out, as connectors
+        #: that manage the GPU block pool do (a scheduler's
+        #: ``pin_requests()``; None: no pins).
+        self.pin_requests: Any = None
+        #: Copies out in progress: (steps left, blocks pinned).
+        self._pinned: list[tuple[int, list[int]]] = []
 
     def _rng(self, request_id: str, what: str) -> random.Random:
         return random.Random(f"{self.seed}:{request_id}:{what}:{self._asks[request_id]}")
@@ -173,6 +179,8 @@ class StandInConnector:
         """A request's blocks after its allocation; with external tokens, a
         load into the blocks past the local hit."""
         self.log.append(("after_alloc", request_id, block_ids, num_external_tokens))
+        if self.pin_requests is not None:
+            self._copy_out(request_id, block_ids)
         if num_external_tokens == 0:
             return
         external, is_async, local = self._answers[request_id]
@@ -197,8 +205,34 @@ class StandInConnector:
         self._loads.append(Load(request_id, written, is_async, steps, failed, invalid))
         self.events["async_loads" if is_async else "sync_loads"] += 1
 
+    def _copy_out(self, request_id: str, block_ids: list[list[int]]) -> None:
+        """Now and then, copy a request's blocks out over some steps,
+        pinning them meanwhile (from inside the scheduler's call)."""
+        rng = self._rng(request_id, "pin")
+        blocks = [b for b in (block_ids[0] if block_ids else []) if b != 0]
+        if blocks and rng.random() < 0.3:
+            self.pin_requests.pin(blocks)
+            self._pinned.append((rng.randint(1, self.shares.max_steps), blocks))
+            self.events["pinned_copies"] += 1
+
+    def _copies_done(self) -> None:
+        """Copies out that are due let their blocks go, last block first."""
+        left = []
+        for steps, blocks in self._pinned:
+            if steps <= 1:
+                self.pin_requests.unpin(list(reversed(blocks)))
+            else:
+                left.append((steps - 1, blocks))
+        self._pinned = left
+
+    @property
+    def copying(self) -> bool:
+        """Copies out still holding pinned blocks."""
+        return bool(self._pinned)
+
     def build_connector_meta(self) -> StandInMeta:
         """This step's new transfers, handed to the worker; resets them."""
+        self._copies_done()
         self._step += 1
         meta = StandInMeta(self._step, self._loads, self._sends)
         self._loads, self._sends = [], []

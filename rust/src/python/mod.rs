@@ -35,6 +35,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv_cache_manager::PyKvCacheManager>()?;
     m.add_class::<prefix_cache_stats::PyPrefixCacheStats>()?;
     m.add_class::<scheduler::PyScheduler>()?;
+    m.add_class::<scheduler::PyPinRequests>()?;
     m.add_class::<step::PyStep>()?;
     m.add_class::<step::PyStepUpdate>()?;
     m.add_class::<step::PyFinishedRequest>()?;

@@ -639,6 +639,24 @@ impl PyScheduler {
         Ok(self.core.unpin_blocks(&ids)?)
     }
 
+    /// A handle to ask for pins on from anywhere, from inside a
+    /// connector's call too (where the scheduler cannot be called): the
+    /// scheduler applies the asks right after that call returns, or at its
+    /// next step or update.
+    fn pin_requests(&self) -> PyPinRequests {
+        PyPinRequests(self.core.pin_requests())
+    }
+
+    /// The asks on `pin_requests` that were refused since the last call,
+    /// as messages, oldest first (a refused ask changed nothing).
+    fn take_pin_errors(&mut self) -> Vec<String> {
+        self.core
+            .take_pin_errors()
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
     /// Forget every cached block hash; refused (False) while blocks are
     /// held, unless `reset_running_requests` preempts the running ones.
     #[pyo3(signature = (*, reset_running_requests))]
@@ -768,5 +786,25 @@ impl PyScheduler {
     /// the queues, each live request's state by name, and the pool.
     fn debug_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         debug_state(py, &self.core)
+    }
+}
+
+/// Pins and unpins asked for while the scheduler may be busy (see
+/// `Scheduler.pin_requests`); block ids are checked when applied.
+#[pyclass(name = "PinRequests", module = "ironbatch._core", frozen)]
+pub struct PyPinRequests(crate::scheduler::PinRequests);
+
+#[pymethods]
+impl PyPinRequests {
+    /// Ask for each listed block to be pinned once.
+    fn pin(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.0.pin(u32_list("block_ids", block_ids)?);
+        Ok(())
+    }
+
+    /// Ask for one pin per listed block to be dropped, in the order given.
+    fn unpin(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.0.unpin(u32_list("block_ids", block_ids)?);
+        Ok(())
     }
 }

@@ -11,6 +11,43 @@ use super::Scheduler;
 use crate::block::{BlockId, NULL_BLOCK};
 use crate::error::Error;
 use rustc_hash::FxHashMap;
+use std::sync::{Arc, Mutex};
+
+/// A handle on which pins and unpins are asked for while the scheduler
+/// may be busy: a connector called from inside the scheduler's own work
+/// cannot call back into it, so its asks queue here, and the scheduler
+/// applies them, in order, right after that call returns (and before its
+/// next step or update, for asks made between its calls).
+#[derive(Clone, Debug, Default)]
+pub struct PinRequests(Arc<Mutex<Vec<PinRequest>>>);
+
+/// One ask.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PinRequest {
+    Pin(Vec<BlockId>),
+    Unpin(Vec<BlockId>),
+}
+
+impl PinRequests {
+    /// Ask for `block_ids` to be pinned (as [`Scheduler::pin_blocks`]).
+    pub fn pin(&self, block_ids: Vec<BlockId>) {
+        self.push(PinRequest::Pin(block_ids));
+    }
+
+    /// Ask for `block_ids` to be unpinned (as [`Scheduler::unpin_blocks`]).
+    pub fn unpin(&self, block_ids: Vec<BlockId>) {
+        self.push(PinRequest::Unpin(block_ids));
+    }
+
+    fn push(&self, ask: PinRequest) {
+        // A poisoned lock only means a panic elsewhere; the queue is intact.
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(ask);
+    }
+
+    fn take(&self) -> Vec<PinRequest> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
 
 impl Scheduler {
     /// Pin each listed block once (a block listed twice, twice). Checked
@@ -54,6 +91,32 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+
+    /// A handle to ask for pins on from anywhere, the scheduler's own calls
+    /// included (see [`PinRequests`]).
+    pub fn pin_requests(&self) -> PinRequests {
+        self.pin_requests.clone()
+    }
+
+    /// Apply the asks queued on [`PinRequests`], in order. One that is
+    /// refused changes nothing and is kept for [`Self::take_pin_errors`]:
+    /// a connector's bad ask never stops a step.
+    pub(super) fn apply_pin_requests(&mut self) {
+        for ask in self.pin_requests.take() {
+            let done = match &ask {
+                PinRequest::Pin(ids) => self.pin_blocks(ids),
+                PinRequest::Unpin(ids) => self.unpin_blocks(ids),
+            };
+            if let Err(e) = done {
+                self.pin_errors.push(e);
+            }
+        }
+    }
+
+    /// The queued asks refused since the last call, oldest first.
+    pub fn take_pin_errors(&mut self) -> Vec<Error> {
+        std::mem::take(&mut self.pin_errors)
     }
 
     /// Each pinned block and its pins, by block id.
@@ -115,5 +178,44 @@ mod tests {
         assert!(s.unpin_blocks(&[1]).is_err());
         assert_eq!(s.kv().pool().num_free_blocks(), free);
         assert!(s.pinned_blocks().is_empty());
+    }
+
+    #[test]
+    fn a_connector_pins_from_inside_its_calls_and_they_apply_at_once() {
+        // The connector pins a request's blocks as it is told of them
+        // (inside the waiting pass): its abort then leaves them held, and
+        // the unpin asked between calls applies at the next step; a bad
+        // ask is kept as an error and the step goes on.
+        use crate::kv_connector::scripted::Scripted;
+        use crate::kv_connector::KvConnectorSetup;
+        let mut s = scheduler(small());
+        let mut c = Scripted::default();
+        let pins = s.pin_requests();
+        c.pins = Some(pins.clone());
+        s.set_kv_connector(Box::new(c), KvConnectorSetup::default())
+            .unwrap();
+        s.add_request(new_request("r", (1..=20).collect(), 4))
+            .unwrap();
+        let free = s.kv().pool().num_free_blocks();
+        let out = s.schedule();
+        let blocks = s.request(out.entries[0].slot).unwrap().tables[0]
+            .block_ids()
+            .to_vec();
+        assert_eq!(s.pinned_blocks(), vec![(blocks[0], 1), (blocks[1], 1)]);
+        s.finish_requests(&["r"], crate::request::RequestStatus::FinishedAborted);
+        assert_eq!(s.kv().pool().num_free_blocks(), free - 2, "held by pins");
+        pins.unpin(vec![blocks[1], blocks[0]]);
+        pins.unpin(vec![blocks[0]]); // one too many: refused
+        assert_eq!(
+            s.kv().pool().num_free_blocks(),
+            free - 2,
+            "asked, not yet applied"
+        );
+        s.schedule();
+        assert_eq!(s.kv().pool().num_free_blocks(), free);
+        assert!(s.pinned_blocks().is_empty());
+        let errors = s.take_pin_errors();
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].to_string().contains("pinned 0 time(s)"));
     }
 }

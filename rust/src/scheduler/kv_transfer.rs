@@ -126,6 +126,7 @@ impl Scheduler {
             let block_ids: Vec<Vec<BlockId>> =
                 r.tables.iter().map(|t| t.block_ids().to_vec()).collect();
             connector.update_state_after_alloc(&r.request_id, &block_ids, num_external_tokens);
+            self.apply_pin_requests(); // the connector's pins, at once, as vLLM's
         }
     }
 
@@ -216,7 +217,9 @@ impl Scheduler {
         let r = &self.requests[slot];
         let cached = self.kv.cached_positions(&r.tables);
         connector.observe_request(&state_of(r, r.seq.num_computed_tokens, r.status, &cached));
-        connector.request_finished(&r.request_id, &block_ids, r.status.name())
+        let held = connector.request_finished(&r.request_id, &block_ids, r.status.name());
+        self.apply_pin_requests(); // before the request's own blocks go, as vLLM's
+        held
     }
 
     /// Whether the connector says blocks are about to come back.

@@ -73,6 +73,7 @@ use crate::scheduler_config::{Policy, Runner, SchedulerConfig};
 use crate::sequence::Sequence;
 use crate::slab::{Slab, Slot};
 use crate::step::{StepEntry, StepOutput};
+pub use block_pins::{PinRequest, PinRequests};
 pub use encoder_inputs::ScheduledEncoderInputs;
 pub use request_errors::{EndOrder, ErrorGroups, RequestErrors};
 use rustc_hash::FxHashMap;
@@ -206,6 +207,11 @@ pub struct Scheduler {
     /// References taken on blocks from outside any request, per block
     /// (`block_pins`).
     pins: FxHashMap<BlockId, u32>,
+    /// Pins asked for by whoever holds a handle (a connector, from inside
+    /// its calls), applied at the next point the scheduler takes them.
+    pin_requests: block_pins::PinRequests,
+    /// Pins asked for that were refused, for the caller to report.
+    pin_errors: Vec<Error>,
 }
 
 /// Blocks a freed request left while a step in flight may still write
@@ -295,6 +301,8 @@ impl Scheduler {
             deferred_frees: VecDeque::new(),
             aux_retention: None,
             pins: FxHashMap::default(),
+            pin_requests: block_pins::PinRequests::default(),
+            pin_errors: Vec::new(),
         })
     }
 
@@ -572,6 +580,7 @@ impl Scheduler {
         request_ids: &[S],
         status: RequestStatus,
     ) -> Vec<Slot> {
+        self.apply_pin_requests();
         let mut found: Vec<Slot> = Vec::new();
         for id in request_ids {
             if let Some(&slot) = self.ids.get(id.as_ref()) {
@@ -713,6 +722,7 @@ impl Scheduler {
     /// engine asks (`throttle_prefills`, vLLM's DP prefill balancing) or the
     /// local cadence says so (§4.11).
     pub fn schedule_throttled(&mut self, throttle_prefills: bool) -> StepOutput {
+        self.apply_pin_requests();
         self.current_step += 1;
         self.kv.new_step_starts();
         let (requests, running) = (&self.requests, &self.running);
@@ -790,6 +800,7 @@ impl Scheduler {
     /// between turns hold blocks (vLLM then raises, its running requests
     /// preempted all the same).
     pub fn reset_prefix_cache(&mut self, reset_running_requests: bool) -> bool {
+        self.apply_pin_requests();
         if reset_running_requests {
             while let Some(slot) = self.running.pop() {
                 self.preempt(slot, true);

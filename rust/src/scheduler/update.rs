@@ -127,6 +127,7 @@ impl Scheduler {
         step: &StepOutput,
         report: &KvTransferReport,
     ) -> FailedLoads {
+        self.apply_pin_requests();
         if self.kv_setup.defer_block_free && step.entries.iter().any(|e| e.num_tokens > 0) {
             // Every write of this step and those before it is done.
             self.processed_step_seq += 1;

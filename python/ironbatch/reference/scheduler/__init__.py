@@ -247,6 +247,10 @@ class Scheduler:
         # References taken on blocks from outside any request, per block
         # (``block_pins``).
         self.pins: dict[int, int] = {}
+        # Pins asked for by whoever holds the handle, applied at the next
+        # point the scheduler takes them; those refused, for the caller.
+        self.pin_requests = block_pins.PinRequests()
+        self.pin_errors: list[str] = []
 
     # -- inspection -----------------------------------------------------------
 
@@ -473,6 +477,7 @@ class Scheduler:
         repeated ids are ignored; the rest are freed in the order given
         (vLLM frees in hash-set order; the drop-in passes that order).
         Returns their slots."""
+        block_pins.apply_pin_requests(self)
         found: list[int] = []
         for rid in request_ids:
             slot = self.ids.get(rid)
@@ -591,6 +596,7 @@ class Scheduler:
         """``schedule``, holding prefill work back when a data-parallel engine
         asks (``throttle_prefills``, vLLM's DP prefill balancing) or the local
         cadence says so (docs/scheduling.md §4.11)."""
+        block_pins.apply_pin_requests(self)
         self.current_step += 1
         self.kv.new_step_starts()
         hold_prefills = self.cadence.holds(
@@ -692,6 +698,12 @@ class Scheduler:
         ``block_pins``); checked first."""
         block_pins.pin_blocks(self, block_ids)
 
+    def take_pin_errors(self) -> list[str]:
+        """The asks on ``pin_requests`` refused since the last call, as
+        messages, oldest first."""
+        errors, self.pin_errors = self.pin_errors, []
+        return errors
+
     def unpin_blocks(self, block_ids: list[int]) -> None:
         """Drop one pin per listed block, in the order given; refused
         (``ValueError``, nothing changed) past a block's pins."""
@@ -704,6 +716,7 @@ class Scheduler:
         flight dropped, so the reset succeeds unless streaming sessions between
         turns hold blocks (vLLM then raises, its running requests preempted all
         the same)."""
+        block_pins.apply_pin_requests(self)
         if reset_running_requests:
             while self.running:
                 preemption.preempt(self, self.running.pop(), True)

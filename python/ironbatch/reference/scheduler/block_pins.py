@@ -19,6 +19,39 @@ if TYPE_CHECKING:
     from ironbatch.reference.scheduler import Scheduler
 
 
+class PinRequests:
+    """A handle on which pins and unpins are asked for while the scheduler
+    may be busy: a connector called from inside the scheduler's own work
+    (where the core cannot be called back) queues its asks here, and the
+    scheduler applies them, in order, right after that call returns (and
+    before its next step or update, for asks made between its calls)."""
+
+    def __init__(self) -> None:
+        self.asks: list[tuple[bool, list[int]]] = []  # (pin, block ids)
+
+    def pin(self, block_ids: list[int]) -> None:
+        """Ask for each listed block to be pinned once."""
+        self.asks.append((True, u32_list("block_ids", block_ids)))
+
+    def unpin(self, block_ids: list[int]) -> None:
+        """Ask for one pin per listed block to be dropped, in the order given."""
+        self.asks.append((False, u32_list("block_ids", block_ids)))
+
+
+def apply_pin_requests(s: Scheduler) -> None:
+    """Apply the asks queued on ``s.pin_requests``, in order. One that is
+    refused changes nothing and is kept for ``take_pin_errors``: a
+    connector's bad ask never stops a step."""
+    if not s.pin_requests.asks:
+        return
+    asks, s.pin_requests.asks = s.pin_requests.asks, []
+    for pin, ids in asks:
+        try:
+            (pin_blocks if pin else unpin_blocks)(s, ids)
+        except ValueError as e:
+            s.pin_errors.append(str(e))
+
+
 def pin_blocks(s: Scheduler, block_ids: list[int]) -> None:
     """Pin each listed block once (a block listed twice, twice). Checked
     first: an id outside the pool changes nothing."""

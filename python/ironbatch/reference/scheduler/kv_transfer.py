@@ -18,6 +18,7 @@ from ironbatch.reference.kv_connector import (
     SafeConnector,
 )
 from ironbatch.reference.request import Request, RequestStatus
+from ironbatch.reference.scheduler import block_pins
 from ironbatch.reference.scheduler_config import Runner
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ def notify_after_alloc(
         s.connector.observe_request(state_of(s, r, *before))
         block_ids = [t.block_ids() for t in r.tables]
         s.connector.update_state_after_alloc(r.request_id, block_ids, num_external_tokens)
+        block_pins.apply_pin_requests(s)  # the connector's pins, at once, as vLLM's
 
 
 def reserved_for_inflight_prefills(s: Scheduler) -> int:
@@ -163,7 +165,9 @@ def connector_finished(s: Scheduler, slot: int) -> bool:
         for g, t in enumerate(r.tables)
     ]
     s.connector.observe_request(state_of(s, r, r.seq.num_computed_tokens, r.status))
-    return s.connector.request_finished(r.request_id, block_ids, r.status.name)
+    held = s.connector.request_finished(r.request_id, block_ids, r.status.name)
+    block_pins.apply_pin_requests(s)  # before the request's own blocks go, as vLLM's
+    return held
 
 
 def connector_frees_pending(s: Scheduler) -> bool:

@@ -13,7 +13,13 @@ from ironbatch.reference.error import foreign_step, step_already_applied
 from ironbatch.reference.kv_cache_manager import KvCacheManager
 from ironbatch.reference.kv_connector import NO_REPORT, KvTransferReport
 from ironbatch.reference.request import Request, RequestStatus
-from ironbatch.reference.scheduler import kv_load_failure, kv_transfer, session, waiting_pass
+from ironbatch.reference.scheduler import (
+    block_pins,
+    kv_load_failure,
+    kv_transfer,
+    session,
+    waiting_pass,
+)
 from ironbatch.reference.scheduler.encoder_inputs import release_encoded
 from ironbatch.reference.scheduler.request_errors import NO_ERRORS, RequestErrors, end_with_errors
 from ironbatch.reference.scheduler_config import Runner
@@ -111,6 +117,7 @@ def take_failed_loads(
     """A step's KV-transfer report (checked), before its output: the step's
     writes are done, so fenced frees go back, and failed loads cut their
     requests back (those the update skips, those it ends)."""
+    block_pins.apply_pin_requests(s)
     if s.kv_setup.defer_block_free and any(e.num_tokens > 0 for e in step.entries):
         # Every write of this step and those before it is done.
         s.processed_step_seq += 1
