@@ -41,6 +41,10 @@ _INT64 = np.dtype(np.int64)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: No errors to end (``update_from_output``'s default, known by identity).
+_NO_ERRORS: tuple[str, ...] = ()
+
+
 def _exclusive(method: F) -> F:
     """Refuse a call while another thread is inside this scheduler: the core
     and the façade's request map change together or not at all."""
@@ -174,7 +178,7 @@ class Scheduler:
         accept: Accept | None = None,
         kv_connector_output: Any = None,
         end_order: EndOrder | None = None,
-        errors: Iterable[str] = (),
+        errors: Iterable[str] = _NO_ERRORS,
     ) -> UpdateOutputs:
         """Apply a step's sampled tokens: ``{request_id: [token, ...]}``, or
         one token per scheduled request in scheduling order (-1 = none).
@@ -220,7 +224,10 @@ class Scheduler:
                 flat, offsets = _sampled(scheduler_output, sampled)
             if end_order is not None and not callable(end_order):
                 raise TypeError(f"end_order must be callable, got {type(end_order).__name__}")
-            error_ids = _request_ids("errors", errors)
+            # (The default skips the check: this runs every step.)
+            error_ids: Sequence[str] = (
+                _NO_ERRORS if errors is _NO_ERRORS else _request_ids("errors", errors)
+            )
             if kv_connector_output is None and not error_ids:  # the hot path
                 update = self._apply_tokens(
                     step=scheduler_output._handle, token_ids=flat, offsets=offsets, accept=check
